@@ -1,0 +1,7 @@
+"""Storage and scheduler adapters: ``adapters.memory``, ``adapters.redis``, ``adapters.rq``.
+
+Import the adapter you need; this package imports none of them, so
+``import adapters`` never pulls in redis or rq.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,131 @@
+"""The two ports of phaserunner: where state lives, and how the next advance is triggered.
+
+Both are ``typing.Protocol``s: an adapter implements the methods, no base
+class needed. ``tests/contract`` holds the suite every storage adapter must
+pass; the contract is written here once.
+
+Storage contract
+----------------
+* Storage is the source of truth (I7). Records, transcripts and logs go in
+  and come out as JSON: whatever a backend could not store is rejected by
+  every backend, the in-memory one included.
+* ``commit`` is one atomic compare-and-set (I1, I2): it applies the whole
+  :class:`~pipelines.models.Commit` (record, transcript appends or truncation,
+  logs, due index, journal clear, lease release) only if the stored version
+  equals ``commit.expected_version`` and the lease is free or held by
+  ``commit.owner``. Otherwise it raises ``StaleVersionError`` and changes
+  nothing. Re-applying a commit whose token is already stored is a no-op
+  (a retried command whose reply was lost).
+* The transcript is append-only between commits; only a commit with
+  ``truncate_messages_to`` shortens it (a "full" retry). Reads never see the
+  messages of an uncommitted turn (I4).
+* A lease is an owner token with a time to live (I3). ``acquire_lease``
+  succeeds only if the lease is free, expired, or already the caller's.
+* ``record_step`` journals one step result, fenced like a commit: it raises
+  ``StaleVersionError`` if the job's version is no longer ``version`` or
+  another owner holds the lease.
+* The due index holds every running job with its ``due_at``; ``due_jobs``
+  reads it (I7: ``pipelines advance --due`` recovers lost messages from it).
+
+Scheduler contract
+------------------
+``schedule_advance`` asks for ``advance_phase(job_id)`` to run after
+``delay`` seconds, at least once. Delivery may be duplicated, early or late:
+the runner tolerates all three (I6). ``now`` is the scheduler's clock, which
+the runner uses for due times (the memory scheduler's clock is virtual).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message
+
+__all__ = ["AdvanceFn", "Scheduler", "Storage"]
+
+AdvanceFn = Callable[[str], None]
+"""What a scheduler calls to advance one job: ``fn(job_id)``."""
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Where jobs, transcripts, logs, journals and leases live."""
+
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = ()) -> None:
+        """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
+        ...
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The record with its current journal, or ``None`` for an unknown job."""
+        ...
+
+    def commit(self, commit: Commit) -> None:
+        """Apply ``commit`` atomically or not at all (see the module docstring)."""
+        ...
+
+    def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
+        """Journal one step result under ``version``; fenced like ``commit``."""
+        ...
+
+    def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
+        """Take the job's lease for ``ttl`` seconds and return the record.
+
+        ``None`` when the job is unknown or another owner holds a live lease.
+        """
+        ...
+
+    def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
+        """Extend the lease if ``owner`` still holds it."""
+        ...
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        """Drop the lease if ``owner`` holds it; otherwise do nothing."""
+        ...
+
+    def lease_owner(self, job_id: str) -> str | None:
+        """The owner of the live lease, if any."""
+        ...
+
+    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        """Committed transcript messages ``[start:stop]`` in order."""
+        ...
+
+    def logs(self, job_id: str) -> list[LogEntry]:
+        """The job's log entries in the order they were committed."""
+        ...
+
+    def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
+        """Ids of running jobs whose ``due_at <= now``, earliest first."""
+        ...
+
+    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
+        """Jobs, optionally only those in ``status``."""
+        ...
+
+    def delete_job(self, job_id: str) -> bool:
+        """Remove a job and everything it owns; ``False`` if it did not exist."""
+        ...
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """Triggers ``advance_phase`` for a job, now or after a delay."""
+
+    def bind(self, fn: AdvanceFn, *, pipeline: str | None = None) -> None:
+        """Register what runs an advance (for ``pipeline``, or for all when ``None``).
+
+        In-process schedulers call ``fn``; queue schedulers may ignore it,
+        because their workers resolve the pipeline by name.
+        """
+        ...
+
+    def schedule_advance(
+        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
+    ) -> None:
+        """Ask for ``job_id`` to be advanced after ``delay`` seconds (at least once)."""
+        ...
+
+    def now(self) -> float:
+        """The scheduler's clock, in seconds since the epoch."""
+        ...

@@ -1,0 +1,326 @@
+"""In-memory storage and scheduler, for tests and the offline demo.
+
+``MemoryStorage`` keeps everything as JSON text, so what Redis would reject is
+rejected here too, and it is thread-safe (one lock). ``MemoryScheduler`` runs
+advances in due order on a virtual clock: ``drain()`` never sleeps, and
+``run_next()`` steps one advance at a time for crash tests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.errors import JobConflictError, StaleVersionError, StateNotSerializableError
+from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
+
+__all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
+
+
+class VirtualClock:
+    """A clock that only moves when told to. Shared by scheduler and storage in tests."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self._now = time.time() if start is None else float(start)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock does not go backwards")
+        with self._lock:
+            self._now += seconds
+
+    def advance_to(self, t: float) -> None:
+        with self._lock:
+            self._now = max(self._now, t)
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+@dataclass
+class _Job:
+    record: str
+    messages: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    journal: dict[str, str] = field(default_factory=dict)
+    journal_version: int = -1
+    lease_owner: str | None = None
+    lease_expires: float = 0.0
+    token: str = ""
+    version: int = 0
+
+
+class MemoryStorage:
+    """The :class:`~adapters.base.Storage` port in process memory.
+
+    ``clock`` times leases (default: ``time.monotonic``); pass a
+    :class:`VirtualClock` to expire leases in a test without sleeping.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        self._jobs: dict[str, _Job] = {}
+        self._due: dict[str, float] = {}
+        self._lock = threading.RLock()
+        self._clock = clock or time.monotonic
+        self.writes = 0  # commits + journal writes, for tests and benchmarks
+        self.bytes_written = 0
+
+    # --- helpers -------------------------------------------------------------
+    def _lease_live(self, job: _Job) -> bool:
+        return job.lease_owner is not None and job.lease_expires > self._clock()
+
+    def _load(self, job_id: str, job: _Job) -> JobRecord:
+        rec = JobRecord.model_validate_json(job.record)
+        if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
+            journal = {k: json.loads(v) for k, v in job.journal.items()}
+            rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
+        return rec
+
+    # --- Storage -------------------------------------------------------------
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = ()) -> None:
+        validate_job_id(record.job_id)
+        text = record.model_dump_json()
+        msgs = [_dumps(m, "a transcript message") for m in messages]
+        log_lines = [e.model_dump_json() for e in logs]
+        with self._lock:
+            if record.job_id in self._jobs:
+                raise JobConflictError(f"job {record.job_id!r} already exists")
+            self._jobs[record.job_id] = _Job(record=text, messages=msgs, logs=log_lines, version=record.version)
+            self._set_due(record)
+            self.writes += 1
+            self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
+
+    def _set_due(self, record: JobRecord) -> None:
+        if record.status is JobStatus.RUNNING and record.checkpoint is not None:
+            self._due[record.job_id] = record.checkpoint.due_at
+        else:
+            self._due.pop(record.job_id, None)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None else self._load(job_id, job)
+
+    def commit(self, commit: Commit) -> None:
+        # Serialise before taking the lock: a value JSON cannot carry fails
+        # here, with nothing written (I1).
+        text = commit.record.model_dump_json()
+        msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
+        log_lines = [e.model_dump_json() for e in commit.logs]
+        with self._lock:
+            job = self._jobs.get(commit.job_id)
+            if job is None:
+                raise StaleVersionError(f"job {commit.job_id!r} no longer exists")
+            if job.token == commit.token and job.version == commit.record.version:
+                return  # applied already; this is a retry of the same commit
+            if job.version != commit.expected_version:
+                raise StaleVersionError(
+                    f"job {commit.job_id!r} is at version {job.version}, commit expected {commit.expected_version}"
+                )
+            if commit.owner is not None and self._lease_live(job) and job.lease_owner != commit.owner:
+                raise StaleVersionError(f"job {commit.job_id!r} is leased by another worker")
+            if commit.truncate_messages_to is not None:
+                del job.messages[commit.truncate_messages_to :]
+            job.messages.extend(msgs)
+            job.logs.extend(log_lines)
+            job.record = text
+            job.version = commit.record.version
+            job.token = commit.token
+            if commit.keep_journal:
+                job.journal_version = commit.record.version
+            else:
+                job.journal.clear()
+                job.journal_version = commit.record.version
+            if commit.release_lease and (commit.owner is None or job.lease_owner == commit.owner):
+                job.lease_owner = None
+            self._set_due(commit.record)
+            self.writes += 1
+            self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
+
+    def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
+        text = _dumps(value, f"result of step {key!r}")
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.version != version:
+                raise StaleVersionError(f"job {job_id!r} moved on from version {version}; step {key!r} not recorded")
+            if owner is not None and self._lease_live(job) and job.lease_owner != owner:
+                raise StaleVersionError(f"job {job_id!r} is leased by another worker; step {key!r} not recorded")
+            if job.journal_version != version:
+                job.journal.clear()
+                job.journal_version = version
+            job.journal[key] = text
+            self.writes += 1
+            self.bytes_written += len(key) + len(text)
+
+    def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or (self._lease_live(job) and job.lease_owner != owner):
+                return None
+            job.lease_owner = owner
+            job.lease_expires = self._clock() + ttl
+            return self._load(job_id, job)
+
+    def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.lease_owner != owner or not self._lease_live(job):
+                return False
+            job.lease_expires = self._clock() + ttl
+            return True
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and job.lease_owner == owner:
+                job.lease_owner = None
+
+    def lease_owner(self, job_id: str) -> str | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return job.lease_owner if job is not None and self._lease_live(job) else None
+
+    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            lines = [] if job is None else job.messages[start:stop]
+        return [json.loads(m) for m in lines]
+
+    def logs(self, job_id: str) -> list[LogEntry]:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            lines = [] if job is None else list(job.logs)
+        return [LogEntry.model_validate_json(line) for line in lines]
+
+    def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
+        with self._lock:
+            due = sorted((t, j) for j, t in self._due.items() if t <= now)
+        return [j for _, j in due[:limit]]
+
+    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
+        with self._lock:
+            records = [self._load(j, job) for j, job in self._jobs.items()]
+        return [r for r in records if status is None or r.status is status][:limit]
+
+    def delete_job(self, job_id: str) -> bool:
+        with self._lock:
+            self._due.pop(job_id, None)
+            return self._jobs.pop(job_id, None) is not None
+
+    # --- extras for tests ----------------------------------------------------
+    def inspect(self, job_id: str) -> dict[str, Any]:
+        """Everything stored for ``job_id``, decoded: record, messages, logs, journal, lease, due."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return {}
+            return {
+                "record": json.loads(job.record),
+                "messages": [json.loads(m) for m in job.messages],
+                "logs": [json.loads(line) for line in job.logs],
+                "journal": {k: json.loads(v) for k, v in job.journal.items()},
+                "lease_owner": job.lease_owner if self._lease_live(job) else None,
+                "due_at": self._due.get(job_id),
+            }
+
+
+@dataclass(order=True)
+class _Entry:
+    due: float
+    seq: int
+    job_id: str = field(compare=False)
+    pipeline: str = field(compare=False)
+
+
+class MemoryScheduler:
+    """The :class:`~adapters.base.Scheduler` port on a virtual clock.
+
+    ``drain()`` runs every scheduled advance in due order, moving the clock
+    forward instead of sleeping; ``run_next()`` runs exactly one.
+    """
+
+    def __init__(self, *, clock: VirtualClock | None = None) -> None:
+        self.clock = clock or VirtualClock()
+        self._heap: list[_Entry] = []
+        self._seq = itertools.count()
+        self._handlers: dict[str | None, Callable[[str], None]] = {}
+        self._lock = threading.Lock()
+        self.scheduled = 0  # total schedule_advance calls, for tests
+
+    def bind(self, fn: Callable[[str], None], *, pipeline: str | None = None) -> None:
+        self._handlers[pipeline] = fn
+
+    def schedule_advance(
+        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
+    ) -> None:
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        with self._lock:
+            heapq.heappush(self._heap, _Entry(self.clock() + delay, next(self._seq), job_id, pipeline))
+            self.scheduled += 1
+
+    def now(self) -> float:
+        return self.clock()
+
+    def pending(self) -> int:
+        """How many advances are scheduled and not yet run."""
+        with self._lock:
+            return len(self._heap)
+
+    def next_due(self) -> float | None:
+        with self._lock:
+            return self._heap[0].due if self._heap else None
+
+    def run_next(self) -> bool:
+        """Run the earliest scheduled advance, moving the clock to its due time. ``False`` if none."""
+        with self._lock:
+            if not self._heap:
+                return False
+            entry = heapq.heappop(self._heap)
+        self.clock.advance_to(entry.due)
+        handler = self._handlers.get(entry.pipeline) or self._handlers.get(None)
+        if handler is None:
+            raise LookupError(f"no advance function bound for pipeline {entry.pipeline!r} (job {entry.job_id!r})")
+        handler(entry.job_id)
+        return True
+
+    def run_due(self) -> int:
+        """Run only what is due now, without moving the clock. Returns how many ran."""
+        ran = 0
+        while (due := self.next_due()) is not None and due <= self.clock():
+            self.run_next()
+            ran += 1
+        return ran
+
+    def drain(self, *, max_advances: int = 1_000_000) -> int:
+        """Run advances until none is scheduled; returns how many ran.
+
+        Phase exceptions never escape (the runner records them on the job).
+        """
+        ran = 0
+        while self.run_next():
+            ran += 1
+            if ran >= max_advances:
+                raise RuntimeError(f"drain stopped after {max_advances} advances; a pipeline loops forever?")
+        return ran
+
+    def drop_all(self) -> int:
+        """Forget every scheduled advance (simulates lost queue messages). Returns how many."""
+        with self._lock:
+            n = len(self._heap)
+            self._heap.clear()
+        return n

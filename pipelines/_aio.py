@@ -1,0 +1,53 @@
+"""The event loop the runner owns, for ``async def`` phases, steps and tools.
+
+The core is synchronous because RQ workers and cron are. An awaitable is run
+on one long-lived loop per thread (creating a loop per call costs more than a
+whole memory-adapter turn), or on a helper thread when the caller is itself
+inside a running loop (``asyncio.run`` would refuse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+__all__ = ["resolve", "run_sync"]
+
+T = TypeVar("T")
+
+_local = threading.local()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _local.loop = loop
+    return loop
+
+
+def run_sync(awaitable: Awaitable[T]) -> T:
+    """Run ``awaitable`` to completion from synchronous code."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _loop().run_until_complete(awaitable)
+    # Called from inside a running loop (a user's async app calling the sync
+    # API): run on a fresh thread so we neither block nor re-enter that loop.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(_as_coroutine(awaitable))).result()
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def resolve(value: Any) -> Any:
+    """Await ``value`` if it is awaitable (an ``async def`` result), else return it."""
+    if inspect.isawaitable(value):
+        return run_sync(value)
+    return value

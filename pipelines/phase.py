@@ -1,0 +1,265 @@
+"""The phase protocol: what a phase is, what it sees, what it returns.
+
+A phase is ``Phase(name=..., run=fn)`` where ``fn(ctx)`` (plain or
+``async def``) returns ``Next``, ``Done`` or ``Fail``. Inside, ``ctx.step``
+journals results so a re-run after a crash does not repeat finished work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from pipelines._aio import resolve
+from pipelines.errors import InvalidPipelineError, StateNotSerializableError, StateValidationError
+from pipelines.models import Checkpoint, JSONValue, LogEntry, LogLevel, Message, Usage, to_json_value
+
+if TYPE_CHECKING:
+    from adapters.base import Storage
+
+__all__ = [
+    "Done",
+    "Fail",
+    "FailJob",
+    "Next",
+    "Outcome",
+    "Phase",
+    "PhaseContext",
+    "RetryLater",
+]
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+_LEVELS = ("info", "warn", "error")
+
+
+@dataclass(frozen=True)
+class Next:
+    """Go on with ``next_phase`` (after ``delay`` seconds) with ``state``.
+
+    ``state=None`` keeps the current state.
+    """
+
+    next_phase: str
+    state: Any = None
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.delay, int | float) or self.delay < 0 or self.delay != self.delay:
+            raise ValueError(f"Next.delay must be a number of seconds >= 0, got {self.delay!r}")
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job is complete; ``result`` (JSON) stays readable on the record."""
+
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job ends in status ``error`` with ``error``; the last good checkpoint is kept."""
+
+    error: str
+
+
+Outcome = Next | Done | Fail
+
+
+class RetryLater(Exception):  # noqa: N818 - a control signal, not an error
+    """Raised by a phase to end this attempt and run the same phase again after ``delay``.
+
+    Steps already journaled are kept, so the retry does not repeat them.
+    """
+
+    def __init__(self, delay: float, reason: str = "") -> None:
+        super().__init__(reason or f"retry in {delay:.1f}s")
+        self.delay = max(0.0, float(delay))
+        self.reason = reason
+
+
+class FailJob(Exception):  # noqa: N818 - a control signal, not an error
+    """Raised by a tool or step to fail the whole job on purpose with ``error``."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+PhaseFn = Callable[["PhaseContext[Any]"], "Outcome | Awaitable[Outcome]"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A named unit of work. ``run(ctx)`` may be ``def`` or ``async def``.
+
+    ``state_model``: when given, the stored state is validated into this
+    pydantic model before ``run`` sees it (a stored state that no longer
+    validates fails the job with a clear error instead of a crash deep inside).
+    """
+
+    name: str
+    run: PhaseFn
+    state_model: type[BaseModel] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidPipelineError(f"a phase needs a non-empty name, got {self.name!r}")
+        if not callable(self.run):
+            raise InvalidPipelineError(f"phase {self.name!r}: run must be callable, got {type(self.run).__name__}")
+
+
+@dataclass
+class _Buffered:
+    """What a phase produced besides its outcome; committed together with it."""
+
+    logs: list[LogEntry] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+
+
+class PhaseContext(Generic[S]):
+    """What a running phase sees and can do. Created by the runner."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        checkpoint: Checkpoint[S],
+        storage: Storage,
+        owner: str | None,
+        clock: Callable[[], float],
+        saver: Callable[[Any], int] | None = None,
+        attempt: int = 0,
+    ) -> None:
+        self.job_id = job_id
+        self.checkpoint = checkpoint
+        self.attempt = attempt
+        self._storage = storage
+        self._owner = owner
+        self._clock = clock
+        self._saver = saver
+        self._journal: dict[str, JSONValue] = dict(checkpoint.journal)
+        self._lock = threading.Lock()
+        self._buffer = _Buffered()
+
+    # --- reading -----------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return self.checkpoint.next_phase
+
+    @property
+    def state(self) -> S:
+        return self.checkpoint.state
+
+    @property
+    def version(self) -> int:
+        return self.checkpoint.version
+
+    @property
+    def journal(self) -> dict[str, JSONValue]:
+        """A copy of the step results journaled so far in this phase attempt."""
+        with self._lock:
+            return dict(self._journal)
+
+    def messages(self, start: int = 0) -> list[Message]:
+        """The committed transcript from ``start`` (this phase's own appends are not in it yet)."""
+        return self._storage.messages(self.job_id, start, self.checkpoint.transcript_len)
+
+    # --- writing -----------------------------------------------------------
+    def log(self, message: str, level: LogLevel = "info") -> None:
+        """Add a log line; it is stored with this phase's commit."""
+        if level not in _LEVELS:
+            raise ValueError(f"log level must be one of {_LEVELS}, got {level!r}")
+        entry = LogEntry(timestamp=self._clock(), phase=self.phase, level=level, message=str(message))
+        with self._lock:
+            self._buffer.logs.append(entry)
+
+    def append_messages(self, messages: list[Message]) -> None:
+        """Queue transcript messages; they are appended atomically with the commit."""
+        checked = to_json_value(list(messages), what=f"messages of job {self.job_id!r}")
+        for m in checked:
+            if not isinstance(m, dict) or "role" not in m:
+                raise StateNotSerializableError(f"a transcript message must be a dict with a 'role', got {m!r:.80}")
+        with self._lock:
+            self._buffer.messages.extend(checked)
+
+    def add_usage(self, usage: Usage) -> None:
+        """Count model usage for this job; stored with the commit."""
+        with self._lock:
+            self._buffer.usage = self._buffer.usage + usage
+
+    def save_state(self, state: Any) -> None:
+        """Persist ``state`` now, mid-phase: a crash re-runs this phase from it.
+
+        Journaled steps and this phase's buffered logs and messages are kept.
+        """
+        if self._saver is None:
+            raise RuntimeError("save_state is not available outside the runner")
+        new_version = self._saver(state)
+        self.checkpoint = self.checkpoint.model_copy(update={"state": state, "version": new_version})
+
+    def step(self, key: str, fn: Callable[[], T | Awaitable[T]]) -> JSONValue:
+        """Run ``fn`` once per phase attempt and journal its result under ``key``.
+
+        On a re-run after a crash the journaled result is returned and ``fn``
+        is not called. The value returned is always the JSON form of ``fn``'s
+        result (a pydantic model comes back as a dict), on the first run and
+        on a replay alike. ``fn`` may be ``async def``.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError("step key must be a non-empty string")
+        with self._lock:
+            if key in self._journal:
+                return self._journal[key]
+        value = to_json_value(resolve(fn()), what=f"result of step {key!r}")
+        self.record(key, value)
+        return value
+
+    async def astep(self, key: str, fn: Callable[[], Awaitable[T] | T]) -> JSONValue:
+        """``step`` for ``async def`` phases: awaits ``fn`` on the running loop."""
+        with self._lock:
+            if key in self._journal:
+                return self._journal[key]
+        result = fn()
+        if hasattr(result, "__await__"):
+            result = await result
+        value = to_json_value(result, what=f"result of step {key!r}")
+        self.record(key, value)
+        return value
+
+    def recorded(self, key: str) -> tuple[bool, JSONValue]:
+        """``(True, value)`` if ``key`` is journaled in this attempt, else ``(False, None)``."""
+        with self._lock:
+            if key in self._journal:
+                return True, self._journal[key]
+        return False, None
+
+    def record(self, key: str, value: JSONValue) -> None:
+        """Journal ``value`` under ``key`` now (fenced: a stale worker gets ``StaleVersionError``)."""
+        self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
+        with self._lock:
+            self._journal[key] = value
+
+    # --- for the runner ----------------------------------------------------
+    def _take_buffer(self) -> _Buffered:
+        with self._lock:
+            buf, self._buffer = self._buffer, _Buffered()
+        return buf
+
+
+def validate_state(phase: Phase, state: Any) -> Any:
+    """Validate stored ``state`` into ``phase.state_model`` (if any)."""
+    if phase.state_model is None or isinstance(state, phase.state_model):
+        return state
+    try:
+        return phase.state_model.model_validate(state)
+    except ValidationError as exc:
+        raise StateValidationError(
+            f"stored state does not validate against {phase.state_model.__name__} for phase {phase.name!r}: {exc}"
+        ) from exc

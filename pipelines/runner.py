@@ -1,0 +1,472 @@
+"""The phase runner: ``run_pipeline`` writes and enqueues a job, ``advance_phase`` runs one phase.
+
+One advance, step by step (DESIGN "The turn"):
+
+1. take the job's lease and load the record in one call; unknown, leased,
+   not running or not yet due → no-op (duplicates are normal, I6);
+2. run the phase; ``ctx.step`` journals results as it goes (I5);
+3. commit atomically, fenced on the version read (I1, I2); the commit also
+   releases the lease, so the next advance can start at once;
+4. schedule the next advance (the fast path; storage's due index is the
+   truth, I7).
+
+Every failure ends as data (I9): status ``error``, a readable message, the
+last good checkpoint kept for ``retry_mode="resume"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+from adapters.base import Scheduler, Storage
+from pipelines._aio import resolve
+from pipelines.errors import (
+    InvalidInputError,
+    InvalidPipelineError,
+    JobConflictError,
+    JobNotFoundError,
+    PipelineError,
+    StaleVersionError,
+)
+from pipelines.models import (
+    Checkpoint,
+    Commit,
+    JobRecord,
+    JobStatus,
+    LogEntry,
+    Message,
+    to_json_value,
+    validate_job_id,
+)
+from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, validate_state
+
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "AdvanceResult",
+    "RetryMode",
+    "advance_phase",
+    "run_pipeline",
+    "start_job",
+    "try_advance",
+]
+
+logger = logging.getLogger("pipelines")
+
+DEFAULT_LEASE_SECONDS = 60.0
+"""Lease time to live. A heartbeat renews it every third of that while a phase runs."""
+
+RetryMode = Literal["resume", "full"]
+
+_ACTIVE = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
+
+
+class AdvanceResult(StrEnum):
+    """What one ``try_advance`` call did (``advance_phase`` itself returns ``None``)."""
+
+    UNKNOWN = "unknown"
+    BUSY = "busy"  # another caller holds the lease
+    NOT_RUNNING = "not_running"
+    NOT_DUE = "not_due"
+    ADVANCED = "advanced"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RETRY_LATER = "retry_later"
+    STALE = "stale"  # fenced off: another worker moved the job on
+
+
+def phase_map(phases: Sequence[Phase]) -> dict[str, Phase]:
+    """Index ``phases`` by name, rejecting an empty list and duplicate names."""
+    if isinstance(phases, Phase) or not isinstance(phases, Sequence):
+        raise InvalidPipelineError(f"phases must be a list of Phase, got {type(phases).__name__}")
+    if not phases:
+        raise InvalidPipelineError("a pipeline needs at least one phase; got an empty list")
+    out: dict[str, Phase] = {}
+    for p in phases:
+        if not isinstance(p, Phase):
+            raise InvalidPipelineError(f"phases must be Phase objects, got {type(p).__name__}")
+        if p.name in out:
+            raise InvalidPipelineError(f"duplicate phase name {p.name!r}")
+        out[p.name] = p
+    return out
+
+
+def run_pipeline(
+    *,
+    job_id: str,
+    phases: Sequence[Phase],
+    storage: Storage,
+    scheduler: Scheduler,
+    initial_state: Any = None,
+    retry_mode: RetryMode | None = None,
+    initial_phase: str | None = None,
+    pipeline: str = "default",
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+) -> None:
+    """Write the job to storage and enqueue its first advance. Returns at once.
+
+    A new ``job_id`` starts at ``initial_phase`` (default: the first phase).
+    For a job that ended in ``error`` or ``cancelled``, ``retry_mode="resume"``
+    (the default when it has a checkpoint) continues from the checkpoint;
+    ``"full"`` restarts from the first phase and ``initial_state``, cutting the
+    transcript back to where this run began. A running, waiting or paused job
+    raises :class:`JobConflictError`. Bad input raises before anything is written.
+    """
+    pmap = phase_map(phases)
+
+    def advance(jid: str) -> None:
+        advance_phase(job_id=jid, phases=phases, storage=storage, scheduler=scheduler, lease_seconds=lease_seconds)
+
+    scheduler.bind(advance, pipeline=pipeline)
+    start_job(
+        job_id=job_id,
+        phase_names=list(pmap),
+        storage=storage,
+        scheduler=scheduler,
+        initial_state=initial_state,
+        retry_mode=retry_mode,
+        initial_phase=initial_phase,
+        pipeline=pipeline,
+    )
+
+
+def start_job(
+    *,
+    job_id: str,
+    phase_names: Sequence[str],
+    storage: Storage,
+    scheduler: Scheduler,
+    initial_state: Any = None,
+    retry_mode: RetryMode | None = None,
+    initial_phase: str | None = None,
+    pipeline: str = "default",
+    messages: Sequence[Message] = (),
+    continue_completed: bool = False,
+) -> JobRecord:
+    """Create, retry or continue a job, then schedule its first advance.
+
+    ``continue_completed``: a ``complete`` job starts a new run from the first
+    phase with ``messages`` appended to its kept transcript (an agent
+    conversation going on). Returns the record as written.
+    """
+    validate_job_id(job_id)
+    if retry_mode not in (None, "resume", "full"):
+        raise InvalidInputError(f"retry_mode must be None, 'resume' or 'full', got {retry_mode!r}")
+    if initial_phase is not None and initial_phase not in phase_names:
+        raise InvalidPipelineError(f"unknown initial_phase {initial_phase!r}; phases are {', '.join(phase_names)}")
+    first = initial_phase or phase_names[0]
+    state = to_json_value(initial_state, what=f"initial_state of job {job_id!r}")
+    new_messages = to_json_value(list(messages), what=f"initial messages of job {job_id!r}")
+    for m in new_messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise InvalidInputError(f"a message must be a dict with a 'role', got {m!r:.80}")
+    now = scheduler.now()
+
+    existing = storage.get_job(job_id)
+    if existing is None:
+        if retry_mode == "resume":
+            raise JobNotFoundError(f"job {job_id!r} does not exist; nothing to resume")
+        record = JobRecord(
+            job_id=job_id,
+            pipeline=pipeline,
+            status=JobStatus.RUNNING,
+            checkpoint=_fresh_checkpoint(first, state, 1, now, len(new_messages)),
+            version=1,
+            transcript_len=len(new_messages),
+            base_transcript_len=len(new_messages),
+            initial_phase=first,
+            initial_state=state,
+            created_at=now,
+            updated_at=now,
+        )
+        storage.create_job(record, messages=new_messages, logs=[_log(now, first, "info", "job started")])
+    else:
+        restart = _restart(existing, first, state, retry_mode, new_messages, continue_completed, now, pipeline)
+        record = restart.record
+        commit = Commit(
+            job_id=job_id,
+            expected_version=existing.version,
+            token=uuid.uuid4().hex,
+            record=record,
+            append_messages=new_messages,
+            truncate_messages_to=restart.truncate_to,
+            logs=[_log(now, record.checkpoint.next_phase if record.checkpoint else None, "info", restart.why)],
+            keep_journal=restart.keep_journal,
+        )
+        try:
+            storage.commit(commit)
+        except StaleVersionError as exc:
+            raise JobConflictError(f"job {job_id!r} changed while it was being restarted; try again") from exc
+    scheduler.schedule_advance(job_id, 0.0, pipeline=pipeline, version=record.version)
+    return record
+
+
+def _fresh_checkpoint(phase: str, state: Any, version: int, now: float, tlen: int) -> Checkpoint[Any]:
+    return Checkpoint(next_phase=phase, state=state, version=version, due_at=now, transcript_len=tlen,
+                      created_at=now, updated_at=now)
+
+
+@dataclass(frozen=True)
+class _Restart:
+    record: JobRecord
+    why: str
+    truncate_to: int | None = None
+    keep_journal: bool = False
+
+
+def _restart(
+    existing: JobRecord,
+    first: str,
+    state: Any,
+    retry_mode: RetryMode | None,
+    new_messages: list[Message],
+    continue_completed: bool,
+    now: float,
+    pipeline: str,
+) -> _Restart:
+    jid = existing.job_id
+    if existing.status in _ACTIVE:
+        raise JobConflictError(f"job {jid!r} is {existing.status.value}; wait for it, or cancel it before a retry")
+    version = existing.version + 1
+    running = {"status": JobStatus.RUNNING, "error": None, "version": version, "updated_at": now}
+    if existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
+        # A finished conversation goes on: keep the transcript, add the new messages.
+        tlen = existing.transcript_len + len(new_messages)
+        record = existing.model_copy(update={
+            **running, "result": None, "checkpoint": _fresh_checkpoint(first, state, version, now, tlen),
+            "transcript_len": tlen, "base_transcript_len": tlen, "initial_phase": first, "initial_state": state,
+            "pipeline": pipeline,
+        })
+        return _Restart(record, "job continued with new messages")
+    if new_messages:
+        raise JobConflictError(
+            f"job {jid!r} exists ({existing.status.value}); new messages only continue a complete job"
+        )
+    mode = retry_mode or ("resume" if existing.checkpoint is not None else "full")
+    if mode == "resume":
+        if existing.checkpoint is None:
+            raise JobConflictError(f"job {jid!r} is {existing.status.value} with no checkpoint; nothing to resume")
+        cp = existing.checkpoint.model_copy(update={
+            "version": version, "attempt": existing.checkpoint.attempt + 1, "due_at": now, "updated_at": now,
+            "journal": {},
+        })
+        # The journal stays: steps that finished before the failure are not repeated.
+        record = existing.model_copy(update={**running, "checkpoint": cp})
+        return _Restart(record, f"job retried (resume) at phase {cp.next_phase!r}", keep_journal=True)
+    # Full: the first phase, the initial state given now (or the stored one),
+    # the transcript cut back to where this run began (I4).
+    restart_state = state if state is not None else existing.initial_state
+    base = existing.base_transcript_len
+    record = existing.model_copy(update={
+        **running, "result": None, "checkpoint": _fresh_checkpoint(first, restart_state, version, now, base),
+        "transcript_len": base,
+    })
+    return _Restart(record, "job retried (full)", truncate_to=base)
+
+
+def _log(now: float, phase: str | None, level: Any, message: str) -> LogEntry:
+    return LogEntry(timestamp=now, phase=phase, level=level, message=message)
+
+
+def advance_phase(
+    *,
+    job_id: str,
+    phases: Sequence[Phase],
+    storage: Storage,
+    scheduler: Scheduler,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+) -> None:
+    """Run the job's next phase once, if it is running, due and not leased (else a no-op).
+
+    Safe to call any number of times, from any number of processes (I6). A
+    phase's exception never escapes: it is recorded on the job as status
+    ``error`` (I9).
+    """
+    try_advance(job_id=job_id, phases=phases, storage=storage, scheduler=scheduler, lease_seconds=lease_seconds)
+
+
+def try_advance(
+    *,
+    job_id: str,
+    phases: Sequence[Phase],
+    storage: Storage,
+    scheduler: Scheduler,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+) -> AdvanceResult:
+    """``advance_phase`` that says what it did (for the CLI, the sweep and tests)."""
+    validate_job_id(job_id)
+    pmap = phase_map(phases)
+    if lease_seconds <= 0:
+        raise InvalidInputError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+    owner = uuid.uuid4().hex
+    record = storage.acquire_lease(job_id, owner, lease_seconds)
+    if record is None:
+        return AdvanceResult.BUSY if storage.get_job(job_id) is not None else AdvanceResult.UNKNOWN
+    released = False
+    try:
+        cp = record.checkpoint
+        if record.status is not JobStatus.RUNNING or cp is None:
+            return AdvanceResult.NOT_RUNNING
+        now = scheduler.now()
+        # Queues deliver delayed messages with some imprecision (RQ: ~1 s);
+        # a scheduler may declare it, and we accept that much earliness
+        # rather than drop a message that nothing would send again.
+        if cp.due_at > now + float(getattr(scheduler, "precision", 0.0)):
+            return AdvanceResult.NOT_DUE
+        result, released = _run_and_commit(record, cp, pmap, storage, scheduler, owner, lease_seconds, now)
+        return result
+    finally:
+        if not released:
+            storage.release_lease(job_id, owner)
+
+
+class _Heartbeat:
+    """Renews the lease while a long phase runs, so it is not taken over mid-call."""
+
+    def __init__(self, storage: Storage, job_id: str, owner: str, ttl: float) -> None:
+        self._stop = threading.Event()
+        self._args = (storage, job_id, owner, ttl)
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        storage, job_id, owner, ttl = self._args
+        while not self._stop.wait(ttl / 3):
+            try:
+                if not storage.renew_lease(job_id, owner, ttl):
+                    return  # lost: the commit will be fenced off
+            except PipelineError:
+                logger.warning("lease renewal failed for %s", job_id, exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _run_and_commit(
+    record: JobRecord,
+    cp: Checkpoint[Any],
+    pmap: dict[str, Phase],
+    storage: Storage,
+    scheduler: Scheduler,
+    owner: str,
+    lease_seconds: float,
+    now: float,
+) -> tuple[AdvanceResult, bool]:
+    job_id = record.job_id
+    current = {"record": record}
+
+    def save(state: Any) -> int:
+        rec = current["record"]
+        assert rec.checkpoint is not None
+        value = to_json_value(state, what=f"state saved by phase {rec.checkpoint.next_phase!r}")
+        version = rec.version + 1
+        t = scheduler.now()
+        new_cp = rec.checkpoint.model_copy(update={"state": value, "version": version, "updated_at": t, "journal": {}})
+        new = rec.model_copy(update={"checkpoint": new_cp, "version": version, "updated_at": t})
+        storage.commit(Commit(job_id=job_id, expected_version=rec.version, owner=owner, token=uuid.uuid4().hex,
+                              record=new, keep_journal=True, release_lease=False))
+        current["record"] = new
+        return version
+
+    phase = pmap.get(cp.next_phase)
+    ctx: PhaseContext[Any] = PhaseContext(job_id=job_id, checkpoint=cp, storage=storage, owner=owner,
+                                          clock=scheduler.now, saver=save, attempt=cp.attempt)
+    heartbeat = _Heartbeat(storage, job_id, owner, lease_seconds) if lease_seconds >= 3 else None
+    try:
+        if phase is None:
+            outcome: object = Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pmap)}")
+        else:
+            ctx.checkpoint = cp.model_copy(update={"state": validate_state(phase, cp.state)})
+            outcome = resolve(phase.run(ctx))
+            if not isinstance(outcome, Next | Done | Fail):
+                outcome = Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; expected Next, Done or Fail")
+    except StaleVersionError:
+        logger.info("job %s: fenced off (another worker moved it on)", job_id)
+        return AdvanceResult.STALE, False
+    except RetryLater as sig:
+        outcome = sig
+    except FailJob as sig:
+        outcome = Fail(sig.error)
+    except Exception as exc:
+        logger.info("job %s: phase %s raised", job_id, cp.next_phase, exc_info=True)
+        outcome = Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
+
+    rec = current["record"]
+    commit, result = _build_commit(rec, ctx, outcome, pmap, owner, scheduler.now())
+    try:
+        storage.commit(commit)
+    except StaleVersionError:
+        logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
+        return AdvanceResult.STALE, False
+    new = commit.record
+    if new.status is JobStatus.RUNNING and new.checkpoint is not None:
+        delay = max(0.0, new.checkpoint.due_at - scheduler.now())
+        scheduler.schedule_advance(job_id, delay, pipeline=new.pipeline, version=new.version)
+    return result, True
+
+
+def _build_commit(
+    rec: JobRecord, ctx: PhaseContext[Any], outcome: object, pmap: dict[str, Phase], owner: str, now: float
+) -> tuple[Commit, AdvanceResult]:
+    assert rec.checkpoint is not None
+    cp = rec.checkpoint
+    buf = ctx._take_buffer()
+    logs = list(buf.logs)
+    version = rec.version + 1
+    base = {"version": version, "updated_at": now}
+    if isinstance(outcome, Next) and outcome.next_phase not in pmap:
+        outcome = Fail(f"phase {cp.next_phase!r} asked for unknown next phase {outcome.next_phase!r}; "
+                       f"phases are {', '.join(pmap)}")
+    if isinstance(outcome, Next | Done):
+        try:
+            value = to_json_value(
+                cp.state if isinstance(outcome, Next) and outcome.state is None else
+                (outcome.state if isinstance(outcome, Next) else outcome.result),
+                what=f"{'state' if isinstance(outcome, Next) else 'result'} returned by phase {cp.next_phase!r}",
+            )
+        except PipelineError as exc:
+            outcome, value = Fail(str(exc)), None
+    keep_journal = False
+    messages: list[Message] = []
+    usage = rec.usage
+    if isinstance(outcome, Next):
+        tlen = rec.transcript_len + len(buf.messages)
+        new_cp = Checkpoint[Any](next_phase=outcome.next_phase, state=value, version=version, attempt=0,
+                                 due_at=now + outcome.delay, transcript_len=tlen, created_at=now, updated_at=now)
+        new = rec.model_copy(update={**base, "checkpoint": new_cp, "transcript_len": tlen,
+                                     "usage": usage + buf.usage, "phases_done": rec.phases_done + 1})
+        messages, result = buf.messages, AdvanceResult.ADVANCED
+    elif isinstance(outcome, Done):
+        tlen = rec.transcript_len + len(buf.messages)
+        logs.append(_log(now, cp.next_phase, "info", "job complete"))
+        new = rec.model_copy(update={**base, "status": JobStatus.COMPLETE, "checkpoint": None, "result": value,
+                                     "transcript_len": tlen, "usage": usage + buf.usage,
+                                     "phases_done": rec.phases_done + 1})
+        messages, result = buf.messages, AdvanceResult.COMPLETED
+    elif isinstance(outcome, RetryLater):
+        # Same phase again later; journaled steps survive so they are not repeated.
+        keep_journal = True
+        logs.append(_log(now, cp.next_phase, "warn", f"retrying phase in {outcome.delay:.1f}s: {outcome}"))
+        new_cp = cp.model_copy(update={"version": version, "attempt": cp.attempt + 1, "due_at": now + outcome.delay,
+                                       "updated_at": now, "journal": {}})
+        new = rec.model_copy(update={**base, "checkpoint": new_cp})
+        result = AdvanceResult.RETRY_LATER
+    else:
+        assert isinstance(outcome, Fail)
+        # The last good checkpoint stays, journal included, for a "resume" retry (I9).
+        keep_journal = True
+        logs.append(_log(now, cp.next_phase, "error", outcome.error))
+        new = rec.model_copy(update={**base, "status": JobStatus.ERROR, "error": outcome.error,
+                                     "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
+        result = AdvanceResult.FAILED
+    commit = Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=uuid.uuid4().hex,
+                    record=new, append_messages=messages, logs=logs, keep_journal=keep_journal)
+    return commit, result

@@ -1,0 +1,253 @@
+"""The Storage contract (adapters/base.py), run against every adapter."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from adapters.base import Storage
+from pipelines.errors import JobConflictError, StaleVersionError, StateNotSerializableError
+from pipelines.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry
+
+
+def record(job_id: str = "job-1", *, version: int = 1, due_at: float = 100.0, **kw: Any) -> JobRecord:
+    cp = Checkpoint[Any](next_phase="a", state={"n": 0}, version=version, due_at=due_at)
+    fields: dict[str, Any] = {"job_id": job_id, "status": JobStatus.RUNNING, "checkpoint": cp, "version": version}
+    fields.update(kw)
+    return JobRecord(**fields)
+
+
+def moved(rec: JobRecord, **kw: Any) -> JobRecord:
+    version = rec.version + 1
+    cp = rec.checkpoint.model_copy(update={"version": version, "state": kw.pop("state", {"n": version})}) \
+        if rec.checkpoint is not None else None
+    return rec.model_copy(update={"version": version, "checkpoint": cp, **kw})
+
+
+def commit(rec: JobRecord, new: JobRecord, **kw: Any) -> Commit:
+    return Commit(job_id=rec.job_id, expected_version=rec.version, token=uuid.uuid4().hex, record=new, **kw)
+
+
+def log(msg: str) -> LogEntry:
+    return LogEntry(timestamp=1.0, phase="a", level="info", message=msg)
+
+
+@pytest.fixture
+def storage(make_storage: Any) -> Storage:
+    s: Storage = make_storage()
+    return s
+
+
+def test_create_and_read_back(storage: Storage) -> None:
+    rec = record(result={"x": [1, 2]})
+    storage.create_job(rec, messages=[{"role": "user", "content": "hi"}], logs=[log("started")])
+    got = storage.get_job("job-1")
+    assert got == rec
+    assert storage.messages("job-1") == [{"role": "user", "content": "hi"}]
+    assert [e.message for e in storage.logs("job-1")] == ["started"]
+    assert storage.get_job("other") is None
+    assert storage.messages("other") == [] and storage.logs("other") == []
+
+
+def test_create_twice_is_a_conflict(storage: Storage) -> None:
+    storage.create_job(record())
+    with pytest.raises(JobConflictError):
+        storage.create_job(record())
+
+
+def test_commit_applies_everything_together(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec, messages=[{"role": "user", "content": "q"}])
+    new = moved(rec, transcript_len=3)
+    storage.commit(commit(rec, new, append_messages=[{"role": "assistant", "content": "a", "extra": {"k": 1}},
+                                                      {"role": "tool", "content": "r", "tool_call_id": "c1"}],
+                          logs=[log("turn 1")]))
+    assert storage.get_job("job-1") == new
+    assert [m["role"] for m in storage.messages("job-1")] == ["user", "assistant", "tool"]
+    assert storage.messages("job-1")[1]["extra"] == {"k": 1}  # provider fields survive
+    assert [e.message for e in storage.logs("job-1")] == ["turn 1"]
+
+
+def test_stale_commit_is_rejected_and_changes_nothing(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    storage.commit(commit(rec, moved(rec), append_messages=[{"role": "assistant", "content": "first"}]))
+    with pytest.raises(StaleVersionError):
+        storage.commit(commit(rec, moved(rec, result="second"), append_messages=[{"role": "assistant", "content": "x"}],
+                              logs=[log("stale")]))
+    got = storage.get_job("job-1")
+    assert got is not None and got.version == 2 and got.result is None
+    assert storage.messages("job-1") == [{"role": "assistant", "content": "first"}]
+    assert storage.logs("job-1") == []
+
+
+def test_commit_to_a_deleted_job_is_stale(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    assert storage.delete_job("job-1") is True
+    assert storage.delete_job("job-1") is False
+    with pytest.raises(StaleVersionError):
+        storage.commit(commit(rec, moved(rec)))
+    assert storage.get_job("job-1") is None
+
+
+def test_the_same_commit_applied_twice_is_a_no_op(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    c = commit(rec, moved(rec), append_messages=[{"role": "assistant", "content": "once"}], logs=[log("once")])
+    storage.commit(c)
+    storage.commit(c)
+    assert storage.messages("job-1") == [{"role": "assistant", "content": "once"}]
+    assert len(storage.logs("job-1")) == 1
+
+
+def test_unserialisable_messages_are_rejected_with_nothing_written(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    with pytest.raises(StateNotSerializableError):
+        storage.commit(commit(rec, moved(rec), append_messages=[{"role": "assistant", "content": object()}]))
+    assert storage.get_job("job-1") == rec
+    assert storage.messages("job-1") == []
+
+
+def test_lease_is_exclusive_until_released_or_expired(storage: Storage) -> None:
+    storage.create_job(record())
+    assert storage.acquire_lease("job-1", "w1", 30) is not None
+    assert storage.lease_owner("job-1") == "w1"
+    assert storage.acquire_lease("job-1", "w2", 30) is None
+    assert storage.acquire_lease("job-1", "w1", 30) is not None  # re-entrant for its owner
+    assert storage.renew_lease("job-1", "w2", 30) is False
+    assert storage.renew_lease("job-1", "w1", 30) is True
+    storage.release_lease("job-1", "w2")  # not the owner: nothing happens
+    assert storage.lease_owner("job-1") == "w1"
+    storage.release_lease("job-1", "w1")
+    assert storage.lease_owner("job-1") is None
+    assert storage.acquire_lease("job-1", "w2", 30) is not None
+    assert storage.acquire_lease("unknown", "w1", 30) is None
+
+
+def test_an_expired_lease_can_be_taken(storage: Storage) -> None:
+    storage.create_job(record())
+    assert storage.acquire_lease("job-1", "w1", 0.05) is not None
+    _expire(storage, 0.05)
+    assert storage.acquire_lease("job-1", "w2", 30) is not None
+    assert storage.lease_owner("job-1") == "w2"
+
+
+def _expire(storage: Storage, ttl: float) -> None:
+    # Memory storage in this suite runs on a virtual clock; real backends on real time.
+    clock = getattr(storage, "_clock", None)
+    if clock is not None and hasattr(clock, "advance"):
+        clock.advance(ttl + 1)
+    else:
+        time.sleep(ttl + 0.1)
+
+
+def test_commit_is_fenced_by_another_owners_lease(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    storage.acquire_lease("job-1", "w2", 30)
+    with pytest.raises(StaleVersionError):
+        storage.commit(commit(rec, moved(rec), owner="w1"))
+    storage.commit(commit(rec, moved(rec), owner="w2"))
+    assert storage.lease_owner("job-1") is None  # released with the commit
+
+
+def test_commit_can_keep_the_lease(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    storage.acquire_lease("job-1", "w1", 30)
+    storage.commit(commit(rec, moved(rec), owner="w1", release_lease=False, keep_journal=True))
+    assert storage.lease_owner("job-1") == "w1"
+
+
+def test_journal_is_fenced_and_cleared_by_a_commit(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    storage.acquire_lease("job-1", "w1", 30)
+    storage.record_step("job-1", version=1, owner="w1", key="model", value={"text": "hi"})
+    storage.record_step("job-1", version=1, owner="w1", key="tool:c1", value=[1, 2])
+    got = storage.get_job("job-1")
+    assert got is not None and got.checkpoint is not None
+    assert got.checkpoint.journal == {"model": {"text": "hi"}, "tool:c1": [1, 2]}
+    with pytest.raises(StaleVersionError):
+        storage.record_step("job-1", version=0, owner="w1", key="x", value=1)
+    with pytest.raises(StaleVersionError):
+        storage.record_step("job-1", version=1, owner="w2", key="x", value=1)
+    storage.commit(commit(rec, moved(rec), owner="w1"))
+    got = storage.get_job("job-1")
+    assert got is not None and got.checkpoint is not None and got.checkpoint.journal == {}
+
+
+def test_journal_survives_a_commit_that_keeps_it(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    storage.record_step("job-1", version=1, owner=None, key="model", value="m")
+    new = moved(rec)
+    storage.commit(commit(rec, new, keep_journal=True))
+    got = storage.get_job("job-1")
+    assert got is not None and got.checkpoint is not None and got.checkpoint.journal == {"model": "m"}
+    storage.record_step("job-1", version=2, owner=None, key="tool:a", value=1)
+    got = storage.get_job("job-1")
+    assert got is not None and got.checkpoint is not None
+    assert got.checkpoint.journal == {"model": "m", "tool:a": 1}
+
+
+def test_transcript_reads_are_ranged_and_truncation_cuts_back(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec, messages=[{"role": "user", "content": str(i)} for i in range(5)])
+    assert [m["content"] for m in storage.messages("job-1", 1, 3)] == ["1", "2"]
+    assert [m["content"] for m in storage.messages("job-1", 3)] == ["3", "4"]
+    storage.commit(commit(rec, moved(rec), truncate_messages_to=2, append_messages=[{"role": "user", "content": "n"}]))
+    assert [m["content"] for m in storage.messages("job-1")] == ["0", "1", "n"]
+
+
+def test_due_index_follows_status_and_due_time(storage: Storage) -> None:
+    a, b, c = record("a", due_at=10.0), record("b", due_at=5.0), record("c", due_at=50.0)
+    for r in (a, b, c):
+        storage.create_job(r)
+    assert storage.due_jobs(20.0) == ["b", "a"]
+    assert storage.due_jobs(20.0, limit=1) == ["b"]
+    storage.commit(commit(b, moved(b, status=JobStatus.COMPLETE, checkpoint=None)))
+    assert storage.due_jobs(100.0) == ["a", "c"]
+    later = moved(a)
+    assert later.checkpoint is not None
+    later = later.model_copy(update={"checkpoint": later.checkpoint.model_copy(update={"due_at": 70.0})})
+    storage.commit(commit(a, later))
+    assert storage.due_jobs(60.0) == ["c"]
+
+
+def test_list_jobs_filters_by_status(storage: Storage) -> None:
+    storage.create_job(record("a"))
+    storage.create_job(record("b", status=JobStatus.ERROR, error="x"))
+    assert {r.job_id for r in storage.list_jobs()} == {"a", "b"}
+    assert [r.job_id for r in storage.list_jobs(status=JobStatus.ERROR)] == ["b"]
+
+
+def test_concurrent_commits_on_one_version_let_exactly_one_win(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    wins: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def attempt(i: int) -> None:
+        barrier.wait()
+        try:
+            storage.commit(commit(rec, moved(rec, result=i), append_messages=[{"role": "assistant", "content": str(i)}]))
+            wins.append(i)
+        except StaleVersionError:
+            pass
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert storage.messages("job-1") == [{"role": "assistant", "content": str(wins[0])}]
+    got = storage.get_job("job-1")
+    assert got is not None and got.result == wins[0]
