@@ -237,7 +237,8 @@ def test_concurrent_commits_on_one_version_let_exactly_one_win(storage: Storage)
     def attempt(i: int) -> None:
         barrier.wait()
         try:
-            storage.commit(commit(rec, moved(rec, result=i), append_messages=[{"role": "assistant", "content": str(i)}]))
+            msg = {"role": "assistant", "content": str(i)}
+            storage.commit(commit(rec, moved(rec, result=i), append_messages=[msg]))
             wins.append(i)
         except StaleVersionError:
             pass

@@ -1,0 +1,55 @@
+"""The model seam: one method, ``complete(request) -> ModelResponse``.
+
+A model is a litellm model string (wrapped by :class:`phases.litellm_model.LiteLLMModel`,
+which imports litellm lazily) or any object with ``complete``, such as
+:class:`pipelines.testing.ScriptedModel`. The response is journaled as the
+turn's ``model`` step, so it must be plain JSON (a pydantic model here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+from pipelines.models import Message, Usage
+
+__all__ = ["Model", "ModelRequest", "ModelResponse"]
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the agent turn asks a model. Never persisted (``params`` may hold secrets)."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    job_id: str = ""
+    turn: int = 0
+
+
+class ModelResponse(BaseModel):
+    """One model answer, as journaled: the assistant message in OpenAI chat format.
+
+    ``message`` keeps every field the provider returned (reasoning/thinking
+    blocks included) except ``None`` values, so it round-trips to the next call.
+    """
+
+    message: Message
+    finish_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    model: str | None = None
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        calls = self.message.get("tool_calls") or []
+        return list(calls)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Anything that can answer a :class:`ModelRequest`; ``complete`` may be ``async def``."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse | Awaitable[ModelResponse]: ...

@@ -1,0 +1,150 @@
+"""``App``: the registry a worker loads by import path (``pipelines worker --app myapp.agents:app``).
+
+A job names its pipeline; the app maps that name to phases, so one worker
+serves many pipelines and agents. The web side uses the same object to start
+jobs, so an agent is described once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from adapters.base import Scheduler, Storage
+from pipelines.errors import ConfigurationError, InvalidPipelineError
+from pipelines.phase import Phase
+from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, RetryMode, phase_map, start_job, try_advance
+
+__all__ = ["App", "PipelineSource", "load_app"]
+
+logger = logging.getLogger("pipelines")
+
+
+class PipelineSource(Protocol):
+    """Something that names a pipeline and builds its phases (an ``Agent`` does)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def phases(self) -> list[Phase]: ...
+
+
+class App:
+    """Pipelines and agents by name, bound to one storage and one scheduler.
+
+    ``App(storage=..., scheduler=..., pipelines={"etl": [...]}, agents=[support])``
+    """
+
+    def __init__(
+        self,
+        *,
+        storage: Storage,
+        scheduler: Scheduler,
+        pipelines: Mapping[str, Sequence[Phase]] | None = None,
+        agents: Iterable[PipelineSource] = (),
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
+        self.storage = storage
+        self.scheduler = scheduler
+        self.lease_seconds = lease_seconds
+        self._pipelines: dict[str, list[Phase]] = {}
+        self._agents: dict[str, PipelineSource] = {}
+        for name, phases in (pipelines or {}).items():
+            self.add_pipeline(name, phases)
+        for agent in agents:
+            self.add_agent(agent)
+        scheduler.bind(self.advance)
+
+    # --- registry ----------------------------------------------------------
+    def add_pipeline(self, name: str, phases: Sequence[Phase]) -> None:
+        """Register ``phases`` under ``name`` (validated now, not at the first job)."""
+        if not isinstance(name, str) or not name:
+            raise InvalidPipelineError(f"a pipeline needs a non-empty name, got {name!r}")
+        if name in self._pipelines:
+            raise InvalidPipelineError(f"pipeline {name!r} is registered twice")
+        phase_map(phases)
+        self._pipelines[name] = list(phases)
+
+    def add_agent(self, agent: PipelineSource) -> None:
+        """Register an agent; its pipeline is named after it."""
+        self.add_pipeline(agent.name, agent.phases())
+        self._agents[agent.name] = agent
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._pipelines)
+
+    @property
+    def agents(self) -> dict[str, PipelineSource]:
+        return dict(self._agents)
+
+    def phases_for(self, pipeline: str) -> list[Phase]:
+        try:
+            return self._pipelines[pipeline]
+        except KeyError:
+            known = ", ".join(self.names) or "none"
+            raise InvalidPipelineError(f"unknown pipeline {pipeline!r}; this app has: {known}") from None
+
+    # --- jobs --------------------------------------------------------------
+    def run_pipeline(
+        self,
+        name: str,
+        *,
+        job_id: str,
+        initial_state: Any = None,
+        retry_mode: RetryMode | None = None,
+        initial_phase: str | None = None,
+    ) -> None:
+        """Start (or retry) a job of the registered pipeline ``name``."""
+        phases = self.phases_for(name)
+        start_job(job_id=job_id, phase_names=[p.name for p in phases], storage=self.storage,
+                  scheduler=self.scheduler, initial_state=initial_state, retry_mode=retry_mode,
+                  initial_phase=initial_phase, pipeline=name)
+
+    def advance(self, job_id: str) -> None:
+        """Advance ``job_id`` with the pipeline its record names (what workers call)."""
+        self.try_advance(job_id)
+
+    def try_advance(self, job_id: str) -> AdvanceResult:
+        record = self.storage.get_job(job_id)
+        if record is None:
+            return AdvanceResult.UNKNOWN
+        phases = self.phases_for(record.pipeline)
+        return try_advance(job_id=job_id, phases=phases, storage=self.storage, scheduler=self.scheduler,
+                           lease_seconds=self.lease_seconds)
+
+    def advance_due(self, *, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
+        """Advance every running job that is due and not leased (the cron sweep, I7)."""
+        done: list[tuple[str, AdvanceResult]] = []
+        for job_id in self.storage.due_jobs(self.scheduler.now(), limit=limit):
+            try:
+                done.append((job_id, self.try_advance(job_id)))
+            except InvalidPipelineError as exc:
+                # One job naming a pipeline this app lacks must not stop the sweep.
+                done.append((job_id, AdvanceResult.UNKNOWN))
+                logger.error("sweep: job %s: %s", job_id, exc)
+        return done
+
+
+def load_app(path: str) -> App:
+    """Import ``"package.module:attribute"`` and return the :class:`App` it names."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"app path must look like 'package.module:app', got {path!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} for app {path!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, App):
+        obj = obj()  # a factory function returning the app
+    if not isinstance(obj, App):
+        raise ConfigurationError(f"{path!r} is a {type(obj).__name__}, not a pipelines.App")
+    return obj
