@@ -36,3 +36,34 @@ def _block_network() -> Any:
     socket.socket.connect = _loopback_only  # type: ignore[method-assign]
     yield
     socket.socket.connect = _real_connect  # type: ignore[method-assign]
+
+
+# --- a real redis-server, private to this test session ----------------------
+from collections.abc import Iterator  # noqa: E402
+
+from tests.redis_server import RedisServer, find_redis_server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server on a free port. Missing binary: skip loudly, or fail when REQUIRE_REDIS=1."""
+    binary = find_redis_server()
+    if binary is None:
+        if os.environ.get("REQUIRE_REDIS") == "1":
+            pytest.fail("REQUIRE_REDIS=1 but redis-server is not installed (apt-get install redis-server)")
+        pytest.skip("SKIPPING REDIS TESTS: redis-server not found (apt-get install redis-server)")
+    server = RedisServer(binary)
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """The session server's URL, with its data flushed before each test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
