@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +18,28 @@ def _memory(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
     yield lambda: MemoryStorage(clock=clock)
 
 
-ADAPTERS: dict[str, Callable[[pytest.FixtureRequest], Iterator[StorageFactory]]] = {"memory": _memory}
+def _redis(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
+    # Imported here so the memory entry runs even where redis-py is missing.
+    from adapters.redis import RedisStorage
+
+    url = request.getfixturevalue("redis_url")
+    made: list[RedisStorage] = []
+
+    def make() -> RedisStorage:
+        # A fresh prefix per storage: two storages of one test never see each other.
+        storage = RedisStorage.from_url(url, prefix=f"t{uuid.uuid4().hex[:10]}")
+        made.append(storage)
+        return storage
+
+    yield make
+    for storage in made:
+        storage.client.close()
+
+
+ADAPTERS: dict[str, Callable[[pytest.FixtureRequest], Iterator[StorageFactory]]] = {
+    "memory": _memory,
+    "redis": _redis,
+}
 
 
 @pytest.fixture(params=sorted(ADAPTERS))

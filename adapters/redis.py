@@ -1,0 +1,368 @@
+"""``RedisStorage``: the production :class:`~adapters.base.Storage` on plain Redis 7.
+
+Key layout (every name is built by :func:`job_keys` / :class:`RedisStorage`
+below, nowhere else)::
+
+    <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver
+    <prefix>:{<job>}:messages  list  one JSON message per entry (append-only)
+    <prefix>:{<job>}:logs      list  one JSON log entry per entry
+    <prefix>:{<job>}:journal   hash  step key -> JSON result, valid while jver == version
+    <prefix>:{<job>}:lease     str   owner token, SET NX PX (Redis expires it)
+    <prefix>:due               zset  running job ids scored by due_at
+    <prefix>:jobs              set   every job id
+
+Each check-then-write is one Lua script (:mod:`adapters.redis_scripts`), so
+a commit is atomic and costs one round trip. Values are JSON text; nothing is
+pickled. redis-py retries commands after connection errors, writes included,
+so every write is idempotent: a commit or create re-sent after its reply was
+lost finds its own token and reports success without writing again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
+
+import redis
+from pydantic import ValidationError
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from adapters import redis_scripts
+from pipelines.errors import (
+    ConfigurationError,
+    CorruptRecordError,
+    JobConflictError,
+    StaleVersionError,
+    StateNotSerializableError,
+    StorageError,
+    StorageUnavailableError,
+)
+from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
+
+__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "job_keys"]
+
+DEFAULT_PREFIX = "pr"
+_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+_BATCH = 200  # records fetched per round trip by list_jobs
+
+
+class JobKeys(NamedTuple):
+    """The Redis keys of one job; all share the hash tag ``{<job id>}`` (one cluster slot)."""
+
+    record: str
+    messages: str
+    logs: str
+    journal: str
+    lease: str
+
+
+def job_keys(prefix: str, job_id: str) -> JobKeys:
+    """The keys of ``job_id`` under ``prefix``. The id is validated: no brace can escape the tag."""
+    base = f"{prefix}:{{{validate_job_id(job_id)}}}"
+    return JobKeys(f"{base}:record", f"{base}:messages", f"{base}:logs", f"{base}:journal", f"{base}:lease")
+
+
+def _text(value: Any) -> str:
+    # Works with clients made with or without decode_responses (RQ needs bytes).
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def _score(due_at: float | None) -> str:
+    if due_at is None:
+        return ""
+    if math.isnan(due_at):
+        raise StateNotSerializableError("checkpoint due_at is NaN")
+    return repr(float(due_at))
+
+
+def _ttl_ms(ttl: float) -> str:
+    # PX needs a positive integer; a ttl under 1 ms is a lease that is over at once.
+    return str(max(1, math.ceil(ttl * 1000)))
+
+
+@contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    """Translate redis-py exceptions into phaserunner's at the adapter edge."""
+    try:
+        yield
+    except redis.exceptions.AuthenticationError as exc:
+        raise StorageError(f"Redis refused the credentials while {what}: {exc}") from exc
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise StorageUnavailableError(f"Redis is unreachable while {what} (retries exhausted): {exc}") from exc
+    except redis.exceptions.RedisError as exc:
+        raise StorageError(f"Redis failed while {what}: {exc}") from exc
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _check_url(url: object) -> str:
+    """Raise ConfigurationError naming what is wrong with a Redis URL (redis-py would guess instead)."""
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f"a Redis URL must be a non-empty string, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # parses it: non-numeric or out of range raises ValueError
+    except ValueError as exc:
+        raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from None
+    shown = _redact(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigurationError(f"bad Redis URL {shown!r}: scheme must be redis://, rediss:// or unix://")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ConfigurationError(f"bad Redis URL {shown!r}: unix:// needs a socket path")
+        return url
+    if not parts.hostname:
+        raise ConfigurationError(f"bad Redis URL {shown!r}: no host")
+    if port == 0:
+        raise ConfigurationError(f"bad Redis URL {shown!r}: port 0")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ConfigurationError(f"bad Redis URL {shown!r}: database {db!r} is not a number")
+    return url
+
+
+class RedisStorage:
+    """The :class:`~adapters.base.Storage` port on Redis (standalone or Sentinel; no modules).
+
+    ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` (its
+    own retry policy applies); :meth:`from_url` builds one with retries,
+    exponential backoff and jitter. ``client`` is public so an RQ scheduler can
+    share the connection. Connection failures that outlast the retries raise
+    :class:`StorageUnavailableError`, other Redis errors :class:`StorageError`,
+    and a stored record that does not parse :class:`CorruptRecordError`.
+    """
+
+    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
+        if not prefix or not set(prefix) <= _PREFIX_CHARS:
+            # A brace in the prefix would become the hash tag of every key.
+            raise ConfigurationError(f"key prefix must be 1+ of [A-Za-z0-9._:-], got {prefix!r}")
+        self.client = client
+        self.prefix = prefix
+        # Global keys: not hash-tagged, because they index every job. The
+        # scripts touch them together with one job's keys, which is fine on a
+        # standalone server or Sentinel (what RQ supports), not on Cluster.
+        self.due_key = f"{prefix}:due"
+        self.jobs_key = f"{prefix}:jobs"
+        # register_script runs EVALSHA and reloads the script after SCRIPT FLUSH.
+        self._create = client.register_script(redis_scripts.CREATE)
+        self._commit = client.register_script(redis_scripts.COMMIT)
+        self._step = client.register_script(redis_scripts.RECORD_STEP)
+        self._load_script = client.register_script(redis_scripts.LOAD)
+        self._renew = client.register_script(redis_scripts.RENEW)
+        self._release = client.register_script(redis_scripts.RELEASE)
+        self._delete = client.register_script(redis_scripts.DELETE)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        retries: int = 5,
+        backoff_base: float = 0.05,
+        backoff_cap: float = 1.0,
+        socket_timeout: float = 10.0,
+        connect_timeout: float = 2.0,
+    ) -> RedisStorage:
+        """Connect lazily to ``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS).
+
+        Connection errors are retried ``retries`` times with full-jitter
+        exponential backoff (``backoff_base * 2**n``, at most ``backoff_cap``
+        seconds). A malformed URL raises :class:`ConfigurationError`.
+        """
+        _check_url(url)
+        retry = Retry(ExponentialWithJitterBackoff(cap=backoff_cap, base=backoff_base), retries)
+        try:
+            client = redis.Redis.from_url(url, retry=retry, socket_timeout=socket_timeout,
+                                          socket_connect_timeout=connect_timeout)
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
+        return cls(client, prefix=prefix)
+
+    def keys(self, job_id: str) -> JobKeys:
+        """The Redis keys of ``job_id`` (validated)."""
+        return job_keys(self.prefix, job_id)
+
+    def _all_keys(self, job_id: str) -> list[str]:
+        return [*self.keys(job_id), self.due_key, self.jobs_key]
+
+    # --- reading -------------------------------------------------------------
+    def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any]) -> JobRecord:
+        try:
+            rec = JobRecord.model_validate_json(data)
+        except ValidationError as exc:
+            raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
+        if rec.job_id != job_id:
+            raise CorruptRecordError(f"stored record of job {job_id!r} names job {rec.job_id!r}")
+        if rec.checkpoint is not None and journal and _text(jver) == str(rec.version):
+            try:
+                steps = {_text(k): json.loads(v) for k, v in zip(journal[::2], journal[1::2], strict=True)}
+            except ValueError as exc:
+                raise CorruptRecordError(f"stored journal of job {job_id!r} does not parse: {exc}") from exc
+            rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": steps})})
+        return rec
+
+    def _load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
+        k = self.keys(job_id)
+        with _mapped(f"loading job {job_id!r}"):
+            reply = self._load_script(keys=[k.record, k.journal, k.lease], args=[owner, ttl_ms])
+        return None if reply is None else self._parse(job_id, reply[0], reply[1], reply[2])
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The record with its current journal, or ``None`` (one round trip)."""
+        return self._load(job_id)
+
+    def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
+        """Take the lease (``SET PX``) and read the record in one atomic round trip."""
+        return self._load(job_id, owner, _ttl_ms(ttl))
+
+    def lease_owner(self, job_id: str) -> str | None:
+        with _mapped(f"reading the lease of job {job_id!r}"):
+            value = self.client.get(self.keys(job_id).lease)
+        return None if value is None else _text(value)
+
+    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        """Messages ``[start:stop]`` (Python slice semantics) read with one LRANGE."""
+        if stop == 0:
+            return []  # LRANGE's end is inclusive: stop-1 == -1 would mean "to the end"
+        with _mapped(f"reading the transcript of job {job_id!r}"):
+            lines = self.client.lrange(self.keys(job_id).messages, start, -1 if stop is None else stop - 1)
+        return [self._json_line(job_id, line, "transcript message") for line in lines]
+
+    def logs(self, job_id: str) -> list[LogEntry]:
+        with _mapped(f"reading the logs of job {job_id!r}"):
+            lines = self.client.lrange(self.keys(job_id).logs, 0, -1)
+        try:
+            return [LogEntry.model_validate_json(line) for line in lines]
+        except ValidationError as exc:
+            raise CorruptRecordError(f"a stored log entry of job {job_id!r} does not parse: {exc}") from exc
+
+    @staticmethod
+    def _json_line(job_id: str, line: Any, what: str) -> Any:
+        try:
+            return json.loads(line)
+        except ValueError as exc:
+            raise CorruptRecordError(f"a stored {what} of job {job_id!r} does not parse: {exc}") from exc
+
+    def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
+        """Running jobs with ``due_at <= now``, earliest first (ties by id), via ZRANGEBYSCORE."""
+        if limit <= 0:
+            return []
+        with _mapped("reading the due index"):
+            ids = self.client.zrangebyscore(self.due_key, "-inf", repr(float(now)), start=0, num=limit)
+        return [_text(i) for i in ids]
+
+    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
+        """Jobs (optionally in ``status``) in job-id order, fetched in batches."""
+        with _mapped("listing jobs"):
+            ids = sorted(_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000))
+        out: list[JobRecord] = []
+        for i in range(0, len(ids), _BATCH):
+            batch = ids[i : i + _BATCH]
+            with _mapped("listing jobs"):
+                pipe = self.client.pipeline(transaction=False)
+                for job_id in batch:
+                    k = self.keys(job_id)
+                    pipe.hmget(k.record, ["data", "jver"])
+                    pipe.hgetall(k.journal)
+                replies = pipe.execute()
+            for n, job_id in enumerate(batch):
+                (data, jver), journal = replies[2 * n], replies[2 * n + 1]
+                if data is None:
+                    continue  # deleted since the scan
+                pairs = [x for kv in journal.items() for x in kv]
+                rec = self._parse(job_id, data, "" if jver is None else jver, pairs)
+                if status is None or rec.status is status:
+                    out.append(rec)
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    # --- writing -------------------------------------------------------------
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = ()) -> None:
+        """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
+        job_id = record.job_id
+        keys = self._all_keys(job_id)
+        data = record.model_dump_json()
+        msgs = [_dumps(m, "a transcript message") for m in messages]
+        lines = [e.model_dump_json() for e in logs]
+        cp = record.checkpoint
+        due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
+        token = uuid.uuid4().hex  # lets a re-sent create recognise itself
+        with _mapped(f"creating job {job_id!r}"):
+            reply = self._create(keys=keys, args=[job_id, token, data, str(record.version), due, len(msgs),
+                                                  *msgs, *lines])
+        if _text(reply) == "exists":
+            raise JobConflictError(f"job {job_id!r} already exists")
+
+    def commit(self, commit: Commit) -> None:
+        """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token."""
+        job_id = commit.job_id
+        keys = self._all_keys(job_id)
+        # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
+        data = commit.record.model_dump_json()
+        msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
+        lines = [e.model_dump_json() for e in commit.logs]
+        owner = commit.owner
+        args: list[str | int] = [
+            job_id, commit.token, data, str(commit.expected_version), str(commit.record.version),
+            "0" if owner is None else "1", owner or "",
+            "" if commit.truncate_messages_to is None else str(int(commit.truncate_messages_to)),
+            "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
+            _score(commit.due_at), len(msgs), *msgs, *lines,
+        ]
+        with _mapped(f"committing job {job_id!r}"):
+            reply = _text(self._commit(keys=keys, args=args))
+        if reply.startswith("stale:"):
+            raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
+
+    def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
+        """Journal one step result under ``version``; fenced like ``commit``."""
+        k = self.keys(job_id)
+        text = _dumps(value, f"result of step {key!r}")
+        args = [str(version), "0" if owner is None else "1", owner or "", key, text]
+        with _mapped(f"journaling step {key!r} of job {job_id!r}"):
+            reply = _text(self._step(keys=[k.record, k.journal, k.lease], args=args))
+        if reply.startswith("stale:"):
+            raise StaleVersionError(_stale_message(job_id, reply, f"step {key!r} at version {version} not recorded"))
+
+    def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
+        with _mapped(f"renewing the lease of job {job_id!r}"):
+            return bool(self._renew(keys=[self.keys(job_id).lease], args=[owner, _ttl_ms(ttl)]))
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        with _mapped(f"releasing the lease of job {job_id!r}"):
+            self._release(keys=[self.keys(job_id).lease], args=[owner])
+
+    def delete_job(self, job_id: str) -> bool:
+        """Remove the job's keys and index entries; ``False`` if it did not exist."""
+        with _mapped(f"deleting job {job_id!r}"):
+            return bool(self._delete(keys=self._all_keys(job_id), args=[job_id]))
+
+
+def _stale_message(job_id: str, reply: str, what: str) -> str:
+    why = reply.removeprefix("stale:")
+    if why == "missing":
+        return f"job {job_id!r} no longer exists; {what}"
+    if why == "leased":
+        return f"job {job_id!r} is leased by another worker; {what}"
+    return f"job {job_id!r} moved on ({why.replace(':', ' ')}); {what}"

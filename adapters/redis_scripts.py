@@ -1,0 +1,141 @@
+"""The Lua scripts behind :class:`adapters.redis.RedisStorage`.
+
+Every write that must check something first (a version, a commit token, a
+lease owner) is one script, so the check and the write are atomic on the
+server and cost one round trip. Scripts reply with a short status string
+(``"ok"``, ``"applied"``, ``"stale:<why>"``...) that the adapter maps to
+exceptions; they never raise from Lua, because a Lua error after a write
+would leave a half-applied commit (scripts are atomic, not transactional).
+
+Hash fields of ``<prefix>:{<job>}:record``: ``data`` (the record JSON),
+``version`` (decimal), ``token`` (the last commit's token) and ``jver`` (the
+version the journal was written under; absent until the first commit).
+
+Conventions: ``KEYS`` are always passed in full (hash-tagged per job); an
+optional owner travels as a flag plus a value, so an empty-string owner is
+still an owner. Nothing in the scripts reads the clock: leases expire by
+Redis's own ``PX``, so workers' clocks never matter.
+"""
+
+from __future__ import annotations
+
+__all__ = ["COMMIT", "CREATE", "DELETE", "LOAD", "RECORD_STEP", "RELEASE", "RENEW"]
+
+# RPUSH of many values at once, in chunks: unpack() of a huge range would hit
+# Lua's C-stack limit (~8000 values).
+_PUSH_FN = """
+local function push(key, from, to)
+  local i = from
+  while i <= to do
+    local j = math.min(i + 999, to)
+    redis.call('RPUSH', key, unpack(ARGV, i, j))
+    i = j + 1
+  end
+end
+"""
+
+# KEYS: record, messages, logs, journal, lease, due, jobs
+# ARGV: job_id, token, data, version, due_at ('' = not due), n_messages,
+#       then the messages, then the log lines.
+CREATE = _PUSH_FN + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- The same create re-sent after its reply was lost: already applied.
+  if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then return 'applied' end
+  return 'exists'
+end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
+local n = tonumber(ARGV[6])
+push(KEYS[2], 7, 6 + n)
+push(KEYS[3], 7 + n, #ARGV)
+redis.call('SADD', KEYS[7], ARGV[1])
+if ARGV[5] ~= '' then redis.call('ZADD', KEYS[6], ARGV[5], ARGV[1]) end
+return 'ok'
+"""
+
+# KEYS: record, messages, logs, journal, lease, due, jobs
+# ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
+#       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
+#       n_messages, then the messages, then the log lines.
+COMMIT = _PUSH_FN + """
+local cur = redis.call('HMGET', KEYS[1], 'version', 'token')
+if not cur[1] then return 'stale:missing' end
+-- A retried command whose reply was lost: report success, write nothing.
+if cur[2] == ARGV[2] and cur[1] == ARGV[5] then return 'applied' end
+if cur[1] ~= ARGV[4] then return 'stale:version:' .. cur[1] end
+local holder = redis.call('GET', KEYS[5])
+if ARGV[6] == '1' and holder and holder ~= ARGV[7] then return 'stale:leased' end
+-- Every check passed; from here on nothing can fail (inputs were validated
+-- by the adapter), so the commit lands whole.
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5])
+if ARGV[8] ~= '' then
+  local n = tonumber(ARGV[8])
+  -- LTRIM 0 -1 would keep everything, so cutting to zero is a DEL.
+  if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
+end
+local n = tonumber(ARGV[12])
+push(KEYS[2], 13, 12 + n)
+push(KEYS[3], 13 + n, #ARGV)
+if ARGV[9] ~= '1' then redis.call('DEL', KEYS[4]) end
+if ARGV[11] ~= '' then
+  redis.call('ZADD', KEYS[6], ARGV[11], ARGV[1])
+else
+  redis.call('ZREM', KEYS[6], ARGV[1])
+end
+if ARGV[10] == '1' and (ARGV[6] ~= '1' or holder == ARGV[7]) then redis.call('DEL', KEYS[5]) end
+return 'ok'
+"""
+
+# KEYS: record, journal, lease
+# ARGV: version, has_owner, owner, key, value
+RECORD_STEP = """
+local cur = redis.call('HMGET', KEYS[1], 'version', 'jver')
+if not cur[1] or cur[1] ~= ARGV[1] then return 'stale:version' end
+local holder = redis.call('GET', KEYS[3])
+if ARGV[2] == '1' and holder and holder ~= ARGV[3] then return 'stale:leased' end
+if cur[2] ~= ARGV[1] then
+  -- The journal belongs to an older version: start a fresh one for this one.
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'jver', ARGV[1])
+end
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+return 'ok'
+"""
+
+# KEYS: record, journal, lease
+# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms
+# Reply: nil (unknown job, or leased by someone else), else {data, jver, journal pairs}.
+LOAD = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if ARGV[2] ~= '' then
+  local holder = redis.call('GET', KEYS[3])
+  if holder and holder ~= ARGV[1] then return false end
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+end
+local rec = redis.call('HMGET', KEYS[1], 'data', 'jver')
+-- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
+return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2])}
+"""
+
+# KEYS: lease; ARGV: owner, ttl_ms
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS: lease; ARGV: owner
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: record, messages, logs, journal, lease, due, jobs; ARGV: job_id
+DELETE = """
+local existed = redis.call('EXISTS', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('SREM', KEYS[7], ARGV[1])
+return existed
+"""
