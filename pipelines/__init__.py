@@ -26,11 +26,35 @@ from pipelines.errors import (
     TransientModelError,
 )
 from pipelines.models import Checkpoint, JobRecord, JobStatus, LogEntry, Usage
-from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater
+from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, WaitForInput
 from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_phase, run_pipeline, try_advance
+
+# The composing layer: the agent loop and the app registry build on the core
+# above and on `phases`; they come last so `phases.*` can import the core.
+from phases.agent_turn import AgentState  # isort: skip
+from phases.model import Model, ModelRequest, ModelResponse  # isort: skip
+from phases.stop import TurnInfo, has_tool_call, max_turns  # isort: skip
+from phases.tools import Tool, ToolContext, tool  # isort: skip
+from pipelines.agent import Agent, build_agent_phase, run_agent  # isort: skip
+from pipelines.app import App, load_app  # isort: skip
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
+    "Agent",
+    "AgentState",
+    "App",
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "Tool",
+    "ToolContext",
+    "TurnInfo",
+    "build_agent_phase",
+    "has_tool_call",
+    "load_app",
+    "max_turns",
+    "run_agent",
+    "tool",
     "AdvanceResult",
     "Checkpoint",
     "ConfigurationError",
@@ -60,6 +84,7 @@ __all__ = [
     "StorageUnavailableError",
     "TransientModelError",
     "Usage",
+    "WaitForInput",
     "advance_phase",
     "run_pipeline",
     "try_advance",

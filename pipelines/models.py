@@ -170,6 +170,8 @@ class JobRecord(BaseModel):
     initial_phase: str | None = None
     initial_state: JSONValue = None
     usage: Usage = Field(default_factory=Usage)
+    # Set while status is "waiting": why, and which tool call (if any) needs a person.
+    waiting: dict[str, JSONValue] | None = None
     phases_done: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0

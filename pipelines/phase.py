@@ -30,6 +30,7 @@ __all__ = [
     "Phase",
     "PhaseContext",
     "RetryLater",
+    "WaitForInput",
 ]
 
 S = TypeVar("S")
@@ -81,6 +82,19 @@ class RetryLater(Exception):  # noqa: N818 - a control signal, not an error
         super().__init__(reason or f"retry in {delay:.1f}s")
         self.delay = max(0.0, float(delay))
         self.reason = reason
+
+
+class WaitForInput(Exception):  # noqa: N818 - a control signal, not an error
+    """Raised by a phase or tool to park the job in status ``waiting`` until a person acts.
+
+    The checkpoint and the journal stay; ``reason`` and ``call_id`` are readable
+    on the record (``record.waiting``) until the job is resumed.
+    """
+
+    def __init__(self, reason: str, *, call_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.call_id = call_id
 
 
 class FailJob(Exception):  # noqa: N818 - a control signal, not an error

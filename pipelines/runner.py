@@ -44,7 +44,17 @@ from pipelines.models import (
     to_json_value,
     validate_job_id,
 )
-from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, validate_state
+from pipelines.phase import (
+    Done,
+    Fail,
+    FailJob,
+    Next,
+    Phase,
+    PhaseContext,
+    RetryLater,
+    WaitForInput,
+    validate_state,
+)
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -77,6 +87,7 @@ class AdvanceResult(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     RETRY_LATER = "retry_later"
+    WAITING = "waiting"
     STALE = "stale"  # fenced off: another worker moved the job on
 
 
@@ -233,7 +244,7 @@ def _restart(
     if existing.status in _ACTIVE:
         raise JobConflictError(f"job {jid!r} is {existing.status.value}; wait for it, or cancel it before a retry")
     version = existing.version + 1
-    running = {"status": JobStatus.RUNNING, "error": None, "version": version, "updated_at": now}
+    running = {"status": JobStatus.RUNNING, "error": None, "waiting": None, "version": version, "updated_at": now}
     if existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
         # A finished conversation goes on: keep the transcript, add the new messages.
         tlen = existing.transcript_len + len(new_messages)
@@ -388,7 +399,7 @@ def _run_and_commit(
     except StaleVersionError:
         logger.info("job %s: fenced off (another worker moved it on)", job_id)
         return AdvanceResult.STALE, False
-    except RetryLater as sig:
+    except (RetryLater, WaitForInput) as sig:
         outcome = sig
     except FailJob as sig:
         outcome = Fail(sig.error)
@@ -459,6 +470,13 @@ def _build_commit(
                                        "updated_at": now, "journal": {}})
         new = rec.model_copy(update={**base, "checkpoint": new_cp})
         result = AdvanceResult.RETRY_LATER
+    elif isinstance(outcome, WaitForInput):
+        keep_journal = True
+        logs.append(_log(now, cp.next_phase, "warn", f"waiting: {outcome.reason}"))
+        new = rec.model_copy(update={**base, "status": JobStatus.WAITING,
+                                     "waiting": {"reason": outcome.reason, "call_id": outcome.call_id},
+                                     "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
+        result = AdvanceResult.WAITING
     else:
         assert isinstance(outcome, Fail)
         # The last good checkpoint stays, journal included, for a "resume" retry (I9).

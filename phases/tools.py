@@ -1,0 +1,256 @@
+"""Tools the model can call: ``@tool`` on a typed function, or ``Tool(...)`` explicitly.
+
+The name comes from the function, the description from its docstring, the
+JSON schema and argument validation from pydantic. A tool receives a
+:class:`ToolContext` (if it asks for one) carrying the job id and an
+idempotency key ``"<job id>:<tool call id>"`` for external systems that
+deduplicate requests.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from pipelines.errors import InvalidInputError
+from pipelines.models import JSONValue, to_json_value
+
+__all__ = [
+    "InterruptPolicy",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolContext",
+    "tool",
+    "tool_map",
+]
+
+InterruptPolicy = Literal["retry", "fail", "reconcile", "ask"]
+"""What to do with a call found started but not finished after a crash (see README "Guarantees")."""
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-style APIs accept as a function name
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a running tool knows about its call."""
+
+    job_id: str
+    call_id: str
+    tool_name: str
+    turn: int = 0
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across re-runs of the same call: ``"<job id>:<tool call id>"``."""
+        return f"{self.job_id}:{self.call_id}"
+
+
+class ToolArgumentsError(Exception):
+    # Not a PipelineError: it never reaches users; its text goes back to the model.
+    """The model's arguments did not parse or validate; the text goes back to the model."""
+
+
+class Tool:
+    """A tool: ``Tool(name=, description=, input_model=, execute=)``.
+
+    ``execute(input)`` or ``execute(input, ctx)``, plain or ``async def``;
+    ``input`` is a validated ``input_model`` instance. Its return value (JSON
+    data or a string) becomes the tool message's content.
+
+    ``idempotent``: running the call twice is harmless (the default). After a
+    crash in the middle of a call, ``on_interrupted`` decides: ``"retry"``
+    (default for idempotent tools), ``"fail"`` (default otherwise: the job
+    stops with an error and a person decides), ``"reconcile"`` (call
+    ``reconcile(input, ctx)``, which asks the outside system what happened and
+    returns the result), or ``"ask"`` (the job waits until someone records the
+    outcome).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str,
+        input_model: type[BaseModel],
+        execute: Callable[..., Any],
+        idempotent: bool = True,
+        on_interrupted: InterruptPolicy | None = None,
+        reconcile: Callable[..., Any] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise InvalidInputError(f"tool name {name!r} must be 1-64 of [A-Za-z0-9_-]")
+        if not (isinstance(input_model, type) and issubclass(input_model, BaseModel)):
+            raise InvalidInputError(f"tool {name!r}: input_model must be a pydantic model class")
+        if not callable(execute):
+            raise InvalidInputError(f"tool {name!r}: execute must be callable")
+        policy = on_interrupted or ("retry" if idempotent else "fail")
+        if policy not in ("retry", "fail", "reconcile", "ask"):
+            raise InvalidInputError(f"tool {name!r}: on_interrupted must be retry, fail, reconcile or ask")
+        if policy == "reconcile" and reconcile is None:
+            raise InvalidInputError(f"tool {name!r}: on_interrupted='reconcile' needs a reconcile function")
+        self.name = name
+        self.description = description or ""
+        self.input_model = input_model
+        self.execute = execute
+        self.idempotent = idempotent
+        self.on_interrupted: InterruptPolicy = policy
+        self.reconcile = reconcile
+        self.is_async = inspect.iscoroutinefunction(execute)
+        self._wants_ctx = _positional_arity(execute) >= 2
+
+    def __repr__(self) -> str:
+        return f"Tool(name={self.name!r})"
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI ``tools=[...]`` entry for this tool."""
+        params = self.input_model.model_json_schema()
+        params.pop("title", None)
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                  "parameters": params}}
+
+    def parse(self, arguments: str | Mapping[str, Any] | None) -> BaseModel:
+        """Validate the model's arguments (a JSON string, as models send them)."""
+        if arguments is None or arguments == "":
+            data: Any = {}
+        elif isinstance(arguments, str):
+            try:
+                data = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                raise ToolArgumentsError(f"arguments for tool {self.name!r} are not valid JSON: {exc}") from exc
+        else:
+            data = dict(arguments)
+        if not isinstance(data, dict):
+            raise ToolArgumentsError(f"arguments for tool {self.name!r} must be a JSON object")
+        try:
+            return self.input_model.model_validate(data)
+        except ValidationError as exc:
+            raise ToolArgumentsError(f"invalid arguments for tool {self.name!r}: {_short(exc)}") from exc
+
+    def call(self, args: BaseModel, ctx: ToolContext) -> Any:
+        """Run ``execute``; returns its result, or an awaitable for ``async def`` tools."""
+        return self.execute(args, ctx) if self._wants_ctx else self.execute(args)
+
+
+def _short(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _positional_arity(fn: Callable[..., Any]) -> int:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in sig.parameters.values()):
+        return 2
+    return sum(1 for p in sig.parameters.values() if p.kind in kinds)
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = True,
+    on_interrupted: InterruptPolicy | None = None,
+    reconcile: Callable[..., Any] | None = None,
+) -> Any:
+    """Turn a typed function (``def`` or ``async def``) into a :class:`Tool`.
+
+    Every parameter needs a type annotation; one parameter annotated
+    ``ToolContext`` receives the call's context instead of a model argument.
+    Used bare (``@tool``) or with options (``@tool(idempotent=False)``).
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return _from_function(f, name=name, description=description, idempotent=idempotent,
+                              on_interrupted=on_interrupted, reconcile=reconcile)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def _from_function(f: Callable[..., Any], *, name: str | None, description: str | None, **options: Any) -> Tool:
+    if not callable(f):
+        raise InvalidInputError(f"@tool needs a function, got {type(f).__name__}")
+    tool_name: str = name or str(getattr(f, "__name__", ""))
+    try:
+        hints = get_type_hints(f)
+    except Exception as exc:  # any failure to resolve annotations is a signature problem
+        raise InvalidInputError(f"tool {tool_name!r}: cannot resolve type annotations: {exc}") from exc
+    fields: dict[str, Any] = {}
+    ctx_param: str | None = None
+    for pname, param in inspect.signature(f).parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise InvalidInputError(f"tool {tool_name!r}: *args/**kwargs are not supported; name every argument")
+        if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise InvalidInputError(f"tool {tool_name!r}: positional-only parameter {pname!r} is not supported")
+        if pname not in hints:
+            raise InvalidInputError(f"tool {tool_name!r}: parameter {pname!r} needs a type annotation")
+        if hints[pname] is ToolContext:
+            ctx_param = pname
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (hints[pname], default)
+    model = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+    is_async = inspect.iscoroutinefunction(f)
+    names = [n for n in fields]
+
+    def kwargs_of(args: BaseModel) -> dict[str, Any]:
+        return {n: getattr(args, n) for n in names}
+
+    if is_async:
+        async def execute_async(args: BaseModel, ctx: ToolContext) -> Any:
+            extra = {ctx_param: ctx} if ctx_param else {}
+            return await f(**kwargs_of(args), **extra)
+
+        execute: Callable[..., Any] = execute_async
+    else:
+        def execute_sync(args: BaseModel, ctx: ToolContext) -> Any:
+            extra = {ctx_param: ctx} if ctx_param else {}
+            return f(**kwargs_of(args), **extra)
+
+        execute = execute_sync
+    doc = description if description is not None else inspect.getdoc(f) or ""
+    t = Tool(name=tool_name, description=doc, input_model=model, execute=execute, **options)
+    t.__doc__ = f.__doc__
+    return t
+
+
+def tool_map(tools: Iterable[Tool] | Mapping[str, Tool] | None) -> dict[str, Tool]:
+    """Index tools by name; accepts a list or a dict keyed by name. Duplicate names are an error."""
+    if tools is None:
+        return {}
+    out: dict[str, Tool] = {}
+    if isinstance(tools, Mapping):
+        for key, t in tools.items():
+            if not isinstance(t, Tool):
+                raise InvalidInputError(f"tools[{key!r}] is a {type(t).__name__}, not a Tool (use @tool)")
+            if key != t.name:
+                raise InvalidInputError(f"tools dict key {key!r} does not match the tool's name {t.name!r}")
+            out[key] = t
+        return out
+    for t in tools:
+        if not isinstance(t, Tool):
+            raise InvalidInputError(f"{t!r} is a {type(t).__name__}, not a Tool (decorate it with @tool)")
+        if t.name in out:
+            raise InvalidInputError(f"duplicate tool name {t.name!r}")
+        out[t.name] = t
+    return out
+
+
+def result_content(value: Any) -> str:
+    """The tool message content for a tool's return value: strings as they are, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    data: JSONValue = to_json_value(value, what="tool result")
+    return json.dumps(data, ensure_ascii=False)

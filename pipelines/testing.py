@@ -1,0 +1,86 @@
+"""Helpers for testing agents and pipelines offline: ``ScriptedModel`` and reply builders.
+
+``ScriptedModel`` implements the model seam without any network: give it a
+list of canned turns, or a function of the messages. It records every request
+in ``calls``, so a test can count model calls per turn.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from phases.model import ModelRequest, ModelResponse
+from pipelines.models import Message, Usage
+
+__all__ = ["Reply", "ScriptedModel", "call", "reply"]
+
+Reply = str | Message | ModelResponse
+"""A canned turn: plain text, an assistant message dict, or a full ModelResponse."""
+
+
+def call(name: str, arguments: dict[str, Any] | str | None = None, /, **kwargs: Any) -> dict[str, Any]:
+    """A tool call for :func:`reply`: ``call("add", a=1, b=2)`` or ``call("add", '{"a": 1}')``."""
+    args = arguments if isinstance(arguments, str) else json.dumps({**(arguments or {}), **kwargs})
+    return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
+def reply(content: str | None = None, *calls: dict[str, Any], **extra: Any) -> Message:
+    """An assistant message: text, tool calls, and any provider fields (``reasoning_content=...``)."""
+    msg: Message = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [dict(c) for c in calls]
+    msg.update(extra)
+    return msg
+
+
+class ScriptedModel:
+    """A model that answers from a script: ``ScriptedModel(["hi", reply(None, call("add", a=1))])``.
+
+    ``script`` is a list of turns (used in order, shared by every job this
+    model serves) or a function ``fn(messages) -> Reply`` (deterministic per
+    job). Tool calls without ids get ``call_<turn>_<i>``. ``finish_reason``
+    is "tool_calls" when there are calls, else "stop" (or the dict's
+    ``finish_reason`` key, which is removed from the message).
+    """
+
+    def __init__(self, script: Sequence[Reply] | Callable[[list[Message]], Reply]) -> None:
+        self._script = script
+        self._next = 0
+        self._lock = threading.Lock()
+        self.calls: list[ModelRequest] = []
+
+    def __repr__(self) -> str:
+        return "ScriptedModel()"
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        with self._lock:
+            self.calls.append(request)
+            if callable(self._script):
+                turn = self._script(list(request.messages))
+            else:
+                if self._next >= len(self._script):
+                    raise IndexError(f"ScriptedModel ran out of turns after {len(self._script)}")
+                turn = self._script[self._next]
+                self._next += 1
+        return _response(turn, request)
+
+
+def _response(turn: Reply, request: ModelRequest) -> ModelResponse:
+    if isinstance(turn, ModelResponse):
+        return turn
+    msg: Message = {"role": "assistant", "content": turn} if isinstance(turn, str) else dict(turn)
+    finish = msg.pop("finish_reason", None)
+    calls = msg.get("tool_calls") or []
+    if calls:
+        msg["tool_calls"] = [
+            {**c, "id": c.get("id") or f"call_{request.turn}_{i}", "type": c.get("type", "function")}
+            for i, c in enumerate(calls)
+        ]
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in request.messages)
+    usage = Usage(prompt_tokens=prompt_chars // 4 + 1, completion_tokens=len(str(msg.get("content") or "")) // 4 + 1,
+                  model_calls=1)
+    return ModelResponse(message=msg, finish_reason=finish or ("tool_calls" if calls else "stop"), usage=usage,
+                         model="scripted")
