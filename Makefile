@@ -26,7 +26,7 @@ pytest: install
 test: lint typecheck pytest
 
 demo: install
-	$(PY) examples/demo.py $(ARGS)
+	$(PY) examples/support_agent.py $(ARGS)
 
 bench: install
 	$(PY) bench/run.py $(ARGS)
