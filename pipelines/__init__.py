@@ -35,7 +35,7 @@ from phases.agent_turn import AgentState  # isort: skip
 from phases.model import Model, ModelRequest, ModelResponse  # isort: skip
 from phases.stop import TurnInfo, has_tool_call, max_turns  # isort: skip
 from phases.tools import Tool, ToolContext, tool  # isort: skip
-from pipelines.agent import Agent, build_agent_phase, run_agent  # isort: skip
+from pipelines.agent import Agent, build_agent_phase, record_tool_result, run_agent  # isort: skip
 from pipelines.app import App, load_app  # isort: skip
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "has_tool_call",
     "load_app",
     "max_turns",
+    "record_tool_result",
     "run_agent",
     "tool",
     "AdvanceResult",
