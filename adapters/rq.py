@@ -1,0 +1,264 @@
+"""The :class:`~adapters.base.Scheduler` port on RQ: every advance is an RQ job.
+
+Only data crosses the queue (I8). An RQ job here is::
+
+    func   "adapters.rq.advance_job"          (an import string, never a callable)
+    args   [job_id, version]                  (JSON)
+    kwargs {"app": "pkg.mod:app"}             (only when the scheduler names its app)
+
+and every Queue, Job and registry this module touches uses RQ's
+``JSONSerializer``; nothing is pickled.
+
+One RQ job id per turn
+----------------------
+The RQ job id of an advance is ``<encoded job id>-v<version>`` (see
+:func:`rq_job_id`). A worker that enqueued its successor under its own id
+would re-run forever, and enqueuing an id that is still waiting is a harmless
+duplicate we skip. RQ ids allow ``[A-Za-z0-9_-]`` and ours ``[A-Za-z0-9._:-]``,
+so the job id is escaped injectively: ``_`` → ``__``, ``.`` → ``_d``,
+``:`` → ``_c`` (every ``_`` in the output starts a two-character escape, so
+decoding is unambiguous), and the version suffix is split off at the last
+``-v`` (the suffix is all digits, so it cannot contain another ``-v``).
+
+Delays use ``Queue.enqueue_in``: workers must run RQ's scheduler
+(``pipelines worker`` does; ``rq worker --with-scheduler`` otherwise). Its
+precision is about a second, declared as :attr:`RQScheduler.precision` so the
+runner accepts a message that arrives that much early.
+
+Redis errors are translated here, at the edge: connection problems become
+:class:`~pipelines.errors.StorageUnavailableError`, anything else
+:class:`~pipelines.errors.StorageError`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis
+from rq import Queue
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.job import Job
+from rq.job import JobStatus as RQJobStatus
+from rq.serializers import JSONSerializer
+
+from pipelines.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
+from pipelines.models import validate_job_id
+
+if TYPE_CHECKING:
+    from pipelines.app import App
+
+__all__ = [
+    "ADVANCE_FUNC",
+    "APP_ENV",
+    "RQScheduler",
+    "advance_job",
+    "decode_rq_job_id",
+    "rq_job_id",
+    "use_app",
+]
+
+ADVANCE_FUNC = "adapters.rq.advance_job"
+"""What RQ imports and calls on the worker: a dotted path, never a pickled callable."""
+
+APP_ENV = "PIPELINES_APP"
+"""Environment variable naming the app (``pkg.mod:app``) when nothing else does."""
+
+DEFAULT_JOB_TIMEOUT = 900
+"""RQ kills a horse after this many seconds; keep it above the longest phase."""
+DEFAULT_RESULT_TTL = 300
+"""Finished RQ jobs (a short string result) are kept this long, then vanish."""
+DEFAULT_FAILURE_TTL = 7 * 24 * 3600
+"""Failed RQ jobs stay in the failed registry this long, for inspection."""
+
+# RQ states in which an already enqueued advance will still run: enqueuing the
+# same id again would only run it twice. Any other state (started, finished,
+# failed, ...) may be a message that is lost or done, so we enqueue again.
+_PENDING = {RQJobStatus.QUEUED, RQJobStatus.SCHEDULED, RQJobStatus.DEFERRED, RQJobStatus.CREATED}
+
+_ENCODE = {"_": "__", ".": "_d", ":": "_c"}
+_DECODE = {v[1]: k for k, v in _ENCODE.items()}
+_RQ_ID = re.compile(r"(?P<job>(?:[A-Za-z0-9-]|_[_dc])+)-v(?P<version>[0-9]+)")
+
+T = TypeVar("T")
+
+
+def _escape(job_id: str) -> str:
+    return "".join(_ENCODE.get(c, c) for c in validate_job_id(job_id))
+
+
+def rq_job_id(job_id: str, version: int) -> str:
+    """The RQ job id of ``job_id``'s advance at ``version``: ``<escaped id>-v<version>``."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise InvalidInputError(f"version must be an int >= 0, got {version!r}")
+    return f"{_escape(job_id)}-v{version}"
+
+
+def decode_rq_job_id(rq_id: str) -> tuple[str, int]:
+    """Invert :func:`rq_job_id`: ``(job_id, version)``; ``InvalidInputError`` for other ids."""
+    m = _RQ_ID.fullmatch(rq_id)
+    if m is None:
+        raise InvalidInputError(f"{rq_id!r} is not an RQ job id made by rq_job_id()")
+    return re.sub(r"_(.)", lambda e: _DECODE[e.group(1)], m.group("job")), int(m.group("version"))
+
+
+@contextmanager
+def _redis_errors(what: str) -> Iterator[None]:
+    """Translate redis-py exceptions into phaserunner's (the adapter edge)."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StorageUnavailableError(f"{what}: Redis unreachable: {exc}") from exc
+    except redis.RedisError as exc:
+        raise StorageError(f"{what}: Redis error: {exc}") from exc
+
+
+class RQScheduler:
+    """Schedules advances as RQ jobs on ``queue`` (see the module docstring).
+
+    ``app``: the import path of the :class:`~pipelines.app.App` workers should
+    use (``"pkg.mod:app"``); when ``None`` the worker's own app is used.
+    ``job_timeout``/``result_ttl``/``failure_ttl`` go on every RQ job
+    explicitly; RQ's ``ttl`` is never set, because a job not started in time
+    would silently vanish.
+    """
+
+    def __init__(
+        self,
+        connection: redis.Redis,
+        *,
+        queue: str = "pipelines",
+        app: str | None = None,
+        job_timeout: int = DEFAULT_JOB_TIMEOUT,
+        result_ttl: int = DEFAULT_RESULT_TTL,
+        failure_ttl: int = DEFAULT_FAILURE_TTL,
+        precision: float = 1.0,
+    ) -> None:
+        if not queue or not isinstance(queue, str):
+            raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
+        if app is not None and ":" not in app:
+            raise ConfigurationError(f"app must look like 'package.module:app', got {app!r}")
+        for name, value in (("job_timeout", job_timeout), ("result_ttl", result_ttl), ("failure_ttl", failure_ttl)):
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+        self.connection = connection
+        self.queue_name = queue
+        self.app = app
+        self.job_timeout = job_timeout
+        self.result_ttl = result_ttl
+        self.failure_ttl = failure_ttl
+        self.precision = float(precision)
+        self.queue = Queue(queue, connection=connection, serializer=JSONSerializer)
+
+    # --- Scheduler -----------------------------------------------------------
+    def bind(self, fn: Callable[[str], None], *, pipeline: str | None = None) -> None:
+        """A no-op: workers resolve the pipeline from the job record, by name."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def schedule_advance(
+        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
+    ) -> None:
+        """Enqueue ``advance_job(job_id, version)`` now, or after ``delay`` seconds via RQ's scheduler.
+
+        The same ``(job_id, version)`` still waiting in RQ is not enqueued twice.
+        """
+        validate_job_id(job_id)
+        if not isinstance(delay, int | float) or delay < 0 or delay != delay:
+            raise InvalidInputError(f"delay must be a number of seconds >= 0, got {delay!r}")
+        # Without a version there is no turn to name; a random id never collides
+        # with "-v<digits>" ids, and duplicates are the runner's business (I6).
+        rq_id = rq_job_id(job_id, version) if version is not None else f"{_escape(job_id)}-x{uuid.uuid4().hex}"
+        with _redis_errors(f"scheduling job {job_id!r}"):
+            try:
+                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=True)
+            except DuplicateJobError:
+                if self._still_pending(rq_id):
+                    return
+                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False)
+
+    # --- helpers -------------------------------------------------------------
+    def _enqueue(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
+                 unique: bool) -> Job:
+        options: dict[str, Any] = {
+            "args": [job_id, version],
+            "kwargs": {"app": self.app} if self.app is not None else {},
+            "job_id": rq_id,
+            "job_timeout": self.job_timeout,
+            "result_ttl": self.result_ttl,
+            "failure_ttl": self.failure_ttl,
+            "description": f"advance {job_id} v{version} ({pipeline})",
+            "unique": unique,
+        }
+        if delay > 0:
+            return self.queue.enqueue_in(timedelta(seconds=delay), ADVANCE_FUNC, **options)
+        return self.queue.enqueue(ADVANCE_FUNC, **options)
+
+    def _still_pending(self, rq_id: str) -> bool:
+        try:
+            job = Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
+        except NoSuchJobError:
+            return False
+        return job.get_status(refresh=False) in _PENDING
+
+    def fetch(self, rq_id: str) -> Job:
+        """The RQ job ``rq_id``, read with the JSON serializer (for tests and tools)."""
+        with _redis_errors(f"fetching RQ job {rq_id!r}"):
+            return Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
+
+
+# --- the worker side -------------------------------------------------------------
+_apps: dict[str, App] = {}
+_default: list[App] = []
+_lock = threading.Lock()
+
+
+def use_app(app: App, *, path: str | None = None) -> None:
+    """Make ``app`` this process's app (what ``pipelines worker`` does before it forks).
+
+    With ``path`` it also answers jobs that name that app path, so a forking
+    worker's horses reuse the parent's app instead of importing it per job.
+    """
+    with _lock:
+        _default[:] = [app]
+        if path is not None:
+            _apps[path] = app
+
+
+def _resolve_app(path: str | None) -> App:
+    # Imported here, not at the top: adapters sit below the composing modules,
+    # and only this worker entry point needs the App registry.
+    from pipelines.app import load_app
+
+    with _lock:
+        if path is None and _default:
+            return _default[0]
+        path = path or os.environ.get(APP_ENV)
+        if not path:
+            raise ConfigurationError(
+                f"no app for this advance: pass app= to RQScheduler, run `pipelines worker --app ...`, or set {APP_ENV}"
+            )
+        app = _apps.get(path)
+        if app is None:
+            app = _apps[path] = load_app(path)
+        return app
+
+
+def advance_job(job_id: str, version: int | None = None, app: str | None = None) -> str:
+    """What RQ runs: advance ``job_id`` with the app it belongs to; returns what happened.
+
+    The app is ``app`` (an import path, loaded once per process), else the one
+    set by :func:`use_app` (the worker command), else ``$PIPELINES_APP``. The
+    return value is an :class:`~pipelines.runner.AdvanceResult` value, a plain
+    string, so RQ's JSON serializer can store it. ``version`` names the turn
+    the message was sent for; the runner's fencing makes any mismatch harmless.
+    """
+    return str(_resolve_app(app).try_advance(job_id).value)

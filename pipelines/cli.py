@@ -1,0 +1,338 @@
+"""The ``pipelines`` command (also ``python -m pipelines``): workers, the cron sweep, job inspection.
+
+Every command takes ``--app pkg.mod:app`` (or ``$PIPELINES_APP``) and works on
+that app's storage and scheduler::
+
+    pipelines worker    --app X [--queue Q] [--burst] [--simple] [--name N]
+                        [--sweep-interval S] [--sweep-grace S]
+    pipelines advance   --app X --due        # cron: advance every due job (I7)
+    pipelines advance   --app X JOB          # advance one job now
+    pipelines status    --app X JOB [--json]
+    pipelines log       --app X JOB
+    pipelines transcript --app X JOB [--pretty]
+    pipelines retry     --app X JOB [--full]
+    pipelines cancel    --app X JOB
+    pipelines jobs      --app X [--status running] [--limit N]
+
+Exit codes: 0 success, 1 an error explained on stderr as ``error: ...``
+(unknown job, bad app path, Redis unreachable, ...), 2 bad command-line usage.
+
+The worker is an RQ worker that also sweeps: every ``--sweep-interval``
+seconds (default 5; 0 disables) a background thread advances jobs that have
+been due for ``--sweep-grace`` seconds (default 10) and are not leased. So
+when a whole worker dies mid-phase, another worker finishes the job once the
+lease expires, without cron and without waiting for RQ's own cleanup
+(~11 minutes). ``pipelines advance --due`` from cron does the same when no
+worker is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TextIO
+
+from pipelines.app import App, load_app
+from pipelines.control import cancel_job, retry_job, sweep_overdue
+from pipelines.errors import ConfigurationError, JobNotFoundError, PipelineError
+from pipelines.models import JobRecord, JobStatus, Message, validate_job_id
+from pipelines.runner import AdvanceResult
+
+if TYPE_CHECKING:
+    from adapters.rq import RQScheduler
+
+__all__ = ["build_parser", "main"]
+
+logger = logging.getLogger("pipelines")
+
+APP_ENV = "PIPELINES_APP"
+
+
+# --- helpers ------------------------------------------------------------------
+def _when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _load(path: str | None) -> App:
+    path = path or os.environ.get(APP_ENV)
+    if not path:
+        raise ConfigurationError(f"no app given: pass --app package.module:app or set {APP_ENV}")
+    # The console script does not put the working directory on sys.path
+    # (python -m does); an app module next to the user must still import.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return load_app(path)
+    except PipelineError:
+        raise
+    except Exception as exc:  # the user's module failed at import: say so, without a traceback
+        raise ConfigurationError(f"cannot load app {path!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _record(app: App, job_id: str) -> JobRecord:
+    record = app.storage.get_job(validate_job_id(job_id))
+    if record is None:
+        raise JobNotFoundError(f"job {job_id!r} not found")
+    return record
+
+
+def _rq_scheduler(app: App) -> RQScheduler:
+    from adapters.rq import RQScheduler
+
+    if not isinstance(app.scheduler, RQScheduler):
+        raise ConfigurationError(
+            f"`pipelines worker` needs an app whose scheduler is adapters.rq.RQScheduler, "
+            f"not {type(app.scheduler).__name__}"
+        )
+    return app.scheduler
+
+
+# --- commands -----------------------------------------------------------------
+def _warm(app: App) -> None:
+    """Import litellm in the parent before forking, so each horse does not pay ~5 s."""
+    if not app.agents:
+        return
+    try:
+        module = importlib.import_module("phases.litellm_model")
+    except ImportError:
+        return
+    warm = getattr(module, "warm", None)
+    if callable(warm):
+        warm()
+
+
+def _sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                for job_id, result in sweep_overdue(app, grace=grace):
+                    if result not in (AdvanceResult.BUSY, AdvanceResult.NOT_DUE):
+                        logger.info("sweep: %s %s", job_id, result.value)
+            except Exception:  # Redis down for a moment must not end the sweep for good
+                logger.warning("sweep failed; trying again in %.1fs", interval, exc_info=True)
+
+    thread = threading.Thread(target=loop, name="pipelines-sweep", daemon=True)
+    thread.start()
+    return thread
+
+
+def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
+    from rq import Queue, SimpleWorker, Worker
+    from rq.serializers import JSONSerializer
+
+    from adapters import rq as rq_adapter
+
+    app = _load(args.app)
+    scheduler = _rq_scheduler(app)
+    rq_adapter.use_app(app, path=args.app or os.environ.get(APP_ENV))
+    _warm(app)
+    queue_name = args.queue or scheduler.queue_name
+    queue = Queue(queue_name, connection=scheduler.connection, serializer=JSONSerializer)
+    worker_class = SimpleWorker if args.simple else Worker
+    worker = worker_class([queue], connection=scheduler.connection, name=args.name, serializer=JSONSerializer)
+    stop = threading.Event()
+    if args.sweep_interval > 0:
+        _sweeper(app, args.sweep_interval, args.sweep_grace, stop)
+    try:
+        worker.work(burst=args.burst, with_scheduler=True, logging_level=args.log_level)
+    finally:
+        stop.set()
+    return 0
+
+
+def cmd_advance(args: argparse.Namespace, out: TextIO) -> int:
+    app = _load(args.app)
+    if args.due == bool(args.job):
+        raise ConfigurationError("give either --due or one JOB id")
+    if args.due:
+        for job_id, result in sweep_overdue(app, grace=args.grace, limit=args.limit):
+            print(f"{job_id} {result.value}", file=out)
+        return 0
+    result = app.try_advance(validate_job_id(args.job))
+    if result is AdvanceResult.UNKNOWN:
+        raise JobNotFoundError(f"job {args.job!r} not found")
+    print(f"{args.job} {result.value}", file=out)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    app = _load(args.app)
+    rec = _record(app, args.job)
+    if args.json:
+        print(rec.model_dump_json(indent=2), file=out)
+        return 0
+    cp = rec.checkpoint
+    rows: list[tuple[str, Any]] = [
+        ("job", rec.job_id), ("pipeline", rec.pipeline), ("status", rec.status.value), ("version", rec.version),
+    ]
+    if cp is not None:
+        rows += [("phase", cp.next_phase), ("attempt", cp.attempt), ("due", _when(cp.due_at))]
+    rows += [("phases done", rec.phases_done), ("transcript", f"{rec.transcript_len} messages")]
+    if rec.error:
+        rows.append(("error", rec.error))
+    if rec.waiting:
+        rows.append(("waiting", json.dumps(rec.waiting)))
+    if rec.result is not None:
+        rows.append(("result", json.dumps(rec.result)))
+    u = rec.usage
+    if u.model_calls:
+        rows.append(("usage", f"{u.model_calls} calls, {u.total_tokens} tokens, ${u.cost_usd:.6f}"))
+    owner = app.storage.lease_owner(rec.job_id)
+    if owner is not None:
+        rows.append(("lease", f"held by {owner}"))
+    rows += [("created", _when(rec.created_at)), ("updated", _when(rec.updated_at))]
+    for key, value in rows:
+        print(f"{key + ':':<13}{value}", file=out)
+    return 0
+
+
+def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
+    app = _load(args.app)
+    _record(app, args.job)
+    for e in app.storage.logs(args.job):
+        print(f"{_when(e.timestamp)}  {e.level:<5}  {e.phase or '-'}  {e.message}", file=out)
+    return 0
+
+
+def _pretty(i: int, m: Message) -> str:
+    role = str(m.get("role", "?"))
+    head = f"[{i}] {role}"
+    if role == "tool":
+        head += f" ({m.get('tool_call_id', '?')})"
+    content = m.get("content")
+    text = content if isinstance(content, str) else (json.dumps(content) if content is not None else "")
+    lines = [f"{head}: {text}".rstrip()]
+    for call in m.get("tool_calls") or []:
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        lines.append(f"    -> {fn.get('name', '?')}({fn.get('arguments', '')}) [{call.get('id', '?')}]")
+    return "\n".join(lines)
+
+
+def cmd_transcript(args: argparse.Namespace, out: TextIO) -> int:
+    app = _load(args.app)
+    _record(app, args.job)
+    for i, m in enumerate(app.storage.messages(args.job)):
+        print(_pretty(i, m) if args.pretty else json.dumps(m, ensure_ascii=False), file=out)
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace, out: TextIO) -> int:
+    app = _load(args.app)
+    rec = retry_job(args.job, app=app, full=args.full)
+    phase = rec.checkpoint.next_phase if rec.checkpoint else "-"
+    print(f"{rec.job_id}: retried ({'full' if args.full else 'resume'}) at phase {phase!r}, "
+          f"status {rec.status.value}", file=out)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    app = _load(args.app)
+    rec = cancel_job(args.job, storage=app.storage, scheduler=app.scheduler)
+    kept = f", checkpoint kept at phase {rec.checkpoint.next_phase!r}" if rec.checkpoint else ""
+    print(f"{rec.job_id}: cancelled{kept}", file=out)
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
+    app = _load(args.app)
+    status = JobStatus(args.status) if args.status else None
+    records = sorted(app.storage.list_jobs(status=status, limit=args.limit), key=lambda r: (r.created_at, r.job_id))
+    for r in records:
+        phase = r.checkpoint.next_phase if r.checkpoint else "-"
+        print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}", file=out)
+    return 0
+
+
+# --- parser -------------------------------------------------------------------
+def _positive_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``pipelines`` (exposed for docs and tests)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--app", help=f"the App to use, as package.module:app (default: ${APP_ENV})")
+    parser = argparse.ArgumentParser(prog="pipelines", description="Durable, checkpointed pipelines on Redis + RQ.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Callable[[argparse.Namespace, TextIO], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        p.set_defaults(func=fn)
+        return p
+
+    p = add("worker", cmd_worker, "run an RQ worker (with RQ's scheduler and a due-job sweep)")
+    p.add_argument("--queue", help="queue to listen on (default: the app scheduler's queue)")
+    p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    p.add_argument("--simple", action="store_true", help="run jobs in this process (SimpleWorker), no fork")
+    p.add_argument("--name", help="worker name (default: generated by RQ)")
+    p.add_argument("--sweep-interval", type=_positive_or_zero, default=5.0,
+                   help="seconds between sweeps of overdue jobs; 0 disables (default: 5)")
+    p.add_argument("--sweep-grace", type=_positive_or_zero, default=10.0,
+                   help="only sweep jobs due for at least this many seconds (default: 10)")
+    p.add_argument("--log-level", default="INFO", help="RQ's logging level (default: INFO)")
+
+    p = add("advance", cmd_advance, "advance one job, or every due job (--due, for cron)")
+    p.add_argument("job", nargs="?", help="the job id (omit with --due)")
+    p.add_argument("--due", action="store_true", help="advance every running job that is due and not leased")
+    p.add_argument("--grace", type=_positive_or_zero, default=0.0, help="with --due: only jobs due this long")
+    p.add_argument("--limit", type=int, default=1000, help="with --due: at most this many jobs (default: 1000)")
+
+    p = add("status", cmd_status, "show a job's status, phase, error and result")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true", help="print the whole record as JSON")
+
+    p = add("log", cmd_log, "print a job's log")
+    p.add_argument("job")
+
+    p = add("transcript", cmd_transcript, "print a job's messages, one JSON object per line")
+    p.add_argument("job")
+    p.add_argument("--pretty", action="store_true", help="human-readable instead of JSON lines")
+
+    p = add("retry", cmd_retry, "retry a failed or cancelled job (resume from its checkpoint)")
+    p.add_argument("job")
+    p.add_argument("--full", action="store_true", help="restart from the first phase and the initial state")
+
+    p = add("cancel", cmd_cancel, "cancel a job, keeping its checkpoint")
+    p.add_argument("job")
+
+    p = add("jobs", cmd_jobs, "list jobs: id, status, pipeline, phase, version, updated")
+    p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the ``pipelines`` command; returns the exit code (see the module docstring)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args, out)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=err)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        # Backend errors that escaped an adapter (a Redis connection refused
+        # while RQ starts a worker) are still the user's to fix, not a bug.
+        if type(exc).__module__.split(".")[0] in ("redis", "rq"):
+            print(f"error: {type(exc).__name__}: {exc}", file=err)
+            return 1
+        raise
+    return code
