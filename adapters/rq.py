@@ -61,6 +61,7 @@ __all__ = [
     "RQScheduler",
     "advance_job",
     "decode_rq_job_id",
+    "forget_apps",
     "rq_job_id",
     "use_app",
 ]
@@ -231,6 +232,13 @@ def use_app(app: App, *, path: str | None = None) -> None:
         _default[:] = [app]
         if path is not None:
             _apps[path] = app
+
+
+def forget_apps() -> None:
+    """Drop the process's app and every cached one (tests; a worker never needs it)."""
+    with _lock:
+        _default.clear()
+        _apps.clear()
 
 
 def _resolve_app(path: str | None) -> App:

@@ -1,0 +1,198 @@
+"""RQScheduler against a real redis-server: JSON-only payloads, one RQ job per turn, delays, app lookup."""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from rq import SimpleWorker
+from rq.job import JOB_ID_PATTERN as RQ_JOB_ID
+from rq.registry import ScheduledJobRegistry
+from rq.serializers import JSONSerializer
+
+from adapters import rq as rq_adapter
+from adapters.rq import ADVANCE_FUNC, RQScheduler, advance_job, decode_rq_job_id, rq_job_id
+from pipelines import ConfigurationError, InvalidInputError, JobStatus, StorageUnavailableError
+from pipelines.app import App
+from tests.redis_server import free_port
+
+pytestmark = pytest.mark.redis
+
+APP_PATH = "tests.apps.redis_app:app"
+PICKLE_MARKERS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def scheduler(client: redis.Redis) -> RQScheduler:
+    return RQScheduler(client, queue="q-test", app=APP_PATH, job_timeout=60, result_ttl=60, failure_ttl=600)
+
+
+@pytest.fixture
+def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
+    """``tests.apps.redis_app:app`` as a worker would load it, on this session's redis-server."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
+    rq_adapter.forget_apps()
+    from tests.apps import redis_app
+
+    yield redis_app.app
+    rq_adapter.forget_apps()
+
+
+def job_hash(client: redis.Redis, rq_id: str) -> dict[bytes, bytes]:
+    raw: dict[bytes, bytes] = client.hgetall(f"rq:job:{rq_id}")  # type: ignore[assignment]
+    assert raw, f"no RQ job {rq_id}"
+    return raw
+
+
+def run_worker(app: App) -> None:
+    sched = app.scheduler
+    assert isinstance(sched, RQScheduler)
+    worker = SimpleWorker([sched.queue], connection=sched.connection, serializer=JSONSerializer)
+    worker.work(burst=True, logging_level="WARNING")
+
+
+# --- I8: only JSON crosses the queue ----------------------------------------------
+def test_an_advance_in_redis_is_json_with_no_pickle_anywhere(client: redis.Redis, scheduler: RQScheduler) -> None:
+    scheduler.schedule_advance("order:42.a_b", pipeline="multi", version=3)
+
+    rq_id = rq_job_id("order:42.a_b", 3)
+    raw = job_hash(client, rq_id)
+    # RQ zlib-compresses the payload; inside it must be plain JSON.
+    payload = json.loads(zlib.decompress(raw[b"data"]))
+    assert payload == [ADVANCE_FUNC, None, ["order:42.a_b", 3], {"app": APP_PATH}]
+    for field, value in raw.items():
+        value = zlib.decompress(value) if field == b"data" else value
+        assert not any(m in value for m in PICKLE_MARKERS), field
+        value.decode("utf-8")  # every field is text
+    assert int(raw[b"timeout"]) == 60 and int(raw[b"result_ttl"]) == 60 and int(raw[b"failure_ttl"]) == 600
+    assert b"ttl" not in raw  # a job not started in time must never vanish
+    assert client.lrange("rq:queue:q-test", 0, -1) == [rq_id.encode()]
+
+
+def test_the_result_rq_stores_is_json_too(app: App, client: redis.Redis) -> None:
+    app.run_pipeline("multi", job_id="r1", initial_state={"n": 1})
+    run_worker(app)
+    results = client.xrange(f"rq:results:{rq_job_id('r1', 1)}")
+    assert results
+    for _, fields in results:
+        for value in fields.values():
+            assert not any(m in value for m in PICKLE_MARKERS)
+    job = app.scheduler.fetch(rq_job_id("r1", 1))  # type: ignore[attr-defined]
+    assert job.return_value() == "advanced"
+
+
+# --- one RQ job id per turn ---------------------------------------------------------
+def test_each_turn_is_its_own_rq_job(client: redis.Redis, scheduler: RQScheduler) -> None:
+    scheduler.schedule_advance("j1", version=1)
+    scheduler.schedule_advance("j1", version=2)
+    assert scheduler.queue.get_job_ids() == ["j1-v1", "j1-v2"]
+
+
+def test_rq_job_ids_are_injective_valid_and_decodable() -> None:
+    tricky = ["a", "a.b", "a_b", "a:b", "a_db", "a_cb", "a__b", "a-v1", "a-v1-v2", "_", "__", "._:", "-", "v1",
+              "x" * 200, "a.:_.b", "a_d_c"]
+    seen: dict[str, tuple[str, int]] = {}
+    for job_id in tricky:
+        for version in (0, 1, 12):
+            rid = rq_job_id(job_id, version)
+            assert RQ_JOB_ID.fullmatch(rid), rid
+            assert rid not in seen, (rid, seen.get(rid), (job_id, version))
+            seen[rid] = (job_id, version)
+            assert decode_rq_job_id(rid) == (job_id, version)
+    with pytest.raises(InvalidInputError):
+        decode_rq_job_id("not-ours")
+    with pytest.raises(InvalidInputError):
+        rq_job_id("bad id", 1)
+
+
+def test_a_duplicate_advance_is_enqueued_once_and_a_finished_one_runs_again(app: App) -> None:
+    sched = app.scheduler
+    assert isinstance(sched, RQScheduler)
+    app.run_pipeline("multi", job_id="d1", initial_state={"n": 1})
+    sched.schedule_advance("d1", pipeline="multi", version=1)  # a duplicate while the first still waits
+    assert sched.queue.get_job_ids() == ["d1-v1"]
+
+    run_worker(app)
+    rec = app.storage.get_job("d1")
+    assert rec is not None and rec.status is JobStatus.COMPLETE and rec.result["n"] == 21
+
+    # The same turn asked for again after it ran: enqueued again, and harmless (I6).
+    sched.schedule_advance("d1", pipeline="multi", version=1)
+    assert sched.queue.get_job_ids() == ["d1-v1"]
+    run_worker(app)
+    assert sched.fetch("d1-v1").return_value() == "not_running"
+    assert app.storage.get_job("d1") == rec
+
+
+# --- delays -------------------------------------------------------------------------
+def test_a_delayed_advance_waits_in_the_scheduled_registry(scheduler: RQScheduler) -> None:
+    before = time.time()
+    scheduler.schedule_advance("later", 30.0, version=4)
+    registry = ScheduledJobRegistry(queue=scheduler.queue)
+    assert registry.get_job_ids() == ["later-v4"]
+    at = registry.get_scheduled_time("later-v4").timestamp()
+    assert before + 29 <= at <= time.time() + 31
+    assert scheduler.queue.count == 0  # nothing runs before a scheduler moves it to the queue
+    assert scheduler.precision == 1.0  # the runner accepts RQ's ~1 s early delivery
+
+
+def test_bad_delays_are_rejected_before_anything_is_written(client: redis.Redis, scheduler: RQScheduler) -> None:
+    for delay in (-1.0, float("nan")):
+        with pytest.raises(InvalidInputError):
+            scheduler.schedule_advance("j", delay, version=1)
+    assert client.keys("rq:job:*") == []
+
+
+# --- advance_job: how a worker finds the app ----------------------------------------
+def test_advance_job_resolves_the_app_from_the_import_path_in_the_payload(app: App) -> None:
+    app.run_pipeline("multi", job_id="m1", initial_state={"n": 1})
+    run_worker(app)
+    rec = app.storage.get_job("m1")
+    assert rec is not None and rec.status is JobStatus.COMPLETE
+    assert rec.result["n"] == 21
+    sched = app.scheduler
+    assert isinstance(sched, RQScheduler)
+    assert [sched.fetch(f"m1-v{v}").return_value() for v in (1, 2, 3)] == ["advanced", "advanced", "completed"]
+
+
+def test_advance_job_falls_back_to_the_worker_app_then_the_environment(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PIPELINES_APP", raising=False)
+    with pytest.raises(ConfigurationError, match="no app for this advance"):
+        advance_job("nope")
+    monkeypatch.setenv("PIPELINES_APP", APP_PATH)
+    assert advance_job("nope") == "unknown"
+    rq_adapter.forget_apps()
+    monkeypatch.delenv("PIPELINES_APP")
+    rq_adapter.use_app(app)
+    app.run_pipeline("multi", job_id="w1", initial_state={"n": 0})
+    assert advance_job("w1", 1) == "advanced"
+
+
+# --- errors at the edge -------------------------------------------------------------
+def test_an_unreachable_redis_is_storage_unavailable() -> None:
+    dead = redis.Redis(host="127.0.0.1", port=free_port(), retry=Retry(NoBackoff(), 0), socket_connect_timeout=0.5)
+    with pytest.raises(StorageUnavailableError, match="Redis unreachable"):
+        RQScheduler(dead).schedule_advance("j", version=1)
+
+
+@pytest.mark.parametrize("kwargs", [{"queue": ""}, {"app": "no-colon"}, {"job_timeout": 0}, {"result_ttl": -1}])
+def test_bad_configuration_is_rejected(client: redis.Redis, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        RQScheduler(client, **kwargs)
