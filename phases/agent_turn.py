@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel
@@ -34,13 +35,34 @@ from pipelines.errors import InvalidInputError, PermanentModelError, TransientMo
 from pipelines.models import Message
 from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, WaitForInput
 
-__all__ = ["AgentState", "TURN_PHASE", "build_agent_phase", "resolve_model"]
+__all__ = ["AgentState", "TURN_PHASE", "build_agent_phase", "observe_calls", "resolve_model"]
 
 TURN_PHASE = "turn"
 
 # Shared by every turn in the process: tool calls are I/O-bound, and a pool
 # per turn would cost thread start-up on the hot path.
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="pipelines-tool")
+
+
+# Test instrumentation (the crash harness counts model and tool executions
+# through it); a no-op loop over an empty list when nobody observes.
+_observers: list[Callable[[str, str, str], None]] = []
+
+
+@contextmanager
+def observe_calls(fn: Callable[[str, str, str], None]) -> Iterator[None]:
+    """Call ``fn(kind, job_id, key)`` right before every model call (``"model"``, turn) and tool execution
+    (``"tool"``, call id) in this process, while the ``with`` block runs."""
+    _observers.append(fn)
+    try:
+        yield
+    finally:
+        _observers.remove(fn)
+
+
+def _notify(kind: str, job_id: str, key: str) -> None:
+    for fn in list(_observers):
+        fn(kind, job_id, key)
 
 
 class AgentState(BaseModel):
@@ -141,6 +163,7 @@ def _call_model(model: Model, ctx: PhaseContext[Any], prefix: list[Message], sch
                 params: dict[str, Any], turn: int) -> ModelResponse:
     request = ModelRequest(messages=[*prefix, *ctx.messages()], tools=schemas, params=params, job_id=ctx.job_id,
                            turn=turn)
+    _notify("model", ctx.job_id, str(turn))
     response = resolve(model.complete(request))
     if not isinstance(response, ModelResponse):
         response = ModelResponse.model_validate(response)
@@ -260,6 +283,7 @@ def _invoke_sync(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[st
     if isinstance(prepared, str):
         return prepared
     t, args, tctx = prepared
+    _notify("tool", ctx.job_id, tctx.call_id)
     try:
         return result_content(resolve(t.call(args, tctx)))
     except (FailJob, RetryLater, WaitForInput):
@@ -273,6 +297,7 @@ async def _invoke_async(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Map
     if isinstance(prepared, str):
         return prepared
     t, args, tctx = prepared
+    _notify("tool", ctx.job_id, tctx.call_id)
     try:
         return result_content(await t.call(args, tctx))
     except (FailJob, RetryLater, WaitForInput):

@@ -1,4 +1,4 @@
-"""Helpers for testing agents and pipelines offline: ``ScriptedModel`` and reply builders.
+"""Helpers for testing agents and pipelines offline: ``ScriptedModel``, reply builders, ``crash_test``.
 
 ``ScriptedModel`` implements the model seam without any network: give it a
 list of canned turns, or a function of the messages. It records every request
@@ -13,9 +13,28 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from phases.model import ModelRequest, ModelResponse
+from pipelines.crash_harness import (
+    CrashPoint,
+    CrashReport,
+    CrashResult,
+    SimulatedCrash,
+    crash_test,
+    transcript_problems,
+)
 from pipelines.models import Message, Usage
 
-__all__ = ["Reply", "ScriptedModel", "call", "reply"]
+__all__ = [
+    "CrashPoint",
+    "CrashReport",
+    "CrashResult",
+    "Reply",
+    "ScriptedModel",
+    "SimulatedCrash",
+    "call",
+    "crash_test",
+    "reply",
+    "transcript_problems",
+]
 
 Reply = str | Message | ModelResponse
 """A canned turn: plain text, an assistant message dict, or a full ModelResponse."""
