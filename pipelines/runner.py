@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -336,26 +337,54 @@ def try_advance(
             storage.release_lease(job_id, owner)
 
 
-class _Heartbeat:
-    """Renews the lease while a long phase runs, so it is not taken over mid-call."""
+class _LeaseKeeper:
+    """One daemon thread per process renews the leases of every phase in flight.
 
-    def __init__(self, storage: Storage, job_id: str, owner: str, ttl: float) -> None:
-        self._stop = threading.Event()
-        self._args = (storage, job_id, owner, ttl)
-        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
-        self._thread.start()
+    A thread per advance would cost more than a whole memory-adapter turn;
+    registering a lease here is a dict insert.
+    """
+
+    def __init__(self) -> None:
+        self._leases: dict[int, tuple[Storage, str, str, float, float]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ids = iter(range(1 << 62))
+
+    def hold(self, storage: Storage, job_id: str, owner: str, ttl: float) -> int:
+        with self._lock:
+            key = next(self._ids)
+            self._leases[key] = (storage, job_id, owner, ttl, time.monotonic())
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="pipelines-lease-keeper", daemon=True)
+                self._thread.start()
+        return key
+
+    def drop(self, key: int) -> None:
+        with self._lock:
+            self._leases.pop(key, None)
 
     def _run(self) -> None:
-        storage, job_id, owner, ttl = self._args
-        while not self._stop.wait(ttl / 3):
-            try:
-                if not storage.renew_lease(job_id, owner, ttl):
-                    return  # lost: the commit will be fenced off
-            except PipelineError:
-                logger.warning("lease renewal failed for %s", job_id, exc_info=True)
+        while True:
+            self._wake.wait(0.5)
+            now = time.monotonic()
+            with self._lock:
+                due = [(k, v) for k, v in self._leases.items() if now - v[4] >= v[3] / 3]
+            for key, (storage, job_id, owner, ttl, _) in due:
+                try:
+                    renewed = storage.renew_lease(job_id, owner, ttl)
+                except PipelineError:
+                    logger.warning("lease renewal failed for %s", job_id, exc_info=True)
+                    continue
+                with self._lock:
+                    if key in self._leases:
+                        if renewed:
+                            self._leases[key] = (storage, job_id, owner, ttl, now)
+                        else:
+                            del self._leases[key]  # lost: the commit will be fenced off
 
-    def stop(self) -> None:
-        self._stop.set()
+
+_KEEPER = _LeaseKeeper()
 
 
 def _run_and_commit(
@@ -387,7 +416,7 @@ def _run_and_commit(
     phase = pmap.get(cp.next_phase)
     ctx: PhaseContext[Any] = PhaseContext(job_id=job_id, checkpoint=cp, storage=storage, owner=owner,
                                           clock=scheduler.now, saver=save, attempt=cp.attempt)
-    heartbeat = _Heartbeat(storage, job_id, owner, lease_seconds) if lease_seconds >= 3 else None
+    held = _KEEPER.hold(storage, job_id, owner, lease_seconds)
     try:
         if phase is None:
             outcome: object = Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pmap)}")
@@ -407,8 +436,7 @@ def _run_and_commit(
         logger.info("job %s: phase %s raised", job_id, cp.next_phase, exc_info=True)
         outcome = Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     finally:
-        if heartbeat is not None:
-            heartbeat.stop()
+        _KEEPER.drop(held)
 
     rec = current["record"]
     commit, result = _build_commit(rec, ctx, outcome, pmap, owner, scheduler.now())
