@@ -1,0 +1,123 @@
+"""Worker processes for the system tests: started with ``python -m pipelines worker``, always killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from adapters import rq as rq_adapter
+from pipelines.app import App
+
+ROOT = Path(__file__).resolve().parents[2]
+APP_PATH = "tests.apps.redis_app:app"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, logs: Callable[[], str] = str) -> Any:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` (and the logs) at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs()}")
+
+
+class Cluster:
+    """Worker (and other) processes of one test, each in its own session so kill -9 takes its whole group."""
+
+    def __init__(self, env: dict[str, str], logdir: Path) -> None:
+        self.env = env
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.pids: list[int] = []  # extra processes to kill at the end (a worker's forked horse)
+
+    def start(self, args: list[str], name: str, **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **env}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, name: str, *extra: str, **env: str) -> subprocess.Popen[bytes]:
+        return self.start(["-m", "pipelines", "worker", "--app", APP_PATH, "--name", name, "--log-level", "WARNING",
+                           *extra], name, **env)
+
+    def cli(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pipelines", *args, "--app", APP_PATH], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.logdir.glob("*.log")))
+
+    @staticmethod
+    def kill9(proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the process's whole group (the worker and RQ's scheduler child), as if the machine died."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+    def stop_all(self) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)  # RQ's warm shutdown: the current job finishes
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + 5
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill9(proc)
+
+
+@pytest.fixture
+def cluster(redis_url: str) -> Iterator[Cluster]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    env.pop("PIPELINES_APP", None)
+    env.pop("FAKE_OPENAI_BASE", None)
+    with tempfile.TemporaryDirectory(prefix="pr-system-") as logdir:
+        c = Cluster(env, Path(logdir))
+        try:
+            yield c
+        finally:
+            c.stop_all()
+
+
+@pytest.fixture
+def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
+    """The same app the workers load, in the test process (to start and inspect jobs)."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
+    rq_adapter.forget_apps()
+    from tests.apps import redis_app
+
+    yield redis_app.app
+    rq_adapter.forget_apps()
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
