@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,18 +66,14 @@ class Cluster:
     @staticmethod
     def kill9(proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL the process's whole group (the worker and RQ's scheduler child), as if the machine died."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(10)
 
     def stop_all(self) -> None:
         for pid in self.pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for proc in self.procs:
             if proc.poll() is None:
                 try:

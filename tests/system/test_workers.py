@@ -15,7 +15,6 @@ from rq.serializers import JSONSerializer
 from adapters.rq import RQScheduler
 from pipelines import JobStatus
 from pipelines.app import App
-
 from tests.system.conftest import Cluster, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.system]
