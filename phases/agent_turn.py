@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -115,10 +117,14 @@ def build_agent_phase(
     schemas = [t.schema() for t in tmap.values()]
     prefix: list[Message] = [{"role": "system", "content": system}] if system else []
 
+    history = _HistoryCache()
+
     def turn(ctx: PhaseContext[Any]) -> Next | Done | Fail:
         state = AgentState.model_validate(ctx.state or {})
+        past = history.get(ctx)
         try:
-            raw = ctx.step("model", lambda: _call_model(the_model, ctx, prefix, schemas, request_params, state.turn))
+            raw = ctx.step("model", lambda: _call_model(the_model, ctx, prefix + past, schemas, request_params,
+                                                        state.turn))
         except TransientModelError as exc:
             if ctx.attempt + 1 >= max_model_attempts:
                 return Fail(f"model call failed {ctx.attempt + 1} times, last: {exc}")
@@ -138,6 +144,7 @@ def build_agent_phase(
             results = _run_tools(ctx, tmap, calls, state.turn)
         ctx.append_messages([message, *results])
         ctx.add_usage(response.usage)
+        history.remember_after_commit(ctx, [*past, message, *results])
         done_turns = state.turn + 1
         info = TurnInfo(turn=done_turns, message=message, tool_calls=calls, tool_results=results,
                         state=state, usage=response.usage)
@@ -159,10 +166,41 @@ def build_agent_phase(
     return Phase(TURN_PHASE, turn)
 
 
+class _HistoryCache:
+    """The transcript of recently advanced jobs, so a worker that runs a job's next turn reads no history.
+
+    An entry is valid only for the exact checkpoint its turn committed
+    (``commit_id``); any other writer, a retry or a truncation misses it and
+    the transcript is read from storage. Bounded: least recently used out.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._entries: OrderedDict[str, tuple[str, list[Message]]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, ctx: PhaseContext[Any]) -> list[Message]:
+        commit_id = ctx.checkpoint.commit_id
+        with self._lock:
+            hit = self._entries.get(ctx.job_id)
+        if hit is not None and commit_id and hit[0] == commit_id and len(hit[1]) == ctx.checkpoint.transcript_len:
+            return hit[1]
+        return ctx.messages()
+
+    def remember_after_commit(self, ctx: PhaseContext[Any], messages: list[Message]) -> None:
+        def put(cp: Any) -> None:
+            with self._lock:
+                self._entries[ctx.job_id] = (cp.commit_id, messages)
+                self._entries.move_to_end(ctx.job_id)
+                while len(self._entries) > self._size:
+                    self._entries.popitem(last=False)
+
+        ctx.on_commit(put)
+
+
 def _call_model(model: Model, ctx: PhaseContext[Any], prefix: list[Message], schemas: list[dict[str, Any]],
                 params: dict[str, Any], turn: int) -> ModelResponse:
-    request = ModelRequest(messages=[*prefix, *ctx.messages()], tools=schemas, params=params, job_id=ctx.job_id,
-                           turn=turn)
+    request = ModelRequest(messages=prefix, tools=schemas, params=params, job_id=ctx.job_id, turn=turn)
     _notify("model", ctx.job_id, str(turn))
     response = resolve(model.complete(request))
     if not isinstance(response, ModelResponse):

@@ -151,6 +151,9 @@ class Checkpoint(BaseModel, Generic[S]):
     transcript_len: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0
+    # The token of the commit that wrote this checkpoint: unique per commit,
+    # so a worker can tell "this is exactly the state I committed" (caches).
+    commit_id: str = ""
 
 
 class JobRecord(BaseModel):

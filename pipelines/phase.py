@@ -161,6 +161,7 @@ class PhaseContext(Generic[S]):
         self._journal: dict[str, JSONValue] = dict(checkpoint.journal)
         self._lock = threading.Lock()
         self._buffer = _Buffered()
+        self._on_commit: list[Callable[[Checkpoint[Any]], None]] = []
 
     # --- reading -----------------------------------------------------------
     @property
@@ -259,6 +260,14 @@ class PhaseContext(Generic[S]):
         self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
         with self._lock:
             self._journal[key] = value
+
+    def on_commit(self, fn: Callable[[Checkpoint[Any]], None]) -> None:
+        """Call ``fn(new_checkpoint)`` once this phase's commit has landed (moving on to a next phase).
+
+        For in-process caches: a callback never runs for a commit that was
+        fenced off, so what it caches is exactly what storage holds.
+        """
+        self._on_commit.append(fn)
 
     # --- for the runner ----------------------------------------------------
     def _take_buffer(self) -> _Buffered:

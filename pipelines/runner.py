@@ -446,6 +446,12 @@ def _run_and_commit(
         logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
         return AdvanceResult.STALE, False
     new = commit.record
+    if result is AdvanceResult.ADVANCED and new.checkpoint is not None:
+        for fn in ctx._on_commit:
+            try:
+                fn(new.checkpoint)
+            except Exception:
+                logger.warning("job %s: on_commit callback failed", job_id, exc_info=True)
     if new.status is JobStatus.RUNNING and new.checkpoint is not None:
         delay = max(0.0, new.checkpoint.due_at - scheduler.now())
         scheduler.schedule_advance(job_id, delay, pipeline=new.pipeline, version=new.version)
@@ -476,10 +482,12 @@ def _build_commit(
     keep_journal = False
     messages: list[Message] = []
     usage = rec.usage
+    token = uuid.uuid4().hex
     if isinstance(outcome, Next):
         tlen = rec.transcript_len + len(buf.messages)
         new_cp = Checkpoint[Any](next_phase=outcome.next_phase, state=value, version=version, attempt=0,
-                                 due_at=now + outcome.delay, transcript_len=tlen, created_at=now, updated_at=now)
+                                 due_at=now + outcome.delay, transcript_len=tlen, created_at=now, updated_at=now,
+                                 commit_id=token)
         new = rec.model_copy(update={**base, "checkpoint": new_cp, "transcript_len": tlen,
                                      "usage": usage + buf.usage, "phases_done": rec.phases_done + 1})
         messages, result = buf.messages, AdvanceResult.ADVANCED
@@ -513,6 +521,6 @@ def _build_commit(
         new = rec.model_copy(update={**base, "status": JobStatus.ERROR, "error": outcome.error,
                                      "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
         result = AdvanceResult.FAILED
-    commit = Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=uuid.uuid4().hex,
+    commit = Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token,
                     record=new, append_messages=messages, logs=logs, keep_journal=keep_journal)
     return commit, result

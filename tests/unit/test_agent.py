@@ -383,3 +383,26 @@ def test_duplicate_tool_names_and_unsupported_signatures_are_rejected() -> None:
 
     with pytest.raises(InvalidInputError, match="not a Tool"):
         Agent(model=ScriptedModel([]), tools=[lambda: None])  # type: ignore[list-item]
+
+
+def test_a_worker_that_runs_the_next_turn_reads_no_history_but_never_a_stale_one() -> None:
+    storage, scheduler, _ = memory()
+    reads: list[tuple[int, int | None]] = []
+    real = storage.messages
+
+    def counting(job_id: str, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
+        reads.append((start, stop))
+        return real(job_id, start, stop)
+
+    storage.messages = counting  # type: ignore[method-assign]
+    model = ScriptedModel(lambda msgs: reply(None, call("add", a=len(msgs), b=0)) if len(msgs) < 7 else "ok")
+    agent = Agent(model=model, max_turns=10, tools=[add])
+    agent.run(job_id="h", messages=["go"], storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    assert len(reads) == 1  # only the first turn read the transcript from storage
+    assert [len(c.messages) for c in model.calls] == [1, 3, 5, 7]
+    # Another writer (here: a full retry that cuts the transcript back) invalidates the cache.
+    agent.run(job_id="h", storage=storage, scheduler=scheduler, retry_mode="full")
+    scheduler.drain()
+    assert len(reads) == 2
+    assert [len(c.messages) for c in model.calls[4:]] == [1, 3, 5, 7]
