@@ -27,7 +27,8 @@ from pipelines.errors import (
 )
 from pipelines.models import Checkpoint, JobRecord, JobStatus, LogEntry, Usage
 from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, WaitForInput
-from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_phase, run_pipeline, try_advance
+from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_phase, try_advance
+from pipelines.start import run_pipeline
 
 # The composing layer: the agent loop and the app registry build on the core
 # above and on `phases`; they come last so `phases.*` can import the core.

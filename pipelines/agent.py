@@ -22,7 +22,8 @@ from phases.tools import Tool, result_content
 from pipelines.errors import InvalidInputError, JobConflictError, JobNotFoundError, StaleVersionError
 from pipelines.models import Commit, JobStatus, LogEntry, Message, validate_job_id
 from pipelines.phase import Phase
-from pipelines.runner import DEFAULT_LEASE_SECONDS, RetryMode, advance_phase, start_job
+from pipelines.runner import DEFAULT_LEASE_SECONDS, advance_phase
+from pipelines.start import RetryMode, start_job
 
 __all__ = ["Agent", "build_agent_phase", "record_tool_result", "run_agent"]
 

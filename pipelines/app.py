@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from adapters.base import Scheduler, Storage
 from pipelines.errors import ConfigurationError, InvalidPipelineError
 from pipelines.phase import Phase
-from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, RetryMode, phase_map, start_job, try_advance
+from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, phase_map, try_advance
+from pipelines.start import RetryMode, start_job
 
 __all__ = ["App", "PipelineSource", "load_app"]
 

@@ -1,4 +1,4 @@
-"""The phase runner: ``run_pipeline`` writes and enqueues a job, ``advance_phase`` runs one phase.
+"""The phase runner: ``advance_phase`` runs one phase of a job (``pipelines.start`` writes jobs).
 
 One advance, step by step (DESIGN "The turn"):
 
@@ -17,30 +17,27 @@ last good checkpoint kept for ``retry_mode="resume"``.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from adapters.base import Scheduler, Storage
 from pipelines._aio import resolve
 from pipelines.errors import (
     InvalidInputError,
     InvalidPipelineError,
-    JobConflictError,
-    JobNotFoundError,
     PipelineError,
     StaleVersionError,
 )
+from pipelines.leases import LEASE_KEEPER
 from pipelines.models import (
     Checkpoint,
     Commit,
     JobRecord,
     JobStatus,
     LogEntry,
+    LogLevel,
     Message,
     to_json_value,
     validate_job_id,
@@ -60,10 +57,8 @@ from pipelines.phase import (
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "AdvanceResult",
-    "RetryMode",
     "advance_phase",
-    "run_pipeline",
-    "start_job",
+    "phase_map",
     "try_advance",
 ]
 
@@ -72,9 +67,6 @@ logger = logging.getLogger("pipelines")
 DEFAULT_LEASE_SECONDS = 60.0
 """Lease time to live. A heartbeat renews it every third of that while a phase runs."""
 
-RetryMode = Literal["resume", "full"]
-
-_ACTIVE = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 
 
 class AdvanceResult(StrEnum):
@@ -106,183 +98,6 @@ def phase_map(phases: Sequence[Phase]) -> dict[str, Phase]:
             raise InvalidPipelineError(f"duplicate phase name {p.name!r}")
         out[p.name] = p
     return out
-
-
-def run_pipeline(
-    *,
-    job_id: str,
-    phases: Sequence[Phase],
-    storage: Storage,
-    scheduler: Scheduler,
-    initial_state: Any = None,
-    retry_mode: RetryMode | None = None,
-    initial_phase: str | None = None,
-    pipeline: str = "default",
-    lease_seconds: float = DEFAULT_LEASE_SECONDS,
-) -> None:
-    """Write the job to storage and enqueue its first advance. Returns at once.
-
-    A new ``job_id`` starts at ``initial_phase`` (default: the first phase).
-    For a job that ended in ``error`` or ``cancelled``, ``retry_mode="resume"``
-    (the default when it has a checkpoint) continues from the checkpoint;
-    ``"full"`` restarts from the first phase and ``initial_state``, cutting the
-    transcript back to where this run began. A running, waiting or paused job
-    raises :class:`JobConflictError`. Bad input raises before anything is written.
-    """
-    pmap = phase_map(phases)
-
-    def advance(jid: str) -> None:
-        advance_phase(job_id=jid, phases=phases, storage=storage, scheduler=scheduler, lease_seconds=lease_seconds)
-
-    scheduler.bind(advance, pipeline=pipeline)
-    start_job(
-        job_id=job_id,
-        phase_names=list(pmap),
-        storage=storage,
-        scheduler=scheduler,
-        initial_state=initial_state,
-        retry_mode=retry_mode,
-        initial_phase=initial_phase,
-        pipeline=pipeline,
-    )
-
-
-def start_job(
-    *,
-    job_id: str,
-    phase_names: Sequence[str],
-    storage: Storage,
-    scheduler: Scheduler,
-    initial_state: Any = None,
-    retry_mode: RetryMode | None = None,
-    initial_phase: str | None = None,
-    pipeline: str = "default",
-    messages: Sequence[Message] = (),
-    continue_completed: bool = False,
-) -> JobRecord:
-    """Create, retry or continue a job, then schedule its first advance.
-
-    ``continue_completed``: a ``complete`` job starts a new run from the first
-    phase with ``messages`` appended to its kept transcript (an agent
-    conversation going on). Returns the record as written.
-    """
-    validate_job_id(job_id)
-    if retry_mode not in (None, "resume", "full"):
-        raise InvalidInputError(f"retry_mode must be None, 'resume' or 'full', got {retry_mode!r}")
-    if initial_phase is not None and initial_phase not in phase_names:
-        raise InvalidPipelineError(f"unknown initial_phase {initial_phase!r}; phases are {', '.join(phase_names)}")
-    first = initial_phase or phase_names[0]
-    state = to_json_value(initial_state, what=f"initial_state of job {job_id!r}")
-    new_messages = to_json_value(list(messages), what=f"initial messages of job {job_id!r}")
-    for m in new_messages:
-        if not isinstance(m, dict) or "role" not in m:
-            raise InvalidInputError(f"a message must be a dict with a 'role', got {m!r:.80}")
-    now = scheduler.now()
-
-    existing = storage.get_job(job_id)
-    if existing is None:
-        if retry_mode == "resume":
-            raise JobNotFoundError(f"job {job_id!r} does not exist; nothing to resume")
-        record = JobRecord(
-            job_id=job_id,
-            pipeline=pipeline,
-            status=JobStatus.RUNNING,
-            checkpoint=_fresh_checkpoint(first, state, 1, now, len(new_messages)),
-            version=1,
-            transcript_len=len(new_messages),
-            base_transcript_len=len(new_messages),
-            initial_phase=first,
-            initial_state=state,
-            created_at=now,
-            updated_at=now,
-        )
-        storage.create_job(record, messages=new_messages, logs=[_log(now, first, "info", "job started")])
-    else:
-        restart = _restart(existing, first, state, retry_mode, new_messages, continue_completed, now, pipeline)
-        record = restart.record
-        commit = Commit(
-            job_id=job_id,
-            expected_version=existing.version,
-            token=uuid.uuid4().hex,
-            record=record,
-            append_messages=new_messages,
-            truncate_messages_to=restart.truncate_to,
-            logs=[_log(now, record.checkpoint.next_phase if record.checkpoint else None, "info", restart.why)],
-            keep_journal=restart.keep_journal,
-        )
-        try:
-            storage.commit(commit)
-        except StaleVersionError as exc:
-            raise JobConflictError(f"job {job_id!r} changed while it was being restarted; try again") from exc
-    scheduler.schedule_advance(job_id, 0.0, pipeline=pipeline, version=record.version)
-    return record
-
-
-def _fresh_checkpoint(phase: str, state: Any, version: int, now: float, tlen: int) -> Checkpoint[Any]:
-    return Checkpoint(next_phase=phase, state=state, version=version, due_at=now, transcript_len=tlen,
-                      created_at=now, updated_at=now)
-
-
-@dataclass(frozen=True)
-class _Restart:
-    record: JobRecord
-    why: str
-    truncate_to: int | None = None
-    keep_journal: bool = False
-
-
-def _restart(
-    existing: JobRecord,
-    first: str,
-    state: Any,
-    retry_mode: RetryMode | None,
-    new_messages: list[Message],
-    continue_completed: bool,
-    now: float,
-    pipeline: str,
-) -> _Restart:
-    jid = existing.job_id
-    if existing.status in _ACTIVE:
-        raise JobConflictError(f"job {jid!r} is {existing.status.value}; wait for it, or cancel it before a retry")
-    version = existing.version + 1
-    running = {"status": JobStatus.RUNNING, "error": None, "waiting": None, "version": version, "updated_at": now}
-    if existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
-        # A finished conversation goes on: keep the transcript, add the new messages.
-        tlen = existing.transcript_len + len(new_messages)
-        record = existing.model_copy(update={
-            **running, "result": None, "checkpoint": _fresh_checkpoint(first, state, version, now, tlen),
-            "transcript_len": tlen, "base_transcript_len": tlen, "initial_phase": first, "initial_state": state,
-            "pipeline": pipeline,
-        })
-        return _Restart(record, "job continued with new messages")
-    if new_messages:
-        raise JobConflictError(
-            f"job {jid!r} exists ({existing.status.value}); new messages only continue a complete job"
-        )
-    mode = retry_mode or ("resume" if existing.checkpoint is not None else "full")
-    if mode == "resume":
-        if existing.checkpoint is None:
-            raise JobConflictError(f"job {jid!r} is {existing.status.value} with no checkpoint; nothing to resume")
-        cp = existing.checkpoint.model_copy(update={
-            "version": version, "attempt": existing.checkpoint.attempt + 1, "due_at": now, "updated_at": now,
-            "journal": {},
-        })
-        # The journal stays: steps that finished before the failure are not repeated.
-        record = existing.model_copy(update={**running, "checkpoint": cp})
-        return _Restart(record, f"job retried (resume) at phase {cp.next_phase!r}", keep_journal=True)
-    # Full: the first phase, the initial state given now (or the stored one),
-    # the transcript cut back to where this run began (I4).
-    restart_state = state if state is not None else existing.initial_state
-    base = existing.base_transcript_len
-    record = existing.model_copy(update={
-        **running, "result": None, "checkpoint": _fresh_checkpoint(first, restart_state, version, now, base),
-        "transcript_len": base,
-    })
-    return _Restart(record, "job retried (full)", truncate_to=base)
-
-
-def _log(now: float, phase: str | None, level: Any, message: str) -> LogEntry:
-    return LogEntry(timestamp=now, phase=phase, level=level, message=message)
 
 
 def advance_phase(
@@ -337,56 +152,6 @@ def try_advance(
             storage.release_lease(job_id, owner)
 
 
-class _LeaseKeeper:
-    """One daemon thread per process renews the leases of every phase in flight.
-
-    A thread per advance would cost more than a whole memory-adapter turn;
-    registering a lease here is a dict insert.
-    """
-
-    def __init__(self) -> None:
-        self._leases: dict[int, tuple[Storage, str, str, float, float]] = {}
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._ids = iter(range(1 << 62))
-
-    def hold(self, storage: Storage, job_id: str, owner: str, ttl: float) -> int:
-        with self._lock:
-            key = next(self._ids)
-            self._leases[key] = (storage, job_id, owner, ttl, time.monotonic())
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="pipelines-lease-keeper", daemon=True)
-                self._thread.start()
-        return key
-
-    def drop(self, key: int) -> None:
-        with self._lock:
-            self._leases.pop(key, None)
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(0.5)
-            now = time.monotonic()
-            with self._lock:
-                due = [(k, v) for k, v in self._leases.items() if now - v[4] >= v[3] / 3]
-            for key, (storage, job_id, owner, ttl, _) in due:
-                try:
-                    renewed = storage.renew_lease(job_id, owner, ttl)
-                except PipelineError:
-                    logger.warning("lease renewal failed for %s", job_id, exc_info=True)
-                    continue
-                with self._lock:
-                    if key in self._leases:
-                        if renewed:
-                            self._leases[key] = (storage, job_id, owner, ttl, now)
-                        else:
-                            del self._leases[key]  # lost: the commit will be fenced off
-
-
-_KEEPER = _LeaseKeeper()
-
-
 def _run_and_commit(
     record: JobRecord,
     cp: Checkpoint[Any],
@@ -416,7 +181,7 @@ def _run_and_commit(
     phase = pmap.get(cp.next_phase)
     ctx: PhaseContext[Any] = PhaseContext(job_id=job_id, checkpoint=cp, storage=storage, owner=owner,
                                           clock=scheduler.now, saver=save, attempt=cp.attempt)
-    held = _KEEPER.hold(storage, job_id, owner, lease_seconds)
+    held = LEASE_KEEPER.hold(storage, job_id, owner, lease_seconds)
     try:
         if phase is None:
             outcome: object = Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pmap)}")
@@ -436,7 +201,7 @@ def _run_and_commit(
         logger.info("job %s: phase %s raised", job_id, cp.next_phase, exc_info=True)
         outcome = Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     finally:
-        _KEEPER.drop(held)
+        LEASE_KEEPER.drop(held)
 
     rec = current["record"]
     commit, result = _build_commit(rec, ctx, outcome, pmap, owner, scheduler.now())
@@ -524,3 +289,7 @@ def _build_commit(
     commit = Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token,
                     record=new, append_messages=messages, logs=logs, keep_journal=keep_journal)
     return commit, result
+
+
+def _log(now: float, phase: str | None, level: LogLevel, message: str) -> LogEntry:
+    return LogEntry(timestamp=now, phase=phase, level=level, message=message)

@@ -1,0 +1,64 @@
+"""Lease renewal while a phase runs: one daemon thread per process for every lease in flight."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from adapters.base import Storage
+from pipelines.errors import PipelineError
+
+__all__ = ["LEASE_KEEPER", "LeaseKeeper"]
+
+logger = logging.getLogger("pipelines")
+
+
+class LeaseKeeper:
+    """One daemon thread per process renews the leases of every phase in flight.
+
+    A thread per advance would cost more than a whole memory-adapter turn;
+    registering a lease here is a dict insert.
+    """
+
+    def __init__(self) -> None:
+        self._leases: dict[int, tuple[Storage, str, str, float, float]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ids = iter(range(1 << 62))
+
+    def hold(self, storage: Storage, job_id: str, owner: str, ttl: float) -> int:
+        with self._lock:
+            key = next(self._ids)
+            self._leases[key] = (storage, job_id, owner, ttl, time.monotonic())
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="pipelines-lease-keeper", daemon=True)
+                self._thread.start()
+        return key
+
+    def drop(self, key: int) -> None:
+        with self._lock:
+            self._leases.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(0.5)
+            now = time.monotonic()
+            with self._lock:
+                due = [(k, v) for k, v in self._leases.items() if now - v[4] >= v[3] / 3]
+            for key, (storage, job_id, owner, ttl, _) in due:
+                try:
+                    renewed = storage.renew_lease(job_id, owner, ttl)
+                except PipelineError:
+                    logger.warning("lease renewal failed for %s", job_id, exc_info=True)
+                    continue
+                with self._lock:
+                    if key in self._leases:
+                        if renewed:
+                            self._leases[key] = (storage, job_id, owner, ttl, now)
+                        else:
+                            del self._leases[key]  # lost: the commit will be fenced off
+
+
+LEASE_KEEPER = LeaseKeeper()
