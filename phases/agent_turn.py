@@ -18,53 +18,28 @@ A call found started but not done after a crash follows its tool's
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import importlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
 from phases.model import Model, ModelRequest, ModelResponse
+from phases.observe import notify
 from phases.stop import StopCondition, TurnInfo, should_stop
-from phases.tools import Tool, ToolArgumentsError, ToolContext, result_content, tool_map
-from pipelines._aio import resolve, run_sync
+from phases.tool_runner import run_tools, tool_message
+from phases.tools import Tool, tool_map
+from pipelines._aio import resolve
 from pipelines.errors import InvalidInputError, PermanentModelError, TransientModelError
 from pipelines.models import Message
-from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, WaitForInput
+from pipelines.phase import Done, Fail, Next, Phase, PhaseContext, RetryLater
 
-__all__ = ["AgentState", "TURN_PHASE", "build_agent_phase", "observe_calls", "resolve_model"]
+__all__ = ["AgentState", "TURN_PHASE", "build_agent_phase", "resolve_model"]
 
 TURN_PHASE = "turn"
 
-# Shared by every turn in the process: tool calls are I/O-bound, and a pool
-# per turn would cost thread start-up on the hot path.
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="pipelines-tool")
-
-
-# Test instrumentation (the crash harness counts model and tool executions
-# through it); a no-op loop over an empty list when nobody observes.
-_observers: list[Callable[[str, str, str], None]] = []
-
-
-@contextmanager
-def observe_calls(fn: Callable[[str, str, str], None]) -> Iterator[None]:
-    """Call ``fn(kind, job_id, key)`` right before every model call (``"model"``, turn) and tool execution
-    (``"tool"``, call id) in this process, while the ``with`` block runs."""
-    _observers.append(fn)
-    try:
-        yield
-    finally:
-        _observers.remove(fn)
-
-
-def _notify(kind: str, job_id: str, key: str) -> None:
-    for fn in list(_observers):
-        fn(kind, job_id, key)
 
 
 class AgentState(BaseModel):
@@ -139,9 +114,9 @@ def build_agent_phase(
         if truncated and calls:
             # Arguments of a cut-off answer cannot be trusted: answer every
             # call without running it, so the transcript stays valid.
-            results = [_tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
+            results = [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
         else:
-            results = _run_tools(ctx, tmap, calls, state.turn)
+            results = run_tools(ctx, tmap, calls, state.turn)
         ctx.append_messages([message, *results])
         ctx.add_usage(response.usage)
         history.remember_after_commit(ctx, [*past, message, *results])
@@ -201,7 +176,7 @@ class _HistoryCache:
 def _call_model(model: Model, ctx: PhaseContext[Any], prefix: list[Message], schemas: list[dict[str, Any]],
                 params: dict[str, Any], turn: int) -> ModelResponse:
     request = ModelRequest(messages=prefix, tools=schemas, params=params, job_id=ctx.job_id, turn=turn)
-    _notify("model", ctx.job_id, str(turn))
+    notify("model", ctx.job_id, str(turn))
     response = resolve(model.complete(request))
     if not isinstance(response, ModelResponse):
         response = ModelResponse.model_validate(response)
@@ -222,123 +197,8 @@ def _call_model(model: Model, ctx: PhaseContext[Any], prefix: list[Message], sch
     return response.model_copy(update={"message": message})
 
 
-def _tool_message(call: Mapping[str, Any], content: str) -> Message:
-    return {"role": "tool", "tool_call_id": call["id"], "content": content}
-
-
 def _result_of(message: Message, results: list[Message]) -> Any:
     content = message.get("content")
     if content:
         return content
     return results[-1]["content"] if results else None
-
-
-def _run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int) -> list[Message]:
-    if not calls:
-        return []
-    pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
-    if pending:
-        seen, started = ctx.recorded("tools:started")
-        interrupted = set(started or []) if seen else set()
-        if interrupted:
-            _apply_interrupt_policies(ctx, tmap, [c for c in pending if c["id"] in interrupted], turn)
-            pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
-        if pending:
-            ctx.record("tools:started", [c["id"] for c in pending])
-            _execute(ctx, tmap, pending, turn)
-    return [_tool_message(c, ctx.recorded(f"tool:{c['id']}")[1]) for c in calls]
-
-
-def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]],
-                              turn: int) -> None:
-    for call in calls:
-        name = (call.get("function") or {}).get("name", "")
-        t = tmap.get(name)
-        if t is None or t.on_interrupted == "retry":
-            continue  # runs again below
-        what = f"tool {name!r} call {call['id']} was interrupted mid-call; whether it took effect is unknown"
-        if t.on_interrupted == "fail":
-            raise FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
-        if t.on_interrupted == "ask":
-            raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=call["id"])
-        assert t.reconcile is not None
-        args = t.parse((call.get("function") or {}).get("arguments"))
-        tctx = ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
-        found = resolve(t.reconcile(args, tctx))
-        if found is not None:
-            ctx.record(f"tool:{call['id']}", result_content(found))
-        ctx.log(f"reconciled interrupted call {call['id']} of {name!r}: "
-                f"{'effect found' if found is not None else 'no effect, running it again'}")
-
-
-def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int) -> None:
-    if len(calls) == 1 and not _is_async(tmap, calls[0]):
-        # The common case runs inline: no event loop, no thread hop.
-        ctx.record(f"tool:{calls[0]['id']}", _invoke_sync(ctx, tmap, calls[0], turn))
-        return
-
-    async def run_all() -> list[BaseException | None]:
-        loop = asyncio.get_running_loop()
-
-        async def one(call: dict[str, Any]) -> None:
-            if _is_async(tmap, call):
-                content = await _invoke_async(ctx, tmap, call, turn)
-            else:
-                content = await loop.run_in_executor(_POOL, _invoke_sync, ctx, tmap, call, turn)
-            await loop.run_in_executor(_POOL, ctx.record, f"tool:{call['id']}", content)
-
-        # return_exceptions: let every call finish (and journal) before a
-        # control signal from one of them ends the turn.
-        return await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
-
-    for outcome in run_sync(run_all()):
-        if isinstance(outcome, BaseException):
-            raise outcome
-
-
-def _is_async(tmap: dict[str, Tool], call: Mapping[str, Any]) -> bool:
-    t = tmap.get((call.get("function") or {}).get("name", ""))
-    return t is not None and t.is_async
-
-
-def _prepare(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any],
-             turn: int) -> tuple[Tool, BaseModel, ToolContext] | str:
-    fn = call.get("function") or {}
-    name = fn.get("name", "")
-    t = tmap.get(name)
-    if t is None:
-        known = ", ".join(sorted(tmap)) or "none"
-        return f"Error: unknown tool {name!r}; available tools: {known}"
-    try:
-        args = t.parse(fn.get("arguments"))
-    except ToolArgumentsError as exc:
-        return f"Error: {exc}. Fix the arguments and call the tool again."
-    return t, args, ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
-
-
-def _invoke_sync(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int) -> str:
-    prepared = _prepare(ctx, tmap, call, turn)
-    if isinstance(prepared, str):
-        return prepared
-    t, args, tctx = prepared
-    _notify("tool", ctx.job_id, tctx.call_id)
-    try:
-        return result_content(resolve(t.call(args, tctx)))
-    except (FailJob, RetryLater, WaitForInput):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failing tool is reported to the model, which may recover
-        return f"Error: tool {t.name!r} raised {type(exc).__name__}: {exc}"
-
-
-async def _invoke_async(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int) -> str:
-    prepared = _prepare(ctx, tmap, call, turn)
-    if isinstance(prepared, str):
-        return prepared
-    t, args, tctx = prepared
-    _notify("tool", ctx.job_id, tctx.call_id)
-    try:
-        return result_content(await t.call(args, tctx))
-    except (FailJob, RetryLater, WaitForInput):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failing tool is reported to the model, which may recover
-        return f"Error: tool {t.name!r} raised {type(exc).__name__}: {exc}"

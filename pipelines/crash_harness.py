@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from adapters.base import Scheduler, Storage
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
-from phases.agent_turn import observe_calls
+from phases.observe import observe_calls
 from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = ["CrashPoint", "CrashReport", "CrashResult", "SimulatedCrash", "crash_test", "transcript_problems"]
