@@ -21,10 +21,11 @@ from __future__ import annotations
 import importlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
@@ -33,10 +34,10 @@ from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, tool_map
 from pipelines._aio import resolve
 from pipelines.errors import InvalidInputError, PermanentModelError, TransientModelError
-from pipelines.models import Message
+from pipelines.models import Message, Usage
 from pipelines.phase import Done, Fail, Next, Phase, PhaseContext, RetryLater
 
-__all__ = ["AgentState", "TURN_PHASE", "build_agent_phase", "resolve_model"]
+__all__ = ["AgentState", "PrepareTurn", "TURN_PHASE", "TurnPlan", "build_agent_phase", "resolve_model"]
 
 TURN_PHASE = "turn"
 
@@ -63,6 +64,25 @@ def resolve_model(model: str | Model, params: Mapping[str, Any] | None) -> Model
     return model
 
 
+@dataclass
+class TurnPlan:
+    """What one turn will send; a ``prepare_turn`` hook may change it for this turn only.
+
+    ``tools`` may be narrowed to a subset of the agent's tools (the agent's
+    tools are the universe: a replay after a crash must find them by name).
+    """
+
+    job_id: str
+    turn: int
+    model: str | Model
+    params: dict[str, Any]
+    tools: list[Tool]
+    messages: list[Message]
+
+
+PrepareTurn = Callable[[TurnPlan], "TurnPlan | None"]
+
+
 def build_agent_phase(
     *,
     model: str | Model,
@@ -72,36 +92,100 @@ def build_agent_phase(
     stop_when: StopCondition | Sequence[StopCondition] | None = None,
     model_params: Mapping[str, Any] | None = None,
     max_model_attempts: int = 5,
+    output_schema: type[BaseModel] | None = None,
+    max_tokens: int | None = None,
+    max_cost_usd: float | None = None,
+    prepare_turn: PrepareTurn | None = None,
 ) -> Phase:
     """Build the agent's turn phase (named ``"turn"``); it reschedules itself until a stop.
 
     ``model_params`` go to litellm unchanged (api_base, api_key, temperature,
     ...) and are never stored. Transient model errors re-run the turn later,
     up to ``max_model_attempts`` times; permanent ones fail the job.
+    ``output_schema`` makes the job's result a validated instance (stored as
+    JSON). ``max_tokens`` / ``max_cost_usd`` stop the job once its usage,
+    counted across retries and crashes, reaches them (the turn that crosses
+    the line still commits). ``prepare_turn`` may change model, params, tools
+    offered or messages for one turn.
     """
+    _check_options(max_turns, system, stop_when, output_schema, max_tokens, max_cost_usd, prepare_turn)
+    turn = _AgentTurn(model=model, model_params=dict(model_params or {}), tmap=tool_map(tools), system=system,
+                      max_turns=max_turns, stop_when=stop_when, max_model_attempts=max_model_attempts,
+                      output_schema=output_schema, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
+                      prepare_turn=prepare_turn)
+    return Phase(TURN_PHASE, turn)
+
+
+def _check_options(max_turns: Any, system: Any, stop_when: Any, output_schema: Any, max_tokens: Any,
+                   max_cost_usd: Any, prepare_turn: Any) -> None:
     if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns <= 0:
         raise InvalidInputError(f"max_turns must be a positive int, got {max_turns!r}")
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
     if stop_when is not None and not callable(stop_when) and not all(callable(c) for c in stop_when):
         raise InvalidInputError("stop_when must be a callable or a list of callables")
-    the_model = resolve_model(model, model_params)
-    # A model string's params went into its LiteLLMModel; a Model object gets them with each request.
-    request_params = {} if isinstance(model, str) else dict(model_params or {})
-    tmap = tool_map(tools)
-    schemas = [t.schema() for t in tmap.values()]
-    prefix: list[Message] = [{"role": "system", "content": system}] if system else []
+    if output_schema is not None and not (isinstance(output_schema, type) and issubclass(output_schema, BaseModel)):
+        raise InvalidInputError(f"output_schema must be a pydantic model class, got {output_schema!r}")
+    for name, limit in (("max_tokens", max_tokens), ("max_cost_usd", max_cost_usd)):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0):
+            raise InvalidInputError(f"{name} must be a positive number, got {limit!r}")
+    if prepare_turn is not None and not callable(prepare_turn):
+        raise InvalidInputError("prepare_turn must be callable")
 
-    history = _HistoryCache()
 
-    def turn(ctx: PhaseContext[Any]) -> Next | Done | Fail:
+class _AgentTurn:
+    """The turn phase's ``run``: holds the agent's configuration, resolved once."""
+
+    def __init__(self, *, model: str | Model, model_params: dict[str, Any], tmap: dict[str, Tool],
+                 system: str | None, max_turns: int, stop_when: StopCondition | Sequence[StopCondition] | None,
+                 max_model_attempts: int, output_schema: type[BaseModel] | None, max_tokens: int | None,
+                 max_cost_usd: float | None, prepare_turn: PrepareTurn | None) -> None:
+        self.model_spec = model
+        self.model_params = model_params
+        self.model = resolve_model(model, model_params)
+        # A model string's params went into its LiteLLMModel; a Model object gets them with each request.
+        self.request_params = {} if isinstance(model, str) else dict(model_params)
+        self.tmap = tmap
+        self.schemas = [t.schema() for t in tmap.values()]
+        self.prefix: list[Message] = [{"role": "system", "content": system}] if system else []
+        self.max_turns = max_turns
+        self.stop_when = stop_when
+        self.max_model_attempts = max_model_attempts
+        self.output_schema = output_schema
+        self.max_tokens = max_tokens
+        self.max_cost_usd = max_cost_usd
+        self.prepare_turn = prepare_turn
+        self.history = _HistoryCache()
+
+    def call_model(self, ctx: PhaseContext[Any], messages: list[Message], turn: int) -> ModelResponse:
+        if self.prepare_turn is None:
+            return _call_model(self.model, ctx, messages, self.schemas, self.request_params, turn,
+                               None if self.tmap else self.output_schema)
+        plan = TurnPlan(job_id=ctx.job_id, turn=turn, model=self.model_spec, params=dict(self.model_params),
+                        tools=list(self.tmap.values()), messages=list(messages))
+        plan = self.prepare_turn(plan) or plan
+        unknown = [t.name for t in plan.tools if self.tmap.get(t.name) is not t]
+        if unknown:
+            raise InvalidInputError(f"prepare_turn offered tools the agent does not have: {unknown}")
+        same = plan.model is self.model_spec and plan.params == self.model_params
+        model = self.model if same else resolve_model(plan.model, plan.params)
+        params = self.request_params if same else ({} if isinstance(plan.model, str) else dict(plan.params))
+        offered = [t.name for t in plan.tools]
+        response = _call_model(model, ctx, plan.messages, [t.schema() for t in plan.tools], params, turn,
+                               None if offered else self.output_schema)
+        return response.model_copy(update={"tools_offered": offered}) if offered != list(self.tmap) else response
+
+    def __call__(self, ctx: PhaseContext[Any]) -> Next | Done | Fail:
         state = AgentState.model_validate(ctx.state or {})
-        past = history.get(ctx)
+        over = _over_budget(ctx.job_usage, self.max_tokens, self.max_cost_usd)
+        if over:
+            ctx.log(f"budget reached before turn {state.turn + 1}: {over}", "warn")
+            return Done(result=None, reason="budget")
+        past = self.history.get(ctx)
         try:
-            raw = ctx.step("model", lambda: _call_model(the_model, ctx, prefix + past, schemas, request_params,
-                                                        state.turn))
+            raw = ctx.step("model", lambda: self.call_model(ctx, self.prefix + past, state.turn))
         except TransientModelError as exc:
-            if ctx.attempt + 1 >= max_model_attempts:
+            if ctx.attempt + 1 >= self.max_model_attempts:
                 return Fail(f"model call failed {ctx.attempt + 1} times, last: {exc}")
             delay = exc.retry_after if exc.retry_after is not None else min(300.0, 2.0 * 2**ctx.attempt)
             raise RetryLater(delay, f"model: {exc}") from exc
@@ -116,29 +200,87 @@ def build_agent_phase(
             # call without running it, so the transcript stays valid.
             results = [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
         else:
-            results = run_tools(ctx, tmap, calls, state.turn)
-        ctx.append_messages([message, *results])
+            offered = self.tmap if response.tools_offered is None else {
+                n: t for n, t in self.tmap.items() if n in response.tools_offered}
+            results = run_tools(ctx, offered, calls, state.turn)
+        new_messages = [message, *results]
         ctx.add_usage(response.usage)
-        history.remember_after_commit(ctx, [*past, message, *results])
-        done_turns = state.turn + 1
-        info = TurnInfo(turn=done_turns, message=message, tool_calls=calls, tool_results=results,
+        info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=calls, tool_results=results,
                         state=state, usage=response.usage)
-        result = _result_of(message, results)
-        if truncated:
-            ctx.log(f"model answer truncated (finish_reason=length) at turn {done_turns}; stopping", "warn")
-            return Done(result=result)
-        if not calls:
-            return Done(result=result)
-        reason = should_stop(stop_when, info)
-        if reason is not None:
-            ctx.log(f"stopped by {reason} at turn {done_turns}")
-            return Done(result=result)
-        if done_turns >= max_turns:
-            ctx.log(f"stopped: max_turns={max_turns} reached with tool calls pending a reply", "warn")
-            return Done(result=result)
-        return Next(TURN_PHASE, state=AgentState(turn=done_turns))
+        outcome: Next | Done | Fail = self.decide(ctx, info, truncated, ctx.job_usage + response.usage)
+        if isinstance(outcome, Done):
+            outcome = Done(result=_result_of(message, results), reason=outcome.reason)
+            if self.output_schema is not None:
+                outcome = _structured(ctx, self.model, self.output_schema, self.prefix + past, new_messages,
+                                      outcome, self.request_params, state.turn)
+        ctx.append_messages(new_messages)
+        self.history.remember_after_commit(ctx, [*past, *new_messages])
+        return outcome
 
-    return Phase(TURN_PHASE, turn)
+    def decide(self, ctx: PhaseContext[Any], info: TurnInfo, truncated: bool, usage: Usage) -> Next | Done:
+        """Stop or go on, after a turn's tools ran."""
+        n = info.turn
+        if truncated:
+            ctx.log(f"model answer truncated (finish_reason=length) at turn {n}; stopping", "warn")
+            return Done(reason="truncated")
+        if not info.tool_calls:
+            return Done(reason="done")
+        reason = should_stop(self.stop_when, info)
+        if reason is not None:
+            ctx.log(f"stopped by {reason} at turn {n}")
+            return Done(reason="stop_when")
+        if n >= self.max_turns:
+            ctx.log(f"stopped: max_turns={self.max_turns} reached with tool calls pending a reply", "warn")
+            return Done(reason="max_turns")
+        over = _over_budget(usage, self.max_tokens, self.max_cost_usd)
+        if over:
+            ctx.log(f"budget reached at turn {n}: {over}", "warn")
+            return Done(reason="budget")
+        return Next(TURN_PHASE, state=AgentState(turn=n))
+
+
+def _over_budget(usage: Usage, max_tokens: int | None, max_cost_usd: float | None) -> str:
+    if max_tokens is not None and usage.total_tokens >= max_tokens:
+        return f"max_tokens={max_tokens} (used {usage.total_tokens})"
+    if max_cost_usd is not None and usage.cost_usd >= max_cost_usd:
+        return f"max_cost_usd={max_cost_usd} (used {usage.cost_usd:.4f})"
+    return ""
+
+
+_STRUCTURED_NUDGE = "Now reply with only a JSON object that matches the required schema, and nothing else."
+
+
+def _structured(ctx: PhaseContext[Any], model: Model, schema: type[BaseModel], history: list[Message],
+                new_messages: list[Message], done: Done, params: dict[str, Any], turn: int) -> Done | Fail:
+    """Validate the final answer against ``schema``; if it does not fit, ask once more without tools."""
+    obj = _parse(schema, new_messages[0].get("content"))
+    if obj is None:
+        # One follow-up call, journaled like the turn's own model call. No
+        # tools are offered, so response_format is safe to send.
+        nudge: Message = {"role": "user", "content": _STRUCTURED_NUDGE}
+        raw = ctx.step("model:structured", lambda: _call_model(
+            model, ctx, [*history, *new_messages, nudge], [], params, turn, schema))
+        follow = ModelResponse.model_validate(raw)
+        ctx.add_usage(follow.usage)
+        new_messages += [nudge, follow.message]
+        text = follow.message.get("content")
+        obj = _parse(schema, text)
+        if obj is None:
+            return Fail(f"the answer does not validate against {schema.__name__}; the model said: {str(text)[:1000]}")
+    return Done(result=obj.model_dump(mode="json"), reason=done.reason)
+
+
+def _parse(schema: type[BaseModel], text: Any) -> BaseModel | None:
+    if not isinstance(text, str) or not text.strip():
+        return None
+    candidate = text.strip()
+    if candidate.startswith("```"):
+        # Models often fence JSON in markdown; accept ```json ... ``` too.
+        candidate = candidate.strip("`").removeprefix("json").strip()
+    try:
+        return schema.model_validate_json(candidate)
+    except ValidationError:
+        return None
 
 
 class _HistoryCache:
@@ -173,9 +315,10 @@ class _HistoryCache:
         ctx.on_commit(put)
 
 
-def _call_model(model: Model, ctx: PhaseContext[Any], prefix: list[Message], schemas: list[dict[str, Any]],
-                params: dict[str, Any], turn: int) -> ModelResponse:
-    request = ModelRequest(messages=prefix, tools=schemas, params=params, job_id=ctx.job_id, turn=turn)
+def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
+                params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None) -> ModelResponse:
+    request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
+                           response_format=response_format)
     notify("model", ctx.job_id, str(turn))
     response = resolve(model.complete(request))
     if not isinstance(response, ModelResponse):

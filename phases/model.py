@@ -28,6 +28,9 @@ class ModelRequest:
     params: dict[str, Any] = field(default_factory=dict)
     job_id: str = ""
     turn: int = 0
+    # Ask the provider for JSON matching this model (litellm ``response_format``);
+    # only sent when no tools are offered, since some models then skip the tools.
+    response_format: type[BaseModel] | None = None
 
 
 class ModelResponse(BaseModel):
@@ -41,6 +44,9 @@ class ModelResponse(BaseModel):
     finish_reason: str | None = None
     usage: Usage = Field(default_factory=Usage)
     model: str | None = None
+    # The tools offered for this call when a prepare_turn hook narrowed them
+    # (None: all of the agent's tools); journaled so a replay runs the same set.
+    tools_offered: list[str] | None = None
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:

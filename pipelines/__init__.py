@@ -32,7 +32,7 @@ from pipelines.start import run_pipeline
 
 # The composing layer: the agent loop and the app registry build on the core
 # above and on `phases`; they come last so `phases.*` can import the core.
-from phases.agent_turn import AgentState  # isort: skip
+from phases.agent_turn import AgentState, TurnPlan  # isort: skip
 from phases.model import Model, ModelRequest, ModelResponse  # isort: skip
 from phases.stop import TurnInfo, has_tool_call, max_turns  # isort: skip
 from phases.tools import Tool, ToolContext, tool  # isort: skip
@@ -50,6 +50,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "TurnInfo",
+    "TurnPlan",
     "build_agent_phase",
     "has_tool_call",
     "load_app",

@@ -14,8 +14,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from adapters.base import Scheduler, Storage
-from phases.agent_turn import TURN_PHASE, AgentState, build_agent_phase
+from phases.agent_turn import TURN_PHASE, AgentState, PrepareTurn, build_agent_phase
 from phases.model import Model
 from phases.stop import StopCondition
 from phases.tools import Tool, result_content
@@ -44,15 +46,21 @@ class Agent:
         max_turns: int = 10,
         stop_when: StopCondition | Sequence[StopCondition] | None = None,
         model_params: Mapping[str, Any] | None = None,
+        output_schema: type[BaseModel] | None = None,
+        max_tokens: int | None = None,
+        max_cost_usd: float | None = None,
+        prepare_turn: PrepareTurn | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f"an agent needs a non-empty name, got {name!r}")
         self._name = name
         self.lease_seconds = lease_seconds
+        self.output_schema = output_schema
         # Built now, so a bad tool or limit fails at definition, not at the first job.
         self._phase = build_agent_phase(model=model, tools=tools, system=system, max_turns=max_turns,
-                                        stop_when=stop_when, model_params=model_params)
+                                        stop_when=stop_when, model_params=model_params, output_schema=output_schema,
+                                        max_tokens=max_tokens, max_cost_usd=max_cost_usd, prepare_turn=prepare_turn)
 
     def __repr__(self) -> str:
         return f"Agent(name={self._name!r})"
@@ -60,6 +68,20 @@ class Agent:
     @property
     def name(self) -> str:
         return self._name
+
+    def result(self, job_id: str, *, storage: Storage) -> Any:
+        """The job's result: an ``output_schema`` instance when the agent has one, else the final text.
+
+        ``None`` while the job has not completed.
+        """
+        record = storage.get_job(job_id)
+        if record is None:
+            raise JobNotFoundError(f"job {job_id!r} does not exist")
+        if record.status is not JobStatus.COMPLETE or record.result is None:
+            return None
+        if self.output_schema is not None and isinstance(record.result, dict):
+            return self.output_schema.model_validate(record.result)
+        return record.result
 
     def phases(self) -> list[Phase]:
         """The agent's pipeline: one ``turn`` phase that reschedules itself."""
@@ -120,14 +142,19 @@ def run_agent(
     model_params: Mapping[str, Any] | None = None,
     retry_mode: RetryMode | None = None,
     name: str = "agent",
+    output_schema: type[BaseModel] | None = None,
+    max_tokens: int | None = None,
+    max_cost_usd: float | None = None,
+    prepare_turn: PrepareTurn | None = None,
 ) -> None:
     """Write an agent job and enqueue its first turn; returns at once.
 
     The same as ``Agent(...).run(...)``; use an :class:`Agent` when workers in
     other processes must rebuild it (``App(agents=[agent])``).
     """
-    agent = Agent(name=name, model=model, tools=tools, system=system, max_turns=max_turns,
-                  stop_when=stop_when, model_params=model_params)
+    agent = Agent(name=name, model=model, tools=tools, system=system, max_turns=max_turns, stop_when=stop_when,
+                  model_params=model_params, output_schema=output_schema, max_tokens=max_tokens,
+                  max_cost_usd=max_cost_usd, prepare_turn=prepare_turn)
     agent.run(job_id=job_id, messages=initial_messages, storage=storage, scheduler=scheduler, retry_mode=retry_mode)
 
 

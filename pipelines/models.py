@@ -173,6 +173,8 @@ class JobRecord(BaseModel):
     initial_phase: str | None = None
     initial_state: JSONValue = None
     usage: Usage = Field(default_factory=Usage)
+    # Why the last run ended: "done", "max_turns", "stop_when", "truncated", "budget", ...
+    stop_reason: str | None = None
     # Set while status is "waiting": why, and which tool call (if any) needs a person.
     waiting: dict[str, JSONValue] | None = None
     phases_done: int = 0

@@ -57,9 +57,14 @@ class Next:
 
 @dataclass(frozen=True)
 class Done:
-    """The job is complete; ``result`` (JSON) stays readable on the record."""
+    """The job is complete; ``result`` (JSON) stays readable on the record.
+
+    ``reason`` (optional) says why it stopped, e.g. ``"max_turns"``; it is
+    stored as ``record.stop_reason``.
+    """
 
     result: Any = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,10 +155,13 @@ class PhaseContext(Generic[S]):
         clock: Callable[[], float],
         saver: Callable[[Any], int] | None = None,
         attempt: int = 0,
+        usage: Usage | None = None,
     ) -> None:
         self.job_id = job_id
         self.checkpoint = checkpoint
         self.attempt = attempt
+        #: Model usage of the job committed before this phase (for budgets).
+        self.job_usage = usage or Usage()
         self._storage = storage
         self._owner = owner
         self._clock = clock

@@ -180,7 +180,7 @@ def _run_and_commit(
 
     phase = pmap.get(cp.next_phase)
     ctx: PhaseContext[Any] = PhaseContext(job_id=job_id, checkpoint=cp, storage=storage, owner=owner,
-                                          clock=scheduler.now, saver=save, attempt=cp.attempt)
+                                          clock=scheduler.now, saver=save, attempt=cp.attempt, usage=record.usage)
     held = LEASE_KEEPER.hold(storage, job_id, owner, lease_seconds)
     try:
         if phase is None:
@@ -260,6 +260,7 @@ def _build_commit(
         tlen = rec.transcript_len + len(buf.messages)
         logs.append(_log(now, cp.next_phase, "info", "job complete"))
         new = rec.model_copy(update={**base, "status": JobStatus.COMPLETE, "checkpoint": None, "result": value,
+                                     "stop_reason": outcome.reason or "done",
                                      "transcript_len": tlen, "usage": usage + buf.usage,
                                      "phases_done": rec.phases_done + 1})
         messages, result = buf.messages, AdvanceResult.COMPLETED

@@ -169,7 +169,8 @@ def _restart(
     if existing.status in _ACTIVE:
         raise JobConflictError(f"job {jid!r} is {existing.status.value}; wait for it, or cancel it before a retry")
     version = existing.version + 1
-    running = {"status": JobStatus.RUNNING, "error": None, "waiting": None, "version": version, "updated_at": now}
+    running = {"status": JobStatus.RUNNING, "error": None, "waiting": None, "stop_reason": None, "version": version,
+               "updated_at": now}
     if existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
         # A finished conversation goes on: keep the transcript, add the new messages.
         tlen = existing.transcript_len + len(new_messages)
