@@ -1,0 +1,351 @@
+"""``LiteLLMModel``: the model seam over litellm, with our own retry policy and no secret leaks.
+
+litellm is imported on first use, never at module import (it costs ~3 s and
+~200 MiB); an RQ worker calls :func:`warm` in its parent process so forked
+work-horses inherit the loaded module.
+
+Retries are ours, not litellm's or the OpenAI SDK's (both are turned off: the
+SDK alone turned one 429 into 14 s of hidden retries). Transient failures
+(rate limit, timeout, connection, 5xx, 409/529) are retried with exponential
+backoff and full jitter, or after the server's Retry-After, within
+``max_retry_seconds``. When the next wait would overrun that budget, the call
+raises :class:`~pipelines.errors.TransientModelError` at once with
+``retry_after`` set: the agent turn then schedules the same turn for later
+instead of holding a worker asleep. Everything else (bad request, auth,
+permission, not found, context window) raises
+:class:`~pipelines.errors.PermanentModelError`. An empty answer (no choices)
+raises ``TransientModelError`` without retrying here.
+
+``params`` may hold api keys and auth headers: error messages are redacted
+("***"), ``repr`` shows only non-secret parameter names, and
+:meth:`LiteLLMModel.safe_params` gives what is fine to log.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import tenacity
+
+from phases.model import ModelRequest, ModelResponse
+from pipelines.errors import ModelError, PermanentModelError, TransientModelError
+from pipelines.models import Message, Usage
+
+__all__ = ["BLOCK_REMOTE_MODELS_ENV", "LiteLLMModel", "warm"]
+
+BLOCK_REMOTE_MODELS_ENV = "PIPELINES_BLOCK_REMOTE_MODELS"
+"""When this environment variable is "1" (the test suite sets it), only loopback or mocked calls run."""
+
+# Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
+# friends visible while catching access_token, id_token and the like.
+_SECRET_NAME = re.compile(r"key|token(?!s)|secret|passw|authoriz|credential|cookie|session", re.IGNORECASE)
+# Every header value is treated as secret: auth schemes vary by provider.
+_HEADER_PARAMS = frozenset({"headers", "extra_headers", "default_headers"})
+# Environment variables whose values litellm may read as credentials.
+_SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
+# Shapes of credentials that redaction masks even when they came from elsewhere.
+_SECRET_SHAPES = (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"))
+# Shorter values are not masked: replacing every "ab" in a message helps nobody.
+_MIN_SECRET_LEN = 4
+
+_litellm_module: Any = None
+
+
+def _litellm() -> Any:
+    """The configured litellm module, imported on first use."""
+    global _litellm_module
+    if _litellm_module is None:
+        # Without these, import fetches the model price list (5 s timeout) and
+        # the first Anthropic call fetches a beta-header list over the network.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
+        import litellm
+
+        litellm.suppress_debug_info = True
+        # Token counting would otherwise download tokenizers from Hugging Face.
+        litellm.disable_hf_tokenizer_download = True
+        _litellm_module = litellm
+    return _litellm_module
+
+
+def warm() -> None:
+    """Import and configure litellm now (~3-5 s), e.g. in an RQ worker's parent before it forks."""
+    _litellm()
+
+
+class LiteLLMModel:
+    """A :class:`~phases.model.Model` that calls ``litellm.completion``.
+
+    ``model`` is a litellm model string (``"openai/gpt-4o-mini"``,
+    ``"anthropic/claude-..."``); ``params`` are passed to every call
+    (``api_base``, ``api_key``, ``temperature``, ``timeout`` ...), and each
+    request's ``params`` are merged over them. Retries of transient failures
+    stop once ``max_retry_seconds`` would be exceeded; the backoff starts near
+    ``backoff_initial`` seconds and is capped at ``backoff_max``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        max_retry_seconds: float = 60.0,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 30.0,
+    ) -> None:
+        if not model or not isinstance(model, str):
+            raise ValueError("model must be a non-empty litellm model string, e.g. 'openai/gpt-4o-mini'")
+        self.model = model
+        self._params: dict[str, Any] = dict(params or {})
+        self.max_retry_seconds = max_retry_seconds
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._backoff = tenacity.wait_random_exponential(multiplier=backoff_initial, max=backoff_max)
+
+    def __repr__(self) -> str:
+        names = sorted(name for name in self._params if not _is_secret_name(name))
+        return f"LiteLLMModel(model={self.model!r}, params={names!r})"
+
+    def safe_params(self) -> dict[str, Any]:
+        """The parameters without anything secret-looking: fine to log."""
+        safe: dict[str, Any] = _without_secrets(self._params)
+        return safe
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """Call the model once (retrying transient failures within the budget) and return its answer.
+
+        Raises :class:`TransientModelError` (try again later; ``retry_after``
+        says when, if known) or :class:`PermanentModelError`.
+        """
+        params = {**self._params, **request.params}
+        self._check_allowed(params)
+        kwargs: dict[str, Any] = {
+            **params,
+            "model": self.model,
+            # A private copy: some provider transforms edit messages in place.
+            "messages": json.loads(json.dumps(request.messages)),
+            "max_retries": 0,
+            "num_retries": 0,
+        }
+        if request.tools:
+            kwargs["tools"] = request.tools
+        # Structured output only without tools: offered both, some models skip the tools.
+        response_format = getattr(request, "response_format", None)
+        if response_format is not None and not request.tools:
+            kwargs["response_format"] = response_format
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_RetryableError),
+            wait=self._wait,
+            stop=tenacity.stop_before_delay(self.max_retry_seconds),
+            retry_error_callback=self._give_up,
+            reraise=True,
+        )
+        response = retrying(self._call_once, kwargs, params)
+        return self._to_response(response)
+
+    # --- one attempt, and the retry policy ---------------------------------
+
+    def _call_once(self, kwargs: dict[str, Any], params: dict[str, Any]) -> Any:
+        litellm = _litellm()
+        try:
+            return litellm.completion(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - every backend failure is translated below
+            error = _translate(exc, self.model, params)
+        # Raised outside the except block so no __context__ carries litellm's
+        # unredacted message along.
+        raise error
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, TransientModelError) and exc.retry_after is not None:
+            return exc.retry_after
+        return float(self._backoff(state))
+
+    def _give_up(self, state: tenacity.RetryCallState) -> Any:
+        exc = state.outcome.exception() if state.outcome else None
+        elapsed = state.seconds_since_start or 0.0
+        raise TransientModelError(
+            f"{exc} (not retried now: the next attempt is due in {state.upcoming_sleep:.1f}s, beyond the "
+            f"{self.max_retry_seconds:g}s retry budget; {state.attempt_number} attempt(s) in {elapsed:.1f}s)",
+            retry_after=state.upcoming_sleep,
+        )
+
+    def _check_allowed(self, params: Mapping[str, Any]) -> None:
+        if params.get("stream"):
+            raise PermanentModelError(f"streaming is not supported by LiteLLMModel (model {self.model})")
+        if os.environ.get(BLOCK_REMOTE_MODELS_ENV) != "1" or "mock_response" in params:
+            return
+        base = params.get("api_base") or params.get("base_url")
+        if isinstance(base, str) and _is_loopback_url(base):
+            return
+        host = urlsplit(base).hostname if isinstance(base, str) else None
+        raise PermanentModelError(
+            f"real model calls are blocked in the test suite ({BLOCK_REMOTE_MODELS_ENV}=1): model {self.model} "
+            f"would call {host or 'its provider'}; point api_base at 127.0.0.1 (tests/fake_openai.py) "
+            "or pass mock_response"
+        )
+
+    # --- the answer ----------------------------------------------------------
+
+    def _to_response(self, response: Any) -> ModelResponse:
+        choices = getattr(response, "choices", None) or []
+        message = getattr(choices[0], "message", None) if choices else None
+        if message is None:
+            raise TransientModelError(f"model {self.model} returned an empty response (no choices)")
+        return ModelResponse(
+            message=_plain_message(message),
+            finish_reason=getattr(choices[0], "finish_reason", None),
+            usage=self._usage(response),
+            model=getattr(response, "model", None) or self.model,
+        )
+
+    def _usage(self, response: Any) -> Usage:
+        usage = getattr(response, "usage", None)
+        try:
+            cost = float(_litellm().completion_cost(completion_response=response) or 0.0)
+            known = math.isfinite(cost)
+        except Exception:  # noqa: BLE001 - completion_cost raises for any model missing from its price list
+            cost, known = 0.0, False
+        return Usage(
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            cost_usd=cost if known else 0.0,
+            model_calls=1,
+            unknown_cost_calls=0 if known else 1,
+        )
+
+
+class _RetryableError(TransientModelError):
+    """A transient failure of one attempt: retried within the budget, then re-raised as TransientModelError."""
+
+
+def _plain_message(message: Any) -> Message:
+    """The assistant message as plain JSON, provider fields kept, ``None`` values dropped."""
+    if hasattr(message, "model_dump"):
+        # warnings=False: litellm's models trip pydantic serializer warnings on
+        # some provider shapes, and the suite turns warnings into errors.
+        data = message.model_dump(mode="json", exclude_none=True, warnings=False)
+    else:
+        data = {k: v for k, v in dict(message).items() if v is not None}
+    data.setdefault("role", "assistant")
+    plain: Message = json.loads(json.dumps(data, default=str))
+    return plain
+
+
+# --- error translation ---------------------------------------------------------
+
+
+def _translate(exc: Exception, model: str, params: Mapping[str, Any]) -> ModelError:
+    """Map a litellm/OpenAI SDK exception to ours, with secrets masked in the message."""
+    lm = _litellm()
+    status = getattr(exc, "status_code", None)
+    text = str(exc)
+    # litellm's messages already start with their class ("litellm.RateLimitError: ...").
+    detail = _redact(text if text.startswith("litellm.") else f"{type(exc).__name__}: {text}", params)
+    permanent: list[tuple[Any, int | None, str]] = [
+        (lm.ContextWindowExceededError, None, f"context window exceeded for model {model}"),
+        (lm.AuthenticationError, 401, f"authentication failed for model {model} (check api_key)"),
+        (lm.PermissionDeniedError, 403, f"permission denied for model {model}"),
+        (lm.NotFoundError, 404, f"model {model} or its endpoint was not found"),
+        (lm.BadRequestError, 400, f"bad request to model {model}"),
+        (lm.UnprocessableEntityError, 422, f"bad request to model {model}"),
+    ]
+    for cls, code, what in permanent:
+        if isinstance(exc, cls) or (code is not None and status == code):
+            return PermanentModelError(f"{what}: {detail}")
+    transient = (lm.RateLimitError, lm.Timeout, lm.InternalServerError, lm.BadGatewayError,
+                 lm.ServiceUnavailableError, lm.APIConnectionError)
+    if isinstance(exc, transient) or (isinstance(status, int) and (status in (408, 409, 429, 529) or status >= 500)):
+        return _RetryableError(f"model {model} is unavailable for now: {detail}", retry_after=_retry_after(exc))
+    return PermanentModelError(f"model call to {model} failed: {detail}")
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """The server's Retry-After hint in seconds (``retry-after-ms``, seconds or an HTTP date), if any."""
+    headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
+    if not headers:
+        return None
+    lower = {str(k).lower(): str(v) for k, v in dict(headers).items()}
+    try:
+        if "retry-after-ms" in lower:
+            return max(0.0, float(lower["retry-after-ms"]) / 1000)
+        value = lower.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _is_secret_name(name: str) -> bool:
+    return name.lower() in _HEADER_PARAMS or bool(_SECRET_NAME.search(name))
+
+
+def _without_secrets(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_secrets(v) for k, v in value.items() if not _is_secret_name(str(k))}
+    if isinstance(value, list | tuple):
+        return [_without_secrets(v) for v in value]
+    return value
+
+
+def _collect_strings(value: Any, into: set[str]) -> None:
+    if isinstance(value, str):
+        into.add(value)
+        # "Bearer sk-..." may show up in an error as the bare token.
+        into.update(part for part in value.split() if len(part) >= 8)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _collect_strings(item, into)
+    elif isinstance(value, list | tuple | set):
+        for item in value:
+            _collect_strings(item, into)
+
+
+def _secret_values(params: Mapping[str, Any]) -> set[str]:
+    found: set[str] = set()
+    for name, value in params.items():
+        if _is_secret_name(str(name)):
+            _collect_strings(value, found)
+        elif isinstance(value, Mapping):
+            found |= _secret_values(value)
+    found = {s for s in found if len(s) >= _MIN_SECRET_LEN}
+    # Environment values get a higher bar: flags like "true" are not secrets.
+    found.update(v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8)
+    return found
+
+
+def _redact(text: str, params: Mapping[str, Any]) -> str:
+    """``text`` with every secret value of ``params`` (and credential-shaped strings) replaced by ``***``."""
+    for secret in sorted(_secret_values(params), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    bearer, sk_key = _SECRET_SHAPES
+    text = bearer.sub(r"\1***", text)
+    return sk_key.sub("sk-***", text)
+
+
+def _is_loopback_url(url: str) -> bool:
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        return False
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
