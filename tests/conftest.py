@@ -67,3 +67,15 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+# --- a loopback OpenAI-compatible server, scripted per test -----------------
+from tests.fake_openai import FakeOpenAI  # noqa: E402
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    """A scripted OpenAI-compatible server on 127.0.0.1 (tests/fake_openai.py); ``.url`` ends in ``/v1``."""
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()

@@ -1,0 +1,380 @@
+"""A loopback OpenAI-compatible chat server for tests: scripted replies, every request recorded.
+
+In a test, use the ``fake_openai`` fixture (tests/conftest.py)::
+
+    fake_openai.script(rate_limited(retry_after=1), text_reply("hi"))
+    model = LiteLLMModel("openai/fake-model", params={"api_base": fake_openai.url, "api_key": "sk-test"})
+
+``script(*items)`` queues replies served one per request, in order. An item may
+also be a function ``body -> Reply``: it stays at the head of the queue and
+answers every later request (so a test can compute replies from the messages).
+With nothing scripted, the server answers 400 "script exhausted" (a permanent
+error, so a test that under-scripts fails fast instead of retrying).
+
+As a process, for system tests whose worker processes call it::
+
+    python -m tests.fake_openai --port 0 --mode w1
+
+prints ``READY http://127.0.0.1:PORT/v1`` on stdout once it listens.
+Mode ``w1`` is the benchmark workload of DESIGN.md, computed from the messages
+only (stateless, safe for many concurrent jobs); mode ``echo`` answers text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = [
+    "FakeOpenAI",
+    "Reply",
+    "Responder",
+    "bad_request",
+    "call",
+    "context_window_exceeded",
+    "echo_reply",
+    "empty_choices",
+    "malformed_tool_reply",
+    "rate_limited",
+    "running",
+    "server_error",
+    "slow",
+    "text_reply",
+    "tool_reply",
+    "unauthorized",
+    "unavailable",
+    "unknown_tool_reply",
+    "w1_reply",
+]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer.
+
+    ``message`` set: a chat completion with that assistant message (``choices``
+    empty when ``empty`` is set). Otherwise ``status`` + ``error`` as an OpenAI
+    error body. ``delay`` seconds pass before anything is sent.
+    """
+
+    status: int = 200
+    message: dict[str, Any] | None = None
+    finish_reason: str = "stop"
+    error: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    empty: bool = False
+
+
+Responder = Callable[[dict[str, Any]], Reply]
+"""A function of the request body (the parsed JSON) that returns the reply."""
+
+
+# --- reply builders ----------------------------------------------------------
+
+
+def text_reply(content: str, *, finish_reason: str = "stop", **extras: Any) -> Reply:
+    """A plain assistant answer; ``extras`` become message fields (e.g. ``reasoning_content``)."""
+    return Reply(message={"role": "assistant", "content": content, **extras}, finish_reason=finish_reason)
+
+
+def call(name: str, arguments: dict[str, Any] | str, *, id: str | None = None) -> dict[str, Any]:
+    """One tool call for :func:`tool_reply`; a ``str`` ``arguments`` is sent as is (may be invalid JSON)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": id or "", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def tool_reply(*calls: dict[str, Any], content: str | None = None, **extras: Any) -> Reply:
+    """An assistant message asking for one or several tool calls (finish_reason ``tool_calls``)."""
+    numbered = [{**c, "id": c["id"] or f"call_{i}"} for i, c in enumerate(calls)]
+    message = {"role": "assistant", "content": content, "tool_calls": numbered, **extras}
+    return Reply(message=message, finish_reason="tool_calls")
+
+
+def malformed_tool_reply(name: str = "add") -> Reply:
+    """A tool call whose arguments are not JSON."""
+    return tool_reply(call(name, '{"a": 1, "b": '))
+
+
+def unknown_tool_reply(name: str = "no_such_tool") -> Reply:
+    """A call of a tool the request never offered."""
+    return tool_reply(call(name, {}))
+
+
+def empty_choices() -> Reply:
+    """A 200 completion with ``choices: []``."""
+    return Reply(message={}, empty=True)
+
+
+def _error(status: int, message: str, type_: str, code: str | None = None, **headers: str) -> Reply:
+    return Reply(status=status, error={"message": message, "type": type_, "param": None, "code": code},
+                 headers=dict(headers))
+
+
+def rate_limited(retry_after: float | None = 1) -> Reply:
+    """429, with a ``Retry-After`` header (seconds) unless ``retry_after`` is None."""
+    headers = {} if retry_after is None else {"Retry-After": f"{retry_after:g}"}
+    reply = _error(429, "Rate limit reached for fake-model. Please try again later.", "requests", "rate_limit_exceeded")
+    return Reply(status=429, error=reply.error, headers=headers)
+
+
+def server_error(status: int = 500) -> Reply:
+    """A 5xx (500 by default; 502, 504, 529 work too)."""
+    return _error(status, "The server had an error while processing your request.", "server_error")
+
+
+def unavailable() -> Reply:
+    """503 Service Unavailable."""
+    return _error(503, "The engine is currently overloaded, please try again later.", "server_error")
+
+
+def bad_request(message: str = "Invalid value for 'messages'.") -> Reply:
+    """400 invalid_request_error."""
+    return _error(400, message, "invalid_request_error")
+
+
+def context_window_exceeded() -> Reply:
+    """400 with OpenAI's ``code: context_length_exceeded`` body."""
+    return _error(400, "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+                  "9000 tokens. Please reduce the length of the messages.", "invalid_request_error",
+                  "context_length_exceeded")
+
+
+def unauthorized() -> Reply:
+    """401 invalid_api_key (the message never echoes the key, unlike OpenAI's)."""
+    return _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+
+
+def slow(seconds: float, then: Reply | None = None) -> Reply:
+    """``then`` (a text reply by default), sent only after ``seconds``: for client timeouts."""
+    base = then or text_reply("slow answer")
+    return Reply(status=base.status, message=base.message, finish_reason=base.finish_reason, error=base.error,
+                 headers=base.headers, delay=seconds, empty=base.empty)
+
+
+def echo_reply(body: dict[str, Any]) -> Reply:
+    """Responder: answer with the text of the last message."""
+    messages = body.get("messages") or [{}]
+    return text_reply(f"echo: {messages[-1].get('content')}")
+
+
+_TURNS = re.compile(r"turns=(\d+)")
+_W1_PAD = "The quick brown fox jumps over the lazy dog. "
+
+
+def w1_reply(body: dict[str, Any]) -> Reply:
+    """Responder for benchmark workload W1 (DESIGN.md), from the messages alone.
+
+    T comes from ``turns=T`` in the first user message (default 10). The turn
+    number k is 1 + the number of assistant messages so far; turn k < T answers
+    ~200 bytes of text and one call ``add(a=k, b=1)`` (id ``call_<k>``), turn T
+    answers "done".
+    """
+    messages: list[dict[str, Any]] = body.get("messages") or []
+    first_user = next((m for m in messages if m.get("role") == "user"), {})
+    found = _TURNS.search(str(first_user.get("content") or ""))
+    total = int(found.group(1)) if found else 10
+    k = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+    if k >= total:
+        return text_reply("done")
+    text = (f"Turn {k} of {total}: adding one. " + _W1_PAD * 5)[:200]
+    return tool_reply(call("add", {"a": k, "b": 1}, id=f"call_{k}"), content=text)
+
+
+# --- the server --------------------------------------------------------------
+
+
+class FakeOpenAI:
+    """The server. ``start()`` binds 127.0.0.1 (port 0: a free one); ``url`` ends in ``/v1``.
+
+    ``requests`` holds every request body received on the completions route,
+    ``timestamps`` the matching ``time.monotonic()`` values.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._host, self._port = host, port
+        self._lock = threading.Lock()
+        self._queue: list[Reply | Responder] = []
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.requests: list[dict[str, Any]] = []
+        self.timestamps: list[float] = []
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("FakeOpenAI is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *items: Reply | Responder) -> None:
+        """Append replies to the queue; a callable item answers every request from then on."""
+        with self._lock:
+            self._queue.extend(items)
+
+    def reset(self) -> None:
+        """Forget the script and the recorded requests."""
+        with self._lock:
+            self._queue.clear()
+            self.requests.clear()
+            self.timestamps.clear()
+
+    def start(self) -> FakeOpenAI:
+        self._server = ThreadingHTTPServer((self._host, self._port), _make_handler(self))
+        # Handler threads may sit in a slow reply; they must not block shutdown.
+        self._server.daemon_threads = True
+        # A short poll interval: shutdown() waits for it, once per test.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-openai",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.requests.append(body)
+            self.timestamps.append(time.monotonic())
+            head = self._queue[0] if self._queue else None
+            if isinstance(head, Reply):
+                self._queue.pop(0)
+        if head is None:
+            return bad_request("fake_openai: script exhausted (no reply queued for this request)")
+        if isinstance(head, Reply):
+            return head
+        return head(body)
+
+    def _wait(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+
+@contextmanager
+def running(*, host: str = "127.0.0.1", port: int = 0) -> Iterator[FakeOpenAI]:
+    """A started server, stopped on exit."""
+    server = FakeOpenAI(host=host, port=port).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _completion(body: dict[str, Any], reply: Reply, n: int) -> dict[str, Any]:
+    message = dict(reply.message or {})
+    # Rough, deterministic token counts: 4 characters a token.
+    prompt_chars = len(json.dumps(body.get("messages") or []))
+    completion_chars = len(json.dumps(message))
+    choices = [] if reply.empty else [{"index": 0, "message": message, "finish_reason": reply.finish_reason,
+                                       "logprobs": None}]
+    return {
+        "id": f"chatcmpl-fake-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model") or "fake-model",
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": completion_chars // 4,
+                  "total_tokens": (prompt_chars + completion_chars) // 4},
+    }
+
+
+def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        # Keep-alive like a real API: the SDK pools connections.
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # tests read fake.requests; access logs are noise
+
+        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a timeout test): nothing to answer
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") in ("/health", "/v1/models"):
+                self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+                self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                return
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+                return
+            try:
+                reply = fake._next_reply(body)
+            except Exception as exc:  # noqa: BLE001 - a broken responder must show up in the test, not hang it
+                self._send(500, {"error": {"message": f"fake_openai responder failed: {exc!r}", "type": "fake"}})
+                return
+            if reply.delay:
+                fake._wait(reply.delay)
+            if reply.message is not None:
+                self._send(200, _completion(body, reply, len(fake.requests)), reply.headers)
+            else:
+                self._send(reply.status, {"error": reply.error or {}}, reply.headers)
+
+    return Handler
+
+
+_MODES: dict[str, Responder] = {"w1": w1_reply, "echo": echo_reply}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.fake_openai --port N --mode w1``: serve until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m tests.fake_openai", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback only; default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (printed on stdout)")
+    parser.add_argument("--mode", choices=sorted(_MODES), default="w1", help="how replies are computed")
+    args = parser.parse_args(argv)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        parser.error("the fake server binds loopback only")
+    server = FakeOpenAI(host=args.host, port=args.port)
+    server.script(_MODES[args.mode])
+    server.start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    print(f"READY {server.url}", flush=True)
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""LiteLLMModel through litellm's real HTTP path, against the loopback fake OpenAI server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from phases.litellm_model import LiteLLMModel
+from phases.model import ModelRequest
+from pipelines.errors import ModelError, PermanentModelError, TransientModelError
+from tests.fake_openai import (
+    FakeOpenAI,
+    bad_request,
+    call,
+    context_window_exceeded,
+    empty_choices,
+    malformed_tool_reply,
+    rate_limited,
+    server_error,
+    slow,
+    text_reply,
+    tool_reply,
+    unauthorized,
+    unavailable,
+    unknown_tool_reply,
+    w1_reply,
+)
+
+SENTINEL = "sk-test-SENTINEL"
+ROOT = Path(__file__).resolve().parents[2]
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"]},
+    },
+}
+
+
+def model_for(fake: FakeOpenAI, **options: Any) -> LiteLLMModel:
+    params = {"api_base": fake.url, "api_key": SENTINEL, **options.pop("params", {})}
+    # Short backoff keeps the file fast; the policy is the same as in production.
+    options = {"backoff_initial": 0.01, "backoff_max": 0.05, "max_retry_seconds": 5.0, **options}
+    return LiteLLMModel("openai/fake-model", params=params, **options)
+
+
+def ask(model: LiteLLMModel, text: str = "hello", **request: Any) -> Any:
+    return model.complete(ModelRequest(messages=[{"role": "user", "content": text}], **request))
+
+
+def assert_no_secret(exc: BaseException, *secrets: str) -> None:
+    """Neither the message, the repr, the chain nor the printed traceback shows a secret."""
+    shown = [str(exc), repr(exc), "".join(traceback.format_exception(exc))]
+    chained = exc.__cause__ or exc.__context__
+    while chained is not None:
+        shown += [str(chained), repr(chained)]
+        chained = chained.__cause__ or chained.__context__
+    for secret in secrets:
+        for text in shown:
+            assert secret not in text
+
+
+# --- answers -----------------------------------------------------------------
+
+
+def test_text_answer(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(text_reply("hello there"))
+    response = ask(model_for(fake_openai))
+    assert response.message == {"role": "assistant", "content": "hello there"}
+    assert response.finish_reason == "stop"
+    assert response.model == "fake-model"
+    assert response.usage.prompt_tokens > 0 and response.usage.completion_tokens > 0
+    # fake-model is on no price list: counted, not guessed.
+    assert (response.usage.model_calls, response.usage.cost_usd, response.usage.unknown_cost_calls) == (1, 0.0, 1)
+    assert json.loads(response.model_dump_json())["message"] == response.message
+    body = fake_openai.requests[0]
+    assert "tools" not in body
+    assert body["messages"] == [{"role": "user", "content": "hello"}]
+
+
+def test_tool_call_answer_is_parsed_into_tool_calls(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(tool_reply(call("add", {"a": 1, "b": 2}), call("add", {"a": 3, "b": 4}, id="call_x")))
+    response = ask(model_for(fake_openai), tools=[ADD_TOOL])
+    assert fake_openai.requests[0]["tools"] == [ADD_TOOL]
+    assert response.finish_reason == "tool_calls"
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in response.tool_calls] == [
+        ("call_0", "add", {"a": 1, "b": 2}),
+        ("call_x", "add", {"a": 3, "b": 4}),
+    ]
+
+
+def test_malformed_arguments_and_unknown_tools_come_back_as_returned(fake_openai: FakeOpenAI) -> None:
+    # Judging tool calls is the agent turn's job; the model layer must not choke on them.
+    fake_openai.script(malformed_tool_reply(), unknown_tool_reply("launch"))
+    model = model_for(fake_openai)
+    assert ask(model, tools=[ADD_TOOL]).tool_calls[0]["function"]["arguments"] == '{"a": 1, "b": '
+    assert ask(model, tools=[ADD_TOOL]).tool_calls[0]["function"]["name"] == "launch"
+
+
+def test_provider_extra_field_survives(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(text_reply("42", reasoning_content="6 times 7"))
+    response = ask(model_for(fake_openai))
+    assert response.message["reasoning_content"] == "6 times 7"
+    assert response.message["content"] == "42"
+
+
+def test_request_params_merge_over_model_params(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(text_reply("a"))
+    model = model_for(fake_openai, params={"temperature": 0.1, "max_tokens": 50})
+    ask(model, params={"temperature": 0.7})
+    body = fake_openai.requests[0]
+    assert (body["temperature"], body["max_tokens"]) == (0.7, 50)
+
+
+def test_response_format_is_sent_only_without_tools(fake_openai: FakeOpenAI) -> None:
+    if "response_format" not in ModelRequest.__dataclass_fields__:
+        pytest.skip("ModelRequest has no response_format")
+
+    class Answer(BaseModel):
+        value: int
+
+    fake_openai.script(text_reply('{"value": 3}'), tool_reply(call("add", {"a": 1, "b": 2})))
+    model = model_for(fake_openai)
+    ask(model, response_format=Answer)
+    ask(model, response_format=Answer, tools=[ADD_TOOL])
+    schema_sent = fake_openai.requests[0]["response_format"]
+    assert schema_sent["type"] == "json_schema"
+    assert "value" in json.dumps(schema_sent["json_schema"])
+    assert "response_format" not in fake_openai.requests[1]
+
+
+# --- retries -------------------------------------------------------------------
+
+
+def test_rate_limit_waits_for_retry_after_then_succeeds(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(rate_limited(retry_after=1), text_reply("ok"))
+    response = ask(model_for(fake_openai))
+    assert response.message["content"] == "ok"
+    assert len(fake_openai.requests) == 2
+    waited = fake_openai.timestamps[1] - fake_openai.timestamps[0]
+    assert 0.9 <= waited < 3.0
+
+
+@pytest.mark.parametrize("status", [500, 502, 504, 529, 409])
+def test_transient_status_is_retried(fake_openai: FakeOpenAI, status: int) -> None:
+    fake_openai.script(server_error(status), text_reply("recovered"))
+    assert ask(model_for(fake_openai)).message["content"] == "recovered"
+    assert len(fake_openai.requests) == 2
+
+
+def test_503_is_retried(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(unavailable(), unavailable(), text_reply("back"))
+    assert ask(model_for(fake_openai)).message["content"] == "back"
+    assert len(fake_openai.requests) == 3
+
+
+def test_timeout_is_retried_then_reported_transient(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(lambda body: slow(5))
+    model = model_for(fake_openai, params={"timeout": 0.2}, max_retry_seconds=0.5)
+    with pytest.raises(TransientModelError, match=r"(?i)time"):
+        ask(model)
+
+
+def test_retry_after_beyond_budget_raises_at_once(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(rate_limited(retry_after=30))
+    started = time.monotonic()
+    with pytest.raises(TransientModelError) as caught:
+        ask(model_for(fake_openai, max_retry_seconds=5))
+    assert time.monotonic() - started < 1.0
+    assert caught.value.retry_after == 30
+    assert len(fake_openai.requests) == 1
+
+
+def test_exhausted_budget_raises_transient(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(lambda body: server_error(500))
+    started = time.monotonic()
+    with pytest.raises(TransientModelError, match="retry budget") as caught:
+        ask(model_for(fake_openai, max_retry_seconds=0.3, backoff_initial=0.05, backoff_max=0.1))
+    assert time.monotonic() - started < 1.5
+    assert len(fake_openai.requests) >= 2
+    assert caught.value.retry_after is not None
+
+
+def test_empty_choices_is_transient_and_not_retried_here(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(empty_choices())
+    with pytest.raises(TransientModelError, match="empty response"):
+        ask(model_for(fake_openai))
+    assert len(fake_openai.requests) == 1
+
+
+# --- permanent failures ----------------------------------------------------------
+
+
+def test_bad_request_is_permanent_without_retry(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(bad_request("Invalid value for 'messages'."))
+    with pytest.raises(PermanentModelError, match="bad request to model openai/fake-model"):
+        ask(model_for(fake_openai))
+    assert len(fake_openai.requests) == 1
+
+
+def test_unauthorized_is_permanent(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(unauthorized())
+    with pytest.raises(PermanentModelError, match="authentication failed"):
+        ask(model_for(fake_openai))
+    assert len(fake_openai.requests) == 1
+
+
+def test_context_window_is_permanent_and_says_so(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(context_window_exceeded())
+    with pytest.raises(PermanentModelError, match="context window exceeded for model openai/fake-model"):
+        ask(model_for(fake_openai))
+    assert len(fake_openai.requests) == 1
+
+
+# --- secrets -----------------------------------------------------------------------
+
+
+def test_secrets_never_appear_in_errors_or_repr(fake_openai: FakeOpenAI) -> None:
+    header_token = "tok-HEADER-SENTINEL-123"
+    # The server echoes the credentials back in its error text, as some providers do.
+    fake_openai.script(
+        bad_request(f"Incorrect API key provided: {SENTINEL}; header Bearer {header_token}"),
+        unauthorized(),
+        context_window_exceeded(),
+        rate_limited(retry_after=60),
+        lambda body: server_error(500),
+    )
+    model = model_for(fake_openai, params={"extra_headers": {"Authorization": f"Bearer {header_token}"},
+                                           "temperature": 0}, max_retry_seconds=0.2)
+    for _ in range(5):
+        with pytest.raises(ModelError) as caught:
+            ask(model)
+        assert_no_secret(caught.value, SENTINEL, header_token)
+    assert SENTINEL not in repr(model) and header_token not in repr(model)
+    assert repr(model) == "LiteLLMModel(model='openai/fake-model', params=['api_base', 'temperature'])"
+    assert model.safe_params() == {"api_base": fake_openai.url, "temperature": 0}
+
+
+# --- import cost and the test-suite guard -------------------------------------
+
+
+def test_importing_the_module_does_not_import_litellm() -> None:
+    code = "import sys, phases.litellm_model; assert 'litellm' not in sys.modules, 'litellm imported eagerly'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_remote_calls_are_blocked_without_touching_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_litellm() -> Any:
+        raise AssertionError("litellm must not even be reached")
+
+    monkeypatch.setattr("phases.litellm_model._litellm", no_litellm)
+    for params in ({"api_key": SENTINEL}, {"api_key": SENTINEL, "api_base": "https://api.openai.com/v1"}):
+        model = LiteLLMModel("openai/gpt-4o-mini", params=params)
+        with pytest.raises(PermanentModelError, match="blocked in the test suite") as caught:
+            ask(model)
+        assert_no_secret(caught.value, SENTINEL)
+
+
+def test_mock_response_is_allowed_and_priced() -> None:
+    model = LiteLLMModel("gpt-4o-mini", params={"mock_response": "mocked"})
+    response = ask(model)
+    assert response.message["content"] == "mocked"
+    assert response.usage.cost_usd > 0 and response.usage.unknown_cost_calls == 0
+
+
+# --- the fake server as a process (system tests use it this way) ----------------
+
+
+def test_w1_responder_counts_turns_from_the_messages() -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go turns=3"}]
+    first = w1_reply({"messages": messages})
+    assert first.message is not None
+    assert first.message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1, "b": 1}'}
+    assert len(first.message["content"]) == 200
+    messages += [first.message, {"role": "tool", "tool_call_id": "call_1", "content": '{"sum": 2}'}]
+    second = w1_reply({"messages": messages})
+    assert second.message is not None
+    assert json.loads(second.message["tool_calls"][0]["function"]["arguments"]) == {"a": 2, "b": 1}
+    messages += [second.message, {"role": "tool", "tool_call_id": "call_2", "content": '{"sum": 3}'}]
+    assert w1_reply({"messages": messages}).message == {"role": "assistant", "content": "done"}
+
+
+def test_fake_server_cli_serves_w1_to_litellm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_openai", "--port", "0", "--mode", "w1"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline().split()
+        assert ready[0] == "READY", ready
+        url = ready[1]
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=5) as health:
+            assert health.status == 200
+        model = LiteLLMModel("openai/fake-model", params={"api_base": url, "api_key": "sk-any"})
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "add things, turns=2"}]
+        first = model.complete(ModelRequest(messages=messages, tools=[ADD_TOOL]))
+        assert first.tool_calls[0]["id"] == "call_1"
+        messages += [first.message, {"role": "tool", "tool_call_id": "call_1", "content": '{"sum": 2}'}]
+        assert model.complete(ModelRequest(messages=messages, tools=[ADD_TOOL])).message["content"] == "done"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == 0
