@@ -1,0 +1,567 @@
+"""``make bench``: workload W1 through phaserunner, next to its floors, as one table of ratios.
+
+    python bench/run.py            # the full run (~5 min on 2 cores)
+    python bench/run.py --quick    # a CI-sized smoke version (< 60 s)
+    python bench/run.py --only 1,4 # some figures only
+
+Every figure is the median of ``--runs`` (>= 3) runs with its spread
+(min-max); ratios pair run i with run i. Nothing here asserts a time: a
+missed target is printed as ``MISS``. What each figure measures is in
+bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# Before anything can import litellm: no price-list download, no phoning home.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import w1  # noqa: E402
+from bench.procs import Children, find_redis_server, redis_version  # noqa: E402
+
+TITLE = "phaserunner bench results"
+COLUMNS = ("#", "figure", "median", "min-max", "unit", "target", "")
+
+
+# --- results -------------------------------------------------------------------
+@dataclass
+class Row:
+    key: str
+    name: str
+    values: list[float]
+    unit: str
+    target: str = ""
+    ok: Callable[[float], bool] | None = None  # judged on the median
+    fmt: str = "{:,.0f}"
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def cells(self) -> tuple[str, ...]:
+        f = self.fmt.format
+        spread = f"{f(min(self.values))} .. {f(max(self.values))}" if len(self.values) > 1 else "-"
+        verdict = "" if self.ok is None else ("ok" if self.ok(self.median) else "MISS")
+        return (self.key, self.name, f(self.median), spread, self.unit, self.target, verdict)
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *args: Any, **kwargs: Any) -> Row:
+        row = Row(*args, **kwargs)
+        self.rows.append(row)
+        return row
+
+    def ratio(self, key: str, name: str, num: list[float], den: list[float], target: str = "",
+              ok: Callable[[float], bool] | None = None) -> Row:
+        """num[i] / den[i] for each run i (run i of both sides is paired)."""
+        values = [a / b for a, b in zip(num, den, strict=False) if b]
+        return self.add(key, name, values or [float("nan")], "x", target, ok, "{:.2f}")
+
+    def table(self) -> str:
+        cells = [COLUMNS, *(r.cells() for r in self.rows)]
+        widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+        right = {2, 3}
+
+        def line(c: tuple[str, ...]) -> str:
+            parts = [c[i].rjust(widths[i]) if i in right else c[i].ljust(widths[i]) for i in range(len(c))]
+            return "| " + " | ".join(parts) + " |"
+
+        sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+        out = [line(cells[0]), sep, *(line(c) for c in cells[1:])]
+        return "\n".join(out)
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def timed() -> Iterator[list[float]]:
+    box: list[float] = []
+    gc.collect()
+    t0 = time.perf_counter()
+    yield box
+    box.append(time.perf_counter() - t0)
+
+
+# --- sizes ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sizes:
+    runs: int
+    mem_jobs: int
+    mem_turns: int
+    llm_jobs: int
+    rq_jobs: int
+    rq_turns: int
+    rq_workers: tuple[str, ...]
+    long_turns: int
+    rss_jobs: tuple[int, int]
+    imports: int
+
+
+FULL = Sizes(runs=3, mem_jobs=200, mem_turns=10, llm_jobs=200, rq_jobs=200, rq_turns=10,
+             rq_workers=("simple", "fork"), long_turns=200, rss_jobs=(10, 1000), imports=5)
+QUICK = Sizes(runs=3, mem_jobs=20, mem_turns=10, llm_jobs=5, rq_jobs=20, rq_turns=5,
+              rq_workers=("simple",), long_turns=40, rss_jobs=(10, 100), imports=5)
+
+
+# --- figure 1: memory adapters vs the plain-Python floor -----------------------
+def check_transcript(messages: list[dict[str, Any]], turns: int) -> None:
+    """A finished W1 job: user, then (assistant + tool) x (n_turns-1), then the final "done"."""
+    if len(messages) != 2 * turns or messages[-1].get("content") != "done":
+        raise AssertionError(f"unexpected W1 transcript: {len(messages)} messages, last {messages[-1]!r:.120}")
+    if json.loads(messages[-2]["content"]) != {"sum": turns - 1}:
+        raise AssertionError(f"unexpected last tool result {messages[-2]!r:.120}")
+
+
+def memory_run(jobs: int, turns: int, agent: Any, tag: str) -> float:
+    from adapters.memory import MemoryScheduler, MemoryStorage
+
+    storage, scheduler = MemoryStorage(), MemoryScheduler()
+    with timed() as t:
+        for j in range(jobs):
+            agent.run(job_id=f"{tag}-{j}", messages=[w1.USER], storage=storage, scheduler=scheduler)
+        scheduler.drain()
+    for j in (0, jobs - 1):
+        rec = storage.get_job(f"{tag}-{j}")
+        assert rec is not None and rec.status.value == "complete", rec
+        check_transcript(storage.messages(f"{tag}-{j}"), turns)
+    return t[0]
+
+
+def floor_run(jobs: int, turns: int, model: Any = None) -> float:
+    with timed() as t:
+        for _ in range(jobs):
+            out = w1.floor_job(turns, model)
+    check_transcript(out, turns)
+    return t[0]
+
+
+def fig1(rep: Report, sz: Sizes) -> None:
+    from bench.apps import w1_agent
+
+    n_jobs, n_turns = sz.mem_jobs, sz.mem_turns
+    say(f"figure 1: memory adapters, {n_jobs} jobs x {n_turns} turns, {sz.runs} runs")
+    memory_run(5, n_turns, w1_agent(n_turns), "warm")
+    floor_run(5, n_turns)
+    ours, floor = [], []
+    for r in range(sz.runs):
+        floor.append(n_jobs * n_turns / floor_run(n_jobs, n_turns))
+        ours.append(n_jobs * n_turns / memory_run(n_jobs, n_turns, w1_agent(n_turns), f"r{r}"))
+    rep.add("1a", f"memory adapters + ScriptedModel ({n_jobs}x{n_turns})", ours, "turns/s", ">= 10,000",
+            lambda v: v >= 10_000)
+    rep.add("1b", "plain-Python floor, same loop", floor, "turns/s")
+    rep.add("1c", "per-turn cost, memory adapters", [1e6 / v for v in ours], "us/turn", fmt="{:,.1f}")
+    rep.ratio("1d", "floor / memory adapters", floor, ours)
+
+
+# --- figure 2: the litellm mock path -------------------------------------------
+class W1LiteLLM:
+    """W1 through ``LiteLLMModel``: each request gets the turn's answer as ``mock_response``."""
+
+    def __init__(self, turns: int) -> None:
+        from phases.litellm_model import LiteLLMModel
+
+        self.turns = turns
+        self.inner = LiteLLMModel("openai/x", params={})
+
+    def complete(self, request: Any) -> Any:
+        k = w1.turn_of(request.messages)
+        return self.inner.complete(replace(request, params={**request.params,
+                                                            "mock_response": w1.mock_response(k, self.turns)}))
+
+
+def fig2(rep: Report, sz: Sizes) -> None:
+    from bench.apps import w1_agent
+    from phases.model import ModelRequest
+
+    n_jobs, n_turns = sz.llm_jobs, sz.mem_turns
+    say(f"figure 2: litellm mock_response, {n_jobs} jobs x {n_turns} turns, {sz.runs} runs (importing litellm)")
+    model = W1LiteLLM(n_turns)
+    from phases.litellm_model import _litellm
+
+    litellm = _litellm()
+    schemas = [w1.add.schema()]
+
+    def client_only(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        request = ModelRequest(messages=messages, tools=schemas, turn=w1.turn_of(messages))
+        return dict(model.complete(request).message)
+
+    def raw_litellm(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        k = w1.turn_of(messages)
+        resp = litellm.completion(model="openai/x", messages=messages, tools=schemas, max_retries=0,
+                                  mock_response=w1.mock_response(k, n_turns))
+        return resp.choices[0].message.model_dump(exclude_none=True)
+
+    memory_run(2, n_turns, w1_agent(n_turns, model), "warm")
+    floor_run(2, n_turns, client_only)
+    floor_run(2, n_turns, raw_litellm)
+    ours, client, raw = [], [], []
+    for r in range(sz.runs):
+        raw.append(n_jobs * n_turns / floor_run(n_jobs, n_turns, raw_litellm))
+        client.append(n_jobs * n_turns / floor_run(n_jobs, n_turns, client_only))
+        ours.append(n_jobs * n_turns / memory_run(n_jobs, n_turns, w1_agent(n_turns, model), f"l{r}"))
+    rep.add("2a", f"memory adapters + LiteLLMModel mock ({n_jobs}x{n_turns})", ours, "turns/s")
+    rep.add("2b", "LiteLLMModel.complete alone (floor loop)", client, "turns/s")
+    rep.add("2c", "litellm.completion alone (floor loop)", raw, "turns/s")
+    rep.add("2d", "per-turn, memory adapters + LiteLLMModel", [1e3 / v for v in ours], "ms/turn", fmt="{:.3f}")
+    rep.add("2e", "per-turn, LiteLLMModel.complete alone", [1e3 / v for v in client], "ms/turn", fmt="{:.3f}")
+    rep.add("2f", "per-turn, litellm.completion alone", [1e3 / v for v in raw], "ms/turn", fmt="{:.3f}")
+    rep.add("2g", "model client share of a turn (2e / 2d)", [o / c for o, c in zip(ours, client, strict=True)],
+            "x", fmt="{:.2f}")
+
+
+# --- figure 3: RQ workers on a real redis-server vs bare RQ chaining -----------
+def _wait_workers(conn: Any, queue: str, n: int, kids: Children, timeout: float = 60) -> None:
+    from rq import Queue, Worker
+    from rq.serializers import JSONSerializer
+
+    q = Queue(queue, connection=conn, serializer=JSONSerializer)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(Worker.all(queue=q)) >= n:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{n} workers on {queue!r} did not register within {timeout:.0f}s\n{kids.logs()}")
+
+
+def _poll(what: str, done: Callable[[], bool], kids: Children, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}\n{kids.logs()}")
+        time.sleep(0.01)
+
+
+def ours_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]:
+    from bench import apps
+    from pipelines import JobStatus
+
+    n_jobs, n_turns = sz.rq_jobs, sz.rq_turns
+    queue = f"ours-{worker}"
+    app = apps.build(url, queue=queue, turns=n_turns)
+    agent = app.agents[apps.PIPELINE]
+    conn = app.storage.client  # type: ignore[attr-defined]
+    due_key = app.storage.due_key  # type: ignore[attr-defined]
+    env = {"BENCH_REDIS_URL": url, "BENCH_QUEUE": queue, "BENCH_TURNS": str(n_turns)}
+    procs = [kids.python(f"ours-{worker}-{i}", ["-m", "pipelines", "worker", "--app", apps.APP_PATH, "--name",
+                                                f"ours-{worker}-{i}", "--log-level", "WARNING",
+                                                *(["--simple"] if worker == "simple" else [])], **env)
+             for i in range(2)]
+    rates = []
+    try:
+        _wait_workers(conn, queue, 2, kids)
+        for r in range(sz.runs + 1):  # run 0 warms the workers up and is not counted
+            jobs = n_jobs if r else 4
+            ids = [f"{worker}{r}-{j}" for j in range(jobs)]
+            with timed() as t:
+                for job_id in ids:
+                    agent.run(job_id=job_id, messages=[w1.USER], storage=app.storage,  # type: ignore[attr-defined]
+                              scheduler=app.scheduler)
+                _poll(f"{jobs} W1 jobs on {worker} workers", lambda: conn.zcard(due_key) == 0, kids)
+            for job_id in ids:
+                rec = app.storage.get_job(job_id)
+                if rec is None or rec.status is not JobStatus.COMPLETE:
+                    raise RuntimeError(f"job {job_id} ended {rec and rec.status}: {rec and rec.error}\n{kids.logs()}")
+            check_transcript(app.storage.messages(ids[-1]), n_turns)
+            if r:
+                rates.append(jobs * n_turns / t[0])
+    finally:
+        for p in procs:
+            kids.stop(p)
+    return rates
+
+
+def baseline_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]:
+    import redis
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from bench import baseline_rq as base
+
+    n_jobs, n_turns = sz.rq_jobs, sz.rq_turns
+    queue = f"base-{worker}"
+    conn = redis.Redis.from_url(url)
+    q = Queue(queue, connection=conn, serializer=JSONSerializer)
+    procs = [kids.python(f"base-{worker}-{i}", ["-m", "bench.baseline_rq", "--url", url, "--queue", queue,
+                                                "--name", f"base-{worker}-{i}",
+                                                *(["--simple"] if worker == "simple" else [])])
+             for i in range(2)]
+    rates = []
+    try:
+        _wait_workers(conn, queue, 2, kids)
+        for r in range(sz.runs + 1):
+            jobs = n_jobs if r else 4
+            conn.delete(base.DONE_KEY)
+            with timed() as t:
+                for j in range(jobs):
+                    base.enqueue(q, f"b{worker}{r}-{j}", 0, n_turns)
+                _poll(f"{jobs} baseline jobs on {worker} workers",
+                      lambda jobs=jobs: int(conn.get(base.DONE_KEY) or 0) >= jobs, kids)
+            if r:
+                rates.append(jobs * n_turns / t[0])
+    finally:
+        for p in procs:
+            kids.stop(p)
+        conn.close()
+    return rates
+
+
+def fig3(rep: Report, sz: Sizes, url: str, kids: Children) -> None:
+    n_jobs, n_turns = sz.rq_jobs, sz.rq_turns
+    for worker in sz.rq_workers:
+        cls = "SimpleWorker" if worker == "simple" else "Worker (fork)"
+        say(f"figure 3: 2 RQ {cls} processes, {n_jobs} jobs x {n_turns} turns, {sz.runs} runs each side")
+        ours = ours_rq(url, kids, sz, worker)
+        base = baseline_rq(url, kids, sz, worker)
+        k = "3" + ("a" if worker == "simple" else "d")
+        nxt = chr(ord(k[1]) + 1)
+        rep.add(k, f"phaserunner on Redis, 2 x {cls} ({n_jobs}x{n_turns})", ours, "turns/s")
+        rep.add("3" + nxt, f"bare RQ chaining, 2 x {cls}", base, "turns/s")
+        rep.ratio("3" + chr(ord(nxt) + 1), f"phaserunner / bare RQ ({cls})", ours, base, ">= 1.0",
+                  lambda v: v >= 1.0)
+
+
+# --- figure 4: one long job on Redis: bytes written, late vs early turns -------
+class NoopScheduler:
+    """Real clock, schedules nothing: the bench advances the job itself."""
+
+    precision = 0.0
+
+    def __init__(self) -> None:
+        self.scheduled = 0
+
+    def bind(self, fn: Any, *, pipeline: str | None = None) -> None:
+        pass
+
+    def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
+                         version: int | None = None) -> None:
+        self.scheduled += 1
+
+    def now(self) -> float:
+        return time.time()
+
+
+class ByteCounter:
+    """Wraps a redis-py client's ``execute_command`` and sorts the bytes of every argument sent."""
+
+    def __init__(self, storage: Any) -> None:
+        self.by: dict[str, int] = {}
+        client = storage.client
+        names = {storage._commit.sha: "commit", storage._step.sha: "step", storage._create.sha: "create",
+                 storage._load_script.sha: "load", storage._release.sha: "release", storage._renew.sha: "renew"}
+        self._names = names
+        inner = client.execute_command
+
+        def counting(*args: Any, **options: Any) -> Any:
+            self._count(args)
+            return inner(*args, **options)
+
+        client.execute_command = counting
+
+    def _add(self, what: str, n: int) -> None:
+        self.by[what] = self.by.get(what, 0) + n
+
+    def _count(self, args: tuple[Any, ...]) -> None:
+        def size(a: Any) -> int:
+            return len(a) if isinstance(a, bytes) else len(str(a).encode())
+
+        cmd = str(args[0]).upper()
+        if cmd != "EVALSHA":
+            self._add(f"other ({cmd.lower()})", sum(map(size, args)))
+            return
+        script = self._names.get(str(args[1]), "script")
+        nkeys = int(args[2])
+        argv = list(args[3 + nkeys:])
+        overhead = sum(map(size, args[: 3 + nkeys]))
+        if script in ("commit", "create"):
+            n_at = 11 if script == "commit" else 5
+            n = int(argv[n_at])
+            data, msgs, logs = argv[2], argv[n_at + 1: n_at + 1 + n], argv[n_at + 1 + n:]
+            self._add("record (state) JSON", size(data))
+            self._add("transcript messages", sum(map(size, msgs)))
+            self._add("log entries", sum(map(size, logs)))
+            rest = [a for i, a in enumerate(argv) if i != 2 and i <= n_at]
+            self._add("keys, tokens, flags", overhead + sum(map(size, rest)))
+        elif script == "step":
+            self._add("journal (model + tool steps)", size(argv[4]))
+            self._add("keys, tokens, flags", overhead + sum(map(size, argv[:4])))
+        else:
+            self._add(f"other ({script})", overhead + sum(map(size, argv)))
+
+
+def long_job(url: str, turns: int, tag: str, count_bytes: bool) -> dict[str, Any]:
+    import redis
+
+    from adapters.redis import RedisStorage
+    from bench.apps import w1_agent
+    from pipelines import AdvanceResult
+    from pipelines.app import App
+
+    storage = RedisStorage.from_url(url, prefix=f"long{tag}")
+    scheduler = NoopScheduler()
+    agent = w1_agent(turns)
+    app = App(storage=storage, scheduler=scheduler, agents=[agent])
+    info = redis.Redis.from_url(url)
+    counter = ByteCounter(storage) if count_bytes else None
+    job_id = f"long-{tag}"
+    before = int(info.info("stats")["total_net_input_bytes"])
+    agent.run(job_id=job_id, messages=[w1.USER], storage=storage, scheduler=scheduler)
+    times = []
+    while True:
+        t0 = time.perf_counter()
+        result = app.try_advance(job_id)
+        times.append(time.perf_counter() - t0)
+        if result is AdvanceResult.COMPLETED:
+            break
+        if result is not AdvanceResult.ADVANCED:
+            raise RuntimeError(f"turn {len(times)} of {job_id}: {result}")
+    after = int(info.info("stats")["total_net_input_bytes"])
+    raw = info.lrange(storage.keys(job_id).messages, 0, -1)
+    check_transcript([json.loads(m) for m in raw], turns)
+    info.close()
+    return {"times": times, "net_in": after - before, "transcript": sum(map(len, raw)),
+            "by": counter.by if counter else {}}
+
+
+def fig4(rep: Report, sz: Sizes, url: str) -> None:
+    import redis
+
+    n_turns = sz.long_turns
+    say(f"figure 4: one job of {n_turns} turns on Redis, advanced in-process, {max(5, sz.runs)} runs")
+    c = redis.Redis.from_url(url)
+    s0 = int(c.info("stats")["total_net_input_bytes"])
+    s1 = int(c.info("stats")["total_net_input_bytes"])
+    info_cost = s1 - s0  # one INFO command's own bytes
+    c.close()
+    long_job(url, 20, "warm", False)
+    runs = [long_job(url, n_turns, str(r), r == 0) for r in range(max(5, sz.runs))]
+    ratio = [(r["net_in"] - info_cost) / r["transcript"] for r in runs]
+    # 1-based turns 1-10 and the last ten tool-call turns (n_turns=200: 190-199; the last turn answers
+    # "done"). Each window's figure is its median turn, so one GC pause or scheduler hiccup does not decide it.
+    early = [statistics.median(r["times"][0:10]) for r in runs]
+    late = [statistics.median(r["times"][n_turns - 11:n_turns - 1]) for r in runs]
+    rep.add("4a", f"bytes sent to Redis / transcript bytes ({n_turns} turns)", ratio, "x", "<= 1.3",
+            lambda v: v <= 1.3, "{:.2f}")
+    rep.add("4b", "transcript size (stored message JSON)", [r["transcript"] / 1024 for r in runs], "KiB", fmt="{:,.1f}")
+    rep.add("4c", "bytes sent to Redis (INFO total_net_input_bytes)", [r["net_in"] / 1024 for r in runs], "KiB",
+            fmt="{:,.1f}")
+    by = runs[0]["by"]
+    for i, (what, n) in enumerate(sorted(by.items(), key=lambda kv: -kv[1])):
+        rep.add(f"4c{i + 1}", f"  of which {what}", [n / n_turns], "B/turn", fmt="{:,.0f}")
+    rep.add("4d", "turns 1-10, median time per turn", [e * 1e3 for e in early], "ms", fmt="{:.3f}")
+    last = f"turns {n_turns - 10}-{n_turns - 1}"
+    rep.add("4e", f"{last}, median time per turn", [v * 1e3 for v in late], "ms", fmt="{:.3f}")
+    rep.ratio("4f", f"{last} / turns 1-10", late, early, "<= 1.1", lambda v: v <= 1.1)
+
+
+# --- figure 5: memory and import ------------------------------------------------
+def _sub(args: list[str]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"{args} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def fig5(rep: Report, sz: Sizes) -> None:
+    lo, hi = sz.rss_jobs
+    say(f"figure 5: peak RSS after {lo} and {hi} jobs, import time x{sz.imports}")
+    runs = [_sub(["-m", "bench.memproc", "rss", "--checkpoints", f"{lo},{hi}"]) for _ in range(sz.runs)]
+    kept = [_sub(["-m", "bench.memproc", "rss", "--checkpoints", f"{lo},{hi}", "--keep"]) for _ in range(sz.runs)]
+    rep.add("5a", f"worker peak RSS after {lo} jobs (memory adapters)", [r[str(lo)] for r in runs], "MiB",
+            fmt="{:.1f}")
+    rep.add("5b", f"worker peak RSS after {hi} jobs (jobs deleted when done)", [r[str(hi)] for r in runs], "MiB",
+            fmt="{:.1f}")
+    rep.add("5c", f"growth {lo} -> {hi} jobs (jobs deleted when done)", [r[str(hi)] - r[str(lo)] for r in runs],
+            "MiB", fmt="{:.1f}")
+    rep.add("5d", f"growth {lo} -> {hi} jobs (jobs kept in MemoryStorage)", [r[str(hi)] - r[str(lo)] for r in kept],
+            "MiB", fmt="{:.1f}")
+    imports = [_sub(["-m", "bench.memproc", "import"]) for _ in range(sz.imports)]
+    rep.add("5e", "`import pipelines` (fresh process)", [i["seconds"] * 1e3 for i in imports], "ms", fmt="{:.0f}")
+    pulled = [name for name in ("litellm", "redis", "rq") if any(i[name] for i in imports)]
+    rep.add("5f", f"`import pipelines` pulls in litellm? ({'yes' if 'litellm' in pulled else 'no'})",
+            [float("litellm" in pulled)], "bool", "no", lambda v: v == 0, "{:.0f}")
+    rep.notes.append(f"import pipelines also imported: {', '.join(pulled) or 'none of litellm/redis/rq'}")
+
+
+# --- main ------------------------------------------------------------------------
+def machine() -> str:
+    def run(*cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return "?"
+
+    mem = run("free", "-h").splitlines()
+    binary = find_redis_server()
+    return (f"nproc {run('nproc')}; {mem[1].split()[1] if len(mem) > 1 else '?'} RAM; Python {sys.version.split()[0]}; "
+            f"redis-server {redis_version(binary) if binary else 'missing'}; {time.strftime('%Y-%m-%d %H:%M %Z')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="CI-sized smoke version (< 60 s)")
+    p.add_argument("--only", default="1,2,3,4,5", help="comma-separated figures to run (default: all)")
+    p.add_argument("--runs", type=int, default=None, help="runs per figure (>= 3; default 3)")
+    args = p.parse_args(argv)
+    sz = QUICK if args.quick else FULL
+    if args.runs is not None:
+        sz = replace(sz, runs=max(3, args.runs))
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    rep = Report()
+    started = time.perf_counter()
+    if "1" in only:
+        fig1(rep, sz)
+    if "2" in only:
+        fig2(rep, sz)
+    if only & {"3", "4"}:
+        if find_redis_server() is None:
+            rep.notes.append("figures 3 and 4 skipped: redis-server not found (apt-get install redis-server)")
+        else:
+            kids = Children()
+            try:
+                url = kids.redis()
+                if "3" in only:
+                    fig3(rep, sz, url, kids)
+                if "4" in only:
+                    fig4(rep, sz, url)
+            finally:
+                kids.cleanup()
+    if "5" in only:
+        fig5(rep, sz)
+    mode = "quick" if args.quick else "full"
+    print(f"\n{TITLE} ({mode}; W1; median of {sz.runs} runs, spread min-max; "
+          f"{time.perf_counter() - started:.0f} s)")
+    print(f"machine: {machine()}")
+    print(rep.table())
+    for note in rep.notes:
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
