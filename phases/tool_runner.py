@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +23,7 @@ from pipelines._aio import resolve, run_sync
 from pipelines.models import Message
 from pipelines.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
-__all__ = ["run_tools", "tool_message"]
+__all__ = ["arguments_digest", "run_tools", "tool_message"]
 
 # Shared by every turn in the process: tool calls are I/O-bound, and a pool
 # per turn would cost thread start-up on the hot path.
@@ -37,6 +39,9 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
         return []
     pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
     if pending:
+        _check_approvals(ctx, tmap, pending)
+        pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
+    if pending:
         seen, started = ctx.recorded("tools:started")
         interrupted = set(started or []) if seen else set()
         if interrupted:
@@ -46,6 +51,39 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
             ctx.record("tools:started", [c["id"] for c in pending])
             _execute(ctx, tmap, pending, turn)
     return [tool_message(c, ctx.recorded(f"tool:{c['id']}")[1]) for c in calls]
+
+
+def arguments_digest(call: Mapping[str, Any]) -> str:
+    """What an approval is bound to: the call's tool name and exact arguments text."""
+    fn = call.get("function") or {}
+    text = json.dumps([fn.get("name"), fn.get("arguments")], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]]) -> None:
+    """Calls of tools that need approval run only once a person approved these exact arguments."""
+    waiting = []
+    for call in calls:
+        fn = call.get("function") or {}
+        t = tmap.get(fn.get("name", ""))
+        if t is None or t.needs_approval is False:
+            continue
+        try:
+            args = t.parse(fn.get("arguments"))
+        except ToolArgumentsError:
+            continue  # never runs: the model gets the argument error instead
+        if not t.requires_approval(args):
+            continue
+        found, decision = ctx.recorded(f"approval:{call['id']}")
+        if not found or decision.get("digest") != arguments_digest(call):
+            waiting.append({"call_id": call["id"], "tool": t.name, "arguments": fn.get("arguments")})
+        elif decision.get("decision") == "rejected":
+            reason = decision.get("reason") or "no reason given"
+            ctx.record(f"tool:{call['id']}", f"Error: a person rejected this call: {reason}")
+    if waiting:
+        names = ", ".join(f"{w['tool']} ({w['call_id']})" for w in waiting)
+        raise WaitForInput(f"approval needed for {names}", call_id=waiting[0]["call_id"],
+                           details={"kind": "approval", "calls": waiting})
 
 
 def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]],
@@ -59,7 +97,8 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
         if t.on_interrupted == "fail":
             raise FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
         if t.on_interrupted == "ask":
-            raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=call["id"])
+            raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=call["id"],
+                               details={"kind": "outcome", "tool": name})
         assert t.reconcile is not None
         args = t.parse((call.get("function") or {}).get("arguments"))
         tctx = ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)

@@ -63,6 +63,11 @@ class Tool:
     ``input`` is a validated ``input_model`` instance. Its return value (JSON
     data or a string) becomes the tool message's content.
 
+    ``needs_approval``: ``True`` (or a function of the validated arguments
+    returning ``True``) makes the turn stop before running the call: the job
+    waits until a person calls ``approve`` or ``reject`` for these exact
+    arguments.
+
     ``idempotent``: running the call twice is harmless (the default). After a
     crash in the middle of a call, ``on_interrupted`` decides: ``"retry"``
     (default for idempotent tools), ``"fail"`` (default otherwise: the job
@@ -82,6 +87,7 @@ class Tool:
         idempotent: bool = True,
         on_interrupted: InterruptPolicy | None = None,
         reconcile: Callable[..., Any] | None = None,
+        needs_approval: bool | Callable[[Any], bool] = False,
     ) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidInputError(f"tool name {name!r} must be 1-64 of [A-Za-z0-9_-]")
@@ -101,6 +107,9 @@ class Tool:
         self.idempotent = idempotent
         self.on_interrupted: InterruptPolicy = policy
         self.reconcile = reconcile
+        if not (isinstance(needs_approval, bool) or callable(needs_approval)):
+            raise InvalidInputError(f"tool {name!r}: needs_approval must be a bool or a function of the arguments")
+        self.needs_approval = needs_approval
         self.is_async = inspect.iscoroutinefunction(execute)
         self._wants_ctx = _positional_arity(execute) >= 2
 
@@ -131,6 +140,12 @@ class Tool:
             return self.input_model.model_validate(data)
         except ValidationError as exc:
             raise ToolArgumentsError(f"invalid arguments for tool {self.name!r}: {_short(exc)}") from exc
+
+    def requires_approval(self, args: BaseModel) -> bool:
+        """Whether this call waits for a person (``needs_approval``, or its verdict on ``args``)."""
+        if isinstance(self.needs_approval, bool):
+            return self.needs_approval
+        return bool(self.needs_approval(args))
 
     def call(self, args: BaseModel, ctx: ToolContext) -> Any:
         """Run ``execute``; returns its result, or an awaitable for ``async def`` tools."""
@@ -164,6 +179,7 @@ def tool(
     idempotent: bool = True,
     on_interrupted: InterruptPolicy | None = None,
     reconcile: Callable[..., Any] | None = None,
+    needs_approval: bool | Callable[[Any], bool] = False,
 ) -> Any:
     """Turn a typed function (``def`` or ``async def``) into a :class:`Tool`.
 
@@ -174,7 +190,7 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return _from_function(f, name=name, description=description, idempotent=idempotent,
-                              on_interrupted=on_interrupted, reconcile=reconcile)
+                              on_interrupted=on_interrupted, reconcile=reconcile, needs_approval=needs_approval)
 
     return wrap(fn) if fn is not None else wrap
 

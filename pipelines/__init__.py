@@ -36,7 +36,8 @@ from phases.agent_turn import AgentState, TurnPlan  # isort: skip
 from phases.model import Model, ModelRequest, ModelResponse  # isort: skip
 from phases.stop import TurnInfo, has_tool_call, max_turns  # isort: skip
 from phases.tools import Tool, ToolContext, tool  # isort: skip
-from pipelines.agent import Agent, build_agent_phase, record_tool_result, run_agent  # isort: skip
+from pipelines.agent import Agent, build_agent_phase, run_agent  # isort: skip
+from pipelines.approvals import approve, pending_calls, record_tool_result, reject  # isort: skip
 from pipelines.app import App, load_app  # isort: skip
 
 __all__ = [
@@ -51,7 +52,10 @@ __all__ = [
     "ToolContext",
     "TurnInfo",
     "TurnPlan",
+    "approve",
     "build_agent_phase",
+    "pending_calls",
+    "reject",
     "has_tool_call",
     "load_app",
     "max_turns",

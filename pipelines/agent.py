@@ -10,7 +10,6 @@ stored job.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,14 +19,14 @@ from adapters.base import Scheduler, Storage
 from phases.agent_turn import TURN_PHASE, AgentState, PrepareTurn, build_agent_phase
 from phases.model import Model
 from phases.stop import StopCondition
-from phases.tools import Tool, result_content
-from pipelines.errors import InvalidInputError, JobConflictError, JobNotFoundError, StaleVersionError
-from pipelines.models import Commit, JobStatus, LogEntry, Message, validate_job_id
+from phases.tools import Tool
+from pipelines.errors import InvalidInputError, JobNotFoundError
+from pipelines.models import JobStatus, Message
 from pipelines.phase import Phase
 from pipelines.runner import DEFAULT_LEASE_SECONDS, advance_phase
 from pipelines.start import RetryMode, start_job
 
-__all__ = ["Agent", "build_agent_phase", "record_tool_result", "run_agent"]
+__all__ = ["Agent", "build_agent_phase", "run_agent"]
 
 
 class Agent:
@@ -156,40 +155,3 @@ def run_agent(
                   model_params=model_params, output_schema=output_schema, max_tokens=max_tokens,
                   max_cost_usd=max_cost_usd, prepare_turn=prepare_turn)
     agent.run(job_id=job_id, messages=initial_messages, storage=storage, scheduler=scheduler, retry_mode=retry_mode)
-
-
-def record_tool_result(job_id: str, call_id: str, result: Any, *, storage: Storage, scheduler: Scheduler) -> None:
-    """Record the outcome of a tool call that was interrupted mid-call, as a person found it.
-
-    For tools whose ``on_interrupted`` is ``"ask"`` (the job is ``waiting``)
-    the job goes on at once; for ``"fail"`` (the job is in ``error``) retry it
-    afterwards with ``retry_mode="resume"``. ``result`` becomes the tool
-    message the model sees.
-    """
-    validate_job_id(job_id)
-    record = storage.get_job(job_id)
-    if record is None:
-        raise JobNotFoundError(f"job {job_id!r} does not exist")
-    cp = record.checkpoint
-    if record.status not in (JobStatus.WAITING, JobStatus.ERROR) or cp is None:
-        raise JobConflictError(f"job {job_id!r} is {record.status.value}; only a waiting or failed job takes a result")
-    calls = (cp.journal.get("model") or {}).get("message", {}).get("tool_calls") or []
-    if call_id not in {c.get("id") for c in calls}:
-        raise InvalidInputError(f"job {job_id!r} has no tool call {call_id!r} in its current turn")
-    storage.record_step(job_id, version=record.version, owner=None, key=f"tool:{call_id}",
-                        value=result_content(result))
-    if record.status is not JobStatus.WAITING:
-        return
-    now = scheduler.now()
-    version = record.version + 1
-    resumed = record.model_copy(update={
-        "status": JobStatus.RUNNING, "waiting": None, "version": version, "updated_at": now,
-        "checkpoint": cp.model_copy(update={"version": version, "due_at": now, "journal": {}}),
-    })
-    entry = LogEntry(timestamp=now, phase=cp.next_phase, level="info", message=f"outcome of {call_id} recorded")
-    try:
-        storage.commit(Commit(job_id=job_id, expected_version=record.version, token=uuid.uuid4().hex,
-                              record=resumed, logs=[entry], keep_journal=True))
-    except StaleVersionError as exc:
-        raise JobConflictError(f"job {job_id!r} changed while its tool result was recorded; try again") from exc
-    scheduler.schedule_advance(job_id, 0.0, pipeline=record.pipeline, version=version)

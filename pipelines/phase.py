@@ -96,10 +96,11 @@ class WaitForInput(Exception):  # noqa: N818 - a control signal, not an error
     on the record (``record.waiting``) until the job is resumed.
     """
 
-    def __init__(self, reason: str, *, call_id: str | None = None) -> None:
+    def __init__(self, reason: str, *, call_id: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.call_id = call_id
+        self.details = details or {}
 
 
 class FailJob(Exception):  # noqa: N818 - a control signal, not an error

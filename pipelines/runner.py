@@ -276,7 +276,8 @@ def _build_commit(
         keep_journal = True
         logs.append(_log(now, cp.next_phase, "warn", f"waiting: {outcome.reason}"))
         new = rec.model_copy(update={**base, "status": JobStatus.WAITING,
-                                     "waiting": {"reason": outcome.reason, "call_id": outcome.call_id},
+                                     "waiting": {**outcome.details, "reason": outcome.reason,
+                                                 "call_id": outcome.call_id},
                                      "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
         result = AdvanceResult.WAITING
     else:

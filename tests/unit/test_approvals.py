@@ -1,0 +1,140 @@
+"""Human approval of tool calls (issue 7) on the memory adapters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipelines import (
+    Agent,
+    InvalidInputError,
+    JobConflictError,
+    JobStatus,
+    approve,
+    pending_calls,
+    reject,
+    tool,
+)
+from pipelines.testing import ScriptedModel, call, reply
+from tests.unit.helpers import memory
+
+refunds: list[int] = []
+
+
+@tool(needs_approval=True)
+def refund(order: str, amount: int) -> str:
+    """Refund an order."""
+    refunds.append(amount)
+    return f"refunded {amount} on {order}"
+
+
+@tool(needs_approval=lambda args: args.amount > 100)
+def small_refund(order: str, amount: int) -> str:
+    """Refunds above 100 need a person."""
+    refunds.append(amount)
+    return f"refunded {amount}"
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    refunds.clear()
+
+
+def start(*turns: Any, tools: Any = (refund,)) -> tuple[Any, Any, ScriptedModel]:
+    storage, scheduler, _ = memory()
+    model = ScriptedModel(list(turns))
+    Agent(model=model, tools=list(tools)).run(job_id="r", messages=["refund please"], storage=storage,
+                                              scheduler=scheduler)
+    scheduler.drain()
+    return storage, scheduler, model
+
+
+def refund_call(amount: int = 50, cid: str = "c1") -> dict[str, Any]:
+    return reply(None, {**call("refund", order="o-1", amount=amount), "id": cid})
+
+
+def test_a_call_needing_approval_waits_with_the_pending_call_readable() -> None:
+    storage, _, model = start(refund_call(), "done")
+    job = storage.get_job("r")
+    assert job.status is JobStatus.WAITING and refunds == []
+    assert job.waiting["kind"] == "approval"
+    assert pending_calls("r", storage=storage) == [
+        {"call_id": "c1", "tool": "refund", "arguments": '{"order": "o-1", "amount": 50}'}]
+    assert len(model.calls) == 1
+    assert storage.messages("r") == [{"role": "user", "content": "refund please"}]  # nothing of the turn yet
+
+
+def test_approve_runs_the_call_once_and_the_job_goes_on() -> None:
+    storage, scheduler, model = start(refund_call(), "done")
+    approve("r", "c1", storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    job = storage.get_job("r")
+    assert job.status is JobStatus.COMPLETE and refunds == [50]
+    assert storage.messages("r")[2]["content"] == "refunded 50 on o-1"
+    assert len(model.calls) == 2  # the approved turn reused its journaled model answer
+    with pytest.raises(JobConflictError):
+        approve("r", "c1", storage=storage, scheduler=scheduler)  # consumed: the job moved on
+
+
+def test_reject_sends_the_reason_to_the_model_and_nothing_runs() -> None:
+    storage, scheduler, model = start(refund_call(), "ok, no refund")
+    reject("r", "c1", reason="amount too high for this customer", storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    assert refunds == []
+    tool_msg = storage.messages("r")[2]
+    assert tool_msg["role"] == "tool" and "amount too high for this customer" in tool_msg["content"]
+    assert "rejected" in model.calls[1].messages[2]["content"]
+    assert storage.get_job("r").result == "ok, no refund"
+
+
+def test_an_approval_is_bound_to_the_exact_arguments_it_was_shown() -> None:
+    storage, scheduler, _ = start(refund_call(50), "done")
+    # The open turn's call changes (here: its journaled answer is edited, as a re-run would produce).
+    rec = storage.get_job("r")
+    storage.record_step("r", version=rec.version, owner=None, key="approval:c1",
+                        value={"decision": "approved", "digest": "for-other-arguments"})
+    storage.commit(_resume_commit(rec))
+    scheduler.schedule_advance("r", pipeline="agent")
+    scheduler.drain()
+    assert storage.get_job("r").status is JobStatus.WAITING and refunds == []
+
+
+def _resume_commit(rec: Any) -> Any:
+    from pipelines.models import Commit
+
+    new = rec.model_copy(update={"status": JobStatus.RUNNING, "waiting": None, "version": rec.version + 1,
+                                 "checkpoint": rec.checkpoint.model_copy(update={"version": rec.version + 1})})
+    return Commit(job_id="r", expected_version=rec.version, token="t", record=new, keep_journal=True)
+
+
+def test_needs_approval_can_be_a_function_of_the_arguments() -> None:
+    small = reply(None, {**call("small_refund", order="o", amount=20), "id": "a"})
+    storage, _, _ = start(small, "done", tools=[small_refund])
+    assert storage.get_job("r").status is JobStatus.COMPLETE and refunds == [20]
+    big = reply(None, {**call("small_refund", order="o", amount=500), "id": "b"})
+    storage, _, _ = start(big, "done", tools=[small_refund])
+    assert storage.get_job("r").status is JobStatus.WAITING and refunds == [20]
+
+
+def test_bad_decisions_are_rejected_clearly() -> None:
+    storage, scheduler, _ = start(refund_call(), "done")
+    with pytest.raises(InvalidInputError, match="call 'nope'"):
+        approve("r", "nope", storage=storage, scheduler=scheduler)
+    with pytest.raises(InvalidInputError, match="non-empty reason"):
+        reject("r", "c1", reason=" ", storage=storage, scheduler=scheduler)
+    assert storage.get_job("r").status is JobStatus.WAITING
+
+
+def test_several_calls_needing_approval_wait_for_every_decision() -> None:
+    two = reply(None, {**call("refund", order="a", amount=1), "id": "x"},
+                {**call("refund", order="b", amount=2), "id": "y"})
+    storage, scheduler, _ = start(two, "done")
+    assert [c["call_id"] for c in pending_calls("r", storage=storage)] == ["x", "y"]
+    approve("r", "x", storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    assert storage.get_job("r").status is JobStatus.WAITING and refunds == []
+    assert [c["call_id"] for c in pending_calls("r", storage=storage)] == ["y"]
+    reject("r", "y", reason="duplicate", storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    assert storage.get_job("r").status is JobStatus.COMPLETE and refunds == [1]
