@@ -53,7 +53,12 @@ _HEADER_PARAMS = frozenset({"headers", "extra_headers", "default_headers"})
 # Environment variables whose values litellm may read as credentials.
 _SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
 # Shapes of credentials that redaction masks even when they came from elsewhere.
-_SECRET_SHAPES = (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"))
+_SECRET_SHAPES = (
+    (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
+    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
+    (re.compile(r"(?i)([?&](?:api[_-]?)?key=)[^&\s'\"]+"), r"\1***"),  # ?key=... (Gemini and others)
+)
 # Shorter values are not masked: replacing every "ab" in a message helps nobody.
 _MIN_SECRET_LEN = 4
 
@@ -331,9 +336,9 @@ def _redact(text: str, params: Mapping[str, Any]) -> str:
     """``text`` with every secret value of ``params`` (and credential-shaped strings) replaced by ``***``."""
     for secret in sorted(_secret_values(params), key=len, reverse=True):
         text = text.replace(secret, "***")
-    bearer, sk_key = _SECRET_SHAPES
-    text = bearer.sub(r"\1***", text)
-    return sk_key.sub("sk-***", text)
+    for shape, replacement in _SECRET_SHAPES:
+        text = shape.sub(replacement, text)
+    return text
 
 
 def _is_loopback_url(url: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from phases.litellm_model import LiteLLMModel
+from phases.litellm_model import LiteLLMModel, _redact
 from phases.model import ModelRequest
 from pipelines.errors import ModelError, PermanentModelError, TransientModelError
 from tests.fake_openai import (
@@ -246,6 +246,15 @@ def test_secrets_never_appear_in_errors_or_repr(fake_openai: FakeOpenAI) -> None
     assert SENTINEL not in repr(model) and header_token not in repr(model)
     assert repr(model) == "LiteLLMModel(model='openai/fake-model', params=['api_base', 'temperature'])"
     assert model.safe_params() == {"api_base": fake_openai.url, "temperature": 0}
+
+
+def test_credential_shapes_are_masked_even_when_not_in_params() -> None:
+    text = ("Bearer abc.def.ghi failed for https://bob:hunter2@proxy.local/v1?key=AIzaXYZ&x=1 "
+            "with sk-proj-ABCDEFGH12345 and api_key=sk-test-SENTINEL")
+    masked = _redact(text, {"api_key": SENTINEL, "max_tokens": 100})
+    for secret in ("abc.def.ghi", "hunter2", "AIzaXYZ", "sk-proj-ABCDEFGH12345", SENTINEL):
+        assert secret not in masked
+    assert "x=1" in masked and "proxy.local" in masked
 
 
 # --- import cost and the test-suite guard -------------------------------------
