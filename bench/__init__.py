@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` runs bench/run.py (see bench/README.md)."""
