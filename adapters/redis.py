@@ -1,6 +1,6 @@
 """``RedisStorage``: the production :class:`~adapters.base.Storage` on plain Redis 7.
 
-Key layout (every name is built by :func:`job_keys` / :class:`RedisStorage`
+Key layout (every name is built by :func:`job_keys` and :func:`index_keys`
 below, nowhere else)::
 
     <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver
@@ -37,6 +37,7 @@ from adapters import redis_scripts
 from pipelines.errors import (
     ConfigurationError,
     CorruptRecordError,
+    InvalidInputError,
     JobConflictError,
     StaleVersionError,
     StateNotSerializableError,
@@ -45,13 +46,14 @@ from pipelines.errors import (
 )
 from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
 
-__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "job_keys"]
+__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "index_keys", "job_keys"]
 
 DEFAULT_PREFIX = "pr"
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 _BATCH = 200  # records fetched per round trip by list_jobs
 
 
+# --- key names: built here and nowhere else ------------------------------------
 class JobKeys(NamedTuple):
     """The Redis keys of one job; all share the hash tag ``{<job id>}`` (one cluster slot)."""
 
@@ -66,6 +68,16 @@ def job_keys(prefix: str, job_id: str) -> JobKeys:
     """The keys of ``job_id`` under ``prefix``. The id is validated: no brace can escape the tag."""
     base = f"{prefix}:{{{validate_job_id(job_id)}}}"
     return JobKeys(f"{base}:record", f"{base}:messages", f"{base}:logs", f"{base}:journal", f"{base}:lease")
+
+
+def index_keys(prefix: str) -> tuple[str, str]:
+    """The global keys under ``prefix``: the due index (zset) and the set of all job ids.
+
+    Not hash-tagged: they index every job. The scripts touch them together
+    with one job's keys, which is fine on a standalone server or Sentinel
+    (what RQ supports too) but would be a CROSSSLOT error on Redis Cluster.
+    """
+    return f"{prefix}:due", f"{prefix}:jobs"
 
 
 def _text(value: Any) -> str:
@@ -89,6 +101,8 @@ def _score(due_at: float | None) -> str:
 
 
 def _ttl_ms(ttl: float) -> str:
+    if not math.isfinite(ttl):
+        raise InvalidInputError(f"a lease ttl must be a finite number of seconds, got {ttl!r}")
     # PX needs a positive integer; a ttl under 1 ms is a lease that is over at once.
     return str(max(1, math.ceil(ttl * 1000)))
 
@@ -157,11 +171,7 @@ class RedisStorage:
             raise ConfigurationError(f"key prefix must be 1+ of [A-Za-z0-9._:-], got {prefix!r}")
         self.client = client
         self.prefix = prefix
-        # Global keys: not hash-tagged, because they index every job. The
-        # scripts touch them together with one job's keys, which is fine on a
-        # standalone server or Sentinel (what RQ supports), not on Cluster.
-        self.due_key = f"{prefix}:due"
-        self.jobs_key = f"{prefix}:jobs"
+        self.due_key, self.jobs_key = index_keys(prefix)
         # register_script runs EVALSHA and reloads the script after SCRIPT FLUSH.
         self._create = client.register_script(redis_scripts.CREATE)
         self._commit = client.register_script(redis_scripts.COMMIT)
@@ -187,7 +197,11 @@ class RedisStorage:
 
         Connection errors are retried ``retries`` times with full-jitter
         exponential backoff (``backoff_base * 2**n``, at most ``backoff_cap``
-        seconds). A malformed URL raises :class:`ConfigurationError`.
+        seconds); redis-py applies the policy both to connecting and to each
+        command, so with the defaults an unreachable server is reported as
+        :class:`StorageUnavailableError` after a few seconds (about 20 s at
+        worst). A malformed URL raises :class:`ConfigurationError`; nothing
+        connects until the first call.
         """
         _check_url(url)
         retry = Retry(ExponentialWithJitterBackoff(cap=backoff_cap, base=backoff_base), retries)
@@ -273,6 +287,8 @@ class RedisStorage:
 
     def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
         """Jobs (optionally in ``status``) in job-id order, fetched in batches."""
+        if limit <= 0:
+            return []
         with _mapped("listing jobs"):
             ids = sorted(_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000))
         out: list[JobRecord] = []
@@ -315,7 +331,11 @@ class RedisStorage:
             raise JobConflictError(f"job {job_id!r} already exists")
 
     def commit(self, commit: Commit) -> None:
-        """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token."""
+        """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token.
+
+        On :class:`StorageUnavailableError` the commit may or may not have
+        landed; sending the same ``Commit`` again is safe (its token).
+        """
         job_id = commit.job_id
         keys = self._all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).

@@ -25,6 +25,7 @@ from pipelines import (
     ConfigurationError,
     CorruptRecordError,
     Done,
+    InvalidInputError,
     InvalidJobIdError,
     JobStatus,
     Next,
@@ -393,3 +394,44 @@ def test_delete_job_removes_every_key_and_index_entry(storage: RedisStorage, red
     r = raw(redis_url)
     assert [k for k in r.scan_iter("*") if b"{job-1}" in k] == []
     assert r.zscore("itest:due", "job-1") is None and not r.sismember("itest:jobs", "job-1")
+
+
+def test_ranged_transcript_reads_follow_python_slices(storage: RedisStorage) -> None:
+    contents = [str(i) for i in range(5)]
+    storage.create_job(record(), messages=[{"role": "user", "content": c} for c in contents])
+    for start in range(-7, 8):
+        for stop in [None, *range(-7, 8)]:
+            got = [m["content"] for m in storage.messages("job-1", start, stop)]
+            assert got == contents[start:stop], (start, stop)
+
+
+def test_a_lease_ttl_must_be_finite(storage: RedisStorage) -> None:
+    storage.create_job(record())
+    with pytest.raises(InvalidInputError):
+        storage.acquire_lease("job-1", "w1", float("inf"))
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("redis-server not found")
+    server = RedisServer(binary)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+def test_storage_reports_an_outage_and_recovers_when_redis_is_back(own_server: RedisServer) -> None:
+    storage = RedisStorage.from_url(own_server.url, retries=2)
+    storage.create_job(record())
+    own_server.kill()
+    with pytest.raises(StorageUnavailableError):
+        storage.get_job("job-1")
+    own_server.start()  # same port; no persistence, so the job is gone, but the client works again
+    assert storage.get_job("job-1") is None
+    storage.create_job(record())
+    assert storage.get_job("job-1") is not None
+    storage.client.close()
