@@ -4,13 +4,24 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench chaos format clean
+.PHONY: install test lint typecheck pytest demo bench chaos format clean lock
 
-$(STAMP): pyproject.toml
+# Dependencies come from a hash-pinned lock (regenerate with `make lock`);
+# then the project itself, without letting pip resolve anything else.
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) .ci/check_site_packages.py
 	touch $(STAMP)
+
+lock:
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install --quiet pip-tools
+	.venv-lock/bin/pip-compile --quiet --generate-hashes --extra dev --strip-extras --allow-unsafe \
+		-o requirements.lock pyproject.toml
+	sed -i '/^--extra-index-url\|^--find-links/d' requirements.lock
+	rm -rf .venv-lock
 
 install: $(STAMP)
 
