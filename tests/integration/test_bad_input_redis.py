@@ -1,0 +1,491 @@
+"""Issue 5, "Bad input catalogue": the cases only a real redis-server shows.
+
+Bad URLs, Redis down at enqueue, a job deleted under a worker, records
+corrupted by hand, oversized values. Each case asserts the error (class and
+a message naming the problem) and that nothing was half written, reading
+Redis directly. ``xfail(strict=True)`` marks bugs, with the desired behaviour.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.memory import MemoryScheduler
+from adapters.redis import RedisStorage
+from adapters.rq import RQScheduler
+from pipelines import (
+    Agent,
+    App,
+    ConfigurationError,
+    CorruptRecordError,
+    Done,
+    InvalidJobIdError,
+    JobConflictError,
+    JobStatus,
+    Next,
+    Phase,
+    PhaseContext,
+    StateNotSerializableError,
+    StorageError,
+    StorageUnavailableError,
+)
+from pipelines.cli import main as cli_main
+from pipelines.control import sweep_overdue
+from pipelines.models import Commit
+from pipelines.runner import AdvanceResult, try_advance
+from pipelines.testing import ScriptedModel
+from tests.redis_server import free_port
+
+pytestmark = pytest.mark.redis
+
+PREFIX = "bi"
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def storage(redis_url: str) -> Iterator[RedisStorage]:
+    s = RedisStorage.from_url(redis_url, prefix=PREFIX)
+    yield s
+    s.client.close()
+
+
+def done_phase(ctx: PhaseContext[Any]) -> Done:
+    return Done(result="ok")
+
+
+def two_phases() -> list[Phase]:
+    return [Phase("a", lambda ctx: Next("b", state={"n": ctx.state["n"] + 1})), Phase("b", done_phase)]
+
+
+def dump(r: redis.Redis) -> dict[bytes, Any]:
+    """Every key in Redis with its type and full value, for before/after comparisons."""
+    out: dict[bytes, Any] = {}
+    for key in r.scan_iter("*"):
+        kind = r.type(key).decode()
+        if kind == "string":
+            out[key] = r.get(key)
+        elif kind == "hash":
+            out[key] = r.hgetall(key)
+        elif kind == "list":
+            out[key] = r.lrange(key, 0, -1)
+        elif kind == "set":
+            out[key] = sorted(r.smembers(key))
+        elif kind == "zset":
+            out[key] = r.zrange(key, 0, -1, withscores=True)
+        else:
+            out[key] = kind
+    return out
+
+
+def job_keys_in(r: redis.Redis, job_id: str) -> list[bytes]:
+    return sorted(k for k in r.scan_iter("*") if f"{{{job_id}}}".encode() in k)
+
+
+# --- bad Redis URLs and prefixes -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://x", "scheme must be redis://, rediss:// or unix://"),
+        ("garbage", "scheme must be redis://, rediss:// or unix://"),
+        ("ftp://127.0.0.1/0", "scheme must be redis://"),
+        ("redis://127.0.0.1:-1/0", "could not be cast to integer"),
+        ("redis://127.0.0.1:65536/0", "out of range"),
+        ("redis://127.0.0.1:0/0", "port 0"),
+        ("redis://127.0.0.1:port/0", "'port'"),
+        ("redis://127.0.0.1:6379/db1", "database 'db1' is not a number"),
+        ("redis://", "no host"),
+        (" redis://127.0.0.1:6379/0", "must specify one of the following schemes"),
+    ],
+)
+def test_a_bad_redis_url_is_a_configuration_error_naming_it(url: str, why: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RedisStorage.from_url(url)
+    assert f"bad Redis URL {url!r}" in str(info.value) and why in str(info.value)
+
+
+@pytest.mark.parametrize("url", [None, 123, ""], ids=repr)
+def test_a_redis_url_that_is_not_a_string_names_what_it_got(url: Any) -> None:
+    with pytest.raises(ConfigurationError, match=f"a Redis URL must be a non-empty string, got {url!r}"):
+        RedisStorage.from_url(url)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: _check_url's error path calls _redact(url), which calls urlsplit "
+                                       "again and raises the raw ValueError('Invalid IPv6 URL')")
+def test_an_unparsable_ipv6_url_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="Invalid IPv6 URL"):
+        RedisStorage.from_url("redis://[::1/0")
+
+
+@pytest.mark.parametrize("prefix", ["", "a{b", "x}", "a b", "caf\u00e9", "*"])
+def test_a_bad_key_prefix_is_a_configuration_error(r: redis.Redis, prefix: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"key prefix must be 1\\+ of .*got {prefix!r}"):
+        RedisStorage(r, prefix=prefix)
+
+
+# --- Redis down at enqueue ---------------------------------------------------------------
+def dead_app() -> App:
+    storage = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    return App(storage=storage, scheduler=RQScheduler(storage.client, queue="bi"),
+               pipelines={"p": two_phases()}, agents=[Agent(name="chat", model=ScriptedModel(["hi"]))])
+
+
+def test_redis_down_at_enqueue_raises_storage_unavailable_in_bounded_time(r: redis.Redis) -> None:
+    app = dead_app()
+    for start in (lambda: app.run_pipeline("p", job_id="j", initial_state={"n": 0}),
+                  lambda: app.agents["chat"].run(job_id="c", messages=["hi"],  # type: ignore[attr-defined]
+                                                 storage=app.storage, scheduler=app.scheduler)):
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnavailableError, match="unreachable") as info:
+            start()
+        assert time.monotonic() - t0 < 20  # retries with capped backoff: seconds, not minutes
+        assert "'j'" in str(info.value) or "'c'" in str(info.value)  # names the job it was writing
+    assert dump(r) == {}  # the live server of this test saw nothing either
+
+
+def test_storage_up_but_the_queue_down_leaves_a_durable_job_the_sweep_recovers(storage: RedisStorage,
+                                                                               r: redis.Redis) -> None:
+    # Documented behaviour (I7), not "nothing written": the job is written first,
+    # then the enqueue fails. The caller sees StorageUnavailableError; the job is
+    # due in storage, so `pipelines advance --due` (or a worker's sweep) runs it.
+    dead = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+    app = App(storage=storage, scheduler=RQScheduler(dead, queue="bi"), pipelines={"p": two_phases()})
+    with pytest.raises(StorageUnavailableError, match="scheduling job 'j'"):
+        app.run_pipeline("p", job_id="j", initial_state={"n": 0})
+    rec = storage.get_job("j")
+    assert rec is not None and rec.status is JobStatus.RUNNING
+    assert storage.due_jobs(time.time() + 1) == ["j"]
+    assert [k for k in r.scan_iter("rq:*")] == []
+    # Starting it again is a conflict (it is running), not a second job.
+    with pytest.raises(JobConflictError, match="'j' is running"):
+        app.run_pipeline("p", job_id="j", initial_state={"n": 0})
+    recovered = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()})
+    sweep_overdue(recovered)
+    recovered.scheduler.drain()  # type: ignore[attr-defined]
+    assert storage.get_job("j").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+
+
+def test_redis_down_at_advance_is_storage_unavailable_not_a_crash() -> None:
+    app = dead_app()
+    t0 = time.monotonic()
+    with pytest.raises(StorageUnavailableError, match="'j'"):
+        app.try_advance("j")
+    assert time.monotonic() - t0 < 20
+
+
+# --- invalid ids never reach Redis ---------------------------------------------------------
+@pytest.mark.parametrize("bad", ["", "a b", "{j}", "j}", "j*", "\uff4aob", "x" * 201])
+def test_an_invalid_job_id_writes_no_key_and_enqueues_nothing(storage: RedisStorage, r: redis.Redis,
+                                                              bad: str) -> None:
+    sched = RQScheduler(storage.client, queue="bi")
+    app = App(storage=storage, scheduler=sched, pipelines={"p": two_phases()})
+    with pytest.raises(InvalidJobIdError):
+        app.run_pipeline("p", job_id=bad, initial_state={"n": 0})
+    with pytest.raises(InvalidJobIdError):
+        sched.schedule_advance(bad, version=1)
+    with pytest.raises(InvalidJobIdError):
+        app.try_advance(bad)
+    assert dump(r) == {}
+
+
+# --- non-JSON values at the adapter: nothing half written (I1) ------------------------------
+@pytest.mark.parametrize(
+    "commit_update",
+    [
+        pytest.param({"append_messages": [{"role": "user", "content": "fine"}, {"role": "user", "content": math.nan}]},
+                     id="nan-in-second-message"),
+        pytest.param({"append_messages": [{"role": "user", "content": {1, 2}}]}, id="set-in-message"),
+    ],
+)
+def test_a_commit_carrying_non_json_raises_before_any_write(storage: RedisStorage, r: redis.Redis,
+                                                            commit_update: dict[str, Any]) -> None:
+    app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()})
+    app.run_pipeline("p", job_id="j", initial_state={"n": 0})
+    before = dump(r)
+    rec = storage.get_job("j")
+    assert rec is not None
+    commit = Commit(job_id="j", expected_version=rec.version, token=uuid.uuid4().hex,
+                    record=rec.model_copy(update={"version": rec.version + 1}))
+    commit = commit.model_copy(update=commit_update)
+    with pytest.raises(StateNotSerializableError, match="a transcript message is not JSON-serialisable"):
+        storage.commit(commit)
+    assert dump(r) == before
+
+
+def test_a_phase_returning_non_json_state_on_redis_keeps_the_stored_checkpoint(storage: RedisStorage) -> None:
+    def a(ctx: PhaseContext[Any]) -> Next:
+        ctx.append_messages([{"role": "assistant", "content": "must not land"}])
+        return Next("b", state={"x": math.inf})
+
+    scheduler = MemoryScheduler()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", a), Phase("b", done_phase)]})
+    app.run_pipeline("p", job_id="j", initial_state={"n": 0})
+    scheduler.drain()
+    rec = storage.get_job("j")
+    assert rec is not None and rec.status is JobStatus.ERROR
+    assert rec.error is not None and "state returned by phase 'a' is not JSON-serialisable" in rec.error
+    assert rec.checkpoint is not None and rec.checkpoint.state == {"n": 0}
+    assert storage.messages("j") == []
+
+
+# --- a job deleted while a worker holds its lease ------------------------------------------
+def deleting_phase(redis_url: str, where: str) -> Phase:
+    def a(ctx: PhaseContext[Any]) -> Next:
+        other = RedisStorage.from_url(redis_url, prefix=PREFIX)  # another process, an operator
+        assert other.lease_owner(ctx.job_id) is not None  # the worker holds the lease right now
+        assert other.delete_job(ctx.job_id) is True
+        other.client.close()
+        if where == "step":
+            ctx.step("work", lambda: {"done": True})
+        elif where == "save_state":
+            ctx.save_state({"n": 2})
+        ctx.append_messages([{"role": "assistant", "content": "must not land"}])
+        ctx.log("must not land")
+        return Next("b", state={"n": 3})
+
+    return Phase("a", a)
+
+
+@pytest.mark.parametrize("where", ["commit", "step", "save_state"])
+def test_a_job_deleted_under_its_worker_stays_deleted(storage: RedisStorage, r: redis.Redis, redis_url: str,
+                                                      where: str) -> None:
+    sched = RQScheduler(storage.client, queue="bi")
+    app = App(storage=storage, scheduler=sched,
+              pipelines={"p": [deleting_phase(redis_url, where), Phase("b", done_phase)]})
+    app.run_pipeline("p", job_id="j", initial_state={"n": 1})
+    sched.queue.empty()
+    assert app.try_advance("j") is AdvanceResult.STALE  # fenced; StaleVersionError handled
+    assert job_keys_in(r, "j") == []  # no record, lease, journal, messages or logs came back
+    assert r.zscore(f"{PREFIX}:due", "j") is None and not r.sismember(f"{PREFIX}:jobs", "j")
+    assert storage.get_job("j") is None
+    assert sched.queue.count == 0 and [k for k in r.scan_iter("rq:job:*")] == []  # nothing enqueued
+    assert app.try_advance("j") is AdvanceResult.UNKNOWN
+
+
+@pytest.mark.xfail(strict=True, reason="BUG (ABA): fencing compares version numbers only; a job deleted and "
+                                       "re-created under the same id is at version 1 again, so the deleted "
+                                       "run's commit lands on the new job")
+def test_a_stale_worker_cannot_commit_into_a_recreated_job_on_redis(storage: RedisStorage, redis_url: str) -> None:
+    scheduler = MemoryScheduler()
+
+    def a(ctx: PhaseContext[Any]) -> Next:
+        if ctx.state.get("gen") == 1:
+            other = RedisStorage.from_url(redis_url, prefix=PREFIX)
+            other.delete_job(ctx.job_id)
+            App(storage=other, scheduler=MemoryScheduler(), pipelines={"p": phases}).run_pipeline(
+                "p", job_id=ctx.job_id, initial_state={"gen": 2})
+            other.client.close()
+            ctx.append_messages([{"role": "assistant", "content": "from the deleted run"}])
+            return Next("b", state={"gen": "stale"})
+        return Next("b")
+
+    phases = [Phase("a", a), Phase("b", done_phase)]
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": phases})
+    app.run_pipeline("p", job_id="j", initial_state={"gen": 1})
+    scheduler.drop_all()
+    result = app.try_advance("j")
+    rec = storage.get_job("j")
+    assert rec is not None and rec.initial_state == {"gen": 2}
+    assert rec.checkpoint is not None and rec.checkpoint.state == {"gen": 2}
+    assert storage.messages("j") == []
+    assert result is AdvanceResult.STALE
+
+
+# --- records corrupted by hand ----------------------------------------------------------------
+def corrupt(r: redis.Redis, storage: RedisStorage, job_id: str, how: str) -> None:
+    k = storage.keys(job_id)
+    if how == "not-json":
+        r.hset(k.record, "data", '{"job_id": "' + job_id + '", "status": ')
+    elif how == "wrong-schema":
+        data = json.loads(r.hget(k.record, "data") or b"")
+        data["status"] = "melted"
+        r.hset(k.record, "data", json.dumps(data))
+    elif how == "missing-data-field":
+        r.hdel(k.record, "data")
+    elif how == "other-job-id":
+        data = json.loads(r.hget(k.record, "data") or b"")
+        data["job_id"] = "someone-else"
+        r.hset(k.record, "data", json.dumps(data))
+    elif how == "journal-not-json":
+        r.hset(k.record, "jver", r.hget(k.record, "version") or b"")
+        r.hset(k.journal, "model", "{half")
+    else:
+        raise AssertionError(how)
+
+
+RECORD_CORRUPTIONS = ["not-json", "wrong-schema", "missing-data-field", "other-job-id", "journal-not-json"]
+
+
+@pytest.mark.parametrize("how", RECORD_CORRUPTIONS)
+def test_a_hand_corrupted_record_is_a_corrupt_record_error_naming_the_job_and_stays_as_it_was(
+    storage: RedisStorage, r: redis.Redis, how: str
+) -> None:
+    app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()})
+    app.run_pipeline("p", job_id="bad", initial_state={"n": 0})
+    corrupt(r, storage, "bad", how)
+    record_before = r.hgetall(storage.keys("bad").record)
+    with pytest.raises(CorruptRecordError, match="job 'bad'"):
+        storage.get_job("bad")
+    with pytest.raises(CorruptRecordError, match="job 'bad'"):
+        app.try_advance("bad")
+    with pytest.raises(CorruptRecordError, match="job 'bad'"):
+        storage.acquire_lease("bad", "w1", 30)
+    assert r.hgetall(storage.keys("bad").record) == record_before  # nobody "repaired" or overwrote it
+    assert r.llen(storage.keys("bad").messages) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: acquire_lease takes the lease (SET PX) before the record is "
+                                       "parsed; on CorruptRecordError the runner never releases it, so a "
+                                       "repaired job stays blocked for lease_seconds")
+def test_a_failed_advance_of_a_corrupt_record_leaves_no_lease_behind(storage: RedisStorage, r: redis.Redis) -> None:
+    scheduler = MemoryScheduler()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": two_phases()})
+    app.run_pipeline("p", job_id="bad", initial_state={"n": 0})
+    corrupt(r, storage, "bad", "wrong-schema")
+    # The runner's own entry point (what run_pipeline binds for in-process schedulers);
+    # App.try_advance reads the record before it leases, so it does not leak.
+    with pytest.raises(CorruptRecordError, match="job 'bad'"):
+        try_advance(job_id="bad", phases=two_phases(), storage=storage, scheduler=scheduler)
+    assert r.exists(storage.keys("bad").lease) == 0
+
+
+def test_a_corrupt_transcript_line_or_log_line_is_named(storage: RedisStorage, r: redis.Redis) -> None:
+    app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()})
+    app.run_pipeline("p", job_id="bad", initial_state={"n": 0})
+    r.rpush(storage.keys("bad").messages, b"\x80\x04not json")
+    r.rpush(storage.keys("bad").logs, "{nope")
+    with pytest.raises(CorruptRecordError, match="a stored transcript message of job 'bad' does not parse"):
+        storage.messages("bad")
+    with pytest.raises(CorruptRecordError, match="a stored log entry of job 'bad' does not parse"):
+        storage.logs("bad")
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a record key of the wrong Redis type (WRONGTYPE) surfaces as a "
+                                       "generic StorageError, not CorruptRecordError")
+def test_a_record_key_of_the_wrong_type_is_a_corrupt_record(storage: RedisStorage, r: redis.Redis) -> None:
+    App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()}).run_pipeline(
+        "p", job_id="bad", initial_state={"n": 0})
+    r.delete(storage.keys("bad").record)
+    r.set(storage.keys("bad").record, "a string, not a hash")
+    with pytest.raises(CorruptRecordError, match="job 'bad'"):
+        storage.get_job("bad")
+
+
+def test_a_wrong_type_record_is_at_least_a_storage_error_naming_the_job(storage: RedisStorage,
+                                                                        r: redis.Redis) -> None:
+    App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()}).run_pipeline(
+        "p", job_id="bad", initial_state={"n": 0})
+    r.delete(storage.keys("bad").record)
+    r.set(storage.keys("bad").record, "a string, not a hash")
+    with pytest.raises(StorageError, match=r"loading job 'bad'.*WRONGTYPE"):
+        storage.get_job("bad")
+    assert r.get(storage.keys("bad").record) == b"a string, not a hash"
+
+
+@pytest.fixture
+def cli_app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
+    """``tests.apps.redis_app:app`` freshly imported on this test's redis-server (prefix "pr")."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
+    monkeypatch.delenv("PIPELINES_APP", raising=False)
+    monkeypatch.delitem(sys.modules, "tests.apps.redis_app", raising=False)
+    from tests.apps import redis_app
+
+    yield redis_app.app
+    redis_app.storage.client.close()
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli_main([*argv, "--app", "tests.apps.redis_app:app"], out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("how", ["not-json", "wrong-schema", "other-job-id"])
+def test_cli_status_of_a_corrupt_record_prints_error_and_exits_1(cli_app: App, r: redis.Redis, how: str) -> None:
+    cli_app.run_pipeline("multi", job_id="bad", initial_state={"n": 0})
+    storage = cli_app.storage
+    assert isinstance(storage, RedisStorage)
+    corrupt(r, storage, "bad", how)
+    code, out, err = cli("status", "bad")
+    assert code == 1 and out == ""
+    assert err.startswith("error: stored record of job 'bad'") and "Traceback" not in err
+    code, _, err = cli("jobs")  # one corrupt record makes the listing fail, clearly
+    assert code == 1 and err.startswith("error: stored record of job 'bad'")
+
+
+def test_cli_log_and_transcript_of_corrupt_lines_exit_1(cli_app: App, r: redis.Redis) -> None:
+    cli_app.run_pipeline("multi", job_id="bad", initial_state={"n": 0})
+    storage = cli_app.storage
+    assert isinstance(storage, RedisStorage)
+    r.rpush(storage.keys("bad").logs, "{nope")
+    r.rpush(storage.keys("bad").messages, "{nope")
+    code, _, err = cli("log", "bad")
+    assert code == 1 and err.startswith("error: a stored log entry of job 'bad' does not parse")
+    code, _, err = cli("transcript", "bad")
+    assert code == 1 and err.startswith("error: a stored transcript message of job 'bad' does not parse")
+
+
+def _sweep_setup(storage: RedisStorage, r: redis.Redis) -> App:
+    app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()})
+    # Both are due at the same virtual instant; ties go by id, so "a-bad" is swept first.
+    app.run_pipeline("p", job_id="a-bad", initial_state={"n": 0})
+    app.run_pipeline("p", job_id="b-good", initial_state={"n": 0})
+    app.scheduler.drop_all()  # type: ignore[attr-defined]
+    corrupt(r, storage, "a-bad", "wrong-schema")
+    return app
+
+
+def test_the_cli_sweep_skips_a_corrupt_record_and_advances_the_others(storage: RedisStorage,
+                                                                     r: redis.Redis) -> None:
+    app = _sweep_setup(storage, r)
+    done = dict(sweep_overdue(app))
+    assert done == {"a-bad": AdvanceResult.UNKNOWN, "b-good": AdvanceResult.ADVANCED}
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: App.advance_due (the documented cron sweep) catches only "
+                                       "InvalidPipelineError; one corrupt record raises CorruptRecordError and "
+                                       "no job after it is advanced")
+def test_app_advance_due_skips_a_corrupt_record_and_advances_the_others(storage: RedisStorage,
+                                                                       r: redis.Redis) -> None:
+    app = _sweep_setup(storage, r)
+    done = dict(app.advance_due())
+    assert done["b-good"] is AdvanceResult.ADVANCED
+
+
+# --- oversized values --------------------------------------------------------------------------
+def test_there_is_no_size_limit_an_8_mb_message_and_step_round_trip_on_redis(storage: RedisStorage,
+                                                                             r: redis.Redis) -> None:
+    # GAP (reported, not decided here): nothing bounds a message, a state or a step
+    # result; Redis takes up to 512 MB per value. Today's behaviour is sane: stored
+    # and read back intact, in one commit.
+    big = "y" * (8 * 1024 * 1024)
+    scheduler = MemoryScheduler()
+
+    def a(ctx: PhaseContext[Any]) -> Done:
+        blob = ctx.step("fetch", lambda: {"blob": big})
+        ctx.append_messages([{"role": "assistant", "content": blob["blob"]}])
+        return Done(result=len(blob["blob"]))
+
+    agent_like = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", a)]})
+    agent_like.run_pipeline("p", job_id="big", initial_state={"n": 0})
+    scheduler.drain()
+    rec = storage.get_job("big")
+    assert rec is not None and rec.status is JobStatus.COMPLETE and rec.result == len(big)
+    assert storage.messages("big")[0]["content"] == big
+    assert r.hstrlen(storage.keys("big").record, "data") < 10_000  # the blob is in the transcript, not the record
