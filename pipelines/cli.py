@@ -18,12 +18,15 @@ Exit codes: 0 success, 1 an error explained on stderr as ``error: ...``
 (unknown job, bad app path, Redis unreachable, ...), 2 bad command-line usage.
 
 The worker is an RQ worker that also sweeps: every ``--sweep-interval``
-seconds (default 5; 0 disables) a background thread advances jobs that have
-been due for ``--sweep-grace`` seconds (default 10) and are not leased. So
-when a whole worker dies mid-phase, another worker finishes the job once the
-lease expires, without cron and without waiting for RQ's own cleanup
-(~11 minutes). ``pipelines advance --due`` from cron does the same when no
-worker is running.
+seconds (default 5; 0 disables) a background thread re-enqueues the jobs that
+have been due for ``--sweep-grace`` seconds (default 10) and are not leased
+(a lost message, a dead worker's turn). So when a whole worker dies
+mid-phase, another worker finishes the job once the lease expires, without
+cron and without waiting for RQ's own cleanup (~11 minutes). The sweep only
+enqueues; the advance runs in a work-horse as usual (running it in the
+parent's thread deadlocked horses forked mid-import). ``pipelines advance
+--due`` from cron advances due jobs in its own process, for when no worker
+is running.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipelines.app import App, load_app
-from pipelines.control import cancel_job, retry_job, sweep_overdue
+from pipelines.control import cancel_job, requeue_overdue, retry_job, sweep_overdue
 from pipelines.errors import ConfigurationError, JobNotFoundError, PipelineError
 from pipelines.models import JobRecord, JobStatus, Message, validate_job_id
 from pipelines.runner import AdvanceResult
@@ -111,15 +114,22 @@ def _warm(app: App) -> None:
 
 
 def _sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:
+    def sweep() -> None:
+        try:
+            requeued = requeue_overdue(app, grace=grace)
+        except Exception:  # Redis down for a moment must not end the sweep for good
+            logger.warning("sweep failed; trying again in %.1fs", interval, exc_info=True)
+            return
+        if requeued:
+            logger.warning("sweep: re-enqueued %d overdue job(s): %s", len(requeued), ", ".join(requeued[:10]))
+
     def loop() -> None:
         while not stop.wait(interval):
-            try:
-                for job_id, result in sweep_overdue(app, grace=grace):
-                    if result not in (AdvanceResult.BUSY, AdvanceResult.NOT_DUE):
-                        logger.info("sweep: %s %s", job_id, result.value)
-            except Exception:  # Redis down for a moment must not end the sweep for good
-                logger.warning("sweep failed; trying again in %.1fs", interval, exc_info=True)
+            sweep()
 
+    # One sweep in the main thread first: its lazy imports happen now, not in
+    # the thread while the worker forks.
+    sweep()
     thread = threading.Thread(target=loop, name="pipelines-sweep", daemon=True)
     thread.start()
     return thread

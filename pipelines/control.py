@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from adapters.base import Scheduler, Storage
     from pipelines.app import App
 
-__all__ = ["cancel_job", "retry_job", "sweep_overdue"]
+__all__ = ["cancel_job", "requeue_overdue", "retry_job", "sweep_overdue"]
 
 logger = logging.getLogger("pipelines")
 
@@ -94,3 +94,26 @@ def sweep_overdue(app: App, *, grace: float = 0.0, limit: int = 1000) -> list[tu
             logger.error("sweep: job %s: %s", job_id, exc)
             done.append((job_id, AdvanceResult.UNKNOWN))
     return done
+
+
+def requeue_overdue(app: App, *, grace: float, limit: int = 1000) -> list[str]:
+    """Enqueue again (not run) every running job due for ``grace`` seconds and not leased; returns their ids.
+
+    This is the sweep a forking worker runs in a thread of its parent
+    process: the advance itself then runs in a work-horse like any other.
+    Running phases in that thread instead would be unsafe, because a fork
+    taken while the thread holds a lock (an import lock during a lazy import
+    inside litellm, say) leaves the horse waiting for it forever. The
+    scheduler skips a job whose message for this version is still waiting,
+    so a backlogged queue is not flooded with duplicates.
+    """
+    requeued: list[str] = []
+    for job_id in app.storage.due_jobs(app.scheduler.now() - grace, limit=limit):
+        if app.storage.lease_owner(job_id) is not None:
+            continue  # in progress; if its worker died, the lease runs out and a later sweep gets it
+        record = app.storage.get_job(job_id)
+        if record is None or record.status is not JobStatus.RUNNING or record.checkpoint is None:
+            continue
+        app.scheduler.schedule_advance(job_id, 0.0, pipeline=record.pipeline, version=record.version)
+        requeued.append(job_id)
+    return requeued

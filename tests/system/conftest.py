@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -20,6 +21,20 @@ from adapters import rq as rq_adapter
 from pipelines.app import App
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# Children die with the test process even when it is killed before its
+# fixtures clean up (Linux PR_SET_PDEATHSIG). The function is looked up here,
+# not in the child, so the child does nothing but one foreign call after fork.
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 APP_PATH = "tests.apps.redis_app:app"
 
 
@@ -46,13 +61,16 @@ class Cluster:
     def start(self, args: list[str], name: str, **env: str) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **env}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         log.close()
         self.procs.append(proc)
         return proc
 
     def worker(self, name: str, *extra: str, **env: str) -> subprocess.Popen[bytes]:
-        return self.start(["-m", "pipelines", "worker", "--app", APP_PATH, "--name", name, "--log-level", "WARNING",
+        # PR_TEST_WORKER_LOG=INFO shows every RQ job in the logs printed on a failure.
+        level = os.environ.get("PR_TEST_WORKER_LOG", "WARNING")
+        return self.start(["-m", "pipelines", "worker", "--app", APP_PATH, "--name", name, "--log-level", level,
                            *extra], name, **env)
 
     def cli(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -70,7 +88,22 @@ class Cluster:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
+    @staticmethod
+    def children(pid: int) -> list[int]:
+        """Direct children of ``pid`` (a forking worker's horse lives in its own process group)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+        return found
+
     def stop_all(self) -> None:
+        # Horses first: they are in their own groups and would outlive their worker.
+        self.pids += [child for proc in self.procs if proc.poll() is None for child in self.children(proc.pid)]
         for pid in self.pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -14,7 +14,7 @@ from adapters.memory import MemoryStorage
 from pipelines import JobConflictError, JobNotFoundError, JobStatus, StaleVersionError
 from pipelines.app import App
 from pipelines.cli import main
-from pipelines.control import cancel_job, retry_job, sweep_overdue
+from pipelines.control import cancel_job, requeue_overdue, retry_job, sweep_overdue
 from pipelines.models import Commit
 from tests.apps import memory_app
 
@@ -126,6 +126,21 @@ def test_sweep_with_a_grace_period_skips_jobs_that_only_just_became_due(app: App
     assert sweep_overdue(app, grace=5.0) == []
     app.scheduler.clock.advance(6)  # type: ignore[attr-defined]
     assert [(j, r.value) for j, r in sweep_overdue(app, grace=5.0)] == [("fresh", "advanced")]
+
+
+def test_requeue_enqueues_overdue_unleased_jobs_without_running_them(app: App) -> None:
+    app.run_pipeline("etl", job_id="lost")
+    app.run_pipeline("etl", job_id="held")
+    app.scheduler.drop_all()  # type: ignore[attr-defined]
+    assert app.storage.acquire_lease("held", "a-worker", 60) is not None
+    assert requeue_overdue(app, grace=5.0) == []  # not overdue yet
+    app.scheduler.clock.advance(6)  # type: ignore[attr-defined]
+    assert requeue_overdue(app, grace=5.0) == ["lost"]
+    rec = app.storage.get_job("lost")
+    assert rec is not None and rec.phases_done == 0  # nothing ran here
+    app.scheduler.drain()  # type: ignore[attr-defined]
+    rec = app.storage.get_job("lost")
+    assert rec is not None and rec.status is JobStatus.COMPLETE
 
 
 # --- log, transcript ------------------------------------------------------------
