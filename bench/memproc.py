@@ -2,7 +2,7 @@
 
 ``python -m bench.memproc rss --checkpoints 10,1000 [--keep]`` runs W1 jobs one
 after another on MemoryStorage + MemoryScheduler and prints, as JSON, the peak
-RSS (``ru_maxrss``) at each checkpoint. By default each job is deleted from
+(``VmHWM``) and current (``VmRSS``) RSS at each checkpoint. By default each job is deleted from
 storage once complete and the ScriptedModel's request log is cleared, so what
 grows is what the worker machinery keeps; ``--keep`` keeps every job stored.
 
@@ -30,21 +30,26 @@ def _import() -> None:
 
 
 def _rss(checkpoints: list[int], turns: int, keep: bool) -> None:
+    import gc
     import json
-    import resource
 
     from adapters.memory import MemoryScheduler, MemoryStorage
     from bench import w1
     from bench.apps import w1_agent
     from pipelines.testing import ScriptedModel
 
-    def peak_mib() -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    def status() -> dict[str, float]:
+        # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so a child of a big
+        # parent (the bench, after litellm) would report the parent's peak.
+        gc.collect()
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("VmHWM", "VmRSS")))
+        return {k: int(v.split()[0]) / 1024 for k, v in fields.items()}  # KiB -> MiB
 
     storage, scheduler = MemoryStorage(), MemoryScheduler()
     model = ScriptedModel(w1.reply_fn(turns))
     agent = w1_agent(turns, model)
-    out = {"start": peak_mib()}
+    out = {"start": status()}
     done = 0
     for target in checkpoints:
         while done < target:
@@ -55,7 +60,7 @@ def _rss(checkpoints: list[int], turns: int, keep: bool) -> None:
                 storage.delete_job(job_id)
                 model.calls.clear()
             done += 1
-        out[str(target)] = peak_mib()
+        out[str(target)] = status()
     print(json.dumps(out))
 
 

@@ -41,6 +41,7 @@ class Children:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="pr-bench-"))
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.notes: list[str] = []
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits

@@ -116,15 +116,16 @@ class Sizes:
     rq_jobs: int
     rq_turns: int
     rq_workers: tuple[str, ...]
+    rq_fork_jobs: int
     long_turns: int
-    rss_jobs: tuple[int, int]
+    rss_jobs: tuple[int, int, int]
     imports: int
 
 
 FULL = Sizes(runs=3, mem_jobs=200, mem_turns=10, llm_jobs=200, rq_jobs=200, rq_turns=10,
-             rq_workers=("simple", "fork"), long_turns=200, rss_jobs=(10, 1000), imports=5)
+             rq_workers=("simple", "fork"), rq_fork_jobs=50, long_turns=200, rss_jobs=(10, 500, 1000), imports=5)
 QUICK = Sizes(runs=3, mem_jobs=20, mem_turns=10, llm_jobs=5, rq_jobs=20, rq_turns=5,
-              rq_workers=("simple",), long_turns=40, rss_jobs=(10, 100), imports=5)
+              rq_workers=("simple",), rq_fork_jobs=10, long_turns=40, rss_jobs=(10, 50, 100), imports=5)
 
 
 # --- figure 1: memory adapters vs the plain-Python floor -----------------------
@@ -255,11 +256,15 @@ def _poll(what: str, done: Callable[[], bool], kids: Children, timeout: float = 
         time.sleep(0.01)
 
 
+def rq_jobs(sz: Sizes, worker: str) -> int:
+    return sz.rq_jobs if worker == "simple" else sz.rq_fork_jobs
+
+
 def ours_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]:
     from bench import apps
     from pipelines import JobStatus
 
-    n_jobs, n_turns = sz.rq_jobs, sz.rq_turns
+    n_jobs, n_turns = rq_jobs(sz, worker), sz.rq_turns
     queue = f"ours-{worker}"
     app = apps.build(url, queue=queue, turns=n_turns)
     agent = app.agents[apps.PIPELINE]
@@ -291,6 +296,10 @@ def ours_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]:
     finally:
         for p in procs:
             kids.stop(p)
+    swept = sum(log.read_text(errors="replace").count("sweep: re-enqueued")
+                for log in kids.dir.glob(f"ours-{worker}-*.log"))
+    if swept:
+        kids.notes.append(f"{worker} workers: the sweep re-enqueued overdue jobs {swept} time(s) during figure 3")
     return rates
 
 
@@ -301,7 +310,7 @@ def baseline_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]
 
     from bench import baseline_rq as base
 
-    n_jobs, n_turns = sz.rq_jobs, sz.rq_turns
+    n_jobs, n_turns = rq_jobs(sz, worker), sz.rq_turns
     queue = f"base-{worker}"
     conn = redis.Redis.from_url(url)
     q = Queue(queue, connection=conn, serializer=JSONSerializer)
@@ -330,8 +339,9 @@ def baseline_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]
 
 
 def fig3(rep: Report, sz: Sizes, url: str, kids: Children) -> None:
-    n_jobs, n_turns = sz.rq_jobs, sz.rq_turns
+    n_turns = sz.rq_turns
     for worker in sz.rq_workers:
+        n_jobs = rq_jobs(sz, worker)
         cls = "SimpleWorker" if worker == "simple" else "Worker (fork)"
         say(f"figure 3: 2 RQ {cls} processes, {n_jobs} jobs x {n_turns} turns, {sz.runs} runs each side")
         ours = ours_rq(url, kids, sz, worker)
@@ -488,22 +498,29 @@ def _sub(args: list[str]) -> dict[str, Any]:
 
 
 def fig5(rep: Report, sz: Sizes) -> None:
-    lo, hi = sz.rss_jobs
+    lo, mid, hi = sz.rss_jobs
     say(f"figure 5: peak RSS after {lo} and {hi} jobs, import time x{sz.imports}")
-    runs = [_sub(["-m", "bench.memproc", "rss", "--checkpoints", f"{lo},{hi}"]) for _ in range(sz.runs)]
+    runs = [_sub(["-m", "bench.memproc", "rss", "--checkpoints", f"{lo},{mid},{hi}"]) for _ in range(sz.runs)]
     kept = [_sub(["-m", "bench.memproc", "rss", "--checkpoints", f"{lo},{hi}", "--keep"]) for _ in range(sz.runs)]
-    rep.add("5a", f"worker peak RSS after {lo} jobs (memory adapters)", [r[str(lo)] for r in runs], "MiB",
+    def mib(run: dict[str, Any], at: int, what: str = "VmHWM") -> float:
+        return float(run[str(at)][what])
+
+    rep.add("5a", f"worker peak RSS after {lo} jobs (memory adapters)", [mib(r, lo) for r in runs], "MiB",
             fmt="{:.1f}")
-    rep.add("5b", f"worker peak RSS after {hi} jobs (jobs deleted when done)", [r[str(hi)] for r in runs], "MiB",
+    rep.add("5b", f"worker peak RSS after {hi} jobs (jobs deleted when done)", [mib(r, hi) for r in runs], "MiB",
             fmt="{:.1f}")
-    rep.add("5c", f"growth {lo} -> {hi} jobs (jobs deleted when done)", [r[str(hi)] - r[str(lo)] for r in runs],
-            "MiB", fmt="{:.1f}")
-    rep.add("5d", f"growth {lo} -> {hi} jobs (jobs kept in MemoryStorage)", [r[str(hi)] - r[str(lo)] for r in kept],
-            "MiB", fmt="{:.1f}")
+    rep.add("5c", f"peak RSS growth {lo} -> {hi} jobs (jobs deleted when done)",
+            [mib(r, hi) - mib(r, lo) for r in runs], "MiB", fmt="{:.1f}")
+    rep.add("5d", f"current RSS growth {lo} -> {hi} jobs (jobs deleted when done)",
+            [mib(r, hi, "VmRSS") - mib(r, lo, "VmRSS") for r in runs], "MiB", fmt="{:.1f}")
+    rep.add("5d2", f"current RSS growth {mid} -> {hi} jobs (jobs deleted when done)",
+            [mib(r, hi, "VmRSS") - mib(r, mid, "VmRSS") for r in runs], "MiB", fmt="{:.1f}")
+    rep.add("5e", f"peak RSS growth {lo} -> {hi} jobs (jobs kept in MemoryStorage)",
+            [mib(r, hi) - mib(r, lo) for r in kept], "MiB", fmt="{:.1f}")
     imports = [_sub(["-m", "bench.memproc", "import"]) for _ in range(sz.imports)]
-    rep.add("5e", "`import pipelines` (fresh process)", [i["seconds"] * 1e3 for i in imports], "ms", fmt="{:.0f}")
+    rep.add("5f", "`import pipelines` (fresh process)", [i["seconds"] * 1e3 for i in imports], "ms", fmt="{:.0f}")
     pulled = [name for name in ("litellm", "redis", "rq") if any(i[name] for i in imports)]
-    rep.add("5f", f"`import pipelines` pulls in litellm? ({'yes' if 'litellm' in pulled else 'no'})",
+    rep.add("5g", f"`import pipelines` pulls in litellm? ({'yes' if 'litellm' in pulled else 'no'})",
             [float("litellm" in pulled)], "bool", "no", lambda v: v == 0, "{:.0f}")
     rep.notes.append(f"import pipelines also imported: {', '.join(pulled) or 'none of litellm/redis/rq'}")
 
@@ -550,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "4" in only:
                     fig4(rep, sz, url)
             finally:
+                rep.notes.extend(kids.notes)
                 kids.cleanup()
     if "5" in only:
         fig5(rep, sz)
