@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,15 @@ __all__ = ["arguments_digest", "run_tools", "tool_message"]
 # Shared by every turn in the process: tool calls are I/O-bound, and a pool
 # per turn would cost thread start-up on the hot path.
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="pipelines-tool")
+
+
+def _new_pool_after_fork() -> None:
+    # A forked child inherits the executor object but none of its threads.
+    global _POOL
+    _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="pipelines-tool")
+
+
+os.register_at_fork(after_in_child=_new_pool_after_fork)
 
 
 def tool_message(call: Mapping[str, Any], content: str) -> Message:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import os
 import threading
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -20,6 +21,15 @@ __all__ = ["resolve", "run_sync"]
 T = TypeVar("T")
 
 _local = threading.local()
+
+
+def _forget_loops_after_fork() -> None:
+    # An event loop's selector must not be shared with the parent process.
+    global _local
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_loops_after_fork)
 
 
 def _loop() -> asyncio.AbstractEventLoop:

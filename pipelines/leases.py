@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -27,6 +28,14 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._ids = iter(range(1 << 62))
+
+    def reset_after_fork(self) -> None:
+        # A forked child (an RQ work-horse) inherits this object but not the
+        # thread, and may inherit the lock in a held state: start afresh.
+        self._leases = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
 
     def hold(self, storage: Storage, job_id: str, owner: str, ttl: float) -> int:
         with self._lock:
@@ -62,3 +71,4 @@ class LeaseKeeper:
 
 
 LEASE_KEEPER = LeaseKeeper()
+os.register_at_fork(after_in_child=LEASE_KEEPER.reset_after_fork)

@@ -498,3 +498,24 @@ def test_a_retried_commit_whose_reply_was_lost_is_recognised_as_applied() -> Non
     storage.commit(commit)
     storage.commit(commit)  # the client retried: no error, no second append
     assert storage.messages("job-1") == [{"role": "user", "content": "once"}]
+
+
+def test_a_forked_child_can_run_phases_even_if_the_parent_held_the_lease_keeper_lock() -> None:
+    import os
+
+    from pipelines.leases import LEASE_KEEPER
+
+    storage, scheduler, _ = memory()
+    start(storage, scheduler, [Phase("a", lambda ctx: Done(result="child"))])
+    with LEASE_KEEPER._lock:  # a fork taken while another thread holds the lock
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 1
+            try:
+                advance_phase(job_id="job-1", phases=[Phase("a", lambda ctx: Done(result="child"))],
+                              storage=storage, scheduler=scheduler)
+                code = 0 if storage.get_job("job-1").result == "child" else 2  # type: ignore[union-attr]
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
