@@ -12,10 +12,12 @@ Storage contract
 * ``commit`` is one atomic compare-and-set (I1, I2): it applies the whole
   :class:`~pipelines.models.Commit` (record, transcript appends or truncation,
   logs, due index, journal clear, lease release) only if the stored version
-  equals ``commit.expected_version`` and the lease is free or held by
-  ``commit.owner``. Otherwise it raises ``StaleVersionError`` and changes
-  nothing. Re-applying a commit whose token is already stored is a no-op
-  (a retried command whose reply was lost).
+  equals ``commit.expected_version`` and, when ``commit.owner`` is set (a
+  worker's commit), the live lease is held by that owner; a commit without
+  an owner (a control operation: retry, cancel) checks the version only.
+  Otherwise it raises ``StaleVersionError`` and changes nothing.
+  Re-applying a commit whose token is already stored is a no-op (a retried
+  command whose reply was lost).
 * The transcript is append-only between commits; only a commit with
   ``truncate_messages_to`` shortens it (a "full" retry). Reads never see the
   messages of an uncommitted turn (I4).
@@ -23,7 +25,7 @@ Storage contract
   succeeds only if the lease is free, expired, or already the caller's.
 * ``record_step`` journals one step result, fenced like a commit: it raises
   ``StaleVersionError`` if the job's version is no longer ``version`` or
-  another owner holds the lease.
+  ``owner`` (when given) does not hold the live lease.
 * The due index holds every running job with its ``due_at``; ``due_jobs``
   reads it (I7: ``pipelines advance --due`` recovers lost messages from it).
 

@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.errors import JobConflictError, StaleVersionError, StateNotSerializableError
+from pydantic import ValidationError
+
+from pipelines.errors import CorruptRecordError, JobConflictError, StaleVersionError, StateNotSerializableError
 from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
 
 __all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
@@ -83,8 +85,14 @@ class MemoryStorage:
     def _lease_live(self, job: _Job) -> bool:
         return job.lease_owner is not None and job.lease_expires > self._clock()
 
+    def _held_by(self, job: _Job, owner: str) -> bool:
+        return self._lease_live(job) and job.lease_owner == owner
+
     def _load(self, job_id: str, job: _Job) -> JobRecord:
-        rec = JobRecord.model_validate_json(job.record)
+        try:
+            rec = JobRecord.model_validate_json(job.record)
+        except ValidationError as exc:
+            raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
@@ -131,8 +139,11 @@ class MemoryStorage:
                 raise StaleVersionError(
                     f"job {commit.job_id!r} is at version {job.version}, commit expected {commit.expected_version}"
                 )
-            if commit.owner is not None and self._lease_live(job) and job.lease_owner != commit.owner:
-                raise StaleVersionError(f"job {commit.job_id!r} is leased by another worker")
+            # A worker commits only while it holds the lease: a free lease
+            # means it expired, or the job was deleted and re-created under
+            # the same id, where version numbers alone could match again.
+            if commit.owner is not None and not self._held_by(job, commit.owner):
+                raise StaleVersionError(f"job {commit.job_id!r}: the lease is not held by this worker")
             if commit.truncate_messages_to is not None:
                 del job.messages[commit.truncate_messages_to :]
             job.messages.extend(msgs)
@@ -145,7 +156,7 @@ class MemoryStorage:
             else:
                 job.journal.clear()
                 job.journal_version = commit.record.version
-            if commit.release_lease and (commit.owner is None or job.lease_owner == commit.owner):
+            if commit.release_lease and commit.owner is not None:
                 job.lease_owner = None
             self._set_due(commit.record)
             self.writes += 1
@@ -157,8 +168,9 @@ class MemoryStorage:
             job = self._jobs.get(job_id)
             if job is None or job.version != version:
                 raise StaleVersionError(f"job {job_id!r} moved on from version {version}; step {key!r} not recorded")
-            if owner is not None and self._lease_live(job) and job.lease_owner != owner:
-                raise StaleVersionError(f"job {job_id!r} is leased by another worker; step {key!r} not recorded")
+            if owner is not None and not self._held_by(job, owner):
+                raise StaleVersionError(
+                    f"job {job_id!r}: the lease is not held by this worker; step {key!r} not recorded")
             if job.journal_version != version:
                 job.journal.clear()
                 job.journal_version = version

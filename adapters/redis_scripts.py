@@ -64,7 +64,10 @@ if not cur[1] then return 'stale:missing' end
 if cur[2] == ARGV[2] and cur[1] == ARGV[5] then return 'applied' end
 if cur[1] ~= ARGV[4] then return 'stale:version:' .. cur[1] end
 local holder = redis.call('GET', KEYS[5])
-if ARGV[6] == '1' and holder and holder ~= ARGV[7] then return 'stale:leased' end
+-- A worker commits only while it holds the lease: a free lease means it
+-- expired (or the job was deleted and re-created under the same id, where
+-- version numbers alone could match again).
+if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter), so the commit lands whole.
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5])
@@ -82,7 +85,7 @@ if ARGV[11] ~= '' then
 else
   redis.call('ZREM', KEYS[6], ARGV[1])
 end
-if ARGV[10] == '1' and (ARGV[6] ~= '1' or holder == ARGV[7]) then redis.call('DEL', KEYS[5]) end
+if ARGV[10] == '1' and ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
 return 'ok'
 """
 
@@ -92,7 +95,7 @@ RECORD_STEP = """
 local cur = redis.call('HMGET', KEYS[1], 'version', 'jver')
 if not cur[1] or cur[1] ~= ARGV[1] then return 'stale:version' end
 local holder = redis.call('GET', KEYS[3])
-if ARGV[2] == '1' and holder and holder ~= ARGV[3] then return 'stale:leased' end
+if ARGV[2] == '1' and holder ~= ARGV[3] then return 'stale:leased' end
 if cur[2] ~= ARGV[1] then
   -- The journal belongs to an older version: start a fresh one for this one.
   redis.call('DEL', KEYS[2])

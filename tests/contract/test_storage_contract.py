@@ -252,3 +252,19 @@ def test_concurrent_commits_on_one_version_let_exactly_one_win(storage: Storage)
     assert storage.messages("job-1") == [{"role": "assistant", "content": str(wins[0])}]
     got = storage.get_job("job-1")
     assert got is not None and got.result == wins[0]
+
+
+def test_a_worker_commits_and_journals_only_while_it_holds_the_lease(storage: Storage) -> None:
+    rec = record()
+    storage.create_job(rec)
+    # No lease at all (it expired, or the job was deleted and re-created under
+    # the same id): a worker's writes are fenced off although the version matches.
+    with pytest.raises(StaleVersionError):
+        storage.record_step("job-1", version=1, owner="w1", key="k", value=1)
+    with pytest.raises(StaleVersionError):
+        storage.commit(commit(rec, moved(rec), owner="w1"))
+    assert storage.get_job("job-1") == rec
+    # A control operation (no owner) checks the version only.
+    storage.commit(commit(rec, moved(rec)))
+    got = storage.get_job("job-1")
+    assert got is not None and got.version == 2
