@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -116,13 +117,23 @@ def _mapped(what: str) -> Iterator[None]:
         raise StorageError(f"Redis refused the credentials while {what}: {exc}") from exc
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise StorageUnavailableError(f"Redis is unreachable while {what} (retries exhausted): {exc}") from exc
+    except redis.exceptions.ResponseError as exc:
+        if str(exc).startswith("WRONGTYPE"):
+            # A key of the wrong type was written by hand or by other software.
+            raise CorruptRecordError(f"a key of the wrong Redis type while {what}: {exc}") from exc
+        raise StorageError(f"Redis failed while {what}: {exc}") from exc
     except redis.exceptions.RedisError as exc:
         raise StorageError(f"Redis failed while {what}: {exc}") from exc
 
 
 def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        # Unparsable: mask whatever sits between "://" and "@".
+        return re.sub(r"://[^/@]*@", "://***@", url)
+    if password is None:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return parts._replace(netloc=netloc).geturl()

@@ -122,8 +122,10 @@ def _check_options(max_turns: Any, system: Any, stop_when: Any, output_schema: A
         raise InvalidInputError(f"max_turns must be a positive int, got {max_turns!r}")
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
-    if stop_when is not None and not callable(stop_when) and not all(callable(c) for c in stop_when):
-        raise InvalidInputError("stop_when must be a callable or a list of callables")
+    if stop_when is not None and not callable(stop_when) and (
+        isinstance(stop_when, str) or not isinstance(stop_when, Sequence) or not all(callable(c) for c in stop_when)
+    ):
+        raise InvalidInputError(f"stop_when must be a callable or a list of callables, got {stop_when!r}")
     if output_schema is not None and not (isinstance(output_schema, type) and issubclass(output_schema, BaseModel)):
         raise InvalidInputError(f"output_schema must be a pydantic model class, got {output_schema!r}")
     for name, limit in (("max_tokens", max_tokens), ("max_cost_usd", max_cost_usd)):

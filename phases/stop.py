@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.errors import InvalidInputError
 from pipelines.models import Message, Usage
 
 __all__ = ["StopCondition", "TurnInfo", "has_tool_call", "max_turns", "should_stop"]
@@ -47,7 +48,7 @@ def has_tool_call(name: str) -> StopCondition:
 def max_turns(n: int) -> StopCondition:
     """Stop once ``n`` turns have run."""
     if not isinstance(n, int) or n <= 0:
-        raise ValueError(f"max_turns needs a positive int, got {n!r}")
+        raise InvalidInputError(f"max_turns needs a positive int, got {n!r}")
 
     def cond(turn: TurnInfo) -> bool:
         return turn.turn >= n

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
 from pipelines.errors import InvalidInputError
 from pipelines.models import JSONValue, to_json_value
@@ -217,7 +218,13 @@ def _from_function(f: Callable[..., Any], *, name: str | None, description: str 
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (hints[pname], default)
-    model = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+    try:
+        model = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+        model.model_json_schema()  # some types validate but have no JSON schema to show the model
+    except (PydanticSchemaGenerationError, PydanticInvalidForJsonSchema, TypeError) as exc:
+        bad = next((n for n, (t, _) in fields.items() if not _schema_ok(t)), "?")
+        raise InvalidInputError(f"tool {tool_name!r}: parameter {bad!r} has a type pydantic cannot "
+                                f"describe as JSON: {exc}") from exc
     is_async = inspect.iscoroutinefunction(f)
     names = [n for n in fields]
 
@@ -242,10 +249,20 @@ def _from_function(f: Callable[..., Any], *, name: str | None, description: str 
     return t
 
 
+def _schema_ok(annotation: Any) -> bool:
+    try:
+        TypeAdapter(annotation).json_schema()
+    except Exception:  # noqa: BLE001 - any failure means the type is the culprit
+        return False
+    return True
+
+
 def tool_map(tools: Iterable[Tool] | Mapping[str, Tool] | None) -> dict[str, Tool]:
     """Index tools by name; accepts a list or a dict keyed by name. Duplicate names are an error."""
     if tools is None:
         return {}
+    if isinstance(tools, Tool | str | bytes) or not isinstance(tools, Iterable):
+        raise InvalidInputError(f"tools must be a list of Tool or a dict keyed by name, got {type(tools).__name__}")
     out: dict[str, Tool] = {}
     if isinstance(tools, Mapping):
         for key, t in tools.items():

@@ -21,6 +21,7 @@ from phases.model import Model
 from phases.stop import StopCondition
 from phases.tools import Tool
 from pipelines.errors import InvalidInputError, JobNotFoundError
+from pipelines.leases import check_lease_seconds
 from pipelines.models import JobStatus, Message
 from pipelines.phase import Phase
 from pipelines.runner import DEFAULT_LEASE_SECONDS, advance_phase
@@ -54,7 +55,7 @@ class Agent:
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f"an agent needs a non-empty name, got {name!r}")
         self._name = name
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = check_lease_seconds(lease_seconds)
         self.output_schema = output_schema
         # Built now, so a bad tool or limit fails at definition, not at the first job.
         self._phase = build_agent_phase(model=model, tools=tools, system=system, max_turns=max_turns,
@@ -114,8 +115,9 @@ class Agent:
 
 
 def _as_messages(messages: Sequence[Message | str]) -> list[Message]:
-    if isinstance(messages, str | dict):
-        raise InvalidInputError("initial_messages must be a list of messages (or strings), not a single one")
+    if isinstance(messages, str | dict) or not isinstance(messages, Sequence):
+        raise InvalidInputError(
+            f"initial_messages must be a list of messages (or strings), got {type(messages).__name__}")
     out: list[Message] = []
     for m in messages:
         if isinstance(m, str):

@@ -8,12 +8,15 @@ jobs, so an agent is described once.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from adapters.base import Scheduler, Storage
-from pipelines.errors import ConfigurationError, InvalidPipelineError
+from pipelines.errors import ConfigurationError, InvalidPipelineError, PipelineError
+from pipelines.leases import check_lease_seconds
+from pipelines.models import validate_job_id
 from pipelines.phase import Phase
 from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, phase_map, try_advance
 from pipelines.start import RetryMode, start_job
@@ -49,7 +52,7 @@ class App:
     ) -> None:
         self.storage = storage
         self.scheduler = scheduler
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = check_lease_seconds(lease_seconds)
         self._pipelines: dict[str, list[Phase]] = {}
         self._agents: dict[str, PipelineSource] = {}
         for name, phases in (pipelines or {}).items():
@@ -109,6 +112,7 @@ class App:
         self.try_advance(job_id)
 
     def try_advance(self, job_id: str) -> AdvanceResult:
+        validate_job_id(job_id)
         record = self.storage.get_job(job_id)
         if record is None:
             return AdvanceResult.UNKNOWN
@@ -122,30 +126,48 @@ class App:
         for job_id in self.storage.due_jobs(self.scheduler.now(), limit=limit):
             try:
                 done.append((job_id, self.try_advance(job_id)))
-            except InvalidPipelineError as exc:
-                # One job naming a pipeline this app lacks must not stop the sweep.
+            except PipelineError as exc:
+                # One bad job (an unknown pipeline, a corrupt record) must not stop the sweep.
                 done.append((job_id, AdvanceResult.UNKNOWN))
                 logger.error("sweep: job %s: %s", job_id, exc)
         return done
 
 
 def load_app(path: str) -> App:
-    """Import ``"package.module:attribute"`` and return the :class:`App` it names."""
+    """Import ``"package.module:attribute"`` and return the :class:`App` it names.
+
+    The attribute may be an ``App`` or a function of no arguments returning
+    one. Every failure is a :class:`ConfigurationError` naming the path.
+    """
+    if not isinstance(path, str):
+        raise ConfigurationError(f"app path must be a string like 'package.module:app', got {type(path).__name__}")
     module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
+    if not sep or not module_name or not attr or module_name.startswith("."):
         raise ConfigurationError(f"app path must look like 'package.module:app', got {path!r}")
     try:
         module = importlib.import_module(module_name)
+    except PipelineError:
+        raise  # already says what is wrong (a bad Redis URL in the app module, say)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {module_name!r} for app {path!r}: {exc}") from exc
+    except Exception as exc:  # an app module that fails at import is a configuration problem
+        raise ConfigurationError(f"cannot load app {path!r}: {type(exc).__name__}: {exc}") from exc
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if callable(obj) and not isinstance(obj, App):
-        obj = obj()  # a factory function returning the app
+    if inspect.isfunction(obj):
+        if any(p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in inspect.signature(obj).parameters.values()):
+            raise ConfigurationError(f"{path!r} is a function that needs arguments; it must return an App")
+        try:
+            obj = obj()  # a factory function returning the app
+        except PipelineError:
+            raise
+        except Exception as exc:
+            raise ConfigurationError(f"the app factory {path!r} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, App):
         raise ConfigurationError(f"{path!r} is a {type(obj).__name__}, not a pipelines.App")
     return obj

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 
 from adapters.base import Storage
-from pipelines.errors import PipelineError
+from pipelines.errors import InvalidInputError, PipelineError
 
-__all__ = ["LEASE_KEEPER", "LeaseKeeper"]
+__all__ = ["LEASE_KEEPER", "LeaseKeeper", "check_lease_seconds"]
 
 logger = logging.getLogger("pipelines")
+
+
+def check_lease_seconds(value: object) -> float:
+    """A lease time to live must be a finite number of seconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
+        raise InvalidInputError(f"lease_seconds must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 class LeaseKeeper:

@@ -185,8 +185,8 @@ class JobRecord(BaseModel):
 class Commit(BaseModel):
     """One atomic write: the new record plus the turn's appends (I1).
 
-    Storage applies it only if the stored version is ``expected_version`` and
-    the lease is ``owner``'s or free; otherwise it raises
+    Storage applies it only if the stored version is ``expected_version`` and,
+    for a worker's commit (``owner`` set), the live lease is ``owner``'s; otherwise it raises
     :class:`~pipelines.errors.StaleVersionError` and changes nothing (I2). A
     commit whose ``token`` is already the stored one was applied before (its
     reply was lost and the client retried): storage returns without writing.

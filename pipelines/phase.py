@@ -7,6 +7,7 @@ journals results so a re-run after a crash does not repeat finished work.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from pipelines._aio import resolve
-from pipelines.errors import InvalidPipelineError, StateNotSerializableError, StateValidationError
+from pipelines.errors import InvalidInputError, InvalidPipelineError, StateNotSerializableError, StateValidationError
 from pipelines.models import Checkpoint, JSONValue, LogEntry, LogLevel, Message, Usage, to_json_value
 
 if TYPE_CHECKING:
@@ -51,8 +52,10 @@ class Next:
     delay: float = 0.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.delay, int | float) or self.delay < 0 or self.delay != self.delay:
-            raise ValueError(f"Next.delay must be a number of seconds >= 0, got {self.delay!r}")
+        if not isinstance(self.delay, int | float) or isinstance(self.delay, bool) or not (
+            0 <= self.delay < math.inf
+        ):
+            raise InvalidInputError(f"Next.delay must be a finite number of seconds >= 0, got {self.delay!r}")
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class RetryLater(Exception):  # noqa: N818 - a control signal, not an error
     """
 
     def __init__(self, delay: float, reason: str = "") -> None:
+        if not isinstance(delay, int | float) or not math.isfinite(delay):
+            raise InvalidInputError(f"RetryLater needs a finite delay in seconds, got {delay!r}")
         super().__init__(reason or f"retry in {delay:.1f}s")
         self.delay = max(0.0, float(delay))
         self.reason = reason
@@ -199,7 +204,7 @@ class PhaseContext(Generic[S]):
     def log(self, message: str, level: LogLevel = "info") -> None:
         """Add a log line; it is stored with this phase's commit."""
         if level not in _LEVELS:
-            raise ValueError(f"log level must be one of {_LEVELS}, got {level!r}")
+            raise InvalidInputError(f"log level must be one of {_LEVELS}, got {level!r}")
         entry = LogEntry(timestamp=self._clock(), phase=self.phase, level=level, message=str(message))
         with self._lock:
             self._buffer.logs.append(entry)
@@ -237,7 +242,7 @@ class PhaseContext(Generic[S]):
         on a replay alike. ``fn`` may be ``async def``.
         """
         if not isinstance(key, str) or not key:
-            raise ValueError("step key must be a non-empty string")
+            raise InvalidInputError(f"step key must be a non-empty string, got {key!r}")
         with self._lock:
             if key in self._journal:
                 return self._journal[key]

@@ -25,12 +25,12 @@ from typing import Any
 from adapters.base import Scheduler, Storage
 from pipelines._aio import resolve
 from pipelines.errors import (
-    InvalidInputError,
+    CorruptRecordError,
     InvalidPipelineError,
     PipelineError,
     StaleVersionError,
 )
-from pipelines.leases import LEASE_KEEPER
+from pipelines.leases import LEASE_KEEPER, check_lease_seconds
 from pipelines.models import (
     Checkpoint,
     Commit,
@@ -128,10 +128,15 @@ def try_advance(
     """``advance_phase`` that says what it did (for the CLI, the sweep and tests)."""
     validate_job_id(job_id)
     pmap = phase_map(phases)
-    if lease_seconds <= 0:
-        raise InvalidInputError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+    check_lease_seconds(lease_seconds)
     owner = uuid.uuid4().hex
-    record = storage.acquire_lease(job_id, owner, lease_seconds)
+    try:
+        record = storage.acquire_lease(job_id, owner, lease_seconds)
+    except CorruptRecordError:
+        # The lease may have been taken before the record failed to parse:
+        # leave no lease behind a record that a person must repair first.
+        storage.release_lease(job_id, owner)
+        raise
     if record is None:
         return AdvanceResult.BUSY if storage.get_job(job_id) is not None else AdvanceResult.UNKNOWN
     released = False

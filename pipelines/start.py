@@ -19,6 +19,7 @@ from pipelines.errors import (
     JobNotFoundError,
     StaleVersionError,
 )
+from pipelines.leases import check_lease_seconds
 from pipelines.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry, Message, to_json_value, validate_job_id
 from pipelines.phase import Phase
 from pipelines.runner import DEFAULT_LEASE_SECONDS, advance_phase, phase_map
@@ -52,6 +53,7 @@ def run_pipeline(
     raises :class:`JobConflictError`. Bad input raises before anything is written.
     """
     pmap = phase_map(phases)
+    check_lease_seconds(lease_seconds)
 
     def advance(jid: str) -> None:
         advance_phase(job_id=jid, phases=phases, storage=storage, scheduler=scheduler, lease_seconds=lease_seconds)

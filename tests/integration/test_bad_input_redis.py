@@ -3,7 +3,7 @@
 Bad URLs, Redis down at enqueue, a job deleted under a worker, records
 corrupted by hand, oversized values. Each case asserts the error (class and
 a message naming the problem) and that nothing was half written, reading
-Redis directly. ``xfail(strict=True)`` marks bugs, with the desired behaviour.
+Redis directly.
 """
 
 from __future__ import annotations
@@ -125,8 +125,6 @@ def test_a_redis_url_that_is_not_a_string_names_what_it_got(url: Any) -> None:
         RedisStorage.from_url(url)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _check_url's error path calls _redact(url), which calls urlsplit "
-                                       "again and raises the raw ValueError('Invalid IPv6 URL')")
 def test_an_unparsable_ipv6_url_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="Invalid IPv6 URL"):
         RedisStorage.from_url("redis://[::1/0")
@@ -277,9 +275,6 @@ def test_a_job_deleted_under_its_worker_stays_deleted(storage: RedisStorage, r: 
     assert app.try_advance("j") is AdvanceResult.UNKNOWN
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (ABA): fencing compares version numbers only; a job deleted and "
-                                       "re-created under the same id is at version 1 again, so the deleted "
-                                       "run's commit lands on the new job")
 def test_a_stale_worker_cannot_commit_into_a_recreated_job_on_redis(storage: RedisStorage, redis_url: str) -> None:
     scheduler = MemoryScheduler()
 
@@ -349,9 +344,6 @@ def test_a_hand_corrupted_record_is_a_corrupt_record_error_naming_the_job_and_st
     assert r.llen(storage.keys("bad").messages) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: acquire_lease takes the lease (SET PX) before the record is "
-                                       "parsed; on CorruptRecordError the runner never releases it, so a "
-                                       "repaired job stays blocked for lease_seconds")
 def test_a_failed_advance_of_a_corrupt_record_leaves_no_lease_behind(storage: RedisStorage, r: redis.Redis) -> None:
     scheduler = MemoryScheduler()
     app = App(storage=storage, scheduler=scheduler, pipelines={"p": two_phases()})
@@ -375,8 +367,6 @@ def test_a_corrupt_transcript_line_or_log_line_is_named(storage: RedisStorage, r
         storage.logs("bad")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a record key of the wrong Redis type (WRONGTYPE) surfaces as a "
-                                       "generic StorageError, not CorruptRecordError")
 def test_a_record_key_of_the_wrong_type_is_a_corrupt_record(storage: RedisStorage, r: redis.Redis) -> None:
     App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()}).run_pipeline(
         "p", job_id="bad", initial_state={"n": 0})
@@ -458,9 +448,6 @@ def test_the_cli_sweep_skips_a_corrupt_record_and_advances_the_others(storage: R
     assert done == {"a-bad": AdvanceResult.UNKNOWN, "b-good": AdvanceResult.ADVANCED}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: App.advance_due (the documented cron sweep) catches only "
-                                       "InvalidPipelineError; one corrupt record raises CorruptRecordError and "
-                                       "no job after it is advanced")
 def test_app_advance_due_skips_a_corrupt_record_and_advances_the_others(storage: RedisStorage,
                                                                        r: redis.Redis) -> None:
     app = _sweep_setup(storage, r)

@@ -4,9 +4,6 @@ Every case asserts two things: a clear error naming the problem (the right
 ``pipelines.errors`` class, a message naming the offending value or field),
 and that nothing was half written (no job in storage, the job unchanged, or
 nothing enqueued). Redis-only cases live in tests/integration/test_bad_input_redis.py.
-
-Cases that reveal a bug or a missing check are ``xfail(strict=True)`` with the
-desired behaviour written out; the reason says what is wrong today.
 """
 
 from __future__ import annotations
@@ -156,9 +153,6 @@ def test_control_calls_reject_invalid_ids_too(bad: str) -> None:
     assert_nothing_written(storage, scheduler)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: App.try_advance asks storage first; MemoryStorage.get_job does "
-                                       "not validate, so an invalid id is 'unknown' on memory but InvalidJobIdError "
-                                       "on Redis")
 def test_app_try_advance_rejects_an_invalid_id_like_redis_does() -> None:
     storage, scheduler, _ = memory()
     app = App(storage=storage, scheduler=scheduler, pipelines={"p": ONE})
@@ -427,8 +421,6 @@ def _takes_lock(lock: threading.Lock) -> int:
     return 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a parameter type pydantic cannot build a schema for escapes "
-                                       "@tool as a raw PydanticSchemaGenerationError")
 def test_a_tool_parameter_type_pydantic_cannot_handle_is_an_invalid_input_error() -> None:
     with pytest.raises(InvalidInputError, match=r"tool '_takes_lock'.*'lock'"):
         tool(_takes_lock)
@@ -479,8 +471,6 @@ def test_a_tools_dict_key_that_is_not_the_tool_name_is_rejected() -> None:
     assert_nothing_written(storage, scheduler)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: tools=<a single Tool> raises a raw TypeError "
-                                       "('Tool' object is not iterable) instead of a clear InvalidInputError")
 def test_a_single_tool_instead_of_a_list_is_a_clear_error() -> None:
     storage, scheduler, _ = memory()
     with pytest.raises(InvalidInputError, match="tools must be a list"):
@@ -539,8 +529,6 @@ def test_bad_agent_options_are_rejected_before_anything_is_written(kwargs: dict[
     assert_nothing_written(storage, scheduler)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: stop_when=<non-iterable, non-callable> raises a raw TypeError "
-                                       "from the all(...) check instead of InvalidInputError")
 def test_a_non_callable_stop_when_is_a_clear_error() -> None:
     storage, scheduler, _ = memory()
     with pytest.raises(InvalidInputError, match="stop_when must be a callable"):
@@ -548,8 +536,6 @@ def test_a_non_callable_stop_when_is_a_clear_error() -> None:
     assert_nothing_written(storage, scheduler)
 
 
-@pytest.mark.xfail(strict=True, reason="MISSING CHECK: lease_seconds <= 0 / NaN is accepted by run_pipeline, "
-                                       "Agent and App; the job is written, then every advance raises")
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan])
 def test_a_bad_lease_time_is_rejected_at_the_call(bad: float) -> None:
     storage, scheduler, _ = memory()
@@ -614,8 +600,6 @@ def test_bad_initial_messages_are_named_and_nothing_is_written(messages: Any, er
     assert_nothing_written(storage, scheduler)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: initial_messages=None or a non-iterable raises a raw TypeError "
-                                       "from _as_messages instead of InvalidInputError")
 @pytest.mark.parametrize("messages", [None, 42])
 def test_initial_messages_that_are_not_iterable_are_a_clear_error(messages: Any) -> None:
     storage, scheduler, _ = memory()
@@ -649,7 +633,7 @@ def test_a_tool_result_for_a_call_that_is_not_in_the_turn_is_named() -> None:
 # --- 12. Next(delay=...) and RetryLater ---------------------------------------------
 @pytest.mark.parametrize("bad", [-1, -0.001, math.nan, "5", None], ids=repr)
 def test_a_bad_next_delay_is_rejected_and_a_phase_returning_it_fails_the_job(bad: Any) -> None:
-    with pytest.raises(ValueError, match=r"Next\.delay must be a number of seconds >= 0"):
+    with pytest.raises(ValueError, match=r"Next\.delay must be a finite number of seconds >= 0"):
         Next("b", delay=bad)
     storage, scheduler, _ = memory()
 
@@ -662,21 +646,15 @@ def test_a_bad_next_delay_is_rejected_and_a_phase_returning_it_fails_the_job(bad
     scheduler.drain()
     job = storage.get_job("j")
     assert job is not None and job.status is JobStatus.ERROR
-    assert job.error is not None and "Next.delay must be a number of seconds >= 0" in job.error
+    assert job.error is not None and "Next.delay must be a finite number of seconds >= 0" in job.error
     assert job.checkpoint is not None and job.checkpoint.state == {"n": 1} and storage.messages("j") == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Next.__post_init__ raises a plain ValueError; every error the "
-                                       "library raises on purpose should be a PipelineError (InvalidInputError "
-                                       "is also a ValueError, so nothing breaks)")
 def test_a_bad_next_delay_is_an_invalid_input_error() -> None:
     with pytest.raises(InvalidInputError, match="-1"):
         Next("b", delay=-1)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an infinite delay is accepted; the checkpoint's due_at=inf is "
-                                       "stored as JSON null and the job can never be read again (raw pydantic "
-                                       "ValidationError from get_job)")
 @pytest.mark.parametrize("how", ["next", "retry_later"])
 def test_an_infinite_delay_is_rejected_and_the_job_stays_readable(how: str) -> None:
     storage, scheduler, _ = memory()
@@ -750,9 +728,6 @@ def test_a_job_deleted_under_a_running_phase_stays_deleted(where: str) -> None:
     assert try_advance(job_id="j", phases=phases, storage=storage, scheduler=scheduler) is AdvanceResult.UNKNOWN
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (ABA): commits are fenced on the version number only; a job deleted "
-                                       "and re-created under the same id restarts at version 1, so the old "
-                                       "worker's commit lands on the new job (old record, old messages)")
 def test_a_stale_worker_cannot_commit_into_a_job_recreated_under_the_same_id() -> None:
     storage, scheduler, _ = memory()
 
@@ -797,10 +772,6 @@ def test_load_app_bad_paths_are_configuration_errors_naming_the_path(path: str, 
         load_app(path)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: load_app lets raw exceptions escape (AttributeError for a non-str, "
-                                       "TypeError for a relative module or a callable that is not an App factory, "
-                                       "the module's own error at import); the CLI wraps them, but "
-                                       "adapters.rq.advance_job calls load_app directly")
 @pytest.mark.parametrize(
     "path",
     [None, 123, ".relative:app", "tests.apps.memory_app:App", "tests.apps.memory_app:_finish",
