@@ -26,6 +26,8 @@ Storage contract
 * ``record_step`` journals one step result, fenced like a commit: it raises
   ``StaleVersionError`` if the job's version is no longer ``version`` or
   ``owner`` (when given) does not hold the live lease.
+* Events are appended with their commit (or create) and get increasing ids;
+  ``events(after=id)`` resumes a reader where it stopped.
 * The due index holds every running job with its ``due_at``; ``due_jobs``
   reads it (I7: ``pipelines advance --due`` recovers lost messages from it).
 
@@ -42,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message
+from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = ["AdvanceFn", "Scheduler", "Storage"]
 
@@ -54,7 +56,8 @@ AdvanceFn = Callable[[str], None]
 class Storage(Protocol):
     """Where jobs, transcripts, logs, journals and leases live."""
 
-    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = ()) -> None:
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
+                   events: Sequence[Event] = ()) -> None:
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         ...
 
@@ -95,6 +98,10 @@ class Storage(Protocol):
 
     def logs(self, job_id: str) -> list[LogEntry]:
         """The job's log entries in the order they were committed."""
+        ...
+
+    def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """Committed events in order, each with its ``id``; only those after the cursor ``after``."""
         ...
 
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:

@@ -19,8 +19,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.errors import CorruptRecordError, JobConflictError, StaleVersionError, StateNotSerializableError
-from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
+from pipelines.errors import (
+    CorruptRecordError,
+    InvalidInputError,
+    JobConflictError,
+    StaleVersionError,
+    StateNotSerializableError,
+)
+from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
 
 __all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
 
@@ -58,6 +64,7 @@ class _Job:
     record: str
     messages: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
     journal: dict[str, str] = field(default_factory=dict)
     journal_version: int = -1
     lease_owner: str | None = None
@@ -99,15 +106,18 @@ class MemoryStorage:
         return rec
 
     # --- Storage -------------------------------------------------------------
-    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = ()) -> None:
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
+                   events: Sequence[Event] = ()) -> None:
         validate_job_id(record.job_id)
         text = record.model_dump_json()
         msgs = [_dumps(m, "a transcript message") for m in messages]
         log_lines = [e.model_dump_json() for e in logs]
+        event_lines = [e.model_dump_json(exclude={"id"}) for e in events]
         with self._lock:
             if record.job_id in self._jobs:
                 raise JobConflictError(f"job {record.job_id!r} already exists")
-            self._jobs[record.job_id] = _Job(record=text, messages=msgs, logs=log_lines, version=record.version)
+            self._jobs[record.job_id] = _Job(record=text, messages=msgs, logs=log_lines, events=event_lines,
+                                             version=record.version)
             self._set_due(record)
             self.writes += 1
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
@@ -129,6 +139,7 @@ class MemoryStorage:
         text = commit.record.model_dump_json()
         msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
         log_lines = [e.model_dump_json() for e in commit.logs]
+        event_lines = [e.model_dump_json(exclude={"id"}) for e in commit.events]
         with self._lock:
             job = self._jobs.get(commit.job_id)
             if job is None:
@@ -148,6 +159,7 @@ class MemoryStorage:
                 del job.messages[commit.truncate_messages_to :]
             job.messages.extend(msgs)
             job.logs.extend(log_lines)
+            job.events.extend(event_lines)
             job.record = text
             job.version = commit.record.version
             job.token = commit.token
@@ -218,6 +230,16 @@ class MemoryStorage:
             lines = [] if job is None else list(job.logs)
         return [LogEntry.model_validate_json(line) for line in lines]
 
+    def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
+        if after and not after.isdigit():
+            raise InvalidInputError(f"event cursor {after!r} is not an id this storage gave out")
+        start = int(after) if after else 0  # ids are 1-based positions in the log
+        with self._lock:
+            job = self._jobs.get(job_id)
+            lines = [] if job is None else job.events[start : start + max(0, limit)]
+        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
+                for i, line in enumerate(lines)]
+
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         with self._lock:
             due = sorted((t, j) for j, t in self._due.items() if t <= now)
@@ -244,6 +266,7 @@ class MemoryStorage:
                 "record": json.loads(job.record),
                 "messages": [json.loads(m) for m in job.messages],
                 "logs": [json.loads(line) for line in job.logs],
+                "events": [json.loads(line) for line in job.events],
                 "journal": {k: json.loads(v) for k, v in job.journal.items()},
                 "lease_owner": job.lease_owner if self._lease_live(job) else None,
                 "due_at": self._due.get(job_id),

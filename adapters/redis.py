@@ -45,7 +45,7 @@ from pipelines.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
+from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
 
 __all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "index_keys", "job_keys"]
 
@@ -63,12 +63,14 @@ class JobKeys(NamedTuple):
     logs: str
     journal: str
     lease: str
+    events: str  # a stream: XADD per event, the entry id is the reader's cursor
 
 
 def job_keys(prefix: str, job_id: str) -> JobKeys:
     """The keys of ``job_id`` under ``prefix``. The id is validated: no brace can escape the tag."""
     base = f"{prefix}:{{{validate_job_id(job_id)}}}"
-    return JobKeys(f"{base}:record", f"{base}:messages", f"{base}:logs", f"{base}:journal", f"{base}:lease")
+    return JobKeys(f"{base}:record", f"{base}:messages", f"{base}:logs", f"{base}:journal", f"{base}:lease",
+                   f"{base}:events")
 
 
 def index_keys(prefix: str) -> tuple[str, str]:
@@ -281,6 +283,23 @@ class RedisStorage:
         except ValidationError as exc:
             raise CorruptRecordError(f"a stored log entry of job {job_id!r} does not parse: {exc}") from exc
 
+    def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """Events after the cursor ``after`` (a stream id), read with one XRANGE."""
+        if limit <= 0:
+            return []
+        start = "-" if not after else f"({after}"  # "(" makes the start exclusive (Redis >= 6.2)
+        with _mapped(f"reading the events of job {job_id!r}"):
+            entries = self.client.xrange(self.keys(job_id).events, start, "+", count=limit)
+        out = []
+        for entry_id, fields in entries or []:
+            raw = (fields or {}).get(b"e") or (fields or {}).get("e") or ""
+            try:
+                event = Event.model_validate_json(raw)
+            except ValidationError as exc:
+                raise CorruptRecordError(f"a stored event of job {job_id!r} does not parse: {exc}") from exc
+            out.append(event.model_copy(update={"id": _text(entry_id)}))
+        return out
+
     @staticmethod
     def _json_line(job_id: str, line: Any, what: str) -> Any:
         try:
@@ -325,19 +344,21 @@ class RedisStorage:
         return out
 
     # --- writing -------------------------------------------------------------
-    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = ()) -> None:
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
+                   events: Sequence[Event] = ()) -> None:
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         job_id = record.job_id
         keys = self._all_keys(job_id)
         data = record.model_dump_json()
         msgs = [_dumps(m, "a transcript message") for m in messages]
         lines = [e.model_dump_json() for e in logs]
+        event_lines = [e.model_dump_json(exclude={"id"}) for e in events]
         cp = record.checkpoint
         due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
         with _mapped(f"creating job {job_id!r}"):
             reply = self._create(keys=keys, args=[job_id, token, data, str(record.version), due, len(msgs),
-                                                  *msgs, *lines])
+                                                  len(lines), *msgs, *lines, *event_lines])
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
 
@@ -353,13 +374,14 @@ class RedisStorage:
         data = commit.record.model_dump_json()
         msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
         lines = [e.model_dump_json() for e in commit.logs]
+        event_lines = [e.model_dump_json(exclude={"id"}) for e in commit.events]
         owner = commit.owner
         args: list[str | int] = [
             job_id, commit.token, data, str(commit.expected_version), str(commit.record.version),
             "0" if owner is None else "1", owner or "",
             "" if commit.truncate_messages_to is None else str(int(commit.truncate_messages_to)),
             "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
-            _score(commit.due_at), len(msgs), *msgs, *lines,
+            _score(commit.due_at), len(msgs), len(lines), *msgs, *lines, *event_lines,
         ]
         with _mapped(f"committing job {job_id!r}"):
             reply = _text(self._commit(keys=keys, args=args))

@@ -32,31 +32,36 @@ local function push(key, from, to)
     i = j + 1
   end
 end
+-- Events go to the job's stream, one entry each; the stream id is the cursor.
+local function add_events(key, from)
+  for i = from, #ARGV do redis.call('XADD', key, '*', 'e', ARGV[i]) end
+end
 """
 
-# KEYS: record, messages, logs, journal, lease, due, jobs
-# ARGV: job_id, token, data, version, due_at ('' = not due), n_messages,
-#       then the messages, then the log lines.
+# KEYS: record, messages, logs, journal, lease, events, due, jobs
+# ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
+#       then the messages, then the log lines, then the events.
 CREATE = _PUSH_FN + """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The same create re-sent after its reply was lost: already applied.
   if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then return 'applied' end
   return 'exists'
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
-local n = tonumber(ARGV[6])
-push(KEYS[2], 7, 6 + n)
-push(KEYS[3], 7 + n, #ARGV)
-redis.call('SADD', KEYS[7], ARGV[1])
-if ARGV[5] ~= '' then redis.call('ZADD', KEYS[6], ARGV[5], ARGV[1]) end
+local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
+push(KEYS[2], 8, 7 + n)
+push(KEYS[3], 8 + n, 7 + n + nl)
+add_events(KEYS[6], 8 + n + nl)
+redis.call('SADD', KEYS[8], ARGV[1])
+if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
 return 'ok'
 """
 
-# KEYS: record, messages, logs, journal, lease, due, jobs
+# KEYS: record, messages, logs, journal, lease, events, due, jobs
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
-#       n_messages, then the messages, then the log lines.
+#       n_messages, n_logs, then the messages, the log lines, the events.
 COMMIT = _PUSH_FN + """
 local cur = redis.call('HMGET', KEYS[1], 'version', 'token')
 if not cur[1] then return 'stale:missing' end
@@ -76,14 +81,15 @@ if ARGV[8] ~= '' then
   -- LTRIM 0 -1 would keep everything, so cutting to zero is a DEL.
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
-local n = tonumber(ARGV[12])
-push(KEYS[2], 13, 12 + n)
-push(KEYS[3], 13 + n, #ARGV)
+local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
+push(KEYS[2], 14, 13 + n)
+push(KEYS[3], 14 + n, 13 + n + nl)
+add_events(KEYS[6], 14 + n + nl)
 if ARGV[9] ~= '1' then redis.call('DEL', KEYS[4]) end
 if ARGV[11] ~= '' then
-  redis.call('ZADD', KEYS[6], ARGV[11], ARGV[1])
+  redis.call('ZADD', KEYS[7], ARGV[11], ARGV[1])
 else
-  redis.call('ZREM', KEYS[6], ARGV[1])
+  redis.call('ZREM', KEYS[7], ARGV[1])
 end
 if ARGV[10] == '1' and ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
 return 'ok'
@@ -134,11 +140,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: record, messages, logs, journal, lease, due, jobs; ARGV: job_id
+# KEYS: record, messages, logs, journal, lease, events, due, jobs; ARGV: job_id
 DELETE = """
 local existed = redis.call('EXISTS', KEYS[1])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('ZREM', KEYS[6], ARGV[1])
-redis.call('SREM', KEYS[7], ARGV[1])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('ZREM', KEYS[7], ARGV[1])
+redis.call('SREM', KEYS[8], ARGV[1])
 return existed
 """

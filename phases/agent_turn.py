@@ -207,6 +207,7 @@ class _AgentTurn:
             results = run_tools(ctx, offered, calls, state.turn)
         new_messages = [message, *results]
         ctx.add_usage(response.usage)
+        _emit_turn_events(ctx, state.turn + 1, response, results)
         info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=calls, tool_results=results,
                         state=state, usage=response.usage)
         outcome: Next | Done | Fail = self.decide(ctx, info, truncated, ctx.job_usage + response.usage)
@@ -239,6 +240,22 @@ class _AgentTurn:
             ctx.log(f"budget reached at turn {n}: {over}", "warn")
             return Done(reason="budget")
         return Next(TURN_PHASE, state=AgentState(turn=n))
+
+
+def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse, results: list[Message]) -> None:
+    # Small on purpose: the transcript already holds arguments and results;
+    # events say what happened, in order, with the turn number.
+    ctx.emit("turn_started", turn=turn)
+    usage = response.usage
+    ctx.emit("model_response", turn=turn, finish_reason=response.finish_reason, tool_calls=len(response.tool_calls),
+             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd)
+    names = {c["id"]: (c.get("function") or {}).get("name") for c in response.tool_calls}
+    for call_id, name in names.items():
+        ctx.emit("tool_call", turn=turn, call_id=call_id, tool=name)
+    for msg in results:
+        content = msg.get("content")
+        ctx.emit("tool_result", turn=turn, call_id=msg["tool_call_id"], tool=names.get(msg["tool_call_id"]),
+                 error=isinstance(content, str) and content.startswith("Error:"))
 
 
 def _over_budget(usage: Usage, max_tokens: int | None, max_cost_usd: float | None) -> str:

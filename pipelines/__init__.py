@@ -25,7 +25,8 @@ from pipelines.errors import (
     StorageUnavailableError,
     TransientModelError,
 )
-from pipelines.models import Checkpoint, JobRecord, JobStatus, LogEntry, Usage
+from pipelines.events import on_event
+from pipelines.models import Checkpoint, Event, JobRecord, JobStatus, LogEntry, Usage
 from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, WaitForInput
 from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_phase, try_advance
 from pipelines.start import run_pipeline
@@ -58,6 +59,7 @@ __all__ = [
     "reject",
     "has_tool_call",
     "load_app",
+    "on_event",
     "max_turns",
     "record_tool_result",
     "run_agent",
@@ -67,6 +69,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptRecordError",
     "Done",
+    "Event",
     "Fail",
     "FailJob",
     "InvalidInputError",

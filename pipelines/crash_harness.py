@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from adapters.base import Scheduler, Storage
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from phases.observe import observe_calls
-from pipelines.models import Commit, JobRecord, JobStatus, JSONValue, LogEntry, Message
+from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = ["CrashPoint", "CrashReport", "CrashResult", "SimulatedCrash", "crash_test", "transcript_problems"]
 
@@ -109,9 +109,9 @@ class _CrashingStorage(MemoryStorage):
         self._inj = injector
 
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (),
-                   logs: Sequence[LogEntry] = ()) -> None:
+                   logs: Sequence[LogEntry] = (), events: Sequence[Event] = ()) -> None:
         self._inj.hit("before", "create_job")
-        super().create_job(record, messages=messages, logs=logs)
+        super().create_job(record, messages=messages, logs=logs, events=events)
         self._inj.hit("after", "create_job")
 
     def commit(self, commit: Commit) -> None:

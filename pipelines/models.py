@@ -19,6 +19,7 @@ __all__ = [
     "JOB_ID_PATTERN",
     "Checkpoint",
     "Commit",
+    "Event",
     "JobRecord",
     "JobStatus",
     "JSONValue",
@@ -112,6 +113,27 @@ class LogEntry(BaseModel):
     message: str
 
 
+class Event(BaseModel):
+    """One entry of a job's ordered event log (beside the human log).
+
+    ``id`` is assigned by storage when the event is committed and works as a
+    cursor: ``storage.events(job_id, after=id)`` returns what came later.
+    Types: job_started, job_retried, job_continued, turn_started,
+    model_response, tool_call, tool_result, approval_requested, job_waiting,
+    retry_scheduled, job_finished, job_failed, job_cancelled, job_paused,
+    job_resumed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = ""
+    timestamp: float
+    type: str
+    turn: int | None = None
+    phase: str | None = None
+    data: dict[str, JSONValue] = Field(default_factory=dict)
+
+
 class Usage(BaseModel):
     """Model usage accumulated over a job's life, retries included."""
 
@@ -200,6 +222,7 @@ class Commit(BaseModel):
     append_messages: list[Message] = Field(default_factory=list)
     truncate_messages_to: int | None = None
     logs: list[LogEntry] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
     keep_journal: bool = False
     release_lease: bool = True
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipelines._aio import resolve
 from pipelines.errors import InvalidInputError, InvalidPipelineError, StateNotSerializableError, StateValidationError
-from pipelines.models import Checkpoint, JSONValue, LogEntry, LogLevel, Message, Usage, to_json_value
+from pipelines.models import Checkpoint, Event, JSONValue, LogEntry, LogLevel, Message, Usage, to_json_value
 
 if TYPE_CHECKING:
     from adapters.base import Storage
@@ -145,6 +145,7 @@ class _Buffered:
 
     logs: list[LogEntry] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
 
 
@@ -208,6 +209,13 @@ class PhaseContext(Generic[S]):
         entry = LogEntry(timestamp=self._clock(), phase=self.phase, level=level, message=str(message))
         with self._lock:
             self._buffer.logs.append(entry)
+
+    def emit(self, type_: str, *, turn: int | None = None, **data: Any) -> None:
+        """Add an event to the job's event log; it is stored with this phase's commit (if it moves on)."""
+        event = Event(timestamp=self._clock(), type=type_, turn=turn, phase=self.phase,
+                      data=to_json_value(data, what=f"data of event {type_!r}"))
+        with self._lock:
+            self._buffer.events.append(event)
 
     def append_messages(self, messages: list[Message]) -> None:
         """Queue transcript messages; they are appended atomically with the commit."""

@@ -30,10 +30,12 @@ from pipelines.errors import (
     PipelineError,
     StaleVersionError,
 )
+from pipelines.events import make_event, publish
 from pipelines.leases import LEASE_KEEPER, check_lease_seconds
 from pipelines.models import (
     Checkpoint,
     Commit,
+    Event,
     JobRecord,
     JobStatus,
     LogEntry,
@@ -216,6 +218,7 @@ def _run_and_commit(
         logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
         return AdvanceResult.STALE, False
     new = commit.record
+    publish(job_id, commit.events)
     if result is AdvanceResult.ADVANCED and new.checkpoint is not None:
         for fn in ctx._on_commit:
             try:
@@ -235,6 +238,8 @@ def _build_commit(
     cp = rec.checkpoint
     buf = ctx._take_buffer()
     logs = list(buf.logs)
+    events: list[Event] = []
+    phase = cp.next_phase
     version = rec.version + 1
     base = {"version": version, "updated_at": now}
     if isinstance(outcome, Next) and outcome.next_phase not in pmap:
@@ -261,6 +266,7 @@ def _build_commit(
         new = rec.model_copy(update={**base, "checkpoint": new_cp, "transcript_len": tlen,
                                      "usage": usage + buf.usage, "phases_done": rec.phases_done + 1})
         messages, result = buf.messages, AdvanceResult.ADVANCED
+        events = buf.events
     elif isinstance(outcome, Done):
         tlen = rec.transcript_len + len(buf.messages)
         logs.append(_log(now, cp.next_phase, "info", "job complete"))
@@ -269,6 +275,7 @@ def _build_commit(
                                      "transcript_len": tlen, "usage": usage + buf.usage,
                                      "phases_done": rec.phases_done + 1})
         messages, result = buf.messages, AdvanceResult.COMPLETED
+        events = [*buf.events, make_event("job_finished", now, phase=phase, reason=outcome.reason or "done")]
     elif isinstance(outcome, RetryLater):
         # Same phase again later; journaled steps survive so they are not repeated.
         keep_journal = True
@@ -277,6 +284,7 @@ def _build_commit(
                                        "updated_at": now, "journal": {}})
         new = rec.model_copy(update={**base, "checkpoint": new_cp})
         result = AdvanceResult.RETRY_LATER
+        events = [make_event("retry_scheduled", now, phase=phase, delay=outcome.delay, reason=str(outcome))]
     elif isinstance(outcome, WaitForInput):
         keep_journal = True
         logs.append(_log(now, cp.next_phase, "warn", f"waiting: {outcome.reason}"))
@@ -285,6 +293,8 @@ def _build_commit(
                                                  "call_id": outcome.call_id},
                                      "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
         result = AdvanceResult.WAITING
+        kind = "approval_requested" if outcome.details.get("kind") == "approval" else "job_waiting"
+        events = [make_event(kind, now, phase=phase, reason=outcome.reason, **outcome.details)]
     else:
         assert isinstance(outcome, Fail)
         # The last good checkpoint stays, journal included, for a "resume" retry (I9).
@@ -293,8 +303,9 @@ def _build_commit(
         new = rec.model_copy(update={**base, "status": JobStatus.ERROR, "error": outcome.error,
                                      "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
         result = AdvanceResult.FAILED
+        events = [make_event("job_failed", now, phase=phase, error=outcome.error)]
     commit = Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token,
-                    record=new, append_messages=messages, logs=logs, keep_journal=keep_journal)
+                    record=new, append_messages=messages, logs=logs, events=events, keep_journal=keep_journal)
     return commit, result
 
 

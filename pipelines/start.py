@@ -19,6 +19,7 @@ from pipelines.errors import (
     JobNotFoundError,
     StaleVersionError,
 )
+from pipelines.events import make_event, publish
 from pipelines.leases import check_lease_seconds
 from pipelines.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry, Message, to_json_value, validate_job_id
 from pipelines.phase import Phase
@@ -121,10 +122,12 @@ def start_job(
             updated_at=now,
         )
         started = LogEntry(timestamp=now, phase=first, message="job started")
-        storage.create_job(record, messages=new_messages, logs=[started])
+        events = [make_event("job_started", now, phase=first, pipeline=pipeline)]
+        storage.create_job(record, messages=new_messages, logs=[started], events=events)
     else:
         restart = _restart(existing, first, state, retry_mode, new_messages, continue_completed, now, pipeline)
         record = restart.record
+        events = [make_event(restart.event, now, phase=record.checkpoint.next_phase if record.checkpoint else None)]
         commit = Commit(
             job_id=job_id,
             expected_version=existing.version,
@@ -135,11 +138,13 @@ def start_job(
             logs=[LogEntry(timestamp=now, phase=record.checkpoint.next_phase if record.checkpoint else None,
                            message=restart.why)],
             keep_journal=restart.keep_journal,
+            events=events,
         )
         try:
             storage.commit(commit)
         except StaleVersionError as exc:
             raise JobConflictError(f"job {job_id!r} changed while it was being restarted; try again") from exc
+    publish(job_id, events)
     scheduler.schedule_advance(job_id, 0.0, pipeline=pipeline, version=record.version)
     return record
 
@@ -153,6 +158,7 @@ def _fresh_checkpoint(phase: str, state: Any, version: int, now: float, tlen: in
 class _Restart:
     record: JobRecord
     why: str
+    event: str
     truncate_to: int | None = None
     keep_journal: bool = False
 
@@ -181,7 +187,7 @@ def _restart(
             "transcript_len": tlen, "base_transcript_len": tlen, "initial_phase": first, "initial_state": state,
             "pipeline": pipeline,
         })
-        return _Restart(record, "job continued with new messages")
+        return _Restart(record, "job continued with new messages", "job_continued")
     if new_messages:
         raise JobConflictError(
             f"job {jid!r} exists ({existing.status.value}); new messages only continue a complete job"
@@ -196,7 +202,7 @@ def _restart(
         })
         # The journal stays: steps that finished before the failure are not repeated.
         record = existing.model_copy(update={**running, "checkpoint": cp})
-        return _Restart(record, f"job retried (resume) at phase {cp.next_phase!r}", keep_journal=True)
+        return _Restart(record, f"job retried (resume) at phase {cp.next_phase!r}", "job_retried", keep_journal=True)
     # Full: the first phase, the initial state given now (or the stored one),
     # the transcript cut back to where this run began (I4).
     restart_state = state if state is not None else existing.initial_state
@@ -205,4 +211,4 @@ def _restart(
         **running, "result": None, "checkpoint": _fresh_checkpoint(first, restart_state, version, now, base),
         "transcript_len": base,
     })
-    return _Restart(record, "job retried (full)", truncate_to=base)
+    return _Restart(record, "job retried (full)", "job_retried", truncate_to=base)

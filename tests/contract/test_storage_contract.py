@@ -268,3 +268,25 @@ def test_a_worker_commits_and_journals_only_while_it_holds_the_lease(storage: St
     storage.commit(commit(rec, moved(rec)))
     got = storage.get_job("job-1")
     assert got is not None and got.version == 2
+
+
+def test_events_are_appended_with_their_commit_and_read_from_a_cursor(storage: Storage) -> None:
+    from pipelines.models import Event
+
+    def ev(kind: str, n: int) -> Event:
+        return Event(timestamp=float(n), type=kind, turn=n, data={"n": n})
+
+    rec = record()
+    storage.create_job(rec, events=[ev("job_started", 0)])
+    storage.commit(commit(rec, moved(rec), events=[ev("turn_started", 1), ev("tool_call", 1)]))
+    with pytest.raises(StaleVersionError):
+        storage.commit(commit(rec, moved(rec), events=[ev("stale", 9)]))
+    got = storage.events("job-1")
+    assert [(e.type, e.turn, e.data) for e in got] == [
+        ("job_started", 0, {"n": 0}), ("turn_started", 1, {"n": 1}), ("tool_call", 1, {"n": 1})]
+    assert len({e.id for e in got}) == 3 and all(e.id for e in got)
+    after_first = storage.events("job-1", after=got[0].id)
+    assert [e.type for e in after_first] == ["turn_started", "tool_call"]
+    assert storage.events("job-1", after=got[-1].id) == []
+    assert [e.type for e in storage.events("job-1", limit=1)] == ["job_started"]
+    assert storage.events("unknown") == []

@@ -320,7 +320,7 @@ def test_a_crafted_job_id_is_rejected_at_every_entry_and_writes_nothing(
 
 
 ALLOWED = ["a", "a:b", "a:b:record", "due", "jobs", "x.y", "-", "a_b", "A.b:C-9_z"]
-_KEY = re.compile(rf"{PREFIX}:\{{(?P<job>[^{{}}]+)\}}:(?P<kind>record|messages|logs|journal|lease)")
+_KEY = re.compile(rf"{PREFIX}:\{{(?P<job>[^{{}}]+)\}}:(?P<kind>record|messages|logs|journal|lease|events)")
 
 
 def _busy(ctx: PhaseContext[Any]) -> Next | Done:
@@ -358,7 +358,8 @@ def test_every_key_written_for_a_job_carries_the_prefix_and_exactly_its_hash_tag
     for job_id, kinds in seen.items():
         assert {"record", "logs"} <= kinds, (job_id, kinds)
         assert set(job_keys(PREFIX, job_id)) >= {f"{PREFIX}:{{{job_id}}}:{kind}" for kind in kinds}
-    assert seen["a:b"] == {"record", "logs", "journal", "lease"} and seen["a"] >= {"record", "messages", "logs"}
+    assert seen["a:b"] == {"record", "logs", "journal", "lease", "events"}
+    assert seen["a"] >= {"record", "messages", "logs", "events"}
     # The index members are the ids themselves, not key fragments.
     assert sorted(x.decode() for x in r.smembers(jobs)) == sorted(ALLOWED)
 
@@ -382,7 +383,14 @@ def test_a_job_id_that_is_a_prefix_of_another_never_reads_or_deletes_its_data(
         out: dict[str, Any] = {}
         for k in job_keys(PREFIX, job_id):
             kind = r.type(k).decode()
-            out[k] = (kind, r.hgetall(k) if kind == "hash" else r.lrange(k, 0, -1) if kind == "list" else r.get(k))
+            if kind == "hash":
+                out[k] = (kind, r.hgetall(k))
+            elif kind == "list":
+                out[k] = (kind, r.lrange(k, 0, -1))
+            elif kind == "stream":
+                out[k] = (kind, r.xrange(k))
+            else:
+                out[k] = (kind, r.get(k))
         return out
 
     others = {j: keys_of(j) for j in family[1:]}
@@ -401,8 +409,8 @@ def test_key_names_are_injective_over_prefixes_and_ids() -> None:
             assert name not in names, (name, names.get(name))
             names[name] = (prefix, "index", name)
         for job_id in ids:
-            for kind, name in zip(("record", "messages", "logs", "journal", "lease"), job_keys(prefix, job_id),
-                                  strict=True):
+            for kind, name in zip(("record", "messages", "logs", "journal", "lease", "events"),
+                                  job_keys(prefix, job_id), strict=True):
                 assert name not in names, (name, names.get(name), (prefix, job_id, kind))
                 names[name] = (prefix, job_id, kind)
     assert len({rq_job_id(j, v) for j in ids for v in (0, 1, 10)}) == len(ids) * 3
