@@ -16,9 +16,9 @@ from typing import Any, Protocol
 from adapters.base import Scheduler, Storage
 from pipelines.errors import ConfigurationError, InvalidPipelineError, PipelineError
 from pipelines.leases import check_lease_seconds
-from pipelines.models import validate_job_id
+from pipelines.models import JobRecord
 from pipelines.phase import Phase
-from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, phase_map, try_advance
+from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, phase_map
 from pipelines.start import RetryMode, start_job
 
 __all__ = ["App", "PipelineSource", "load_app"]
@@ -49,11 +49,16 @@ class App:
         pipelines: Mapping[str, Sequence[Phase]] | None = None,
         agents: Iterable[PipelineSource] = (),
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        continue_for: float = 0.0,
     ) -> None:
         self.storage = storage
         self.scheduler = scheduler
         self.lease_seconds = check_lease_seconds(lease_seconds)
+        # How long a worker may keep running a job's next due phases itself
+        # before handing the job back to the queue (see runner.try_advance).
+        self.continue_for = continue_for
         self._pipelines: dict[str, list[Phase]] = {}
+        self._maps: dict[str, dict[str, Phase]] = {}
         self._agents: dict[str, PipelineSource] = {}
         for name, phases in (pipelines or {}).items():
             self.add_pipeline(name, phases)
@@ -68,7 +73,7 @@ class App:
             raise InvalidPipelineError(f"a pipeline needs a non-empty name, got {name!r}")
         if name in self._pipelines:
             raise InvalidPipelineError(f"pipeline {name!r} is registered twice")
-        phase_map(phases)
+        self._maps[name] = phase_map(phases)
         self._pipelines[name] = list(phases)
 
     def add_agent(self, agent: PipelineSource) -> None:
@@ -112,13 +117,22 @@ class App:
         self.try_advance(job_id)
 
     def try_advance(self, job_id: str) -> AdvanceResult:
-        validate_job_id(job_id)
-        record = self.storage.get_job(job_id)
-        if record is None:
-            return AdvanceResult.UNKNOWN
-        phases = self.phases_for(record.pipeline)
-        return try_advance(job_id=job_id, phases=phases, storage=self.storage, scheduler=self.scheduler,
-                           lease_seconds=self.lease_seconds)
+        """Advance ``job_id`` with its own pipeline and say what happened.
+
+        The pipeline is looked up from the record loaded with the lease (one
+        round trip); a record naming a pipeline this app lacks raises
+        :class:`InvalidPipelineError`, with the lease released.
+        """
+
+        def phases_for(record: JobRecord) -> dict[str, Phase]:
+            pmap = self._maps.get(record.pipeline)
+            if pmap is None:
+                self.phases_for(record.pipeline)  # raises, naming what this app has
+            assert pmap is not None
+            return pmap
+
+        return advance_job(job_id, phases_for, storage=self.storage, scheduler=self.scheduler,
+                           lease_seconds=self.lease_seconds, continue_for=self.continue_for)
 
     def advance_due(self, *, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
         """Advance every running job that is due and not leased (the cron sweep, I7)."""

@@ -17,8 +17,10 @@ last good checkpoint kept for ``retry_mode="resume"``.
 from __future__ import annotations
 
 import logging
+import math
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -26,6 +28,7 @@ from adapters.base import Scheduler, Storage
 from pipelines._aio import resolve
 from pipelines.errors import (
     CorruptRecordError,
+    InvalidInputError,
     InvalidPipelineError,
     PipelineError,
     StaleVersionError,
@@ -59,6 +62,7 @@ from pipelines.phase import (
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "AdvanceResult",
+    "advance_job",
     "advance_phase",
     "phase_map",
     "try_advance",
@@ -126,11 +130,40 @@ def try_advance(
     storage: Storage,
     scheduler: Scheduler,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    continue_for: float = 0.0,
 ) -> AdvanceResult:
-    """``advance_phase`` that says what it did (for the CLI, the sweep and tests)."""
-    validate_job_id(job_id)
+    """``advance_phase`` that says what it did (for the CLI, the sweep and tests).
+
+    ``continue_for`` (seconds, default 0): after a commit whose next phase is
+    due at once, keep the lease and run that phase right away instead of a
+    queue round trip, until this much time has passed (the turn in progress
+    always finishes). A worker then serves one job for at most about that
+    long before it goes back to the queue, which keeps jobs fair.
+    """
     pmap = phase_map(phases)
+    return advance_job(job_id, lambda record: pmap, storage=storage, scheduler=scheduler,
+                       lease_seconds=lease_seconds, continue_for=continue_for)
+
+
+def advance_job(
+    job_id: str,
+    phases_for: Callable[[JobRecord], dict[str, Phase]],
+    *,
+    storage: Storage,
+    scheduler: Scheduler,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    continue_for: float = 0.0,
+) -> AdvanceResult:
+    """``try_advance`` with the phases chosen from the record (``App`` resolves them by pipeline name).
+
+    One round trip takes the lease and loads the record; ``phases_for`` runs
+    under the lease, so a job naming an unknown pipeline raises with the lease
+    released and nothing written.
+    """
+    validate_job_id(job_id)
     check_lease_seconds(lease_seconds)
+    if not isinstance(continue_for, int | float) or not 0 <= continue_for < math.inf:
+        raise InvalidInputError(f"continue_for must be a finite number of seconds >= 0, got {continue_for!r}")
     owner = uuid.uuid4().hex
     try:
         record = storage.acquire_lease(job_id, owner, lease_seconds)
@@ -141,20 +174,30 @@ def try_advance(
         raise
     if record is None:
         return AdvanceResult.BUSY if storage.get_job(job_id) is not None else AdvanceResult.UNKNOWN
+    held = LEASE_KEEPER.hold(storage, job_id, owner, lease_seconds)
     released = False
+    deadline = time.monotonic() + continue_for
     try:
-        cp = record.checkpoint
-        if record.status is not JobStatus.RUNNING or cp is None:
-            return AdvanceResult.NOT_RUNNING
-        now = scheduler.now()
-        # Queues deliver delayed messages with some imprecision (RQ: ~1 s);
-        # a scheduler may declare it, and we accept that much earliness
-        # rather than drop a message that nothing would send again.
-        if cp.due_at > now + float(getattr(scheduler, "precision", 0.0)):
-            return AdvanceResult.NOT_DUE
-        result, released = _run_and_commit(record, cp, pmap, storage, scheduler, owner, lease_seconds, now)
-        return result
+        while True:
+            cp = record.checkpoint
+            if record.status is not JobStatus.RUNNING or cp is None:
+                return AdvanceResult.NOT_RUNNING
+            now = scheduler.now()
+            # Queues deliver delayed messages with some imprecision (RQ: ~1 s);
+            # a scheduler may declare it, and we accept that much earliness
+            # rather than drop a message that nothing would send again.
+            if cp.due_at > now + float(getattr(scheduler, "precision", 0.0)):
+                return AdvanceResult.NOT_DUE
+            keep = continue_for > 0 and time.monotonic() < deadline
+            result, commit = _run_and_commit(record, cp, phases_for(record), storage, scheduler, owner, now, keep)
+            if commit is None:
+                return result
+            released = commit.release_lease
+            if released:
+                return result
+            record = commit.record  # exactly what storage now holds: go on without reloading
     finally:
+        LEASE_KEEPER.drop(held)
         if not released:
             storage.release_lease(job_id, owner)
 
@@ -166,9 +209,11 @@ def _run_and_commit(
     storage: Storage,
     scheduler: Scheduler,
     owner: str,
-    lease_seconds: float,
     now: float,
-) -> tuple[AdvanceResult, bool]:
+    keep_lease: bool,
+) -> tuple[AdvanceResult, Commit | None]:
+    """Run the phase and commit; ``(result, None)`` when fenced off. Schedules the next advance
+    unless the commit kept the lease to run it at once."""
     job_id = record.job_id
     current = {"record": record}
 
@@ -188,7 +233,6 @@ def _run_and_commit(
     phase = pmap.get(cp.next_phase)
     ctx: PhaseContext[Any] = PhaseContext(job_id=job_id, checkpoint=cp, storage=storage, owner=owner,
                                           clock=scheduler.now, saver=save, attempt=cp.attempt, usage=record.usage)
-    held = LEASE_KEEPER.hold(storage, job_id, owner, lease_seconds)
     try:
         if phase is None:
             outcome: object = Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pmap)}")
@@ -199,7 +243,7 @@ def _run_and_commit(
                 outcome = Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; expected Next, Done or Fail")
     except StaleVersionError:
         logger.info("job %s: fenced off (another worker moved it on)", job_id)
-        return AdvanceResult.STALE, False
+        return AdvanceResult.STALE, None
     except (RetryLater, WaitForInput) as sig:
         outcome = sig
     except FailJob as sig:
@@ -207,16 +251,14 @@ def _run_and_commit(
     except Exception as exc:
         logger.info("job %s: phase %s raised", job_id, cp.next_phase, exc_info=True)
         outcome = Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-    finally:
-        LEASE_KEEPER.drop(held)
 
     rec = current["record"]
-    commit, result = _build_commit(rec, ctx, outcome, pmap, owner, scheduler.now())
+    commit, result = _build_commit(rec, ctx, outcome, pmap, owner, scheduler.now(), keep_lease)
     try:
         storage.commit(commit)
     except StaleVersionError:
         logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
-        return AdvanceResult.STALE, False
+        return AdvanceResult.STALE, None
     new = commit.record
     publish(job_id, commit.events)
     if result is AdvanceResult.ADVANCED and new.checkpoint is not None:
@@ -225,14 +267,15 @@ def _run_and_commit(
                 fn(new.checkpoint)
             except Exception:
                 logger.warning("job %s: on_commit callback failed", job_id, exc_info=True)
-    if new.status is JobStatus.RUNNING and new.checkpoint is not None:
+    if commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
         delay = max(0.0, new.checkpoint.due_at - scheduler.now())
         scheduler.schedule_advance(job_id, delay, pipeline=new.pipeline, version=new.version)
-    return result, True
+    return result, commit
 
 
 def _build_commit(
-    rec: JobRecord, ctx: PhaseContext[Any], outcome: object, pmap: dict[str, Phase], owner: str, now: float
+    rec: JobRecord, ctx: PhaseContext[Any], outcome: object, pmap: dict[str, Phase], owner: str, now: float,
+    keep_lease: bool = False,
 ) -> tuple[Commit, AdvanceResult]:
     assert rec.checkpoint is not None
     cp = rec.checkpoint
@@ -305,7 +348,9 @@ def _build_commit(
         result = AdvanceResult.FAILED
         events = [make_event("job_failed", now, phase=phase, error=outcome.error)]
     commit = Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token,
-                    record=new, append_messages=messages, logs=logs, events=events, keep_journal=keep_journal)
+                    record=new, append_messages=messages, logs=logs, events=events, keep_journal=keep_journal,
+                    # Kept only to run the next phase at once (see try_advance's continue_for).
+                    release_lease=not (keep_lease and isinstance(outcome, Next) and outcome.delay == 0))
     return commit, result
 
 

@@ -519,3 +519,42 @@ def test_a_forked_child_can_run_phases_even_if_the_parent_held_the_lease_keeper_
                 os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_continue_for_runs_due_phases_inline_under_one_lease_then_hands_back() -> None:
+    from pipelines import App
+
+    storage, scheduler, _ = memory()
+    seen: list[int] = []
+
+    def step(ctx: PhaseContext[Any]) -> Next | Done:
+        seen.append(ctx.state)
+        if ctx.state == 3:
+            return Next("step", state=ctx.state + 1, delay=10.0)  # not due at once: back to the queue
+        return Next("step", state=ctx.state + 1) if ctx.state < 5 else Done(result=ctx.state)
+
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("step", step)]}, continue_for=60.0)
+    app.run_pipeline("p", job_id="job-1", initial_state=0)
+    assert scheduler.run_next()
+    assert seen == [0, 1, 2, 3]  # one queue message, four phases
+    job = storage.get_job("job-1")
+    assert job is not None and job.version == 5  # each phase still committed on its own
+    assert storage.lease_owner("job-1") is None and scheduler.pending() == 1
+    scheduler.drain()
+    assert seen == [0, 1, 2, 3, 4, 5] and storage.get_job("job-1").result == 5  # type: ignore[union-attr]
+
+
+def test_without_continue_for_each_advance_runs_one_phase() -> None:
+    from pipelines import App
+
+    storage, scheduler, _ = memory()
+    seen: list[int] = []
+
+    def step(ctx: PhaseContext[Any]) -> Next | Done:
+        seen.append(ctx.state)
+        return Next("step", state=ctx.state + 1) if ctx.state < 2 else Done()
+
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("step", step)]})
+    app.run_pipeline("p", job_id="job-1", initial_state=0)
+    scheduler.run_next()
+    assert seen == [0] and scheduler.pending() == 1
