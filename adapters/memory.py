@@ -109,7 +109,7 @@ class MemoryStorage:
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
                    events: Sequence[Event] = ()) -> None:
         validate_job_id(record.job_id)
-        text = record.model_dump_json()
+        text = record.model_dump_json(exclude_defaults=True)
         msgs = [_dumps(m, "a transcript message") for m in messages]
         log_lines = [e.model_dump_json() for e in logs]
         event_lines = [e.model_dump_json(exclude={"id"}) for e in events]
@@ -136,7 +136,7 @@ class MemoryStorage:
     def commit(self, commit: Commit) -> None:
         # Serialise before taking the lock: a value JSON cannot carry fails
         # here, with nothing written (I1).
-        text = commit.record.model_dump_json()
+        text = commit.record.model_dump_json(exclude_defaults=True)
         msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
         log_lines = [e.model_dump_json() for e in commit.logs]
         event_lines = [e.model_dump_json(exclude={"id"}) for e in commit.events]

@@ -349,7 +349,7 @@ class RedisStorage:
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         job_id = record.job_id
         keys = self._all_keys(job_id)
-        data = record.model_dump_json()
+        data = record.model_dump_json(exclude_defaults=True)  # defaults fill in on read
         msgs = [_dumps(m, "a transcript message") for m in messages]
         lines = [e.model_dump_json() for e in logs]
         event_lines = [e.model_dump_json(exclude={"id"}) for e in events]
@@ -371,7 +371,7 @@ class RedisStorage:
         job_id = commit.job_id
         keys = self._all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
-        data = commit.record.model_dump_json()
+        data = commit.record.model_dump_json(exclude_defaults=True)
         msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
         lines = [e.model_dump_json() for e in commit.logs]
         event_lines = [e.model_dump_json(exclude={"id"}) for e in commit.events]

@@ -3,7 +3,9 @@
 The ledger per call: the model response journals it as *intended*,
 ``tools:started`` as *started* (the ids about to run), ``tool:<call id>`` as
 *done* with its result. A call found started but not done after a crash
-follows its tool's ``on_interrupted`` policy.
+follows its tool's ``on_interrupted`` policy. When every call about to run
+belongs to a ``retry`` tool, *started* is not written: such a call runs again
+after a crash whether or not it had started, so the mark would change nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +60,11 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
             _apply_interrupt_policies(ctx, tmap, [c for c in pending if c["id"] in interrupted], turn)
             pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
         if pending:
-            ctx.record("tools:started", [c["id"] for c in pending])
+            if any(_policy(tmap, c) != "retry" for c in pending):
+                # Only a tool that does not simply run again needs to know it
+                # may have started: for "retry" tools, running again is the
+                # recovery whether or not they started, so the write is saved.
+                ctx.record("tools:started", [c["id"] for c in pending])
             _execute(ctx, tmap, pending, turn)
     return [tool_message(c, ctx.recorded(f"tool:{c['id']}")[1]) for c in calls]
 
@@ -94,6 +100,11 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
         names = ", ".join(f"{w['tool']} ({w['call_id']})" for w in waiting)
         raise WaitForInput(f"approval needed for {names}", call_id=waiting[0]["call_id"],
                            details={"kind": "approval", "calls": waiting})
+
+
+def _policy(tmap: dict[str, Tool], call: Mapping[str, Any]) -> str:
+    t = tmap.get((call.get("function") or {}).get("name", ""))
+    return "retry" if t is None else t.on_interrupted
 
 
 def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]],

@@ -40,7 +40,7 @@ def test_started_is_journaled_before_the_tool_runs_and_done_after() -> None:
     storage, scheduler, _ = memory()
     seen: list[dict[str, Any]] = []
 
-    @tool
+    @tool(idempotent=False)
     def probe(x: int) -> int:
         """Looks at the journal while running."""
         seen.append(storage.inspect("j")["journal"])
@@ -52,6 +52,22 @@ def test_started_is_journaled_before_the_tool_runs_and_done_after() -> None:
     assert set(seen[0]) == {"model", "tools:started"}  # intended (model) and started, not yet done
     assert seen[0]["tools:started"] == ["c1"]
     assert storage.messages("j")[2]["content"] == "1"
+
+
+def test_retry_only_batches_skip_the_started_mark() -> None:
+    storage, scheduler, _ = memory()
+    seen: list[dict[str, Any]] = []
+
+    @tool
+    def probe(x: int) -> int:
+        """Idempotent: running it again is its recovery."""
+        seen.append(storage.inspect("j")["journal"])
+        return x
+
+    model = ScriptedModel([reply(None, {**call("probe", x=1), "id": "c1"}), "ok"])
+    Agent(model=model, tools=[probe]).run(job_id="j", messages=["go"], storage=storage, scheduler=scheduler)
+    scheduler.run_next()
+    assert set(seen[0]) == {"model"}
 
 
 def test_retry_policy_runs_an_interrupted_idempotent_call_again() -> None:
