@@ -7,6 +7,7 @@ the queue. Fields added later must carry defaults so old records still load.
 from __future__ import annotations
 
 import json
+import math
 import re
 from enum import StrEnum
 from typing import Any, Generic, Literal, TypeVar
@@ -75,6 +76,8 @@ def to_json_value(value: Any, *, what: str = "value") -> JSONValue:
     """
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
+    if _plain(value):
+        return value  # already exactly its JSON form: skip the round trip (hot path)
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -88,6 +91,20 @@ def to_json_value(value: Any, *, what: str = "value") -> JSONValue:
             f"{what} does not survive a JSON round trip (tuples, non-string keys or the like); use lists and str keys"
         )
     return loaded
+
+
+def _plain(value: Any) -> bool:
+    """True for data made only of dict/list/str/int/finite float/bool/None (exact types, str keys)."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return True
+    if t is float:
+        return math.isfinite(value)
+    if t is list:
+        return all(_plain(x) for x in value)
+    if t is dict:
+        return all(type(k) is str and _plain(x) for k, x in value.items())
+    return False
 
 
 class JobStatus(StrEnum):

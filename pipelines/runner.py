@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
@@ -58,6 +57,7 @@ from pipelines.phase import (
     WaitForInput,
     validate_state,
 )
+from pipelines.tokens import new_token
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -164,7 +164,7 @@ def advance_job(
     check_lease_seconds(lease_seconds)
     if not isinstance(continue_for, int | float) or not 0 <= continue_for < math.inf:
         raise InvalidInputError(f"continue_for must be a finite number of seconds >= 0, got {continue_for!r}")
-    owner = uuid.uuid4().hex
+    owner = new_token()
     try:
         record = storage.acquire_lease(job_id, owner, lease_seconds)
     except CorruptRecordError:
@@ -225,7 +225,7 @@ def _run_and_commit(
         t = scheduler.now()
         new_cp = rec.checkpoint.model_copy(update={"state": value, "version": version, "updated_at": t, "journal": {}})
         new = rec.model_copy(update={"checkpoint": new_cp, "version": version, "updated_at": t})
-        storage.commit(Commit(job_id=job_id, expected_version=rec.version, owner=owner, token=uuid.uuid4().hex,
+        storage.commit(Commit(job_id=job_id, expected_version=rec.version, owner=owner, token=new_token(),
                               record=new, keep_journal=True, release_lease=False))
         current["record"] = new
         return version
@@ -300,7 +300,7 @@ def _build_commit(
     keep_journal = False
     messages: list[Message] = []
     usage = rec.usage
-    token = uuid.uuid4().hex
+    token = new_token()
     if isinstance(outcome, Next):
         tlen = rec.transcript_len + len(buf.messages)
         new_cp = Checkpoint[Any](next_phase=outcome.next_phase, state=value, version=version, attempt=0,
