@@ -217,7 +217,10 @@ class _AgentTurn:
                 outcome = _structured(ctx, self.model, self.output_schema, self.prefix + past, new_messages,
                                       outcome, self.request_params, state.turn)
         ctx.append_messages(new_messages)
-        self.history.remember_after_commit(ctx, [*past, *new_messages])
+        if isinstance(outcome, Next):
+            self.history.remember_after_commit(ctx, [*past, *new_messages])
+        else:
+            self.history.forget(ctx.job_id)
         return outcome
 
     def decide(self, ctx: PhaseContext[Any], info: TurnInfo, truncated: bool, usage: Usage) -> Next | Done:
@@ -307,13 +310,22 @@ class _HistoryCache:
 
     An entry is valid only for the exact checkpoint its turn committed
     (``commit_id``); any other writer, a retry or a truncation misses it and
-    the transcript is read from storage. Bounded: least recently used out.
+    the transcript is read from storage. Bounded by jobs and by messages held
+    in all (least recently used out); a finished job's entry is dropped.
     """
 
-    def __init__(self, size: int = 256) -> None:
+    def __init__(self, size: int = 256, max_messages: int = 50_000) -> None:
         self._entries: OrderedDict[str, tuple[str, list[Message]]] = OrderedDict()
         self._size = size
+        self._max_messages = max_messages
+        self._held = 0
         self._lock = threading.Lock()
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            old = self._entries.pop(job_id, None)
+            if old is not None:
+                self._held -= len(old[1])
 
     def get(self, ctx: PhaseContext[Any]) -> list[Message]:
         commit_id = ctx.checkpoint.commit_id
@@ -326,10 +338,12 @@ class _HistoryCache:
     def remember_after_commit(self, ctx: PhaseContext[Any], messages: list[Message]) -> None:
         def put(cp: Any) -> None:
             with self._lock:
+                old = self._entries.pop(ctx.job_id, None)
+                self._held += len(messages) - (len(old[1]) if old else 0)
                 self._entries[ctx.job_id] = (cp.commit_id, messages)
-                self._entries.move_to_end(ctx.job_id)
-                while len(self._entries) > self._size:
-                    self._entries.popitem(last=False)
+                while self._entries and (len(self._entries) > self._size or self._held > self._max_messages):
+                    _, (_, dropped) = self._entries.popitem(last=False)
+                    self._held -= len(dropped)
 
         ctx.on_commit(put)
 

@@ -406,3 +406,27 @@ def test_a_worker_that_runs_the_next_turn_reads_no_history_but_never_a_stale_one
     scheduler.drain()
     assert len(reads) == 2
     assert [len(c.messages) for c in model.calls[4:]] == [1, 3, 5, 7]
+
+
+def test_the_history_cache_is_bounded_by_messages_and_drops_finished_jobs() -> None:
+    from phases.agent_turn import _HistoryCache
+
+    cache = _HistoryCache(size=10, max_messages=5)
+    hooks: list[Any] = []
+
+    class Ctx:
+        def __init__(self, job_id: str) -> None:
+            self.job_id = job_id
+
+        def on_commit(self, fn: Any) -> None:
+            hooks.append(fn)
+
+    class Cp:
+        commit_id = "c"
+
+    for job in ("a", "b", "c"):
+        cache.remember_after_commit(Ctx(job), [{"role": "user", "content": job}] * 2)  # type: ignore[arg-type]
+        hooks.pop()(Cp())
+    assert list(cache._entries) == ["b", "c"] and cache._held == 4  # "a" went: 6 messages > 5
+    cache.forget("b")
+    assert list(cache._entries) == ["c"] and cache._held == 2
