@@ -23,8 +23,10 @@ raises ``TransientModelError`` without retrying here.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -39,6 +41,8 @@ import tenacity
 from phases.model import ModelRequest, ModelResponse
 from pipelines.errors import ModelError, PermanentModelError, TransientModelError
 from pipelines.models import Message, Usage
+
+logger = logging.getLogger("pipelines")
 
 __all__ = ["BLOCK_REMOTE_MODELS_ENV", "LiteLLMModel", "warm"]
 
@@ -83,8 +87,21 @@ def _litellm() -> Any:
 
 
 def warm() -> None:
-    """Import and configure litellm now (~3-5 s), e.g. in an RQ worker's parent before it forks."""
-    _litellm()
+    """Import and configure litellm now (~3-5 s), e.g. in an RQ worker's parent before it forks.
+
+    Also makes one offline call (``mock_response``, no network): litellm
+    imports more modules lazily at its first completion, and a forked
+    work-horse would otherwise pay for them on every turn.
+    """
+    llm = _litellm()
+    tool = {"type": "function", "function": {"name": "noop", "description": "", "parameters": {"type": "object"}}}
+    try:
+        response = llm.completion(model="openai/warmup", messages=[{"role": "user", "content": "hi"}],
+                                  tools=[tool], mock_response="ok", max_retries=0, num_retries=0)
+        with contextlib.suppress(Exception):  # pricing an unknown model raises; only the imports matter
+            llm.completion_cost(completion_response=response)
+    except Exception:  # warming is an optimisation: never fail a worker's start over it
+        logger.debug("litellm warm-up call failed", exc_info=True)
 
 
 class LiteLLMModel:
