@@ -325,3 +325,20 @@ def test_fake_server_cli_serves_w1_to_litellm() -> None:
         if proc.stdout is not None:
             proc.stdout.close()
     assert proc.returncode == 0
+
+
+def test_warm_imports_litellm_and_runs_one_offline_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    import litellm
+
+    from phases import litellm_model
+
+    calls: list[dict[str, Any]] = []
+    real = litellm.completion
+
+    def spy(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(litellm, "completion", spy)
+    litellm_model.warm()
+    assert len(calls) == 1 and calls[0]["mock_response"] == "ok"  # offline: no request leaves the process
