@@ -11,8 +11,12 @@ that app's storage and scheduler::
     pipelines log       --app X JOB
     pipelines transcript --app X JOB [--pretty]
     pipelines retry     --app X JOB [--full]
-    pipelines cancel    --app X JOB
+    pipelines cancel    --app X JOB [--wait S] [--force]
     pipelines jobs      --app X [--status running] [--limit N]
+    pipelines pause | resume --app X JOB
+    pipelines approve   --app X JOB CALL
+    pipelines reject    --app X JOB CALL --reason "..."
+    pipelines tail      --app X JOB [--follow] [--after EVENT_ID]
 
 Exit codes: 0 success, 1 an error explained on stderr as ``error: ...``
 (unknown job, bad app path, Redis unreachable, ...), 2 bad command-line usage.
@@ -42,6 +46,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pipelines import cli_actions
 from pipelines.app import App, load_app
 from pipelines.control import cancel_job, requeue_overdue, retry_job, sweep_overdue
 from pipelines.errors import ConfigurationError, JobNotFoundError, PipelineError
@@ -246,7 +251,7 @@ def cmd_retry(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
-    rec = cancel_job(args.job, storage=app.storage, scheduler=app.scheduler)
+    rec = cancel_job(args.job, storage=app.storage, scheduler=app.scheduler, wait=args.wait, force=args.force)
     kept = f", checkpoint kept at phase {rec.checkpoint.next_phase!r}" if rec.checkpoint else ""
     print(f"{rec.job_id}: cancelled{kept}", file=out)
     return 0
@@ -317,12 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--full", action="store_true", help="restart from the first phase and the initial state")
 
-    p = add("cancel", cmd_cancel, "cancel a job, keeping its checkpoint")
+    p = add("cancel", cmd_cancel, "cancel a job at its next turn boundary, keeping its checkpoint")
     p.add_argument("job")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for a turn in flight (default: 30)")
+    p.add_argument("--force", action="store_true", help="do not wait: a turn in flight is fenced off and discarded")
 
     p = add("jobs", cmd_jobs, "list jobs: id, status, pipeline, phase, version, updated")
     p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    cli_actions.register(add, _load, _when)
     return parser
 
 

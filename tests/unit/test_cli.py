@@ -221,13 +221,13 @@ def test_cancel_of_a_complete_job_is_a_conflict(app: App) -> None:
         retry_job("nope", app=app)
 
 
-def test_cancel_fences_off_a_turn_in_flight(app: App) -> None:
+def test_a_forced_cancel_fences_off_a_turn_in_flight(app: App) -> None:
     app.run_pipeline("etl", job_id="e")
     storage = app.storage
     assert isinstance(storage, MemoryStorage)
     before = storage.acquire_lease("e", "worker-1", 60)  # a worker is mid-phase
     assert before is not None
-    cancel_job("e", storage=storage, scheduler=app.scheduler)
+    cancel_job("e", storage=storage, scheduler=app.scheduler, force=True)
     with pytest.raises(StaleVersionError):
         storage.record_step("e", version=before.version, owner="worker-1", key="model", value=1)
     done = before.model_copy(update={"status": JobStatus.COMPLETE, "version": before.version + 1})

@@ -1,0 +1,97 @@
+"""``pipelines`` commands for people acting on a job: pause, resume, approve, reject, and tail its events.
+
+Registered by :func:`pipelines.cli.build_parser`; see that module for the
+common ``--app`` option and exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
+
+from pipelines.approvals import approve, reject
+from pipelines.control import pause_job, resume_job
+from pipelines.errors import JobNotFoundError
+from pipelines.models import Event, JobStatus
+
+if TYPE_CHECKING:
+    from pipelines.app import App
+
+__all__ = ["register"]
+
+AddCommand = Callable[[str, Callable[[argparse.Namespace, TextIO], int], str], argparse.ArgumentParser]
+LoadApp = Callable[[str | None], "App"]
+
+_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+
+
+def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]) -> None:
+    """Add this module's commands to the parser (``add`` makes one subcommand)."""
+
+    def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        rec = pause_job(args.job, storage=app.storage, scheduler=app.scheduler, wait=args.wait)
+        print(f"{rec.job_id}: paused at phase {rec.checkpoint.next_phase if rec.checkpoint else '-'!r}", file=out)
+        return 0
+
+    def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        rec = resume_job(args.job, storage=app.storage, scheduler=app.scheduler)
+        print(f"{rec.job_id}: resumed, status {rec.status.value}", file=out)
+        return 0
+
+    def cmd_approve(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        approve(args.job, args.call, storage=app.storage, scheduler=app.scheduler)
+        print(f"{args.job}: call {args.call} approved", file=out)
+        return 0
+
+    def cmd_reject(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        reject(args.job, args.call, reason=args.reason, storage=app.storage, scheduler=app.scheduler)
+        print(f"{args.job}: call {args.call} rejected", file=out)
+        return 0
+
+    def show(event: Event) -> str:
+        turn = f" turn {event.turn}" if event.turn is not None else ""
+        return f"{when(event.timestamp)}  {event.id}  {event.type}{turn}  {json.dumps(event.data, sort_keys=True)}"
+
+    def cmd_tail(args: argparse.Namespace, out: TextIO) -> int:
+        """Print the job's events; with --follow keep printing new ones until the job finishes."""
+        app = load(args.app)
+        if app.storage.get_job(args.job) is None:
+            raise JobNotFoundError(f"job {args.job!r} not found")
+        cursor = args.after
+        deadline = time.monotonic() + args.timeout if args.timeout else None
+        while True:
+            for event in app.storage.events(args.job, after=cursor):
+                print(show(event), file=out, flush=True)
+                cursor = event.id
+            rec = app.storage.get_job(args.job)
+            if not args.follow or rec is None or rec.status in _FINISHED:
+                return 0
+            if deadline is not None and time.monotonic() >= deadline:
+                return 0
+            time.sleep(args.poll)
+
+    p = add("pause", cmd_pause, "pause a running job at its next turn boundary")
+    p.add_argument("job")
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for a turn in flight (default: 30)")
+    p = add("resume", cmd_resume, "resume a paused job")
+    p.add_argument("job")
+    p = add("approve", cmd_approve, "approve a tool call a job is waiting on")
+    p.add_argument("job")
+    p.add_argument("call", help="the tool call id (see `pipelines status JOB`)")
+    p = add("reject", cmd_reject, "reject a tool call a job is waiting on; the model gets the reason")
+    p.add_argument("job")
+    p.add_argument("call")
+    p.add_argument("--reason", required=True, help="why; sent to the model as the tool's result")
+    p = add("tail", cmd_tail, "print a job's events (--follow: live, until it finishes)")
+    p.add_argument("job")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the job ends")
+    p.add_argument("--after", help="start after this event id (a cursor printed earlier)")
+    p.add_argument("--poll", type=float, default=0.5, help="seconds between polls with --follow (default: 0.5)")
+    p.add_argument("--timeout", type=float, default=0.0, help="stop following after this many seconds (0: never)")
