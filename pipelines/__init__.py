@@ -40,6 +40,7 @@ from phases.tools import Tool, ToolContext, tool  # isort: skip
 from pipelines.agent import Agent, build_agent_phase, run_agent  # isort: skip
 from pipelines.approvals import approve, pending_calls, record_tool_result, reject  # isort: skip
 from pipelines.app import App, load_app  # isort: skip
+from pipelines.control import cancel_job, pause_job, resume_job, retry_job  # isort: skip
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -55,8 +56,12 @@ __all__ = [
     "TurnPlan",
     "approve",
     "build_agent_phase",
+    "cancel_job",
+    "pause_job",
     "pending_calls",
     "reject",
+    "resume_job",
+    "retry_job",
     "has_tool_call",
     "load_app",
     "on_event",

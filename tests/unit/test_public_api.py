@@ -14,7 +14,8 @@ def test_all_names_exist_and_are_public() -> None:
     for name in pipelines.__all__:
         assert hasattr(pipelines, name), name
     contract = {"Phase", "PhaseContext", "Next", "Done", "Fail", "run_pipeline", "advance_phase",
-                "JobRecord", "JobStatus", "Checkpoint", "LogEntry"}
+                "JobRecord", "JobStatus", "Checkpoint", "LogEntry", "run_agent", "build_agent_phase", "tool", "Tool",
+                "approve", "reject", "pause_job", "resume_job", "cancel_job"}
     assert contract <= set(pipelines.__all__)
 
 
