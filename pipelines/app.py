@@ -134,10 +134,15 @@ class App:
         return advance_job(job_id, phases_for, storage=self.storage, scheduler=self.scheduler,
                            lease_seconds=self.lease_seconds, continue_for=self.continue_for)
 
-    def advance_due(self, *, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
-        """Advance every running job that is due and not leased (the cron sweep, I7)."""
+    def advance_due(self, *, grace: float = 0.0, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
+        """Advance every running job that is due (for at least ``grace`` seconds) and not leased: the sweep (I7).
+
+        A periodic sweep next to live workers uses a grace period so it only
+        picks up jobs the queue failed to deliver (a lost message, a dead
+        worker) instead of racing the queue for every fresh turn.
+        """
         done: list[tuple[str, AdvanceResult]] = []
-        for job_id in self.storage.due_jobs(self.scheduler.now(), limit=limit):
+        for job_id in self.storage.due_jobs(self.scheduler.now() - grace, limit=limit):
             try:
                 done.append((job_id, self.try_advance(job_id)))
             except PipelineError as exc:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
+from pipelines.errors import JobConflictError, JobNotFoundError, StaleVersionError
 from pipelines.events import make_event, publish
 from pipelines.models import Commit, JobRecord, JobStatus, LogEntry, validate_job_id
 from pipelines.runner import AdvanceResult
@@ -154,21 +154,8 @@ def retry_job(job_id: str, *, app: App, full: bool = False) -> JobRecord:
 
 
 def sweep_overdue(app: App, *, grace: float = 0.0, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
-    """Advance every running job that has been due for at least ``grace`` seconds (I7).
-
-    ``grace=0`` is :meth:`App.advance_due`. A worker's periodic sweep uses a
-    grace period so it only picks up jobs the queue failed to deliver (a lost
-    message, a dead worker) instead of racing the queue for every fresh turn.
-    One job failing does not stop the sweep.
-    """
-    done: list[tuple[str, AdvanceResult]] = []
-    for job_id in app.storage.due_jobs(app.scheduler.now() - grace, limit=limit):
-        try:
-            done.append((job_id, app.try_advance(job_id)))
-        except PipelineError as exc:
-            logger.error("sweep: job %s: %s", job_id, exc)
-            done.append((job_id, AdvanceResult.UNKNOWN))
-    return done
+    """Advance every running job due for at least ``grace`` seconds (I7); see :meth:`App.advance_due`."""
+    return app.advance_due(grace=grace, limit=limit)
 
 
 def requeue_overdue(app: App, *, grace: float, limit: int = 1000) -> list[str]:
