@@ -5,6 +5,8 @@ Configured from the environment (the bench sets these for its workers)::
     BENCH_REDIS_URL   the bench's private redis-server (required)
     BENCH_QUEUE       RQ queue name (default "bench")
     BENCH_TURNS       W1 turns per job (default 10)
+    BENCH_CONTINUE    App.continue_for in seconds (default 0.25, as examples/production
+                      configures it; 0 = one turn per queue message)
 """
 
 from __future__ import annotations
@@ -28,18 +30,19 @@ def w1_agent(turns: int, model: object | None = None) -> Agent:
                  system=w1.SYSTEM, max_turns=turns + 1)
 
 
-def build(url: str, *, queue: str = "bench", turns: int = 10) -> App:
+def build(url: str, *, queue: str = "bench", turns: int = 10, continue_for: float = 0.25) -> App:
     storage = RedisStorage.from_url(url)
     scheduler = RQScheduler(storage.client, queue=queue, app=APP_PATH, job_timeout=120, result_ttl=300,
                             failure_ttl=3600)
-    return App(storage=storage, scheduler=scheduler, agents=[w1_agent(turns)])
+    return App(storage=storage, scheduler=scheduler, agents=[w1_agent(turns)], continue_for=continue_for)
 
 
 def _from_env() -> App | None:
     url = os.environ.get("BENCH_REDIS_URL")
     if not url:
         return None
-    return build(url, queue=os.environ.get("BENCH_QUEUE", "bench"), turns=int(os.environ.get("BENCH_TURNS", "10")))
+    return build(url, queue=os.environ.get("BENCH_QUEUE", "bench"), turns=int(os.environ.get("BENCH_TURNS", "10")),
+                 continue_for=float(os.environ.get("BENCH_CONTINUE", "0.25")))
 
 
 app = _from_env()
