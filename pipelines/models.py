@@ -94,16 +94,31 @@ def to_json_value(value: Any, *, what: str = "value") -> JSONValue:
 
 
 def _plain(value: Any) -> bool:
-    """True for data made only of dict/list/str/int/finite float/bool/None (exact types, str keys)."""
+    """True for data made only of dict/list/str/int/finite float/bool/None (exact types, str keys).
+
+    Written as loops with the leaf types tested inline: it runs on every
+    journaled step, message and event, and recursion per leaf costs more than
+    the JSON round trip it replaces.
+    """
     t = type(value)
     if t is str or t is int or t is bool or value is None:
         return True
     if t is float:
         return math.isfinite(value)
-    if t is list:
-        return all(_plain(x) for x in value)
     if t is dict:
-        return all(type(k) is str and _plain(x) for k, x in value.items())
+        for k, v in value.items():
+            if type(k) is not str:
+                return False
+            tv = type(v)
+            if not (tv is str or tv is int or tv is bool or v is None) and not _plain(v):
+                return False
+        return True
+    if t is list:
+        for v in value:
+            tv = type(v)
+            if not (tv is str or tv is int or tv is bool or v is None) and not _plain(v):
+                return False
+        return True
     return False
 
 
