@@ -7,6 +7,7 @@ open turn, bound to the exact arguments shown, and reschedule the job. The
 decision lives in that turn's journal, next to the call's ledger entry: once
 the call has run, its journaled result is what a retry reuses, so an approved
 call cannot run twice, and the next turn starts with no approvals at all.
+When a turn waits on several calls, the job goes on once each is decided.
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ def _turn_call(record: JobRecord, call_id: str) -> dict[str, Any]:
 
 
 def pending_calls(job_id: str, *, storage: Storage) -> list[dict[str, Any]]:
-    """The calls a waiting job needs a decision on: ``[{"call_id", "tool", "arguments"}]``."""
-    record = _load(job_id, storage)
-    if record.status is not JobStatus.WAITING or record.waiting is None:
+    """The calls a waiting job still needs a decision on: ``[{"call_id", "tool", "arguments"}]``."""
+    return _undecided(_load(job_id, storage))
+
+
+def _undecided(record: JobRecord) -> list[dict[str, Any]]:
+    if record.status is not JobStatus.WAITING or record.waiting is None or record.checkpoint is None:
         return []
-    return list(record.waiting.get("calls") or [])
+    journal = record.checkpoint.journal
+    return [c for c in record.waiting.get("calls") or [] if f"approval:{c.get('call_id')}" not in journal]
 
 
 def approve(job_id: str, call_id: str, *, storage: Storage, scheduler: Scheduler) -> None:
@@ -69,10 +74,16 @@ def _decide(job_id: str, call_id: str, decision: dict[str, Any], storage: Storag
         raise JobConflictError(f"job {job_id!r} is {record.status.value}, not waiting for an approval")
     if call_id not in {c.get("call_id") for c in waiting.get("calls") or []}:
         raise InvalidInputError(f"job {job_id!r} is not waiting for an approval of call {call_id!r}")
+    if call_id not in {c.get("call_id") for c in _undecided(record)}:
+        raise JobConflictError(f"call {call_id!r} of job {job_id!r} is already decided")
     call = _turn_call(record, call_id)
     storage.record_step(job_id, version=record.version, owner=None, key=f"approval:{call_id}",
                         value={**decision, "digest": arguments_digest(call)})
-    _resume(record, f"call {call_id} {decision['decision']}", storage, scheduler)
+    # The job goes on once every call it waits on is decided, so a person
+    # can decide several calls one after the other.
+    after = storage.get_job(job_id)
+    if after is not None and not _undecided(after):
+        _resume(after, f"call {call_id} {decision['decision']}", storage, scheduler)
 
 
 def record_tool_result(job_id: str, call_id: str, result: Any, *, storage: Storage, scheduler: Scheduler) -> None:

@@ -133,8 +133,10 @@ def test_several_calls_needing_approval_wait_for_every_decision() -> None:
     assert [c["call_id"] for c in pending_calls("r", storage=storage)] == ["x", "y"]
     approve("r", "x", storage=storage, scheduler=scheduler)
     scheduler.drain()
-    assert storage.get_job("r").status is JobStatus.WAITING and refunds == []
+    assert storage.get_job("r").status is JobStatus.WAITING and refunds == []  # still one to decide
     assert [c["call_id"] for c in pending_calls("r", storage=storage)] == ["y"]
+    with pytest.raises(JobConflictError, match="already decided"):
+        approve("r", "x", storage=storage, scheduler=scheduler)
     reject("r", "y", reason="duplicate", storage=storage, scheduler=scheduler)
     scheduler.drain()
     assert storage.get_job("r").status is JobStatus.COMPLETE and refunds == [1]
