@@ -17,10 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from adapters.memory import MemoryScheduler, MemoryStorage
-from pipelines import Agent, tool
+from pipelines import Agent, ToolContext, approve, pending_calls, tool
 from pipelines.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 
@@ -54,29 +56,61 @@ def get_policy(topic: str) -> str:
     return POLICIES.get(topic.strip().lower(), f"No policy named {topic!r}; topics: {', '.join(POLICIES)}")
 
 
+REFUNDS: list[dict[str, Any]] = []
+
+
+@tool(needs_approval=True, idempotent=False, on_interrupted="ask")
+def issue_refund(order_id: str, amount_eur: float, ctx: ToolContext) -> dict[str, Any]:
+    """Refund an order. A person approves every refund before it is paid."""
+    # The idempotency key lets the payment provider drop a duplicate request.
+    REFUNDS.append({"order_id": order_id, "amount_eur": amount_eur, "idempotency_key": ctx.idempotency_key})
+    return {"refunded": True, "order_id": order_id, "amount_eur": amount_eur}
+
+
+class SupportAnswer(BaseModel):
+    """What the shop's systems get back from a conversation (structured output)."""
+
+    order_id: str
+    order_status: str
+    refund_issued: bool
+    reply: str
+
+
 def scripted_support_model() -> ScriptedModel:
     """What a good model would do here, decided from the transcript so every job gets its own answers."""
 
     def next_turn(messages: list[Message]) -> Any:
-        tool_results = [m for m in messages if m.get("role") == "tool"]
-        if not tool_results:
+        results = [m for m in messages if m.get("role") == "tool"]
+        last = messages[-1]
+        if last.get("role") == "user" and str(last.get("content", "")).startswith("Now reply with only a JSON"):
+            order = json.loads(results[0]["content"])
+            refunded = any('"refunded": true' in str(m.get("content")) for m in results)
+            return reply(json.dumps({"order_id": order["order_id"], "order_status": order["status"],
+                                     "refund_issued": refunded, "reply": messages[-2]["content"]}))
+        question = next(str(m.get("content", "")) for m in messages if m.get("role") == "user")
+        wants_refund = "refund" in question.lower()
+        if not results:
             return reply("Let me look that up.", call("lookup_order", order_id="A-1001"))
-        if len(tool_results) == 1:
+        if len(results) == 1:
             return reply(None, call("get_policy", topic="returns"))
-        order = json.loads(tool_results[0]["content"])
+        order = json.loads(results[0]["content"])
+        if len(results) == 2 and wants_refund:
+            return reply(None, call("issue_refund", order_id=order["order_id"], amount_eur=order["total_eur"]))
+        refund = " I have refunded it." if len(results) == 3 and "refunded" in results[2]["content"] else ""
         return reply(
             f"Your order {order['order_id']} has {order['status']} with {order['carrier']} and should arrive on "
             f"{order['eta']}. You can return it within 30 days of delivery for a full refund, and shipping it "
-            "back is free."
+            f"back is free.{refund}"
         )
 
     return ScriptedModel(next_turn)
 
 
-def build_agent(model: Any = None, model_params: dict[str, Any] | None = None) -> Agent:
+def build_agent(model: Any = None, model_params: dict[str, Any] | None = None, *, refunds: bool = True) -> Agent:
     """The agent, described once: used by the demo, the tests and the production worker."""
-    return Agent(name="support", model=model or scripted_support_model(), tools=[lookup_order, get_policy],
-                 system=SYSTEM, max_turns=6, model_params=model_params)
+    tools = [lookup_order, get_policy, *([issue_refund] if refunds else [])]
+    return Agent(name="support", model=model or scripted_support_model(), tools=tools, system=SYSTEM,
+                 max_turns=8, model_params=model_params, output_schema=SupportAnswer if refunds else None)
 
 
 def print_transcript(messages: list[Message]) -> None:
@@ -95,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a litellm model id; default: the offline scripted model")
     parser.add_argument("--api-base", help="an OpenAI-compatible endpoint for --model")
-    parser.add_argument("--question", default="Hi! Where is my order A-1001, and can I still return it?")
+    parser.add_argument("--question", default="Hi! Where is my order A-1001? It arrived damaged, please refund it.")
     args = parser.parse_args(argv)
 
     params = {"api_base": args.api_base} if args.api_base else None
@@ -106,18 +140,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"job support-1 enqueued ({scheduler.pending()} advance pending); running turns:\n")
     shown = 0
     turn = 0
-    while scheduler.run_next():  # one turn per advance; `scheduler.drain()` does the same in one call
-        turn += 1
-        messages = storage.messages("support-1")
-        print(f"turn {turn}:")
-        print_transcript(messages[shown:] if shown else messages)
-        shown = len(messages)
+    while True:
+        while scheduler.run_next():  # one turn per advance; `scheduler.drain()` does the same in one call
+            messages = storage.messages("support-1")
+            if len(messages) > shown:  # (an advance that stopped to wait for a person committed no messages)
+                turn += 1
+                print(f"turn {turn}:")
+                print_transcript(messages[shown:] if shown else messages)
+                shown = len(messages)
+        pending = pending_calls("support-1", storage=storage)
+        if not pending:
+            break
+        for p in pending:  # in production a person does this: `pipelines approve JOB CALL`
+            print(f"\n  waiting for a person: {p['tool']}({p['arguments']}) -> approved\n")
+            approve("support-1", p["call_id"], storage=storage, scheduler=scheduler)
     job = storage.get_job("support-1")
     assert job is not None
     print(f"\nstatus: {job.status}   model calls: {job.usage.model_calls}   "
           f"tokens: {job.usage.total_tokens}   transcript: {len(storage.messages('support-1'))} messages")
     if job.error:
         print(f"error: {job.error}")
+    else:
+        print(f"structured result: {agent.result('support-1', storage=storage)!r}")
     return 0 if job.status == "complete" else 1
 
 

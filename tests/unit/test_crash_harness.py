@@ -14,7 +14,7 @@ from pipelines.testing import ScriptedModel, call, crash_test, reply, transcript
 
 
 def start_support(storage: Storage, scheduler: Scheduler) -> None:
-    build_agent().run(job_id="t", messages=["Where is A-1001?"], storage=storage, scheduler=scheduler)
+    build_agent(refunds=False).run(job_id="t", messages=["Where is A-1001?"], storage=storage, scheduler=scheduler)
 
 
 def test_the_support_agent_survives_a_crash_at_every_boundary() -> None:

@@ -18,11 +18,14 @@ def test_make_demo_program_runs_offline_and_completes() -> None:
     assert out.returncode == 0, out.stderr
     assert "status: complete" in out.stdout
     assert "lookup_order" in out.stdout and "get_policy" in out.stdout
+    assert "waiting for a person: issue_refund" in out.stdout  # the approval step
+    expected = "structured result: SupportAnswer(order_id='A-1001', order_status='shipped', refund_issued=True"
+    assert expected in out.stdout
 
 
 def test_support_agent_transcript_pairs_every_tool_call_with_one_result() -> None:
     storage, scheduler = MemoryStorage(), MemoryScheduler()
-    agent = build_agent()
+    agent = build_agent(refunds=False)
     for i in range(3):
         agent.run(job_id=f"s-{i}", messages=["Where is A-1001?"], storage=storage, scheduler=scheduler)
     scheduler.drain()
