@@ -427,6 +427,7 @@ class Recovery:
     killed_at: float
     requeued_after: float | None = None  # seconds from the kill until the advance was enqueued again
     advanced_after: float | None = None  # ... until the job's version moved on
+    queue_depth: int | None = None  # RQ messages waiting when it was enqueued again
 
 
 def _current_rq_job(client: redis.Redis, name: str) -> str | None:
@@ -502,8 +503,11 @@ class Killer:
                     r.requeued_after = r.advanced_after
                 continue
             queued = f"rq:queue:{self.queue}"
-            if r.requeued_after is None and self.client.lpos(queued, rq_job_id(r.job_id, r.version)) is not None:
-                r.requeued_after = now - r.killed_at
+            if r.requeued_after is None:
+                pos = self.client.lpos(queued, rq_job_id(r.job_id, r.version))
+                if pos is not None:
+                    r.requeued_after = now - r.killed_at
+                    r.queue_depth = int(self.client.llen(queued))
 
     def pending(self) -> int:
         return sum(1 for r in self.recoveries if r.advanced_after is None)

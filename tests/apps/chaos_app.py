@@ -32,11 +32,12 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import redis
 from pydantic import BaseModel
 
 from adapters.redis import RedisStorage
 from adapters.rq import ADVANCE_FUNC, RQScheduler, rq_job_id
-from pipelines import Agent, Tool, ToolContext
+from pipelines import Agent, RetryLater, Tool, ToolContext
 from pipelines.app import App
 
 APP_PATH = "tests.apps.chaos_app:app"
@@ -100,11 +101,19 @@ def make_tools(client: Any) -> tuple[Tool, Tool]:
 
     def execute(args: AddArgs, ctx: ToolContext) -> dict[str, int]:
         result = {"sum": args.a + args.b}
-        _apply(client, ctx.idempotency_key, result)
+        try:
+            _apply(client, ctx.idempotency_key, result)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # The effect store is down (the Redis restart scenario): run this turn
+            # again later rather than tell the model the tool failed.
+            raise RetryLater(1.0, f"effect store unreachable: {exc}") from exc
         return result
 
     def reconcile(args: AddArgs, ctx: ToolContext) -> Any:
-        found = client.hget(RESULTS, ctx.idempotency_key)
+        try:
+            found = client.hget(RESULTS, ctx.idempotency_key)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise RetryLater(1.0, f"effect store unreachable: {exc}") from exc
         return None if found is None else json.loads(found)
 
     retry = Tool(name="add", description="Add two integers.", input_model=AddArgs, execute=execute)

@@ -1,0 +1,244 @@
+"""Chaos, CI-sized: worker kills, duplicate delivery and a Redis restart, with real workers and a real redis-server.
+
+Each test starts its own redis-server and ``python -m pipelines worker``
+processes of ``tests.apps.chaos_app`` (via ``bench.chaos_lib.Procs``: every
+process killed by pid at the end, and with the test process). The model is
+the loopback fake OpenAI server in this process, answering W1 through
+litellm's real HTTP path. ``make chaos`` runs the same scenarios at full size.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from bench import w1 as workload
+from bench.chaos_lib import (
+    Killer,
+    Procs,
+    W1Server,
+    check_effects,
+    check_jobs,
+    expected_transcript,
+    find_redis_server,
+    start_jobs,
+    unfinished,
+)
+from pipelines import Agent, JobStatus
+from pipelines.app import App
+from pipelines.errors import StorageUnavailableError
+from pipelines.testing import ScriptedModel
+from tests.apps import chaos_app
+from tests.apps.agent_app import add
+from tests.system.conftest import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.system]
+
+TURNS = 5
+LEASE = 3.0
+
+
+@pytest.fixture
+def w1() -> Iterator[W1Server]:
+    server = W1Server()
+    yield server
+    server.stop()
+
+
+def _procs(appendonly: bool = False) -> Procs:
+    if find_redis_server() is None:
+        if os.environ.get("REQUIRE_REDIS") == "1":
+            pytest.fail("REQUIRE_REDIS=1 but redis-server is not installed")
+        pytest.skip("SKIPPING REDIS TESTS: redis-server not found (apt-get install redis-server)")
+    return Procs(appendonly=appendonly)
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    p = _procs()
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+@pytest.fixture
+def aof_procs() -> Iterator[Procs]:
+    p = _procs(appendonly=True)
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+def _setup(procs: Procs, w1: W1Server, workers: int, **env: str) -> tuple[App, redis.Redis, list[str]]:
+    url = procs.start_redis()
+    procs.configure(w1.url, CHAOS_LEASE=f"{LEASE:g}", CHAOS_QUEUE="chaos", **env)
+    deliveries = int(env.get("CHAOS_DELIVERIES", "1"))
+    app = chaos_app.build(url, w1.url, lease=LEASE, deliveries=deliveries)
+    client = redis.Redis.from_url(url)
+    names = [procs.start_worker(slot, sweep_interval=0.5, sweep_grace=1.0) for slot in range(workers)]
+    procs.wait_ready(client, workers, timeout=90)
+    return app, client, names
+
+
+def _progress(app: App, jobs: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for j in jobs:
+        rec = app.storage.get_job(j)
+        key = rec.status.value if rec else "missing"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _assert_clean_outcome(app: App, client: redis.Redis, jobs: list[str], kills: list = ()) -> None:  # type: ignore[type-arg]
+    jc = check_jobs(app, jobs, TURNS)
+    assert jc.complete == len(jobs), (jc.statuses, jc.examples)
+    assert jc.lost == 0 and jc.extra == 0 and jc.invalid == 0, jc
+    assert jc.equal == len(jobs), jc.examples
+    retry_jobs, recon_jobs = jobs[0::2], jobs[1::2]
+    retry = check_effects(client, retry_jobs, TURNS, kills)
+    recon = check_effects(client, recon_jobs, TURNS, kills)
+    assert retry.missing == recon.missing == 0
+    # The reconcile tool (non-idempotent) never applies an effect twice; the retry
+    # tool may only repeat a call whose process was killed mid-call.
+    assert recon.repeated == 0, recon
+    assert retry.repeats_unexplained == 0, retry
+
+
+def test_workers_sigkilled_mid_run_lose_nothing_and_apply_no_effect_twice(procs: Procs, w1: W1Server) -> None:
+    app, client, names = _setup(procs, w1, workers=3)
+
+    def start(slot: int) -> str:
+        return procs.start_worker(slot, sweep_interval=0.5, sweep_grace=1.0)
+
+    killer = Killer(procs, app, client, every=0.7, start=start)
+    for slot, name in enumerate(names):
+        killer.adopt(name, slot)
+    jobs = [f"kill-{i:02d}" for i in range(30)]
+    start_jobs(app, jobs, TURNS)
+    max_kills = 4
+    deadline = time.monotonic() + 100
+    while time.monotonic() < deadline:
+        killer.tick(killing=len(killer.kills) < max_kills)
+        if len(killer.kills) >= 2 and not unfinished(app, jobs):
+            break
+        time.sleep(0.1)
+    assert not unfinished(app, jobs), f"{_progress(app, jobs)}\n{procs.logs()}"
+    assert len(killer.kills) >= 2
+    _assert_clean_outcome(app, client, jobs, killer.kills)
+    # A model call repeats only for a turn whose worker died inside it.
+    assert w1.requests_for(jobs) - len(jobs) * TURNS <= len(killer.kills)
+    # Every job a victim held moved on again once its lease ran out.
+    assert all(r.advanced_after is not None for r in killer.recoveries)
+
+
+def _clean_run(job_ids: list[str], url: str) -> dict[str, list[dict[str, object]]]:
+    """The same jobs, one at a time, on the memory adapters: the clean run to compare with."""
+    clock = VirtualClock(start=1_000_000.0)
+    storage, scheduler = MemoryStorage(clock=clock), MemoryScheduler(clock=clock)
+    agent = Agent(name="clean", model="openai/fake-model", tools=[add], system=chaos_app.SYSTEM, max_turns=20,
+                  model_params={"api_base": url, "api_key": "sk-test", "timeout": 20})
+    out = {}
+    for job_id in job_ids:
+        agent.run(job_id=job_id, messages=[chaos_app.user_message(job_id, TURNS)], storage=storage,
+                  scheduler=scheduler)
+        scheduler.drain()
+        out[job_id] = storage.messages(job_id)
+    return out
+
+
+def test_every_advance_delivered_three_times_gives_the_transcripts_of_a_clean_run(procs: Procs,
+                                                                                   w1: W1Server) -> None:
+    app, client, _ = _setup(procs, w1, workers=2, CHAOS_DELIVERIES="3")
+    jobs = [f"dup-{i:02d}" for i in range(20)]
+    start_jobs(app, jobs, TURNS)
+    wait_for("20 jobs to complete", lambda: not unfinished(app, jobs), 90,
+             lambda: f"{_progress(app, jobs)}\n{procs.logs()}")
+    # The extra copies were delivered and run (as no-ops, or as the job's next turn).
+    wait_for("the queue to drain", lambda: client.llen("rq:queue:chaos") == 0, 30)
+    runs = sum(int(client.hget(k, "successful_job_count") or 0) for k in client.smembers("rq:workers"))
+    assert runs >= 2 * len(jobs) * TURNS, runs
+    _assert_clean_outcome(app, client, jobs)
+    assert w1.requests_for(jobs) == len(jobs) * TURNS  # no model call twice
+    clean_server = W1Server()
+    try:
+        clean = _clean_run(jobs, clean_server.url)
+    finally:
+        clean_server.stop()
+    for job_id in jobs:
+        assert app.storage.messages(job_id) == clean[job_id] == expected_transcript(job_id, TURNS)
+
+
+def test_a_redis_restart_with_appendonly_loses_nothing_and_workers_survive(aof_procs: Procs, w1: W1Server) -> None:
+    app, client, names = _setup(aof_procs, w1, workers=2)
+    jobs = [f"aof-{i:02d}" for i in range(20)]
+    start_jobs(app, jobs, TURNS)
+    wait_for("a third of the turns", lambda: w1.requests_for(jobs) >= len(jobs) * TURNS // 3, 60)
+    aof_procs.stop_redis()  # SIGTERM: redis-server writes its AOF and exits
+    time.sleep(1.0)
+    aof_procs.start_redis()  # same port, same dir: the AOF is loaded
+
+    def settled() -> bool:
+        try:
+            return not unfinished(app, jobs)
+        except Exception:  # noqa: BLE001 - the test's own client may still be reconnecting
+            return False
+
+    wait_for("every job to settle after the restart", settled, 90,
+             lambda: f"{_progress(app, jobs)}\n{aof_procs.logs()}")
+    assert [n for n in names if aof_procs.workers[n].poll() is not None] == [], aof_procs.logs()
+    # BUG (test_a_storage_outage_inside_a_turn_does_not_fail_the_job): a turn that
+    # was journaling a step when the outage outlasted redis-py's retries ends the
+    # job in error. Nothing committed is lost, so a resume finishes it; any other
+    # error is a failure.
+    hit = [j for j in jobs if app.storage.get_job(j).status is JobStatus.ERROR]  # type: ignore[union-attr]
+    for job_id in hit:
+        error = app.storage.get_job(job_id).error or ""  # type: ignore[union-attr]
+        assert error.startswith("StorageUnavailableError: Redis is unreachable while journaling"), error
+        app.run_pipeline(app.storage.get_job(job_id).pipeline, job_id=job_id, retry_mode="resume")  # type: ignore[union-attr]
+    wait_for("resumed jobs to complete", settled, 60, lambda: f"{_progress(app, jobs)}\n{aof_procs.logs()}")
+    _assert_clean_outcome(app, client, jobs)
+
+
+class _OutageStorage(MemoryStorage):
+    """Memory storage whose first journal write of a model response fails as Redis does after its retries."""
+
+    outages = 1
+
+    def record_step(self, job_id: str, **kwargs: Any) -> None:
+        if kwargs.get("key") == "model" and self.outages:
+            self.outages -= 1
+            raise StorageUnavailableError(
+                f"Redis is unreachable while journaling step 'model' of job {job_id!r} (retries exhausted)")
+        super().record_step(job_id, **kwargs)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a storage outage (StorageUnavailableError) while a turn journals a step "
+                   "is caught as a phase failure and commits status 'error' once storage is back; a transient "
+                   "storage error should leave the job running for the sweep (or RetryLater), not fail it")
+def test_a_storage_outage_inside_a_turn_does_not_fail_the_job() -> None:
+    def run(storage_class: type[MemoryStorage]) -> tuple[Any, list[dict[str, Any]]]:
+        clock = VirtualClock(start=1_000_000.0)
+        storage, scheduler = storage_class(clock=clock), MemoryScheduler(clock=clock)
+        agent = Agent(name="w1", model=ScriptedModel(workload.reply_fn(TURNS)), tools=[workload.add],
+                      max_turns=TURNS + 1)
+        app = App(storage=storage, scheduler=scheduler, agents=[agent])
+        agent.run(job_id="j", messages=[workload.USER], storage=storage, scheduler=scheduler)
+        for _ in range(5):  # the queue, then the sweep once any lease has run out (I7)
+            scheduler.drain()
+            clock.advance(120)
+            app.advance_due()
+        return storage.get_job("j"), storage.messages("j")
+
+    clean, clean_messages = run(MemoryStorage)
+    assert clean.status is JobStatus.COMPLETE
+    rec, messages = run(_OutageStorage)
+    assert rec.status is JobStatus.COMPLETE, rec.error
+    assert messages == clean_messages
