@@ -31,6 +31,7 @@ from pipelines.errors import (
     InvalidPipelineError,
     PipelineError,
     StaleVersionError,
+    StorageUnavailableError,
 )
 from pipelines.events import make_event, publish
 from pipelines.leases import LEASE_KEEPER, check_lease_seconds
@@ -69,6 +70,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pipelines")
+
+STORAGE_RETRY_SECONDS = 5.0
+"""How soon a phase that lost its storage connection mid-way is tried again."""
 
 DEFAULT_LEASE_SECONDS = 60.0
 """Lease time to live. A heartbeat renews it every third of that while a phase runs."""
@@ -246,6 +250,12 @@ def _run_and_commit(
         return AdvanceResult.STALE, None
     except (RetryLater, WaitForInput) as sig:
         outcome = sig
+    except StorageUnavailableError as exc:
+        # Storage went away mid-phase (a journal write failed): that is no
+        # reason to fail the job. Run the phase again shortly, reusing what
+        # was journaled; if storage is still down, this commit fails too and
+        # the lease runs out, so the sweep picks the job up later (I7).
+        outcome = RetryLater(STORAGE_RETRY_SECONDS, f"storage unavailable: {exc}")
     except FailJob as sig:
         outcome = Fail(sig.error)
     except Exception as exc:
