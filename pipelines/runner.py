@@ -75,7 +75,7 @@ STORAGE_RETRY_SECONDS = 5.0
 """How soon a phase that lost its storage connection mid-way is tried again."""
 
 DEFAULT_LEASE_SECONDS = 60.0
-"""Lease time to live. A heartbeat renews it every third of that while a phase runs."""
+"""Lease time to live. The lease keeper renews it every third of that while a phase runs."""
 
 
 
@@ -347,7 +347,7 @@ def _build_commit(
                                      "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
         result = AdvanceResult.WAITING
         kind = "approval_requested" if outcome.details.get("kind") == "approval" else "job_waiting"
-        events = [make_event(kind, now, phase=phase, reason=outcome.reason, **outcome.details)]
+        events = [make_event(kind, now, phase=phase, **{**outcome.details, "reason": outcome.reason})]
     else:
         assert isinstance(outcome, Fail)
         # The last good checkpoint stays, journal included, for a "resume" retry (I9).

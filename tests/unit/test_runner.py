@@ -558,3 +558,19 @@ def test_without_continue_for_each_advance_runs_one_phase() -> None:
     app.run_pipeline("p", job_id="job-1", initial_state=0)
     scheduler.run_next()
     assert seen == [0] and scheduler.pending() == 1
+
+
+def test_a_phase_can_wait_for_a_person_with_its_own_details() -> None:
+    from pipelines import WaitForInput
+
+    storage, scheduler, _ = memory()
+
+    def ask(ctx: PhaseContext[Any]) -> Done:
+        raise WaitForInput("need a signature", details={"reason": "shadowed", "form": "B-7"})
+
+    start(storage, scheduler, [Phase("ask", ask)])
+    scheduler.drain()
+    job = storage.get_job("job-1")
+    assert job is not None and job.status is JobStatus.WAITING
+    assert job.waiting == {"reason": "need a signature", "form": "B-7", "call_id": None}
+    assert storage.events("job-1")[-1].data == {"reason": "need a signature", "form": "B-7"}
