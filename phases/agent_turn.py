@@ -19,6 +19,7 @@ A call found started but not done after a crash follows its tool's
 from __future__ import annotations
 
 import importlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -164,7 +165,9 @@ class _AgentTurn:
             return _call_model(self.model, ctx, messages, self.schemas, self.request_params, turn,
                                None if self.tmap else self.output_schema)
         plan = TurnPlan(job_id=ctx.job_id, turn=turn, model=self.model_spec, params=dict(self.model_params),
-                        tools=list(self.tmap.values()), messages=list(messages))
+                        # A deep copy: the hook may edit messages in place without touching
+                        # the transcript cache shared by later turns.
+                        tools=list(self.tmap.values()), messages=json.loads(json.dumps(messages)))
         plan = self.prepare_turn(plan) or plan
         unknown = [t.name for t in plan.tools if self.tmap.get(t.name) is not t]
         if unknown:
