@@ -535,6 +535,24 @@ def agent_of(index: int) -> str:
     return chaos_app.RETRY_AGENT if index % 2 == 0 else chaos_app.RECONCILE_AGENT
 
 
+def diagnose(app: App, client: redis.Redis, job_ids: list[str], queue: str = "chaos") -> list[str]:
+    """Why each unfinished job is stuck: its record, lease, and where its RQ message is."""
+    lines = []
+    for job_id in unfinished(app, job_ids):
+        rec = app.storage.get_job(job_id)
+        if rec is None or rec.checkpoint is None:
+            lines.append(f"{job_id}: {rec.status.value if rec else 'missing'}")
+            continue
+        rq_id = rq_job_id(job_id, rec.version)
+        status = client.hget(f"rq:job:{rq_id}", "status")
+        lines.append(
+            f"{job_id}: v{rec.version} due {rec.checkpoint.due_at - time.time():+.0f}s "
+            f"lease={app.storage.lease_owner(job_id)} rq {rq_id} status={status!r} "
+            f"in queue={client.lpos(f'rq:queue:{queue}', rq_id)} "
+            f"in intermediate={client.lpos(f'rq:queue:{queue}:intermediate', rq_id)}")
+    return lines
+
+
 def unfinished(app: App, job_ids: list[str]) -> list[str]:
     out = []
     for job_id in job_ids:

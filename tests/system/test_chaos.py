@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.rq import rq_job_id
 from bench import w1 as workload
 from bench.chaos_lib import (
     Kill,
@@ -126,10 +127,12 @@ def test_workers_sigkilled_mid_run_lose_nothing_and_apply_no_effect_twice(procs:
     start_jobs(app, jobs, TURNS)
     max_kills = 4
     deadline = time.monotonic() + 100
+    lost_since: dict[str, float] = {}
     while time.monotonic() < deadline:
         killer.tick(killing=len(killer.kills) < max_kills)
         if len(killer.kills) >= 2 and not unfinished(app, jobs):
             break
+        _xfail_on_known_bug(app, client, jobs, lost_since)
         time.sleep(0.1)
     assert not unfinished(app, jobs), f"{_progress(app, jobs)}\n{procs.logs()}"
     assert len(killer.kills) >= 2
@@ -139,6 +142,29 @@ def test_workers_sigkilled_mid_run_lose_nothing_and_apply_no_effect_twice(procs:
     assert w1.requests_for(jobs) - len(jobs) * TURNS <= len(killer.kills)
     # Every job a victim held moved on again once its lease ran out.
     assert all(r.advanced_after is not None for r in killer.recoveries)
+
+
+def _xfail_on_known_bug(app: App, client: redis.Redis, jobs: list[str], lost_since: dict[str, float]) -> None:
+    """While the bug of the test below is open, a kill inside RQ's dequeue leaves a job stuck: say so, don't flake.
+
+    Its signature: the job is due and not leased, and its RQ message is
+    "queued" but sits in RQ's intermediate queue (taken by the dead worker),
+    not in the queue; the sweep skips it as still pending.
+    """
+    now = time.monotonic()
+    for job_id in unfinished(app, jobs):
+        rec = app.storage.get_job(job_id)
+        if rec is None or rec.checkpoint is None or app.storage.lease_owner(job_id) is not None:
+            continue
+        rq_id = rq_job_id(job_id, rec.version)
+        stuck = (client.hget(f"rq:job:{rq_id}", "status") == b"queued"
+                 and client.lpos("rq:queue:chaos:intermediate", rq_id) is not None
+                 and client.lpos("rq:queue:chaos", rq_id) is None)
+        if not stuck:
+            lost_since.pop(job_id, None)
+        elif now - lost_since.setdefault(job_id, now) > 10:
+            pytest.xfail(f"hit BUG (test_a_message_taken_by_a_worker_that_died_at_once_...): {job_id} stuck, "
+                         f"its message {rq_id} taken by a killed worker and never enqueued again")
 
 
 def _clean_run(job_ids: list[str], url: str) -> dict[str, list[dict[str, object]]]:
@@ -193,19 +219,9 @@ def test_a_redis_restart_with_appendonly_loses_nothing_and_workers_survive(aof_p
         except Exception:  # noqa: BLE001 - the test's own client may still be reconnecting
             return False
 
-    wait_for("every job to settle after the restart", settled, 90,
+    wait_for("every job to complete after the restart", settled, 90,
              lambda: f"{_progress(app, jobs)}\n{aof_procs.logs()}")
     assert [n for n in names if aof_procs.workers[n].poll() is not None] == [], aof_procs.logs()
-    # BUG (test_a_storage_outage_inside_a_turn_does_not_fail_the_job): a turn that
-    # was journaling a step when the outage outlasted redis-py's retries ends the
-    # job in error. Nothing committed is lost, so a resume finishes it; any other
-    # error is a failure.
-    hit = [j for j in jobs if app.storage.get_job(j).status is JobStatus.ERROR]  # type: ignore[union-attr]
-    for job_id in hit:
-        error = app.storage.get_job(job_id).error or ""  # type: ignore[union-attr]
-        assert error.startswith("StorageUnavailableError: Redis is unreachable while journaling"), error
-        app.run_pipeline(app.storage.get_job(job_id).pipeline, job_id=job_id, retry_mode="resume")  # type: ignore[union-attr]
-    wait_for("resumed jobs to complete", settled, 60, lambda: f"{_progress(app, jobs)}\n{aof_procs.logs()}")
     _assert_clean_outcome(app, client, jobs)
 
 
@@ -241,3 +257,31 @@ def test_a_storage_outage_inside_a_turn_does_not_fail_the_job() -> None:
     rec, messages = run(_OutageStorage)
     assert rec.status is JobStatus.COMPLETE, rec.error
     assert messages == clean_messages
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: RQScheduler.schedule_advance skips a message whose RQ status is still "
+                   "'queued' even when a worker already took it off the queue (RQ 3 LMOVEs it to the intermediate "
+                   "queue) and died before marking it started: the sweep then never re-enqueues the job")
+def test_a_message_taken_by_a_worker_that_died_at_once_is_enqueued_again_by_the_sweep(redis_url: str) -> None:
+    from adapters.redis import RedisStorage
+    from adapters.rq import RQScheduler
+    from pipelines import Done, Phase
+    from pipelines.control import requeue_overdue
+
+    storage = RedisStorage.from_url(redis_url)
+    scheduler = RQScheduler(storage.client, queue="lost")
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", lambda ctx: Done(result=1))]},
+              lease_seconds=3)
+    app.run_pipeline("p", job_id="lost-1")
+    rec = storage.get_job("lost-1")
+    assert rec is not None
+    rq_id = rq_job_id("lost-1", rec.version)
+    client = storage.client
+    assert client.lrange("rq:queue:lost", 0, -1) == [rq_id.encode()]
+    # What RQ 3's worker does first (Queue.dequeue_any -> LMOVE), then the worker is SIGKILLed
+    # before it marks the job started: the RQ job still says "queued" but no queue holds it.
+    client.lmove("rq:queue:lost", "rq:queue:lost:intermediate")
+    assert scheduler.fetch(rq_id).get_status() == "queued"
+
+    assert requeue_overdue(app, grace=0) == ["lost-1"]
+    assert client.lrange("rq:queue:lost", 0, -1) == [rq_id.encode()], "the sweep did not enqueue the job again"
