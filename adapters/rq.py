@@ -208,7 +208,15 @@ class RQScheduler:
             job = Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
         except NoSuchJobError:
             return False
-        return job.get_status(refresh=False) in _PENDING
+        status = job.get_status(refresh=False)
+        if status == RQJobStatus.QUEUED:
+            # RQ 3 moves a message to an intermediate list when a worker takes
+            # it, before marking it started: a worker killed in between leaves
+            # it "queued" in no queue. Only a message still in the queue waits.
+            return self.connection.lpos(self.queue.key, rq_id) is not None
+        if status == RQJobStatus.SCHEDULED:
+            return self.connection.zscore(self.queue.scheduled_job_registry.key, rq_id) is not None
+        return status in _PENDING
 
     def fetch(self, rq_id: str) -> Job:
         """The RQ job ``rq_id``, read with the JSON serializer (for tests and tools)."""

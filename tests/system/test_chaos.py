@@ -259,9 +259,6 @@ def test_a_storage_outage_inside_a_turn_does_not_fail_the_job() -> None:
     assert messages == clean_messages
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: RQScheduler.schedule_advance skips a message whose RQ status is still "
-                   "'queued' even when a worker already took it off the queue (RQ 3 LMOVEs it to the intermediate "
-                   "queue) and died before marking it started: the sweep then never re-enqueues the job")
 def test_a_message_taken_by_a_worker_that_died_at_once_is_enqueued_again_by_the_sweep(redis_url: str) -> None:
     from adapters.redis import RedisStorage
     from adapters.rq import RQScheduler
