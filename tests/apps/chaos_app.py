@@ -21,6 +21,9 @@ The tool's *effect* is one ``MULTI``: ``INCR chaos:applied:<idempotency key>``
 (how many times the effect was applied), ``HSET chaos:result`` (what it
 returned, for reconcile) and ``RPUSH chaos:apply-log`` (``"<key> <pid> <time>"``,
 so a repeat can be matched with the kill that interrupted the first one).
+When that Redis is unreachable (the restart scenario) the tool and its
+reconcile raise ``RetryLater``: the turn runs again later, its journaled
+model answer reused, instead of telling the model that the tool failed.
 """
 
 from __future__ import annotations
