@@ -132,7 +132,7 @@ def test_workers_sigkilled_mid_run_lose_nothing_and_apply_no_effect_twice(procs:
         killer.tick(killing=len(killer.kills) < max_kills)
         if len(killer.kills) >= 2 and not unfinished(app, jobs):
             break
-        _xfail_on_known_bug(app, client, jobs, lost_since)
+        _fail_on_a_lost_message(app, client, jobs, lost_since)
         time.sleep(0.1)
     assert not unfinished(app, jobs), f"{_progress(app, jobs)}\n{procs.logs()}"
     assert len(killer.kills) >= 2
@@ -144,12 +144,12 @@ def test_workers_sigkilled_mid_run_lose_nothing_and_apply_no_effect_twice(procs:
     assert all(r.advanced_after is not None for r in killer.recoveries)
 
 
-def _xfail_on_known_bug(app: App, client: redis.Redis, jobs: list[str], lost_since: dict[str, float]) -> None:
-    """While the bug of the test below is open, a kill inside RQ's dequeue leaves a job stuck: say so, don't flake.
+def _fail_on_a_lost_message(app: App, client: redis.Redis, jobs: list[str], lost_since: dict[str, float]) -> None:
+    """Fail at once, and say why, when a kill inside RQ's dequeue left a job stuck (the bug of the test below).
 
     Its signature: the job is due and not leased, and its RQ message is
     "queued" but sits in RQ's intermediate queue (taken by the dead worker),
-    not in the queue; the sweep skips it as still pending.
+    not in the queue, for longer than the sweep needs to enqueue it again.
     """
     now = time.monotonic()
     for job_id in unfinished(app, jobs):
@@ -163,8 +163,8 @@ def _xfail_on_known_bug(app: App, client: redis.Redis, jobs: list[str], lost_sin
         if not stuck:
             lost_since.pop(job_id, None)
         elif now - lost_since.setdefault(job_id, now) > 10:
-            pytest.xfail(f"hit BUG (test_a_message_taken_by_a_worker_that_died_at_once_...): {job_id} stuck, "
-                         f"its message {rq_id} taken by a killed worker and never enqueued again")
+            pytest.fail(f"{job_id} is stuck: its message {rq_id} was taken by a killed worker and the sweep "
+                        "never enqueued it again (see test_a_message_taken_by_a_worker_that_died_at_once_...)")
 
 
 def _clean_run(job_ids: list[str], url: str) -> dict[str, list[dict[str, object]]]:
