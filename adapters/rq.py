@@ -178,17 +178,31 @@ class RQScheduler:
         # Without a version there is no turn to name; a random id never collides
         # with "-v<digits>" ids, and duplicates are the runner's business (I6).
         rq_id = rq_job_id(job_id, version) if version is not None else f"{_escape(job_id)}-x{uuid.uuid4().hex}"
+        self._send(rq_id, job_id, version, delay, pipeline, at_front=False)
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
+        """Enqueue an advance the queue lost (a dead worker's turn) at the *front* of the queue.
+
+        What the sweep uses: a recovered job has already waited a lease and a
+        sweep interval, so it does not queue again behind the whole backlog.
+        """
+        validate_job_id(job_id)
+        rq_id = rq_job_id(job_id, version) if version is not None else f"{_escape(job_id)}-x{uuid.uuid4().hex}"
+        self._send(rq_id, job_id, version, 0.0, pipeline, at_front=True)
+
+    def _send(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
+              at_front: bool) -> None:
         with _redis_errors(f"scheduling job {job_id!r}"):
             try:
-                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=True)
+                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=True, at_front=at_front)
             except DuplicateJobError:
                 if self._still_pending(rq_id):
                     return
-                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False)
+                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False, at_front=at_front)
 
     # --- helpers -------------------------------------------------------------
     def _enqueue(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
-                 unique: bool) -> Job:
+                 unique: bool, at_front: bool = False) -> Job:
         options: dict[str, Any] = {
             "args": [job_id, version],
             "kwargs": {"app": self.app} if self.app is not None else {},
@@ -201,7 +215,7 @@ class RQScheduler:
         }
         if delay > 0:
             return self.queue.enqueue_in(timedelta(seconds=delay), ADVANCE_FUNC, **options)
-        return self.queue.enqueue(ADVANCE_FUNC, **options)
+        return self.queue.enqueue(ADVANCE_FUNC, at_front=at_front, **options)
 
     def _still_pending(self, rq_id: str) -> bool:
         try:

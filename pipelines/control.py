@@ -176,6 +176,12 @@ def requeue_overdue(app: App, *, grace: float, limit: int = 1000) -> list[str]:
         record = app.storage.get_job(job_id)
         if record is None or record.status is not JobStatus.RUNNING or record.checkpoint is None:
             continue
-        app.scheduler.schedule_advance(job_id, 0.0, pipeline=record.pipeline, version=record.version)
+        # A scheduler that can put it at the front of its queue (RQ) does: the
+        # job has already waited out a lease, it should not also wait out the backlog.
+        requeue = getattr(app.scheduler, "requeue", None)
+        if callable(requeue):
+            requeue(job_id, pipeline=record.pipeline, version=record.version)
+        else:
+            app.scheduler.schedule_advance(job_id, 0.0, pipeline=record.pipeline, version=record.version)
         requeued.append(job_id)
     return requeued

@@ -196,3 +196,22 @@ def test_an_unreachable_redis_is_storage_unavailable() -> None:
 def test_bad_configuration_is_rejected(client: redis.Redis, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         RQScheduler(client, **kwargs)
+
+
+def test_the_sweep_puts_a_lost_advance_at_the_front_of_the_queue(redis_url: str) -> None:
+    from adapters.redis import RedisStorage
+    from pipelines import Done, Phase
+    from pipelines.app import App
+    from pipelines.control import requeue_overdue
+
+    storage = RedisStorage.from_url(redis_url)
+    scheduler = RQScheduler(storage.client, queue="front")
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", lambda ctx: Done())]})
+    app.run_pipeline("p", job_id="lost")
+    storage.client.delete(scheduler.queue.key)  # its message is lost
+    for i in range(3):
+        app.run_pipeline("p", job_id=f"fresh-{i}")  # a backlog of fresh work
+    assert "lost" in requeue_overdue(app, grace=0)
+    assert storage.client.llen(scheduler.queue.key) == 4  # the fresh ones, still queued, were not sent twice
+    head = storage.client.lindex(scheduler.queue.key, 0)
+    assert head is not None and head.decode() == rq_job_id("lost", 1)
