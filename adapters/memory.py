@@ -112,7 +112,7 @@ class MemoryStorage:
         text = record.model_dump_json(exclude_defaults=True)
         msgs = [_dumps(m, "a transcript message") for m in messages]
         log_lines = [e.model_dump_json() for e in logs]
-        event_lines = [e.model_dump_json(exclude={"id"}) for e in events]
+        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in events]
         with self._lock:
             if record.job_id in self._jobs:
                 raise JobConflictError(f"job {record.job_id!r} already exists")
@@ -139,7 +139,7 @@ class MemoryStorage:
         text = commit.record.model_dump_json(exclude_defaults=True)
         msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
         log_lines = [e.model_dump_json() for e in commit.logs]
-        event_lines = [e.model_dump_json(exclude={"id"}) for e in commit.events]
+        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in commit.events]
         with self._lock:
             job = self._jobs.get(commit.job_id)
             if job is None:

@@ -352,7 +352,7 @@ class RedisStorage:
         data = record.model_dump_json(exclude_defaults=True)  # defaults fill in on read
         msgs = [_dumps(m, "a transcript message") for m in messages]
         lines = [e.model_dump_json() for e in logs]
-        event_lines = [e.model_dump_json(exclude={"id"}) for e in events]
+        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in events]
         cp = record.checkpoint
         due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
@@ -374,7 +374,7 @@ class RedisStorage:
         data = commit.record.model_dump_json(exclude_defaults=True)
         msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
         lines = [e.model_dump_json() for e in commit.logs]
-        event_lines = [e.model_dump_json(exclude={"id"}) for e in commit.events]
+        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in commit.events]
         owner = commit.owner
         args: list[str | int] = [
             job_id, commit.token, data, str(commit.expected_version), str(commit.record.version),

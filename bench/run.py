@@ -407,13 +407,17 @@ class ByteCounter:
         argv = list(args[3 + nkeys:])
         overhead = sum(map(size, args[: 3 + nkeys]))
         if script in ("commit", "create"):
+            # ARGV: ..., n_messages, n_logs, then messages, log lines, events (adapters/redis_scripts.py)
             n_at = 11 if script == "commit" else 5
-            n = int(argv[n_at])
-            data, msgs, logs = argv[2], argv[n_at + 1: n_at + 1 + n], argv[n_at + 1 + n:]
+            n, nl = int(argv[n_at]), int(argv[n_at + 1])
+            first = n_at + 2
+            data, msgs = argv[2], argv[first: first + n]
+            logs, events = argv[first + n: first + n + nl], argv[first + n + nl:]
             self._add("record (state) JSON", size(data))
             self._add("transcript messages", sum(map(size, msgs)))
             self._add("log entries", sum(map(size, logs)))
-            rest = [a for i, a in enumerate(argv) if i != 2 and i <= n_at]
+            self._add("events", sum(map(size, events)))
+            rest = [a for i, a in enumerate(argv) if i != 2 and i < first]
             self._add("keys, tokens, flags", overhead + sum(map(size, rest)))
         elif script == "step":
             self._add("journal (model + tool steps)", size(argv[4]))
