@@ -57,6 +57,8 @@ class Agent:
         self._name = name
         self.lease_seconds = check_lease_seconds(lease_seconds)
         self.output_schema = output_schema
+        # Whether workers should import litellm before forking (pipelines worker).
+        self.uses_litellm = isinstance(model, str) or type(model).__module__ == "phases.litellm_model"
         # Built now, so a bad tool or limit fails at definition, not at the first job.
         self._phase = build_agent_phase(model=model, tools=tools, system=system, max_turns=max_turns,
                                         stop_when=stop_when, model_params=model_params, output_schema=output_schema,

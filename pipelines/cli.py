@@ -107,8 +107,8 @@ def _rq_scheduler(app: App) -> RQScheduler:
 # --- commands -----------------------------------------------------------------
 def _warm(app: App) -> None:
     """Import litellm in the parent before forking, so each horse does not pay ~5 s."""
-    if not app.agents:
-        return
+    if not any(getattr(agent, "uses_litellm", True) for agent in app.agents.values()):
+        return  # no agent calls litellm: forking a process that imported it would only cost
     try:
         module = importlib.import_module("phases.litellm_model")
     except ImportError:

@@ -430,3 +430,8 @@ def test_the_history_cache_is_bounded_by_messages_and_drops_finished_jobs() -> N
     assert list(cache._entries) == ["b", "c"] and cache._held == 4  # "a" went: 6 messages > 5
     cache.forget("b")
     assert list(cache._entries) == ["c"] and cache._held == 2
+
+
+def test_an_agent_says_whether_workers_should_preload_litellm() -> None:
+    assert Agent(model=ScriptedModel(["x"])).uses_litellm is False
+    assert Agent(model="openai/gpt-4o-mini").uses_litellm is True
