@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import json
 import os
@@ -46,32 +45,11 @@ from pipelines import JobStatus
 from pipelines.app import App
 from tests.apps import chaos_app
 from tests.fake_openai import FakeOpenAI, Reply, w1_reply
+from tests.redis_server import die_with_parent, find_redis_server, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 APP_PATH = chaos_app.APP_PATH
 _JOB_IN_MESSAGE = re.compile(r"\(job ([^)]+)\)")
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None
-
-
-def _die_with_parent() -> None:
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def find_redis_server() -> str | None:
-    return shutil.which("redis-server") or next(
-        (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.path.exists(p)), None)
 
 
 def children_of(pid: int) -> list[int]:
@@ -298,7 +276,7 @@ class Procs:
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it until it exits
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         self.all.append(proc)
         return proc

@@ -13,18 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.redis_server import find_redis_server, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def find_redis_server() -> str | None:
-    return shutil.which("redis-server") or next(
-        (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.path.exists(p)), None)
 
 
 def redis_version(binary: str) -> str:

@@ -51,20 +51,6 @@ pytestmark = pytest.mark.redis
 PREFIX = "bi"
 
 
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def storage(redis_url: str) -> Iterator[RedisStorage]:
-    s = RedisStorage.from_url(redis_url, prefix=PREFIX)
-    yield s
-    s.client.close()
-
-
 def done_phase(ctx: PhaseContext[Any]) -> Done:
     return Done(result="ok")
 

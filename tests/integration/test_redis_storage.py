@@ -67,13 +67,6 @@ def turn(storage: RedisStorage, job_id: str, n_messages: int = 2, *, owner: str 
     return c
 
 
-@pytest.fixture
-def storage(redis_url: str) -> Iterator[RedisStorage]:
-    s = RedisStorage.from_url(redis_url, prefix="itest")
-    yield s
-    s.client.close()
-
-
 def raw(redis_url: str) -> redis.Redis:
     return redis.Redis.from_url(redis_url)
 

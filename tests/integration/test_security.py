@@ -65,20 +65,6 @@ def add(a: int, b: int) -> dict[str, int]:
 
 
 @pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def storage(redis_url: str) -> Iterator[RedisStorage]:
-    s = RedisStorage.from_url(redis_url, prefix=PREFIX)
-    yield s
-    s.client.close()
-
-
-@pytest.fixture
 def rq_app(storage: RedisStorage) -> Iterator[App]:
     """An App on RedisStorage + RQScheduler, installed as this process's worker app."""
     sched = RQScheduler(storage.client, queue="sec", job_timeout=60, result_ttl=600, failure_ttl=600)

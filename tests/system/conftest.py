@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -19,22 +18,10 @@ import redis
 
 from adapters import rq as rq_adapter
 from pipelines.app import App
+from tests.redis_server import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Children die with the test process even when it is killed before its
-# fixtures clean up (Linux PR_SET_PDEATHSIG). The function is looked up here,
-# not in the child, so the child does nothing but one foreign call after fork.
-_PR_SET_PDEATHSIG = 1
-try:
-    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None
-
-
-def _die_with_parent() -> None:
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 APP_PATH = "tests.apps.redis_app:app"
 
 
@@ -62,7 +49,7 @@ class Cluster:
         log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**self.env, **env}, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
         log.close()
         self.procs.append(proc)
         return proc
