@@ -18,3 +18,15 @@ def test_every_test_named_in_the_readme_exists() -> None:
     assert len(cited) >= 15
     assert cited <= defined, f"README cites tests that do not exist: {sorted(cited - defined)}"
     assert all((ROOT / f).is_file() for f in files), files
+
+
+def test_the_quickstart_runs_as_written() -> None:
+    import subprocess
+    import sys
+
+    readme = (ROOT / "README.md").read_text()
+    quickstart = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
+    out = subprocess.run([sys.executable, "-"], input=quickstart, cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("complete It has shipped.\n")
