@@ -24,9 +24,21 @@ from pipelines.errors import (
     InvalidInputError,
     JobConflictError,
     StaleVersionError,
-    StateNotSerializableError,
 )
-from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
+from pipelines.models import (
+    Commit,
+    Event,
+    JobRecord,
+    JobStatus,
+    JSONValue,
+    LogEntry,
+    Message,
+    check_size,
+    dump_events,
+    dump_json,
+    dump_logs,
+    validate_job_id,
+)
 
 __all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
 
@@ -50,13 +62,6 @@ class VirtualClock:
     def advance_to(self, t: float) -> None:
         with self._lock:
             self._now = max(self._now, t)
-
-
-def _dumps(value: Any, what: str) -> str:
-    try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 @dataclass
@@ -109,10 +114,10 @@ class MemoryStorage:
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
                    events: Sequence[Event] = ()) -> None:
         validate_job_id(record.job_id)
-        text = record.model_dump_json(exclude_defaults=True)
-        msgs = [_dumps(m, "a transcript message") for m in messages]
-        log_lines = [e.model_dump_json() for e in logs]
-        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in events]
+        text = check_size(record.model_dump_json(exclude_defaults=True), f"the record of job {record.job_id!r}")
+        msgs = [dump_json(m, "a transcript message") for m in messages]
+        log_lines = dump_logs(logs)
+        event_lines = dump_events(events)
         with self._lock:
             if record.job_id in self._jobs:
                 raise JobConflictError(f"job {record.job_id!r} already exists")
@@ -136,10 +141,11 @@ class MemoryStorage:
     def commit(self, commit: Commit) -> None:
         # Serialise before taking the lock: a value JSON cannot carry fails
         # here, with nothing written (I1).
-        text = commit.record.model_dump_json(exclude_defaults=True)
-        msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
-        log_lines = [e.model_dump_json() for e in commit.logs]
-        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in commit.events]
+        text = check_size(commit.record.model_dump_json(exclude_defaults=True),
+                          f"the record of job {commit.job_id!r}")
+        msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
+        log_lines = dump_logs(commit.logs)
+        event_lines = dump_events(commit.events)
         with self._lock:
             job = self._jobs.get(commit.job_id)
             if job is None:
@@ -175,7 +181,7 @@ class MemoryStorage:
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
-        text = _dumps(value, f"result of step {key!r}")
+        text = dump_json(value, f"result of step {key!r}")
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None or job.version != version:

@@ -45,7 +45,20 @@ from pipelines.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message, validate_job_id
+from pipelines.models import (
+    Commit,
+    Event,
+    JobRecord,
+    JobStatus,
+    JSONValue,
+    LogEntry,
+    Message,
+    check_size,
+    dump_events,
+    dump_json,
+    dump_logs,
+    validate_job_id,
+)
 
 __all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "index_keys", "job_keys"]
 
@@ -86,13 +99,6 @@ def index_keys(prefix: str) -> tuple[str, str]:
 def _text(value: Any) -> str:
     # Works with clients made with or without decode_responses (RQ needs bytes).
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _dumps(value: Any, what: str) -> str:
-    try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 def _score(due_at: float | None) -> str:
@@ -349,10 +355,10 @@ class RedisStorage:
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         job_id = record.job_id
         keys = self._all_keys(job_id)
-        data = record.model_dump_json(exclude_defaults=True)  # defaults fill in on read
-        msgs = [_dumps(m, "a transcript message") for m in messages]
-        lines = [e.model_dump_json() for e in logs]
-        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in events]
+        data = check_size(record.model_dump_json(exclude_defaults=True), f"the record of job {job_id!r}")
+        msgs = [dump_json(m, "a transcript message") for m in messages]
+        lines = dump_logs(logs)
+        event_lines = dump_events(events)
         cp = record.checkpoint
         due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
@@ -371,10 +377,10 @@ class RedisStorage:
         job_id = commit.job_id
         keys = self._all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
-        data = commit.record.model_dump_json(exclude_defaults=True)
-        msgs = [_dumps(m, "a transcript message") for m in commit.append_messages]
-        lines = [e.model_dump_json() for e in commit.logs]
-        event_lines = [e.model_dump_json(exclude={"id"}, exclude_defaults=True) for e in commit.events]
+        data = check_size(commit.record.model_dump_json(exclude_defaults=True), f"the record of job {job_id!r}")
+        msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
+        lines = dump_logs(commit.logs)
+        event_lines = dump_events(commit.events)
         owner = commit.owner
         args: list[str | int] = [
             job_id, commit.token, data, str(commit.expected_version), str(commit.record.version),
@@ -391,7 +397,7 @@ class RedisStorage:
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal one step result under ``version``; fenced like ``commit``."""
         k = self.keys(job_id)
-        text = _dumps(value, f"result of step {key!r}")
+        text = dump_json(value, f"result of step {key!r}")
         args = [str(version), "0" if owner is None else "1", owner or "", key, text]
         with _mapped(f"journaling step {key!r} of job {job_id!r}"):
             reply = _text(self._step(keys=[k.record, k.journal, k.lease], args=args))

@@ -24,6 +24,7 @@ from pipelines.errors import (
     StorageError,
     StorageUnavailableError,
     TransientModelError,
+    ValueTooLargeError,
 )
 from pipelines.events import on_event
 from pipelines.models import Checkpoint, Event, JobRecord, JobStatus, LogEntry, Usage
@@ -99,6 +100,7 @@ __all__ = [
     "StorageUnavailableError",
     "TransientModelError",
     "Usage",
+    "ValueTooLargeError",
     "WaitForInput",
     "advance_phase",
     "run_pipeline",

@@ -9,6 +9,7 @@ so callers catch only these::
     │   ├── InvalidJobIdError
     │   ├── InvalidPipelineError             empty phases, duplicate names, unknown phase
     │   ├── StateNotSerializableError        state/result/message that is not JSON
+    │   │   └── ValueTooLargeError           ... or whose JSON exceeds MAX_VALUE_BYTES
     │   └── StateValidationError             stored state no longer fits the phase's model
     ├── JobNotFoundError (also LookupError)
     ├── JobConflictError                     the job exists / is in the wrong status
@@ -45,6 +46,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailableError",
     "TransientModelError",
+    "ValueTooLargeError",
 ]
 
 
@@ -66,6 +68,10 @@ class InvalidPipelineError(InvalidInputError):
 
 class StateNotSerializableError(InvalidInputError):
     """A state, result, message or step value that does not survive JSON."""
+
+
+class ValueTooLargeError(StateNotSerializableError):
+    """A value whose JSON text is larger than storage accepts (``pipelines.models.MAX_VALUE_BYTES``)."""
 
 
 class StateValidationError(InvalidInputError):

@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.errors import InvalidJobIdError, StateNotSerializableError
+from pipelines.errors import InvalidJobIdError, StateNotSerializableError, ValueTooLargeError
 
 __all__ = [
     "JOB_ID_PATTERN",
+    "MAX_VALUE_BYTES",
     "Checkpoint",
     "Commit",
     "Event",
@@ -28,6 +30,10 @@ __all__ = [
     "LogLevel",
     "Message",
     "Usage",
+    "check_size",
+    "dump_json",
+    "dump_events",
+    "dump_logs",
     "to_json_value",
     "validate_job_id",
 ]
@@ -46,6 +52,12 @@ JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 S = TypeVar("S")
 
+MAX_VALUE_BYTES = 8 * 1024 * 1024
+"""The largest JSON text storage takes for one value: a transcript message, a step
+result, a log or event line, or a job record with its state. A larger one is refused
+with :class:`ValueTooLargeError` before anything is written. Change it here
+(``pipelines.models.MAX_VALUE_BYTES = ...``) if your jobs need more."""
+
 
 def validate_job_id(job_id: object) -> str:
     """Return ``job_id`` if it is valid, else raise :class:`InvalidJobIdError` naming the problem."""
@@ -61,6 +73,27 @@ def validate_job_id(job_id: object) -> str:
             why = f"it contains {bad!r}"
         raise InvalidJobIdError(f"invalid job id {job_id[:60]!r}: {why}; allowed are 1-200 of [A-Za-z0-9._:-]")
     return job_id
+
+
+def check_size(text: str, what: str) -> str:
+    """Return ``text`` if it fits in ``MAX_VALUE_BYTES``, else raise :class:`ValueTooLargeError` naming ``what``."""
+    limit = MAX_VALUE_BYTES
+    # len() counts characters; only a text that could be too long pays for encoding.
+    if len(text) * 4 > limit and len(size := text.encode()) > limit:
+        raise ValueTooLargeError(
+            f"{what} is {len(size) / 1048576:.1f} MiB of JSON, above the {limit / 1048576:.1f} MiB limit "
+            "(pipelines.models.MAX_VALUE_BYTES)"
+        )
+    return text
+
+
+def dump_json(value: Any, what: str) -> str:
+    """Compact JSON text of ``value`` for storage; not JSON-able or too large raises, naming ``what``."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
+    return check_size(text, what)
 
 
 def _reject_constant(value: str) -> Any:
@@ -265,3 +298,13 @@ class Commit(BaseModel):
         if self.record.status is JobStatus.RUNNING and cp is not None:
             return cp.due_at
         return None
+
+
+def dump_logs(entries: Sequence[LogEntry]) -> list[str]:
+    """Log entries as the JSON lines storage keeps (size-checked)."""
+    return [check_size(e.model_dump_json(), "a log entry") for e in entries]
+
+
+def dump_events(events: Sequence[Event]) -> list[str]:
+    """Events as the JSON lines storage keeps: no ``id`` (storage assigns it) and no default fields."""
+    return [check_size(e.model_dump_json(exclude={"id"}, exclude_defaults=True), f"event {e.type!r}") for e in events]

@@ -442,12 +442,11 @@ def test_app_advance_due_skips_a_corrupt_record_and_advances_the_others(storage:
 
 
 # --- oversized values --------------------------------------------------------------------------
-def test_there_is_no_size_limit_an_8_mb_message_and_step_round_trip_on_redis(storage: RedisStorage,
-                                                                             r: redis.Redis) -> None:
-    # GAP (reported, not decided here): nothing bounds a message, a state or a step
-    # result; Redis takes up to 512 MB per value. Today's behaviour is sane: stored
-    # and read back intact, in one commit.
-    big = "y" * (8 * 1024 * 1024)
+def test_values_up_to_the_limit_round_trip_and_larger_ones_are_refused_on_redis(storage: RedisStorage,
+                                                                               r: redis.Redis) -> None:
+    from pipelines.errors import ValueTooLargeError
+
+    big = "y" * (7 * 1024 * 1024)  # under the 8 MiB limit (pipelines.models.MAX_VALUE_BYTES)
     scheduler = MemoryScheduler()
 
     def a(ctx: PhaseContext[Any]) -> Done:
@@ -462,3 +461,8 @@ def test_there_is_no_size_limit_an_8_mb_message_and_step_round_trip_on_redis(sto
     assert rec is not None and rec.status is JobStatus.COMPLETE and rec.result == len(big)
     assert storage.messages("big")[0]["content"] == big
     assert r.hstrlen(storage.keys("big").record, "data") < 10_000  # the blob is in the transcript, not the record
+    before = dump(r)
+    with pytest.raises(ValueTooLargeError, match=r"the record of job 'huge' is 18\.0 MiB"):
+        # (the record holds the state twice: as initial_state and in the checkpoint)
+        agent_like.run_pipeline("p", job_id="huge", initial_state={"blob": "z" * (9 * 1024 * 1024)})
+    assert dump(r) == before  # nothing written

@@ -366,9 +366,7 @@ def test_validate_state_raises_state_validation_error() -> None:
 
 
 # --- 7. oversized messages --------------------------------------------------------
-def test_there_is_no_size_limit_a_5_mb_message_round_trips_unchanged() -> None:
-    # GAP (reported, not decided here): no limit exists on a message, a state or a
-    # tool result. What happens today is sane: the value is stored and read back intact.
+def test_a_5_mb_message_is_under_the_limit_and_round_trips_unchanged() -> None:
     storage, scheduler, _ = memory()
     big = "x" * (5 * 1024 * 1024)
     model = ScriptedModel(["ok"])
@@ -377,6 +375,32 @@ def test_there_is_no_size_limit_a_5_mb_message_round_trips_unchanged() -> None:
     assert storage.messages("chat-1")[0]["content"] == big
     assert model.calls[0].messages[0]["content"] == big
     assert storage.get_job("chat-1").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+
+
+def test_an_oversized_message_is_refused_naming_its_size_with_nothing_written() -> None:
+    from pipelines.errors import ValueTooLargeError
+
+    storage, scheduler, _ = memory()
+    big = "x" * (9 * 1024 * 1024)
+    with pytest.raises(ValueTooLargeError, match=r"a transcript message is 9\.0 MiB of JSON, above the 8\.0 MiB"):
+        run_agent(**agent_kwargs(storage, scheduler, model=ScriptedModel(["ok"]), initial_messages=[big]))
+    assert storage.get_job("chat-1") is None and scheduler.pending() == 0
+
+
+def test_an_oversized_step_result_fails_the_job_clearly_and_keeps_the_checkpoint() -> None:
+    storage, scheduler, _ = memory()
+
+    def fetch(ctx: PhaseContext[Any]) -> Done:
+        ctx.step("download", lambda: "y" * (9 * 1024 * 1024))
+        return Done()
+
+    run_pipeline(job_id="big", phases=[Phase("fetch", fetch)], storage=storage, scheduler=scheduler,
+                 initial_state={"n": 1})
+    scheduler.drain()
+    job = storage.get_job("big")
+    assert job is not None and job.status is JobStatus.ERROR and job.checkpoint is not None
+    assert job.error is not None and "result of step 'download' is 9.0 MiB" in job.error
+    assert job.checkpoint.journal == {}
 
 
 # --- 8. tools ------------------------------------------------------------------------
