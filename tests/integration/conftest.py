@@ -7,7 +7,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from adapters import rq as rq_adapter
 from adapters.redis import RedisStorage
+from pipelines.app import App
 
 
 @pytest.fixture
@@ -24,3 +26,15 @@ def storage(redis_url: str, request: pytest.FixtureRequest) -> Iterator[RedisSto
     s = RedisStorage.from_url(redis_url, prefix=getattr(request.module, "PREFIX", "itest"))
     yield s
     s.client.close()
+
+
+@pytest.fixture
+def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
+    """``tests.apps.redis_app:app`` as a worker process loads it, on this session's redis-server."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
+    rq_adapter.forget_apps()
+    from tests.apps import redis_app
+
+    yield redis_app.app
+    rq_adapter.forget_apps()

@@ -41,18 +41,6 @@ def scheduler(client: redis.Redis) -> RQScheduler:
     return RQScheduler(client, queue="q-test", app=APP_PATH, job_timeout=60, result_ttl=60, failure_ttl=600)
 
 
-@pytest.fixture
-def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
-    """``tests.apps.redis_app:app`` as a worker would load it, on this session's redis-server."""
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
-    rq_adapter.forget_apps()
-    from tests.apps import redis_app
-
-    yield redis_app.app
-    rq_adapter.forget_apps()
-
-
 def job_hash(client: redis.Redis, rq_id: str) -> dict[bytes, bytes]:
     raw: dict[bytes, bytes] = client.hgetall(f"rq:job:{rq_id}")  # type: ignore[assignment]
     assert raw, f"no RQ job {rq_id}"

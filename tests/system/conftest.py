@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from adapters import rq as rq_adapter
-from pipelines.app import App
+from tests.integration.conftest import app  # noqa: F401 - the same app fixture, shared
 from tests.redis_server import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,16 +120,6 @@ def cluster(redis_url: str) -> Iterator[Cluster]:
             c.stop_all()
 
 
-@pytest.fixture
-def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
-    """The same app the workers load, in the test process (to start and inspect jobs)."""
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
-    rq_adapter.forget_apps()
-    from tests.apps import redis_app
-
-    yield redis_app.app
-    rq_adapter.forget_apps()
 
 
 @pytest.fixture
