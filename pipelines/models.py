@@ -30,6 +30,7 @@ __all__ = [
     "LogLevel",
     "Message",
     "Usage",
+    "check_messages",
     "check_size",
     "dump_json",
     "dump_events",
@@ -94,6 +95,15 @@ def dump_json(value: Any, what: str) -> str:
     except (TypeError, ValueError) as exc:
         raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
     return check_size(text, what)
+
+
+def check_messages(messages: Sequence[Any], what: str) -> list[Message]:
+    """``messages`` in JSON form, each a dict with a ``role``; else :class:`StateNotSerializableError`."""
+    checked: list[Message] = to_json_value(list(messages), what=what)
+    for m in checked:
+        if not isinstance(m, dict) or "role" not in m:
+            raise StateNotSerializableError(f"a transcript message must be a dict with a 'role', got {m!r:.80}")
+    return checked
 
 
 def _reject_constant(value: str) -> Any:

@@ -16,8 +16,18 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from pipelines._aio import resolve
-from pipelines.errors import InvalidInputError, InvalidPipelineError, StateNotSerializableError, StateValidationError
-from pipelines.models import Checkpoint, Event, JSONValue, LogEntry, LogLevel, Message, Usage, to_json_value
+from pipelines.errors import InvalidInputError, InvalidPipelineError, StateValidationError
+from pipelines.models import (
+    Checkpoint,
+    Event,
+    JSONValue,
+    LogEntry,
+    LogLevel,
+    Message,
+    Usage,
+    check_messages,
+    to_json_value,
+)
 
 if TYPE_CHECKING:
     from adapters.base import Storage
@@ -219,10 +229,7 @@ class PhaseContext(Generic[S]):
 
     def append_messages(self, messages: list[Message]) -> None:
         """Queue transcript messages; they are appended atomically with the commit."""
-        checked = to_json_value(list(messages), what=f"messages of job {self.job_id!r}")
-        for m in checked:
-            if not isinstance(m, dict) or "role" not in m:
-                raise StateNotSerializableError(f"a transcript message must be a dict with a 'role', got {m!r:.80}")
+        checked = check_messages(messages, f"messages of job {self.job_id!r}")
         with self._lock:
             self._buffer.messages.extend(checked)
 

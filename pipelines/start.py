@@ -21,7 +21,17 @@ from pipelines.errors import (
 )
 from pipelines.events import make_event, publish
 from pipelines.leases import check_lease_seconds
-from pipelines.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry, Message, to_json_value, validate_job_id
+from pipelines.models import (
+    Checkpoint,
+    Commit,
+    JobRecord,
+    JobStatus,
+    LogEntry,
+    Message,
+    check_messages,
+    to_json_value,
+    validate_job_id,
+)
 from pipelines.phase import Phase
 from pipelines.runner import DEFAULT_LEASE_SECONDS, advance_phase, phase_map
 
@@ -98,10 +108,7 @@ def start_job(
         raise InvalidPipelineError(f"unknown initial_phase {initial_phase!r}; phases are {', '.join(phase_names)}")
     first = initial_phase or phase_names[0]
     state = to_json_value(initial_state, what=f"initial_state of job {job_id!r}")
-    new_messages = to_json_value(list(messages), what=f"initial messages of job {job_id!r}")
-    for m in new_messages:
-        if not isinstance(m, dict) or "role" not in m:
-            raise InvalidInputError(f"a message must be a dict with a 'role', got {m!r:.80}")
+    new_messages = check_messages(messages, f"initial messages of job {job_id!r}")
     now = scheduler.now()
 
     existing = storage.get_job(job_id)
