@@ -39,20 +39,57 @@ def _block_network() -> Any:
 
 
 # --- a real redis-server, private to this test session ----------------------
+# A missing redis-server fails the Redis tests with the install command, unless REQUIRE_REDIS=0 asks to skip
+# them; then the run's summary says how many were skipped, so a green run cannot hide them.
 from collections.abc import Iterator  # noqa: E402
 
-from tests.redis_server import RedisServer, find_redis_server  # noqa: E402
+from tests.redis_server import (  # noqa: E402
+    RedisServer,
+    find_redis_server,
+    missing_redis_message,
+    redis_required,
+)
+
+REDIS_SKIP_REASON = "REQUIRE_REDIS=0 and redis-server is not installed"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        redis_required()  # a bad REQUIRE_REDIS value stops the run before any test
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def _redis_binary(session: pytest.Session) -> str:
+    """The redis-server binary; missing: skip (REQUIRE_REDIS=0) or fail and stop the run with the command."""
+    binary = find_redis_server()
+    if binary is not None:
+        return binary
+    if not redis_required():
+        pytest.skip(REDIS_SKIP_REASON)
+    # Stop after this test: every other Redis test would fail the same way and bury the message.
+    session.shouldfail = missing_redis_message()
+    pytest.fail(missing_redis_message(), pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures of the test are set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Tests marked `redis` may start their own servers (outage tests, chaos): the same rule applies to them.
+    if item.get_closest_marker("redis") is not None:
+        _redis_binary(item.session)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and REDIS_SKIP_REASON in str(r.longrepr[2])]
+    if skipped:
+        terminalreporter.write_sep("=", f"SKIPPED {len(skipped)} Redis tests (REQUIRE_REDIS=0)", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """A redis-server on a free port. Missing binary: skip loudly, or fail when REQUIRE_REDIS=1."""
-    binary = find_redis_server()
-    if binary is None:
-        if os.environ.get("REQUIRE_REDIS") == "1":
-            pytest.fail("REQUIRE_REDIS=1 but redis-server is not installed (apt-get install redis-server)")
-        pytest.skip("SKIPPING REDIS TESTS: redis-server not found (apt-get install redis-server)")
-    server = RedisServer(binary)
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A redis-server on a free port. Missing binary: fail with the install command, or skip if REQUIRE_REDIS=0."""
+    server = RedisServer(_redis_binary(request.session))
     server.start()
     yield server
     server.cleanup()

@@ -1,5 +1,9 @@
 """Process helpers shared by the tests and the bench scripts: a private redis-server, free ports, child cleanup.
 
+``python -m tests.redis_server`` (``make test`` runs it first) makes sure redis-server is installed: it
+installs it as root on Debian, or exits 1 with the exact command to run. ``REQUIRE_REDIS=0`` lets the
+Redis tests be skipped instead (and counted in pytest's summary); unset means required.
+
 ``RedisServer`` starts redis-server on a free port in a temp dir and stops it
 by pid. ``die_with_parent`` is a ``preexec_fn`` that makes a child die with
 the process that started it (Linux ``PR_SET_PDEATHSIG``), so an interrupted
@@ -14,8 +18,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +101,72 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# Debian's location, looked at even when it is not on PATH (a non-root shell may lack /usr/sbin).
+FALLBACK_PATHS: tuple[str, ...] = ("/usr/bin/redis-server", "/usr/sbin/redis-server")
+
+# The one install command every message names, and what `make test` runs itself as root on Debian.
+INSTALL_COMMAND = "apt-get update && apt-get install -y redis-server"
+
+
 def find_redis_server() -> str | None:
-    return shutil.which("redis-server") or next(
-        (p for p in ("/usr/bin/redis-server", "/usr/sbin/redis-server") if os.path.exists(p)), None
-    )
+    """The redis-server binary on PATH or at Debian's location, or None."""
+    return shutil.which("redis-server") or next((p for p in FALLBACK_PATHS if os.path.exists(p)), None)
+
+
+def redis_required() -> bool:
+    """Whether a missing redis-server is an error: yes unless ``REQUIRE_REDIS=0`` asks to skip.
+
+    Unset means required, so a fresh machine never passes by silently skipping the Redis tests.
+    """
+    value = os.environ.get("REQUIRE_REDIS", "").strip()
+    if value in ("", "1"):
+        return True
+    if value == "0":
+        return False
+    raise ValueError(f"REQUIRE_REDIS must be 0 (skip the Redis tests) or 1 (require them; the default), got {value!r}")
+
+
+def missing_redis_message() -> str:
+    """What to do when redis-server is missing: the exact install command, and the explicit way to skip."""
+    return (f"redis-server is not installed; the Redis tests need it. Install it (Debian, as root): {INSTALL_COMMAND}"
+            " -- or skip the Redis tests on purpose with REQUIRE_REDIS=0")
+
+
+def _can_apt_install() -> bool:
+    return os.geteuid() == 0 and shutil.which("apt-get") is not None and os.path.exists("/etc/debian_version")
+
+
+def _apt_install() -> int:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    return subprocess.run(["sh", "-c", INSTALL_COMMAND], env=env, check=False).returncode
+
+
+def ensure_redis_server(can_install: Callable[[], bool] = _can_apt_install,
+                        install: Callable[[], int] = _apt_install) -> int:
+    """``make test``'s first step: find redis-server, else install it (Debian, root), else say how. Exit code.
+
+    With ``REQUIRE_REDIS=0`` a missing binary is fine: the Redis tests will be skipped and counted.
+    """
+    required = redis_required()  # a bad REQUIRE_REDIS value is an error even where redis-server exists
+    if (binary := find_redis_server()) is not None:
+        print(f"redis-server: {binary}")
+        return 0
+    if not required:
+        print("redis-server: not installed; REQUIRE_REDIS=0, so the Redis tests will be skipped")
+        return 0
+    if can_install():
+        print(f"redis-server: not installed; running: {INSTALL_COMMAND}", flush=True)
+        install()
+        if (binary := find_redis_server()) is not None:
+            print(f"redis-server: {binary}")
+            return 0
+    print(missing_redis_message(), file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(ensure_redis_server())
+    except ValueError as e:  # a bad REQUIRE_REDIS value
+        print(e, file=sys.stderr)
+        sys.exit(2)
