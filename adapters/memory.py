@@ -160,7 +160,10 @@ class MemoryStorage:
             # means it expired, or the job was deleted and re-created under
             # the same id, where version numbers alone could match again.
             if commit.owner is not None and not self._held_by(job, commit.owner):
-                raise StaleVersionError(f"job {commit.job_id!r}: the lease is not held by this worker")
+                raise StaleVersionError(
+                    f"job {commit.job_id!r} is leased by another worker; commit expected {commit.expected_version}"
+                    if self._lease_live(job) else f"job {commit.job_id!r}: no worker holds its lease (this "
+                    f"worker's lease expired); commit expected {commit.expected_version}")
             if commit.truncate_messages_to is not None:
                 del job.messages[commit.truncate_messages_to :]
             job.messages.extend(msgs)
@@ -188,7 +191,9 @@ class MemoryStorage:
                 raise StaleVersionError(f"job {job_id!r} moved on from version {version}; step {key!r} not recorded")
             if owner is not None and not self._held_by(job, owner):
                 raise StaleVersionError(
-                    f"job {job_id!r}: the lease is not held by this worker; step {key!r} not recorded")
+                    f"job {job_id!r} is leased by another worker; step {key!r} at version {version} not recorded"
+                    if self._lease_live(job) else f"job {job_id!r}: no worker holds its lease (this worker's "
+                    f"lease expired); step {key!r} at version {version} not recorded")
             if job.journal_version != version:
                 job.journal.clear()
                 job.journal_version = version

@@ -60,11 +60,22 @@ from pipelines.models import (
     validate_job_id,
 )
 
-__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "index_keys", "job_keys"]
+__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "index_keys", "job_keys"]
 
 DEFAULT_PREFIX = "pr"
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 _BATCH = 200  # records fetched per round trip by list_jobs
+# The Redis type each key role must have (roles as the scripts name them).
+_KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
+              "events": "stream", "due": "zset", "jobs": "set"}
+
+
+def check_prefix(prefix: object, what: str = "key prefix") -> str:
+    """Return ``prefix`` if it is 1+ of ``[A-Za-z0-9._:-]``, else raise :class:`ConfigurationError`."""
+    if not isinstance(prefix, str) or not prefix or not set(prefix) <= _PREFIX_CHARS:
+        # A brace in the prefix would become the hash tag of every key.
+        raise ConfigurationError(f"{what} must be 1+ of [A-Za-z0-9._:-], got {prefix!r}")
+    return prefix
 
 
 # --- key names: built here and nowhere else ------------------------------------
@@ -185,11 +196,8 @@ class RedisStorage:
     """
 
     def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
-        if not prefix or not set(prefix) <= _PREFIX_CHARS:
-            # A brace in the prefix would become the hash tag of every key.
-            raise ConfigurationError(f"key prefix must be 1+ of [A-Za-z0-9._:-], got {prefix!r}")
         self.client = client
-        self.prefix = prefix
+        self.prefix = check_prefix(prefix)
         self.due_key, self.jobs_key = index_keys(prefix)
         # register_script runs EVALSHA and reloads the script after SCRIPT FLUSH.
         self._create = client.register_script(redis_scripts.CREATE)
@@ -238,6 +246,17 @@ class RedisStorage:
     def _all_keys(self, job_id: str) -> list[str]:
         return [*self.keys(job_id), self.due_key, self.jobs_key]
 
+    def _check_types(self, job_id: str, reply: Any, what: str) -> None:
+        """Raise CorruptRecordError for a script's ``corrupt:<role>:<type>`` reply (nothing was written)."""
+        if not isinstance(reply, bytes | str) or not _text(reply).startswith("corrupt:"):
+            return
+        _, role, found = _text(reply).split(":", 2)
+        key = {"due": self.due_key, "jobs": self.jobs_key}.get(role) or getattr(self.keys(job_id), role)
+        raise CorruptRecordError(
+            f"{what}: key {key!r} ({role}) is a Redis {found}, expected a {_KEY_TYPES[role]} (WRONGTYPE); "
+            "nothing was written"
+        )
+
     # --- reading -------------------------------------------------------------
     def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any]) -> JobRecord:
         try:
@@ -257,11 +276,17 @@ class RedisStorage:
     def _load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
         k = self.keys(job_id)
         with _mapped(f"loading job {job_id!r}"):
-            reply = self._load_script(keys=[k.record, k.journal, k.lease], args=[owner, ttl_ms])
+            reply = self._load_script(keys=[k.record, k.journal, k.lease, self.due_key, self.jobs_key],
+                                      args=[owner, ttl_ms, job_id])
+        self._check_types(job_id, reply, f"loading job {job_id!r}")
         return None if reply is None else self._parse(job_id, reply[0], reply[1], reply[2])
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        """The record with its current journal, or ``None`` (one round trip)."""
+        """The record with its current journal, or ``None`` (one round trip).
+
+        An unknown job's id is also dropped from the due index and the job
+        set (a record deleted by hand would otherwise stay "due" forever).
+        """
         return self._load(job_id)
 
     def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
@@ -365,6 +390,7 @@ class RedisStorage:
         with _mapped(f"creating job {job_id!r}"):
             reply = self._create(keys=keys, args=[job_id, token, data, str(record.version), due, len(msgs),
                                                   len(lines), *msgs, *lines, *event_lines])
+        self._check_types(job_id, reply, f"creating job {job_id!r}")
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
 
@@ -391,6 +417,7 @@ class RedisStorage:
         ]
         with _mapped(f"committing job {job_id!r}"):
             reply = _text(self._commit(keys=keys, args=args))
+        self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
 
@@ -401,27 +428,39 @@ class RedisStorage:
         args = [str(version), "0" if owner is None else "1", owner or "", key, text]
         with _mapped(f"journaling step {key!r} of job {job_id!r}"):
             reply = _text(self._step(keys=[k.record, k.journal, k.lease], args=args))
+        self._check_types(job_id, reply, f"journaling step {key!r} of job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"step {key!r} at version {version} not recorded"))
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         with _mapped(f"renewing the lease of job {job_id!r}"):
-            return bool(self._renew(keys=[self.keys(job_id).lease], args=[owner, _ttl_ms(ttl)]))
+            reply = self._renew(keys=[self.keys(job_id).lease], args=[owner, _ttl_ms(ttl)])
+        self._check_types(job_id, reply, f"renewing the lease of job {job_id!r}")
+        return bool(reply)
 
     def release_lease(self, job_id: str, owner: str) -> None:
         with _mapped(f"releasing the lease of job {job_id!r}"):
-            self._release(keys=[self.keys(job_id).lease], args=[owner])
+            reply = self._release(keys=[self.keys(job_id).lease], args=[owner])
+        self._check_types(job_id, reply, f"releasing the lease of job {job_id!r}")
 
     def delete_job(self, job_id: str) -> bool:
-        """Remove the job's keys and index entries; ``False`` if it did not exist."""
+        """Remove the job's keys and index entries; ``False`` if it did not exist.
+
+        The job's own keys go whatever their type (so a corrupt job can be
+        deleted); an index key of the wrong type is CorruptRecordError.
+        """
         with _mapped(f"deleting job {job_id!r}"):
-            return bool(self._delete(keys=self._all_keys(job_id), args=[job_id]))
+            reply = self._delete(keys=self._all_keys(job_id), args=[job_id])
+        self._check_types(job_id, reply, f"deleting job {job_id!r}")
+        return bool(reply)
 
 
 def _stale_message(job_id: str, reply: str, what: str) -> str:
     why = reply.removeprefix("stale:")
     if why == "missing":
         return f"job {job_id!r} no longer exists; {what}"
+    if why == "expired":
+        return f"job {job_id!r}: no worker holds its lease (this worker's lease expired); {what}"
     if why == "leased":
         return f"job {job_id!r} is leased by another worker; {what}"
     return f"job {job_id!r} moved on ({why.replace(':', ' ')}); {what}"

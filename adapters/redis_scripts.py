@@ -7,6 +7,16 @@ server and cost one round trip. Scripts reply with a short status string
 exceptions; they never raise from Lua, because a Lua error after a write
 would leave a half-applied commit (scripts are atomic, not transactional).
 
+Wrong key types: a key planted by hand or by other software with the wrong
+Redis type would make a command fail half-way through a script. So every
+script first checks the type of every key whose command could fail on it
+(``TYPE``; a missing key is fine) and, before its first write, replies
+``"corrupt:<role>:<type found>"`` instead, with nothing written. The roles
+are the :class:`~adapters.redis.JobKeys` field names plus ``due`` and
+``jobs``. Plain ``DEL`` works on every type, so the keys a script only
+deletes (CREATE's leftovers of a dead job, DELETE's job keys) are not
+checked: that is how a corrupt job can still be deleted.
+
 Hash fields of ``<prefix>:{<job>}:record``: ``data`` (the record JSON),
 ``version`` (decimal), ``token`` (the last commit's token) and ``jver`` (the
 version the journal was written under; absent until the first commit).
@@ -21,9 +31,21 @@ from __future__ import annotations
 
 __all__ = ["COMMIT", "CREATE", "DELETE", "LOAD", "RECORD_STEP", "RELEASE", "RENEW"]
 
+# checks is a flat list of (key, role, expected type) triples. Returns the
+# status naming the first key of another type, or false when all are fine.
+_TYPES_FN = """
+local function wrong_type(checks)
+  for i = 1, #checks, 3 do
+    local t = redis.call('TYPE', checks[i]).ok
+    if t ~= 'none' and t ~= checks[i + 2] then return 'corrupt:' .. checks[i + 1] .. ':' .. t end
+  end
+  return false
+end
+"""
+
 # RPUSH of many values at once, in chunks: unpack() of a huge range would hit
 # Lua's C-stack limit (~8000 values).
-_PUSH_FN = """
+_PUSH_FN = _TYPES_FN + """
 local function push(key, from, to)
   local i = from
   while i <= to do
@@ -42,6 +64,9 @@ end
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
 #       then the messages, then the log lines, then the events.
 CREATE = _PUSH_FN + """
+-- KEYS[2..6] are only DEL'd before being written, so their type cannot fail.
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set'})
+if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The same create re-sent after its reply was lost: already applied.
   if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then return 'applied' end
@@ -62,7 +87,13 @@ return 'ok'
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, then the messages, the log lines, the events.
+# Stale replies: missing, version:<stored>, expired (nobody holds the lease),
+# leased (another owner holds it).
 COMMIT = _PUSH_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', KEYS[3], 'logs', 'list',
+                        KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
+                        KEYS[7], 'due', 'zset'})
+if bad then return bad end
 local cur = redis.call('HMGET', KEYS[1], 'version', 'token')
 if not cur[1] then return 'stale:missing' end
 -- A retried command whose reply was lost: report success, write nothing.
@@ -72,9 +103,10 @@ local holder = redis.call('GET', KEYS[5])
 -- A worker commits only while it holds the lease: a free lease means it
 -- expired (or the job was deleted and re-created under the same id, where
 -- version numbers alone could match again).
+if ARGV[6] == '1' and not holder then return 'stale:expired' end
 if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
 -- Every check passed; from here on nothing can fail (inputs were validated
--- by the adapter), so the commit lands whole.
+-- by the adapter, key types above), so the commit lands whole.
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5])
 if ARGV[8] ~= '' then
   local n = tonumber(ARGV[8])
@@ -97,10 +129,14 @@ return 'ok'
 
 # KEYS: record, journal, lease
 # ARGV: version, has_owner, owner, key, value
-RECORD_STEP = """
+RECORD_STEP = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash', KEYS[3], 'lease', 'string'})
+if bad then return bad end
 local cur = redis.call('HMGET', KEYS[1], 'version', 'jver')
-if not cur[1] or cur[1] ~= ARGV[1] then return 'stale:version' end
+if not cur[1] then return 'stale:missing' end
+if cur[1] ~= ARGV[1] then return 'stale:version:' .. cur[1] end
 local holder = redis.call('GET', KEYS[3])
+if ARGV[2] == '1' and not holder then return 'stale:expired' end
 if ARGV[2] == '1' and holder ~= ARGV[3] then return 'stale:leased' end
 if cur[2] ~= ARGV[1] then
   -- The journal belongs to an older version: start a fresh one for this one.
@@ -111,11 +147,25 @@ redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
 return 'ok'
 """
 
-# KEYS: record, journal, lease
-# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms
-# Reply: nil (unknown job, or leased by someone else), else {data, jver, journal pairs}.
-LOAD = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+# KEYS: record, journal, lease, due, jobs
+# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id
+# Reply: nil (unknown job, or leased by someone else), 'corrupt:<role>:<type>',
+# else {data, jver, journal pairs}.
+LOAD = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
+-- A read-only load never touches the lease, so only taking it checks its type.
+if not bad and ARGV[2] ~= '' then bad = wrong_type({KEYS[3], 'lease', 'string'}) end
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- No record (deleted by hand?): drop the id from the indexes, or every
+  -- sweep would report it as unknown forever. CREATE writes the record and
+  -- the indexes together, so no live job can be caught half-created here.
+  bad = wrong_type({KEYS[4], 'due', 'zset', KEYS[5], 'jobs', 'set'})
+  if bad then return bad end
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  redis.call('SREM', KEYS[5], ARGV[3])
+  return false
+end
 if ARGV[2] ~= '' then
   local holder = redis.call('GET', KEYS[3])
   if holder and holder ~= ARGV[1] then return false end
@@ -127,7 +177,9 @@ return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2])}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms
-RENEW = """
+RENEW = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'lease', 'string'})
+if bad then return bad end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -135,13 +187,18 @@ return 0
 """
 
 # KEYS: lease; ARGV: owner
-RELEASE = """
+RELEASE = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'lease', 'string'})
+if bad then return bad end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs; ARGV: job_id
-DELETE = """
+# The job's own keys are only DEL'd (any type goes); the indexes are checked.
+DELETE = _TYPES_FN + """
+local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set'})
+if bad then return bad end
 local existed = redis.call('EXISTS', KEYS[1])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('ZREM', KEYS[7], ARGV[1])

@@ -1,0 +1,177 @@
+"""Wrong Redis key types never half-apply a script (issue item 6).
+
+Every script checks the type of every key it would write (or read before a
+write) and refuses with CorruptRecordError naming the key and the type found,
+with nothing written. The class is tested, not one case: every script x
+every key role it checks x every wrong Redis type, each compared with a
+byte-for-byte snapshot (DUMP) of the whole database before and after.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.redis import RedisStorage
+from pipelines import CorruptRecordError, JobStatus
+from pipelines.models import Checkpoint, Commit, Event, JobRecord, LogEntry
+
+pytestmark = pytest.mark.redis
+
+PREFIX = "kt"
+JOB = "job-1"
+
+
+def record(job_id: str = JOB, *, version: int = 1, due_at: float = 100.0) -> JobRecord:
+    cp = Checkpoint[Any](next_phase="a", state={"n": version}, version=version, due_at=due_at)
+    return JobRecord(job_id=job_id, status=JobStatus.RUNNING, checkpoint=cp, version=version)
+
+
+def a_commit(storage: RedisStorage) -> Commit:
+    """A worker's commit that writes every key a commit can write (messages, logs, events, due, journal, lease)."""
+    rec = storage.get_job(JOB)
+    assert rec is not None
+    return Commit(job_id=JOB, expected_version=rec.version, owner="w1", token=uuid.uuid4().hex,
+                  record=record(version=rec.version + 1, due_at=200.0),
+                  append_messages=[{"role": "assistant", "content": "hi"}],
+                  logs=[LogEntry(timestamp=1.0, phase="a", message="turn")],
+                  events=[Event(timestamp=1.0, type="turn_started")])
+
+
+# --- setups: a job in the state each script expects ----------------------------
+def running_job(storage: RedisStorage) -> None:
+    """Job 1 with messages, logs, events, a journal entry and w1's lease; another job fills the indexes."""
+    storage.create_job(record("other"), messages=[{"role": "user", "content": "x"}])
+    storage.create_job(record(), messages=[{"role": "user", "content": "hello"}],
+                       logs=[LogEntry(timestamp=0.0, phase="a", message="created")],
+                       events=[Event(timestamp=0.0, type="job_started")])
+    assert storage.acquire_lease(JOB, "w1", 60) is not None
+    storage.record_step(JOB, version=1, owner="w1", key="model", value={"ok": True})
+
+
+def only_other_job(storage: RedisStorage) -> None:
+    storage.create_job(record("other"))
+
+
+def record_deleted_by_hand(storage: RedisStorage) -> None:
+    running_job(storage)
+    storage.client.delete(storage.keys(JOB).record)
+
+
+# --- the planted wrong types -----------------------------------------------------
+PLANT: dict[str, Callable[[redis.Redis, str], Any]] = {
+    "string": lambda r, k: r.set(k, "planted"),
+    "list": lambda r, k: r.rpush(k, "planted"),
+    "hash": lambda r, k: r.hset(k, "planted", "1"),
+    "set": lambda r, k: r.sadd(k, "planted"),
+    "zset": lambda r, k: r.zadd(k, {"planted": 1.0}),
+    "stream": lambda r, k: r.xadd(k, {"planted": "1"}),
+}
+EXPECTED = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
+            "events": "stream", "due": "zset", "jobs": "set"}
+
+Action = Callable[[RedisStorage], Any]
+# script -> (setup, action, the key roles the script checks)
+SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]]] = {
+    "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs")),
+    "COMMIT": (running_job, lambda s: s.commit(COMMITS[s]),
+               ("record", "messages", "logs", "journal", "lease", "events", "due")),
+    "RECORD_STEP": (running_job, lambda s: s.record_step(JOB, version=1, owner="w1", key="tool:1", value=1),
+                    ("record", "journal", "lease")),
+    "LOAD(acquire_lease)": (running_job, lambda s: s.acquire_lease(JOB, "w1", 30), ("record", "journal", "lease")),
+    "LOAD(get_job)": (running_job, lambda s: s.get_job(JOB), ("record", "journal")),
+    "LOAD(unknown job)": (record_deleted_by_hand, lambda s: s.get_job(JOB), ("due", "jobs")),
+    "RENEW": (running_job, lambda s: s.renew_lease(JOB, "w1", 30), ("lease",)),
+    "RELEASE": (running_job, lambda s: s.release_lease(JOB, "w1"), ("lease",)),
+    "DELETE": (running_job, lambda s: s.delete_job(JOB), ("due", "jobs")),
+}
+COMMITS: dict[RedisStorage, Commit] = {}  # the commit of each test, built before anything is planted
+
+CASES = [
+    pytest.param(script, role, wrong, id=f"{script}-{role}-{wrong}")
+    for script, (_, _, roles) in SCRIPTS.items()
+    for role in roles
+    for wrong in PLANT
+    if wrong != EXPECTED[role]
+]
+
+
+def key_of(storage: RedisStorage, role: str) -> str:
+    if role in ("due", "jobs"):
+        return storage.due_key if role == "due" else storage.jobs_key
+    key: str = getattr(storage.keys(JOB), role)
+    return key
+
+
+def snapshot(r: redis.Redis) -> dict[bytes, bytes]:
+    """Every key of the database with its serialized value (type, contents, encoding)."""
+    return {k: r.dump(k) for k in sorted(r.scan_iter(count=1000))}  # type: ignore[misc]
+
+
+@pytest.fixture
+def storage(redis_url: str) -> Iterator[RedisStorage]:
+    s = RedisStorage.from_url(redis_url, prefix=PREFIX)
+    yield s
+    COMMITS.pop(s, None)
+    s.client.close()
+
+
+@pytest.mark.parametrize(("script", "role", "wrong"), CASES)
+def test_a_key_of_the_wrong_type_is_reported_and_nothing_is_written(
+    storage: RedisStorage, r: redis.Redis, script: str, role: str, wrong: str
+) -> None:
+    setup, action, _ = SCRIPTS[script]
+    setup(storage)
+    if script == "COMMIT":
+        COMMITS[storage] = a_commit(storage)
+    key = key_of(storage, role)
+    r.delete(key)
+    PLANT[wrong](r, key)
+    before = snapshot(r)
+
+    with pytest.raises(CorruptRecordError) as caught:
+        action(storage)
+
+    message = str(caught.value)
+    assert repr(key) in message and f"is a Redis {wrong}" in message and "nothing was written" in message
+    assert snapshot(r) == before
+
+
+def test_the_issue_case_a_string_at_messages_leaves_the_job_at_its_version(storage: RedisStorage,
+                                                                             r: redis.Redis) -> None:
+    running_job(storage)
+    commit = a_commit(storage)
+    r.delete(storage.keys(JOB).messages)
+    r.set(storage.keys(JOB).messages, "planted")
+    with pytest.raises(CorruptRecordError, match="messages"):
+        storage.commit(commit)
+    # The record did not move on: the same commit lands once the key is repaired.
+    r.delete(storage.keys(JOB).messages)
+    assert storage.client.hget(storage.keys(JOB).record, "version") == b"1"
+    storage.commit(commit)
+    rec = storage.get_job(JOB)
+    assert rec is not None and rec.version == 2
+
+
+@pytest.mark.parametrize("role", ["record", "messages", "logs", "journal", "lease", "events"])
+def test_a_corrupt_job_can_still_be_deleted(storage: RedisStorage, r: redis.Redis, role: str) -> None:
+    running_job(storage)
+    key = key_of(storage, role)
+    r.delete(key)
+    r.sadd(key, "planted")  # a set fits no job key
+    assert storage.delete_job(JOB) is True
+    assert not any(k.startswith(f"{PREFIX}:{{{JOB}}}".encode()) for k in r.scan_iter())
+    assert r.zscore(storage.due_key, JOB) is None and not r.sismember(storage.jobs_key, JOB)
+    assert storage.get_job("other") is not None
+
+
+def test_create_clears_leftover_keys_of_any_type(storage: RedisStorage, r: redis.Redis) -> None:
+    for key, wrong in zip(storage.keys(JOB)[1:], PLANT, strict=False):
+        PLANT[wrong](r, key)
+    storage.create_job(record(), messages=[{"role": "user", "content": "hello"}])
+    assert [m["content"] for m in storage.messages(JOB)] == ["hello"]
+    assert storage.logs(JOB) == [] and storage.events(JOB) == [] and storage.lease_owner(JOB) is None

@@ -1,0 +1,103 @@
+"""Two storage rough edges: why a late write was fenced off, and index entries of a record deleted by hand."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.memory import MemoryStorage, VirtualClock
+from adapters.redis import RedisStorage
+from pipelines import JobStatus, StaleVersionError
+from pipelines.models import Checkpoint, Commit, JobRecord
+
+JOB = "job-1"
+NO_HOLDER = "no worker holds its lease (this worker's lease expired)"
+OTHER_HOLDER = "is leased by another worker"
+
+
+def record(*, version: int = 1) -> JobRecord:
+    cp = Checkpoint[Any](next_phase="a", state={"n": version}, version=version, due_at=100.0)
+    return JobRecord(job_id=JOB, status=JobStatus.RUNNING, checkpoint=cp, version=version)
+
+
+def next_commit(owner: str) -> Commit:
+    return Commit(job_id=JOB, expected_version=1, owner=owner, token=uuid.uuid4().hex, record=record(version=2))
+
+
+class Backend:
+    """A storage plus a way to make its lease run out (the clock for memory, Redis's own expiry for Redis)."""
+
+    def __init__(self, storage: Any, expire_lease: Callable[[], object]) -> None:
+        self.storage = storage
+        self.expire_lease = expire_lease
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if request.param == "memory":
+        clock = VirtualClock(start=1_000_000.0)
+        yield Backend(MemoryStorage(clock=clock), lambda: clock.advance(31))
+        return
+    request.applymarker(pytest.mark.redis)
+    storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="rough")
+    # Deleting the key is exactly what PX expiry does, without waiting for it.
+    yield Backend(storage, lambda: storage.client.delete(storage.keys(JOB).lease))
+    storage.client.close()
+
+
+def test_a_late_commit_says_the_lease_expired_when_nobody_holds_it(backend: Backend) -> None:
+    s = backend.storage
+    s.create_job(record())
+    assert s.acquire_lease(JOB, "w1", 30) is not None
+    backend.expire_lease()
+    with pytest.raises(StaleVersionError, match=NO_HOLDER.replace("(", r"\(").replace(")", r"\)")):
+        s.commit(next_commit("w1"))
+    with pytest.raises(StaleVersionError, match=r"lease expired\); step 'model' at version 1 not recorded"):
+        s.record_step(JOB, version=1, owner="w1", key="model", value=1)
+    rec = s.get_job(JOB)
+    assert rec is not None and rec.version == 1 and rec.checkpoint.journal == {}
+
+
+def test_a_late_commit_says_another_worker_holds_the_lease(backend: Backend) -> None:
+    s = backend.storage
+    s.create_job(record())
+    assert s.acquire_lease(JOB, "w1", 30) is not None
+    backend.expire_lease()
+    assert s.acquire_lease(JOB, "w2", 30) is not None
+    with pytest.raises(StaleVersionError, match=OTHER_HOLDER) as caught:
+        s.commit(next_commit("w1"))
+    assert "expired" not in str(caught.value)
+    with pytest.raises(StaleVersionError, match=f"{OTHER_HOLDER}; step 'model' at version 1 not recorded"):
+        s.record_step(JOB, version=1, owner="w1", key="model", value=1)
+    s.commit(next_commit("w2"))  # the holder still commits
+    rec = s.get_job(JOB)
+    assert rec is not None and rec.version == 2
+
+
+# --- a record deleted by hand mid-run ----------------------------------------------
+@pytest.mark.redis
+@pytest.mark.parametrize("read", ["get_job", "acquire_lease"])
+def test_loading_a_record_deleted_by_hand_drops_it_from_the_indexes(redis_url: str, read: str) -> None:
+    storage = RedisStorage.from_url(redis_url, prefix="rough")
+    r = redis.Redis.from_url(redis_url)
+    storage.create_job(record())
+    other = record().model_copy(update={"job_id": "job-2"})
+    storage.create_job(other)
+    r.delete(storage.keys(JOB).record)
+    assert storage.due_jobs(1e12) == [JOB, "job-2"]  # the stale entry a sweep would see
+
+    if read == "get_job":
+        assert storage.get_job(JOB) is None
+    else:
+        assert storage.acquire_lease(JOB, "w1", 30) is None
+        assert storage.lease_owner(JOB) is None  # no lease taken on a job that is gone
+
+    assert storage.due_jobs(1e12) == ["job-2"]
+    assert r.smembers(storage.jobs_key) == {b"job-2"}
+    assert [j.job_id for j in storage.list_jobs()] == ["job-2"]
+    storage.client.close()
+    r.close()
