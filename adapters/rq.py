@@ -11,14 +11,20 @@ and every Queue, Job and registry this module touches uses RQ's
 
 One RQ job id per turn
 ----------------------
-The RQ job id of an advance is ``<encoded job id>-v<version>`` (see
-:func:`rq_job_id`). A worker that enqueued its successor under its own id
-would re-run forever, and enqueuing an id that is still waiting is a harmless
-duplicate we skip. RQ ids allow ``[A-Za-z0-9_-]`` and ours ``[A-Za-z0-9._:-]``,
-so the job id is escaped injectively: ``_`` → ``__``, ``.`` → ``_d``,
-``:`` → ``_c`` (every ``_`` in the output starts a two-character escape, so
-decoding is unambiguous), and the version suffix is split off at the last
-``-v`` (the suffix is all digits, so it cannot contain another ``-v``).
+The RQ job id of an advance is ``<namespace>_n<job id>-v<version>``, both
+names escaped (see :func:`rq_job_id`). A worker that enqueued its successor
+under its own id would re-run forever, and enqueuing an id that is still
+waiting is a harmless duplicate we skip. RQ job ids live in one keyspace per
+Redis (``rq:job:<id>``), so the namespace (the storage's key prefix) is part
+of the id: two apps on one Redis whose storages both hold ``chat-1`` must not
+overwrite each other's RQ jobs.
+
+RQ ids allow ``[A-Za-z0-9_-]``; namespaces and job ids use
+``[A-Za-z0-9._:-]``, so both are escaped injectively: ``_`` → ``__``,
+``.`` → ``_d``, ``:`` → ``_c``. Every ``_`` in an escaped name starts a
+two-character escape, so the separator ``_n`` cannot occur inside one and
+decoding is unambiguous; the version suffix is split off at the last ``-v``
+(the suffix is all digits, so it cannot contain another ``-v``).
 
 Delays use ``Queue.enqueue_in``: workers must run RQ's scheduler
 (``pipelines worker`` does; ``rq worker --with-scheduler`` otherwise). Its
@@ -40,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
 from rq import Queue
@@ -49,19 +55,23 @@ from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
+from adapters.redis import DEFAULT_PREFIX, check_prefix
 from pipelines.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.models import validate_job_id
 
 if TYPE_CHECKING:
+    from adapters.redis import RedisStorage
     from pipelines.app import App
 
 __all__ = [
     "ADVANCE_FUNC",
     "APP_ENV",
+    "RQJobRef",
     "RQScheduler",
     "advance_job",
     "decode_rq_job_id",
     "forget_apps",
+    "parse_rq_job_id",
     "rq_job_id",
     "use_app",
 ]
@@ -86,28 +96,61 @@ _PENDING = {RQJobStatus.QUEUED, RQJobStatus.SCHEDULED, RQJobStatus.DEFERRED, RQJ
 
 _ENCODE = {"_": "__", ".": "_d", ":": "_c"}
 _DECODE = {v[1]: k for k, v in _ENCODE.items()}
-_RQ_ID = re.compile(r"(?P<job>(?:[A-Za-z0-9-]|_[_dc])+)-v(?P<version>[0-9]+)")
+_NAME = r"(?:[A-Za-z0-9-]|_[_dc])+"  # an escaped name: "_" only ever starts a two-character escape
+_RQ_ID = re.compile(rf"(?P<ns>{_NAME})_n(?P<job>{_NAME})-v(?P<version>[0-9]+)")
 
 T = TypeVar("T")
 
 
-def _escape(job_id: str) -> str:
-    return "".join(_ENCODE.get(c, c) for c in validate_job_id(job_id))
+class RQJobRef(NamedTuple):
+    """What an RQ job id made by :func:`rq_job_id` names."""
+
+    namespace: str
+    job_id: str
+    version: int
 
 
-def rq_job_id(job_id: str, version: int) -> str:
-    """The RQ job id of ``job_id``'s advance at ``version``: ``<escaped id>-v<version>``."""
+def _escape(job_id: str, namespace: str = DEFAULT_PREFIX) -> str:
+    """``<escaped namespace>_n<escaped job id>``: the part of an RQ id before its suffix."""
+    ns = "".join(_ENCODE.get(c, c) for c in check_prefix(namespace, "an RQ namespace"))
+    return f"{ns}_n" + "".join(_ENCODE.get(c, c) for c in validate_job_id(job_id))
+
+
+def _unescape(name: str) -> str:
+    return re.sub(r"_(.)", lambda e: _DECODE[e.group(1)], name)
+
+
+def rq_job_id(job_id: str, version: int, namespace: str = DEFAULT_PREFIX) -> str:
+    """The RQ job id of ``job_id``'s advance at ``version`` under ``namespace`` (a storage prefix).
+
+    ``<escaped namespace>_n<escaped job id>-v<version>``: injective in all
+    three, and only ``[A-Za-z0-9_-]`` as RQ requires. A bad job id raises
+    :class:`InvalidJobIdError`, a bad namespace :class:`ConfigurationError`.
+    """
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise InvalidInputError(f"version must be an int >= 0, got {version!r}")
-    return f"{_escape(job_id)}-v{version}"
+    return f"{_escape(job_id, namespace)}-v{version}"
 
 
-def decode_rq_job_id(rq_id: str) -> tuple[str, int]:
-    """Invert :func:`rq_job_id`: ``(job_id, version)``; ``InvalidInputError`` for other ids."""
-    m = _RQ_ID.fullmatch(rq_id)
+def parse_rq_job_id(rq_id: str) -> RQJobRef:
+    """Invert :func:`rq_job_id`: ``(namespace, job_id, version)``; ``InvalidInputError`` for other ids."""
+    m = _RQ_ID.fullmatch(rq_id) if isinstance(rq_id, str) else None
     if m is None:
         raise InvalidInputError(f"{rq_id!r} is not an RQ job id made by rq_job_id()")
-    return re.sub(r"_(.)", lambda e: _DECODE[e.group(1)], m.group("job")), int(m.group("version"))
+    return RQJobRef(_unescape(m.group("ns")), _unescape(m.group("job")), int(m.group("version")))
+
+
+def decode_rq_job_id(rq_id: str, namespace: str | None = None) -> tuple[str, int]:
+    """Invert :func:`rq_job_id`: ``(job_id, version)``; ``InvalidInputError`` for other ids.
+
+    With ``namespace``, an id of another namespace is refused too (it belongs
+    to another app on the same Redis). :func:`parse_rq_job_id` also returns
+    the namespace.
+    """
+    ref = parse_rq_job_id(rq_id)
+    if namespace is not None and ref.namespace != namespace:
+        raise InvalidInputError(f"RQ job id {rq_id!r} belongs to namespace {ref.namespace!r}, not {namespace!r}")
+    return ref.job_id, ref.version
 
 
 @contextmanager
@@ -126,6 +169,10 @@ class RQScheduler:
 
     ``app``: the import path of the :class:`~pipelines.app.App` workers should
     use (``"pkg.mod:app"``); when ``None`` the worker's own app is used.
+    ``namespace``: the key prefix of the storage whose jobs this scheduler
+    advances; it is part of every RQ job id, so apps sharing one Redis never
+    overwrite each other's RQ jobs (:meth:`for_storage` takes it from the
+    storage).
     ``job_timeout``/``result_ttl``/``failure_ttl`` go on every RQ job
     explicitly; RQ's ``ttl`` is never set, because a job not started in time
     would silently vanish.
@@ -141,7 +188,9 @@ class RQScheduler:
         result_ttl: int = DEFAULT_RESULT_TTL,
         failure_ttl: int = DEFAULT_FAILURE_TTL,
         precision: float = 1.0,
+        namespace: str = DEFAULT_PREFIX,
     ) -> None:
+        check_prefix(namespace, "an RQ namespace")
         if not queue or not isinstance(queue, str):
             raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
         if app is not None and ":" not in app:
@@ -150,6 +199,7 @@ class RQScheduler:
             if not isinstance(value, int) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
         self.connection = connection
+        self.namespace = namespace
         self.queue_name = queue
         self.app = app
         self.job_timeout = job_timeout
@@ -157,6 +207,18 @@ class RQScheduler:
         self.failure_ttl = failure_ttl
         self.precision = float(precision)
         self.queue = Queue(queue, connection=connection, serializer=JSONSerializer)
+
+    @classmethod
+    def for_storage(cls, storage: RedisStorage, *, queue: str = "pipelines", app: str | None = None,
+                    **options: Any) -> RQScheduler:
+        """A scheduler on ``storage``'s Redis client, namespaced by its key prefix.
+
+        ``options`` are the other keyword arguments of the constructor
+        (``job_timeout``, ``result_ttl``, ``failure_ttl``, ``precision``).
+        """
+        if "namespace" in options or "connection" in options:
+            raise ConfigurationError("for_storage takes the connection and the namespace from the storage")
+        return cls(storage.client, queue=queue, app=app, namespace=storage.prefix, **options)
 
     # --- Scheduler -----------------------------------------------------------
     def bind(self, fn: Callable[[str], None], *, pipeline: str | None = None) -> None:
@@ -175,9 +237,7 @@ class RQScheduler:
         validate_job_id(job_id)
         if not isinstance(delay, int | float) or delay < 0 or delay != delay:
             raise InvalidInputError(f"delay must be a number of seconds >= 0, got {delay!r}")
-        # Without a version there is no turn to name; a random id never collides
-        # with "-v<digits>" ids, and duplicates are the runner's business (I6).
-        rq_id = rq_job_id(job_id, version) if version is not None else f"{_escape(job_id)}-x{uuid.uuid4().hex}"
+        rq_id = self._rq_id(job_id, version)
         self._send(rq_id, job_id, version, delay, pipeline, at_front=False)
 
     def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
@@ -187,7 +247,7 @@ class RQScheduler:
         sweep interval, so it does not queue again behind the whole backlog.
         """
         validate_job_id(job_id)
-        rq_id = rq_job_id(job_id, version) if version is not None else f"{_escape(job_id)}-x{uuid.uuid4().hex}"
+        rq_id = self._rq_id(job_id, version)
         self._send(rq_id, job_id, version, 0.0, pipeline, at_front=True)
 
     def _send(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
@@ -201,6 +261,13 @@ class RQScheduler:
                 self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False, at_front=at_front)
 
     # --- helpers -------------------------------------------------------------
+    def _rq_id(self, job_id: str, version: int | None) -> str:
+        if version is not None:
+            return rq_job_id(job_id, version, self.namespace)
+        # Without a version there is no turn to name; a random id never collides
+        # with "-v<digits>" ids, and duplicates are the runner's business (I6).
+        return f"{_escape(job_id, self.namespace)}-x{uuid.uuid4().hex}"
+
     def _enqueue(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
                  unique: bool, at_front: bool = False) -> Job:
         options: dict[str, Any] = {

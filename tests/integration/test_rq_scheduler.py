@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 import zlib
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
 from adapters import rq as rq_adapter
-from adapters.rq import ADVANCE_FUNC, RQScheduler, advance_job, decode_rq_job_id, rq_job_id
+from adapters.redis import DEFAULT_PREFIX
+from adapters.rq import ADVANCE_FUNC, RQScheduler, advance_job, decode_rq_job_id, parse_rq_job_id, rq_job_id
 from pipelines import ConfigurationError, InvalidInputError, JobStatus, StorageUnavailableError
 from pipelines.app import App
 from tests.redis_server import free_port
@@ -88,24 +90,90 @@ def test_the_result_rq_stores_is_json_too(app: App, client: redis.Redis) -> None
 def test_each_turn_is_its_own_rq_job(client: redis.Redis, scheduler: RQScheduler) -> None:
     scheduler.schedule_advance("j1", version=1)
     scheduler.schedule_advance("j1", version=2)
-    assert scheduler.queue.get_job_ids() == ["j1-v1", "j1-v2"]
+    assert scheduler.queue.get_job_ids() == ["pr_nj1-v1", "pr_nj1-v2"]
 
 
 def test_rq_job_ids_are_injective_valid_and_decodable() -> None:
     tricky = ["a", "a.b", "a_b", "a:b", "a_db", "a_cb", "a__b", "a-v1", "a-v1-v2", "_", "__", "._:", "-", "v1",
-              "x" * 200, "a.:_.b", "a_d_c"]
-    seen: dict[str, tuple[str, int]] = {}
-    for job_id in tricky:
-        for version in (0, 1, 12):
-            rid = rq_job_id(job_id, version)
-            assert RQ_JOB_ID.fullmatch(rid), rid
-            assert rid not in seen, (rid, seen.get(rid), (job_id, version))
-            seen[rid] = (job_id, version)
-            assert decode_rq_job_id(rid) == (job_id, version)
-    with pytest.raises(InvalidInputError):
-        decode_rq_job_id("not-ours")
+              "x" * 200, "a.:_.b", "a_d_c", "a_n", "_n", "n_", "a_nb", "pr_nb", "-v", "a-", "_-v1"]
+    namespaces = ["pr", "ta", "tb", "a_n", "_n", "n", "_", "a.b:c", "x-v1", "-", "pr_n", ":", "."]
+    seen: dict[str, tuple[str, str, int]] = {}
+    for namespace in namespaces:
+        for job_id in tricky:
+            for version in (0, 1, 12):
+                rid = rq_job_id(job_id, version, namespace)
+                assert RQ_JOB_ID.fullmatch(rid), rid
+                assert rid not in seen, (rid, seen.get(rid), (namespace, job_id, version))
+                seen[rid] = (namespace, job_id, version)
+                assert parse_rq_job_id(rid) == (namespace, job_id, version)
+                assert decode_rq_job_id(rid) == (job_id, version)
+                assert decode_rq_job_id(rid, namespace) == (job_id, version)
+    assert rq_job_id("j", 1) == rq_job_id("j", 1, DEFAULT_PREFIX)  # the old two-argument call still works
+    with pytest.raises(InvalidInputError, match="namespace 'ta', not 'tb'"):
+        decode_rq_job_id(rq_job_id("j", 1, "ta"), "tb")
+    for not_ours in ("not-ours", "j1-v1", "pr_nj1", "pr_n-v1", "_nj-v1", "pr_xj-v1", "pr_nj_z-v1"):
+        with pytest.raises(InvalidInputError):
+            decode_rq_job_id(not_ours)
     with pytest.raises(InvalidInputError):
         rq_job_id("bad id", 1)
+    for bad_namespace in ("", "a b", "{x}", "é"):
+        with pytest.raises(ConfigurationError, match="namespace"):
+            rq_job_id("j", 1, bad_namespace)
+
+
+def test_rq_job_ids_round_trip_for_random_awkward_names() -> None:
+    rng = random.Random(6)  # property-style: many generated ids, reproducible
+    alphabet = "_.:-aZ09nvdc"
+    seen: dict[str, tuple[str, str, int]] = {}
+    for _ in range(3000):
+        namespace = "".join(rng.choices(alphabet, k=rng.randint(1, 6)))
+        job_id = "".join(rng.choices(alphabet, k=rng.randint(1, 12)))
+        version = rng.choice([0, 1, 7, 10, 123456])
+        rid = rq_job_id(job_id, version, namespace)
+        assert RQ_JOB_ID.fullmatch(rid), rid
+        assert parse_rq_job_id(rid) == (namespace, job_id, version)
+        assert seen.setdefault(rid, (namespace, job_id, version)) == (namespace, job_id, version)
+
+
+# --- two apps on one Redis (issue item 9) -------------------------------------------
+def test_schedulers_of_two_namespaces_never_overwrite_each_others_jobs(client: redis.Redis) -> None:
+    a = RQScheduler(client, queue="shared", namespace="ta")
+    b = RQScheduler(client, queue="shared", namespace="tb")
+    a.schedule_advance("chat-1", pipeline="pa", version=1)
+    b.schedule_advance("chat-1", pipeline="pb", version=1)
+
+    ids = a.queue.get_job_ids()
+    assert sorted(ids) == sorted([rq_job_id("chat-1", 1, "ta"), rq_job_id("chat-1", 1, "tb")])
+    assert [parse_rq_job_id(i).namespace for i in ids] == ["ta", "tb"]  # both waiting, in order
+    assert a.fetch(rq_job_id("chat-1", 1, "ta")).description == "advance chat-1 v1 (pa)"  # not overwritten by B
+    assert b.fetch(rq_job_id("chat-1", 1, "tb")).description == "advance chat-1 v1 (pb)"
+
+    # A's duplicate is still recognised as waiting (not enqueued again), and B's does not hide it.
+    a.schedule_advance("chat-1", pipeline="pa", version=1)
+    assert len(a.queue.get_job_ids()) == 2
+    # Versionless advances carry the namespace too.
+    a.schedule_advance("chat-1")
+    assert a.queue.get_job_ids()[-1].startswith("ta_nchat-1-x")
+
+
+def test_for_storage_takes_the_client_and_the_prefix_from_the_storage(redis_url: str) -> None:
+    from adapters.redis import RedisStorage
+
+    storage = RedisStorage.from_url(redis_url, prefix="app.one:x")
+    sched = RQScheduler.for_storage(storage, queue="fs", app=APP_PATH, job_timeout=33)
+    assert sched.connection is storage.client and sched.namespace == "app.one:x"
+    assert (sched.queue_name, sched.app, sched.job_timeout) == ("fs", APP_PATH, 33)
+    sched.schedule_advance("j", version=2)
+    assert sched.queue.get_job_ids() == [rq_job_id("j", 2, "app.one:x")]
+    with pytest.raises(ConfigurationError, match="from the storage"):
+        RQScheduler.for_storage(storage, namespace="other")
+    storage.client.close()
+
+
+@pytest.mark.parametrize("namespace", ["", "a b", "{tag}", "a/b"])
+def test_a_bad_namespace_is_a_configuration_error(client: redis.Redis, namespace: str) -> None:
+    with pytest.raises(ConfigurationError, match="namespace"):
+        RQScheduler(client, namespace=namespace)
 
 
 def test_a_duplicate_advance_is_enqueued_once_and_a_finished_one_runs_again(app: App) -> None:
@@ -113,7 +181,7 @@ def test_a_duplicate_advance_is_enqueued_once_and_a_finished_one_runs_again(app:
     assert isinstance(sched, RQScheduler)
     app.run_pipeline("multi", job_id="d1", initial_state={"n": 1})
     sched.schedule_advance("d1", pipeline="multi", version=1)  # a duplicate while the first still waits
-    assert sched.queue.get_job_ids() == ["d1-v1"]
+    assert sched.queue.get_job_ids() == ["pr_nd1-v1"]
 
     run_worker(app)
     rec = app.storage.get_job("d1")
@@ -121,9 +189,9 @@ def test_a_duplicate_advance_is_enqueued_once_and_a_finished_one_runs_again(app:
 
     # The same turn asked for again after it ran: enqueued again, and harmless (I6).
     sched.schedule_advance("d1", pipeline="multi", version=1)
-    assert sched.queue.get_job_ids() == ["d1-v1"]
+    assert sched.queue.get_job_ids() == ["pr_nd1-v1"]
     run_worker(app)
-    assert sched.fetch("d1-v1").return_value() == "not_running"
+    assert sched.fetch("pr_nd1-v1").return_value() == "not_running"
     assert app.storage.get_job("d1") == rec
 
 
@@ -132,8 +200,8 @@ def test_a_delayed_advance_waits_in_the_scheduled_registry(scheduler: RQSchedule
     before = time.time()
     scheduler.schedule_advance("later", 30.0, version=4)
     registry = ScheduledJobRegistry(queue=scheduler.queue)
-    assert registry.get_job_ids() == ["later-v4"]
-    at = registry.get_scheduled_time("later-v4").timestamp()
+    assert registry.get_job_ids() == ["pr_nlater-v4"]
+    at = registry.get_scheduled_time("pr_nlater-v4").timestamp()
     assert before + 29 <= at <= time.time() + 31
     assert scheduler.queue.count == 0  # nothing runs before a scheduler moves it to the queue
     assert scheduler.precision == 1.0  # the runner accepts RQ's ~1 s early delivery
@@ -155,7 +223,7 @@ def test_advance_job_resolves_the_app_from_the_import_path_in_the_payload(app: A
     assert rec.result["n"] == 21
     sched = app.scheduler
     assert isinstance(sched, RQScheduler)
-    assert [sched.fetch(f"m1-v{v}").return_value() for v in (1, 2, 3)] == ["advanced", "advanced", "completed"]
+    assert [sched.fetch(rq_job_id("m1", v)).return_value() for v in (1, 2, 3)] == ["advanced", "advanced", "completed"]
 
 
 def test_advance_job_falls_back_to_the_worker_app_then_the_environment(
