@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
 from phases.stop import StopCondition, TurnInfo, should_stop
+from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, tool_map
 from pipelines._aio import resolve
@@ -361,18 +362,10 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
         response = ModelResponse.model_validate(response)
     message = dict(response.message)
     message.setdefault("role", "assistant")
-    calls = message.get("tool_calls") or []
-    if calls:
-        # Tool call ids key the journal and the idempotency key: make sure
-        # every call has one, unique within the turn.
-        fixed = []
-        for i, call in enumerate(calls):
-            call = dict(call)
-            if not call.get("id"):
-                call["id"] = f"call_{turn}_{i}"
-            call.setdefault("type", "function")
-            fixed.append(call)
-        message["tool_calls"] = fixed
+    # Tool call ids key the journal and the idempotency key: fixed here (unique
+    # in the transcript, every call well-formed) before the answer is journaled,
+    # so a re-run replays the same ids and the model sees each call answered.
+    message = normalise_tool_calls(message, turn, messages)
     return response.model_copy(update={"message": message})
 
 

@@ -6,6 +6,16 @@ The ledger per call: the model response journals it as *intended*,
 follows its tool's ``on_interrupted`` policy. When every call about to run
 belongs to a ``retry`` tool, *started* is not written: such a call runs again
 after a crash whether or not it had started, so the mark would change nothing.
+
+Whatever a tool raises stays inside its call and becomes an error message the
+model reads (``SystemExit``, ``asyncio.CancelledError`` and ``GeneratorExit``
+included). Only these propagate: the control signals ``FailJob``,
+``RetryLater`` and ``WaitForInput``, ``KeyboardInterrupt``, and any other
+``BaseException`` subclass from outside the standard library, which by
+convention means "the process is going down" (the crash harness's
+``SimulatedCrash`` is one). Either way the shared thread pool and this
+thread's event loop are left with nothing of the turn still pending, so the
+next job run by the same thread starts clean.
 """
 
 from __future__ import annotations
@@ -13,16 +23,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import inspect
 import json
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
 from phases.observe import notify
-from phases.tools import Tool, ToolArgumentsError, ToolContext, result_content
+from phases.tools import Tool, ToolArgumentsError, ToolContext, check_timeout, result_content
 from pipelines._aio import resolve, run_sync
+from pipelines.errors import StateNotSerializableError
 from pipelines.models import Message
 from pipelines.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
@@ -43,10 +56,19 @@ os.register_at_fork(after_in_child=_new_pool_after_fork)
 
 
 def tool_message(call: Mapping[str, Any], content: str) -> Message:
+    """The tool message answering ``call``."""
     return {"role": "tool", "tool_call_id": call["id"], "content": content}
 
 
-def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int) -> list[Message]:
+def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int, *,
+              default_timeout: float | None = None) -> list[Message]:
+    """Run a turn's tool calls (ids unique, as the agent turn makes them) and return their tool messages.
+
+    Each result is journaled as ``tool:<call id>``, so a re-run after a crash
+    runs only the calls not done. ``default_timeout`` (seconds) bounds every
+    call of a tool without a ``timeout`` of its own; see :class:`Tool`.
+    """
+    default_timeout = check_timeout(default_timeout, "default_timeout")
     if not calls:
         return []
     pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
@@ -65,13 +87,13 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
                 # may have started: for "retry" tools, running again is the
                 # recovery whether or not they started, so the write is saved.
                 ctx.record("tools:started", [c["id"] for c in pending])
-            _execute(ctx, tmap, pending, turn)
+            _execute(ctx, tmap, pending, turn, default_timeout)
     return [tool_message(c, ctx.recorded(f"tool:{c['id']}")[1]) for c in calls]
 
 
 def arguments_digest(call: Mapping[str, Any]) -> str:
     """What an approval is bound to: the call's tool name and exact arguments text."""
-    fn = call.get("function") or {}
+    fn = _function(call)
     text = json.dumps([fn.get("name"), fn.get("arguments")], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -80,8 +102,8 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
     """Calls of tools that need approval run only once a person approved these exact arguments."""
     waiting = []
     for call in calls:
-        fn = call.get("function") or {}
-        t = tmap.get(fn.get("name", ""))
+        fn = _function(call)
+        t = _tool_of(tmap, call)
         if t is None or t.needs_approval is False:
             continue
         try:
@@ -103,15 +125,15 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
 
 
 def _policy(tmap: dict[str, Tool], call: Mapping[str, Any]) -> str:
-    t = tmap.get((call.get("function") or {}).get("name", ""))
+    t = _tool_of(tmap, call)
     return "retry" if t is None else t.on_interrupted
 
 
 def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]],
                               turn: int) -> None:
     for call in calls:
-        name = (call.get("function") or {}).get("name", "")
-        t = tmap.get(name)
+        name = _function(call).get("name", "")
+        t = _tool_of(tmap, call)
         if t is None or t.on_interrupted == "retry":
             continue  # runs again below
         what = f"tool {name!r} call {call['id']} was interrupted mid-call; whether it took effect is unknown"
@@ -121,7 +143,7 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
             raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=call["id"],
                                details={"kind": "outcome", "tool": name})
         assert t.reconcile is not None
-        args = t.parse((call.get("function") or {}).get("arguments"))
+        args = t.parse(_function(call).get("arguments"))
         tctx = ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
         found = resolve(t.reconcile(args, tctx))
         if found is not None:
@@ -130,40 +152,134 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
                 f"{'effect found' if found is not None else 'no effect, running it again'}")
 
 
-def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int) -> None:
+# --- running the calls ------------------------------------------------------------
+
+_SIGNALS = (FailJob, RetryLater, WaitForInput, KeyboardInterrupt)
+# What a tool may raise without taking the worker down with it. Other
+# BaseException subclasses (not the standard library's) mean the process is
+# dying, like SimulatedCrash, and pass through.
+_CONTAINED = (Exception, SystemExit, GeneratorExit, asyncio.CancelledError)
+
+
+class _TimedOut(Exception):  # noqa: N818 - private marker, never leaves this module
+    """The call ran past its timeout (distinct from a TimeoutError the tool raised itself)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"timed out after {seconds:g} s")
+        self.seconds = seconds
+
+
+def _contained(exc: BaseException) -> bool:
+    """Whether ``exc`` from a tool becomes an error message for the model (else it propagates)."""
+    if isinstance(exc, _SIGNALS):
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_contained(e) for e in exc.exceptions)
+    return isinstance(exc, _CONTAINED)
+
+
+def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,
+             default_timeout: float | None) -> None:
     if len(calls) == 1 and not _is_async(tmap, calls[0]):
         # The common case runs inline: no event loop, no thread hop.
-        ctx.record(f"tool:{calls[0]['id']}", _invoke_sync(ctx, tmap, calls[0], turn))
+        ctx.record(f"tool:{calls[0]['id']}", _invoke_sync(ctx, tmap, calls[0], turn, default_timeout))
         return
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        outcomes = run_sync(_run_all(ctx, tmap, calls, turn, default_timeout, tasks))
+    except BaseException:
+        # Something stopped the loop mid-turn (a KeyboardInterrupt from a
+        # signal): what is left of this turn must not run in the next job's.
+        _cancel_left_over(tasks)
+        raise
+    failures = [o for o in outcomes if o is not None]
+    if failures:
+        # A dying process outranks a control signal from another call.
+        fatal = [f for f in failures if not isinstance(f, FailJob | RetryLater | WaitForInput)]
+        raise (fatal or failures)[0]
 
-    async def run_all() -> list[BaseException | None]:
-        loop = asyncio.get_running_loop()
 
-        async def one(call: dict[str, Any]) -> None:
-            if _is_async(tmap, call):
-                content = await _invoke_async(ctx, tmap, call, turn)
-            else:
-                content = await loop.run_in_executor(_POOL, _invoke_sync, ctx, tmap, call, turn)
-            await loop.run_in_executor(_POOL, ctx.record, f"tool:{call['id']}", content)
+async def _run_all(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,
+                   default_timeout: float | None, tasks: list[asyncio.Task[Any]]) -> list[BaseException | None]:
+    """Every call at once; ``tasks`` receives this task and the calls' tasks, for ``_cancel_left_over``."""
+    loop = asyncio.get_running_loop()
+    before = asyncio.all_tasks(loop)
+    me = asyncio.current_task(loop)
+    assert me is not None  # a coroutine run by run_sync always runs as a task
+    tasks.append(me)
+    tasks.extend(loop.create_task(_one(ctx, tmap, c, turn, default_timeout)) for c in calls)
+    try:
+        # Each call finishes (and journals) before a signal from one of them
+        # ends the turn: _one hands back what it raised instead of raising.
+        return list(await asyncio.gather(*tasks[1:]))
+    finally:
+        # Tasks a tool started and left behind would otherwise run, and could
+        # raise, inside whatever this thread's loop runs next: another job.
+        strays = [t for t in asyncio.all_tasks(loop) if t not in before and t not in tasks]
+        for t in strays:
+            t.cancel()
+        await asyncio.gather(*strays, return_exceptions=True)
 
-        # return_exceptions: let every call finish (and journal) before a
-        # control signal from one of them ends the turn.
-        return await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
 
-    for outcome in run_sync(run_all()):
-        if isinstance(outcome, BaseException):
-            raise outcome
+async def _one(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: dict[str, Any], turn: int,
+               default_timeout: float | None) -> BaseException | None:
+    loop = asyncio.get_running_loop()
+    try:
+        if _is_async(tmap, call):
+            content = await _invoke_async(ctx, tmap, call, turn, default_timeout)
+        else:
+            content = await loop.run_in_executor(_POOL, _invoke_sync, ctx, tmap, call, turn, default_timeout)
+        await loop.run_in_executor(_POOL, ctx.record, f"tool:{call['id']}", content)
+    except BaseException as exc:  # returned, not raised: see below
+        # A KeyboardInterrupt or SystemExit raised out of a task escapes the
+        # event loop and strands the other calls' tasks on it; as a value it
+        # is raised by _execute once every call is done.
+        if isinstance(exc, asyncio.CancelledError) and _cancelling():
+            raise
+        return exc
+    return None
+
+
+def _cancel_left_over(tasks: list[asyncio.Task[Any]]) -> None:
+    pending = [t for t in tasks if not t.done()]
+    if not pending:
+        return
+    loop = pending[0].get_loop()
+    if loop.is_closed() or loop.is_running():
+        return  # a helper thread's loop (asyncio.run cleaned it up) or not ours to drive
+    for t in pending:
+        t.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not a tool raising CancelledError)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:
+    fn = call.get("function")
+    return fn if isinstance(fn, Mapping) else {}
+
+
+def _tool_of(tmap: dict[str, Tool], call: Mapping[str, Any]) -> Tool | None:
+    name = _function(call).get("name")
+    return tmap.get(name) if isinstance(name, str) else None
 
 
 def _is_async(tmap: dict[str, Tool], call: Mapping[str, Any]) -> bool:
-    t = tmap.get((call.get("function") or {}).get("name", ""))
+    t = _tool_of(tmap, call)
     return t is not None and t.is_async
 
 
 def _prepare(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any],
              turn: int) -> tuple[Tool, BaseModel, ToolContext] | str:
-    fn = call.get("function") or {}
-    name = fn.get("name", "")
+    fn = _function(call)
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        known = ", ".join(sorted(tmap)) or "none"
+        return f"Error: this tool call is malformed: it names no tool; available tools: {known}"
     t = tmap.get(name)
     if t is None:
         known = ", ".join(sorted(tmap)) or "none"
@@ -175,29 +291,130 @@ def _prepare(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, A
     return t, args, ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
 
 
-def _invoke_sync(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int) -> str:
+def _invoke_sync(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int,
+                 default_timeout: float | None) -> str:
     prepared = _prepare(ctx, tmap, call, turn)
     if isinstance(prepared, str):
         return prepared
     t, args, tctx = prepared
+    timeout = t.timeout if t.timeout is not None else default_timeout
     notify("tool", ctx.job_id, tctx.call_id)
     try:
-        return result_content(resolve(t.call(args, tctx)))
-    except (FailJob, RetryLater, WaitForInput):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failing tool is reported to the model, which may recover
-        return f"Error: tool {t.name!r} raised {type(exc).__name__}: {exc}"
+        if timeout is None:
+            value = resolve(t.call(args, tctx))
+        else:
+            value = _on_own_thread(lambda: resolve(t.call(args, tctx)), timeout)
+    except _TimedOut as late:
+        content = _timed_out(t, tctx, late.seconds)
+        return content if content is not None else _reconciled(t, resolve(_reconcile(t, args, tctx)), late.seconds)
+    except BaseException as exc:  # contained or re-raised, by _contained's rule
+        if not _contained(exc):
+            raise
+        return _raised(t, exc)
+    return _content(t, value)
 
 
-async def _invoke_async(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int) -> str:
+async def _invoke_async(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int,
+                        default_timeout: float | None) -> str:
     prepared = _prepare(ctx, tmap, call, turn)
     if isinstance(prepared, str):
         return prepared
     t, args, tctx = prepared
+    timeout = t.timeout if t.timeout is not None else default_timeout
     notify("tool", ctx.job_id, tctx.call_id)
     try:
-        return result_content(await t.call(args, tctx))
-    except (FailJob, RetryLater, WaitForInput):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failing tool is reported to the model, which may recover
-        return f"Error: tool {t.name!r} raised {type(exc).__name__}: {exc}"
+        value = await _within(t.call(args, tctx), timeout)
+    except _TimedOut as late:
+        content = _timed_out(t, tctx, late.seconds)
+        if content is not None:
+            return content
+        found = _reconcile(t, args, tctx)
+        return _reconciled(t, await found if inspect.isawaitable(found) else found, late.seconds)
+    except BaseException as exc:  # contained or re-raised, by _contained's rule
+        if not _contained(exc) or _cancelling():
+            raise
+        return _raised(t, exc)
+    return _content(t, value)
+
+
+def _on_own_thread(fn: Callable[[], Any], timeout: float) -> Any:
+    """``fn()`` on a daemon thread of its own; past ``timeout`` the thread is abandoned, never joined.
+
+    Not the shared pool: an abandoned call would hold one of its threads, and
+    enough of them would stall every job in the process.
+    """
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting turn, which decides
+            future.set_exception(exc)
+
+    threading.Thread(target=target, name="pipelines-tool-timed", daemon=True).start()
+    done, _ = concurrent.futures.wait([future], timeout=timeout)
+    if not done:
+        raise _TimedOut(timeout)
+    return future.result()
+
+
+async def _within(awaitable: Awaitable[Any], timeout: float | None) -> Any:
+    """Await ``awaitable``, cancelling it after ``timeout`` seconds (``_TimedOut``)."""
+    if timeout is None:
+        return await awaitable
+    task = asyncio.ensure_future(_captured(awaitable))
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})  # let it unwind; what it ends with is dropped
+        raise _TimedOut(timeout)
+    ok, value = task.result()
+    if not ok:
+        raise value
+    return value
+
+
+async def _captured(awaitable: Awaitable[Any]) -> tuple[bool, Any]:
+    # In a task of its own a SystemExit would escape the event loop: carry it out as a value.
+    try:
+        return True, await awaitable
+    except BaseException as exc:  # noqa: BLE001 - re-raised by _within in the caller's task
+        return False, exc
+
+
+def _timed_out(t: Tool, tctx: ToolContext, timeout: float) -> str | None:
+    """The message for a call past its timeout; raises for "fail" / "ask"; None: ask ``reconcile``."""
+    if t.on_interrupted == "retry":
+        return f"Error: tool {t.name!r} timed out after {timeout:g} s"
+    what = (f"tool {t.name!r} call {tctx.call_id} timed out after {timeout:g} s and was abandoned; "
+            "whether it took effect is unknown")
+    if t.on_interrupted == "fail":
+        raise FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
+    if t.on_interrupted == "ask":
+        raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=tctx.call_id,
+                           details={"kind": "outcome", "tool": t.name})
+    return None
+
+
+def _reconcile(t: Tool, args: BaseModel, tctx: ToolContext) -> Any:
+    assert t.reconcile is not None  # on_interrupted="reconcile" requires one (Tool.__init__)
+    return t.reconcile(args, tctx)
+
+
+def _reconciled(t: Tool, found: Any, timeout: float) -> str:
+    if found is None:
+        # Not run again: the abandoned call may still be running and take effect.
+        return f"Error: tool {t.name!r} timed out after {timeout:g} s; reconcile found no effect of it yet"
+    return _content(t, found)
+
+
+def _raised(t: Tool, exc: BaseException) -> str:
+    return f"Error: tool {t.name!r} raised {type(exc).__name__}: {exc}"
+
+
+def _content(t: Tool, value: Any) -> str:
+    try:
+        return result_content(value)
+    except StateNotSerializableError as exc:
+        detail = exc.__cause__ or exc
+        return f"Error: tool {t.name!r} returned a value that is not JSON: {detail}"

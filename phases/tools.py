@@ -3,14 +3,17 @@
 The name comes from the function, the description from its docstring, the
 JSON schema and argument validation from pydantic. A tool receives a
 :class:`ToolContext` (if it asks for one) carrying the job id and an
-idempotency key ``"<job id>:<tool call id>"`` for external systems that
-deduplicate requests.
+idempotency key ``"<job id>/<tool call id>"`` for external systems that
+deduplicate requests (``/`` never occurs in a job id, so no two pairs of job
+id and call id share a key). ``timeout=`` bounds how long a turn waits for
+one call.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,8 +51,14 @@ class ToolContext:
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across re-runs of the same call: ``"<job id>:<tool call id>"``."""
-        return f"{self.job_id}:{self.call_id}"
+        """Stable across re-runs of the same call: ``"<job id>/<tool call id>"``.
+
+        Unambiguous: job ids never contain ``/``, so the first ``/`` splits
+        the key back into its job id and call id (``a:b`` + ``c`` and ``a`` +
+        ``b:c`` get different keys). Call ids are unique within a job's
+        transcript (the agent turn renames a repeated or missing one).
+        """
+        return f"{self.job_id}/{self.call_id}"
 
 
 class ToolArgumentsError(Exception):
@@ -76,6 +85,16 @@ class Tool:
     ``reconcile(input, ctx)``, which asks the outside system what happened and
     returns the result), or ``"ask"`` (the job waits until someone records the
     outcome).
+
+    ``timeout``: seconds the turn waits for one call (finite, > 0), or
+    ``None`` (the default: the ``default_timeout`` of ``run_tools``, if any).
+    A call that runs longer is abandoned: for a ``"retry"`` tool the model
+    reads ``Error: tool 'x' timed out after N s``; otherwise the
+    ``on_interrupted`` policy decides, as for a call interrupted by a crash
+    (``"fail"`` fails the job, ``"ask"`` waits for its outcome,
+    ``"reconcile"`` asks ``reconcile``). An ``async def`` tool is cancelled.
+    A ``def`` tool cannot be killed: it runs on a thread of its own, which
+    the turn stops waiting for and leaves to finish (its result is dropped).
     """
 
     def __init__(
@@ -89,6 +108,7 @@ class Tool:
         on_interrupted: InterruptPolicy | None = None,
         reconcile: Callable[..., Any] | None = None,
         needs_approval: bool | Callable[[Any], bool] = False,
+        timeout: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidInputError(f"tool name {name!r} must be 1-64 of [A-Za-z0-9_-]")
@@ -111,6 +131,7 @@ class Tool:
         if not (isinstance(needs_approval, bool) or callable(needs_approval)):
             raise InvalidInputError(f"tool {name!r}: needs_approval must be a bool or a function of the arguments")
         self.needs_approval = needs_approval
+        self.timeout = check_timeout(timeout, f"tool {name!r}: timeout")
         self.is_async = inspect.iscoroutinefunction(execute)
         self._wants_ctx = _positional_arity(execute) >= 2
 
@@ -133,8 +154,13 @@ class Tool:
                 data = json.loads(arguments)
             except json.JSONDecodeError as exc:
                 raise ToolArgumentsError(f"arguments for tool {self.name!r} are not valid JSON: {exc}") from exc
-        else:
+        elif isinstance(arguments, Mapping):
             data = dict(arguments)
+        else:
+            # Models send a JSON text; anything else (123, a list) is the
+            # model's mistake to correct, not a TypeError that fails the job.
+            raise ToolArgumentsError(f"arguments for tool {self.name!r} must be a JSON object text, "
+                                     f"got {type(arguments).__name__}")
         if not isinstance(data, dict):
             raise ToolArgumentsError(f"arguments for tool {self.name!r} must be a JSON object")
         try:
@@ -151,6 +177,15 @@ class Tool:
     def call(self, args: BaseModel, ctx: ToolContext) -> Any:
         """Run ``execute``; returns its result, or an awaitable for ``async def`` tools."""
         return self.execute(args, ctx) if self._wants_ctx else self.execute(args)
+
+
+def check_timeout(value: Any, what: str) -> float | None:
+    """``value`` as a timeout in seconds: ``None``, or a finite number > 0 (else InvalidInputError)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise InvalidInputError(f"{what} must be a finite number of seconds > 0, or None; got {value!r}")
+    return float(value)
 
 
 def _short(exc: ValidationError) -> str:
@@ -181,17 +216,22 @@ def tool(
     on_interrupted: InterruptPolicy | None = None,
     reconcile: Callable[..., Any] | None = None,
     needs_approval: bool | Callable[[Any], bool] = False,
+    timeout: float | None = None,
 ) -> Any:
     """Turn a typed function (``def`` or ``async def``) into a :class:`Tool`.
 
     Every parameter needs a type annotation; one parameter annotated
     ``ToolContext`` receives the call's context instead of a model argument.
-    Used bare (``@tool``) or with options (``@tool(idempotent=False)``).
+    Parameter names pydantic reserves (a leading ``_``, a ``model_`` prefix,
+    a ``BaseModel`` attribute such as ``json`` or ``copy``) are refused.
+    Used bare (``@tool``) or with options (``@tool(idempotent=False)``);
+    the options are those of :class:`Tool`, ``timeout`` included.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return _from_function(f, name=name, description=description, idempotent=idempotent,
-                              on_interrupted=on_interrupted, reconcile=reconcile, needs_approval=needs_approval)
+                              on_interrupted=on_interrupted, reconcile=reconcile, needs_approval=needs_approval,
+                              timeout=timeout)
 
     return wrap(fn) if fn is not None else wrap
 
@@ -216,6 +256,7 @@ def _from_function(f: Callable[..., Any], *, name: str | None, description: str 
         if hints[pname] is ToolContext:
             ctx_param = pname
             continue
+        _check_field_name(tool_name, pname)
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (hints[pname], default)
     try:
@@ -247,6 +288,15 @@ def _from_function(f: Callable[..., Any], *, name: str | None, description: str 
     t = Tool(name=tool_name, description=doc, input_model=model, execute=execute, **options)
     t.__doc__ = f.__doc__
     return t
+
+
+def _check_field_name(tool_name: str, pname: str) -> None:
+    # The arguments become fields of a pydantic model: such names would vanish
+    # from the schema (``_x``), receive pydantic's own values (``model_config``)
+    # or fail inside pydantic (``model_dump``, ``json``).
+    if pname.startswith(("_", "model_")) or hasattr(BaseModel, pname):
+        raise InvalidInputError(f"tool {tool_name!r}: parameter name {pname!r} is reserved by pydantic "
+                                "(a leading '_', a 'model_' prefix or a BaseModel attribute); rename it")
 
 
 def _schema_ok(annotation: Any) -> bool:

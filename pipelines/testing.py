@@ -93,13 +93,29 @@ def _response(turn: Reply, request: ModelRequest) -> ModelResponse:
     msg: Message = {"role": "assistant", "content": turn} if isinstance(turn, str) else dict(turn)
     finish = msg.pop("finish_reason", None)
     calls = msg.get("tool_calls") or []
-    if calls:
-        msg["tool_calls"] = [
-            {**c, "id": c.get("id") or f"call_{request.turn}_{i}", "type": c.get("type", "function")}
-            for i, c in enumerate(calls)
-        ]
+    if isinstance(calls, list) and calls:
+        # Like a provider: calls without an id get one no other call of the
+        # answer uses. Malformed shapes (a dict for the list, a call that is
+        # not a dict) pass through untouched, for the agent turn to answer.
+        taken = {c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
+        fixed = []
+        for i, c in enumerate(calls):
+            if isinstance(c, dict):
+                c = {**c, "id": c.get("id") or _fresh_id(f"call_{request.turn}_{i}", taken),
+                     "type": c.get("type", "function")}
+                taken.add(c["id"])
+            fixed.append(c)
+        msg["tool_calls"] = fixed
     prompt_chars = sum(len(str(m.get("content") or "")) for m in request.messages)
     usage = Usage(prompt_tokens=prompt_chars // 4 + 1, completion_tokens=len(str(msg.get("content") or "")) // 4 + 1,
                   model_calls=1)
     return ModelResponse(message=msg, finish_reason=finish or ("tool_calls" if calls else "stop"), usage=usage,
                          model="scripted")
+
+
+def _fresh_id(base: str, taken: set[str]) -> str:
+    cid, n = base, 1
+    while cid in taken:
+        n += 1
+        cid = f"{base}_{n}"
+    return cid

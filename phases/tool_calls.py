@@ -1,0 +1,111 @@
+"""Tool calls as the model sent them, made safe to journal: well-formed, with ids unique in the transcript.
+
+The agent turn passes every model answer through :func:`normalise_tool_calls`
+before the answer is journaled (step ``model``). The ids it settles on key the
+journal (``tool:<id>``), the idempotency key and the tool messages, and the
+assistant message carries the same ids, so the model always sees each call
+answered under its own id; a re-run after a crash replays the journaled,
+already fixed answer.
+
+* ``tool_calls`` given as one dict (not a list) becomes a list of one.
+* A call that is not a dict, or whose ``function`` is not one, becomes a call
+  naming no tool; its tool message is an error the model reads.
+* ``arguments`` that are not a string become their JSON text (a dict is
+  what the model meant and runs; ``123`` or a list gets an argument error),
+  so the transcript stays valid for the provider on the next call.
+* A missing, non-string or repeated id (within the answer or anywhere earlier
+  in the transcript) gets a new one, chosen deterministically and never equal
+  to any id the answer or the transcript already holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pipelines.models import Message
+
+__all__ = ["normalise_tool_calls"]
+
+
+def normalise_tool_calls(message: Message, turn: int, history: Iterable[Message] = ()) -> Message:
+    """``message`` with its ``tool_calls`` well-formed and their ids unique in ``history`` + this answer.
+
+    Deterministic: the same answer after the same history gives the same ids.
+    A message without tool calls is returned as it is.
+    """
+    raw = message.get("tool_calls")
+    if not raw:
+        return message
+    # One call given bare (a dict), or junk, becomes a list of one (junk gets an error).
+    items = list(raw) if isinstance(raw, list | tuple) else [raw]
+    calls = [_well_formed(item) for item in items]
+    ids = _unique_ids([item.get("id") if isinstance(item, Mapping) else None for item in items],
+                      turn, _ids_in(history))
+    for call, call_id in zip(calls, ids, strict=True):
+        call["id"] = call_id
+    return {**message, "tool_calls": calls}
+
+
+def _well_formed(item: Any) -> dict[str, Any]:
+    """A call with ``type``, ``function.name`` (str) and ``function.arguments`` (str); other fields kept."""
+    if not isinstance(item, Mapping):
+        # Nothing to run: a call naming no tool gets the "names no tool" error.
+        return {"type": "function", "function": {"name": "", "arguments": _json_text(item)}}
+    call = dict(item)
+    call.setdefault("type", "function")
+    fn = call.get("function")
+    if not isinstance(fn, Mapping):
+        call["function"] = {"name": "", "arguments": _json_text(fn)}
+        return call
+    fn = dict(fn)
+    if not isinstance(fn.get("name"), str):
+        fn["name"] = ""
+    args = fn.get("arguments")
+    if args is None:
+        fn["arguments"] = "{}"  # what a call without arguments means, as providers expect it: a string
+    elif not isinstance(args, str):
+        fn["arguments"] = _json_text(args)
+    call["function"] = fn
+    return call
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(repr(value), ensure_ascii=False)
+
+
+def _ids_in(history: Iterable[Message]) -> set[str]:
+    seen: set[str] = set()
+    for msg in history:
+        calls = msg.get("tool_calls") if isinstance(msg, Mapping) else None
+        if isinstance(calls, list):
+            seen.update(c["id"] for c in calls if isinstance(c, Mapping) and isinstance(c.get("id"), str))
+    return seen
+
+
+def _unique_ids(given: list[Any], turn: int, earlier: set[str]) -> list[str]:
+    """Keep each usable id the first time it appears; give every other call a fresh one."""
+    kept: list[str | None] = []
+    taken = set(earlier)
+    for cid in given:
+        ok = isinstance(cid, str) and cid != "" and cid not in taken
+        kept.append(cid if ok else None)
+        if ok:
+            taken.add(cid)
+    # A fresh id must not equal any id in the answer, even one kept further on.
+    taken.update(c for c in given if isinstance(c, str))
+    out: list[str] = []
+    for i, (cid, orig) in enumerate(zip(kept, given, strict=True)):
+        if cid is None:
+            base = orig if isinstance(orig, str) and orig else f"call_{turn}_{i}"
+            cid, n = base, 1
+            while cid in taken:
+                n += 1
+                cid = f"{base}_{n}"
+            taken.add(cid)
+        out.append(cid)
+    return out
