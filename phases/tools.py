@@ -240,6 +240,40 @@ def _from_function(f: Callable[..., Any], *, name: str | None, description: str 
     if not callable(f):
         raise InvalidInputError(f"@tool needs a function, got {type(f).__name__}")
     tool_name: str = name or str(getattr(f, "__name__", ""))
+    fields, ctx_param = _fields_of(f, tool_name)
+    try:
+        model = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+        model.model_json_schema()  # some types validate but have no JSON schema to show the model
+    except (PydanticSchemaGenerationError, PydanticInvalidForJsonSchema, TypeError) as exc:
+        bad = next((n for n, (t, _) in fields.items() if not _schema_ok(t)), "?")
+        raise InvalidInputError(f"tool {tool_name!r}: parameter {bad!r} has a type pydantic cannot "
+                                f"describe as JSON: {exc}") from exc
+    names = list(fields)
+
+    def kwargs_of(args: BaseModel, ctx: ToolContext) -> dict[str, Any]:
+        kwargs = {n: getattr(args, n) for n in names}
+        if ctx_param:
+            kwargs[ctx_param] = ctx
+        return kwargs
+
+    if inspect.iscoroutinefunction(f):
+        async def execute_async(args: BaseModel, ctx: ToolContext) -> Any:
+            return await f(**kwargs_of(args, ctx))
+
+        execute: Callable[..., Any] = execute_async
+    else:
+        def execute_sync(args: BaseModel, ctx: ToolContext) -> Any:
+            return f(**kwargs_of(args, ctx))
+
+        execute = execute_sync
+    doc = description if description is not None else inspect.getdoc(f) or ""
+    t = Tool(name=tool_name, description=doc, input_model=model, execute=execute, **options)
+    t.__doc__ = f.__doc__
+    return t
+
+
+def _fields_of(f: Callable[..., Any], tool_name: str) -> tuple[dict[str, Any], str | None]:
+    """The pydantic fields for ``f``'s parameters, and the name of its ``ToolContext`` parameter (if any)."""
     try:
         hints = get_type_hints(f)
     except Exception as exc:  # any failure to resolve annotations is a signature problem
@@ -259,35 +293,7 @@ def _from_function(f: Callable[..., Any], *, name: str | None, description: str 
         _check_field_name(tool_name, pname)
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (hints[pname], default)
-    try:
-        model = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
-        model.model_json_schema()  # some types validate but have no JSON schema to show the model
-    except (PydanticSchemaGenerationError, PydanticInvalidForJsonSchema, TypeError) as exc:
-        bad = next((n for n, (t, _) in fields.items() if not _schema_ok(t)), "?")
-        raise InvalidInputError(f"tool {tool_name!r}: parameter {bad!r} has a type pydantic cannot "
-                                f"describe as JSON: {exc}") from exc
-    is_async = inspect.iscoroutinefunction(f)
-    names = [n for n in fields]
-
-    def kwargs_of(args: BaseModel) -> dict[str, Any]:
-        return {n: getattr(args, n) for n in names}
-
-    if is_async:
-        async def execute_async(args: BaseModel, ctx: ToolContext) -> Any:
-            extra = {ctx_param: ctx} if ctx_param else {}
-            return await f(**kwargs_of(args), **extra)
-
-        execute: Callable[..., Any] = execute_async
-    else:
-        def execute_sync(args: BaseModel, ctx: ToolContext) -> Any:
-            extra = {ctx_param: ctx} if ctx_param else {}
-            return f(**kwargs_of(args), **extra)
-
-        execute = execute_sync
-    doc = description if description is not None else inspect.getdoc(f) or ""
-    t = Tool(name=tool_name, description=doc, input_model=model, execute=execute, **options)
-    t.__doc__ = f.__doc__
-    return t
+    return fields, ctx_param
 
 
 def _check_field_name(tool_name: str, pname: str) -> None:
