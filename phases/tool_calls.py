@@ -79,12 +79,9 @@ def _json_text(value: Any) -> str:
 
 
 def _ids_in(history: Iterable[Message]) -> set[str]:
-    seen: set[str] = set()
-    for msg in history:
-        calls = msg.get("tool_calls") if isinstance(msg, Mapping) else None
-        if isinstance(calls, list):
-            seen.update(c["id"] for c in calls if isinstance(c, Mapping) and isinstance(c.get("id"), str))
-    return seen
+    # Runs every turn over the whole transcript: plain type checks, one comprehension.
+    return {c["id"] for m in history if type(m) is dict and type(calls := m.get("tool_calls")) is list
+            for c in calls if type(c) is dict and type(c.get("id")) is str}
 
 
 def _unique_ids(given: list[Any], turn: int, earlier: set[str]) -> list[str]:
