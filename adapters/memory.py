@@ -33,10 +33,10 @@ from pipelines.models import (
     JSONValue,
     LogEntry,
     Message,
-    check_size,
     dump_events,
     dump_json,
     dump_logs,
+    dump_record,
     validate_job_id,
 )
 
@@ -114,7 +114,7 @@ class MemoryStorage:
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
                    events: Sequence[Event] = ()) -> None:
         validate_job_id(record.job_id)
-        text = check_size(record.model_dump_json(exclude_defaults=True), f"the record of job {record.job_id!r}")
+        text = dump_record(record, f"the record of job {record.job_id!r}")
         msgs = [dump_json(m, "a transcript message") for m in messages]
         log_lines = dump_logs(logs)
         event_lines = dump_events(events)
@@ -141,8 +141,7 @@ class MemoryStorage:
     def commit(self, commit: Commit) -> None:
         # Serialise before taking the lock: a value JSON cannot carry fails
         # here, with nothing written (I1).
-        text = check_size(commit.record.model_dump_json(exclude_defaults=True),
-                          f"the record of job {commit.job_id!r}")
+        text = dump_record(commit.record, f"the record of job {commit.job_id!r}")
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         log_lines = dump_logs(commit.logs)
         event_lines = dump_events(commit.events)

@@ -53,10 +53,10 @@ from pipelines.models import (
     JSONValue,
     LogEntry,
     Message,
-    check_size,
     dump_events,
     dump_json,
     dump_logs,
+    dump_record,
     validate_job_id,
 )
 
@@ -380,7 +380,7 @@ class RedisStorage:
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         job_id = record.job_id
         keys = self._all_keys(job_id)
-        data = check_size(record.model_dump_json(exclude_defaults=True), f"the record of job {job_id!r}")
+        data = dump_record(record, f"the record of job {job_id!r}")
         msgs = [dump_json(m, "a transcript message") for m in messages]
         lines = dump_logs(logs)
         event_lines = dump_events(events)
@@ -403,7 +403,7 @@ class RedisStorage:
         job_id = commit.job_id
         keys = self._all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
-        data = check_size(commit.record.model_dump_json(exclude_defaults=True), f"the record of job {job_id!r}")
+        data = dump_record(commit.record, f"the record of job {job_id!r}")
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         lines = dump_logs(commit.logs)
         event_lines = dump_events(commit.events)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Sequence
-from enum import StrEnum
-from typing import Any, Generic, Literal, TypeVar
+from enum import Enum, StrEnum
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,7 +20,10 @@ from pipelines.errors import InvalidJobIdError, StateNotSerializableError, Value
 
 __all__ = [
     "JOB_ID_PATTERN",
+    "MAX_INT_DIGITS",
+    "MAX_JSON_DEPTH",
     "MAX_VALUE_BYTES",
+    "MAX_VALUE_DEPTH",
     "Checkpoint",
     "Commit",
     "Event",
@@ -35,6 +39,7 @@ __all__ = [
     "dump_json",
     "dump_events",
     "dump_logs",
+    "dump_record",
     "to_json_value",
     "validate_job_id",
 ]
@@ -52,6 +57,8 @@ LogLevel = Literal["info", "warn", "error"]
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 S = TypeVar("S")
+
+_isfinite = math.isfinite  # bound once: called for every float in every value
 
 MAX_VALUE_BYTES = 8 * 1024 * 1024
 """The largest JSON text storage takes for one value: a transcript message, a step
@@ -89,80 +96,232 @@ def check_size(text: str, what: str) -> str:
 
 
 def dump_json(value: Any, what: str) -> str:
-    """Compact JSON text of ``value`` for storage; not JSON-able or too large raises, naming ``what``."""
+    """Compact JSON text of ``value`` for storage, checked by the rules of :func:`to_json_value`.
+
+    Not storable raises :class:`StateNotSerializableError`, too large :class:`ValueTooLargeError`,
+    both naming ``what``.
+    """
+    plain = to_json_value(value, what=what)
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(plain, allow_nan=False, separators=(",", ":"))
+    except ValueError as exc:  # sys.set_int_max_str_digits() lowered after import
         raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
     return check_size(text, what)
 
 
 def check_messages(messages: Sequence[Any], what: str) -> list[Message]:
     """``messages`` in JSON form, each a dict with a ``role``; else :class:`StateNotSerializableError`."""
-    checked: list[Message] = to_json_value(list(messages), what=what)
+    # Each message is a value of its own (as storage keeps it), not a level inside a list.
+    checked: list[Message] = [to_json_value(m, what=what) for m in list(messages)]
     for m in checked:
         if not isinstance(m, dict) or "role" not in m:
             raise StateNotSerializableError(f"a transcript message must be a dict with a 'role', got {m!r:.80}")
     return checked
 
 
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"{value} is not valid JSON")
+MAX_JSON_DEPTH: Final = 200
+"""How deeply lists/dicts may nest in one stored JSON document: the recursion limit of
+pydantic-core's JSON parser, which reads records, logs and events back (one level deeper is
+"recursion limit exceeded" on every later read). A reader's limit, so not tunable."""
+
+# The deepest a value sits inside a stored document: record -> checkpoint -> journal -> step result.
+_ENVELOPE_DEPTH: Final = 3
+
+MAX_VALUE_DEPTH: Final = MAX_JSON_DEPTH - _ENVELOPE_DEPTH
+"""How deeply lists/dicts may nest in one value (a state, result, message, step result, the data
+of an event): 197, so the value reads back wherever storage puts it. Deeper is refused."""
+
+MAX_INT_DIGITS: Final = min(4300, sys.get_int_max_str_digits() or 4300)
+"""The most decimal digits an int in a value may have: pydantic-core's parser refuses longer ones
+("number out of range") and ``json.loads`` applies ``sys.get_int_max_str_digits()`` (4300 unless
+lowered). Longer ints are refused; store them as strings."""
+
+_INT_BOUND: Final = 10**MAX_INT_DIGITS  # abs(n) < _INT_BOUND  <=>  n has at most MAX_INT_DIGITS digits
+_ROUND_TRIP: Final = ("does not survive a JSON round trip (tuples, non-string keys or the like); "
+                      "use lists and str keys")
+
+
+class _RefusedError(Exception):
+    """Why a value cannot be stored; the public entry points prefix it with what the value is."""
+
+
+def _bad_str(text: str, where: str) -> None:
+    """Refuse ``text`` if it holds a surrogate code point: UTF-8 cannot carry one, so no reader gets it back."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise _RefusedError(f"contains a lone surrogate {text[exc.start]!r} in {where} (not valid UTF-8; "
+                       "decode text with errors='replace')") from None
+
+
+def _big_int(n: int) -> _RefusedError:
+    digits = int(n.bit_length() * 0.30103) + 1  # str(n) itself would fail past the limit
+    return _RefusedError(f"has an int of about {digits} digits, more than the {MAX_INT_DIGITS} JSON readers accept "
+                    "(pipelines.models.MAX_INT_DIGITS); store it as a string")
+
+
+def _too_deep() -> _RefusedError:
+    return _RefusedError(f"nests lists/dicts deeper than {MAX_VALUE_DEPTH} levels (pipelines.models.MAX_VALUE_DEPTH), "
+                    "more than storage can read back")
+
+
+def _not_json(why: str) -> _RefusedError:
+    return _RefusedError(f"is not JSON-serialisable: {why}")
+
+
+def _plain(value: Any, room: int = MAX_VALUE_DEPTH) -> bool:
+    """True for data made only of dict/list/str/int/finite float/bool/None (exact types, str keys).
+
+    The hot path: it runs on every journaled step, message and event, and
+    walks the value once. On the way it enforces the readers' limits (nesting
+    within ``room`` levels, int digits, no surrogates, finite floats), raising
+    :class:`_RefusedError`; False means "not plain": :func:`_convert` decides.
+    """
+    t = type(value)
+    if t is dict:
+        return _plain_dict(value, room)
+    if t is list:
+        return _plain_list(value, room)
+    if t is str:
+        if not value.isascii():
+            _bad_str(value, "a string")
+        return True
+    if t is int:
+        if not -_INT_BOUND < value < _INT_BOUND:
+            raise _big_int(value)
+        return True
+    if t is float:
+        if not _isfinite(value):
+            raise _not_json(f"{value!r} is not a JSON number")
+        return True
+    return t is bool or value is None
+
+
+def _plain_dict(value: dict[Any, Any], room: int) -> bool:
+    # Leaf types are tested inline: a call per leaf costs more than the check.
+    if room <= 0:
+        raise _too_deep()
+    for k, v in value.items():
+        if type(k) is not str:
+            return False
+        if not k.isascii():
+            _bad_str(k, "a dict key")
+        tv = type(v)
+        if tv is str:
+            if not v.isascii():
+                _bad_str(v, "a string")
+        elif tv is int:
+            if not -_INT_BOUND < v < _INT_BOUND:
+                raise _big_int(v)
+        elif not (tv is bool or v is None) and not _plain(v, room - 1):
+            return False
+    return True
+
+
+def _plain_list(value: list[Any], room: int) -> bool:
+    if room <= 0:
+        raise _too_deep()
+    for v in value:
+        tv = type(v)
+        if tv is str:
+            if not v.isascii():
+                _bad_str(v, "a string")
+        elif tv is int:
+            if not -_INT_BOUND < v < _INT_BOUND:
+                raise _big_int(v)
+        elif not (tv is bool or v is None) and not _plain(v, room - 1):
+            return False
+    return True
+
+
+def _convert(value: Any, room: int) -> JSONValue:
+    """The plain JSON data ``value`` stands for, built anew: the slow path for what :func:`_plain` left.
+
+    Enums of str/int become their value, subclasses of str/int/float their
+    base type; tuples and non-str keys are refused, since JSON would hand back
+    something else (a list, a str key) and a replay would behave differently.
+    """
+    if isinstance(value, Enum):
+        return _convert(_enum_value(value), room)
+    if isinstance(value, dict):
+        if room <= 0:
+            raise _too_deep()
+        return {_convert_key(k): _convert(v, room - 1) for k, v in value.items()}
+    if isinstance(value, list):
+        if room <= 0:
+            raise _too_deep()
+        return [_convert(v, room - 1) for v in value]
+    if isinstance(value, tuple):
+        raise _RefusedError(_ROUND_TRIP)
+    if isinstance(value, str):
+        value = str.__str__(value)
+    elif isinstance(value, int) and type(value) is not bool:
+        value = int.__int__(value)
+    elif isinstance(value, float):
+        value = float.__float__(value)
+    if _plain(value, room):
+        return value
+    raise _not_json(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _convert_key(key: Any) -> str:
+    if isinstance(key, Enum):
+        key = _enum_value(key)
+    if isinstance(key, str):
+        text = str.__str__(key)
+        if not text.isascii():
+            _bad_str(text, "a dict key")
+        return text
+    if key is None or isinstance(key, int | float):
+        raise _RefusedError(_ROUND_TRIP)  # JSON would turn the key into a string
+    raise _not_json(f"a dict key of type {type(key).__name__}; keys must be str")
+
+
+_ENUM_VALUE_TYPES: Final = (str, int)
+
+
+def _enum_value(member: Enum) -> Any:
+    value = member.value
+    if type(value) in _ENUM_VALUE_TYPES:
+        return value
+    raise _not_json(f"{member!r} is an enum of {type(value).__name__}; only enums of str or int are stored "
+                    "(as their value)")
 
 
 def to_json_value(value: Any, *, what: str = "value") -> JSONValue:
     """Convert ``value`` (a pydantic model or plain JSON data) into plain JSON data.
 
     The result is what storage will hand back later, so callers see the same
-    thing on a fresh run and on a replay. Anything JSON cannot carry (sets,
-    objects, NaN, non-string keys) raises :class:`StateNotSerializableError`.
+    thing on a fresh run and on a replay. The rules, the same for every value
+    storage writes:
+
+    - dict (str keys), list, str, int, finite float, bool and None are kept;
+      a pydantic model becomes ``model_dump(mode="json")``;
+    - an enum member whose value is a str or int (``StrEnum``, ``IntEnum``, or
+      a plain ``Enum`` of such values) becomes its value, as a key too; other
+      enums are refused; subclasses of str/int/float become the base type;
+    - refused with :class:`StateNotSerializableError` naming ``what`` and why:
+      sets, tuples, bytes, other objects, NaN/inf, non-str keys, lists/dicts
+      nested deeper than :data:`MAX_VALUE_DEPTH`, ints of more than
+      :data:`MAX_INT_DIGITS` digits, and strings holding a lone surrogate
+      (``"\\ud83d"``), which UTF-8 cannot carry. Storage could not read those
+      back, or would read back something else.
     """
-    if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
-    if _plain(value):
-        return value  # already exactly its JSON form: skip the round trip (hot path)
     try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
-    loaded = json.loads(text, parse_constant=_reject_constant)
-    # json.dumps silently turns tuples into lists and int keys into strings; a
-    # value that changes shape on the way back would behave differently on
-    # replay, so it is rejected instead (== sees (1,) != [1] and {1: 2} != {"1": 2}).
-    if loaded != value:
-        raise StateNotSerializableError(
-            f"{what} does not survive a JSON round trip (tuples, non-string keys or the like); use lists and str keys"
-        )
-    return loaded
+        if isinstance(value, BaseModel):
+            value = _model_data(value)
+        if _plain(value, MAX_VALUE_DEPTH):
+            return value  # already exactly its JSON form: no copy (hot path)
+        return _convert(value, MAX_VALUE_DEPTH)
+    except _RefusedError as exc:
+        raise StateNotSerializableError(f"{what} {exc}") from None
 
 
-def _plain(value: Any) -> bool:
-    """True for data made only of dict/list/str/int/finite float/bool/None (exact types, str keys).
-
-    Written as loops with the leaf types tested inline: it runs on every
-    journaled step, message and event, and recursion per leaf costs more than
-    the JSON round trip it replaces.
-    """
-    t = type(value)
-    if t is str or t is int or t is bool or value is None:
-        return True
-    if t is float:
-        return math.isfinite(value)
-    if t is dict:
-        for k, v in value.items():
-            if type(k) is not str:
-                return False
-            tv = type(v)
-            if not (tv is str or tv is int or tv is bool or v is None) and not _plain(v):
-                return False
-        return True
-    if t is list:
-        for v in value:
-            tv = type(v)
-            if not (tv is str or tv is int or tv is bool or v is None) and not _plain(v):
-                return False
-        return True
-    return False
+def _model_data(model: BaseModel) -> Any:
+    try:
+        return model.model_dump(mode="json")
+    except (ValueError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
+        raise _not_json(str(exc)) from None
 
 
 class JobStatus(StrEnum):
@@ -310,11 +469,70 @@ class Commit(BaseModel):
         return None
 
 
+# Fields whose entries are separate values (step results, a person's inputs): each entry gets the
+# whole MAX_VALUE_DEPTH, as when it was journaled; the dict around them is the envelope's level.
+_ENTRY_FIELDS: Final = frozenset({"journal", "inputs"})
+
+
+def _check_fields(model: BaseModel, what: str, where: str = "") -> None:
+    """Check every field of ``model`` (and of the models in it) by the rules of :func:`to_json_value`."""
+    # Most fields are short ASCII strings, ints, floats or None: settled inline here, since a
+    # call per field would cost more than the dump itself; the rest goes to _check_field.
+    for name, value in model.__dict__.items():
+        t = type(value)
+        if t is str:
+            ok = value.isascii()
+        elif t is int:
+            ok = -_INT_BOUND < value < _INT_BOUND
+        elif t is float:
+            ok = _isfinite(value)
+        elif t is dict or t is list:
+            ok = not value
+        else:
+            ok = value is None or t is bool or (isinstance(value, Enum) and type(value.value) in _ENUM_VALUE_TYPES)
+        if not ok:
+            _check_field(value, what, where, name)
+
+
+def _check_field(value: Any, what: str, where: str, name: str) -> None:
+    if isinstance(value, BaseModel):
+        _check_fields(value, what, f"{where}{name}.")
+        return
+    room = MAX_VALUE_DEPTH + 1 if name in _ENTRY_FIELDS else MAX_VALUE_DEPTH
+    try:
+        if not _plain(value, room):
+            _convert(value, room)
+    except _RefusedError as exc:
+        raise StateNotSerializableError(f"{what}: {where}{name} {exc}") from None
+
+
+def _model_json(model: BaseModel, what: str, **options: Any) -> str:
+    """``model`` as the JSON text storage keeps, after checking every field; errors name ``what``."""
+    _check_fields(model, what)
+    try:
+        text = model.model_dump_json(**options)
+    except (ValueError, RecursionError) as exc:  # a safety net: _check_fields should have said why
+        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
+    return check_size(text, what)
+
+
+def dump_record(record: JobRecord, what: str) -> str:
+    """The JSON text storage keeps for ``record`` (defaults left out).
+
+    Every field is checked first by the rules of :func:`to_json_value`, so
+    what is written reads back; a bad value raises
+    :class:`StateNotSerializableError` naming ``what`` and the field, a text
+    over :data:`MAX_VALUE_BYTES` :class:`ValueTooLargeError`. Nothing is
+    written by this function: adapters call it before touching storage.
+    """
+    return _model_json(record, what, exclude_defaults=True)
+
+
 def dump_logs(entries: Sequence[LogEntry]) -> list[str]:
-    """Log entries as the JSON lines storage keeps (size-checked)."""
-    return [check_size(e.model_dump_json(), "a log entry") for e in entries]
+    """Log entries as the JSON lines storage keeps (checked like :func:`dump_record`)."""
+    return [_model_json(e, "a log entry") for e in entries]
 
 
 def dump_events(events: Sequence[Event]) -> list[str]:
     """Events as the JSON lines storage keeps: no ``id`` (storage assigns it) and no default fields."""
-    return [check_size(e.model_dump_json(exclude={"id"}, exclude_defaults=True), f"event {e.type!r}") for e in events]
+    return [_model_json(e, f"event {e.type!r}", exclude={"id"}, exclude_defaults=True) for e in events]
