@@ -26,6 +26,9 @@ Storage contract
 * ``record_step`` journals one step result, fenced like a commit: it raises
   ``StaleVersionError`` if the job's version is no longer ``version`` or
   ``owner`` (when given) does not hold the live lease.
+* A pause/cancel request (``request_control``) is kept beside the record,
+  returned on it (``record.control``) by every load, reported by ``commit``,
+  and dropped by a commit with ``clear_control``.
 * Events are appended with their commit (or create) and get increasing ids;
   ``events(after=id)`` resumes a reader where it stopped.
 * The due index holds every running job with its ``due_at``; ``due_jobs``
@@ -34,7 +37,9 @@ Storage contract
 Scheduler contract
 ------------------
 ``schedule_advance`` asks for ``advance_phase(job_id)`` to run after
-``delay`` seconds, at least once. Delivery may be duplicated, early or late:
+``delay`` seconds, at least once (``requeue``: now, ahead of other work
+where the queue allows). ``tests/contract`` runs the same suite over every
+scheduler. Delivery may be duplicated, early or late:
 the runner tolerates all three (I6). ``now`` is the scheduler's clock, which
 the runner uses for due times (the memory scheduler's clock is virtual).
 """
@@ -46,15 +51,24 @@ from typing import Protocol, runtime_checkable
 
 from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
-__all__ = ["AdvanceFn", "Scheduler", "Storage"]
+__all__ = [
+    "AdvanceFn",
+    "HistoryStore",
+    "InProcessScheduler",
+    "JobIndex",
+    "JobStore",
+    "LeaseStore",
+    "Scheduler",
+    "Storage",
+]
 
-AdvanceFn = Callable[[str], None]
-"""What a scheduler calls to advance one job: ``fn(job_id)``."""
+AdvanceFn = Callable[[str], object]
+"""What a scheduler calls to advance one job: ``fn(job_id)`` (its return value is ignored)."""
 
 
 @runtime_checkable
-class Storage(Protocol):
-    """Where jobs, transcripts, logs, journals and leases live."""
+class JobStore(Protocol):
+    """Records and their atomic writes."""
 
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
                    events: Sequence[Event] = ()) -> None:
@@ -62,16 +76,37 @@ class Storage(Protocol):
         ...
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        """The record with its current journal, or ``None`` for an unknown job."""
+        """The record with its current journal and pending control request, or ``None`` for an unknown job."""
         ...
 
-    def commit(self, commit: Commit) -> None:
-        """Apply ``commit`` atomically or not at all (see the module docstring)."""
+    def commit(self, commit: Commit) -> str | None:
+        """Apply ``commit`` atomically or not at all (see the module docstring).
+
+        Returns the job's pending control request (``"pause"``/``"cancel"``)
+        as it stands after the commit, so a worker that keeps the lease can
+        honour it at once.
+        """
         ...
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal one step result under ``version``; fenced like ``commit``."""
         ...
+
+    def request_control(self, job_id: str, request: str | None) -> bool:
+        """Store (or clear, with ``None``) a pause/cancel request beside the record; ``False`` for an unknown job.
+
+        Never touches the record or its version, so a turn in flight still commits.
+        """
+        ...
+
+    def delete_job(self, job_id: str) -> bool:
+        """Remove a job and everything it owns; ``False`` if it did not exist."""
+        ...
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Who is running a job's phase right now (I3)."""
 
     def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
         """Take the job's lease for ``ttl`` seconds and return the record.
@@ -92,6 +127,11 @@ class Storage(Protocol):
         """The owner of the live lease, if any."""
         ...
 
+
+@runtime_checkable
+class HistoryStore(Protocol):
+    """What a job committed, read back: transcript, human log, events."""
+
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """Committed transcript messages ``[start:stop]`` in order."""
         ...
@@ -104,6 +144,11 @@ class Storage(Protocol):
         """Committed events in order, each with its ``id``; only those after the cursor ``after``."""
         ...
 
+
+@runtime_checkable
+class JobIndex(Protocol):
+    """Finding jobs: what is due (I7), and listings for people."""
+
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         """Ids of running jobs whose ``due_at <= now``, earliest first."""
         ...
@@ -112,22 +157,21 @@ class Storage(Protocol):
         """Jobs, optionally only those in ``status``."""
         ...
 
-    def delete_job(self, job_id: str) -> bool:
-        """Remove a job and everything it owns; ``False`` if it did not exist."""
-        ...
+
+@runtime_checkable
+class Storage(JobStore, LeaseStore, HistoryStore, JobIndex, Protocol):
+    """Where jobs, transcripts, logs, journals and leases live: the four small ports together."""
 
 
 @runtime_checkable
 class Scheduler(Protocol):
-    """Triggers ``advance_phase`` for a job, now or after a delay."""
+    """Triggers an advance of a job, now or after a delay.
 
-    def bind(self, fn: AdvanceFn, *, pipeline: str | None = None) -> None:
-        """Register what runs an advance (for ``pipeline``, or for all when ``None``).
+    ``precision``: how early (seconds) a delayed delivery may arrive; the
+    runner accepts a message that early instead of dropping it (RQ: ~1 s).
+    """
 
-        In-process schedulers call ``fn``; queue schedulers may ignore it,
-        because their workers resolve the pipeline by name.
-        """
-        ...
+    precision: float
 
     def schedule_advance(
         self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
@@ -135,6 +179,28 @@ class Scheduler(Protocol):
         """Ask for ``job_id`` to be advanced after ``delay`` seconds (at least once)."""
         ...
 
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
+        """Ask again, now, for an advance the queue lost (the sweep); ahead of other work where possible."""
+        ...
+
     def now(self) -> float:
         """The scheduler's clock, in seconds since the epoch."""
+        ...
+
+
+@runtime_checkable
+class InProcessScheduler(Scheduler, Protocol):
+    """A scheduler that runs advances itself, in this process (the memory scheduler).
+
+    It is attached once to the function that advances a job (the App's), and
+    ``drain()`` runs what is scheduled. Queue schedulers have no such thing:
+    their workers load the app by its import path.
+    """
+
+    def attach(self, advance: AdvanceFn) -> None:
+        """Use ``advance(job_id)`` for every advance from now on."""
+        ...
+
+    def drain(self, *, max_advances: int = 1_000_000) -> int:
+        """Run advances until none is scheduled; returns how many ran."""
         ...

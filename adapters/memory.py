@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipelines.errors import (
+    ConfigurationError,
     CorruptRecordError,
     InvalidInputError,
     JobConflictError,
@@ -76,6 +77,7 @@ class _Job:
     lease_expires: float = 0.0
     token: str = ""
     version: int = 0
+    control: str | None = None  # a pause/cancel requested while a turn was in flight
 
 
 class MemoryStorage:
@@ -108,6 +110,8 @@ class MemoryStorage:
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
+        if job.control is not None:
+            rec = rec.model_copy(update={"control": job.control})
         return rec
 
     # --- Storage -------------------------------------------------------------
@@ -138,7 +142,7 @@ class MemoryStorage:
             job = self._jobs.get(job_id)
             return None if job is None else self._load(job_id, job)
 
-    def commit(self, commit: Commit) -> None:
+    def commit(self, commit: Commit) -> str | None:
         # Serialise before taking the lock: a value JSON cannot carry fails
         # here, with nothing written (I1).
         text = dump_record(commit.record, f"the record of job {commit.job_id!r}")
@@ -150,7 +154,7 @@ class MemoryStorage:
             if job is None:
                 raise StaleVersionError(f"job {commit.job_id!r} no longer exists")
             if job.token == commit.token and job.version == commit.record.version:
-                return  # applied already; this is a retry of the same commit
+                return job.control  # applied already; this is a retry of the same commit
             if job.version != commit.expected_version:
                 raise StaleVersionError(
                     f"job {commit.job_id!r} is at version {job.version}, commit expected {commit.expected_version}"
@@ -178,9 +182,20 @@ class MemoryStorage:
                 job.journal_version = commit.record.version
             if commit.release_lease and commit.owner is not None:
                 job.lease_owner = None
+            if commit.clear_control:
+                job.control = None
             self._set_due(commit.record)
             self.writes += 1
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
+            return job.control
+
+    def request_control(self, job_id: str, request: str | None) -> bool:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return False
+            job.control = request
+            return True
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         text = dump_json(value, f"result of step {key!r}")
@@ -302,12 +317,19 @@ class MemoryScheduler:
         self.clock = clock or VirtualClock()
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
-        self._handlers: dict[str | None, Callable[[str], None]] = {}
+        self._advance: Callable[[str], object] | None = None
         self._lock = threading.Lock()
         self.scheduled = 0  # total schedule_advance calls, for tests
 
-    def bind(self, fn: Callable[[str], None], *, pipeline: str | None = None) -> None:
-        self._handlers[pipeline] = fn
+    #: Delayed advances run exactly on time on the virtual clock.
+    precision: float = 0.0
+
+    def attach(self, advance: Callable[[str], object]) -> None:
+        """Run ``advance(job_id)`` for every advance (the App attaches itself once)."""
+        self._advance = advance
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
+        self.schedule_advance(job_id, 0.0, pipeline=pipeline, version=version)
 
     def schedule_advance(
         self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
@@ -337,10 +359,10 @@ class MemoryScheduler:
                 return False
             entry = heapq.heappop(self._heap)
         self.clock.advance_to(entry.due)
-        handler = self._handlers.get(entry.pipeline) or self._handlers.get(None)
-        if handler is None:
-            raise LookupError(f"no advance function bound for pipeline {entry.pipeline!r} (job {entry.job_id!r})")
-        handler(entry.job_id)
+        if self._advance is None:
+            raise ConfigurationError(f"nothing can advance job {entry.job_id!r}: this MemoryScheduler is not "
+                                     "attached to an App (App(storage=..., scheduler=...) attaches it)")
+        self._advance(entry.job_id)
         return True
 
     def run_due(self) -> int:

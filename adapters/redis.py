@@ -207,6 +207,7 @@ class RedisStorage:
         self._renew = client.register_script(redis_scripts.RENEW)
         self._release = client.register_script(redis_scripts.RELEASE)
         self._delete = client.register_script(redis_scripts.DELETE)
+        self._control = client.register_script(redis_scripts.CONTROL)
 
     @classmethod
     def from_url(
@@ -258,7 +259,7 @@ class RedisStorage:
         )
 
     # --- reading -------------------------------------------------------------
-    def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any]) -> JobRecord:
+    def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None) -> JobRecord:
         try:
             rec = JobRecord.model_validate_json(data)
         except ValidationError as exc:
@@ -271,6 +272,8 @@ class RedisStorage:
             except ValueError as exc:
                 raise CorruptRecordError(f"stored journal of job {job_id!r} does not parse: {exc}") from exc
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": steps})})
+        if control:
+            rec = rec.model_copy(update={"control": _text(control)})
         return rec
 
     def _load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
@@ -279,7 +282,7 @@ class RedisStorage:
             reply = self._load_script(keys=[k.record, k.journal, k.lease, self.due_key, self.jobs_key],
                                       args=[owner, ttl_ms, job_id])
         self._check_types(job_id, reply, f"loading job {job_id!r}")
-        return None if reply is None else self._parse(job_id, reply[0], reply[1], reply[2])
+        return None if reply is None else self._parse(job_id, reply[0], reply[1], reply[2], reply[3])
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, or ``None`` (one round trip).
@@ -359,15 +362,15 @@ class RedisStorage:
                 pipe = self.client.pipeline(transaction=False)
                 for job_id in batch:
                     k = self.keys(job_id)
-                    pipe.hmget(k.record, ["data", "jver"])
+                    pipe.hmget(k.record, ["data", "jver", "control"])
                     pipe.hgetall(k.journal)
                 replies = pipe.execute()
             for n, job_id in enumerate(batch):
-                (data, jver), journal = replies[2 * n], replies[2 * n + 1]
+                (data, jver, control), journal = replies[2 * n], replies[2 * n + 1]
                 if data is None:
                     continue  # deleted since the scan
                 pairs = [x for kv in journal.items() for x in kv]
-                rec = self._parse(job_id, data, "" if jver is None else jver, pairs)
+                rec = self._parse(job_id, data, "" if jver is None else jver, pairs, control)
                 if status is None or rec.status is status:
                     out.append(rec)
                     if len(out) >= limit:
@@ -394,7 +397,7 @@ class RedisStorage:
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
 
-    def commit(self, commit: Commit) -> None:
+    def commit(self, commit: Commit) -> str | None:
         """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token.
 
         On :class:`StorageUnavailableError` the commit may or may not have
@@ -413,13 +416,24 @@ class RedisStorage:
             "0" if owner is None else "1", owner or "",
             "" if commit.truncate_messages_to is None else str(int(commit.truncate_messages_to)),
             "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
-            _score(commit.due_at), len(msgs), len(lines), *msgs, *lines, *event_lines,
+            _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
+            *msgs, *lines, *event_lines,
         ]
         with _mapped(f"committing job {job_id!r}"):
             reply = _text(self._commit(keys=keys, args=args))
         self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
+        _, _, pending = reply.partition(":")
+        return pending or None
+
+    def request_control(self, job_id: str, request: str | None) -> bool:
+        """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""
+        k = self.keys(job_id)
+        with _mapped(f"requesting {request or 'no'} control of job {job_id!r}"):
+            reply = self._control(keys=[k.record], args=[request or ""])
+        self._check_types(job_id, reply, f"requesting control of job {job_id!r}")
+        return bool(reply)
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal one step result under ``version``; fenced like ``commit``."""

@@ -29,7 +29,7 @@ Redis's own ``PX``, so workers' clocks never matter.
 
 from __future__ import annotations
 
-__all__ = ["COMMIT", "CREATE", "DELETE", "LOAD", "RECORD_STEP", "RELEASE", "RENEW"]
+__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "LOAD", "RECORD_STEP", "RELEASE", "RENEW"]
 
 # checks is a flat list of (key, role, expected type) triples. Returns the
 # status naming the first key of another type, or false when all are fine.
@@ -86,7 +86,9 @@ return 'ok'
 # KEYS: record, messages, logs, journal, lease, events, due, jobs
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
-#       n_messages, n_logs, then the messages, the log lines, the events.
+#       n_messages, n_logs, clear_control, then the messages, the log lines, the events.
+# Reply: 'ok' / 'applied' (a re-sent commit), with ':<request>' when a pause or
+# cancel request is pending; 'stale:<why>'; 'corrupt:<role>:<type>'.
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
 # leased (another owner holds it).
 COMMIT = _PUSH_FN + """
@@ -97,7 +99,11 @@ if bad then return bad end
 local cur = redis.call('HMGET', KEYS[1], 'version', 'token')
 if not cur[1] then return 'stale:missing' end
 -- A retried command whose reply was lost: report success, write nothing.
-if cur[2] == ARGV[2] and cur[1] == ARGV[5] then return 'applied' end
+if cur[2] == ARGV[2] and cur[1] == ARGV[5] then
+  local pending = redis.call('HGET', KEYS[1], 'control')
+  if pending then return 'applied:' .. pending end
+  return 'applied'
+end
 if cur[1] ~= ARGV[4] then return 'stale:version:' .. cur[1] end
 local holder = redis.call('GET', KEYS[5])
 -- A worker commits only while it holds the lease: a free lease means it
@@ -114,9 +120,9 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-push(KEYS[2], 14, 13 + n)
-push(KEYS[3], 14 + n, 13 + n + nl)
-add_events(KEYS[6], 14 + n + nl)
+push(KEYS[2], 15, 14 + n)
+push(KEYS[3], 15 + n, 14 + n + nl)
+add_events(KEYS[6], 15 + n + nl)
 if ARGV[9] ~= '1' then redis.call('DEL', KEYS[4]) end
 if ARGV[11] ~= '' then
   redis.call('ZADD', KEYS[7], ARGV[11], ARGV[1])
@@ -124,6 +130,12 @@ else
   redis.call('ZREM', KEYS[7], ARGV[1])
 end
 if ARGV[10] == '1' and ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
+-- A pause/cancel request lives in the record hash beside 'data', outside the
+-- version fence; the commit that applies it (or makes it moot) drops it, and
+-- every commit reports one still pending so a worker keeping the lease obeys it.
+if ARGV[14] == '1' then redis.call('HDEL', KEYS[1], 'control') end
+local pending = redis.call('HGET', KEYS[1], 'control')
+if pending then return 'ok:' .. pending end
 return 'ok'
 """
 
@@ -171,9 +183,9 @@ if ARGV[2] ~= '' then
   if holder and holder ~= ARGV[1] then return false end
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 end
-local rec = redis.call('HMGET', KEYS[1], 'data', 'jver')
+local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control')
 -- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
-return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2])}
+return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or ''}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms
@@ -204,4 +216,15 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[1])
 return existed
+"""
+
+# KEYS: record; ARGV: request ('' = clear)
+# Reply: 1 stored, 0 unknown job. Only the 'control' field is written: the
+# record's data and version stay as they are, so a turn in flight still commits.
+CONTROL = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'control') else redis.call('HSET', KEYS[1], 'control', ARGV[1]) end
+return 1
 """

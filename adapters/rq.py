@@ -38,12 +38,10 @@ Redis errors are translated here, at the edge: connection problems become
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -61,26 +59,18 @@ from pipelines.models import validate_job_id
 
 if TYPE_CHECKING:
     from adapters.redis import RedisStorage
-    from pipelines.app import App
 
 __all__ = [
     "ADVANCE_FUNC",
-    "APP_ENV",
     "RQJobRef",
     "RQScheduler",
-    "advance_job",
     "decode_rq_job_id",
-    "forget_apps",
     "parse_rq_job_id",
     "rq_job_id",
-    "use_app",
 ]
 
-ADVANCE_FUNC = "adapters.rq.advance_job"
+ADVANCE_FUNC = "pipelines.worker.advance_job"
 """What RQ imports and calls on the worker: a dotted path, never a pickled callable."""
-
-APP_ENV = "PIPELINES_APP"
-"""Environment variable naming the app (``pkg.mod:app``) when nothing else does."""
 
 DEFAULT_JOB_TIMEOUT = 900
 """RQ kills a horse after this many seconds; keep it above the longest phase."""
@@ -221,9 +211,6 @@ class RQScheduler:
         return cls(storage.client, queue=queue, app=app, namespace=storage.prefix, **options)
 
     # --- Scheduler -----------------------------------------------------------
-    def bind(self, fn: Callable[[str], None], *, pipeline: str | None = None) -> None:
-        """A no-op: workers resolve the pipeline from the job record, by name."""
-
     def now(self) -> float:
         return time.time()
 
@@ -303,59 +290,3 @@ class RQScheduler:
         """The RQ job ``rq_id``, read with the JSON serializer (for tests and tools)."""
         with _redis_errors(f"fetching RQ job {rq_id!r}"):
             return Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
-
-
-# --- the worker side -------------------------------------------------------------
-_apps: dict[str, App] = {}
-_default: list[App] = []
-_lock = threading.Lock()
-
-
-def use_app(app: App, *, path: str | None = None) -> None:
-    """Make ``app`` this process's app (what ``pipelines worker`` does before it forks).
-
-    With ``path`` it also answers jobs that name that app path, so a forking
-    worker's horses reuse the parent's app instead of importing it per job.
-    """
-    with _lock:
-        _default[:] = [app]
-        if path is not None:
-            _apps[path] = app
-
-
-def forget_apps() -> None:
-    """Drop the process's app and every cached one (tests; a worker never needs it)."""
-    with _lock:
-        _default.clear()
-        _apps.clear()
-
-
-def _resolve_app(path: str | None) -> App:
-    # Imported here, not at the top: adapters sit below the composing modules,
-    # and only this worker entry point needs the App registry.
-    from pipelines.app import load_app
-
-    with _lock:
-        if path is None and _default:
-            return _default[0]
-        path = path or os.environ.get(APP_ENV)
-        if not path:
-            raise ConfigurationError(
-                f"no app for this advance: pass app= to RQScheduler, run `pipelines worker --app ...`, or set {APP_ENV}"
-            )
-        app = _apps.get(path)
-        if app is None:
-            app = _apps[path] = load_app(path)
-        return app
-
-
-def advance_job(job_id: str, version: int | None = None, app: str | None = None) -> str:
-    """What RQ runs: advance ``job_id`` with the app it belongs to; returns what happened.
-
-    The app is ``app`` (an import path, loaded once per process), else the one
-    set by :func:`use_app` (the worker command), else ``$PIPELINES_APP``. The
-    return value is an :class:`~pipelines.runner.AdvanceResult` value, a plain
-    string, so RQ's JSON serializer can store it. ``version`` names the turn
-    the message was sent for; the runner's fencing makes any mismatch harmless.
-    """
-    return str(_resolve_app(app).try_advance(job_id).value)

@@ -223,7 +223,7 @@ class EffectsCheck:
 
 
 def check_effects(client: redis.Redis, job_ids: list[str], turns: int, kills: Sequence[Kill] = ()) -> EffectsCheck:
-    """Count applications per idempotency key (``chaos:applied:<job>:<call id>``) and explain the repeats."""
+    """Count applications per idempotency key (``chaos:applied:<job>/<call id>``) and explain the repeats."""
     out = EffectsCheck()
     log: dict[str, list[tuple[float, int]]] = {}
     for raw in client.lrange(chaos_app.APPLY_LOG, 0, -1):
@@ -235,7 +235,7 @@ def check_effects(client: redis.Redis, job_ids: list[str], turns: int, kills: Se
             killed[pid] = k.at
     for job_id in job_ids:
         for k in range(1, turns):
-            key = f"{job_id}:call_{k}"
+            key = f"{job_id}/call_{k}"
             out.keys += 1
             n = int(client.get(chaos_app.APPLIED + key) or 0)
             if n == 0:

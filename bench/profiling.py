@@ -62,9 +62,9 @@ def _rq(top: int, baseline: bool) -> None:
         from rq import Queue, SimpleWorker
         from rq.serializers import JSONSerializer
 
-        from adapters import rq as rq_adapter
         from bench import apps
         from bench import baseline_rq as base
+        from pipelines import worker
 
         jobs, turns = 50, 10
         conn = redis.Redis.from_url(url)
@@ -75,7 +75,7 @@ def _rq(top: int, baseline: bool) -> None:
         else:
             app = apps.app
             assert app is not None
-            rq_adapter.use_app(app, path=apps.APP_PATH)
+            worker.use_app(app, path=apps.APP_PATH)
             agent = app.agents[apps.PIPELINE]
             for j in range(jobs):
                 agent.run(job_id=f"p{j}", messages=[w1.USER], storage=app.storage, scheduler=app.scheduler)

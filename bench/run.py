@@ -363,11 +363,11 @@ class NoopScheduler:
     def __init__(self) -> None:
         self.scheduled = 0
 
-    def bind(self, fn: Any, *, pipeline: str | None = None) -> None:
-        pass
-
     def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
                          version: int | None = None) -> None:
+        self.scheduled += 1
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
         self.scheduled += 1
 
     def now(self) -> float:

@@ -22,7 +22,8 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from adapters.memory import MemoryScheduler, MemoryStorage
-from pipelines import Agent, ToolContext, approve, pending_calls, tool
+from phases.approvals import approve, pending_calls
+from pipelines import Agent, ToolContext, tool
 from pipelines.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 

@@ -22,24 +22,26 @@ import importlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from phases import journal
+from phases.agent_config import AgentConfig
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
-from phases.stop import StopCondition, TurnInfo, should_stop
+from phases.stop import TurnInfo, should_stop
 from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
-from phases.tools import Tool, tool_map
+from phases.tools import Tool
 from pipelines._aio import resolve
 from pipelines.errors import InvalidInputError, PermanentModelError, TransientModelError
 from pipelines.models import Message, Usage
 from pipelines.phase import Done, Fail, Next, Phase, PhaseContext, RetryLater
 
-__all__ = ["AgentState", "PrepareTurn", "TURN_PHASE", "TurnPlan", "build_agent_phase", "resolve_model"]
+__all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
 
 TURN_PHASE = "turn"
 
@@ -85,22 +87,12 @@ class TurnPlan:
 PrepareTurn = Callable[[TurnPlan], "TurnPlan | None"]
 
 
-def build_agent_phase(
-    *,
-    model: str | Model,
-    tools: Sequence[Tool] | Mapping[str, Tool] | None = (),
-    system: str | None = None,
-    max_turns: int = 10,
-    stop_when: StopCondition | Sequence[StopCondition] | None = None,
-    model_params: Mapping[str, Any] | None = None,
-    max_model_attempts: int = 5,
-    output_schema: type[BaseModel] | None = None,
-    max_tokens: int | None = None,
-    max_cost_usd: float | None = None,
-    prepare_turn: PrepareTurn | None = None,
-) -> Phase:
+def build_agent_phase(*, model: str | Model, **options: Any) -> Phase:
     """Build the agent's turn phase (named ``"turn"``); it reschedules itself until a stop.
 
+    Takes the options of :class:`~phases.agent_config.AgentConfig` (tools,
+    system, max_turns, stop_when, model_params, max_model_attempts,
+    output_schema, max_tokens, max_cost_usd, prepare_turn, tool_timeout).
     ``model_params`` go to litellm unchanged (api_base, api_key, temperature,
     ...) and are never stored. Transient model errors re-run the turn later,
     up to ``max_model_attempts`` times; permanent ones fail the job.
@@ -108,118 +100,117 @@ def build_agent_phase(
     JSON). ``max_tokens`` / ``max_cost_usd`` stop the job once its usage,
     counted across retries and crashes, reaches them (the turn that crosses
     the line still commits). ``prepare_turn`` may change model, params, tools
-    offered or messages for one turn.
+    offered or messages for one turn. A job's stored per-run options
+    (:class:`~phases.agent_config.RunOptions`) override these for that job.
     """
-    _check_options(max_turns, system, stop_when, output_schema, max_tokens, max_cost_usd, prepare_turn)
-    turn = _AgentTurn(model=model, model_params=dict(model_params or {}), tmap=tool_map(tools), system=system,
-                      max_turns=max_turns, stop_when=stop_when, max_model_attempts=max_model_attempts,
-                      output_schema=output_schema, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
-                      prepare_turn=prepare_turn)
-    return Phase(TURN_PHASE, turn)
+    try:
+        config = AgentConfig(model=model, **options)
+    except TypeError as exc:
+        raise InvalidInputError(f"build_agent_phase: {exc}") from None
+    return Phase(TURN_PHASE, AgentTurn(config))
 
 
-def _check_options(max_turns: Any, system: Any, stop_when: Any, output_schema: Any, max_tokens: Any,
-                   max_cost_usd: Any, prepare_turn: Any) -> None:
-    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns <= 0:
-        raise InvalidInputError(f"max_turns must be a positive int, got {max_turns!r}")
-    if system is not None and not isinstance(system, str):
-        raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
-    if stop_when is not None and not callable(stop_when) and (
-        isinstance(stop_when, str) or not isinstance(stop_when, Sequence) or not all(callable(c) for c in stop_when)
-    ):
-        raise InvalidInputError(f"stop_when must be a callable or a list of callables, got {stop_when!r}")
-    if output_schema is not None and not (isinstance(output_schema, type) and issubclass(output_schema, BaseModel)):
-        raise InvalidInputError(f"output_schema must be a pydantic model class, got {output_schema!r}")
-    for name, limit in (("max_tokens", max_tokens), ("max_cost_usd", max_cost_usd)):
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0):
-            raise InvalidInputError(f"{name} must be a positive number, got {limit!r}")
-    if prepare_turn is not None and not callable(prepare_turn):
-        raise InvalidInputError("prepare_turn must be callable")
+class AgentTurn:
+    """The turn phase's ``run``: holds the agent's configuration, resolved once.
 
+    ``schemas``: output schemas a job may name in its per-run options (the
+    App adds the schemas registered on it).
+    """
 
-class _AgentTurn:
-    """The turn phase's ``run``: holds the agent's configuration, resolved once."""
-
-    def __init__(self, *, model: str | Model, model_params: dict[str, Any], tmap: dict[str, Tool],
-                 system: str | None, max_turns: int, stop_when: StopCondition | Sequence[StopCondition] | None,
-                 max_model_attempts: int, output_schema: type[BaseModel] | None, max_tokens: int | None,
-                 max_cost_usd: float | None, prepare_turn: PrepareTurn | None) -> None:
-        self.model_spec = model
-        self.model_params = model_params
-        self.model = resolve_model(model, model_params)
-        # A model string's params went into its LiteLLMModel; a Model object gets them with each request.
-        self.request_params = {} if isinstance(model, str) else dict(model_params)
-        self.tmap = tmap
-        self.schemas = [t.schema() for t in tmap.values()]
-        self.prefix: list[Message] = [{"role": "system", "content": system}] if system else []
-        self.max_turns = max_turns
-        self.stop_when = stop_when
-        self.max_model_attempts = max_model_attempts
-        self.output_schema = output_schema
-        self.max_tokens = max_tokens
-        self.max_cost_usd = max_cost_usd
-        self.prepare_turn = prepare_turn
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.schemas: dict[str, type[BaseModel]] = {}
+        if config.output_schema is not None:
+            self.schemas[config.output_schema.__name__] = config.output_schema
+        self.model = resolve_model(config.model, config.model_params)
+        self.tmap = config.tmap
+        self.tool_schemas = [t.schema() for t in self.tmap.values()]
+        self.prefix: list[Message] = [{"role": "system", "content": config.system}] if config.system else []
         self.history = _HistoryCache()
 
-    def call_model(self, ctx: PhaseContext[Any], messages: list[Message], turn: int) -> ModelResponse:
-        if self.prepare_turn is None:
-            return _call_model(self.model, ctx, messages, self.schemas, self.request_params, turn,
-                               None if self.tmap else self.output_schema)
-        plan = TurnPlan(job_id=ctx.job_id, turn=turn, model=self.model_spec, params=dict(self.model_params),
+    def _model(self, spec: str | Model, params: Mapping[str, Any] | None) -> tuple[Model, dict[str, Any]]:
+        """The model to call and the params it gets with each request."""
+        same = spec is self.config.model and params == self.config.model_params
+        model = self.model if same else resolve_model(spec, params)
+        # A model string's params went into its LiteLLMModel; a Model object gets them with each request.
+        return model, ({} if isinstance(spec, str) else dict(params or {}))
+
+    def call_model(self, ctx: PhaseContext[Any], cfg: AgentConfig, messages: list[Message],
+                   turn: int) -> ModelResponse:
+        schema = None if self.tmap else cfg.output_schema
+        if cfg.prepare_turn is None:
+            model, params = self._model(cfg.model, cfg.model_params)
+            return _call_model(model, ctx, messages, self.tool_schemas, params, turn, schema)
+        plan = TurnPlan(job_id=ctx.job_id, turn=turn, model=cfg.model, params=dict(cfg.model_params or {}),
                         # A deep copy: the hook may edit messages in place without touching
                         # the transcript cache shared by later turns.
                         tools=list(self.tmap.values()), messages=json.loads(json.dumps(messages)))
-        plan = self.prepare_turn(plan) or plan
+        plan = cfg.prepare_turn(plan) or plan
         unknown = [t.name for t in plan.tools if self.tmap.get(t.name) is not t]
         if unknown:
             raise InvalidInputError(f"prepare_turn offered tools the agent does not have: {unknown}")
-        same = plan.model is self.model_spec and plan.params == self.model_params
-        model = self.model if same else resolve_model(plan.model, plan.params)
-        params = self.request_params if same else ({} if isinstance(plan.model, str) else dict(plan.params))
+        model, params = self._model(plan.model, plan.params)
         offered = [t.name for t in plan.tools]
         response = _call_model(model, ctx, plan.messages, [t.schema() for t in plan.tools], params, turn,
-                               None if offered else self.output_schema)
+                               None if offered else cfg.output_schema)
         return response.model_copy(update={"tools_offered": offered}) if offered != list(self.tmap) else response
 
     def __call__(self, ctx: PhaseContext[Any]) -> Next | Done | Fail:
+        cfg = self.config.for_run(ctx.options, self.schemas)
         state = AgentState.model_validate(ctx.state or {})
-        over = _over_budget(ctx.job_usage, self.max_tokens, self.max_cost_usd)
+        over = _over_budget(ctx.job_usage, cfg)
         if over:
             ctx.log(f"budget reached before turn {state.turn + 1}: {over}", "warn")
             return Done(result=None, reason="budget")
         past = self.history.get(ctx)
+        answer = self.answer(ctx, cfg, past, state.turn)
+        if isinstance(answer, Fail):
+            return answer
+        return self.finish_turn(ctx, cfg, past, state, answer)
+
+    def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message],
+               turn: int) -> ModelResponse | Fail:
+        """The model's answer for this turn: journaled, so a re-run reuses it (I5)."""
         try:
-            raw = ctx.step("model", lambda: self.call_model(ctx, self.prefix + past, state.turn))
+            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn))
         except TransientModelError as exc:
-            if ctx.attempt + 1 >= self.max_model_attempts:
+            if ctx.attempt + 1 >= cfg.max_model_attempts:
                 return Fail(f"model call failed {ctx.attempt + 1} times, last: {exc}")
             delay = exc.retry_after if exc.retry_after is not None else min(300.0, 2.0 * 2**ctx.attempt)
             raise RetryLater(delay, f"model: {exc}") from exc
         except PermanentModelError as exc:
             return Fail(f"model error: {exc}")
         response = ModelResponse.model_validate(raw)
-        message = response.message
+        ctx.add_usage(response.usage, key=journal.MODEL)
+        return response
+
+    def run_calls(self, ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse,
+                  turn: int) -> list[Message]:
         calls = response.tool_calls
-        truncated = response.finish_reason == "length"
-        if truncated and calls:
+        if response.finish_reason == "length" and calls:
             # Arguments of a cut-off answer cannot be trusted: answer every
             # call without running it, so the transcript stays valid.
-            results = [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
-        else:
-            offered = self.tmap if response.tools_offered is None else {
-                n: t for n, t in self.tmap.items() if n in response.tools_offered}
-            results = run_tools(ctx, offered, calls, state.turn)
+            return [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
+        offered = self.tmap if response.tools_offered is None else {
+            n: t for n, t in self.tmap.items() if n in response.tools_offered}
+        return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout)
+
+    def finish_turn(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], state: AgentState,
+                    response: ModelResponse) -> Next | Done | Fail:
+        message = response.message
+        results = self.run_calls(ctx, cfg, response, state.turn)
         new_messages = [message, *results]
-        ctx.add_usage(response.usage)
         _emit_turn_events(ctx, state.turn + 1, response, results)
-        info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=calls, tool_results=results,
+        info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=response.tool_calls, tool_results=results,
                         state=state, usage=response.usage)
-        outcome: Next | Done | Fail = self.decide(ctx, info, truncated, ctx.job_usage + response.usage)
+        truncated = response.finish_reason == "length"
+        outcome: Next | Done | Fail = _decide(ctx, cfg, info, truncated, ctx.job_usage + response.usage)
         if isinstance(outcome, Done):
             outcome = Done(result=_result_of(message, results), reason=outcome.reason)
-            if self.output_schema is not None:
-                outcome = _structured(ctx, self.model, self.output_schema, self.prefix + past, new_messages,
-                                      outcome, self.request_params, state.turn)
+            if cfg.output_schema is not None:
+                model, params = self._model(cfg.model, cfg.model_params)
+                outcome = _structured(ctx, model, cfg.output_schema, self.prefix + past, new_messages,
+                                      outcome, params, state.turn)
         ctx.append_messages(new_messages)
         if isinstance(outcome, Next):
             self.history.remember_after_commit(ctx, [*past, *new_messages])
@@ -227,26 +218,27 @@ class _AgentTurn:
             self.history.forget(ctx.job_id)
         return outcome
 
-    def decide(self, ctx: PhaseContext[Any], info: TurnInfo, truncated: bool, usage: Usage) -> Next | Done:
-        """Stop or go on, after a turn's tools ran."""
-        n = info.turn
-        if truncated:
-            ctx.log(f"model answer truncated (finish_reason=length) at turn {n}; stopping", "warn")
-            return Done(reason="truncated")
-        if not info.tool_calls:
-            return Done(reason="done")
-        reason = should_stop(self.stop_when, info)
-        if reason is not None:
-            ctx.log(f"stopped by {reason} at turn {n}")
-            return Done(reason="stop_when")
-        if n >= self.max_turns:
-            ctx.log(f"stopped: max_turns={self.max_turns} reached with tool calls pending a reply", "warn")
-            return Done(reason="max_turns")
-        over = _over_budget(usage, self.max_tokens, self.max_cost_usd)
-        if over:
-            ctx.log(f"budget reached at turn {n}: {over}", "warn")
-            return Done(reason="budget")
-        return Next(TURN_PHASE, state=AgentState(turn=n))
+
+def _decide(ctx: PhaseContext[Any], cfg: AgentConfig, info: TurnInfo, truncated: bool, usage: Usage) -> Next | Done:
+    """Stop or go on, after a turn's tools ran."""
+    n = info.turn
+    if truncated:
+        ctx.log(f"model answer truncated (finish_reason=length) at turn {n}; stopping", "warn")
+        return Done(reason="truncated")
+    if not info.tool_calls:
+        return Done(reason="done")
+    reason = should_stop(cfg.stop_when, info)
+    if reason is not None:
+        ctx.log(f"stopped by {reason} at turn {n}")
+        return Done(reason="stop_when")
+    if n >= cfg.max_turns:
+        ctx.log(f"stopped: max_turns={cfg.max_turns} reached with tool calls pending a reply", "warn")
+        return Done(reason="max_turns")
+    over = _over_budget(usage, cfg)
+    if over:
+        ctx.log(f"budget reached at turn {n}: {over}", "warn")
+        return Done(reason="budget")
+    return Next(TURN_PHASE, state=AgentState(turn=n))
 
 
 def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse, results: list[Message]) -> None:
@@ -265,11 +257,11 @@ def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse
                  error=isinstance(content, str) and content.startswith("Error:"))
 
 
-def _over_budget(usage: Usage, max_tokens: int | None, max_cost_usd: float | None) -> str:
-    if max_tokens is not None and usage.total_tokens >= max_tokens:
-        return f"max_tokens={max_tokens} (used {usage.total_tokens})"
-    if max_cost_usd is not None and usage.cost_usd >= max_cost_usd:
-        return f"max_cost_usd={max_cost_usd} (used {usage.cost_usd:.4f})"
+def _over_budget(usage: Usage, cfg: AgentConfig) -> str:
+    if cfg.max_tokens is not None and usage.total_tokens >= cfg.max_tokens:
+        return f"max_tokens={cfg.max_tokens} (used {usage.total_tokens})"
+    if cfg.max_cost_usd is not None and usage.cost_usd >= cfg.max_cost_usd:
+        return f"max_cost_usd={cfg.max_cost_usd} (used {usage.cost_usd:.4f})"
     return ""
 
 
@@ -284,10 +276,11 @@ def _structured(ctx: PhaseContext[Any], model: Model, schema: type[BaseModel], h
         # One follow-up call, journaled like the turn's own model call. No
         # tools are offered, so response_format is safe to send.
         nudge: Message = {"role": "user", "content": _STRUCTURED_NUDGE}
-        raw = ctx.step("model:structured", lambda: _call_model(
-            model, ctx, [*history, *new_messages, nudge], [], params, turn, schema))
+        key = journal.structured_key(ctx.attempt)
+        raw = ctx.step(key, lambda: _call_model(model, ctx, [*history, *new_messages, nudge], [], params, turn,
+                                                schema))
         follow = ModelResponse.model_validate(raw)
-        ctx.add_usage(follow.usage)
+        ctx.add_usage(follow.usage, key=key)
         new_messages += [nudge, follow.message]
         text = follow.message.get("content")
         obj = _parse(schema, text)
@@ -335,7 +328,7 @@ class _HistoryCache:
         commit_id = ctx.checkpoint.commit_id
         with self._lock:
             hit = self._entries.get(ctx.job_id)
-        if hit is not None and commit_id and hit[0] == commit_id and len(hit[1]) == ctx.checkpoint.transcript_len:
+        if hit is not None and commit_id and hit[0] == commit_id and len(hit[1]) == ctx.transcript_len:
             return hit[1]
         return ctx.messages()
 

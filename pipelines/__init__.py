@@ -1,110 +1,104 @@
 """phaserunner: durable, checkpointed agent loops on the job queues you already have.
 
-``run_pipeline`` / ``run_agent`` write a job and enqueue it; ``advance_phase``
-runs one phase (one agent turn) and commits a checkpoint; storage and
-scheduling are adapters (``adapters.memory``, ``adapters.redis``, ``adapters.rq``).
+Users hold an :class:`App` (storage + scheduler + registered agents and
+pipelines) and a :class:`RunHandle` per run; ``run_agent``, ``run_pipeline``,
+``advance_phase`` and ``build_agent_phase`` are the low-level layer with
+cl-pipelines' names. Everything else lives in its module (errors in
+:mod:`pipelines.errors`, the engine's records in :mod:`pipelines.models`).
 
-``import pipelines`` imports neither redis, rq nor litellm.
+Names load on first use, so ``import pipelines`` (or any engine module, or
+``adapters.memory``) imports neither the composition layer nor redis, rq or
+litellm.
 """
 
-from pipelines.errors import (
-    ConfigurationError,
-    CorruptRecordError,
-    InvalidInputError,
-    InvalidJobIdError,
-    InvalidPipelineError,
-    JobConflictError,
-    JobNotFoundError,
-    ModelError,
-    PermanentModelError,
-    PipelineError,
-    StaleVersionError,
-    StateNotSerializableError,
-    StateValidationError,
-    StorageError,
-    StorageUnavailableError,
-    TransientModelError,
-    ValueTooLargeError,
-)
-from pipelines.events import on_event
-from pipelines.models import Checkpoint, Event, JobRecord, JobStatus, LogEntry, Usage
-from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, RetryLater, WaitForInput
-from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_phase, try_advance
-from pipelines.start import run_pipeline
+from __future__ import annotations
 
-# The composing layer: the agent loop and the app registry build on the core
-# above and on `phases`; they come last so `phases.*` can import the core.
-from phases.agent_turn import AgentState, TurnPlan  # isort: skip
-from phases.model import Model, ModelRequest, ModelResponse  # isort: skip
-from phases.stop import TurnInfo, has_tool_call, max_turns  # isort: skip
-from phases.tools import Tool, ToolContext, tool  # isort: skip
-from pipelines.agent import Agent, build_agent_phase, run_agent  # isort: skip
-from pipelines.approvals import approve, pending_calls, record_tool_result, reject  # isort: skip
-from pipelines.app import App, load_app  # isort: skip
-from pipelines.control import cancel_job, pause_job, resume_job, retry_job  # isort: skip
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phases.agent_turn import PrepareTurn, TurnPlan, build_agent_phase
+    from phases.model import Model
+    from phases.stop import StopCondition, TurnInfo, has_tool_call, max_turns
+    from phases.tools import Tool, ToolContext, tool
+    from pipelines.agent import Agent
+    from pipelines.app import App
+    from pipelines.errors import PipelineError
+    from pipelines.handle import JobView, RunHandle
+    from pipelines.lowlevel import run_agent, run_pipeline
+    from pipelines.models import Event, JobRecord, JobStatus, LogEntry, Usage
+    from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, Pipeline, RetryLater, WaitForInput
+    from pipelines.runner import AdvanceResult, advance_phase
+    from pipelines.start import RetryMode
 
 __all__ = [
-    "DEFAULT_LEASE_SECONDS",
-    "Agent",
-    "AgentState",
-    "App",
-    "Model",
-    "ModelRequest",
-    "ModelResponse",
-    "Tool",
-    "ToolContext",
-    "TurnInfo",
-    "TurnPlan",
-    "approve",
-    "build_agent_phase",
-    "cancel_job",
-    "pause_job",
-    "pending_calls",
-    "reject",
-    "resume_job",
-    "retry_job",
-    "has_tool_call",
-    "load_app",
-    "on_event",
-    "max_turns",
-    "record_tool_result",
-    "run_agent",
-    "tool",
     "AdvanceResult",
-    "Checkpoint",
-    "ConfigurationError",
-    "CorruptRecordError",
+    "Agent",
+    "App",
     "Done",
     "Event",
     "Fail",
     "FailJob",
-    "InvalidInputError",
-    "InvalidJobIdError",
-    "InvalidPipelineError",
-    "JobConflictError",
-    "JobNotFoundError",
     "JobRecord",
     "JobStatus",
+    "JobView",
     "LogEntry",
-    "ModelError",
+    "Model",
     "Next",
-    "PermanentModelError",
     "Phase",
     "PhaseContext",
+    "Pipeline",
     "PipelineError",
+    "PrepareTurn",
     "RetryLater",
-    "StaleVersionError",
-    "StateNotSerializableError",
-    "StateValidationError",
-    "StorageError",
-    "StorageUnavailableError",
-    "TransientModelError",
+    "RetryMode",
+    "RunHandle",
+    "StopCondition",
+    "Tool",
+    "ToolContext",
+    "TurnInfo",
+    "TurnPlan",
     "Usage",
-    "ValueTooLargeError",
     "WaitForInput",
     "advance_phase",
+    "build_agent_phase",
+    "has_tool_call",
+    "max_turns",
+    "run_agent",
     "run_pipeline",
-    "try_advance",
+    "tool",
 ]
+
+# Where each public name lives; resolved on first access (PEP 562).
+_HOMES = {
+    "AdvanceResult": "pipelines.runner", "advance_phase": "pipelines.runner",
+    "Agent": "pipelines.agent", "App": "pipelines.app",
+    "JobView": "pipelines.handle", "RunHandle": "pipelines.handle",
+    "run_agent": "pipelines.lowlevel", "run_pipeline": "pipelines.lowlevel",
+    "PipelineError": "pipelines.errors", "RetryMode": "pipelines.start",
+    "Event": "pipelines.models", "JobRecord": "pipelines.models", "JobStatus": "pipelines.models",
+    "LogEntry": "pipelines.models", "Usage": "pipelines.models",
+    "Done": "pipelines.phase", "Fail": "pipelines.phase", "FailJob": "pipelines.phase", "Next": "pipelines.phase",
+    "Phase": "pipelines.phase", "PhaseContext": "pipelines.phase", "Pipeline": "pipelines.phase",
+    "RetryLater": "pipelines.phase", "WaitForInput": "pipelines.phase",
+    "Model": "phases.model", "PrepareTurn": "phases.agent_turn", "TurnPlan": "phases.agent_turn",
+    "build_agent_phase": "phases.agent_turn",
+    "StopCondition": "phases.stop", "TurnInfo": "phases.stop", "has_tool_call": "phases.stop",
+    "max_turns": "phases.stop", "Tool": "phases.tools", "ToolContext": "phases.tools", "tool": "phases.tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
 
 __version__ = "0.1.0"

@@ -1,68 +1,55 @@
-"""``Agent`` and ``run_agent``: the agent loop's public face.
+"""``Agent``: an agent described once — model, tools, system prompt, limits.
 
-An ``Agent`` holds what describes an agent once — model, tools, system
-prompt, limits — and serves both the web side (``agent.run(...)`` /
-``run_agent(...)``, which only write and enqueue) and the worker side
-(``agent.phases()``, registered in an :class:`~pipelines.app.App`). Model
-settings (api keys included) live in code or the environment, never in the
-stored job.
+Register it on an :class:`~pipelines.app.App` (``App(agents=[support])``)
+and start runs by name (``app.run_agent("support", job_id=..., messages=...)``);
+workers find it by the pipeline name stored on each job. Model settings (api
+keys included) live in code or the environment, never in the stored job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from adapters.base import Scheduler, Storage
-from phases.agent_turn import TURN_PHASE, AgentState, PrepareTurn, build_agent_phase
+from phases.agent_config import AgentConfig, check_run_options
+from phases.agent_turn import TURN_PHASE, AgentState, AgentTurn
 from phases.model import Model
-from phases.stop import StopCondition
-from phases.tools import Tool
-from pipelines.errors import InvalidInputError, JobNotFoundError
-from pipelines.leases import check_lease_seconds
-from pipelines.models import JobStatus, Message
-from pipelines.phase import Phase
-from pipelines.runner import DEFAULT_LEASE_SECONDS, advance_phase
-from pipelines.start import RetryMode, start_job
+from pipelines.errors import InvalidInputError
+from pipelines.models import JobRecord, JobStatus, Message
+from pipelines.phase import Phase, Pipeline
 
-__all__ = ["Agent", "build_agent_phase", "run_agent"]
+if TYPE_CHECKING:
+    from adapters.base import Scheduler, Storage
+    from pipelines.app import App
+    from pipelines.handle import RunHandle
+    from pipelines.start import RetryMode
+
+__all__ = ["Agent", "as_messages"]
 
 
 class Agent:
     """An agent described once: ``Agent(name=, model=, tools=, system=, max_turns=, ...)``.
 
-    ``name`` is the pipeline name stored on its jobs: workers find the agent by it.
+    Options (each documented on :class:`~phases.agent_config.AgentConfig`):
+    ``tools``, ``system``, ``max_turns``, ``stop_when``, ``model_params``,
+    ``output_schema``, ``max_tokens``, ``max_cost_usd``, ``prepare_turn``,
+    ``tool_timeout``, ``max_model_attempts``. ``name`` is the pipeline name
+    stored on its jobs: workers find the agent by it.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "agent",
-        model: str | Model,
-        tools: Sequence[Tool] | Mapping[str, Tool] | None = (),
-        system: str | None = None,
-        max_turns: int = 10,
-        stop_when: StopCondition | Sequence[StopCondition] | None = None,
-        model_params: Mapping[str, Any] | None = None,
-        output_schema: type[BaseModel] | None = None,
-        max_tokens: int | None = None,
-        max_cost_usd: float | None = None,
-        prepare_turn: PrepareTurn | None = None,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-    ) -> None:
+    def __init__(self, *, name: str = "agent", model: str | Model, **options: Any) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f"an agent needs a non-empty name, got {name!r}")
         self._name = name
-        self.lease_seconds = check_lease_seconds(lease_seconds)
-        self.output_schema = output_schema
-        # Whether workers should import litellm before forking (pipelines worker).
-        self.uses_litellm = isinstance(model, str) or type(model).__module__ == "phases.litellm_model"
-        # Built now, so a bad tool or limit fails at definition, not at the first job.
-        self._phase = build_agent_phase(model=model, tools=tools, system=system, max_turns=max_turns,
-                                        stop_when=stop_when, model_params=model_params, output_schema=output_schema,
-                                        max_tokens=max_tokens, max_cost_usd=max_cost_usd, prepare_turn=prepare_turn)
+        try:
+            # Built now, so a bad tool or limit fails at definition, not at the first job.
+            self.config = AgentConfig(model=model, **options)
+        except TypeError as exc:
+            raise InvalidInputError(f"Agent: {exc}") from None
+        self._turn = AgentTurn(self.config)
+        self._phase = Phase(TURN_PHASE, self._turn)
 
     def __repr__(self) -> str:
         return f"Agent(name={self._name!r})"
@@ -71,55 +58,69 @@ class Agent:
     def name(self) -> str:
         return self._name
 
+    @property
+    def output_schema(self) -> type[BaseModel] | None:
+        return self.config.output_schema
+
+    @property
+    def uses_litellm(self) -> bool:
+        """Whether workers should import litellm before forking (``pipelines worker``)."""
+        model = self.config.model
+        return isinstance(model, str) or type(model).__module__ == "phases.litellm_model"
+
+    # --- PipelineSource (what an App needs) ----------------------------------------------
+    def pipeline(self) -> Pipeline:
+        """The agent's pipeline: one ``turn`` phase that reschedules itself."""
+        return Pipeline([self._phase])
+
+    def phases(self) -> list[Phase]:
+        return [self._phase]
+
+    def accept_schemas(self, schemas: Mapping[str, type[BaseModel]]) -> None:
+        self._turn.schemas.update(schemas)
+
+    def start_options(self, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
+        return {"initial_state": AgentState().model_dump(), "messages": as_messages(messages),
+                "options": check_run_options(options, {**self._turn.schemas, **app.schemas})}
+
+    def typed_result(self, record: JobRecord, app: App) -> Any:
+        """The result as an ``output_schema`` instance when the run had one, else the final text."""
+        if record.status is not JobStatus.COMPLETE or not isinstance(record.result, dict):
+            return record.result
+        name = record.options.get("output_schema")
+        schemas = {**self._turn.schemas, **app.schemas}
+        schema = schemas.get(name) if isinstance(name, str) else self.config.output_schema
+        return record.result if schema is None else schema.model_validate(record.result)
+
+    # --- the low-level layer ---------------------------------------------------------------
+    def run(self, *, job_id: str, messages: Sequence[Message | str] = (), storage: Storage, scheduler: Scheduler,
+            retry_mode: RetryMode | None = None, **options: Any) -> RunHandle:
+        """Start a run on these adapters (the low-level form of ``app.run_agent(self, ...)``)."""
+        from pipelines.app import App
+
+        app = App.for_adapters(storage, scheduler)
+        app.add_agent(self, replace=True)
+        return app.run_agent(self, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
+
     def result(self, job_id: str, *, storage: Storage) -> Any:
         """The job's result: an ``output_schema`` instance when the agent has one, else the final text.
 
         ``None`` while the job has not completed.
         """
-        record = storage.get_job(job_id)
-        if record is None:
-            raise JobNotFoundError(f"job {job_id!r} does not exist")
+        from pipelines.control import load_job
+
+        record = load_job(storage, job_id)
         if record.status is not JobStatus.COMPLETE or record.result is None:
             return None
         if self.output_schema is not None and isinstance(record.result, dict):
             return self.output_schema.model_validate(record.result)
         return record.result
 
-    def phases(self) -> list[Phase]:
-        """The agent's pipeline: one ``turn`` phase that reschedules itself."""
-        return [self._phase]
 
-    def run(
-        self,
-        *,
-        job_id: str,
-        messages: Sequence[Message | str] = (),
-        storage: Storage,
-        scheduler: Scheduler,
-        retry_mode: RetryMode | None = None,
-    ) -> None:
-        """Write the job (with ``messages``) and enqueue its first turn. Returns at once.
-
-        On a ``complete`` job id, the conversation goes on: the new messages are
-        appended to the kept transcript and more turns run. On an errored job,
-        ``retry_mode`` works as in ``run_pipeline``.
-        """
-        phases = self.phases()
-
-        def advance(job_id: str) -> None:
-            advance_phase(job_id=job_id, phases=phases, storage=storage, scheduler=scheduler,
-                          lease_seconds=self.lease_seconds)
-
-        scheduler.bind(advance, pipeline=self._name)
-        start_job(job_id=job_id, phase_names=[TURN_PHASE], storage=storage, scheduler=scheduler,
-                  initial_state=AgentState().model_dump(), retry_mode=retry_mode, pipeline=self._name,
-                  messages=_as_messages(messages), continue_completed=True)
-
-
-def _as_messages(messages: Sequence[Message | str]) -> list[Message]:
+def as_messages(messages: Any, *, name: str = "messages") -> list[Message]:
+    """``messages`` as transcript messages: a string is a user message; a dict needs a ``role``."""
     if isinstance(messages, str | dict) or not isinstance(messages, Sequence):
-        raise InvalidInputError(
-            f"initial_messages must be a list of messages (or strings), got {type(messages).__name__}")
+        raise InvalidInputError(f"{name} must be a list of messages (or strings), got {type(messages).__name__}")
     out: list[Message] = []
     for m in messages:
         if isinstance(m, str):
@@ -129,33 +130,3 @@ def _as_messages(messages: Sequence[Message | str]) -> list[Message]:
         else:
             raise InvalidInputError(f"a message must be a string or a dict with a 'role', got {m!r:.80}")
     return out
-
-
-def run_agent(
-    *,
-    job_id: str,
-    model: str | Model,
-    tools: Sequence[Tool] | Mapping[str, Tool] | None = (),
-    system: str | None = None,
-    initial_messages: Sequence[Message | str] = (),
-    storage: Storage,
-    scheduler: Scheduler,
-    max_turns: int = 10,
-    stop_when: StopCondition | Sequence[StopCondition] | None = None,
-    model_params: Mapping[str, Any] | None = None,
-    retry_mode: RetryMode | None = None,
-    name: str = "agent",
-    output_schema: type[BaseModel] | None = None,
-    max_tokens: int | None = None,
-    max_cost_usd: float | None = None,
-    prepare_turn: PrepareTurn | None = None,
-) -> None:
-    """Write an agent job and enqueue its first turn; returns at once.
-
-    The same as ``Agent(...).run(...)``; use an :class:`Agent` when workers in
-    other processes must rebuild it (``App(agents=[agent])``).
-    """
-    agent = Agent(name=name, model=model, tools=tools, system=system, max_turns=max_turns, stop_when=stop_when,
-                  model_params=model_params, output_schema=output_schema, max_tokens=max_tokens,
-                  max_cost_usd=max_cost_usd, prepare_turn=prepare_turn)
-    agent.run(job_id=job_id, messages=initial_messages, storage=storage, scheduler=scheduler, retry_mode=retry_mode)

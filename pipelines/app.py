@@ -1,44 +1,80 @@
-"""``App``: the registry a worker loads by import path (``pipelines worker --app myapp.agents:app``).
+"""``App``: the one handle users hold — storage, scheduler, and the agents and pipelines they run.
 
-A job names its pipeline; the app maps that name to phases, so one worker
-serves many pipelines and agents. The web side uses the same object to start
-jobs, so an agent is described once.
+The web side starts runs with it, workers and cron advance them with it
+(``pipelines worker --app myapp.agents:app`` loads it by import path), and
+operators steer runs with it. A job names its pipeline; the app maps that
+name to phases, so one worker serves many pipelines and agents::
+
+    app = App(storage=..., scheduler=..., agents=[support], pipelines={"etl": Pipeline(phases=[...], state=S)})
+    run = app.run_agent("support", job_id="chat-1", messages=["hi"])
+    run.wait(); app.get("chat-1").result
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from adapters.base import Scheduler, Storage
-from pipelines.errors import ConfigurationError, InvalidPipelineError, PipelineError
+from pydantic import BaseModel
+
+from adapters.base import InProcessScheduler, Scheduler, Storage
+from phases import approvals
+from pipelines import control
+from pipelines.errors import ConfigurationError, InvalidInputError, InvalidPipelineError, PipelineError
+from pipelines.handle import JobView, RunHandle
 from pipelines.leases import check_lease_seconds
-from pipelines.models import JobRecord
-from pipelines.phase import Phase
-from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, phase_map
-from pipelines.start import RetryMode, start_job
+from pipelines.models import Event, JobRecord, LogEntry, Message, validate_job_id
+from pipelines.phase import Phase, Pipeline
+from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, as_pipeline
+from pipelines.start import RetryMode, check_retry_mode, start_job
 
-__all__ = ["App", "PipelineSource", "load_app"]
+__all__ = ["App", "PipelineSource"]
 
 logger = logging.getLogger("pipelines")
 
 
+@runtime_checkable
 class PipelineSource(Protocol):
-    """Something that names a pipeline and builds its phases (an ``Agent`` does)."""
+    """Something that names a pipeline and builds it (an :class:`~pipelines.agent.Agent` does)."""
 
     @property
     def name(self) -> str: ...
 
-    def phases(self) -> list[Phase]: ...
+    @property
+    def uses_litellm(self) -> bool:
+        """Whether its model calls litellm (workers then import and warm it before forking)."""
+        ...
+
+    def pipeline(self) -> Pipeline: ...
+
+    def start_options(self, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
+        """Keyword arguments for :func:`~pipelines.start.start_job` of one run (messages, state, options)."""
+        ...
+
+    def typed_result(self, record: JobRecord, app: App) -> Any:
+        """The job's result as its users expect it (an output schema instance, say)."""
+        ...
+
+    def accept_schemas(self, schemas: Mapping[str, type[BaseModel]]) -> None:
+        """Learn the output schemas registered on the App (per-run ``output_schema`` names them)."""
+        ...
+
+
+# The App an in-process scheduler is attached to, so the low-level functions
+# (run_pipeline(storage=, scheduler=)) reuse it instead of re-binding per call.
+_attached: weakref.WeakKeyDictionary[Any, App] = weakref.WeakKeyDictionary()
 
 
 class App:
-    """Pipelines and agents by name, bound to one storage and one scheduler.
+    """Pipelines and agents by name, bound to one storage and one scheduler (see the module docstring).
 
-    ``App(storage=..., scheduler=..., pipelines={"etl": [...]}, agents=[support])``
+    ``schemas``: pydantic models a run may name as its ``output_schema``
+    (``app.run_agent(..., output_schema=Invoice)``); workers find them by name.
+    ``lease_seconds``: the lease a worker holds while a phase runs (renewed).
+    ``continue_for``: how long a worker may keep running a job's next due
+    phases itself before handing the job back to the queue.
     """
 
     def __init__(
@@ -46,147 +82,236 @@ class App:
         *,
         storage: Storage,
         scheduler: Scheduler,
-        pipelines: Mapping[str, Sequence[Phase]] | None = None,
+        pipelines: Mapping[str, Sequence[Phase] | Pipeline] | None = None,
         agents: Iterable[PipelineSource] = (),
+        schemas: Iterable[type[BaseModel]] = (),
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         continue_for: float = 0.0,
     ) -> None:
+        if not isinstance(storage, Storage):
+            raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
+        if not isinstance(scheduler, Scheduler):
+            raise ConfigurationError(f"scheduler must implement adapters.base.Scheduler, "
+                                     f"got {type(scheduler).__name__}")
         self.storage = storage
         self.scheduler = scheduler
         self.lease_seconds = check_lease_seconds(lease_seconds)
-        # How long a worker may keep running a job's next due phases itself
-        # before handing the job back to the queue (see runner.try_advance).
         self.continue_for = continue_for
-        self._pipelines: dict[str, list[Phase]] = {}
-        self._maps: dict[str, dict[str, Phase]] = {}
+        self._pipelines: dict[str, Pipeline] = {}
         self._agents: dict[str, PipelineSource] = {}
+        self.schemas: dict[str, type[BaseModel]] = {}
+        for schema in schemas:
+            self.add_schema(schema)
         for name, phases in (pipelines or {}).items():
             self.add_pipeline(name, phases)
         for agent in agents:
             self.add_agent(agent)
-        scheduler.bind(self.advance)
+        if isinstance(scheduler, InProcessScheduler):
+            # Attached once, here: nothing re-binds it per call.
+            scheduler.attach(self.advance)
+        _attached[scheduler] = self
 
-    # --- registry ----------------------------------------------------------
-    def add_pipeline(self, name: str, phases: Sequence[Phase]) -> None:
-        """Register ``phases`` under ``name`` (validated now, not at the first job)."""
+    @classmethod
+    def for_adapters(cls, storage: Storage, scheduler: Scheduler) -> App:
+        """The App already attached to ``scheduler`` with this ``storage``, else a new one (the low-level layer)."""
+        app = _attached.get(scheduler)
+        if app is not None and app.storage is storage:
+            return app
+        return cls(storage=storage, scheduler=scheduler)
+
+    # --- registry --------------------------------------------------------------------
+    def add_schema(self, schema: type[BaseModel]) -> None:
+        """Register an output schema runs may name (by its class name)."""
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise InvalidInputError(f"schemas must be pydantic model classes, got {schema!r}")
+        if self.schemas.get(schema.__name__, schema) is not schema:
+            raise InvalidInputError(f"two schemas named {schema.__name__!r}")
+        self.schemas[schema.__name__] = schema
+        for agent in self._agents.values():
+            agent.accept_schemas(self.schemas)
+
+    def add_pipeline(self, name: str, phases: Sequence[Phase] | Pipeline, *, replace: bool = False) -> None:
+        """Register ``phases`` (or a :class:`Pipeline`) under ``name``, validated now, not at the first job."""
         if not isinstance(name, str) or not name:
             raise InvalidPipelineError(f"a pipeline needs a non-empty name, got {name!r}")
-        if name in self._pipelines:
+        if name in self._pipelines and not replace:
             raise InvalidPipelineError(f"pipeline {name!r} is registered twice")
-        self._maps[name] = phase_map(phases)
-        self._pipelines[name] = list(phases)
+        self._pipelines[name] = as_pipeline(phases)
+        self._agents.pop(name, None)
 
-    def add_agent(self, agent: PipelineSource) -> None:
+    def add_agent(self, agent: PipelineSource, *, replace: bool = False) -> None:
         """Register an agent; its pipeline is named after it."""
-        self.add_pipeline(agent.name, agent.phases())
+        if not isinstance(agent, PipelineSource):
+            raise InvalidInputError(f"agents must be Agent objects, got {type(agent).__name__}")
+        if self._agents.get(agent.name) is agent:
+            return
+        self.add_pipeline(agent.name, agent.pipeline(), replace=replace)
         self._agents[agent.name] = agent
+        agent.accept_schemas(self.schemas)
 
     @property
     def names(self) -> list[str]:
+        """Registered pipeline names (agents included), sorted."""
         return sorted(self._pipelines)
 
     @property
     def agents(self) -> dict[str, PipelineSource]:
         return dict(self._agents)
 
-    def phases_for(self, pipeline: str) -> list[Phase]:
+    def pipeline(self, name: str) -> Pipeline:
+        """The pipeline registered as ``name``; :class:`InvalidPipelineError` naming what exists otherwise."""
         try:
-            return self._pipelines[pipeline]
+            return self._pipelines[name]
         except KeyError:
             known = ", ".join(self.names) or "none"
-            raise InvalidPipelineError(f"unknown pipeline {pipeline!r}; this app has: {known}") from None
+            raise InvalidPipelineError(f"unknown pipeline {name!r}; this app has: {known}") from None
 
-    # --- jobs --------------------------------------------------------------
-    def run_pipeline(
-        self,
-        name: str,
-        *,
-        job_id: str,
-        initial_state: Any = None,
-        retry_mode: RetryMode | None = None,
-        initial_phase: str | None = None,
-    ) -> None:
-        """Start (or retry) a job of the registered pipeline ``name``."""
-        phases = self.phases_for(name)
-        start_job(job_id=job_id, phase_names=[p.name for p in phases], storage=self.storage,
-                  scheduler=self.scheduler, initial_state=initial_state, retry_mode=retry_mode,
-                  initial_phase=initial_phase, pipeline=name)
+    def _agent(self, agent: str | PipelineSource) -> PipelineSource:
+        if isinstance(agent, str):
+            found = self._agents.get(agent)
+            if found is None:
+                known = ", ".join(sorted(self._agents)) or "none"
+                raise InvalidPipelineError(f"unknown agent {agent!r}; this app has: {known}")
+            return found
+        self.add_agent(agent)  # an Agent object not registered yet is registered now
+        if self._agents.get(agent.name) is not agent:
+            raise ConfigurationError(f"another agent named {agent.name!r} is registered on this app")
+        return agent
 
-    def advance(self, job_id: str) -> None:
-        """Advance ``job_id`` with the pipeline its record names (what workers call)."""
-        self.try_advance(job_id)
+    # --- starting runs -------------------------------------------------------------------
+    def run_agent(self, agent: str | PipelineSource, *, job_id: str, messages: Sequence[Message | str] = (),
+                  retry_mode: RetryMode | None = None, **options: Any) -> RunHandle:
+        """Write an agent run (its messages and per-run options) and enqueue its first turn; returns at once.
 
-    def try_advance(self, job_id: str) -> AdvanceResult:
-        """Advance ``job_id`` with its own pipeline and say what happened.
-
-        The pipeline is looked up from the record loaded with the lease (one
-        round trip); a record naming a pipeline this app lacks raises
-        :class:`InvalidPipelineError`, with the lease released.
+        On a ``complete`` job id the conversation goes on with the new
+        messages. Per-run ``options`` (``max_turns``, ``max_tokens``,
+        ``max_cost_usd``, ``output_schema``, ``model``, ``tool_timeout``) are
+        stored with the job, so every worker honours them; anything else is
+        refused.
         """
+        source = self._agent(agent)
+        kwargs = source.start_options(messages, options, self)
+        start_job(job_id=job_id, pipeline=self.pipeline(source.name), name=source.name, storage=self.storage,
+                  scheduler=self.scheduler, retry_mode=check_retry_mode(retry_mode), continue_completed=True,
+                  **kwargs)
+        return RunHandle(self, job_id)
 
-        def phases_for(record: JobRecord) -> dict[str, Phase]:
-            pmap = self._maps.get(record.pipeline)
-            if pmap is None:
-                self.phases_for(record.pipeline)  # raises, naming what this app has
-            assert pmap is not None
-            return pmap
+    def run_pipeline(self, name: str, *, job_id: str, initial_state: Any = None,
+                     retry_mode: RetryMode | None = None, initial_phase: str | None = None) -> RunHandle:
+        """Start (or retry) a job of the registered pipeline ``name``; returns at once."""
+        start_job(job_id=job_id, pipeline=self.pipeline(name), name=name, storage=self.storage,
+                  scheduler=self.scheduler, initial_state=initial_state, retry_mode=check_retry_mode(retry_mode),
+                  initial_phase=initial_phase)
+        return RunHandle(self, job_id)
 
-        return advance_job(job_id, phases_for, storage=self.storage, scheduler=self.scheduler,
-                           lease_seconds=self.lease_seconds, continue_for=self.continue_for)
+    def handle(self, job_id: str) -> RunHandle:
+        """A handle on an existing run (``app.handle(id).wait()``)."""
+        return RunHandle(self, validate_job_id(job_id))
+
+    # --- reading -----------------------------------------------------------------------------
+    def get(self, job_id: str) -> JobView | None:
+        """The job as a :class:`JobView` (typed result and state), or ``None`` for an unknown id."""
+        record = self.storage.get_job(validate_job_id(job_id))
+        return None if record is None else self.view(record)
+
+    def view(self, record: JobRecord) -> JobView:
+        """``record`` as a :class:`JobView`."""
+        source = self._agents.get(record.pipeline)
+        result = source.typed_result(record, self) if source is not None else record.result
+        pipeline = self._pipelines.get(record.pipeline)
+        state = None if record.checkpoint is None else record.checkpoint.state
+        if pipeline is not None and pipeline.state is not None and state is not None:
+            state = pipeline.state.model_validate(state)
+        return JobView(record=record, result=result, state=state,
+                       pending_calls=tuple(approvals.pending_calls_of(record)))
+
+    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        """The committed transcript ``[start:stop]``."""
+        control.load_job(self.storage, job_id)
+        return self.storage.messages(job_id, start, stop)
+
+    def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """Committed events after the cursor ``after`` (an event id)."""
+        control.load_job(self.storage, job_id)
+        return self.storage.events(job_id, after=after, limit=limit)
+
+    def logs(self, job_id: str) -> list[LogEntry]:
+        """The job's human-readable log."""
+        control.load_job(self.storage, job_id)
+        return self.storage.logs(job_id)
+
+    # --- steering ------------------------------------------------------------------------------
+    def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:
+        """Cancel at the turn boundary, keeping the checkpoint (see :func:`pipelines.control.cancel_job`)."""
+        return self.view(control.cancel_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait,
+                                            force=force))
+
+    def pause(self, job_id: str, *, wait: float = 30.0) -> JobView:
+        """Pause at the turn boundary (see :func:`pipelines.control.pause_job`)."""
+        return self.view(control.pause_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait))
+
+    def resume(self, job_id: str) -> JobView:
+        """Resume a paused job from its checkpoint."""
+        return self.view(control.resume_job(job_id, storage=self.storage, scheduler=self.scheduler))
+
+    def retry(self, job_id: str, *, mode: RetryMode = "resume") -> JobView:
+        """Run a failed or cancelled job again: ``"resume"`` from its checkpoint, ``"full"`` from the start."""
+        record = control.load_job(self.storage, job_id)
+        retry_mode = check_retry_mode(mode, optional=False, name="mode")
+        start_job(job_id=job_id, pipeline=self.pipeline(record.pipeline), name=record.pipeline,
+                  storage=self.storage, scheduler=self.scheduler, retry_mode=retry_mode)
+        return self.view(control.load_job(self.storage, job_id))
+
+    def approve(self, job_id: str, call_id: str) -> JobView:
+        """Approve a waiting tool call with the arguments it was shown with."""
+        return self.view(approvals.approve(job_id, call_id, storage=self.storage, scheduler=self.scheduler))
+
+    def reject(self, job_id: str, call_id: str, *, reason: str) -> JobView:
+        """Reject a waiting tool call; the model reads ``reason`` as its result."""
+        return self.view(approvals.reject(job_id, call_id, reason=reason, storage=self.storage,
+                                          scheduler=self.scheduler))
+
+    def record_tool_result(self, job_id: str, call_id: str, result: Any) -> JobView:
+        """Record what an interrupted call did, as a person found it (see :mod:`phases.approvals`)."""
+        return self.view(approvals.record_tool_result(job_id, call_id, result, storage=self.storage,
+                                                      scheduler=self.scheduler))
+
+    # --- advancing ---------------------------------------------------------------------------
+    def advance(self, job_id: str) -> AdvanceResult:
+        """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""
+        return advance_job(job_id, lambda record: self.pipeline(record.pipeline), storage=self.storage,
+                           scheduler=self.scheduler, lease_seconds=self.lease_seconds,
+                           continue_for=self.continue_for)
+
+    try_advance = advance
 
     def advance_due(self, *, grace: float = 0.0, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
-        """Advance every running job that is due (for at least ``grace`` seconds) and not leased: the sweep (I7).
+        """Advance every running job due for at least ``grace`` seconds and not leased: the sweep (I7).
 
-        A periodic sweep next to live workers uses a grace period so it only
-        picks up jobs the queue failed to deliver (a lost message, a dead
-        worker) instead of racing the queue for every fresh turn.
+        One bad job (an unknown pipeline, a corrupt record) is logged and
+        reported ``unknown``; it never stops the sweep.
         """
         done: list[tuple[str, AdvanceResult]] = []
         for job_id in self.storage.due_jobs(self.scheduler.now() - grace, limit=limit):
             try:
-                done.append((job_id, self.try_advance(job_id)))
+                done.append((job_id, self.advance(job_id)))
             except PipelineError as exc:
-                # One bad job (an unknown pipeline, a corrupt record) must not stop the sweep.
                 done.append((job_id, AdvanceResult.UNKNOWN))
                 logger.error("sweep: job %s: %s", job_id, exc)
         return done
 
+    def requeue_overdue(self, *, grace: float, limit: int = 1000) -> list[str]:
+        """Enqueue (not run) every job overdue by ``grace`` seconds: the worker's sweep."""
+        return control.requeue_overdue(self.storage, self.scheduler, grace=grace, limit=limit)
 
-def load_app(path: str) -> App:
-    """Import ``"package.module:attribute"`` and return the :class:`App` it names.
+    def drain(self, *, max_advances: int = 1_000_000) -> int:
+        """Run every scheduled advance now (an in-process scheduler only); returns how many ran."""
+        if not isinstance(self.scheduler, InProcessScheduler):
+            raise ConfigurationError(f"drain() needs an in-process scheduler such as MemoryScheduler; this app's "
+                                     f"is {type(self.scheduler).__name__}: its workers advance the jobs")
+        return self.scheduler.drain(max_advances=max_advances)
 
-    The attribute may be an ``App`` or a function of no arguments returning
-    one. Every failure is a :class:`ConfigurationError` naming the path.
-    """
-    if not isinstance(path, str):
-        raise ConfigurationError(f"app path must be a string like 'package.module:app', got {type(path).__name__}")
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr or module_name.startswith("."):
-        raise ConfigurationError(f"app path must look like 'package.module:app', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except PipelineError:
-        raise  # already says what is wrong (a bad Redis URL in the app module, say)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for app {path!r}: {exc}") from exc
-    except Exception as exc:  # an app module that fails at import is a configuration problem
-        raise ConfigurationError(f"cannot load app {path!r}: {type(exc).__name__}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if inspect.isfunction(obj):
-        if any(p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-               for p in inspect.signature(obj).parameters.values()):
-            raise ConfigurationError(f"{path!r} is a function that needs arguments; it must return an App")
-        try:
-            obj = obj()  # a factory function returning the app
-        except PipelineError:
-            raise
-        except Exception as exc:
-            raise ConfigurationError(f"the app factory {path!r} failed: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(obj, App):
-        raise ConfigurationError(f"{path!r} is a {type(obj).__name__}, not a pipelines.App")
-    return obj
+    def run_in_process(self) -> None:
+        """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers."""
+        if isinstance(self.scheduler, InProcessScheduler):
+            self.scheduler.drain()

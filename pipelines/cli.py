@@ -47,11 +47,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipelines import cli_actions
-from pipelines.app import App, load_app
-from pipelines.control import cancel_job, requeue_overdue, retry_job, sweep_overdue
+from pipelines.app import App
+from pipelines.control import load_job
 from pipelines.errors import ConfigurationError, JobNotFoundError, PipelineError
 from pipelines.models import JobRecord, JobStatus, Message, validate_job_id
 from pipelines.runner import AdvanceResult
+from pipelines.worker import APP_ENV, load_app, use_app
 
 if TYPE_CHECKING:
     from adapters.rq import RQScheduler
@@ -59,8 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main"]
 
 logger = logging.getLogger("pipelines")
-
-APP_ENV = "PIPELINES_APP"
 
 
 # --- helpers ------------------------------------------------------------------
@@ -87,13 +86,11 @@ def _load(path: str | None) -> App:
 
 
 def _record(app: App, job_id: str) -> JobRecord:
-    record = app.storage.get_job(validate_job_id(job_id))
-    if record is None:
-        raise JobNotFoundError(f"job {job_id!r} not found")
-    return record
+    return load_job(app.storage, job_id)
 
 
 def _rq_scheduler(app: App) -> RQScheduler:
+    from adapters.redis import RedisStorage
     from adapters.rq import RQScheduler
 
     if not isinstance(app.scheduler, RQScheduler):
@@ -101,13 +98,18 @@ def _rq_scheduler(app: App) -> RQScheduler:
             f"`pipelines worker` needs an app whose scheduler is adapters.rq.RQScheduler, "
             f"not {type(app.scheduler).__name__}"
         )
+    if isinstance(app.storage, RedisStorage) and app.scheduler.namespace != app.storage.prefix:
+        # Two apps on one Redis would otherwise overwrite each other's queue messages.
+        raise ConfigurationError(
+            f"the RQ scheduler's namespace {app.scheduler.namespace!r} differs from the storage prefix "
+            f"{app.storage.prefix!r}; build it with RQScheduler.for_storage(storage, ...)")
     return app.scheduler
 
 
 # --- commands -----------------------------------------------------------------
 def _warm(app: App) -> None:
     """Import litellm in the parent before forking, so each horse does not pay ~5 s."""
-    if not any(getattr(agent, "uses_litellm", True) for agent in app.agents.values()):
+    if not any(agent.uses_litellm for agent in app.agents.values()):
         return  # no agent calls litellm: forking a process that imported it would only cost
     try:
         module = importlib.import_module("phases.litellm_model")
@@ -121,7 +123,7 @@ def _warm(app: App) -> None:
 def _sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:
     def sweep() -> None:
         try:
-            requeued = requeue_overdue(app, grace=grace)
+            requeued = app.requeue_overdue(grace=grace)
         except Exception:  # Redis down for a moment must not end the sweep for good
             logger.warning("sweep failed; trying again in %.1fs", interval, exc_info=True)
             return
@@ -144,11 +146,9 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     from rq import Queue, SimpleWorker, Worker
     from rq.serializers import JSONSerializer
 
-    from adapters import rq as rq_adapter
-
     app = _load(args.app)
     scheduler = _rq_scheduler(app)
-    rq_adapter.use_app(app, path=args.app or os.environ.get(APP_ENV))
+    use_app(app, path=args.app or os.environ.get(APP_ENV))
     _warm(app)
     queue_name = args.queue or scheduler.queue_name
     queue = Queue(queue_name, connection=scheduler.connection, serializer=JSONSerializer)
@@ -169,10 +169,10 @@ def cmd_advance(args: argparse.Namespace, out: TextIO) -> int:
     if args.due == bool(args.job):
         raise ConfigurationError("give either --due or one JOB id")
     if args.due:
-        for job_id, result in sweep_overdue(app, grace=args.grace, limit=args.limit):
+        for job_id, result in app.advance_due(grace=args.grace, limit=args.limit):
             print(f"{job_id} {result.value}", file=out)
         return 0
-    result = app.try_advance(validate_job_id(args.job))
+    result = app.advance(validate_job_id(args.job))
     if result is AdvanceResult.UNKNOWN:
         raise JobNotFoundError(f"job {args.job!r} not found")
     print(f"{args.job} {result.value}", file=out)
@@ -242,7 +242,7 @@ def cmd_transcript(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_retry(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
-    rec = retry_job(args.job, app=app, full=args.full)
+    rec = app.retry(args.job, mode="full" if args.full else "resume").record
     phase = rec.checkpoint.next_phase if rec.checkpoint else "-"
     print(f"{rec.job_id}: retried ({'full' if args.full else 'resume'}) at phase {phase!r}, "
           f"status {rec.status.value}", file=out)
@@ -251,7 +251,11 @@ def cmd_retry(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
-    rec = cancel_job(args.job, storage=app.storage, scheduler=app.scheduler, wait=args.wait, force=args.force)
+    view = app.cancel(args.job, wait=args.wait, force=args.force)
+    if view.control == "cancel":
+        print(f"{view.job_id}: cancel requested; it takes effect when the turn in flight commits", file=out)
+        return 0
+    rec = view.record
     kept = f", checkpoint kept at phase {rec.checkpoint.next_phase!r}" if rec.checkpoint else ""
     print(f"{rec.job_id}: cancelled{kept}", file=out)
     return 0
@@ -269,12 +273,21 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
 
 # --- parser -------------------------------------------------------------------
 def _positive_or_zero(text: str) -> float:
+    """A finite number of seconds >= 0 (``inf`` and ``nan`` are refused here, not deep inside)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0 or value != value:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    """A finite number of seconds > 0."""
+    value = _positive_or_zero(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
     return value
 
 
@@ -324,13 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("cancel", cmd_cancel, "cancel a job at its next turn boundary, keeping its checkpoint")
     p.add_argument("job")
-    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for a turn in flight (default: 30)")
+    p.add_argument("--wait", type=_positive_or_zero, default=30.0,
+                   help="seconds to wait for a turn in flight (default: 30)")
     p.add_argument("--force", action="store_true", help="do not wait: a turn in flight is fenced off and discarded")
 
     p = add("jobs", cmd_jobs, "list jobs: id, status, pipeline, phase, version, updated")
     p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
-    cli_actions.register(add, _load, _when)
+    cli_actions.register(add, _load, _when, _positive_or_zero, _positive)
     return parser
 
 

@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from pipelines.approvals import approve, reject
-from pipelines.control import pause_job, resume_job
 from pipelines.errors import JobNotFoundError
 from pipelines.models import Event, JobStatus
 
@@ -28,30 +26,35 @@ LoadApp = Callable[[str | None], "App"]
 _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 
 
-def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]) -> None:
+def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str],
+             seconds: Callable[[str], float], positive: Callable[[str], float]) -> None:
     """Add this module's commands to the parser (``add`` makes one subcommand)."""
 
     def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
         app = load(args.app)
-        rec = pause_job(args.job, storage=app.storage, scheduler=app.scheduler, wait=args.wait)
+        view = app.pause(args.job, wait=args.wait)
+        if view.control == "pause":
+            print(f"{view.job_id}: pause requested; it takes effect when the turn in flight commits", file=out)
+            return 0
+        rec = view.record
         print(f"{rec.job_id}: paused at phase {rec.checkpoint.next_phase if rec.checkpoint else '-'!r}", file=out)
         return 0
 
     def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
         app = load(args.app)
-        rec = resume_job(args.job, storage=app.storage, scheduler=app.scheduler)
-        print(f"{rec.job_id}: resumed, status {rec.status.value}", file=out)
+        view = app.resume(args.job)
+        print(f"{view.job_id}: resumed, status {view.status.value}", file=out)
         return 0
 
     def cmd_approve(args: argparse.Namespace, out: TextIO) -> int:
         app = load(args.app)
-        approve(args.job, args.call, storage=app.storage, scheduler=app.scheduler)
+        app.approve(args.job, args.call)
         print(f"{args.job}: call {args.call} approved", file=out)
         return 0
 
     def cmd_reject(args: argparse.Namespace, out: TextIO) -> int:
         app = load(args.app)
-        reject(args.job, args.call, reason=args.reason, storage=app.storage, scheduler=app.scheduler)
+        app.reject(args.job, args.call, reason=args.reason)
         print(f"{args.job}: call {args.call} rejected", file=out)
         return 0
 
@@ -79,7 +82,7 @@ def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]
 
     p = add("pause", cmd_pause, "pause a running job at its next turn boundary")
     p.add_argument("job")
-    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for a turn in flight (default: 30)")
+    p.add_argument("--wait", type=seconds, default=30.0, help="seconds to wait for a turn in flight (default: 30)")
     p = add("resume", cmd_resume, "resume a paused job")
     p.add_argument("job")
     p = add("approve", cmd_approve, "approve a tool call a job is waiting on")
@@ -93,5 +96,5 @@ def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]
     p.add_argument("job")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the job ends")
     p.add_argument("--after", help="start after this event id (a cursor printed earlier)")
-    p.add_argument("--poll", type=float, default=0.5, help="seconds between polls with --follow (default: 0.5)")
-    p.add_argument("--timeout", type=float, default=0.0, help="stop following after this many seconds (0: never)")
+    p.add_argument("--poll", type=positive, default=0.5, help="seconds between polls with --follow (default: 0.5)")
+    p.add_argument("--timeout", type=seconds, default=0.0, help="stop following after this many seconds (0: never)")

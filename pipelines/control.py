@@ -1,8 +1,14 @@
-"""Operator controls: cancel a job, retry it, sweep what is overdue.
+"""Operator controls on storage and scheduler: pause, resume, cancel, and the sweep of overdue jobs.
 
-These are what ``pipelines cancel`` / ``retry`` / ``worker`` call; a web
-service can call them too. They go through the same storage commit as the
-runner, so they are fenced exactly like a worker's turn (I2).
+:class:`~pipelines.app.App` is the handle users hold (``app.pause(id)``...);
+these functions are what it calls. Each goes through a transition of
+:mod:`pipelines.transitions`, so it is fenced exactly like a worker's turn (I2).
+
+Pause and cancel land at the turn boundary, never a turn late: the request is
+stored on the job at once, and whoever next holds the job's lease applies it
+before anything else (this call, or the worker whose turn just committed,
+``continue_for`` included). A turn in flight commits; the next one never
+starts.
 """
 
 from __future__ import annotations
@@ -10,178 +16,156 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import JobConflictError, JobNotFoundError, StaleVersionError
-from pipelines.events import make_event, publish
-from pipelines.models import Commit, JobRecord, JobStatus, LogEntry, validate_job_id
-from pipelines.runner import AdvanceResult
+from adapters.base import Scheduler, Storage
+from pipelines import transitions
+from pipelines.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
+from pipelines.models import Commit, JobRecord, JobStatus, validate_job_id
 from pipelines.tokens import new_token
 
-if TYPE_CHECKING:
-    from adapters.base import Scheduler, Storage
-    from pipelines.app import App
-
-__all__ = ["cancel_job", "pause_job", "requeue_overdue", "resume_job", "retry_job", "sweep_overdue"]
+__all__ = ["cancel_job", "load_job", "pause_job", "requeue_overdue", "resume_job"]
 
 logger = logging.getLogger("pipelines")
 
-_FINAL = (JobStatus.COMPLETE, JobStatus.CANCELLED)
+_POLL = 0.02  # seconds between looks while a turn in flight finishes
+
+
+def load_job(storage: Storage, job_id: str) -> JobRecord:
+    """The record of ``job_id``; :class:`JobNotFoundError` for an unknown one."""
+    record = storage.get_job(validate_job_id(job_id))
+    if record is None:
+        raise JobNotFoundError(f"job {job_id!r} not found")
+    return record
+
+
+def _write(storage: Storage, scheduler: Scheduler, commit: Commit, what: str) -> JobRecord:
+    try:
+        transitions.apply(storage, scheduler, commit)
+    except StaleVersionError as exc:
+        raise JobConflictError(f"job {commit.job_id!r} changed during the {what}; try again") from exc
+    return commit.record
+
+
+def pause_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: float = 30.0) -> JobRecord:
+    """Pause a running job at its turn boundary; returns the record (``control == "pause"`` while pending).
+
+    A turn in flight finishes and commits first, and the next does not start.
+    This call waits up to ``wait`` seconds for that; after it, the request stays
+    stored and is applied when the turn commits. Raises
+    :class:`JobConflictError` if the job is not running (or stopped running first).
+    """
+
+    def build(record: JobRecord, owner: str | None) -> Commit:
+        assert owner is not None
+        return transitions.pause(record, owner=owner, now=scheduler.now())
+
+    return _at_boundary(job_id, storage, scheduler, "pause", build, wait)
 
 
 def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: float = 30.0,
                force: bool = False) -> JobRecord:
-    """Set the job's status to ``cancelled``, keeping its checkpoint; returns the new record.
+    """Cancel a job, keeping its checkpoint; returns the record.
 
-    Takes effect at the next turn boundary: a turn in flight finishes and
-    commits first (this call waits up to ``wait`` seconds for it, holding the
-    lease once it is free so no new turn starts), and nothing is lost.
+    A running job stops at its turn boundary, like :func:`pause_job`.
     ``force=True`` does not wait: the turn in flight is fenced off (its
     journal writes and commit expect the old version, so they are rejected
-    and its work is discarded, I2). A cancelled job is never advanced again
-    except by an explicit retry, which resumes from the kept checkpoint.
-
-    Raises :class:`JobNotFoundError` for an unknown job and
-    :class:`JobConflictError` for one already complete or cancelled, or when a
-    turn is still in flight after ``wait`` seconds.
+    and its work is discarded, I2). A waiting, paused or failed job is
+    cancelled at once. A cancelled job is never advanced again except by an
+    explicit retry, which resumes from the kept checkpoint.
     """
+    record = load_job(storage, job_id)
+    if force or record.status is not JobStatus.RUNNING:
+        # No turn in flight (or one to discard): a compare-and-set on the version.
+        commit = transitions.cancel(record, owner=None, now=scheduler.now(), forced=force)
+        return _write(storage, scheduler, commit, "cancel")
 
-    def change(record: JobRecord) -> tuple[dict[str, Any], str, str]:
-        if record.status in _FINAL:
-            raise JobConflictError(f"job {job_id!r} is already {record.status.value}; nothing to cancel")
-        return {"status": JobStatus.CANCELLED, "waiting": None}, "job cancelled", "job_cancelled"
+    def build(rec: JobRecord, owner: str | None) -> Commit:
+        return transitions.cancel(rec, owner=owner, now=scheduler.now())
 
-    return _at_turn_boundary(job_id, storage, scheduler, change, wait=wait, force=force, what="cancel")
-
-
-def pause_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: float = 30.0) -> JobRecord:
-    """Pause a running job at its next turn boundary (a turn in flight finishes and commits first).
-
-    A paused job is not advanced (queued messages for it are no-ops) until
-    :func:`resume_job`. Raises :class:`JobConflictError` if the job is not
-    running, or a turn is still in flight after ``wait`` seconds.
-    """
-
-    def change(record: JobRecord) -> tuple[dict[str, Any], str, str]:
-        if record.status is not JobStatus.RUNNING:
-            raise JobConflictError(f"job {job_id!r} is {record.status.value}; only a running job can be paused")
-        return {"status": JobStatus.PAUSED}, "job paused", "job_paused"
-
-    return _at_turn_boundary(job_id, storage, scheduler, change, wait=wait, force=False, what="pause")
+    return _at_boundary(job_id, storage, scheduler, "cancel", build, wait)
 
 
 def resume_job(job_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRecord:
-    """Set a paused job running again from its checkpoint, due now, and enqueue it."""
+    """Set a paused job running again from its checkpoint, due now, and enqueue it.
 
-    def change(record: JobRecord) -> tuple[dict[str, Any], str, str]:
-        if record.status is not JobStatus.PAUSED:
-            raise JobConflictError(f"job {job_id!r} is {record.status.value}; only a paused job can be resumed")
-        return {"status": JobStatus.RUNNING}, "job resumed", "job_resumed"
-
-    new = _at_turn_boundary(job_id, storage, scheduler, change, wait=0.0, force=False, what="resume")
-    scheduler.schedule_advance(job_id, 0.0, pipeline=new.pipeline, version=new.version)
-    return new
+    A paused job has no turn in flight, so this is a compare-and-set on the
+    version; a stale queued message holding the lease for a moment does not
+    get in the way.
+    """
+    record = load_job(storage, job_id)
+    return _write(storage, scheduler, transitions.resume(record, now=scheduler.now()), "resume")
 
 
-def _at_turn_boundary(
-    job_id: str,
-    storage: Storage,
-    scheduler: Scheduler,
-    change: Callable[[JobRecord], tuple[dict[str, Any], str, str]],
-    *,
-    wait: float,
-    force: bool,
-    what: str,
-) -> JobRecord:
-    """Apply ``change`` to the record while holding the job's lease (so no turn is in flight), then release it."""
-    validate_job_id(job_id)
+Build = Callable[[JobRecord, "str | None"], Commit]
+
+
+def _at_boundary(job_id: str, storage: Storage, scheduler: Scheduler, kind: str, build: Build,
+                 wait: float) -> JobRecord:
+    """Apply ``kind`` under the job's lease; while a turn holds it, store the request for its holder."""
+    record = load_job(storage, job_id)
+    build(record, "check")  # a request that cannot apply (wrong status) fails now, with nothing stored
     owner = f"control-{new_token()}"
     deadline = time.monotonic() + max(0.0, wait)
+    requested = False
     while True:
-        record = None if force else storage.acquire_lease(job_id, owner, max(wait, 5.0))
-        if record is not None:
-            break
-        current = storage.get_job(job_id)
-        if current is None:
-            raise JobNotFoundError(f"job {job_id!r} not found")
-        if force:
-            record = current
-            break
-        change(current)  # an impossible change (wrong status) fails now, not after the wait
+        held = storage.acquire_lease(job_id, owner, 30.0)
+        if held is not None:
+            try:
+                return _apply_held(held, storage, scheduler, kind, build, owner, requested)
+            finally:
+                storage.release_lease(job_id, owner)
+        if not requested:
+            requested = storage.request_control(job_id, kind)
+        current = load_job(storage, job_id)
+        if current.control is None and current.status is not JobStatus.RUNNING:
+            return _settled(current, kind)
         if time.monotonic() >= deadline:
-            raise JobConflictError(f"job {job_id!r} has a turn in flight; {what} takes effect at the turn "
-                                   f"boundary: try again" + (", or cancel with force=True" if what == "cancel" else ""))
-        time.sleep(0.05)
-    try:
-        fields, message, event = change(record)
-        now = scheduler.now()
-        version = record.version + 1
-        cp = record.checkpoint
-        if cp is not None:
-            cp = cp.model_copy(update={"version": version, "due_at": now, "journal": {}})
-        new = record.model_copy(update={**fields, "version": version, "updated_at": now, "checkpoint": cp})
-        phase = cp.next_phase if cp is not None else None
-        commit = Commit(job_id=job_id, expected_version=record.version, owner=None if force else owner,
-                        token=new_token(), record=new, keep_journal=True, release_lease=not force,
-                        logs=[LogEntry(timestamp=now, phase=phase, level="warn" if what == "cancel" else "info",
-                                       message=message)],
-                        events=[make_event(event, now, phase=phase)])
-        try:
-            storage.commit(commit)
-        except StaleVersionError as exc:
-            raise JobConflictError(f"job {job_id!r} changed during the {what}; try again") from exc
-        publish(job_id, commit.events)
-        return new
-    finally:
-        if not force:
-            storage.release_lease(job_id, owner)
+            return current  # the request stays stored: the turn in flight applies it when it commits
+        time.sleep(_POLL)
 
 
-def retry_job(job_id: str, *, app: App, full: bool = False) -> JobRecord:
-    """Run a failed or cancelled job again with its own pipeline; returns the record.
-
-    ``full=False`` resumes from the kept checkpoint (journaled steps are not
-    repeated); ``full=True`` restarts from the first phase and the initial
-    state, cutting the transcript back to where this run began.
-    """
-    validate_job_id(job_id)
-    record = app.storage.get_job(job_id)
-    if record is None:
-        raise JobNotFoundError(f"job {job_id!r} not found")
-    app.run_pipeline(record.pipeline, job_id=job_id, retry_mode="full" if full else "resume")
-    after = app.storage.get_job(job_id)
-    return after if after is not None else record
+def _apply_held(record: JobRecord, storage: Storage, scheduler: Scheduler, kind: str, build: Build, owner: str,
+                requested: bool) -> JobRecord:
+    if record.status is not JobStatus.RUNNING:
+        if requested and record.control is not None:
+            storage.request_control(record.job_id, None)
+        return _settled(record, kind)
+    return _write(storage, scheduler, build(record, owner), kind)
 
 
-def sweep_overdue(app: App, *, grace: float = 0.0, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
-    """Advance every running job due for at least ``grace`` seconds (I7); see :meth:`App.advance_due`."""
-    return app.advance_due(grace=grace, limit=limit)
+def _settled(record: JobRecord, kind: str) -> JobRecord:
+    """The job stopped running while we waited: done if a worker applied ``kind``, else say why not."""
+    applied = {"pause": JobStatus.PAUSED, "cancel": JobStatus.CANCELLED}[kind]
+    if record.status is applied:
+        return record
+    raise JobConflictError(f"job {record.job_id!r} is {record.status.value}: it stopped running before "
+                           f"the {kind} could take effect")
 
 
-def requeue_overdue(app: App, *, grace: float, limit: int = 1000) -> list[str]:
+def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, limit: int = 1000) -> list[str]:
     """Enqueue again (not run) every running job due for ``grace`` seconds and not leased; returns their ids.
 
     This is the sweep a forking worker runs in a thread of its parent
     process: the advance itself then runs in a work-horse like any other.
     Running phases in that thread instead would be unsafe, because a fork
     taken while the thread holds a lock (an import lock during a lazy import
-    inside litellm, say) leaves the horse waiting for it forever. The
-    scheduler skips a job whose message for this version is still waiting,
-    so a backlogged queue is not flooded with duplicates.
+    inside litellm, say) leaves the horse waiting for it forever. A record
+    that cannot be read is logged and skipped: one bad job never stops the
+    sweep for the others.
     """
     requeued: list[str] = []
-    for job_id in app.storage.due_jobs(app.scheduler.now() - grace, limit=limit):
-        if app.storage.lease_owner(job_id) is not None:
-            continue  # in progress; if its worker died, the lease runs out and a later sweep gets it
-        record = app.storage.get_job(job_id)
-        if record is None or record.status is not JobStatus.RUNNING or record.checkpoint is None:
+    for job_id in storage.due_jobs(scheduler.now() - grace, limit=limit):
+        try:
+            if storage.lease_owner(job_id) is not None:
+                continue  # in progress; if its worker died, the lease runs out and a later sweep gets it
+            record = storage.get_job(job_id)
+            if record is None or record.status is not JobStatus.RUNNING or record.checkpoint is None:
+                continue
+            # At the front of the queue where the scheduler can: the job has
+            # already waited out a lease, it should not also wait out the backlog.
+            scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version)
+        except PipelineError as exc:
+            logger.error("sweep: skipping job %s: %s", job_id, exc)
             continue
-        # A scheduler that can put it at the front of its queue (RQ) does: the
-        # job has already waited out a lease, it should not also wait out the backlog.
-        requeue = getattr(app.scheduler, "requeue", None)
-        if callable(requeue):
-            requeue(job_id, pipeline=record.pipeline, version=record.version)
-        else:
-            app.scheduler.schedule_advance(job_id, 0.0, pipeline=record.pipeline, version=record.version)
         requeued.append(job_id)
     return requeued

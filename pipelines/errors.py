@@ -13,6 +13,8 @@ so callers catch only these::
     │   └── StateValidationError             stored state no longer fits the phase's model
     ├── JobNotFoundError (also LookupError)
     ├── JobConflictError                     the job exists / is in the wrong status
+    ├── JobFailedError                       RunHandle.result() of a job that failed or was cancelled
+    ├── WaitTimeoutError (also TimeoutError) RunHandle.wait() ran out of time
     ├── ConfigurationError                   bad Redis URL, bad --app import path
     ├── StorageError
     │   ├── StaleVersionError                commit/journal fenced off: another
@@ -36,6 +38,7 @@ __all__ = [
     "InvalidJobIdError",
     "InvalidPipelineError",
     "JobConflictError",
+    "JobFailedError",
     "JobNotFoundError",
     "ModelError",
     "PermanentModelError",
@@ -47,6 +50,7 @@ __all__ = [
     "StorageUnavailableError",
     "TransientModelError",
     "ValueTooLargeError",
+    "WaitTimeoutError",
 ]
 
 
@@ -84,6 +88,14 @@ class JobNotFoundError(PipelineError, LookupError):
 
 class JobConflictError(PipelineError):
     """The job exists, or is in a status that does not allow the operation."""
+
+
+class JobFailedError(PipelineError):
+    """The run ended in ``error`` or ``cancelled`` where a result was asked for."""
+
+
+class WaitTimeoutError(PipelineError, TimeoutError):
+    """Waiting for a run took longer than the timeout given; the job goes on regardless."""
 
 
 class ConfigurationError(PipelineError):

@@ -400,11 +400,18 @@ class Checkpoint(BaseModel, Generic[S]):
 
     next_phase: str
     state: S
-    version: int = 0
     attempt: int = 0
     due_at: float = 0.0
     journal: dict[str, JSONValue] = Field(default_factory=dict)
-    transcript_len: int = 0
+    # Journal entries a person supplied (an approval, a recorded tool outcome).
+    # They live in the record, not the journal, so the control operation that
+    # writes one is a single compare-and-set on the job's version: of two
+    # people deciding the same call at once, exactly one wins.
+    inputs: dict[str, JSONValue] = Field(default_factory=dict)
+    # Journal keys whose model usage is already counted in the record's usage
+    # (a turn that waited, failed or retries later keeps its journal: its
+    # replayed model answer must not be counted twice).
+    usage_counted: list[str] = Field(default_factory=list)
     created_at: float = 0.0
     updated_at: float = 0.0
     # The token of the commit that wrote this checkpoint: unique per commit,
@@ -436,6 +443,13 @@ class JobRecord(BaseModel):
     phases_done: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0
+    # Per-run options that travel with the job so every worker honours them
+    # (max_turns, an output schema by its registered name, ...): JSON only.
+    options: dict[str, JSONValue] = Field(default_factory=dict)
+    # A pause or cancel requested while a turn was in flight. Kept beside the
+    # record, never inside it (writing the record would fence the turn off):
+    # storage fills it in on load, and the commit that applies it clears it.
+    control: str | None = Field(default=None, exclude=True)
 
 
 class Commit(BaseModel):
@@ -459,6 +473,8 @@ class Commit(BaseModel):
     events: list[Event] = Field(default_factory=list)
     keep_journal: bool = False
     release_lease: bool = True
+    # Drop a pending pause/cancel request (the commit applies it or makes it moot).
+    clear_control: bool = False
 
     @property
     def due_at(self) -> float | None:

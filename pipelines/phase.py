@@ -7,9 +7,10 @@ journals results so a re-run after a crash does not repeat finished work.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -40,8 +41,11 @@ __all__ = [
     "Outcome",
     "Phase",
     "PhaseContext",
+    "PhaseOutput",
+    "Pipeline",
     "RetryLater",
     "WaitForInput",
+    "validate_state",
 ]
 
 S = TypeVar("S")
@@ -149,6 +153,62 @@ class Phase:
             raise InvalidPipelineError(f"phase {self.name!r}: run must be callable, got {type(self.run).__name__}")
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """Phases and, optionally, the pydantic model of their state (declared once, like a typed graph).
+
+    ``Pipeline(phases=[Phase("fetch", fetch), Phase("report", report)], state=MyState)``:
+    every phase then sees ``ctx.state`` as a ``MyState`` (a phase's own
+    ``state_model`` wins), and a job's stored state is read back typed. The
+    first phase is where a new job starts.
+    """
+
+    phases: Sequence[Phase]
+    state: type[BaseModel] | None = None
+
+    def __post_init__(self) -> None:
+        phases = self.phases
+        if isinstance(phases, Phase) or not isinstance(phases, Sequence):
+            raise InvalidPipelineError(f"phases must be a list of Phase, got {type(phases).__name__}")
+        if not phases:
+            raise InvalidPipelineError("a pipeline needs at least one phase; got an empty list")
+        seen: set[str] = set()
+        for p in phases:
+            if not isinstance(p, Phase):
+                raise InvalidPipelineError(f"phases must be Phase objects, got {type(p).__name__}")
+            if p.name in seen:
+                raise InvalidPipelineError(f"duplicate phase name {p.name!r}")
+            seen.add(p.name)
+        if self.state is not None and not (isinstance(self.state, type) and issubclass(self.state, BaseModel)):
+            raise InvalidPipelineError(f"state must be a pydantic model class, got {self.state!r}")
+        object.__setattr__(self, "phases", tuple(phases))
+
+    @property
+    def by_name(self) -> dict[str, Phase]:
+        return {p.name: p for p in self.phases}
+
+    @property
+    def first(self) -> str:
+        return self.phases[0].name
+
+    def state_model_of(self, phase: Phase) -> type[BaseModel] | None:
+        return phase.state_model or self.state
+
+
+class PhaseOutput:
+    """What a phase produced besides its outcome (from the phase context's buffer)."""
+
+    def __init__(self, *, logs: Sequence[LogEntry] = (), messages: Sequence[Message] = (),
+                 events: Sequence[Event] = (), usage: Usage | None = None,
+                 usage_keys: Sequence[str] = ()) -> None:
+        self.logs = list(logs)
+        self.messages = list(messages)
+        self.events = list(events)
+        self.usage = usage or Usage()
+        # Journal keys whose usage is in ``usage`` (so a kept journal does not count them twice).
+        self.usage_keys = list(usage_keys)
+
+
 @dataclass
 class _Buffered:
     """What a phase produced besides its outcome; committed together with it."""
@@ -157,6 +217,7 @@ class _Buffered:
     messages: list[Message] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    usage_keys: list[str] = field(default_factory=list)
 
 
 class PhaseContext(Generic[S]):
@@ -173,17 +234,27 @@ class PhaseContext(Generic[S]):
         saver: Callable[[Any], int] | None = None,
         attempt: int = 0,
         usage: Usage | None = None,
+        version: int = 0,
+        transcript_len: int = 0,
+        options: dict[str, JSONValue] | None = None,
     ) -> None:
         self.job_id = job_id
         self.checkpoint = checkpoint
         self.attempt = attempt
         #: Model usage of the job committed before this phase (for budgets).
         self.job_usage = usage or Usage()
+        #: Per-run options stored with the job (``run_agent(..., max_turns=...)``).
+        self.options: dict[str, JSONValue] = dict(options or {})
+        self._version = version
+        #: Length of the committed transcript this phase starts from.
+        self.transcript_len = transcript_len
         self._storage = storage
         self._owner = owner
         self._clock = clock
         self._saver = saver
-        self._journal: dict[str, JSONValue] = dict(checkpoint.journal)
+        # What a person supplied (approvals, recorded outcomes) reads like any
+        # journaled step; a step the phase itself journaled wins.
+        self._journal: dict[str, JSONValue] = {**checkpoint.inputs, **checkpoint.journal}
         self._lock = threading.Lock()
         self._buffer = _Buffered()
         self._on_commit: list[Callable[[Checkpoint[Any]], None]] = []
@@ -199,7 +270,8 @@ class PhaseContext(Generic[S]):
 
     @property
     def version(self) -> int:
-        return self.checkpoint.version
+        """The job's version this phase runs at (journal writes are fenced on it)."""
+        return self._version
 
     @property
     def journal(self) -> dict[str, JSONValue]:
@@ -209,7 +281,7 @@ class PhaseContext(Generic[S]):
 
     def messages(self, start: int = 0) -> list[Message]:
         """The committed transcript from ``start`` (this phase's own appends are not in it yet)."""
-        return self._storage.messages(self.job_id, start, self.checkpoint.transcript_len)
+        return self._storage.messages(self.job_id, start, self.transcript_len)
 
     # --- writing -----------------------------------------------------------
     def log(self, message: str, level: LogLevel = "info") -> None:
@@ -233,10 +305,19 @@ class PhaseContext(Generic[S]):
         with self._lock:
             self._buffer.messages.extend(checked)
 
-    def add_usage(self, usage: Usage) -> None:
-        """Count model usage for this job; stored with the commit."""
+    def add_usage(self, usage: Usage, *, key: str | None = None) -> None:
+        """Count model usage for this job; stored with the commit, whatever the phase's outcome.
+
+        ``key``: the journal step that holds this answer. Usage under a key
+        that an earlier commit of this phase already counted (the turn waited
+        for a person, or failed and is resumed) is not counted again.
+        """
+        if key is not None and key in self.checkpoint.usage_counted:
+            return
         with self._lock:
             self._buffer.usage = self._buffer.usage + usage
+            if key is not None:
+                self._buffer.usage_keys.append(key)
 
     def save_state(self, state: Any) -> None:
         """Persist ``state`` now, mid-phase: a crash re-runs this phase from it.
@@ -245,8 +326,8 @@ class PhaseContext(Generic[S]):
         """
         if self._saver is None:
             raise RuntimeError("save_state is not available outside the runner")
-        new_version = self._saver(state)
-        self.checkpoint = self.checkpoint.model_copy(update={"state": state, "version": new_version})
+        self._version = self._saver(state)
+        self.checkpoint = self.checkpoint.model_copy(update={"state": state})
 
     def step(self, key: str, fn: Callable[[], T | Awaitable[T]]) -> JSONValue:
         """Run ``fn`` once per phase attempt and journal its result under ``key``.
@@ -299,19 +380,31 @@ class PhaseContext(Generic[S]):
         self._on_commit.append(fn)
 
     # --- for the runner ----------------------------------------------------
-    def _take_buffer(self) -> _Buffered:
+    def take_output(self) -> PhaseOutput:
+        """What the phase buffered (logs, messages, events, usage), handed over once to its commit."""
         with self._lock:
             buf, self._buffer = self._buffer, _Buffered()
-        return buf
+        return PhaseOutput(logs=buf.logs, messages=buf.messages, events=buf.events, usage=buf.usage,
+                           usage_keys=buf.usage_keys)
+
+    def run_on_commit(self, checkpoint: Checkpoint[Any]) -> None:
+        """Call the ``on_commit`` callbacks once the phase's commit has landed (a failing one is logged)."""
+        for fn in self._on_commit:
+            try:
+                fn(checkpoint)
+            except Exception:
+                logging.getLogger("pipelines").warning("job %s: on_commit callback failed", self.job_id,
+                                                       exc_info=True)
 
 
-def validate_state(phase: Phase, state: Any) -> Any:
-    """Validate stored ``state`` into ``phase.state_model`` (if any)."""
-    if phase.state_model is None or isinstance(state, phase.state_model):
+def validate_state(phase: Phase, state: Any, model: type[BaseModel] | None = None) -> Any:
+    """Validate stored ``state`` into ``model`` (default: ``phase.state_model``), if there is one."""
+    model = model or phase.state_model
+    if model is None or isinstance(state, model):
         return state
     try:
-        return phase.state_model.model_validate(state)
+        return model.model_validate(state)
     except ValidationError as exc:
         raise StateValidationError(
-            f"stored state does not validate against {phase.state_model.__name__} for phase {phase.name!r}: {exc}"
+            f"stored state does not validate against {model.__name__} for phase {phase.name!r}: {exc}"
         ) from exc

@@ -3,15 +3,17 @@
 One advance, step by step (DESIGN "The turn"):
 
 1. take the job's lease and load the record in one call; unknown, leased,
-   not running or not yet due → no-op (duplicates are normal, I6);
+   not running or not yet due → no-op (duplicates are normal, I6); a pause
+   or cancel requested while the last turn ran is applied here instead;
 2. run the phase; ``ctx.step`` journals results as it goes (I5);
 3. commit atomically, fenced on the version read (I1, I2); the commit also
    releases the lease, so the next advance can start at once;
 4. schedule the next advance (the fast path; storage's due index is the
    truth, I7).
 
-Every failure ends as data (I9): status ``error``, a readable message, the
-last good checkpoint kept for ``retry_mode="resume"``.
+The commits themselves are built in :mod:`pipelines.transitions`. Every
+failure ends as data (I9): status ``error``, a readable message, the last
+good checkpoint kept for ``retry_mode="resume"``.
 """
 
 from __future__ import annotations
@@ -23,41 +25,22 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
 
+from pydantic import BaseModel
+
 from adapters.base import Scheduler, Storage
+from pipelines import transitions
 from pipelines._aio import resolve
 from pipelines.errors import (
     CorruptRecordError,
     InvalidInputError,
-    InvalidPipelineError,
     PipelineError,
     StaleVersionError,
     StorageUnavailableError,
 )
-from pipelines.events import make_event, publish
 from pipelines.leases import LEASE_KEEPER, check_lease_seconds
-from pipelines.models import (
-    Checkpoint,
-    Commit,
-    Event,
-    JobRecord,
-    JobStatus,
-    LogEntry,
-    LogLevel,
-    Message,
-    to_json_value,
-    validate_job_id,
-)
-from pipelines.phase import (
-    Done,
-    Fail,
-    FailJob,
-    Next,
-    Phase,
-    PhaseContext,
-    RetryLater,
-    WaitForInput,
-    validate_state,
-)
+from pipelines.models import Commit, JobRecord, JobStatus, to_json_value, validate_job_id
+from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, Pipeline, RetryLater, WaitForInput
+from pipelines.phase import validate_state as _validate_state
 from pipelines.tokens import new_token
 
 __all__ = [
@@ -65,7 +48,6 @@ __all__ = [
     "AdvanceResult",
     "advance_job",
     "advance_phase",
-    "phase_map",
     "try_advance",
 ]
 
@@ -76,7 +58,6 @@ STORAGE_RETRY_SECONDS = 5.0
 
 DEFAULT_LEASE_SECONDS = 60.0
 """Lease time to live. The lease keeper renews it every third of that while a phase runs."""
-
 
 
 class AdvanceResult(StrEnum):
@@ -92,49 +73,57 @@ class AdvanceResult(StrEnum):
     RETRY_LATER = "retry_later"
     WAITING = "waiting"
     STALE = "stale"  # fenced off: another worker moved the job on
+    PAUSED = "paused"  # a pause requested during the last turn was applied
+    CANCELLED = "cancelled"  # a cancel requested during the last turn was applied
 
 
-def phase_map(phases: Sequence[Phase]) -> dict[str, Phase]:
-    """Index ``phases`` by name, rejecting an empty list and duplicate names."""
-    if isinstance(phases, Phase) or not isinstance(phases, Sequence):
-        raise InvalidPipelineError(f"phases must be a list of Phase, got {type(phases).__name__}")
-    if not phases:
-        raise InvalidPipelineError("a pipeline needs at least one phase; got an empty list")
-    out: dict[str, Phase] = {}
-    for p in phases:
-        if not isinstance(p, Phase):
-            raise InvalidPipelineError(f"phases must be Phase objects, got {type(p).__name__}")
-        if p.name in out:
-            raise InvalidPipelineError(f"duplicate phase name {p.name!r}")
-        out[p.name] = p
-    return out
+_RESULTS: dict[type, AdvanceResult] = {
+    Next: AdvanceResult.ADVANCED, Done: AdvanceResult.COMPLETED, Fail: AdvanceResult.FAILED,
+    RetryLater: AdvanceResult.RETRY_LATER, WaitForInput: AdvanceResult.WAITING,
+}
+
+PipelineFor = Callable[[JobRecord], Pipeline]
+"""Finds the pipeline of a job from its record (the App looks it up by name)."""
 
 
 def advance_phase(
     *,
     job_id: str,
-    phases: Sequence[Phase],
+    phases: Sequence[Phase] | Pipeline,
     storage: Storage,
     scheduler: Scheduler,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    state_model: type[BaseModel] | None = None,
 ) -> None:
     """Run the job's next phase once, if it is running, due and not leased (else a no-op).
 
     Safe to call any number of times, from any number of processes (I6). A
     phase's exception never escapes: it is recorded on the job as status
-    ``error`` (I9).
+    ``error`` (I9). ``state_model`` (or a :class:`Pipeline` with ``state=``)
+    makes the phases see the state as that pydantic model.
     """
-    try_advance(job_id=job_id, phases=phases, storage=storage, scheduler=scheduler, lease_seconds=lease_seconds)
+    try_advance(job_id=job_id, phases=phases, storage=storage, scheduler=scheduler, lease_seconds=lease_seconds,
+                state_model=state_model)
+
+
+def as_pipeline(phases: Sequence[Phase] | Pipeline, state_model: type[BaseModel] | None = None) -> Pipeline:
+    """``phases`` as a :class:`Pipeline` (validated); ``state_model`` declares its state."""
+    if isinstance(phases, Pipeline):
+        if state_model is not None and phases.state not in (None, state_model):
+            raise InvalidInputError("state_model differs from the Pipeline's own state model")
+        return phases if state_model is None else Pipeline(phases.phases, state=state_model)
+    return Pipeline(phases, state=state_model)
 
 
 def try_advance(
     *,
     job_id: str,
-    phases: Sequence[Phase],
+    phases: Sequence[Phase] | Pipeline,
     storage: Storage,
     scheduler: Scheduler,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     continue_for: float = 0.0,
+    state_model: type[BaseModel] | None = None,
 ) -> AdvanceResult:
     """``advance_phase`` that says what it did (for the CLI, the sweep and tests).
 
@@ -144,30 +133,34 @@ def try_advance(
     always finishes). A worker then serves one job for at most about that
     long before it goes back to the queue, which keeps jobs fair.
     """
-    pmap = phase_map(phases)
-    return advance_job(job_id, lambda record: pmap, storage=storage, scheduler=scheduler,
+    pipeline = as_pipeline(phases, state_model)
+    return advance_job(job_id, lambda record: pipeline, storage=storage, scheduler=scheduler,
                        lease_seconds=lease_seconds, continue_for=continue_for)
+
+
+def _check_continue_for(continue_for: object) -> None:
+    if isinstance(continue_for, bool) or not isinstance(continue_for, int | float) or not 0 <= continue_for < math.inf:
+        raise InvalidInputError(f"continue_for must be a finite number of seconds >= 0, got {continue_for!r}")
 
 
 def advance_job(
     job_id: str,
-    phases_for: Callable[[JobRecord], dict[str, Phase]],
+    pipeline_for: PipelineFor,
     *,
     storage: Storage,
     scheduler: Scheduler,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     continue_for: float = 0.0,
 ) -> AdvanceResult:
-    """``try_advance`` with the phases chosen from the record (``App`` resolves them by pipeline name).
+    """``try_advance`` with the pipeline chosen from the record (``App`` resolves it by name).
 
-    One round trip takes the lease and loads the record; ``phases_for`` runs
+    One round trip takes the lease and loads the record; ``pipeline_for`` runs
     under the lease, so a job naming an unknown pipeline raises with the lease
     released and nothing written.
     """
     validate_job_id(job_id)
     check_lease_seconds(lease_seconds)
-    if not isinstance(continue_for, int | float) or not 0 <= continue_for < math.inf:
-        raise InvalidInputError(f"continue_for must be a finite number of seconds >= 0, got {continue_for!r}")
+    _check_continue_for(continue_for)
     owner = new_token()
     try:
         record = storage.acquire_lease(job_id, owner, lease_seconds)
@@ -179,190 +172,179 @@ def advance_job(
     if record is None:
         return AdvanceResult.BUSY if storage.get_job(job_id) is not None else AdvanceResult.UNKNOWN
     held = LEASE_KEEPER.hold(storage, job_id, owner, lease_seconds)
-    released = False
-    deadline = time.monotonic() + continue_for
+    turn = _Turn(storage, scheduler, owner, time.monotonic() + continue_for if continue_for > 0 else None)
     try:
+        return turn.run(record, pipeline_for)
+    finally:
+        LEASE_KEEPER.drop(held)
+        if not turn.released:
+            storage.release_lease(job_id, owner)
+
+
+class _Turn:
+    """One lease held on one job: runs its due phases (several under ``continue_for``) and commits each."""
+
+    def __init__(self, storage: Storage, scheduler: Scheduler, owner: str, deadline: float | None) -> None:
+        self.storage = storage
+        self.scheduler = scheduler
+        self.owner = owner
+        self.deadline = deadline
+        self.released = False
+
+    def run(self, record: JobRecord, pipeline_for: PipelineFor) -> AdvanceResult:
         while True:
             cp = record.checkpoint
             if record.status is not JobStatus.RUNNING or cp is None:
                 return AdvanceResult.NOT_RUNNING
-            now = scheduler.now()
+            if record.control is not None:
+                return self.apply_control(record)
+            now = self.scheduler.now()
             # Queues deliver delayed messages with some imprecision (RQ: ~1 s);
-            # a scheduler may declare it, and we accept that much earliness
+            # the scheduler declares it, and we accept that much earliness
             # rather than drop a message that nothing would send again.
-            if cp.due_at > now + float(getattr(scheduler, "precision", 0.0)):
+            if cp.due_at > now + self.scheduler.precision:
                 return AdvanceResult.NOT_DUE
-            keep = continue_for > 0 and time.monotonic() < deadline
-            result, commit = _run_and_commit(record, cp, phases_for(record), storage, scheduler, owner, now, keep)
+            keep = self.deadline is not None and time.monotonic() < self.deadline
+            result, commit, pending = self.run_phase(record, pipeline_for(record), keep)
             if commit is None:
                 return result
-            released = commit.release_lease
-            if released:
+            self.released = commit.release_lease
+            if self.released:
                 return result
-            record = commit.record  # exactly what storage now holds: go on without reloading
-    finally:
-        LEASE_KEEPER.drop(held)
-        if not released:
-            storage.release_lease(job_id, owner)
+            # Exactly what storage now holds: go on without reloading.
+            record = commit.record.model_copy(update={"control": pending})
 
-
-def _run_and_commit(
-    record: JobRecord,
-    cp: Checkpoint[Any],
-    pmap: dict[str, Phase],
-    storage: Storage,
-    scheduler: Scheduler,
-    owner: str,
-    now: float,
-    keep_lease: bool,
-) -> tuple[AdvanceResult, Commit | None]:
-    """Run the phase and commit; ``(result, None)`` when fenced off. Schedules the next advance
-    unless the commit kept the lease to run it at once."""
-    job_id = record.job_id
-    current = {"record": record}
-
-    def save(state: Any) -> int:
-        rec = current["record"]
-        assert rec.checkpoint is not None
-        value = to_json_value(state, what=f"state saved by phase {rec.checkpoint.next_phase!r}")
-        version = rec.version + 1
-        t = scheduler.now()
-        new_cp = rec.checkpoint.model_copy(update={"state": value, "version": version, "updated_at": t, "journal": {}})
-        new = rec.model_copy(update={"checkpoint": new_cp, "version": version, "updated_at": t})
-        storage.commit(Commit(job_id=job_id, expected_version=rec.version, owner=owner, token=new_token(),
-                              record=new, keep_journal=True, release_lease=False))
-        current["record"] = new
-        return version
-
-    phase = pmap.get(cp.next_phase)
-    ctx: PhaseContext[Any] = PhaseContext(job_id=job_id, checkpoint=cp, storage=storage, owner=owner,
-                                          clock=scheduler.now, saver=save, attempt=cp.attempt, usage=record.usage)
-    try:
-        if phase is None:
-            outcome: object = Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pmap)}")
+    def apply_control(self, record: JobRecord) -> AdvanceResult:
+        """Apply the pause or cancel that was requested while the last turn ran."""
+        now = self.scheduler.now()
+        if record.control == "cancel":
+            commit, result = transitions.cancel(record, owner=self.owner, now=now), AdvanceResult.CANCELLED
         else:
-            ctx.checkpoint = cp.model_copy(update={"state": validate_state(phase, cp.state)})
-            outcome = resolve(phase.run(ctx))
-            if not isinstance(outcome, Next | Done | Fail):
-                outcome = Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; expected Next, Done or Fail")
+            commit, result = transitions.pause(record, owner=self.owner, now=now), AdvanceResult.PAUSED
+        try:
+            transitions.apply(self.storage, self.scheduler, commit)
+        except StaleVersionError:
+            return AdvanceResult.STALE
+        self.released = True
+        return result
+
+    def run_phase(self, record: JobRecord, pipeline: Pipeline,
+                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, str | None]:
+        """Run the phase and commit; ``(result, None, None)`` when fenced off."""
+        job_id = record.job_id
+        saver = _Saver(record, self.storage, self.scheduler, self.owner)
+        ctx = _context(record, self.storage, self.scheduler, self.owner, saver)
+        try:
+            outcome = _outcome(ctx, pipeline, record)
+        except StaleVersionError:
+            logger.info("job %s: fenced off (another worker moved it on)", job_id)
+            return AdvanceResult.STALE, None, None
+        rec = saver.record
+        outcome = _normalised(outcome, rec, pipeline)
+        try:
+            commit, pending = self.commit(rec, ctx, outcome, keep_lease)
+        except StaleVersionError:
+            logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
+            return AdvanceResult.STALE, None, None
+        # A commit that could not be stored as built was replaced by a failure.
+        result = AdvanceResult.FAILED if commit.record.status is JobStatus.ERROR else _RESULTS[type(outcome)]
+        if result is AdvanceResult.ADVANCED and commit.record.checkpoint is not None:
+            ctx.run_on_commit(commit.record.checkpoint)
+        return result, commit, pending
+
+    def commit(self, rec: JobRecord, ctx: PhaseContext[Any], outcome: transitions.Outcome,
+               keep_lease: bool) -> tuple[Commit, str | None]:
+        out = ctx.take_output()
+        now = self.scheduler.now()
+        commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now, keep_lease=keep_lease)
+        try:
+            return commit, transitions.apply(self.storage, self.scheduler, commit)
+        except InvalidInputError as exc:
+            # What the phase produced cannot be stored (too large, not JSON):
+            # the job ends in error saying so, rather than staying due forever
+            # while every sweep runs the phase into the same wall (I9).
+            failed = Fail(f"the outcome of phase {ctx.phase!r} could not be committed: {exc}")
+            kept = transitions.PhaseOutput(usage=out.usage, usage_keys=out.usage_keys)
+            commit = transitions.after_phase(rec, failed, kept, owner=self.owner, now=now)
+            return commit, transitions.apply(self.storage, self.scheduler, commit)
+
+
+class _Saver:
+    """``ctx.save_state``: commits the state mid-phase and tracks the record the phase now runs on."""
+
+    def __init__(self, record: JobRecord, storage: Storage, scheduler: Scheduler, owner: str) -> None:
+        self.record = record
+        self.storage = storage
+        self.scheduler = scheduler
+        self.owner = owner
+
+    def __call__(self, state: Any) -> int:
+        assert self.record.checkpoint is not None
+        value = to_json_value(state, what=f"state saved by phase {self.record.checkpoint.next_phase!r}")
+        commit = transitions.save_state(self.record, value, owner=self.owner, now=self.scheduler.now())
+        self.storage.commit(commit)
+        # Keep the open journal: the phase goes on with its steps.
+        assert commit.record.checkpoint is not None
+        journal = self.record.checkpoint.journal
+        self.record = commit.record.model_copy(
+            update={"checkpoint": commit.record.checkpoint.model_copy(update={"journal": journal})})
+        return self.record.version
+
+
+def _context(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: str,
+             saver: _Saver) -> PhaseContext[Any]:
+    cp = record.checkpoint
+    assert cp is not None
+    return PhaseContext(job_id=record.job_id, checkpoint=cp, storage=storage, owner=owner, clock=scheduler.now,
+                        saver=saver, attempt=cp.attempt, usage=record.usage, version=record.version,
+                        transcript_len=record.transcript_len, options=record.options)
+
+
+def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> transitions.Outcome:
+    """Run the phase; whatever it raises becomes an outcome, except being fenced off."""
+    cp = ctx.checkpoint
+    phase = pipeline.by_name.get(cp.next_phase)
+    if phase is None:
+        return Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pipeline.by_name)}")
+    try:
+        ctx.checkpoint = cp.model_copy(update={"state": _validate_state(phase, cp.state,
+                                                                         pipeline.state_model_of(phase))})
+        outcome = resolve(phase.run(ctx))
     except StaleVersionError:
-        logger.info("job %s: fenced off (another worker moved it on)", job_id)
-        return AdvanceResult.STALE, None
+        raise
     except (RetryLater, WaitForInput) as sig:
-        outcome = sig
+        return sig
     except StorageUnavailableError as exc:
         # Storage went away mid-phase (a journal write failed): that is no
         # reason to fail the job. Run the phase again shortly, reusing what
         # was journaled; if storage is still down, this commit fails too and
         # the lease runs out, so the sweep picks the job up later (I7).
-        outcome = RetryLater(STORAGE_RETRY_SECONDS, f"storage unavailable: {exc}")
+        return RetryLater(STORAGE_RETRY_SECONDS, f"storage unavailable: {exc}")
     except FailJob as sig:
-        outcome = Fail(sig.error)
+        return Fail(sig.error)
     except Exception as exc:
-        logger.info("job %s: phase %s raised", job_id, cp.next_phase, exc_info=True)
-        outcome = Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-
-    rec = current["record"]
-    commit, result = _build_commit(rec, ctx, outcome, pmap, owner, scheduler.now(), keep_lease)
-    try:
-        storage.commit(commit)
-    except StaleVersionError:
-        logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
-        return AdvanceResult.STALE, None
-    new = commit.record
-    publish(job_id, commit.events)
-    if result is AdvanceResult.ADVANCED and new.checkpoint is not None:
-        for fn in ctx._on_commit:
-            try:
-                fn(new.checkpoint)
-            except Exception:
-                logger.warning("job %s: on_commit callback failed", job_id, exc_info=True)
-    if commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
-        delay = max(0.0, new.checkpoint.due_at - scheduler.now())
-        scheduler.schedule_advance(job_id, delay, pipeline=new.pipeline, version=new.version)
-    return result, commit
+        logger.info("job %s: phase %s raised", record.job_id, cp.next_phase, exc_info=True)
+        return Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    if not isinstance(outcome, Next | Done | Fail):
+        return Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; expected Next, Done or Fail")
+    return outcome
 
 
-def _build_commit(
-    rec: JobRecord, ctx: PhaseContext[Any], outcome: object, pmap: dict[str, Phase], owner: str, now: float,
-    keep_lease: bool = False,
-) -> tuple[Commit, AdvanceResult]:
-    assert rec.checkpoint is not None
+def _normalised(outcome: transitions.Outcome, rec: JobRecord, pipeline: Pipeline) -> transitions.Outcome:
+    """Check a Next's phase name and turn state / result into their stored JSON form."""
     cp = rec.checkpoint
-    buf = ctx._take_buffer()
-    logs = list(buf.logs)
-    events: list[Event] = []
-    phase = cp.next_phase
-    version = rec.version + 1
-    base = {"version": version, "updated_at": now}
-    if isinstance(outcome, Next) and outcome.next_phase not in pmap:
-        outcome = Fail(f"phase {cp.next_phase!r} asked for unknown next phase {outcome.next_phase!r}; "
-                       f"phases are {', '.join(pmap)}")
-    if isinstance(outcome, Next | Done):
-        try:
-            value = to_json_value(
-                cp.state if isinstance(outcome, Next) and outcome.state is None else
-                (outcome.state if isinstance(outcome, Next) else outcome.result),
-                what=f"{'state' if isinstance(outcome, Next) else 'result'} returned by phase {cp.next_phase!r}",
-            )
-        except PipelineError as exc:
-            outcome, value = Fail(str(exc)), None
-    keep_journal = False
-    messages: list[Message] = []
-    usage = rec.usage
-    token = new_token()
-    if isinstance(outcome, Next):
-        tlen = rec.transcript_len + len(buf.messages)
-        new_cp = Checkpoint[Any](next_phase=outcome.next_phase, state=value, version=version, attempt=0,
-                                 due_at=now + outcome.delay, transcript_len=tlen, created_at=now, updated_at=now,
-                                 commit_id=token)
-        new = rec.model_copy(update={**base, "checkpoint": new_cp, "transcript_len": tlen,
-                                     "usage": usage + buf.usage, "phases_done": rec.phases_done + 1})
-        messages, result = buf.messages, AdvanceResult.ADVANCED
-        events = buf.events
-    elif isinstance(outcome, Done):
-        tlen = rec.transcript_len + len(buf.messages)
-        logs.append(_log(now, cp.next_phase, "info", "job complete"))
-        new = rec.model_copy(update={**base, "status": JobStatus.COMPLETE, "checkpoint": None, "result": value,
-                                     "stop_reason": outcome.reason or "done",
-                                     "transcript_len": tlen, "usage": usage + buf.usage,
-                                     "phases_done": rec.phases_done + 1})
-        messages, result = buf.messages, AdvanceResult.COMPLETED
-        events = [*buf.events, make_event("job_finished", now, phase=phase, reason=outcome.reason or "done")]
-    elif isinstance(outcome, RetryLater):
-        # Same phase again later; journaled steps survive so they are not repeated.
-        keep_journal = True
-        logs.append(_log(now, cp.next_phase, "warn", f"retrying phase in {outcome.delay:.1f}s: {outcome}"))
-        new_cp = cp.model_copy(update={"version": version, "attempt": cp.attempt + 1, "due_at": now + outcome.delay,
-                                       "updated_at": now, "journal": {}})
-        new = rec.model_copy(update={**base, "checkpoint": new_cp})
-        result = AdvanceResult.RETRY_LATER
-        events = [make_event("retry_scheduled", now, phase=phase, delay=outcome.delay, reason=str(outcome))]
-    elif isinstance(outcome, WaitForInput):
-        keep_journal = True
-        logs.append(_log(now, cp.next_phase, "warn", f"waiting: {outcome.reason}"))
-        new = rec.model_copy(update={**base, "status": JobStatus.WAITING,
-                                     "waiting": {**outcome.details, "reason": outcome.reason,
-                                                 "call_id": outcome.call_id},
-                                     "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
-        result = AdvanceResult.WAITING
-        kind = "approval_requested" if outcome.details.get("kind") == "approval" else "job_waiting"
-        events = [make_event(kind, now, phase=phase, **{**outcome.details, "reason": outcome.reason})]
-    else:
-        assert isinstance(outcome, Fail)
-        # The last good checkpoint stays, journal included, for a "resume" retry (I9).
-        keep_journal = True
-        logs.append(_log(now, cp.next_phase, "error", outcome.error))
-        new = rec.model_copy(update={**base, "status": JobStatus.ERROR, "error": outcome.error,
-                                     "checkpoint": cp.model_copy(update={"version": version, "journal": {}})})
-        result = AdvanceResult.FAILED
-        events = [make_event("job_failed", now, phase=phase, error=outcome.error)]
-    commit = Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token,
-                    record=new, append_messages=messages, logs=logs, events=events, keep_journal=keep_journal,
-                    # Kept only to run the next phase at once (see try_advance's continue_for).
-                    release_lease=not (keep_lease and isinstance(outcome, Next) and outcome.delay == 0))
-    return commit, result
-
-
-def _log(now: float, phase: str | None, level: LogLevel, message: str) -> LogEntry:
-    return LogEntry(timestamp=now, phase=phase, level=level, message=message)
+    assert cp is not None
+    try:
+        if isinstance(outcome, Next):
+            if outcome.next_phase not in pipeline.by_name:
+                return Fail(f"phase {cp.next_phase!r} asked for unknown next phase {outcome.next_phase!r}; "
+                            f"phases are {', '.join(pipeline.by_name)}")
+            state = cp.state if outcome.state is None else outcome.state
+            value = to_json_value(state, what=f"state returned by phase {cp.next_phase!r}")
+            return Next(outcome.next_phase, state=value, delay=outcome.delay)
+        if isinstance(outcome, Done):
+            value = to_json_value(outcome.result, what=f"result returned by phase {cp.next_phase!r}")
+            return Done(result=value, reason=outcome.reason)
+    except PipelineError as exc:
+        return Fail(str(exc))
+    return outcome

@@ -22,7 +22,8 @@ from pipelines import App
 APP_PATH = "examples.production.app:app"
 
 storage = RedisStorage.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), prefix="support")
-scheduler = RQScheduler(storage.client, queue="agents", app=APP_PATH, job_timeout=300)
+# The scheduler takes its namespace from the storage, so two apps on one Redis never share RQ job ids.
+scheduler = RQScheduler.for_storage(storage, queue="agents", app=APP_PATH, job_timeout=300)
 support = build_agent(os.environ.get("SUPPORT_MODEL") or None)
 app = App(
     storage=storage,

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from adapters import rq as rq_adapter
 from adapters.redis import RedisStorage
+from pipelines import worker
 from pipelines.app import App
 
 
@@ -33,8 +33,8 @@ def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
     """``tests.apps.redis_app:app`` as a worker process loads it, on this session's redis-server."""
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
-    rq_adapter.forget_apps()
+    worker.forget_apps()
     from tests.apps import redis_app
 
     yield redis_app.app
-    rq_adapter.forget_apps()
+    worker.forget_apps()

@@ -10,18 +10,9 @@ from pydantic import BaseModel
 
 from adapters.memory import MemoryScheduler, MemoryStorage
 from adapters.redis import RedisStorage
-from pipelines import (
-    Agent,
-    JobStatus,
-    TurnPlan,
-    approve,
-    cancel_job,
-    pause_job,
-    pending_calls,
-    reject,
-    resume_job,
-    tool,
-)
+from phases.approvals import approve, pending_calls, reject
+from pipelines import Agent, JobStatus, TurnPlan, tool
+from pipelines.control import cancel_job, pause_job, resume_job
 from pipelines.testing import ScriptedModel, call, reply
 
 

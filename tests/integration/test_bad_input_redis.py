@@ -23,24 +23,17 @@ import redis
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
-from pipelines import (
-    Agent,
-    App,
+from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext
+from pipelines.cli import main as cli_main
+from pipelines.errors import (
     ConfigurationError,
     CorruptRecordError,
-    Done,
     InvalidJobIdError,
     JobConflictError,
-    JobStatus,
-    Next,
-    Phase,
-    PhaseContext,
     StateNotSerializableError,
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.cli import main as cli_main
-from pipelines.control import sweep_overdue
 from pipelines.models import Commit
 from pipelines.runner import AdvanceResult, try_advance
 from pipelines.testing import ScriptedModel
@@ -159,7 +152,7 @@ def test_storage_up_but_the_queue_down_leaves_a_durable_job_the_sweep_recovers(s
     with pytest.raises(JobConflictError, match="'j' is running"):
         app.run_pipeline("p", job_id="j", initial_state={"n": 0})
     recovered = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": two_phases()})
-    sweep_overdue(recovered)
+    recovered.advance_due()
     recovered.scheduler.drain()  # type: ignore[attr-defined]
     assert storage.get_job("j").status is JobStatus.COMPLETE  # type: ignore[union-attr]
 
@@ -430,7 +423,7 @@ def _sweep_setup(storage: RedisStorage, r: redis.Redis) -> App:
 def test_the_cli_sweep_skips_a_corrupt_record_and_advances_the_others(storage: RedisStorage,
                                                                      r: redis.Redis) -> None:
     app = _sweep_setup(storage, r)
-    done = dict(sweep_overdue(app))
+    done = dict(app.advance_due())
     assert done == {"a-bad": AdvanceResult.UNKNOWN, "b-good": AdvanceResult.ADVANCED}
 
 

@@ -17,7 +17,8 @@ import pytest
 import redis
 
 from adapters.redis import RedisStorage
-from pipelines import CorruptRecordError, JobStatus
+from pipelines import JobStatus
+from pipelines.errors import CorruptRecordError
 from pipelines.models import Checkpoint, Commit, Event, JobRecord, LogEntry
 
 pytestmark = pytest.mark.redis

@@ -21,19 +21,14 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
-from pipelines import (
+from pipelines import Done, JobStatus, Next, Phase, PhaseContext, run_pipeline
+from pipelines.errors import (
     ConfigurationError,
     CorruptRecordError,
-    Done,
     InvalidInputError,
     InvalidJobIdError,
-    JobStatus,
-    Next,
-    Phase,
-    PhaseContext,
     StorageError,
     StorageUnavailableError,
-    run_pipeline,
 )
 from pipelines.models import Checkpoint, Commit, JobRecord, LogEntry
 from tests.redis_server import RedisServer, find_redis_server, free_port

@@ -18,11 +18,12 @@ from rq.job import JOB_ID_PATTERN as RQ_JOB_ID
 from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
-from adapters import rq as rq_adapter
 from adapters.redis import DEFAULT_PREFIX
-from adapters.rq import ADVANCE_FUNC, RQScheduler, advance_job, decode_rq_job_id, parse_rq_job_id, rq_job_id
-from pipelines import ConfigurationError, InvalidInputError, JobStatus, StorageUnavailableError
+from adapters.rq import ADVANCE_FUNC, RQScheduler, decode_rq_job_id, parse_rq_job_id, rq_job_id
+from pipelines import JobStatus, worker
 from pipelines.app import App
+from pipelines.errors import ConfigurationError, InvalidInputError, StorageUnavailableError
+from pipelines.worker import advance_job
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.redis
@@ -234,9 +235,9 @@ def test_advance_job_falls_back_to_the_worker_app_then_the_environment(
         advance_job("nope")
     monkeypatch.setenv("PIPELINES_APP", APP_PATH)
     assert advance_job("nope") == "unknown"
-    rq_adapter.forget_apps()
+    worker.forget_apps()
     monkeypatch.delenv("PIPELINES_APP")
-    rq_adapter.use_app(app)
+    worker.use_app(app)
     app.run_pipeline("multi", job_id="w1", initial_state={"n": 0})
     assert advance_job("w1", 1) == "advanced"
 
@@ -258,7 +259,6 @@ def test_the_sweep_puts_a_lost_advance_at_the_front_of_the_queue(redis_url: str)
     from adapters.redis import RedisStorage
     from pipelines import Done, Phase
     from pipelines.app import App
-    from pipelines.control import requeue_overdue
 
     storage = RedisStorage.from_url(redis_url)
     scheduler = RQScheduler(storage.client, queue="front")
@@ -267,7 +267,7 @@ def test_the_sweep_puts_a_lost_advance_at_the_front_of_the_queue(redis_url: str)
     storage.client.delete(scheduler.queue.key)  # its message is lost
     for i in range(3):
         app.run_pipeline("p", job_id=f"fresh-{i}")  # a backlog of fresh work
-    assert "lost" in requeue_overdue(app, grace=0)
+    assert "lost" in app.requeue_overdue(grace=0)
     assert storage.client.llen(scheduler.queue.key) == 4  # the fresh ones, still queued, were not sent twice
     head = storage.client.lindex(scheduler.queue.key, 0)
     assert head is not None and head.decode() == rq_job_id("lost", 1)

@@ -26,25 +26,14 @@ import redis
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
-from adapters import rq as rq_adapter
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage, index_keys, job_keys
 from adapters.rq import RQScheduler, rq_job_id
 from phases.agent_turn import resolve_model
+from phases.model import ModelRequest
 from phases.observe import observe_calls
-from pipelines import (
-    Agent,
-    App,
-    Done,
-    InvalidJobIdError,
-    JobStatus,
-    ModelError,
-    ModelRequest,
-    Next,
-    Phase,
-    PhaseContext,
-    tool,
-)
+from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, tool, worker
+from pipelines.errors import InvalidJobIdError, ModelError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.fake_openai import FakeOpenAI, bad_request, text_reply, tool_reply, unauthorized
 from tests.fake_openai import call as fake_call
@@ -69,10 +58,10 @@ def rq_app(storage: RedisStorage) -> Iterator[App]:
     """An App on RedisStorage + RQScheduler, installed as this process's worker app."""
     sched = RQScheduler(storage.client, queue="sec", job_timeout=60, result_ttl=600, failure_ttl=600)
     app = App(storage=storage, scheduler=sched)
-    rq_adapter.forget_apps()
-    rq_adapter.use_app(app)
+    worker.forget_apps()
+    worker.use_app(app)
     yield app
-    rq_adapter.forget_apps()
+    worker.forget_apps()
 
 
 def work(app: App, *, level: str = "WARNING") -> None:
@@ -185,7 +174,7 @@ def test_nothing_is_pickled_anywhere_after_agent_and_pipeline_jobs_ran_through_r
         assert_plain_data(key, field, value)
     # And the payloads themselves are the JSON we expect, not just "not pickle".
     data = r.hget(f"rq:job:{rq_job_id('chat:0', 1)}", "data")
-    assert data is not None and json.loads(zlib.decompress(data))[0] == "adapters.rq.advance_job"
+    assert data is not None and json.loads(zlib.decompress(data))[0] == "pipelines.worker.advance_job"
 
 
 # --- 2. API keys never leak ----------------------------------------------------------------

@@ -11,7 +11,8 @@ import redis
 
 from adapters.memory import MemoryStorage, VirtualClock
 from adapters.redis import RedisStorage
-from pipelines import JobStatus, StaleVersionError
+from pipelines import JobStatus
+from pipelines.errors import StaleVersionError
 from pipelines.models import Checkpoint, Commit, JobRecord
 
 JOB = "job-1"

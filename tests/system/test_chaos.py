@@ -265,7 +265,6 @@ def test_a_message_taken_by_a_worker_that_died_at_once_is_enqueued_again_by_the_
     from adapters.redis import RedisStorage
     from adapters.rq import RQScheduler
     from pipelines import Done, Phase
-    from pipelines.control import requeue_overdue
 
     storage = RedisStorage.from_url(redis_url)
     scheduler = RQScheduler(storage.client, queue="lost")
@@ -282,5 +281,5 @@ def test_a_message_taken_by_a_worker_that_died_at_once_is_enqueued_again_by_the_
     client.lmove("rq:queue:lost", "rq:queue:lost:intermediate")
     assert scheduler.fetch(rq_id).get_status() == "queued"
 
-    assert requeue_overdue(app, grace=0) == ["lost-1"]
+    assert app.requeue_overdue(grace=0) == ["lost-1"]
     assert client.lrange("rq:queue:lost", 0, -1) == [rq_id.encode()], "the sweep did not enqueue the job again"

@@ -12,7 +12,7 @@ from rq import Worker
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
-from adapters.rq import RQScheduler
+from adapters.rq import RQScheduler, rq_job_id
 from pipelines import JobStatus
 from pipelines.app import App
 from tests.system.conftest import Cluster, wait_for
@@ -51,7 +51,7 @@ def test_two_workers_run_30_multi_phase_jobs_to_completion(cluster: Cluster, app
         assert rec is not None and rec.result["n"] == (i + 1) * 10 + 1 and rec.phases_done == 3
         pids.update(rec.result["pids"])
         # One RQ job per turn, each finished with what the turn did.
-        assert [scheduler.fetch(f"{job_id}-v{v}").return_value() for v in (1, 2, 3)] == [
+        assert [scheduler.fetch(rq_job_id(job_id, v)).return_value() for v in (1, 2, 3)] == [
             "advanced", "advanced", "completed"]
     assert len(pids) > 1  # phases ran in more than one process (horses, the simple worker)
     assert FailedJobRegistry(queue=scheduler.queue).count == 0

@@ -10,21 +10,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from pipelines import (
-    Agent,
-    InvalidInputError,
-    JobStatus,
-    ModelRequest,
-    Tool,
-    ToolContext,
-    TransientModelError,
-    build_agent_phase,
-    has_tool_call,
-    max_turns,
-    run_agent,
-    tool,
-)
-from pipelines.errors import PermanentModelError
+from phases.model import ModelRequest
+from pipelines import Agent, JobStatus, Tool, ToolContext, build_agent_phase, has_tool_call, max_turns, run_agent, tool
+from pipelines.errors import InvalidInputError, PermanentModelError, TransientModelError
 from pipelines.phase import FailJob
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import Crash, memory
@@ -137,7 +125,7 @@ def test_tools_get_the_job_id_and_an_idempotency_key() -> None:
 
     model = ScriptedModel([reply(None, {**call("charge", amount=5), "id": "call_abc"}), "charged"])
     run(model, tools=[charge], job_id="pay-7")
-    assert seen == [("pay-7", "pay-7:call_abc")]
+    assert seen == [("pay-7", "pay-7/call_abc")]
 
 
 def test_several_sync_tool_calls_run_concurrently() -> None:

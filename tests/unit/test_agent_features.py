@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from pipelines import Agent, InvalidInputError, JobStatus, ModelRequest, TurnPlan, tool
+from phases.model import ModelRequest
+from pipelines import Agent, JobStatus, TurnPlan, tool
+from pipelines.errors import InvalidInputError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 

@@ -6,16 +6,9 @@ from typing import Any
 
 import pytest
 
-from pipelines import (
-    Agent,
-    InvalidInputError,
-    JobConflictError,
-    JobStatus,
-    approve,
-    pending_calls,
-    reject,
-    tool,
-)
+from phases.approvals import approve, pending_calls, reject
+from pipelines import Agent, JobStatus, tool
+from pipelines.errors import InvalidInputError, JobConflictError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 
@@ -135,7 +128,7 @@ def test_several_calls_needing_approval_wait_for_every_decision() -> None:
     scheduler.drain()
     assert storage.get_job("r").status is JobStatus.WAITING and refunds == []  # still one to decide
     assert [c["call_id"] for c in pending_calls("r", storage=storage)] == ["y"]
-    with pytest.raises(JobConflictError, match="already decided"):
+    with pytest.raises(JobConflictError, match="already approved"):
         approve("r", "x", storage=storage, scheduler=scheduler)
     reject("r", "y", reason="duplicate", storage=storage, scheduler=scheduler)
     scheduler.drain()

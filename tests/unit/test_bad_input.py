@@ -17,37 +17,37 @@ import pytest
 from pydantic import BaseModel
 
 from adapters.memory import MemoryScheduler, MemoryStorage
+from phases.approvals import record_tool_result
 from pipelines import (
-    Agent,
     App,
-    ConfigurationError,
     Done,
-    InvalidInputError,
-    InvalidJobIdError,
-    InvalidPipelineError,
-    JobConflictError,
-    JobNotFoundError,
     JobStatus,
     Next,
     Phase,
     PhaseContext,
     RetryLater,
-    StateNotSerializableError,
-    StateValidationError,
     Tool,
     ToolContext,
-    load_app,
-    record_tool_result,
     run_agent,
     run_pipeline,
     tool,
-    try_advance,
 )
 from pipelines.control import cancel_job
+from pipelines.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    InvalidJobIdError,
+    InvalidPipelineError,
+    JobConflictError,
+    JobNotFoundError,
+    StateNotSerializableError,
+    StateValidationError,
+)
 from pipelines.models import validate_job_id
 from pipelines.phase import validate_state
-from pipelines.runner import AdvanceResult
+from pipelines.runner import AdvanceResult, try_advance
 from pipelines.testing import ScriptedModel, call, reply
+from pipelines.worker import load_app
 from tests.unit.helpers import memory
 
 
@@ -563,13 +563,10 @@ def test_a_non_callable_stop_when_is_a_clear_error() -> None:
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan])
 def test_a_bad_lease_time_is_rejected_at_the_call(bad: float) -> None:
     storage, scheduler, _ = memory()
-    with pytest.raises(InvalidInputError, match="lease_seconds"):
-        run_pipeline(job_id="j", phases=ONE, storage=storage, scheduler=scheduler, lease_seconds=bad)
-    assert_nothing_written(storage, scheduler)
-    with pytest.raises(InvalidInputError, match="lease_seconds"):
-        Agent(model=ScriptedModel([]), lease_seconds=bad)
+    # The lease is the App's setting (one place): a per-call value cannot silently replace it.
     with pytest.raises(InvalidInputError, match="lease_seconds"):
         App(storage=storage, scheduler=scheduler, lease_seconds=bad)
+    assert_nothing_written(storage, scheduler)
 
 
 # --- 10. retry_mode -----------------------------------------------------------------

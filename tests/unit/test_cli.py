@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from adapters.memory import MemoryStorage
-from pipelines import JobConflictError, JobNotFoundError, JobStatus, StaleVersionError
+from pipelines import JobStatus
 from pipelines.app import App
 from pipelines.cli import main
-from pipelines.control import cancel_job, requeue_overdue, retry_job, sweep_overdue
+from pipelines.control import cancel_job
+from pipelines.errors import JobConflictError, JobNotFoundError, StaleVersionError
 from pipelines.models import Commit
 from tests.apps import memory_app
 
@@ -123,9 +124,9 @@ def test_advance_needs_either_due_or_a_job(app: App) -> None:
 
 def test_sweep_with_a_grace_period_skips_jobs_that_only_just_became_due(app: App) -> None:
     app.run_pipeline("etl", job_id="fresh")
-    assert sweep_overdue(app, grace=5.0) == []
+    assert app.advance_due(grace=5.0) == []
     app.scheduler.clock.advance(6)  # type: ignore[attr-defined]
-    assert [(j, r.value) for j, r in sweep_overdue(app, grace=5.0)] == [("fresh", "advanced")]
+    assert [(j, r.value) for j, r in app.advance_due(grace=5.0)] == [("fresh", "advanced")]
 
 
 def test_requeue_enqueues_overdue_unleased_jobs_without_running_them(app: App) -> None:
@@ -133,9 +134,9 @@ def test_requeue_enqueues_overdue_unleased_jobs_without_running_them(app: App) -
     app.run_pipeline("etl", job_id="held")
     app.scheduler.drop_all()  # type: ignore[attr-defined]
     assert app.storage.acquire_lease("held", "a-worker", 60) is not None
-    assert requeue_overdue(app, grace=5.0) == []  # not overdue yet
+    assert app.requeue_overdue(grace=5.0) == []  # not overdue yet
     app.scheduler.clock.advance(6)  # type: ignore[attr-defined]
-    assert requeue_overdue(app, grace=5.0) == ["lost"]
+    assert app.requeue_overdue(grace=5.0) == ["lost"]
     rec = app.storage.get_job("lost")
     assert rec is not None and rec.phases_done == 0  # nothing ran here
     app.scheduler.drain()  # type: ignore[attr-defined]
@@ -218,7 +219,7 @@ def test_cancel_of_a_complete_job_is_a_conflict(app: App) -> None:
     with pytest.raises(JobConflictError, match="already complete"):
         cancel_job("e", storage=app.storage, scheduler=app.scheduler)
     with pytest.raises(JobNotFoundError):
-        retry_job("nope", app=app)
+        app.retry("nope")
 
 
 def test_a_forced_cancel_fences_off_a_turn_in_flight(app: App) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from pipelines import Agent, approve, tool
+from phases.approvals import approve
+from pipelines import Agent, tool
 from pipelines.events import on_event
 from pipelines.models import Event
 from pipelines.testing import ScriptedModel, call, reply

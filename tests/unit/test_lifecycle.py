@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from pipelines import Done, JobConflictError, JobNotFoundError, JobStatus, Next, Phase, PhaseContext, run_pipeline
+from pipelines import Done, JobStatus, Next, Phase, PhaseContext, run_pipeline
 from pipelines.control import cancel_job, pause_job, resume_job
+from pipelines.errors import JobConflictError, JobNotFoundError
 from tests.unit.helpers import memory
 
 
@@ -69,16 +70,36 @@ def test_cancel_lets_the_turn_in_flight_commit_then_stops_for_good() -> None:
     assert storage.logs("j")[-1].message == "job cancelled"
 
 
-def test_a_turn_still_in_flight_after_the_wait_is_a_conflict_and_changes_nothing() -> None:
-    storage, scheduler, entered, release, _ = slow_job()
+def test_a_pause_past_its_wait_stays_requested_and_lands_when_the_turn_commits() -> None:
+    storage, scheduler, entered, release, ran = slow_job()
     worker = in_flight(scheduler, entered)
     try:
-        with pytest.raises(JobConflictError, match="turn in flight"):
-            pause_job("j", storage=storage, scheduler=scheduler, wait=0.1)
-        assert storage.get_job("j").status is JobStatus.RUNNING
+        pending = pause_job("j", storage=storage, scheduler=scheduler, wait=0.1)
+        assert pending.status is JobStatus.RUNNING and pending.control == "pause"
+        assert storage.get_job("j").version == pending.version  # the turn in flight is not fenced off
     finally:
         release.set()
         worker.join(5)
+    scheduler.drain()  # the next turn's message finds the request and applies it instead of running
+    job = storage.get_job("j")
+    assert ran == [0] and job.status is JobStatus.PAUSED and job.control is None
+    assert [m["content"] for m in storage.messages("j")] == ["turn 0"]
+
+
+def test_a_cancel_requested_during_continue_for_lands_at_the_next_boundary() -> None:
+    from pipelines.app import App
+
+    storage, scheduler, entered, release, ran = slow_job()
+    app = App.for_adapters(storage, scheduler)
+    app.continue_for = 60.0  # the worker would keep running the job's next turns itself
+    worker = in_flight(scheduler, entered)
+    try:
+        assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0.05).control == "cancel"
+    finally:
+        release.set()
+        worker.join(5)
+    job = storage.get_job("j")
+    assert ran == [0] and job.status is JobStatus.CANCELLED and job.control is None
 
 
 def test_wrong_statuses_and_unknown_jobs_are_clear_errors() -> None:

@@ -10,25 +10,16 @@ import pytest
 from pydantic import BaseModel
 
 from adapters.memory import MemoryScheduler, MemoryStorage
-from pipelines import (
-    Done,
-    Fail,
+from pipelines import Done, Fail, JobStatus, Next, Phase, PhaseContext, RetryLater, advance_phase, run_pipeline
+from pipelines.errors import (
     InvalidJobIdError,
     InvalidPipelineError,
     JobConflictError,
-    JobStatus,
-    Next,
-    Phase,
-    PhaseContext,
-    RetryLater,
     StaleVersionError,
     StateNotSerializableError,
-    advance_phase,
-    run_pipeline,
-    try_advance,
 )
 from pipelines.models import Commit
-from pipelines.runner import AdvanceResult
+from pipelines.runner import AdvanceResult, try_advance
 from tests.unit.helpers import Crash, memory
 
 

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryScheduler, MemoryStorage
-from pipelines import Agent, InvalidInputError, JobConflictError, JobStatus, Tool, record_tool_result, tool
+from phases.approvals import record_tool_result
+from pipelines import Agent, JobStatus, Tool, tool
+from pipelines.errors import InvalidInputError, JobConflictError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import Crash, memory
 
@@ -110,7 +112,7 @@ def test_reconcile_policy_asks_the_outside_world_instead_of_running_again() -> N
              reconcile=reconcile)
     storage, scheduler, _ = start(t)
     scheduler.drain()
-    assert asked == ["j:c1"] and effects == ["o-1"]
+    assert asked == ["j/c1"] and effects == ["o-1"]
     assert storage.messages("j")[2]["content"] == "charged o-1 (found by reconcile)"
     assert storage.get_job("j").status is JobStatus.COMPLETE  # type: ignore[union-attr]
 

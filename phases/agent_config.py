@@ -1,0 +1,135 @@
+"""An agent's options, listed and checked once; and the per-run options that travel with a job.
+
+:class:`AgentConfig` is what ``Agent(...)``, ``run_agent(...)`` and
+``build_agent_phase(...)`` all build from their keywords, so an option is
+spelled, defaulted and validated in one place. :class:`RunOptions` is the
+subset a single run may change (``app.run_agent(..., max_turns=3)``): JSON
+only, stored on the job record, so every worker honours it. Anything else
+given per run is refused with the list of what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from phases.model import Model
+from phases.stop import StopCondition
+from phases.tools import Tool, tool_map
+from pipelines.errors import ConfigurationError, InvalidInputError
+from pipelines.models import JSONValue
+
+__all__ = ["AgentConfig", "RunOptions", "RUN_OPTIONS"]
+
+
+class RunOptions(BaseModel):
+    """Per-run overrides of an agent's options, stored with the job (JSON)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(default=None, min_length=1, description="a litellm model string")
+    max_turns: int | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    output_schema: str | None = Field(default=None, description="the name of a schema registered on the App")
+    tool_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+RUN_OPTIONS = tuple(RunOptions.model_fields)
+"""The option names a single run may set."""
+
+
+def _positive(name: str, value: Any, *, integer: bool = False, optional: bool = True) -> None:
+    kinds = int if integer else int | float
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < math.inf:
+        raise InvalidInputError(f"{name} must be a positive {'int' if integer else 'number'}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything that describes an agent; validated when built, so a bad option fails at definition."""
+
+    model: str | Model
+    tools: Sequence[Tool] | Mapping[str, Tool] | None = ()
+    system: str | None = None
+    max_turns: int = 10
+    stop_when: StopCondition | Sequence[StopCondition] | None = None
+    model_params: Mapping[str, Any] | None = None
+    max_model_attempts: int = 5
+    output_schema: type[BaseModel] | None = None
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    prepare_turn: Callable[..., Any] | None = None
+    tool_timeout: float | None = None
+    tmap: dict[str, Tool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tmap", tool_map(self.tools))
+        _positive("max_turns", self.max_turns, integer=True, optional=False)
+        _positive("max_model_attempts", self.max_model_attempts, integer=True, optional=False)
+        _positive("max_tokens", self.max_tokens, integer=True)
+        _positive("max_cost_usd", self.max_cost_usd)
+        _positive("tool_timeout", self.tool_timeout)
+        if self.system is not None and not isinstance(self.system, str):
+            raise InvalidInputError(f"system must be a string, got {type(self.system).__name__}")
+        stop = self.stop_when
+        if stop is not None and not callable(stop) and (
+            isinstance(stop, str) or not isinstance(stop, Sequence) or not all(callable(c) for c in stop)
+        ):
+            raise InvalidInputError(f"stop_when must be a callable or a list of callables, got {stop!r}")
+        schema = self.output_schema
+        if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise InvalidInputError(f"output_schema must be a pydantic model class, got {schema!r}")
+        if self.prepare_turn is not None and not callable(self.prepare_turn):
+            raise InvalidInputError("prepare_turn must be callable")
+        if self.model_params is not None and not isinstance(self.model_params, Mapping):
+            raise InvalidInputError(f"model_params must be a dict, got {type(self.model_params).__name__}")
+
+    def for_run(self, options: Mapping[str, JSONValue], schemas: Mapping[str, type[BaseModel]]) -> AgentConfig:
+        """This config with a job's stored :class:`RunOptions` applied (what a worker runs)."""
+        if not options:
+            return self
+        opts = RunOptions.model_validate(options)
+        changes: dict[str, Any] = {k: v for k, v in opts.model_dump(exclude_none=True).items() if k != "output_schema"}
+        if opts.output_schema is not None:
+            changes["output_schema"] = _schema(opts.output_schema, schemas)
+        return replace(self, **changes)
+
+
+def _schema(name: str, schemas: Mapping[str, type[BaseModel]]) -> type[BaseModel]:
+    try:
+        return schemas[name]
+    except KeyError:
+        known = ", ".join(sorted(schemas)) or "none"
+        raise ConfigurationError(f"output schema {name!r} is not registered on this app (App(schemas=[...])); "
+                                 f"registered: {known}") from None
+
+
+def check_run_options(options: Mapping[str, Any], schemas: Mapping[str, type[BaseModel]]) -> dict[str, JSONValue]:
+    """Per-run ``options`` in their stored form; unknown or invalid ones raise :class:`InvalidInputError`."""
+    unknown = sorted(set(options) - set(RUN_OPTIONS))
+    if unknown:
+        raise InvalidInputError(f"unknown per-run option(s) {', '.join(map(repr, unknown))}; a run may set "
+                                f"{', '.join(RUN_OPTIONS)} (others belong on the Agent)")
+    data = dict(options)
+    schema = data.get("output_schema")
+    if schema is not None and not isinstance(schema, str):
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise InvalidInputError(f"output_schema must be a pydantic model class, got {schema!r}")
+        if schemas.get(schema.__name__) is not schema:
+            raise ConfigurationError(f"output_schema {schema.__name__} is not registered on the App, so workers "
+                                     f"could not find it: App(..., schemas=[{schema.__name__}])")
+        data["output_schema"] = schema.__name__
+    elif schema is not None:
+        _schema(schema, schemas)
+    try:
+        return RunOptions.model_validate(data).model_dump(exclude_none=True)
+    except ValidationError as exc:
+        raise InvalidInputError(f"invalid per-run option: {exc.errors()[0]['loc'][0]}: "
+                                f"{exc.errors()[0]['msg']}") from None

@@ -1,0 +1,123 @@
+"""What users hold for a run: :class:`RunHandle` (one job of an App) and :class:`JobView` (a job as read).
+
+``app.run_agent(...)`` and ``app.run_pipeline(...)`` return a ``RunHandle``;
+``app.get(job_id)`` and every control operation return a ``JobView``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipelines.errors import JobFailedError, JobNotFoundError, WaitTimeoutError
+from pipelines.models import JobRecord, JobStatus, Usage
+
+if TYPE_CHECKING:
+    from pipelines.app import App
+
+__all__ = ["FINISHED", "JobView", "RunHandle"]
+
+FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+"""Statuses a run stays in until someone acts: what :meth:`RunHandle.wait` waits for."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as read from storage, with its result and state typed where the App knows their models.
+
+    ``result``: the ``output_schema`` instance of an agent that has one (else
+    the stored JSON); ``state``: the pipeline's ``state`` model instance when
+    it declares one. ``pending_calls``: the tool calls a waiting job needs a
+    decision on. ``record`` is the raw :class:`JobRecord`.
+    """
+
+    record: JobRecord
+    result: Any = None
+    state: Any = None
+    pending_calls: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @property
+    def status(self) -> JobStatus:
+        return self.record.status
+
+    @property
+    def pipeline(self) -> str:
+        return self.record.pipeline
+
+    @property
+    def error(self) -> str | None:
+        return self.record.error
+
+    @property
+    def usage(self) -> Usage:
+        return self.record.usage
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.record.stop_reason
+
+    @property
+    def version(self) -> int:
+        return self.record.version
+
+    @property
+    def control(self) -> str | None:
+        """A pause or cancel requested and not yet applied (a turn was in flight)."""
+        return self.record.control
+
+    @property
+    def finished(self) -> bool:
+        return self.record.status in FINISHED
+
+
+class RunHandle:
+    """One run of an :class:`~pipelines.app.App`: ``run.get()``, ``run.wait()``, ``run.result()``, ``run.cancel()``."""
+
+    def __init__(self, app: App, job_id: str) -> None:
+        self.app = app
+        self.job_id = job_id
+
+    def __repr__(self) -> str:
+        return f"RunHandle(job_id={self.job_id!r})"
+
+    def get(self) -> JobView | None:
+        """The job as it stands now (``None`` if it was deleted)."""
+        return self.app.get(self.job_id)
+
+    def wait(self, timeout: float = 60.0, *, poll: float = 0.1) -> JobView:
+        """Wait until the job is complete, failed or cancelled; returns its view.
+
+        With an in-process scheduler the App runs the job's turns here
+        (``drain``); otherwise this polls storage every ``poll`` seconds, so it
+        works from any process. Raises :class:`WaitTimeoutError` after
+        ``timeout`` seconds, naming the status the job is in.
+        """
+        deadline = time.monotonic() + timeout
+        self.app.run_in_process()
+        while True:
+            view = self.get()
+            if view is None:
+                raise JobNotFoundError(f"job {self.job_id!r} not found")
+            if view.finished:
+                return view
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeoutError(f"job {self.job_id!r} is still {view.status.value} after {timeout:g} s")
+            time.sleep(min(poll, left))
+
+    def result(self, timeout: float = 60.0) -> Any:
+        """Wait for the job, then its result (typed by the output schema); a failed job raises its error."""
+        view = self.wait(timeout)
+        if view.status is not JobStatus.COMPLETE:
+            raise JobFailedError(f"job {self.job_id!r} ended {view.status.value}: {view.error or 'no result'}")
+        return view.result
+
+    def cancel(self, *, wait: float = 30.0, force: bool = False) -> JobView:
+        """Cancel the run at its turn boundary (see :meth:`App.cancel`)."""
+        return self.app.cancel(self.job_id, wait=wait, force=force)
+

@@ -1,0 +1,88 @@
+"""The low-level layer, with cl-pipelines' names: ``run_pipeline``, ``run_agent`` (and, in the runner,
+``advance_phase``; in the agent turn, ``build_agent_phase``).
+
+One calling convention: keyword-only, the adapters passed explicitly, a
+:class:`~pipelines.handle.RunHandle` returned. Each call goes through the App
+attached to the scheduler (``App.for_adapters``), so an App's settings
+(``lease_seconds``, ``continue_for``) are never replaced behind its back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from adapters.base import Scheduler, Storage
+from phases.model import Model
+from pipelines.agent import Agent, as_messages
+from pipelines.app import App
+from pipelines.errors import InvalidInputError
+from pipelines.handle import RunHandle
+from pipelines.models import Message
+from pipelines.phase import Phase, Pipeline
+from pipelines.runner import as_pipeline
+from pipelines.start import RetryMode
+
+__all__ = ["run_agent", "run_pipeline"]
+
+_UNSET: Any = object()
+
+
+def run_pipeline(
+    *,
+    job_id: str,
+    phases: Sequence[Phase] | Pipeline,
+    storage: Storage,
+    scheduler: Scheduler,
+    initial_state: Any = None,
+    retry_mode: RetryMode | None = None,
+    initial_phase: str | None = None,
+    pipeline: str = "default",
+    state_model: type[BaseModel] | None = None,
+) -> RunHandle:
+    """Write the job to storage and enqueue its first advance; returns at once.
+
+    ``phases`` are registered as ``pipeline`` on the scheduler's App (workers
+    of a queue scheduler need the same name in their own App). A new
+    ``job_id`` starts at ``initial_phase`` (default: the first phase). For a
+    job that ended in ``error`` or ``cancelled``, ``retry_mode="resume"``
+    (the default when it has a checkpoint) continues from the checkpoint;
+    ``"full"`` restarts from the first phase and ``initial_state``, cutting
+    the transcript back to where this run began. ``state_model`` declares the
+    state's pydantic model (phases then see it typed). A running, waiting or
+    paused job raises :class:`~pipelines.errors.JobConflictError`. Bad input
+    raises before anything is written.
+    """
+    app = App.for_adapters(storage, scheduler)
+    app.add_pipeline(pipeline, as_pipeline(phases, state_model), replace=True)
+    return app.run_pipeline(pipeline, job_id=job_id, initial_state=initial_state, retry_mode=retry_mode,
+                            initial_phase=initial_phase)
+
+
+def run_agent(
+    *,
+    job_id: str,
+    model: str | Model,
+    storage: Storage,
+    scheduler: Scheduler,
+    messages: Sequence[Message | str] = (),
+    initial_messages: Any = _UNSET,
+    retry_mode: RetryMode | None = None,
+    name: str = "agent",
+    **options: Any,
+) -> RunHandle:
+    """Write an agent job and enqueue its first turn; returns at once.
+
+    The same as ``Agent(name=name, model=model, **options).run(...)``; the
+    options are the :class:`Agent`'s. ``initial_messages`` is cl-pipelines'
+    spelling of ``messages`` (give one or the other). Use an :class:`Agent`
+    registered on an App when workers in other processes must rebuild it.
+    """
+    if initial_messages is not _UNSET:
+        if messages:
+            raise InvalidInputError("give messages or initial_messages (its cl-pipelines alias), not both")
+        messages = as_messages(initial_messages, name="initial_messages")
+    agent = Agent(name=name, model=model, **options)
+    return agent.run(job_id=job_id, messages=messages, storage=storage, scheduler=scheduler, retry_mode=retry_mode)

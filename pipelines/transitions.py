@@ -1,0 +1,322 @@
+"""Every state change of a job: a pure function from the current record to a :class:`Commit`.
+
+Starting, restarting, each phase outcome, saving state mid-phase, pause,
+resume, cancel and the inputs a person supplies (approvals, recorded tool
+outcomes) are all built here and nowhere else, so they agree on what a
+commit carries: the version moves by one, one token per commit (which is
+also the new checkpoint's ``commit_id``), every transition emits its event
+and its log line. :func:`apply` is the one function that writes a commit,
+publishes its events and schedules the next advance.
+
+Nothing here reads storage or the clock: callers pass the record they
+loaded and ``now``, so each transition is tested as a plain function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pipelines.errors import JobConflictError
+from pipelines.events import make_event, publish
+from pipelines.models import (
+    Checkpoint,
+    Commit,
+    Event,
+    JobRecord,
+    JobStatus,
+    JSONValue,
+    LogEntry,
+    LogLevel,
+    Message,
+)
+from pipelines.phase import Done, Fail, Next, PhaseOutput, RetryLater, WaitForInput
+from pipelines.tokens import new_token
+
+if TYPE_CHECKING:
+    from adapters.base import Scheduler, Storage
+
+__all__ = [
+    "ACTIVE",
+    "FINAL",
+    "PhaseOutput",
+    "after_phase",
+    "apply",
+    "cancel",
+    "continue_conversation",
+    "create",
+    "pause",
+    "resume",
+    "retry_full",
+    "retry_resume",
+    "save_state",
+    "supply_inputs",
+]
+
+ACTIVE = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
+"""Statuses a restart must not touch: wait for the job, or cancel it first."""
+FINAL = (JobStatus.COMPLETE, JobStatus.CANCELLED)
+"""Statuses nothing but an explicit restart leaves."""
+
+
+# --- building blocks ---------------------------------------------------------------
+def _log(now: float, phase: str | None, message: str, level: LogLevel = "info") -> LogEntry:
+    return LogEntry(timestamp=now, phase=phase, level=level, message=message)
+
+
+def _phase_of(rec: JobRecord) -> str | None:
+    return rec.checkpoint.next_phase if rec.checkpoint is not None else None
+
+
+def _moved(rec: JobRecord, token: str, now: float, cp: Checkpoint[Any] | None, **fields: Any) -> JobRecord:
+    """``rec`` one version on, with ``cp`` stamped by this commit's token."""
+    if cp is not None:
+        cp = cp.model_copy(update={"commit_id": token, "updated_at": now, "journal": {}})
+    return rec.model_copy(update={**fields, "checkpoint": cp, "version": rec.version + 1, "updated_at": now})
+
+
+def _commit(rec: JobRecord, new: JobRecord, token: str, *, owner: str | None = None,
+            logs: Sequence[LogEntry] = (), events: Sequence[Event] = (), messages: Sequence[Message] = (),
+            keep_journal: bool = True, release_lease: bool = True, truncate_to: int | None = None,
+            clear_control: bool = False) -> Commit:
+    return Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token, record=new,
+                  append_messages=list(messages), truncate_messages_to=truncate_to, logs=list(logs),
+                  events=list(events), keep_journal=keep_journal, release_lease=release_lease,
+                  clear_control=clear_control)
+
+
+def _fresh(phase: str, state: Any, now: float) -> Checkpoint[Any]:
+    return Checkpoint[Any](next_phase=phase, state=state, due_at=now, created_at=now, updated_at=now)
+
+
+def _running() -> dict[str, Any]:
+    return {"status": JobStatus.RUNNING, "error": None, "waiting": None, "stop_reason": None}
+
+
+# --- starting and restarting ---------------------------------------------------------
+def create(job_id: str, *, pipeline: str, first: str, state: JSONValue, messages: list[Message],
+           options: dict[str, JSONValue], now: float) -> Commit:
+    """A new job at ``first`` (``expected_version`` 0: storage creates it, or refuses a taken id)."""
+    token = new_token()
+    cp = _fresh(first, state, now).model_copy(update={"commit_id": token})
+    record = JobRecord(job_id=job_id, pipeline=pipeline, status=JobStatus.RUNNING, checkpoint=cp, version=1,
+                       transcript_len=len(messages), base_transcript_len=len(messages), initial_phase=first,
+                       initial_state=state, options=options, created_at=now, updated_at=now)
+    return Commit(job_id=job_id, expected_version=0, token=token, record=record, append_messages=messages,
+                  logs=[_log(now, first, "job started")],
+                  events=[make_event("job_started", now, phase=first, pipeline=pipeline)])
+
+
+def _check_restartable(rec: JobRecord) -> None:
+    if rec.status in ACTIVE:
+        raise JobConflictError(
+            f"job {rec.job_id!r} is {rec.status.value}; wait for it, or cancel it before a retry")
+
+
+def continue_conversation(rec: JobRecord, *, first: str, state: JSONValue, messages: list[Message],
+                          pipeline: str, options: dict[str, JSONValue], now: float) -> Commit:
+    """A complete job goes on: the transcript is kept and ``messages`` are appended to it."""
+    if rec.status is not JobStatus.COMPLETE:
+        raise JobConflictError(
+            f"job {rec.job_id!r} is {rec.status.value}; new messages only continue a complete job")
+    token = new_token()
+    tlen = rec.transcript_len + len(messages)
+    new = _moved(rec, token, now, _fresh(first, state, now), **_running(), result=None, transcript_len=tlen,
+                 base_transcript_len=tlen, initial_phase=first, initial_state=state, pipeline=pipeline,
+                 options=options)
+    return _commit(rec, new, token, messages=messages, keep_journal=False, clear_control=True,
+                   logs=[_log(now, first, "job continued with new messages")],
+                   events=[make_event("job_continued", now, phase=first)])
+
+
+def retry_resume(rec: JobRecord, *, now: float) -> Commit:
+    """A failed or cancelled job runs again from its kept checkpoint; journaled steps are not repeated."""
+    _check_restartable(rec)
+    if rec.checkpoint is None:
+        raise JobConflictError(f"job {rec.job_id!r} is {rec.status.value} with no checkpoint; nothing to resume")
+    token = new_token()
+    cp = rec.checkpoint.model_copy(update={"attempt": rec.checkpoint.attempt + 1, "due_at": now})
+    new = _moved(rec, token, now, cp, **_running())
+    return _commit(rec, new, token, clear_control=True,
+                   logs=[_log(now, cp.next_phase, f"job retried (resume) at phase {cp.next_phase!r}")],
+                   events=[make_event("job_retried", now, phase=cp.next_phase, mode="resume")])
+
+
+def retry_full(rec: JobRecord, *, first: str, state: JSONValue, now: float) -> Commit:
+    """Restart from ``first`` and ``state`` (else the stored initial state), cutting the transcript back (I4)."""
+    _check_restartable(rec)
+    token = new_token()
+    restart_state = state if state is not None else rec.initial_state
+    base = rec.base_transcript_len
+    new = _moved(rec, token, now, _fresh(first, restart_state, now), **_running(), result=None,
+                 transcript_len=base)
+    return _commit(rec, new, token, truncate_to=base, keep_journal=False, clear_control=True,
+                   logs=[_log(now, first, "job retried (full)")],
+                   events=[make_event("job_retried", now, phase=first, mode="full")])
+
+
+# --- phase outcomes --------------------------------------------------------------------
+Outcome = Next | Done | Fail | RetryLater | WaitForInput
+
+
+def after_phase(rec: JobRecord, outcome: Outcome, out: PhaseOutput, *, owner: str, now: float,
+                keep_lease: bool = False) -> Commit:
+    """The commit that ends a phase with ``outcome`` (the phase ran under ``owner``'s lease)."""
+    if isinstance(outcome, Next):
+        return _on_next(rec, outcome, out, owner, now, keep_lease)
+    if isinstance(outcome, Done):
+        return _on_done(rec, outcome, out, owner, now)
+    if isinstance(outcome, RetryLater):
+        return _on_retry_later(rec, outcome, out, owner, now)
+    if isinstance(outcome, WaitForInput):
+        return _on_wait(rec, outcome, out, owner, now)
+    return _on_fail(rec, outcome, out, owner, now)
+
+
+def _kept(rec: JobRecord, out: PhaseOutput, **update: Any) -> Checkpoint[Any]:
+    """The open checkpoint, kept with its journal (and the keys whose usage is now counted)."""
+    assert rec.checkpoint is not None
+    counted = [*rec.checkpoint.usage_counted, *(k for k in out.usage_keys if k not in rec.checkpoint.usage_counted)]
+    return rec.checkpoint.model_copy(update={"usage_counted": counted, **update})
+
+
+def _on_next(rec: JobRecord, outcome: Next, out: PhaseOutput, owner: str, now: float, keep_lease: bool) -> Commit:
+    assert rec.checkpoint is not None
+    token = new_token()
+    tlen = rec.transcript_len + len(out.messages)
+    cp = Checkpoint[Any](next_phase=outcome.next_phase, state=outcome.state, due_at=now + outcome.delay,
+                         created_at=now)
+    new = _moved(rec, token, now, cp, transcript_len=tlen, usage=rec.usage + out.usage,
+                 phases_done=rec.phases_done + 1)
+    # The lease is kept only to run the next phase at once (the runner's continue_for).
+    return _commit(rec, new, token, owner=owner, messages=out.messages, logs=out.logs, events=out.events,
+                   keep_journal=False, release_lease=not (keep_lease and outcome.delay == 0))
+
+
+def _on_done(rec: JobRecord, outcome: Done, out: PhaseOutput, owner: str, now: float) -> Commit:
+    phase = _phase_of(rec)
+    token = new_token()
+    reason = outcome.reason or "done"
+    new = _moved(rec, token, now, None, status=JobStatus.COMPLETE, result=outcome.result, stop_reason=reason,
+                 transcript_len=rec.transcript_len + len(out.messages), usage=rec.usage + out.usage,
+                 phases_done=rec.phases_done + 1)
+    return _commit(rec, new, token, owner=owner, messages=out.messages, keep_journal=False, clear_control=True,
+                   logs=[*out.logs, _log(now, phase, "job complete")],
+                   events=[*out.events, make_event("job_finished", now, phase=phase, reason=reason)])
+
+
+def _on_retry_later(rec: JobRecord, outcome: RetryLater, out: PhaseOutput, owner: str, now: float) -> Commit:
+    # Same phase again later; journaled steps survive so they are not repeated.
+    assert rec.checkpoint is not None
+    token = new_token()
+    cp = _kept(rec, out, attempt=rec.checkpoint.attempt + 1, due_at=now + outcome.delay)
+    new = _moved(rec, token, now, cp, usage=rec.usage + out.usage)
+    phase = cp.next_phase
+    return _commit(rec, new, token, owner=owner,
+                   logs=[*out.logs, _log(now, phase, f"retrying phase in {outcome.delay:.1f}s: {outcome}", "warn")],
+                   events=[make_event("retry_scheduled", now, phase=phase, delay=outcome.delay, reason=str(outcome))])
+
+
+def _on_wait(rec: JobRecord, outcome: WaitForInput, out: PhaseOutput, owner: str, now: float) -> Commit:
+    token = new_token()
+    cp = _kept(rec, out)
+    waiting = {**outcome.details, "reason": outcome.reason, "call_id": outcome.call_id}
+    new = _moved(rec, token, now, cp, status=JobStatus.WAITING, waiting=waiting, usage=rec.usage + out.usage)
+    kind = "approval_requested" if outcome.details.get("kind") == "approval" else "job_waiting"
+    return _commit(rec, new, token, owner=owner,
+                   logs=[*out.logs, _log(now, cp.next_phase, f"waiting: {outcome.reason}", "warn")],
+                   events=[make_event(kind, now, phase=cp.next_phase, **{**outcome.details, "reason": outcome.reason})])
+
+
+def _on_fail(rec: JobRecord, outcome: Fail, out: PhaseOutput, owner: str | None, now: float) -> Commit:
+    # The last good checkpoint stays, journal included, for a "resume" retry (I9);
+    # the model calls the failed attempt paid for are counted all the same.
+    token = new_token()
+    cp = _kept(rec, out) if rec.checkpoint is not None else None
+    new = _moved(rec, token, now, cp, status=JobStatus.ERROR, error=outcome.error, usage=rec.usage + out.usage)
+    phase = _phase_of(rec)
+    return _commit(rec, new, token, owner=owner, clear_control=True,
+                   logs=[*out.logs, _log(now, phase, outcome.error, "error")],
+                   events=[make_event("job_failed", now, phase=phase, error=outcome.error)])
+
+
+def save_state(rec: JobRecord, state: JSONValue, *, owner: str, now: float) -> Commit:
+    """Persist ``state`` mid-phase: same phase, journal and lease kept."""
+    assert rec.checkpoint is not None
+    token = new_token()
+    new = _moved(rec, token, now, rec.checkpoint.model_copy(update={"state": state}))
+    return _commit(rec, new, token, owner=owner, release_lease=False)
+
+
+# --- operators and people --------------------------------------------------------------------
+def pause(rec: JobRecord, *, owner: str, now: float) -> Commit:
+    """A running job stops at this turn boundary (the caller holds the lease: no turn is in flight)."""
+    if rec.status is not JobStatus.RUNNING:
+        raise JobConflictError(f"job {rec.job_id!r} is {rec.status.value}; only a running job can be paused")
+    token = new_token()
+    new = _moved(rec, token, now, rec.checkpoint, status=JobStatus.PAUSED)
+    phase = _phase_of(rec)
+    return _commit(rec, new, token, owner=owner, clear_control=True, logs=[_log(now, phase, "job paused")],
+                   events=[make_event("job_paused", now, phase=phase)])
+
+
+def resume(rec: JobRecord, *, now: float) -> Commit:
+    """A paused job runs again from its checkpoint, due now (no turn can be in flight: no lease needed)."""
+    if rec.status is not JobStatus.PAUSED:
+        raise JobConflictError(f"job {rec.job_id!r} is {rec.status.value}; only a paused job can be resumed")
+    token = new_token()
+    cp = rec.checkpoint.model_copy(update={"due_at": now}) if rec.checkpoint is not None else None
+    new = _moved(rec, token, now, cp, status=JobStatus.RUNNING)
+    phase = _phase_of(rec)
+    return _commit(rec, new, token, clear_control=True, logs=[_log(now, phase, "job resumed")],
+                   events=[make_event("job_resumed", now, phase=phase)])
+
+
+def cancel(rec: JobRecord, *, owner: str | None, now: float, forced: bool = False) -> Commit:
+    """The job is cancelled, its checkpoint kept. ``owner=None`` fences off a turn in flight (force)."""
+    if rec.status in FINAL:
+        raise JobConflictError(f"job {rec.job_id!r} is already {rec.status.value}; nothing to cancel")
+    token = new_token()
+    new = _moved(rec, token, now, rec.checkpoint, status=JobStatus.CANCELLED, waiting=None)
+    phase = _phase_of(rec)
+    why = "job cancelled" + (" (forced: a turn in flight was discarded)" if forced else "")
+    return _commit(rec, new, token, owner=owner, release_lease=owner is not None, clear_control=True,
+                   logs=[_log(now, phase, why, "warn")], events=[make_event("job_cancelled", now, phase=phase)])
+
+
+def supply_inputs(rec: JobRecord, entries: dict[str, JSONValue], *, resume: bool, now: float, why: str,
+                  event: Event) -> Commit:
+    """Add what a person supplied to the open checkpoint, optionally setting the job running again.
+
+    Fenced on the version only: the job is waiting or failed, so no turn is in
+    flight, and two people acting at once cannot both win (the loser's commit
+    expects a version that has moved on).
+    """
+    assert rec.checkpoint is not None
+    token = new_token()
+    cp = rec.checkpoint.model_copy(update={"inputs": {**rec.checkpoint.inputs, **entries}})
+    if resume:
+        new = _moved(rec, token, now, cp.model_copy(update={"due_at": now}), **_running())
+    else:
+        new = _moved(rec, token, now, cp)
+    return _commit(rec, new, token, logs=[_log(now, cp.next_phase, why)], events=[event])
+
+
+# --- applying -------------------------------------------------------------------------------
+def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: bool = True) -> str | None:
+    """Write ``commit`` (or create the job, for ``expected_version`` 0), publish its events, schedule what is due.
+
+    Returns the pause/cancel request storage reports pending for the job, if any.
+    Raises :class:`~pipelines.errors.StaleVersionError` (nothing written) when fenced off.
+    """
+    pending: str | None = None
+    if commit.expected_version == 0:
+        storage.create_job(commit.record, messages=commit.append_messages, logs=commit.logs, events=commit.events)
+    else:
+        pending = storage.commit(commit)
+    publish(commit.job_id, commit.events)
+    new = commit.record
+    if schedule and commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
+        delay = max(0.0, new.checkpoint.due_at - scheduler.now())
+        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version)
+    return pending

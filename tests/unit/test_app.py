@@ -1,0 +1,229 @@
+"""The one handle: App, RunHandle and JobView, typed state, per-run options, and the transition core."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, Pipeline, tool
+from pipelines import transitions
+from pipelines.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    JobConflictError,
+    JobFailedError,
+    JobNotFoundError,
+    WaitTimeoutError,
+)
+from pipelines.models import JobRecord
+from pipelines.testing import ScriptedModel, call, reply
+from tests.unit.helpers import memory
+
+
+class Counter(BaseModel):
+    counter: int = 0
+
+
+def bump(ctx: PhaseContext[Counter]) -> Next | Done:
+    # A typed state: attribute access, no dict (issue: ctx.state.counter raised AttributeError).
+    if ctx.state.counter >= 2:
+        return Done(result={"counter": ctx.state.counter})
+    return Next("bump", state=Counter(counter=ctx.state.counter + 1))
+
+
+class Invoice(BaseModel):
+    total: int
+
+
+@tool
+def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"order {order}: 42"
+
+
+def app_with(*agents: Any, **kw: Any) -> tuple[App, Any]:
+    storage, scheduler, clock = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=agents, **kw)
+    return app, clock
+
+
+def test_a_registered_agent_runs_by_name_and_the_handle_waits_for_its_result() -> None:
+    model = ScriptedModel([reply(None, call("lookup", order="A-1")), "It costs 42."])
+    app, _ = app_with(Agent(name="support", model=model, tools=[lookup]))
+    run = app.run_agent("support", job_id="chat-1", messages=["how much is A-1?"])
+    assert run.job_id == "chat-1" and run.get().status is JobStatus.RUNNING  # run_agent only writes
+    view = run.wait(timeout=5)
+    assert view.status is JobStatus.COMPLETE and view.result == "It costs 42."
+    assert run.result() == "It costs 42." and view.usage.model_calls == 2
+    assert [m["role"] for m in app.messages("chat-1")] == ["user", "assistant", "tool", "assistant"]
+    assert [e.type for e in app.events("chat-1")][0] == "job_started" and app.logs("chat-1")
+    assert app.get("nope") is None
+
+
+def test_pipelines_declare_their_state_once_and_phases_and_get_see_it_typed() -> None:
+    app, _ = app_with(pipelines={"count": Pipeline(phases=[Phase("bump", bump)], state=Counter)})
+    view = app.run_pipeline("count", job_id="c1", initial_state=Counter()).wait(timeout=5)
+    assert view.status is JobStatus.COMPLETE and view.result == {"counter": 2}
+    app.run_pipeline("count", job_id="c2", initial_state=Counter(counter=5))
+    app.drain()
+    assert app.get("c2").result == {"counter": 5}
+
+
+def test_a_pydantic_initial_state_without_a_declared_model_is_refused_with_what_to_do() -> None:
+    app, _ = app_with(pipelines={"count": [Phase("bump", bump)]})
+    with pytest.raises(InvalidInputError, match=r"declare it: Pipeline\(phases=\[\.\.\.\], state=Counter\)"):
+        app.run_pipeline("count", job_id="c1", initial_state=Counter())
+    assert app.get("c1") is None
+
+
+def test_paused_waiting_state_is_typed_on_the_view() -> None:
+    app, _ = app_with(pipelines={"count": Pipeline(phases=[Phase("bump", bump)], state=Counter)})
+    app.run_pipeline("count", job_id="c1", initial_state=Counter())
+    view = app.pause("c1", wait=0)
+    assert view.status is JobStatus.PAUSED and isinstance(view.state, Counter) and view.state.counter == 0
+    assert app.resume("c1").status is JobStatus.RUNNING
+
+
+def test_per_run_options_travel_with_the_job_and_are_honoured() -> None:
+    model = ScriptedModel(lambda msgs: reply(None, call("lookup", order="A")))
+    app, _ = app_with(Agent(name="a", model=model, tools=[lookup], max_turns=10), schemas=[Invoice])
+    app.run_agent("a", job_id="j", messages=["go"], max_turns=2)
+    app.drain()
+    job = app.get("j")
+    assert job.record.options == {"max_turns": 2}
+    assert job.stop_reason == "max_turns" and len(model.calls) == 2
+
+
+def test_a_per_run_output_schema_is_stored_by_name_and_the_result_comes_back_typed() -> None:
+    app, _ = app_with(Agent(name="a", model=ScriptedModel(['{"total": 7}'])), schemas=[Invoice])
+    run = app.run_agent("a", job_id="j", messages=["bill"], output_schema=Invoice)
+    assert app.get("j").record.options == {"output_schema": "Invoice"}
+    assert run.result(timeout=5) == Invoice(total=7)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"model_params": {"api_key": "sk-secret"}}, "unknown per-run option"),
+    ({"tools": []}, "unknown per-run option"),
+    ({"max_turns": 0}, "max_turns"),
+    ({"output_schema": Counter}, "not registered on the App"),
+])
+def test_per_run_options_that_cannot_travel_are_refused_and_nothing_is_written(options: dict[str, Any],
+                                                                               message: str) -> None:
+    app, _ = app_with(Agent(name="a", model=ScriptedModel(["hi"])))
+    with pytest.raises((InvalidInputError, ConfigurationError), match=message):
+        app.run_agent("a", job_id="j", messages=["x"], **options)
+    assert app.get("j") is None
+
+
+def test_every_control_returns_the_view_and_unknown_ids_raise_job_not_found() -> None:
+    app, _ = app_with(Agent(name="a", model=ScriptedModel(["hi"])))
+    for op in (app.cancel, app.pause, app.resume, app.retry, app.messages, app.logs, app.events):
+        with pytest.raises(JobNotFoundError):
+            op("nope")
+    with pytest.raises(JobNotFoundError):
+        app.approve("nope", "c1")
+    app.run_agent("a", job_id="j", messages=["x"])
+    view = app.cancel("j")
+    assert view.status is JobStatus.CANCELLED and view.record.checkpoint is not None
+    assert app.retry("j").status is JobStatus.RUNNING
+    with pytest.raises(InvalidInputError, match="mode must be 'resume' or 'full'"):
+        app.retry("j", mode="again")  # type: ignore[arg-type]
+
+
+def test_wait_times_out_with_a_clear_error_and_result_of_a_failed_job_raises() -> None:
+    storage, scheduler, _ = memory()
+
+    def boom(ctx: PhaseContext[Any]) -> Done:
+        raise RuntimeError("no")
+
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("x", boom)], "slow": [
+        Phase("s", lambda ctx: Next("s", delay=3600))]})
+    with pytest.raises(JobFailedError, match="RuntimeError: no"):
+        app.run_pipeline("p", job_id="f").result(timeout=5)
+    scheduler.drop_all()
+    run = app.run_pipeline("slow", job_id="s")
+    scheduler.drop_all()  # nothing will advance it: the wait must give up, saying where the job is
+    with pytest.raises(WaitTimeoutError, match="still running"):
+        run.wait(timeout=0.05, poll=0.01)
+
+
+def test_drain_on_a_queue_scheduler_is_a_configuration_error() -> None:
+    class QueueOnly:
+        precision = 1.0
+
+        def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
+                             version: int | None = None) -> None: ...
+
+        def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None: ...
+
+        def now(self) -> float:
+            return 0.0
+
+    app = App(storage=MemoryStorage(), scheduler=QueueOnly())
+    with pytest.raises(ConfigurationError, match="in-process scheduler"):
+        app.drain()
+
+
+def test_the_low_level_layer_reuses_the_apps_settings_instead_of_replacing_them() -> None:
+    from pipelines import run_pipeline
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, continue_for=30.0, lease_seconds=7.0)
+    run = run_pipeline(job_id="j", phases=[Phase("bump", bump)], storage=storage, scheduler=scheduler,
+                       initial_state=Counter(), state_model=Counter)
+    assert run.app is app and app.continue_for == 30.0 and app.lease_seconds == 7.0
+    assert scheduler.drain() == 1  # continue_for ran all three phases under one lease
+    assert app.get("j").result == {"counter": 2}
+
+
+def test_every_transition_moves_the_version_by_one_and_emits_its_event() -> None:
+    record = transitions.create("j", pipeline="p", first="a", state=None, messages=[], options={}, now=1.0).record
+    seen: dict[str, tuple[int, list[str]]] = {}
+
+    def check(name: str, commit: Any, rec: JobRecord) -> JobRecord:
+        assert commit.expected_version == rec.version and commit.record.version == rec.version + 1
+        cp = commit.record.checkpoint
+        assert cp is None or cp.commit_id == commit.token  # one token per commit, stamped on its checkpoint
+        seen[name] = (commit.record.version, [e.type for e in commit.events])
+        return commit.record
+
+    paused = check("pause", transitions.pause(record, owner="o", now=2.0), record)
+    resumed = check("resume", transitions.resume(paused, now=3.0), paused)
+    cancelled = check("cancel", transitions.cancel(resumed, owner=None, now=4.0), resumed)
+    check("retry", transitions.retry_resume(cancelled, now=5.0), cancelled)
+    check("full", transitions.retry_full(cancelled, first="a", state=None, now=5.0), cancelled)
+    assert {k: v[1] for k, v in seen.items()} == {
+        "pause": ["job_paused"], "resume": ["job_resumed"], "cancel": ["job_cancelled"],
+        "retry": ["job_retried"], "full": ["job_retried"]}
+    with pytest.raises(JobConflictError):
+        transitions.resume(resumed, now=6.0)
+
+
+def test_a_structured_output_failure_counts_every_paid_call_and_a_resume_asks_again() -> None:
+    model = ScriptedModel(["not json", "still not json", '{"total": 3}'])
+    app, _ = app_with(Agent(name="a", model=model, output_schema=Invoice, tools=[lookup]))
+    app.run_agent("a", job_id="j", messages=["bill"]).wait(timeout=5)
+    failed = app.get("j")
+    assert failed.status is JobStatus.ERROR and failed.usage.model_calls == 2  # both paid calls counted
+    view = app.retry("j")
+    assert view.status is JobStatus.RUNNING
+    done = app.handle("j").wait(timeout=5)
+    assert done.result == Invoice(total=3) and len(model.calls) == 3  # the follow-up was asked again
+    assert done.usage.model_calls == 3  # the replayed first answer is not counted twice
+
+
+def test_an_outcome_that_cannot_be_stored_ends_the_job_in_error_instead_of_leaving_it_due() -> None:
+    def bad_state(ctx: PhaseContext[Any]) -> Next:
+        ctx.append_messages([{"role": "assistant", "content": "fine"}])
+        ctx.log("x\ud83d")  # a lone surrogate: only the commit finds out it cannot be stored
+        return Next("bad")
+
+    app, _ = app_with(pipelines={"p": [Phase("bad", bad_state)]})
+    app.run_pipeline("p", job_id="j")
+    app.drain()
+    job = app.get("j")
+    assert job.status is JobStatus.ERROR and "could not be committed" in (job.error or "")
+    assert app.storage.due_jobs(1e12) == [] and app.messages("j") == []
