@@ -7,9 +7,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from adapters.memory import MemoryScheduler, MemoryStorage
-from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, Pipeline, tool
-from pipelines import transitions
+from adapters.memory import MemoryStorage
+from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, Pipeline, tool, transitions
 from pipelines.errors import (
     ConfigurationError,
     InvalidInputError,
@@ -59,7 +58,7 @@ def test_a_registered_agent_runs_by_name_and_the_handle_waits_for_its_result() -
     assert view.status is JobStatus.COMPLETE and view.result == "It costs 42."
     assert run.result() == "It costs 42." and view.usage.model_calls == 2
     assert [m["role"] for m in app.messages("chat-1")] == ["user", "assistant", "tool", "assistant"]
-    assert [e.type for e in app.events("chat-1")][0] == "job_started" and app.logs("chat-1")
+    assert app.events("chat-1")[0].type == "job_started" and app.logs("chat-1")
     assert app.get("nope") is None
 
 
