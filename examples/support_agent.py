@@ -22,8 +22,7 @@ from pydantic import BaseModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from adapters.memory import MemoryScheduler, MemoryStorage
-from phases.approvals import approve, pending_calls
-from pipelines import Agent, ToolContext, tool
+from pipelines import Agent, App, ToolContext, tool
 from pipelines.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 
@@ -134,37 +133,36 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     params = {"api_base": args.api_base} if args.api_base else None
-    agent = build_agent(args.model, params)
     storage, scheduler = MemoryStorage(), MemoryScheduler()
-    agent.run(job_id="support-1", messages=[args.question], storage=storage, scheduler=scheduler)
+    app = App(storage=storage, scheduler=scheduler, agents=[build_agent(args.model, params)])
+    run = app.run_agent("support", job_id="support-1", messages=[args.question])
 
-    print(f"job support-1 enqueued ({scheduler.pending()} advance pending); running turns:\n")
+    print(f"job {run.job_id} enqueued ({scheduler.pending()} advance pending); running turns:\n")
     shown = 0
     turn = 0
     while True:
-        while scheduler.run_next():  # one turn per advance; `scheduler.drain()` does the same in one call
-            messages = storage.messages("support-1")
+        while scheduler.run_next():  # one turn per advance; `app.drain()` does the same in one call
+            messages = app.messages(run.job_id)
             if len(messages) > shown:  # (an advance that stopped to wait for a person committed no messages)
                 turn += 1
                 print(f"turn {turn}:")
                 print_transcript(messages[shown:] if shown else messages)
                 shown = len(messages)
-        pending = pending_calls("support-1", storage=storage)
-        if not pending:
+        view = run.get()
+        assert view is not None
+        if not view.pending_calls:
             break
-        for p in pending:  # in production a person does this: `pipelines approve JOB CALL`
+        for p in view.pending_calls:  # in production a person does this: `pipelines approve JOB CALL`
             print(f"\n  waiting for a person: {p['tool']}({p['arguments']}) -> approved\n")
-            approve("support-1", p["call_id"], storage=storage, scheduler=scheduler)
-    job = storage.get_job("support-1")
-    assert job is not None
+            app.approve(run.job_id, p["call_id"])
+    job = run.wait()
     print(f"\nstatus: {job.status}   model calls: {job.usage.model_calls}   "
-          f"tokens: {job.usage.total_tokens}   transcript: {len(storage.messages('support-1'))} messages")
+          f"tokens: {job.usage.total_tokens}   transcript: {len(app.messages(run.job_id))} messages")
     if job.error:
         print(f"error: {job.error}")
     else:
-        print(f"structured result: {agent.result('support-1', storage=storage)!r}")
+        print(f"structured result: {job.result!r}")
     return 0 if job.status == "complete" else 1
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

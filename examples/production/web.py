@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import uuid
 
-from examples.production.app import app, support
+from examples.production.app import app
 
 
 def start_conversation(text: str, job_id: str | None = None) -> str:
     """Enqueue a support conversation (or continue a finished one with the same id); returns the job id."""
     job_id = job_id or f"support-{uuid.uuid4().hex[:12]}"
-    support.run(job_id=job_id, messages=[text], storage=app.storage, scheduler=app.scheduler)
-    return job_id
+    return app.run_agent("support", job_id=job_id, messages=[text]).job_id
 
 
 def main() -> None:

@@ -226,3 +226,16 @@ def test_an_outcome_that_cannot_be_stored_ends_the_job_in_error_instead_of_leavi
     job = app.get("j")
     assert job.status is JobStatus.ERROR and "could not be committed" in (job.error or "")
     assert app.storage.due_jobs(1e12) == [] and app.messages("j") == []
+
+
+def test_one_unreadable_due_record_never_stops_the_sweep_for_the_others() -> None:
+    storage, scheduler, clock = memory()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": Pipeline([Phase("bump", bump)], state=Counter)})
+    for job_id in ("a-bad", "b-good"):
+        app.run_pipeline("p", job_id=job_id, initial_state=Counter())
+    scheduler.drop_all()  # the queue lost both messages
+    storage._jobs["a-bad"].record = "{not json"  # written by other software, say
+    clock.advance(60)
+    assert app.requeue_overdue(grace=1.0) == ["b-good"]
+    results = dict(app.advance_due(grace=1.0))
+    assert results["b-good"].value == "advanced" and results["a-bad"].value == "unknown"
