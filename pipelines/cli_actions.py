@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from pipelines.errors import JobNotFoundError
-from pipelines.models import Event, JobStatus
+from pipelines.models import JobStatus
 
 if TYPE_CHECKING:
     from pipelines.app import App
@@ -58,27 +58,9 @@ def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]
         print(f"{args.job}: call {args.call} rejected", file=out)
         return 0
 
-    def show(event: Event) -> str:
-        turn = f" turn {event.turn}" if event.turn is not None else ""
-        return f"{when(event.timestamp)}  {event.id}  {event.type}{turn}  {json.dumps(event.data, sort_keys=True)}"
-
     def cmd_tail(args: argparse.Namespace, out: TextIO) -> int:
         """Print the job's events; with --follow keep printing new ones until the job finishes."""
-        app = load(args.app)
-        if app.storage.get_job(args.job) is None:
-            raise JobNotFoundError(f"job {args.job!r} not found")
-        cursor = args.after
-        deadline = time.monotonic() + args.timeout if args.timeout else None
-        while True:
-            for event in app.storage.events(args.job, after=cursor):
-                print(show(event), file=out, flush=True)
-                cursor = event.id
-            rec = app.storage.get_job(args.job)
-            if not args.follow or rec is None or rec.status in _FINISHED:
-                return 0
-            if deadline is not None and time.monotonic() >= deadline:
-                return 0
-            time.sleep(args.poll)
+        return _tail(load(args.app), args, out, when)
 
     p = add("pause", cmd_pause, "pause a running job at its next turn boundary")
     p.add_argument("job")
@@ -98,3 +80,22 @@ def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]
     p.add_argument("--after", help="start after this event id (a cursor printed earlier)")
     p.add_argument("--poll", type=positive, default=0.5, help="seconds between polls with --follow (default: 0.5)")
     p.add_argument("--timeout", type=seconds, default=0.0, help="stop following after this many seconds (0: never)")
+
+
+def _tail(app: App, args: argparse.Namespace, out: TextIO, when: Callable[[float | None], str]) -> int:
+    if app.storage.get_job(args.job) is None:
+        raise JobNotFoundError(f"job {args.job!r} not found")
+    cursor = args.after
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    while True:
+        for event in app.storage.events(args.job, after=cursor):
+            turn = f" turn {event.turn}" if event.turn is not None else ""
+            data = json.dumps(event.data, sort_keys=True)
+            print(f"{when(event.timestamp)}  {event.id}  {event.type}{turn}  {data}", file=out, flush=True)
+            cursor = event.id
+        rec = app.storage.get_job(args.job)
+        if not args.follow or rec is None or rec.status in _FINISHED:
+            return 0
+        if deadline is not None and time.monotonic() >= deadline:
+            return 0
+        time.sleep(args.poll)

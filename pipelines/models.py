@@ -253,15 +253,21 @@ def _convert(value: Any, room: int) -> JSONValue:
         return [_convert(v, room - 1) for v in value]
     if isinstance(value, tuple):
         raise _RefusedError(_ROUND_TRIP)
-    if isinstance(value, str):
-        value = str.__str__(value)
-    elif isinstance(value, int) and type(value) is not bool:
-        value = int.__int__(value)
-    elif isinstance(value, float):
-        value = float.__float__(value)
+    value = _base_scalar(value)
     if _plain(value, room):
         return value
     raise _not_json(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _base_scalar(value: Any) -> Any:
+    """A subclass of str/int/float as its base type (what JSON hands back); anything else as it is."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int) and type(value) is not bool:
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    return value
 
 
 def _convert_key(key: Any) -> str:
