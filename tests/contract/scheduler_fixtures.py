@@ -1,0 +1,215 @@
+"""Schedulers under the contract suite, each wrapped in a harness that drives its work the same way.
+
+A harness owns an :class:`~pipelines.app.App` on a scheduler and a storage of
+the same kind, with one two-turn pipeline ``"p"`` (``a`` then ``b``) that
+counts how often each phase ran. It records every delivery (an advance the
+scheduler's work actually called) with the scheduler's clock at that moment,
+and the raw message each delivery came from, so a test can check what the
+queue carried. A new scheduler joins with one harness class and one entry in
+``HARNESSES``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from adapters.base import Scheduler
+from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from pipelines import App, Done, Next, Phase, PhaseContext
+from pipelines.runner import AdvanceResult
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One advance the scheduler's work ran: which job, and when by the scheduler's clock."""
+
+    job_id: str
+    at: float
+
+
+class Harness:
+    """What the contract tests need from a scheduler, beyond the port itself."""
+
+    name = ""
+    delay = 0.0
+    """A delay short enough for the suite, long enough for the scheduler's precision."""
+
+    def __init__(self, scheduler: Scheduler, app_factory: Callable[[Scheduler], App]) -> None:
+        self.runs: Counter[tuple[str, str]] = Counter()  # (job id, phase) -> executions
+        self.deliveries: list[Delivery] = []
+        self.scheduler = scheduler
+        self.app = app_factory(scheduler)
+
+    def pipeline(self) -> list[Phase]:
+        """The two-turn pipeline every test runs; each phase counts its executions."""
+
+        def a(ctx: PhaseContext[Any]) -> Next:
+            self.runs[(ctx.job_id, "a")] += 1
+            return Next("b", state={"n": 1})
+
+        def b(ctx: PhaseContext[Any]) -> Done:
+            self.runs[(ctx.job_id, "b")] += 1
+            return Done(result={"n": ctx.state["n"] + 1})
+
+        return [Phase("a", a), Phase("b", b)]
+
+    def _advance(self, job_id: str) -> AdvanceResult:
+        self.deliveries.append(Delivery(job_id, self.scheduler.now()))
+        return self.app.advance(job_id)
+
+    # --- what each scheduler implements -------------------------------------------------
+    def run_due(self) -> None:
+        """Run every advance due now, without moving the clock."""
+        raise NotImplementedError
+
+    def run_all(self) -> None:
+        """Run every advance that is ready, and what those schedule in turn (memory: whatever the delay)."""
+        raise NotImplementedError
+
+    def wait_until(self, t: float) -> None:
+        """Let the scheduler's clock reach ``t``."""
+        raise NotImplementedError
+
+    def lose_messages(self) -> int:
+        """Throw away every message waiting in the queue (a crash, a flushed queue); returns how many."""
+        raise NotImplementedError
+
+    def wire(self) -> list[bytes]:
+        """The raw bytes of every message delivered so far, as they crossed the queue."""
+        raise NotImplementedError
+
+
+class MemoryHarness(Harness):
+    """MemoryScheduler on a virtual clock, attached to the App; ``drain()`` runs its work."""
+
+    name = "memory"
+    delay = 30.0
+
+    def __init__(self) -> None:
+        self.clock = VirtualClock(start=1_000_000.0)
+        self._wire: list[bytes] = []
+        self.memory = MemoryScheduler(clock=self.clock)
+        storage = MemoryStorage(clock=self.clock)
+        super().__init__(self.memory, lambda s: App(storage=storage, scheduler=s, pipelines={"p": self.pipeline()}))
+        # The App attached its own advance; ours records each delivery, then calls it.
+        self.memory.attach(self._deliver)
+
+    def _deliver(self, *args: Any) -> AdvanceResult:
+        # What an in-process scheduler hands over is its message: it must be JSON as it stands.
+        self._wire.append(json.dumps(list(args), allow_nan=False).encode())
+        (job_id,) = args
+        return self._advance(job_id)
+
+    def run_due(self) -> None:
+        self.memory.run_due()
+
+    def run_all(self) -> None:
+        self.memory.drain()
+
+    def wait_until(self, t: float) -> None:
+        self.clock.advance_to(t)
+
+    def lose_messages(self) -> int:
+        return self.memory.drop_all()
+
+    def wire(self) -> list[bytes]:
+        return list(self._wire)
+
+
+class RQHarness(Harness):
+    """RQScheduler on a real Redis, its work run by an in-process SimpleWorker (burst, JSON serializer)."""
+
+    name = "rq"
+    delay = 2.0  # RQ's scheduler has whole-second resolution (precision 1.0)
+
+    def __init__(self, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        from adapters.redis import RedisStorage
+        from adapters.rq import RQScheduler
+        from pipelines import worker
+
+        self.storage = RedisStorage.from_url(redis_url, prefix=f"t{uuid.uuid4().hex[:10]}")
+        self.rq = RQScheduler.for_storage(self.storage, queue=f"q{uuid.uuid4().hex[:10]}", job_timeout=60)
+        self._rq_ids: list[str] = []
+        super().__init__(self.rq, lambda s: App(storage=self.storage, scheduler=s, pipelines={"p": self.pipeline()}))
+        # The worker finds the App through use_app (the payload names no app); ours records each delivery.
+        worker.forget_apps()
+        worker.use_app(self.app)
+        monkeypatch.setattr(self.app, "advance", self._recorded(self.app.advance))
+
+    def _recorded(self, advance: Callable[[str], AdvanceResult]) -> Callable[[str], AdvanceResult]:
+        from rq import get_current_job
+
+        def run(job_id: str) -> AdvanceResult:
+            current = get_current_job()
+            assert current is not None, "an advance ran outside an RQ job"
+            self._rq_ids.append(current.id)
+            self.deliveries.append(Delivery(job_id, self.scheduler.now()))
+            return advance(job_id)
+
+        return run
+
+    def _work(self) -> None:
+        from rq import SimpleWorker
+        from rq.serializers import JSONSerializer
+
+        w = SimpleWorker([self.rq.queue], connection=self.rq.connection, serializer=JSONSerializer)
+        # with_scheduler in burst mode moves what is due from the scheduled registry to the queue first.
+        w.work(burst=True, with_scheduler=True, logging_level="WARNING")
+
+    def run_due(self) -> None:
+        self._work()
+
+    def run_all(self) -> None:
+        self._work()
+
+    def wait_until(self, t: float) -> None:
+        while (left := t - self.scheduler.now()) > 0:
+            time.sleep(min(left, 0.05))
+
+    def lose_messages(self) -> int:
+        from rq.registry import ScheduledJobRegistry
+
+        registry = ScheduledJobRegistry(queue=self.rq.queue)  # type: ignore[no-untyped-call]
+        ids = [*self.rq.queue.get_job_ids(), *registry.get_job_ids()]
+        for rq_id in ids:
+            self.rq.fetch(rq_id).delete()  # the hash, its queue entry and its registry entry
+        return len(ids)
+
+    def wire(self) -> list[bytes]:
+        out = []
+        for rq_id in self._rq_ids:
+            data = self.storage.client.hget(f"rq:job:{rq_id}", "data")
+            assert isinstance(data, bytes), f"no RQ job hash for {rq_id}"
+            out.append(zlib.decompress(data))  # RQ compresses the payload; inside is the serializer's output
+        return out
+
+    def close(self) -> None:
+        from pipelines import worker
+
+        worker.forget_apps()
+        self.storage.client.close()
+
+
+def _memory(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    yield MemoryHarness()
+
+
+def _rq(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    harness = RQHarness(request.getfixturevalue("redis_url"), request.getfixturevalue("monkeypatch"))
+    yield harness
+    harness.close()
+
+
+HARNESSES: dict[str, Callable[[pytest.FixtureRequest], Iterator[Harness]]] = {"memory": _memory, "rq": _rq}
+
+PARAMS = [pytest.param("memory"), pytest.param("rq", marks=pytest.mark.redis)]
+"""The fixture's parameters: the RQ entry needs a real redis-server (tests/conftest.py checks for it)."""

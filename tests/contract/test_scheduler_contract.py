@@ -1,0 +1,148 @@
+"""The Scheduler contract (adapters/base.py), run against every scheduler (tests/contract/scheduler_fixtures.py).
+
+Each test drives the scheduler through the public App and the port's own
+methods; the harness only runs the scheduler's work, moves its clock and
+loses its messages, the way a worker, time and a crash would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from adapters.base import Scheduler
+from pipelines import JobStatus
+from tests.contract.scheduler_fixtures import HARNESSES, PARAMS, Harness, RQHarness
+
+
+@pytest.fixture(params=PARAMS)
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """A scheduler in its harness, with an App and the counting two-turn pipeline ``"p"``."""
+    yield from HARNESSES[request.param](request)
+
+
+def start(h: Harness, job_id: str) -> int:
+    """Start a job of ``"p"``; returns the version its first advance is for."""
+    h.app.run_pipeline("p", job_id=job_id, initial_state={"n": 0})
+    view = h.app.get(job_id)
+    assert view is not None and view.status is JobStatus.RUNNING
+    return view.record.version
+
+
+def status(h: Harness, job_id: str) -> JobStatus:
+    view = h.app.get(job_id)
+    assert view is not None
+    return view.status
+
+
+def json_only(value: Any) -> bool:
+    """True when ``value`` is built only of what JSON decodes to."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and json_only(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(json_only(v) for v in value)
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def test_precision_is_a_float_and_now_is_the_schedulers_epoch_clock(harness: Harness) -> None:
+    s = harness.scheduler
+    assert isinstance(s, Scheduler)
+    assert isinstance(s.precision, float) and s.precision >= 0
+    before = harness.scheduler.now()
+    harness.wait_until(before + 0.01)
+    after = s.now()
+    assert isinstance(before, float) and isinstance(after, float)
+    assert 1_000_000 <= before < after < 10_000_000_000  # seconds since the epoch, moving forward when time passes
+    # The runner's due times come from this clock: a new job is due at the scheduler's now, not the wall clock's.
+    start(harness, "clock")
+    view = harness.app.get("clock")
+    assert view is not None and view.record.checkpoint is not None
+    assert before <= view.record.checkpoint.due_at <= harness.scheduler.now()
+
+
+def test_schedule_advance_runs_the_job_which_completes_through_the_scheduler(harness: Harness) -> None:
+    version = start(harness, "j1")
+    assert harness.lose_messages() >= 1  # only our own request below can advance it
+    harness.run_all()
+    assert harness.deliveries == [] and status(harness, "j1") is JobStatus.RUNNING
+
+    harness.scheduler.schedule_advance("j1", 0, pipeline="p", version=version)
+    harness.run_all()
+
+    assert harness.deliveries[0].job_id == "j1"
+    # The first turn ran on our request; the runner scheduled the second through the same scheduler.
+    assert harness.runs == {("j1", "a"): 1, ("j1", "b"): 1}
+    view = harness.app.get("j1")
+    assert view is not None and view.status is JobStatus.COMPLETE and view.result == {"n": 2}
+
+
+def test_a_delayed_advance_is_not_delivered_before_its_time(harness: Harness) -> None:
+    version = start(harness, "late")
+    harness.lose_messages()
+    s = harness.scheduler
+    delay = harness.delay
+    t0 = s.now()
+    s.schedule_advance("late", delay, pipeline="p", version=version)
+
+    harness.run_due()  # at once: nothing is due
+    harness.wait_until(t0 + delay - s.precision - 0.5)
+    harness.run_due()  # just before the earliest moment the contract allows
+    assert harness.deliveries == [] and harness.runs == {}
+
+    harness.wait_until(t0 + delay)
+    harness.run_due()
+    assert harness.deliveries, "the delayed advance never came"
+    assert harness.deliveries[0].at >= t0 + delay - s.precision
+    assert harness.runs[("late", "a")] == 1
+
+
+def test_duplicate_requests_for_a_turn_never_run_it_twice(harness: Harness) -> None:
+    version = start(harness, "dup")
+    s = harness.scheduler
+    s.schedule_advance("dup", 0, pipeline="p", version=version)
+    s.schedule_advance("dup", 0, pipeline="p", version=version)
+    harness.run_all()
+    assert status(harness, "dup") is JobStatus.COMPLETE
+    assert harness.runs == {("dup", "a"): 1, ("dup", "b"): 1}
+    done = harness.app.get("dup")
+    assert done is not None
+
+    # Late duplicates of both turns, after the job finished: delivered (at least once), and harmless.
+    delivered = len(harness.deliveries)
+    s.schedule_advance("dup", 0, pipeline="p", version=version)
+    s.schedule_advance("dup", 0, pipeline="p", version=version + 1)
+    harness.run_all()
+    assert len(harness.deliveries) >= delivered + 2
+    assert harness.runs == {("dup", "a"): 1, ("dup", "b"): 1}
+    assert harness.app.get("dup") == done
+
+
+def test_requeue_resends_a_lost_advance_and_the_job_completes(harness: Harness) -> None:
+    version = start(harness, "lost")
+    assert harness.lose_messages() >= 1
+    harness.run_all()
+    assert harness.runs == {} and status(harness, "lost") is JobStatus.RUNNING  # nothing else would move it
+
+    harness.scheduler.requeue("lost", pipeline="p", version=version)
+    harness.run_all()
+    assert harness.runs == {("lost", "a"): 1, ("lost", "b"): 1}
+    assert status(harness, "lost") is JobStatus.COMPLETE
+
+
+def test_only_json_crosses_the_queue(harness: Harness) -> None:
+    start(harness, "wire:1.a_b")
+    harness.run_all()
+    assert status(harness, "wire:1.a_b") is JobStatus.COMPLETE
+    raw = harness.wire()
+    assert len(raw) == len(harness.deliveries) >= 2  # one message per turn
+    for message in raw:
+        payload = json.loads(message)  # raises on anything that is not JSON text
+        assert json_only(payload) and "wire:1.a_b" in json.dumps(payload)
+    if isinstance(harness, RQHarness):
+        from adapters.rq import ADVANCE_FUNC
+
+        # The function is an import path, the arguments plain data: [func, instance, args, kwargs].
+        assert [json.loads(m) for m in raw] == [[ADVANCE_FUNC, None, ["wire:1.a_b", v], {}] for v in (1, 2)]
