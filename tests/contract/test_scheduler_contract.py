@@ -88,7 +88,7 @@ def test_a_delayed_advance_is_not_delivered_before_its_time(harness: Harness) ->
     s.schedule_advance("late", delay, pipeline="p", version=version)
 
     harness.run_due()  # at once: nothing is due
-    harness.wait_until(t0 + delay - s.precision - 0.5)
+    harness.wait_until(t0 + delay - s.precision - harness.margin)
     harness.run_due()  # just before the earliest moment the contract allows
     assert harness.deliveries == [] and harness.runs == {}
 
