@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -270,9 +271,17 @@ class MemoryStorage:
             due = sorted((t, j) for j, t in self._due.items() if t <= now)
         return [j for _, j in due[:limit]]
 
+    def _readable(self, job_id: str, job: _Job) -> JobRecord | None:
+        """The record, or ``None`` (logged, naming the job) when it does not parse: a listing shows the rest."""
+        try:
+            return self._load(job_id, job)
+        except CorruptRecordError as exc:
+            logging.getLogger("pipelines").error("job %s: unreadable record skipped: %s", job_id, exc)
+            return None
+
     def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
         with self._lock:
-            records = [self._load(j, job) for j, job in self._jobs.items()]
+            records = [r for j, job in self._jobs.items() if (r := self._readable(j, job)) is not None]
         return [r for r in records if status is None or r.status is status][:limit]
 
     def delete_job(self, job_id: str) -> bool:

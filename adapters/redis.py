@@ -21,6 +21,7 @@ lost finds its own token and reports success without writing again.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import uuid
@@ -370,7 +371,12 @@ class RedisStorage:
                 if data is None:
                     continue  # deleted since the scan
                 pairs = [x for kv in journal.items() for x in kv]
-                rec = self._parse(job_id, data, "" if jver is None else jver, pairs, control)
+                try:
+                    rec = self._parse(job_id, data, "" if jver is None else jver, pairs, control)
+                except CorruptRecordError as exc:
+                    # A listing shows the rest; the bad one is named in the log.
+                    logging.getLogger("pipelines").error("job %s: unreadable record skipped: %s", job_id, exc)
+                    continue
                 if status is None or rec.status is status:
                     out.append(rec)
                     if len(out) >= limit:

@@ -325,8 +325,9 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
     except Exception as exc:
         logger.info("job %s: phase %s raised", record.job_id, cp.next_phase, exc_info=True)
         return Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-    if not isinstance(outcome, Next | Done | Fail):
-        return Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; expected Next, Done or Fail")
+    if not isinstance(outcome, Next | Done | Fail | RetryLater | WaitForInput):
+        return Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; "
+                    "expected Next, Done, Fail, RetryLater or WaitForInput")
     return outcome
 
 

@@ -292,3 +292,24 @@ def test_python_dash_m_pipelines_runs_the_cli() -> None:
     proc = subprocess.run([sys.executable, "-m", "pipelines", "status", "--app", APP, "x"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (1, "error: job 'x' not found\n")
+
+
+def test_jobs_lists_the_rest_and_names_an_unreadable_record(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    app.run_pipeline("etl", job_id="etl-1")
+    app.run_pipeline("etl", job_id="etl-2")
+    app.storage._jobs["etl-1"].record = "{not json"  # type: ignore[attr-defined]
+    with caplog.at_level("ERROR", logger="pipelines"):
+        code, out, _ = run("jobs", "--app", APP)
+    assert code == 0 and [line.split("\t")[0] for line in out.splitlines()] == ["etl-2"]
+    assert "job etl-1: unreadable record skipped" in caplog.text
+
+
+@pytest.mark.parametrize("argv", [("tail", "j", "--poll", "-1"), ("tail", "j", "--poll", "0"),
+                                  ("cancel", "j", "--wait", "inf"), ("pause", "j", "--wait", "nan")])
+def test_bad_seconds_on_the_command_line_are_usage_errors_naming_the_option(argv: tuple[str, ...],
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run(*argv, "--app", APP)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[2]}" in err and "Traceback" not in err
