@@ -264,7 +264,16 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
     status = JobStatus(args.status) if args.status else None
-    records = sorted(app.storage.list_jobs(status=status, limit=args.limit), key=lambda r: (r.created_at, r.job_id))
+    # Storage skips a record it cannot read and logs it by id: say so on stderr, list the rest.
+    handler = logging.StreamHandler(getattr(args, "err", None) or sys.stderr)
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    logger.addHandler(handler)
+    try:
+        listed = app.storage.list_jobs(status=status, limit=args.limit)
+    finally:
+        logger.removeHandler(handler)
+    records = sorted(listed, key=lambda r: (r.created_at, r.job_id))
     for r in records:
         phase = r.checkpoint.next_phase if r.checkpoint else "-"
         print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}", file=out)
@@ -354,6 +363,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
     try:
+        args.err = err
         code: int = args.func(args, out)
     except PipelineError as exc:
         print(f"error: {exc}", file=err)

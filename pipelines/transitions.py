@@ -79,6 +79,8 @@ def _commit(rec: JobRecord, new: JobRecord, token: str, *, owner: str | None = N
             logs: Sequence[LogEntry] = (), events: Sequence[Event] = (), messages: Sequence[Message] = (),
             keep_journal: bool = True, release_lease: bool = True, truncate_to: int | None = None,
             clear_control: bool = False) -> Commit:
+    if clear_control:
+        new = new.model_copy(update={"control": None})  # the record returned says what storage now holds
     return Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token, record=new,
                   append_messages=list(messages), truncate_messages_to=truncate_to, logs=list(logs),
                   events=list(events), keep_journal=keep_journal, release_lease=release_lease,

@@ -257,8 +257,7 @@ def test_a_hand_corrupted_record_raises_corrupt_record_error(storage: RedisStora
         storage.get_job("bad")
     with pytest.raises(CorruptRecordError, match="'bad'"):
         storage.acquire_lease("bad", "w1", 30)
-    with pytest.raises(CorruptRecordError, match="'bad'"):
-        storage.list_jobs()
+    assert [r.job_id for r in storage.list_jobs()] == ["good"]  # a listing skips (and logs) the bad one
     assert storage.get_job("good") is not None
     raw(redis_url).rpush(storage.keys("good").messages, "not json")
     with pytest.raises(CorruptRecordError, match="'good'"):
