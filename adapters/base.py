@@ -10,7 +10,7 @@ Storage contract
   and come out as JSON: whatever a backend could not store is rejected by
   every backend, the in-memory one included.
 * ``commit`` is one atomic compare-and-set (I1, I2): it applies the whole
-  :class:`~pipelines.models.Commit` (record, transcript appends or truncation,
+  :class:`~pipelines.engine.models.Commit` (record, transcript appends or truncation,
   logs, due index, journal clear, lease release) only if the stored version
   equals ``commit.expected_version`` and, when ``commit.owner`` is set (a
   worker's commit), the live lease is held by that owner; a commit without
@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
+from pipelines.engine.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = [
     "AdvanceFn",

@@ -20,14 +20,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.errors import (
+from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
     InvalidInputError,
     JobConflictError,
     StaleVersionError,
 )
-from pipelines.models import (
+from pipelines.engine.models import (
     Commit,
     Event,
     JobRecord,

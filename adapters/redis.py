@@ -36,7 +36,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from adapters import redis_scripts
-from pipelines.errors import (
+from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
     InvalidInputError,
@@ -46,7 +46,7 @@ from pipelines.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.models import (
+from pipelines.engine.models import (
     Commit,
     Event,
     JobRecord,

@@ -32,8 +32,8 @@ precision is about a second, declared as :attr:`RQScheduler.precision` so the
 runner accepts a message that arrives that much early.
 
 Redis errors are translated here, at the edge: connection problems become
-:class:`~pipelines.errors.StorageUnavailableError`, anything else
-:class:`~pipelines.errors.StorageError`.
+:class:`~pipelines.engine.errors.StorageUnavailableError`, anything else
+:class:`~pipelines.engine.errors.StorageError`.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
 from adapters.redis import DEFAULT_PREFIX, check_prefix
-from pipelines.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
-from pipelines.models import validate_job_id
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
+from pipelines.engine.models import validate_job_id
 
 if TYPE_CHECKING:
     from adapters.redis import RedisStorage

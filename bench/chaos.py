@@ -58,7 +58,7 @@ from bench.chaos_lib import (  # noqa: E402
     unfinished,
 )
 from pipelines.app import App  # noqa: E402
-from pipelines.errors import PipelineError  # noqa: E402
+from pipelines.engine.errors import PipelineError  # noqa: E402
 from tests.apps import chaos_app  # noqa: E402
 
 TITLE = "phaserunner chaos and fault figures"

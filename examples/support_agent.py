@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from adapters.memory import MemoryScheduler, MemoryStorage
 from pipelines import Agent, App, ToolContext, tool
-from pipelines.models import Message
+from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 
 ORDERS = {

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from phases.model import Model
 from phases.stop import StopCondition
 from phases.tools import Tool, tool_map
-from pipelines.errors import ConfigurationError, InvalidInputError
-from pipelines.models import JSONValue
+from pipelines.engine.errors import ConfigurationError, InvalidInputError
+from pipelines.engine.models import JSONValue
 
 __all__ = ["AgentConfig", "RunOptions", "RUN_OPTIONS"]
 

@@ -36,10 +36,10 @@ from phases.stop import TurnInfo, should_stop
 from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool
-from pipelines._aio import resolve
-from pipelines.errors import InvalidInputError, PermanentModelError, TransientModelError
-from pipelines.models import Message, Usage
-from pipelines.phase import Done, Fail, Next, Phase, PhaseContext, RetryLater
+from pipelines.engine._aio import resolve
+from pipelines.engine.errors import InvalidInputError, PermanentModelError, TransientModelError
+from pipelines.engine.models import Message, Usage
+from pipelines.engine.phase import Done, Fail, Next, Phase, PhaseContext, RetryLater
 
 __all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
 

@@ -3,7 +3,7 @@
 A tool declared ``needs_approval`` stops its turn before it runs: the job is
 ``waiting`` and ``record.waiting["calls"]`` lists each pending call (tool,
 arguments, call id). A decision is one compare-and-set on the job's version
-(:func:`pipelines.transitions.supply_inputs`): of two people deciding the
+(:func:`pipelines.engine.transitions.supply_inputs`): of two people deciding the
 same call at once exactly one wins, and the other is told who did. The
 decision is bound to the exact arguments shown and lives in that turn's
 checkpoint, next to the call's ledger entry: once the call has run, its
@@ -20,11 +20,11 @@ from adapters.base import Scheduler, Storage
 from phases import journal
 from phases.tool_runner import arguments_digest
 from phases.tools import result_content
-from pipelines import transitions
-from pipelines.control import load_job
-from pipelines.errors import InvalidInputError, JobConflictError, StaleVersionError
-from pipelines.events import make_event
-from pipelines.models import JobRecord, JobStatus, JSONValue
+from pipelines.engine import transitions
+from pipelines.engine.control import load_job
+from pipelines.engine.errors import InvalidInputError, JobConflictError, StaleVersionError
+from pipelines.engine.events import make_event
+from pipelines.engine.models import JobRecord, JobStatus, JSONValue
 
 __all__ = ["approve", "pending_calls", "pending_calls_of", "record_tool_result", "reject"]
 

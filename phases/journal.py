@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipelines.models import JSONValue
+from pipelines.engine.models import JSONValue
 
 __all__ = [
     "MODEL",

@@ -9,11 +9,11 @@ SDK alone turned one 429 into 14 s of hidden retries). Transient failures
 (rate limit, timeout, connection, 5xx, 409/529) are retried with exponential
 backoff and full jitter, or after the server's Retry-After, within
 ``max_retry_seconds``. When the next wait would overrun that budget, the call
-raises :class:`~pipelines.errors.TransientModelError` at once with
+raises :class:`~pipelines.engine.errors.TransientModelError` at once with
 ``retry_after`` set: the agent turn then schedules the same turn for later
 instead of holding a worker asleep. Everything else (bad request, auth,
 permission, not found, context window) raises
-:class:`~pipelines.errors.PermanentModelError`. An empty answer (no choices)
+:class:`~pipelines.engine.errors.PermanentModelError`. An empty answer (no choices)
 raises ``TransientModelError`` without retrying here.
 
 ``params`` may hold api keys and auth headers: error messages are redacted
@@ -39,8 +39,8 @@ from urllib.parse import urlsplit
 import tenacity
 
 from phases.model import ModelRequest, ModelResponse
-from pipelines.errors import ModelError, PermanentModelError, TransientModelError
-from pipelines.models import Message, Usage
+from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError
+from pipelines.engine.models import Message, Usage
 
 logger = logging.getLogger("pipelines")
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from pipelines.models import Message, Usage
+from pipelines.engine.models import Message, Usage
 
 __all__ = ["Model", "ModelRequest", "ModelResponse"]
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.errors import InvalidInputError
-from pipelines.models import Message, Usage
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import Message, Usage
 
 __all__ = ["StopCondition", "TurnInfo", "has_tool_call", "max_turns", "should_stop"]
 

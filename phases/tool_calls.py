@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines.models import Message
+from pipelines.engine.models import Message
 
 __all__ = ["normalise_tool_calls"]
 

@@ -34,10 +34,10 @@ from pydantic import BaseModel
 
 from phases.observe import notify
 from phases.tools import Tool, ToolArgumentsError, ToolContext, check_timeout, result_content
-from pipelines._aio import resolve, run_sync
-from pipelines.errors import StateNotSerializableError
-from pipelines.models import Message
-from pipelines.phase import FailJob, PhaseContext, RetryLater, WaitForInput
+from pipelines.engine._aio import resolve, run_sync
+from pipelines.engine.errors import StateNotSerializableError
+from pipelines.engine.models import Message
+from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
 __all__ = ["arguments_digest", "run_tools", "tool_message"]
 

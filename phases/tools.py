@@ -22,8 +22,8 @@ from typing import Any, Literal, get_type_hints
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
-from pipelines.errors import InvalidInputError
-from pipelines.models import JSONValue, to_json_value
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import JSONValue, to_json_value
 
 __all__ = [
     "InterruptPolicy",

@@ -4,7 +4,7 @@ Users hold an :class:`App` (storage + scheduler + registered agents and
 pipelines) and a :class:`RunHandle` per run; ``run_agent``, ``run_pipeline``,
 ``advance_phase`` and ``build_agent_phase`` are the low-level layer with
 cl-pipelines' names. Everything else lives in its module (errors in
-:mod:`pipelines.errors`, the engine's records in :mod:`pipelines.models`).
+:mod:`pipelines.engine.errors`, the engine's records in :mod:`pipelines.engine.models`).
 
 Names load on first use, so ``import pipelines`` (or any engine module, or
 ``adapters.memory``) imports neither the composition layer nor redis, rq or
@@ -23,13 +23,23 @@ if TYPE_CHECKING:
     from phases.tools import Tool, ToolContext, tool
     from pipelines.agent import Agent
     from pipelines.app import App
-    from pipelines.errors import PipelineError
+    from pipelines.engine.errors import PipelineError
+    from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Usage
+    from pipelines.engine.phase import (
+        Done,
+        Fail,
+        FailJob,
+        Next,
+        Phase,
+        PhaseContext,
+        Pipeline,
+        RetryLater,
+        WaitForInput,
+    )
+    from pipelines.engine.runner import AdvanceResult, advance_phase
+    from pipelines.engine.start import RetryMode
     from pipelines.handle import JobView, RunHandle
     from pipelines.lowlevel import run_agent, run_pipeline
-    from pipelines.models import Event, JobRecord, JobStatus, LogEntry, Usage
-    from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, Pipeline, RetryLater, WaitForInput
-    from pipelines.runner import AdvanceResult, advance_phase
-    from pipelines.start import RetryMode
 
 __all__ = [
     "AdvanceResult",
@@ -71,20 +81,18 @@ __all__ = [
 
 # Where each public name lives; resolved on first access (PEP 562).
 _HOMES = {
-    "AdvanceResult": "pipelines.runner", "advance_phase": "pipelines.runner",
+    **dict.fromkeys(["AdvanceResult", "advance_phase"], "pipelines.engine.runner"),
+    **dict.fromkeys(["Event", "JobRecord", "JobStatus", "LogEntry", "Usage"], "pipelines.engine.models"),
+    **dict.fromkeys(["Done", "Fail", "FailJob", "Next", "Phase", "PhaseContext", "Pipeline", "RetryLater",
+                     "WaitForInput"], "pipelines.engine.phase"),
+    "PipelineError": "pipelines.engine.errors", "RetryMode": "pipelines.engine.start",
     "Agent": "pipelines.agent", "App": "pipelines.app",
     "JobView": "pipelines.handle", "RunHandle": "pipelines.handle",
     "run_agent": "pipelines.lowlevel", "run_pipeline": "pipelines.lowlevel",
-    "PipelineError": "pipelines.errors", "RetryMode": "pipelines.start",
-    "Event": "pipelines.models", "JobRecord": "pipelines.models", "JobStatus": "pipelines.models",
-    "LogEntry": "pipelines.models", "Usage": "pipelines.models",
-    "Done": "pipelines.phase", "Fail": "pipelines.phase", "FailJob": "pipelines.phase", "Next": "pipelines.phase",
-    "Phase": "pipelines.phase", "PhaseContext": "pipelines.phase", "Pipeline": "pipelines.phase",
-    "RetryLater": "pipelines.phase", "WaitForInput": "pipelines.phase",
     "Model": "phases.model", "PrepareTurn": "phases.agent_turn", "TurnPlan": "phases.agent_turn",
     "build_agent_phase": "phases.agent_turn",
-    "StopCondition": "phases.stop", "TurnInfo": "phases.stop", "has_tool_call": "phases.stop",
-    "max_turns": "phases.stop", "Tool": "phases.tools", "ToolContext": "phases.tools", "tool": "phases.tools",
+    **dict.fromkeys(["StopCondition", "TurnInfo", "has_tool_call", "max_turns"], "phases.stop"),
+    **dict.fromkeys(["Tool", "ToolContext", "tool"], "phases.tools"),
 }
 
 

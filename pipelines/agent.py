@@ -16,15 +16,15 @@ from pydantic import BaseModel
 from phases.agent_config import AgentConfig, check_run_options
 from phases.agent_turn import TURN_PHASE, AgentState, AgentTurn
 from phases.model import Model
-from pipelines.errors import InvalidInputError
-from pipelines.models import JobRecord, JobStatus, Message
-from pipelines.phase import Phase, Pipeline
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import JobRecord, JobStatus, Message
+from pipelines.engine.phase import Phase, Pipeline
 
 if TYPE_CHECKING:
     from adapters.base import Scheduler, Storage
     from pipelines.app import App
+    from pipelines.engine.start import RetryMode
     from pipelines.handle import RunHandle
-    from pipelines.start import RetryMode
 
 __all__ = ["Agent", "as_messages"]
 
@@ -107,7 +107,7 @@ class Agent:
 
         ``None`` while the job has not completed.
         """
-        from pipelines.control import load_job
+        from pipelines.engine.control import load_job
 
         record = load_job(storage, job_id)
         if record.status is not JobStatus.COMPLETE or record.result is None:

@@ -21,14 +21,14 @@ from pydantic import BaseModel
 
 from adapters.base import InProcessScheduler, Scheduler, Storage
 from phases import approvals
-from pipelines import control
-from pipelines.errors import ConfigurationError, InvalidInputError, InvalidPipelineError, PipelineError
+from pipelines.engine import control
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, InvalidPipelineError, PipelineError
+from pipelines.engine.leases import check_lease_seconds
+from pipelines.engine.models import Event, JobRecord, LogEntry, Message, validate_job_id
+from pipelines.engine.phase import Phase, Pipeline
+from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, as_pipeline
+from pipelines.engine.start import RetryMode, check_retry_mode, start_job
 from pipelines.handle import JobView, RunHandle
-from pipelines.leases import check_lease_seconds
-from pipelines.models import Event, JobRecord, LogEntry, Message, validate_job_id
-from pipelines.phase import Phase, Pipeline
-from pipelines.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, as_pipeline
-from pipelines.start import RetryMode, check_retry_mode, start_job
 
 __all__ = ["App", "PipelineSource"]
 
@@ -50,7 +50,7 @@ class PipelineSource(Protocol):
     def pipeline(self) -> Pipeline: ...
 
     def start_options(self, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
-        """Keyword arguments for :func:`~pipelines.start.start_job` of one run (messages, state, options)."""
+        """Keyword arguments for :func:`~pipelines.engine.start.start_job` of one run (messages, state, options)."""
         ...
 
     def typed_result(self, record: JobRecord, app: App) -> Any:
@@ -242,12 +242,12 @@ class App:
 
     # --- steering ------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:
-        """Cancel at the turn boundary, keeping the checkpoint (see :func:`pipelines.control.cancel_job`)."""
+        """Cancel at the turn boundary, keeping the checkpoint (see :func:`pipelines.engine.control.cancel_job`)."""
         return self.view(control.cancel_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait,
                                             force=force))
 
     def pause(self, job_id: str, *, wait: float = 30.0) -> JobView:
-        """Pause at the turn boundary (see :func:`pipelines.control.pause_job`)."""
+        """Pause at the turn boundary (see :func:`pipelines.engine.control.pause_job`)."""
         return self.view(control.pause_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait))
 
     def resume(self, job_id: str) -> JobView:

@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pipelines import cli_actions
 from pipelines.app import App
-from pipelines.control import load_job
-from pipelines.errors import ConfigurationError, JobNotFoundError, PipelineError
-from pipelines.models import JobRecord, JobStatus, Message, validate_job_id
-from pipelines.runner import AdvanceResult
+from pipelines.engine.control import load_job
+from pipelines.engine.errors import ConfigurationError, JobNotFoundError, PipelineError
+from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
+from pipelines.engine.runner import AdvanceResult
 from pipelines.worker import APP_ENV, load_app, use_app
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from pipelines.errors import JobNotFoundError
-from pipelines.models import JobStatus
+from pipelines.engine.errors import JobNotFoundError
+from pipelines.engine.models import JobStatus
 
 if TYPE_CHECKING:
     from pipelines.app import App

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from adapters.base import Scheduler, Storage
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from phases.observe import observe_calls
-from pipelines.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
+from pipelines.engine.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = ["CrashPoint", "CrashReport", "CrashResult", "SimulatedCrash", "crash_test", "transcript_problems"]
 

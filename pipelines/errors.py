@@ -1,35 +1,29 @@
-"""The one exception hierarchy of phaserunner.
+"""The exception hierarchy, at its public path (``from pipelines.errors import JobNotFoundError``).
 
-Every exception the library raises on purpose derives from ``PipelineError``;
-backend exceptions (redis-py, RQ, litellm) are translated at the adapter edge,
-so callers catch only these::
-
-    PipelineError
-    ├── InvalidInputError (also ValueError)   bad caller input; nothing was written
-    │   ├── InvalidJobIdError
-    │   ├── InvalidPipelineError             empty phases, duplicate names, unknown phase
-    │   ├── StateNotSerializableError        state/result/message that is not JSON
-    │   │   └── ValueTooLargeError           ... or whose JSON exceeds MAX_VALUE_BYTES
-    │   └── StateValidationError             stored state no longer fits the phase's model
-    ├── JobNotFoundError (also LookupError)
-    ├── JobConflictError                     the job exists / is in the wrong status
-    ├── JobFailedError                       RunHandle.result() of a job that failed or was cancelled
-    ├── WaitTimeoutError (also TimeoutError) RunHandle.wait() ran out of time
-    ├── ConfigurationError                   bad Redis URL, bad --app import path
-    ├── StorageError
-    │   ├── StaleVersionError                commit/journal fenced off: another
-    │   │                                    worker moved the job on (I2)
-    │   ├── CorruptRecordError               a stored record does not parse
-    │   └── StorageUnavailableError          the backend cannot be reached
-    └── ModelError                           a model call failed
-        ├── TransientModelError              rate limit, timeout, 5xx: retried
-        └── PermanentModelError              bad request, auth, context window
-
-Control signals that phases and tools raise on purpose (``RetryLater``,
-``FailJob``) live in :mod:`pipelines.phase`; they are not errors.
+The classes live in :mod:`pipelines.engine.errors`, whose docstring draws the tree.
 """
 
-from __future__ import annotations
+from pipelines.engine.errors import (
+    ConfigurationError,
+    CorruptRecordError,
+    InvalidInputError,
+    InvalidJobIdError,
+    InvalidPipelineError,
+    JobConflictError,
+    JobFailedError,
+    JobNotFoundError,
+    ModelError,
+    PermanentModelError,
+    PipelineError,
+    StaleVersionError,
+    StateNotSerializableError,
+    StateValidationError,
+    StorageError,
+    StorageUnavailableError,
+    TransientModelError,
+    ValueTooLargeError,
+    WaitTimeoutError,
+)
 
 __all__ = [
     "ConfigurationError",
@@ -52,89 +46,3 @@ __all__ = [
     "ValueTooLargeError",
     "WaitTimeoutError",
 ]
-
-
-class PipelineError(Exception):
-    """Base class of every error phaserunner raises."""
-
-
-class InvalidInputError(PipelineError, ValueError):
-    """The caller passed something invalid; nothing was written."""
-
-
-class InvalidJobIdError(InvalidInputError):
-    """A job id outside ``[A-Za-z0-9._:-]{1,200}``."""
-
-
-class InvalidPipelineError(InvalidInputError):
-    """Empty phase list, duplicate phase names, an unknown phase name."""
-
-
-class StateNotSerializableError(InvalidInputError):
-    """A state, result, message or step value that does not survive JSON."""
-
-
-class ValueTooLargeError(StateNotSerializableError):
-    """A value whose JSON text is larger than storage accepts (``pipelines.models.MAX_VALUE_BYTES``)."""
-
-
-class StateValidationError(InvalidInputError):
-    """A stored state does not validate against the phase's ``state_model`` (the schema changed)."""
-
-
-class JobNotFoundError(PipelineError, LookupError):
-    """No job with this id exists in storage."""
-
-
-class JobConflictError(PipelineError):
-    """The job exists, or is in a status that does not allow the operation."""
-
-
-class JobFailedError(PipelineError):
-    """The run ended in ``error`` or ``cancelled`` where a result was asked for."""
-
-
-class WaitTimeoutError(PipelineError, TimeoutError):
-    """Waiting for a run took longer than the timeout given; the job goes on regardless."""
-
-
-class ConfigurationError(PipelineError):
-    """Bad configuration: an unparsable URL, an import path that does not resolve."""
-
-
-class StorageError(PipelineError):
-    """The storage backend refused or failed an operation."""
-
-
-class StaleVersionError(StorageError):
-    """A write was fenced off because the job's version or lease moved on.
-
-    The worker that gets this stops: another worker owns the job now.
-    """
-
-
-class CorruptRecordError(StorageError):
-    """A stored record could not be parsed (edited by hand, or written by an incompatible version)."""
-
-
-class StorageUnavailableError(StorageError):
-    """The storage backend could not be reached, even after retries."""
-
-
-class ModelError(PipelineError):
-    """A model call failed."""
-
-
-class TransientModelError(ModelError):
-    """Rate limits, timeouts, 5xx: worth retrying later.
-
-    ``retry_after`` is the server's hint in seconds, when it gave one.
-    """
-
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class PermanentModelError(ModelError):
-    """Bad request, authentication, unknown model, context window: retrying will not help."""

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from pipelines.errors import JobFailedError, JobNotFoundError, WaitTimeoutError
-from pipelines.models import JobRecord, JobStatus, Usage
-
-if TYPE_CHECKING:
-    from pipelines.app import App
+from pipelines.engine.errors import JobFailedError, JobNotFoundError, WaitTimeoutError
+from pipelines.engine.models import JobRecord, JobStatus, Usage
 
 __all__ = ["FINISHED", "JobView", "RunHandle"]
 
 FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 """Statuses a run stays in until someone acts: what :meth:`RunHandle.wait` waits for."""
+
+
+class _Runs(Protocol):
+    """What a handle needs of its :class:`~pipelines.app.App` (so this module does not import it)."""
+
+    def get(self, job_id: str) -> JobView | None: ...
+
+    def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView: ...
+
+    def run_in_process(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ class JobView:
 class RunHandle:
     """One run of an :class:`~pipelines.app.App`: ``run.get()``, ``run.wait()``, ``run.result()``, ``run.cancel()``."""
 
-    def __init__(self, app: App, job_id: str) -> None:
+    def __init__(self, app: _Runs, job_id: str) -> None:
         self.app = app
         self.job_id = job_id
 

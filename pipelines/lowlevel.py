@@ -18,12 +18,12 @@ from adapters.base import Scheduler, Storage
 from phases.model import Model
 from pipelines.agent import Agent, as_messages
 from pipelines.app import App
-from pipelines.errors import InvalidInputError
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import Message
+from pipelines.engine.phase import Phase, Pipeline
+from pipelines.engine.runner import as_pipeline
+from pipelines.engine.start import RetryMode
 from pipelines.handle import RunHandle
-from pipelines.models import Message
-from pipelines.phase import Phase, Pipeline
-from pipelines.runner import as_pipeline
-from pipelines.start import RetryMode
 
 __all__ = ["run_agent", "run_pipeline"]
 
@@ -52,7 +52,7 @@ def run_pipeline(
     ``"full"`` restarts from the first phase and ``initial_state``, cutting
     the transcript back to where this run began. ``state_model`` declares the
     state's pydantic model (phases then see it typed). A running, waiting or
-    paused job raises :class:`~pipelines.errors.JobConflictError`. Bad input
+    paused job raises :class:`~pipelines.engine.errors.JobConflictError`. Bad input
     raises before anything is written.
     """
     app = App.for_adapters(storage, scheduler)

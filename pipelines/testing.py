@@ -21,7 +21,7 @@ from pipelines.crash_harness import (
     crash_test,
     transcript_problems,
 )
-from pipelines.models import Message, Usage
+from pipelines.engine.models import Message, Usage
 
 __all__ = [
     "CrashPoint",

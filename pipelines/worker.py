@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from pipelines.app import App
-from pipelines.errors import ConfigurationError, PipelineError
+from pipelines.engine.errors import ConfigurationError, PipelineError
 
 __all__ = ["APP_ENV", "advance_job", "forget_apps", "load_app", "use_app"]
 
@@ -118,7 +118,7 @@ def resolve_app(path: str | None) -> App:
 def advance_job(job_id: str, version: int | None = None, app: str | None = None) -> str:
     """What a queue message runs: advance ``job_id`` with the app it belongs to; returns what happened.
 
-    The return value is an :class:`~pipelines.runner.AdvanceResult` value, a
+    The return value is an :class:`~pipelines.engine.runner.AdvanceResult` value, a
     plain string, so a JSON serializer can store it. ``version`` names the
     turn the message was sent for; the runner's fencing makes any mismatch
     harmless.

@@ -20,7 +20,7 @@ from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
 from pipelines import Agent, tool
 from pipelines.app import App
-from pipelines.models import Message
+from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 
 APP_PATH = "tests.apps.controls_app:app"

@@ -25,7 +25,7 @@ import pytest
 from adapters.base import Scheduler
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from pipelines import App, Done, Next, Phase, PhaseContext
-from pipelines.runner import AdvanceResult
+from pipelines.engine.runner import AdvanceResult
 
 
 @dataclass(frozen=True)

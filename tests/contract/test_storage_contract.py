@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from adapters.base import Storage
-from pipelines.errors import JobConflictError, StaleVersionError, StateNotSerializableError
-from pipelines.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry
+from pipelines.engine.errors import JobConflictError, StaleVersionError, StateNotSerializableError
+from pipelines.engine.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry
 
 
 def record(job_id: str = "job-1", *, version: int = 1, due_at: float = 100.0, **kw: Any) -> JobRecord:
@@ -271,7 +271,7 @@ def test_a_worker_commits_and_journals_only_while_it_holds_the_lease(storage: St
 
 
 def test_events_are_appended_with_their_commit_and_read_from_a_cursor(storage: Storage) -> None:
-    from pipelines.models import Event
+    from pipelines.engine.models import Event
 
     def ev(kind: str, n: int) -> Event:
         return Event(timestamp=float(n), type=kind, turn=n, data={"n": n})

@@ -12,7 +12,7 @@ from adapters.memory import MemoryScheduler, MemoryStorage
 from adapters.redis import RedisStorage
 from phases.approvals import approve, pending_calls, reject
 from pipelines import Agent, JobStatus, TurnPlan, tool
-from pipelines.control import cancel_job, pause_job, resume_job
+from pipelines.engine.control import cancel_job, pause_job, resume_job
 from pipelines.testing import ScriptedModel, call, reply
 
 

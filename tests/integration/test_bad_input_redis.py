@@ -25,7 +25,7 @@ from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
 from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext
 from pipelines.cli import main as cli_main
-from pipelines.errors import (
+from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
     InvalidJobIdError,
@@ -34,8 +34,8 @@ from pipelines.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.models import Commit
-from pipelines.runner import AdvanceResult, try_advance
+from pipelines.engine.models import Commit
+from pipelines.engine.runner import AdvanceResult, try_advance
 from pipelines.testing import ScriptedModel
 from tests.redis_server import free_port
 
@@ -439,9 +439,9 @@ def test_app_advance_due_skips_a_corrupt_record_and_advances_the_others(storage:
 # --- oversized values --------------------------------------------------------------------------
 def test_values_up_to_the_limit_round_trip_and_larger_ones_are_refused_on_redis(storage: RedisStorage,
                                                                                r: redis.Redis) -> None:
-    from pipelines.errors import ValueTooLargeError
+    from pipelines.engine.errors import ValueTooLargeError
 
-    big = "y" * (7 * 1024 * 1024)  # under the 8 MiB limit (pipelines.models.MAX_VALUE_BYTES)
+    big = "y" * (7 * 1024 * 1024)  # under the 8 MiB limit (pipelines.engine.models.MAX_VALUE_BYTES)
     scheduler = MemoryScheduler()
 
     def a(ctx: PhaseContext[Any]) -> Done:

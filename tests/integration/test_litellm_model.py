@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from phases.litellm_model import LiteLLMModel, _redact
 from phases.model import ModelRequest
-from pipelines.errors import ModelError, PermanentModelError, TransientModelError
+from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError
 from tests.fake_openai import (
     FakeOpenAI,
     bad_request,

@@ -18,8 +18,8 @@ from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
 from pipelines import Agent, JobStatus, tool
 from pipelines.app import App
-from pipelines.errors import JobConflictError
-from pipelines.models import Message
+from pipelines.engine.errors import JobConflictError
+from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 
 pytestmark = pytest.mark.redis

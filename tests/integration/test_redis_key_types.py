@@ -18,8 +18,8 @@ import redis
 
 from adapters.redis import RedisStorage
 from pipelines import JobStatus
-from pipelines.errors import CorruptRecordError
-from pipelines.models import Checkpoint, Commit, Event, JobRecord, LogEntry
+from pipelines.engine.errors import CorruptRecordError
+from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, LogEntry
 
 pytestmark = pytest.mark.redis
 

@@ -22,7 +22,7 @@ import redis
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
 from pipelines import Done, JobStatus, Next, Phase, PhaseContext, run_pipeline
-from pipelines.errors import (
+from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
     InvalidInputError,
@@ -30,7 +30,7 @@ from pipelines.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.models import Checkpoint, Commit, JobRecord, LogEntry
+from pipelines.engine.models import Checkpoint, Commit, JobRecord, LogEntry
 from tests.redis_server import RedisServer, find_redis_server, free_port
 
 pytestmark = pytest.mark.redis

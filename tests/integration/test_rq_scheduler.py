@@ -22,7 +22,7 @@ from adapters.redis import DEFAULT_PREFIX
 from adapters.rq import ADVANCE_FUNC, RQScheduler, decode_rq_job_id, parse_rq_job_id, rq_job_id
 from pipelines import JobStatus, worker
 from pipelines.app import App
-from pipelines.errors import ConfigurationError, InvalidInputError, StorageUnavailableError
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageUnavailableError
 from pipelines.worker import advance_job
 from tests.redis_server import free_port
 

@@ -33,7 +33,7 @@ from phases.agent_turn import resolve_model
 from phases.model import ModelRequest
 from phases.observe import observe_calls
 from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, tool, worker
-from pipelines.errors import InvalidJobIdError, ModelError
+from pipelines.engine.errors import InvalidJobIdError, ModelError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.fake_openai import FakeOpenAI, bad_request, text_reply, tool_reply, unauthorized
 from tests.fake_openai import call as fake_call

@@ -12,8 +12,8 @@ import redis
 from adapters.memory import MemoryStorage, VirtualClock
 from adapters.redis import RedisStorage
 from pipelines import JobStatus
-from pipelines.errors import StaleVersionError
-from pipelines.models import Checkpoint, Commit, JobRecord
+from pipelines.engine.errors import StaleVersionError
+from pipelines.engine.models import Checkpoint, Commit, JobRecord
 
 JOB = "job-1"
 NO_HOLDER = "no worker holds its lease (this worker's lease expired)"

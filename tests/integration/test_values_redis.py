@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from adapters.redis import RedisStorage
-from pipelines.errors import InvalidInputError, StateNotSerializableError
-from pipelines.models import LogEntry
+from pipelines.engine.errors import InvalidInputError, StateNotSerializableError
+from pipelines.engine.models import LogEntry
 from tests.unit.test_values import AT_LIMIT, BAD, PATHS, commit_with, read_back, start
 
 PREFIX = "vals"

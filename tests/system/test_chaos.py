@@ -34,7 +34,7 @@ from bench.chaos_lib import (
 )
 from pipelines import Agent, JobStatus
 from pipelines.app import App
-from pipelines.errors import StorageUnavailableError
+from pipelines.engine.errors import StorageUnavailableError
 from pipelines.testing import ScriptedModel
 from tests.apps import chaos_app
 from tests.apps.agent_app import add

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from phases.model import ModelRequest
 from pipelines import Agent, JobStatus, Tool, ToolContext, build_agent_phase, has_tool_call, max_turns, run_agent, tool
-from pipelines.errors import InvalidInputError, PermanentModelError, TransientModelError
-from pipelines.phase import FailJob
+from pipelines.engine.errors import InvalidInputError, PermanentModelError, TransientModelError
+from pipelines.engine.phase import FailJob
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import Crash, memory
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from phases.model import ModelRequest
 from pipelines import Agent, JobStatus, TurnPlan, tool
-from pipelines.errors import InvalidInputError
+from pipelines.engine.errors import InvalidInputError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 

@@ -8,8 +8,9 @@ import pytest
 from pydantic import BaseModel
 
 from adapters.memory import MemoryStorage
-from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, Pipeline, tool, transitions
-from pipelines.errors import (
+from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, Pipeline, tool
+from pipelines.engine import transitions
+from pipelines.engine.errors import (
     ConfigurationError,
     InvalidInputError,
     JobConflictError,
@@ -17,7 +18,7 @@ from pipelines.errors import (
     JobNotFoundError,
     WaitTimeoutError,
 )
-from pipelines.models import JobRecord
+from pipelines.engine.models import JobRecord
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 

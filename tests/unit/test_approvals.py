@@ -8,7 +8,7 @@ import pytest
 
 from phases.approvals import approve, pending_calls, reject
 from pipelines import Agent, JobStatus, tool
-from pipelines.errors import InvalidInputError, JobConflictError
+from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 
@@ -94,7 +94,7 @@ def test_an_approval_is_bound_to_the_exact_arguments_it_was_shown() -> None:
 
 
 def _resume_commit(rec: Any) -> Any:
-    from pipelines.models import Commit
+    from pipelines.engine.models import Commit
 
     new = rec.model_copy(update={"status": JobStatus.RUNNING, "waiting": None, "version": rec.version + 1,
                                  "checkpoint": rec.checkpoint.model_copy(update={"version": rec.version + 1})})

@@ -1,7 +1,7 @@
 """Issue 5, "Bad input catalogue", on the memory adapters.
 
 Every case asserts two things: a clear error naming the problem (the right
-``pipelines.errors`` class, a message naming the offending value or field),
+``pipelines.engine.errors`` class, a message naming the offending value or field),
 and that nothing was half written (no job in storage, the job unchanged, or
 nothing enqueued). Redis-only cases live in tests/integration/test_bad_input_redis.py.
 """
@@ -32,8 +32,8 @@ from pipelines import (
     run_pipeline,
     tool,
 )
-from pipelines.control import cancel_job
-from pipelines.errors import (
+from pipelines.engine.control import cancel_job
+from pipelines.engine.errors import (
     ConfigurationError,
     InvalidInputError,
     InvalidJobIdError,
@@ -43,9 +43,9 @@ from pipelines.errors import (
     StateNotSerializableError,
     StateValidationError,
 )
-from pipelines.models import validate_job_id
-from pipelines.phase import validate_state
-from pipelines.runner import AdvanceResult, try_advance
+from pipelines.engine.models import validate_job_id
+from pipelines.engine.phase import validate_state
+from pipelines.engine.runner import AdvanceResult, try_advance
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.worker import load_app
 from tests.unit.helpers import memory
@@ -378,7 +378,7 @@ def test_a_5_mb_message_is_under_the_limit_and_round_trips_unchanged() -> None:
 
 
 def test_an_oversized_message_is_refused_naming_its_size_with_nothing_written() -> None:
-    from pipelines.errors import ValueTooLargeError
+    from pipelines.engine.errors import ValueTooLargeError
 
     storage, scheduler, _ = memory()
     big = "x" * (9 * 1024 * 1024)

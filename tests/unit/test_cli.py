@@ -14,9 +14,9 @@ from adapters.memory import MemoryStorage
 from pipelines import JobStatus
 from pipelines.app import App
 from pipelines.cli import main
-from pipelines.control import cancel_job
-from pipelines.errors import JobConflictError, JobNotFoundError, StaleVersionError
-from pipelines.models import Commit
+from pipelines.engine.control import cancel_job
+from pipelines.engine.errors import JobConflictError, JobNotFoundError, StaleVersionError
+from pipelines.engine.models import Commit
 from tests.apps import memory_app
 
 APP = "tests.apps.memory_app:app"

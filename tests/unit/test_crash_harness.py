@@ -9,7 +9,7 @@ import pytest
 from adapters.base import Scheduler, Storage
 from examples.support_agent import build_agent
 from pipelines import Agent, Done, Next, Phase, PhaseContext, run_pipeline, tool
-from pipelines.phase import PhaseContext as Ctx
+from pipelines.engine.phase import PhaseContext as Ctx
 from pipelines.testing import ScriptedModel, call, crash_test, reply, transcript_problems
 
 

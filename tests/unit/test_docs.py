@@ -40,7 +40,7 @@ def test_the_reference_builds_strictly_offline_without_importing_the_code(tmp_pa
     assert report == {"code": 0, "imported": []}, run.stderr
     # One page per public area, each with the documented module's own docstring in it.
     errors_page = (site / "reference" / "errors" / "index.html").read_text()
-    assert "pipelines.errors" in errors_page
+    assert "pipelines.engine.errors" in errors_page
     assert "InvalidInputError" in errors_page
     pages = sorted(p.name for p in (site / "reference").iterdir() if p.is_dir())
     assert pages == ["agents", "app", "errors", "pipelines", "storage", "testing"]

@@ -10,8 +10,8 @@ import pytest
 
 from phases.approvals import approve
 from pipelines import Agent, tool
-from pipelines.events import on_event
-from pipelines.models import Event
+from pipelines.engine.events import on_event
+from pipelines.engine.models import Event
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 

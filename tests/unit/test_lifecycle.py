@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pipelines import Done, JobStatus, Next, Phase, PhaseContext, run_pipeline
-from pipelines.control import cancel_job, pause_job, resume_job
-from pipelines.errors import JobConflictError, JobNotFoundError
+from pipelines.engine.control import cancel_job, pause_job, resume_job
+from pipelines.engine.errors import JobConflictError, JobNotFoundError
 from tests.unit.helpers import memory
 
 

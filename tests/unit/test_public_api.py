@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,9 +97,40 @@ def test_the_memory_adapters_load_no_composition_module() -> None:
 
 
 @pytest.mark.parametrize("first", ["phases", "phases.agent_turn", "adapters.base", "adapters.memory",
-                                   "pipelines.testing", "phases.tools", "pipelines.transitions"])
+                                   "pipelines.testing", "phases.tools", "pipelines.engine.transitions"])
 def test_any_module_can_be_imported_first(first: str) -> None:
     code = f"import {first}; import pipelines; print(pipelines.run_pipeline.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "run_pipeline"
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_the_engine_imports_only_itself_and_the_ports() -> None:
+    root = Path(__file__).resolve().parents[2]
+    ours = ("pipelines", "phases", "adapters")
+    for path in (root / "pipelines" / "engine").glob("*.py"):
+        bad = {m for m in _imports(path) if m.split(".")[0] in ours
+               and not m.startswith(("pipelines.engine", "adapters.base")) and m != "pipelines"}
+        assert bad == set(), f"{path.name} imports {sorted(bad)}"
+
+
+def test_adapters_and_phases_import_only_the_engine_and_the_ports() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for folder in ("adapters", "phases"):
+        for path in (root / folder).glob("*.py"):
+            bad = {m for m in _imports(path) if m.startswith("pipelines") and not m.startswith("pipelines.engine")
+                   and m != "pipelines"}
+            assert bad == set(), f"{folder}/{path.name} imports {sorted(bad)}"

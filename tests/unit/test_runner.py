@@ -11,15 +11,15 @@ from pydantic import BaseModel
 
 from adapters.memory import MemoryScheduler, MemoryStorage
 from pipelines import Done, Fail, JobStatus, Next, Phase, PhaseContext, RetryLater, advance_phase, run_pipeline
-from pipelines.errors import (
+from pipelines.engine.errors import (
     InvalidJobIdError,
     InvalidPipelineError,
     JobConflictError,
     StaleVersionError,
     StateNotSerializableError,
 )
-from pipelines.models import Commit
-from pipelines.runner import AdvanceResult, try_advance
+from pipelines.engine.models import Commit
+from pipelines.engine.runner import AdvanceResult, try_advance
 from tests.unit.helpers import Crash, memory
 
 
@@ -494,7 +494,7 @@ def test_a_retried_commit_whose_reply_was_lost_is_recognised_as_applied() -> Non
 def test_a_forked_child_can_run_phases_even_if_the_parent_held_the_lease_keeper_lock() -> None:
     import os
 
-    from pipelines.leases import LEASE_KEEPER
+    from pipelines.engine.leases import LEASE_KEEPER
 
     storage, scheduler, _ = memory()
     start(storage, scheduler, [Phase("a", lambda ctx: Done(result="child"))])

@@ -9,7 +9,7 @@ import pytest
 from adapters.memory import MemoryScheduler, MemoryStorage
 from phases.approvals import record_tool_result
 from pipelines import Agent, JobStatus, Tool, tool
-from pipelines.errors import InvalidInputError, JobConflictError
+from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import Crash, memory
 

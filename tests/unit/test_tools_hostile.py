@@ -17,8 +17,8 @@ from phases.approvals import record_tool_result
 from phases.tool_runner import run_tools
 from phases.tools import tool_map
 from pipelines import Agent, JobStatus, Tool, ToolContext, run_pipeline, tool
-from pipelines.errors import InvalidInputError
-from pipelines.phase import Done, Phase, PhaseContext
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.phase import Done, Phase, PhaseContext
 from pipelines.testing import ScriptedModel, SimulatedCrash, call, reply, transcript_problems
 from tests.unit.helpers import Crash, memory
 

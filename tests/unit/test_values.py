@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryStorage
-from pipelines.errors import InvalidInputError, StateNotSerializableError, ValueTooLargeError
-from pipelines.models import (
+from pipelines.engine.errors import InvalidInputError, StateNotSerializableError, ValueTooLargeError
+from pipelines.engine.models import (
     MAX_INT_DIGITS,
     MAX_JSON_DEPTH,
     MAX_VALUE_BYTES,

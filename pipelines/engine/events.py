@@ -3,7 +3,7 @@
 Events are stored with the commit that produced them (atomically, so a crash
 re-run never duplicates them) and read back with ``storage.events(job_id,
 after=cursor)``. In the process that committed them, each event also goes to
-the ``on_event`` hooks and to the stdlib logger ``pipelines.events`` (INFO).
+the ``on_event`` hooks and to the stdlib logger ``pipelines.engine.events`` (INFO).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipelines.models import Event
+from pipelines.engine.models import Event
 
 __all__ = ["make_event", "on_event", "publish"]
 
@@ -46,7 +46,7 @@ def on_event(fn: EventHook) -> Callable[[], None]:
 
 
 def publish(job_id: str, events: Sequence[Event]) -> None:
-    """Hand committed events to the hooks and the ``pipelines.events`` logger."""
+    """Hand committed events to the hooks and the ``pipelines.engine.events`` logger."""
     if not events:
         return
     with _lock:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from pipelines._aio import resolve
-from pipelines.errors import InvalidInputError, InvalidPipelineError, StateValidationError
-from pipelines.models import (
+from pipelines.engine._aio import resolve
+from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StateValidationError
+from pipelines.engine.models import (
     Checkpoint,
     Event,
     JSONValue,

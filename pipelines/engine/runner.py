@@ -1,4 +1,4 @@
-"""The phase runner: ``advance_phase`` runs one phase of a job (``pipelines.start`` writes jobs).
+"""The phase runner: ``advance_phase`` runs one phase of a job (``pipelines.engine.start`` writes jobs).
 
 One advance, step by step (DESIGN "The turn"):
 
@@ -11,7 +11,7 @@ One advance, step by step (DESIGN "The turn"):
 4. schedule the next advance (the fast path; storage's due index is the
    truth, I7).
 
-The commits themselves are built in :mod:`pipelines.transitions`. Every
+The commits themselves are built in :mod:`pipelines.engine.transitions`. Every
 failure ends as data (I9): status ``error``, a readable message, the last
 good checkpoint kept for ``retry_mode="resume"``.
 """
@@ -28,20 +28,20 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapters.base import Scheduler, Storage
-from pipelines import transitions
-from pipelines._aio import resolve
-from pipelines.errors import (
+from pipelines.engine import transitions
+from pipelines.engine._aio import resolve
+from pipelines.engine.errors import (
     CorruptRecordError,
     InvalidInputError,
     PipelineError,
     StaleVersionError,
     StorageUnavailableError,
 )
-from pipelines.leases import LEASE_KEEPER, check_lease_seconds
-from pipelines.models import Commit, JobRecord, JobStatus, to_json_value, validate_job_id
-from pipelines.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, Pipeline, RetryLater, WaitForInput
-from pipelines.phase import validate_state as _validate_state
-from pipelines.tokens import new_token
+from pipelines.engine.leases import LEASE_KEEPER, check_lease_seconds
+from pipelines.engine.models import Commit, JobRecord, JobStatus, to_json_value, validate_job_id
+from pipelines.engine.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, Pipeline, RetryLater, WaitForInput
+from pipelines.engine.phase import validate_state as _validate_state
+from pipelines.engine.tokens import new_token
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",

@@ -1,7 +1,7 @@
 """Starting jobs: write a new job (or restart one) and enqueue its first advance.
 
-Nothing here runs a phase; ``pipelines.runner`` does. The commits come from
-:mod:`pipelines.transitions`. Bad input raises before anything is written.
+Nothing here runs a phase; ``pipelines.engine.runner`` does. The commits come from
+:mod:`pipelines.engine.transitions`. Bad input raises before anything is written.
 """
 
 from __future__ import annotations
@@ -12,16 +12,24 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from adapters.base import Scheduler, Storage
-from pipelines import transitions
-from pipelines.errors import (
+from pipelines.engine import transitions
+from pipelines.engine.errors import (
     InvalidInputError,
     InvalidPipelineError,
     JobConflictError,
     JobNotFoundError,
     StaleVersionError,
 )
-from pipelines.models import JobRecord, JobStatus, JSONValue, Message, check_messages, to_json_value, validate_job_id
-from pipelines.phase import Pipeline
+from pipelines.engine.models import (
+    JobRecord,
+    JobStatus,
+    JSONValue,
+    Message,
+    check_messages,
+    to_json_value,
+    validate_job_id,
+)
+from pipelines.engine.phase import Pipeline
 
 __all__ = ["RETRY_MODES", "RetryMode", "check_retry_mode", "start_job"]
 

@@ -9,7 +9,7 @@ import threading
 import time
 
 from adapters.base import Storage
-from pipelines.errors import InvalidInputError, PipelineError
+from pipelines.engine.errors import InvalidInputError, PipelineError
 
 __all__ = ["LEASE_KEEPER", "LeaseKeeper", "check_lease_seconds"]
 

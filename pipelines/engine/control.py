@@ -2,7 +2,7 @@
 
 :class:`~pipelines.app.App` is the handle users hold (``app.pause(id)``...);
 these functions are what it calls. Each goes through a transition of
-:mod:`pipelines.transitions`, so it is fenced exactly like a worker's turn (I2).
+:mod:`pipelines.engine.transitions`, so it is fenced exactly like a worker's turn (I2).
 
 Pause and cancel land at the turn boundary, never a turn late: the request is
 stored on the job at once, and whoever next holds the job's lease applies it
@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 
 from adapters.base import Scheduler, Storage
-from pipelines import transitions
-from pipelines.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
-from pipelines.models import Commit, JobRecord, JobStatus, validate_job_id
-from pipelines.tokens import new_token
+from pipelines.engine import transitions
+from pipelines.engine.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
+from pipelines.engine.models import Commit, JobRecord, JobStatus, validate_job_id
+from pipelines.engine.tokens import new_token
 
 __all__ = ["cancel_job", "load_job", "pause_job", "requeue_overdue", "resume_job"]
 

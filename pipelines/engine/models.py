@@ -16,7 +16,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.errors import InvalidJobIdError, StateNotSerializableError, ValueTooLargeError
+from pipelines.engine.errors import InvalidJobIdError, StateNotSerializableError, ValueTooLargeError
 
 __all__ = [
     "JOB_ID_PATTERN",
@@ -64,7 +64,7 @@ MAX_VALUE_BYTES = 8 * 1024 * 1024
 """The largest JSON text storage takes for one value: a transcript message, a step
 result, a log or event line, or a job record with its state. A larger one is refused
 with :class:`ValueTooLargeError` before anything is written. Change it here
-(``pipelines.models.MAX_VALUE_BYTES = ...``) if your jobs need more."""
+(``pipelines.engine.models.MAX_VALUE_BYTES = ...``) if your jobs need more."""
 
 
 def validate_job_id(job_id: object) -> str:
@@ -90,7 +90,7 @@ def check_size(text: str, what: str) -> str:
     if len(text) * 4 > limit and len(size := text.encode()) > limit:
         raise ValueTooLargeError(
             f"{what} is {len(size) / 1048576:.1f} MiB of JSON, above the {limit / 1048576:.1f} MiB limit "
-            "(pipelines.models.MAX_VALUE_BYTES)"
+            "(pipelines.engine.models.MAX_VALUE_BYTES)"
         )
     return text
 
@@ -157,12 +157,12 @@ def _bad_str(text: str, where: str) -> None:
 def _big_int(n: int) -> _RefusedError:
     digits = int(n.bit_length() * 0.30103) + 1  # str(n) itself would fail past the limit
     return _RefusedError(f"has an int of about {digits} digits, more than the {MAX_INT_DIGITS} JSON readers accept "
-                    "(pipelines.models.MAX_INT_DIGITS); store it as a string")
+                    "(pipelines.engine.models.MAX_INT_DIGITS); store it as a string")
 
 
 def _too_deep() -> _RefusedError:
-    return _RefusedError(f"nests lists/dicts deeper than {MAX_VALUE_DEPTH} levels (pipelines.models.MAX_VALUE_DEPTH), "
-                    "more than storage can read back")
+    return _RefusedError(f"nests lists/dicts deeper than {MAX_VALUE_DEPTH} levels "
+                         "(pipelines.engine.models.MAX_VALUE_DEPTH), more than storage can read back")
 
 
 def _not_json(why: str) -> _RefusedError:
@@ -463,7 +463,7 @@ class Commit(BaseModel):
 
     Storage applies it only if the stored version is ``expected_version`` and,
     for a worker's commit (``owner`` set), the live lease is ``owner``'s; otherwise it raises
-    :class:`~pipelines.errors.StaleVersionError` and changes nothing (I2). A
+    :class:`~pipelines.engine.errors.StaleVersionError` and changes nothing (I2). A
     commit whose ``token`` is already the stored one was applied before (its
     reply was lost and the client retried): storage returns without writing.
     """

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import JobConflictError
-from pipelines.events import make_event, publish
-from pipelines.models import (
+from pipelines.engine.errors import JobConflictError
+from pipelines.engine.events import make_event, publish
+from pipelines.engine.models import (
     Checkpoint,
     Commit,
     Event,
@@ -30,8 +30,8 @@ from pipelines.models import (
     LogLevel,
     Message,
 )
-from pipelines.phase import Done, Fail, Next, PhaseOutput, RetryLater, WaitForInput
-from pipelines.tokens import new_token
+from pipelines.engine.phase import Done, Fail, Next, PhaseOutput, RetryLater, WaitForInput
+from pipelines.engine.tokens import new_token
 
 if TYPE_CHECKING:
     from adapters.base import Scheduler, Storage
@@ -309,7 +309,7 @@ def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: b
     """Write ``commit`` (or create the job, for ``expected_version`` 0), publish its events, schedule what is due.
 
     Returns the pause/cancel request storage reports pending for the job, if any.
-    Raises :class:`~pipelines.errors.StaleVersionError` (nothing written) when fenced off.
+    Raises :class:`~pipelines.engine.errors.StaleVersionError` (nothing written) when fenced off.
     """
     pending: str | None = None
     if commit.expected_version == 0:
