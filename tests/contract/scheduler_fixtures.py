@@ -203,6 +203,90 @@ class RQHarness(Harness):
         self.storage.client.close()
 
 
+class CeleryHarness(Harness):
+    """CeleryScheduler on a real Redis broker; its work is run burst-style in this process.
+
+    ``_work`` takes each message off the broker's queue (the Redis list kombu
+    writes), keeps back those whose ``eta`` is still ahead, and runs the rest
+    through the registered Celery task (``Task.apply`` with the message's id,
+    args and kwargs, decoded from the JSON body that crossed the broker).
+    Real ``celery worker`` processes run in tests/system/test_celery_workers.py.
+    """
+
+    name = "celery"
+    delay = 2.0  # countdown becomes an ISO eta (sub-second), precision 0.5
+    margin = 0.5
+
+    def __init__(self, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        from adapters.celery import CeleryScheduler
+        from adapters.redis import RedisStorage
+        from pipelines import worker
+        from tests.apps.celery_app import make_celery
+
+        self.storage = RedisStorage.from_url(redis_url, prefix=f"t{uuid.uuid4().hex[:10]}")
+        self.celery = make_celery(redis_url, main=f"contract-{uuid.uuid4().hex[:6]}")
+        self.queue = f"q{uuid.uuid4().hex[:10]}"
+        self.celery_scheduler = CeleryScheduler.for_storage(self.celery, self.storage, queue=self.queue)
+        self._wire: list[bytes] = []
+        self._body = b""
+        super().__init__(self.celery_scheduler,
+                         lambda s: App(storage=self.storage, scheduler=s, pipelines={"p": self.pipeline()}))
+        worker.forget_apps()
+        worker.use_app(self.app)  # the messages name no app: the task body finds this one
+        monkeypatch.setattr(self.app, "advance", self._recorded(self.app.advance))
+
+    def _recorded(self, advance: Callable[[str], AdvanceResult]) -> Callable[[str], AdvanceResult]:
+        def run(job_id: str) -> AdvanceResult:
+            self._wire.append(self._body)
+            self.deliveries.append(Delivery(job_id, self.scheduler.now()))
+            return advance(job_id)
+
+        return run
+
+    def _work(self) -> None:
+        import base64
+        from datetime import datetime
+
+        client = self.storage.client
+        held: list[bytes] = []
+        while (raw := client.rpop(self.queue)) is not None:  # kombu LPUSHes: RPOP takes the oldest
+            envelope = json.loads(raw)
+            headers = envelope["headers"]
+            if headers.get("eta") and datetime.fromisoformat(headers["eta"]).timestamp() > self.scheduler.now():
+                held.append(raw)  # a worker would hold it until its eta
+                continue
+            self._body = base64.b64decode(envelope["body"])
+            args, kwargs, _embed = json.loads(self._body)
+            self.celery.tasks[headers["task"]].apply(args=args, kwargs=kwargs, task_id=headers["id"], throw=True)
+        if held:
+            client.rpush(self.queue, *held)
+
+    def run_due(self) -> None:
+        self._work()
+
+    def run_all(self) -> None:
+        self._work()
+
+    def wait_until(self, t: float) -> None:
+        while (left := t - self.scheduler.now()) > 0:
+            time.sleep(min(left, 0.05))
+
+    def lose_messages(self) -> int:
+        client = self.storage.client
+        lost = int(client.llen(self.queue))
+        client.delete(self.queue)
+        return lost
+
+    def wire(self) -> list[bytes]:
+        return list(self._wire)
+
+    def close(self) -> None:
+        from pipelines import worker
+
+        worker.forget_apps()
+        self.storage.client.close()
+
+
 def _memory(request: pytest.FixtureRequest) -> Iterator[Harness]:
     yield MemoryHarness()
 
@@ -213,7 +297,16 @@ def _rq(request: pytest.FixtureRequest) -> Iterator[Harness]:
     harness.close()
 
 
-HARNESSES: dict[str, Callable[[pytest.FixtureRequest], Iterator[Harness]]] = {"memory": _memory, "rq": _rq}
+def _celery(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    pytest.importorskip("celery", reason="the celery extra is not installed (pip install phaserunner[celery])")
+    harness = CeleryHarness(request.getfixturevalue("redis_url"), request.getfixturevalue("monkeypatch"))
+    yield harness
+    harness.close()
 
-PARAMS = [pytest.param("memory"), pytest.param("rq", marks=pytest.mark.redis)]
+
+HARNESSES: dict[str, Callable[[pytest.FixtureRequest], Iterator[Harness]]] = {
+    "memory": _memory, "rq": _rq, "celery": _celery}
+
+PARAMS = [pytest.param("memory"), pytest.param("rq", marks=pytest.mark.redis),
+          pytest.param("celery", marks=pytest.mark.redis)]
 """The fixture's parameters: the RQ entry needs a real redis-server (tests/conftest.py checks for it)."""
