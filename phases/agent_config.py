@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from phases.callbacks import CALLBACKS
+from phases.conversation import check_conflict_mode
 from phases.model import Model
 from phases.stop import StopCondition
 from phases.tools import Tool, tool_map
@@ -37,6 +39,12 @@ class RunOptions(BaseModel):
     max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     output_schema: str | None = Field(default=None, description="the name of a schema registered on the App")
     tool_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    system_prompt_conflict: Literal["keep", "use-current"] | None = None
+    suppress_system_prompt_conflict_warning: bool | None = None
+    max_retries: int | None = Field(default=None, ge=0, description="model call retries; 0 = no retry")
+    context: JSONValue = Field(default=None, description="JSON data for tools and hooks; never sent to the model")
+    tools_context: dict[str, JSONValue] | None = Field(default=None, description="tool name -> that tool's entry")
+    tags: list[str] | None = None
 
 
 RUN_OPTIONS = tuple(RunOptions.model_fields)
@@ -56,7 +64,7 @@ class AgentConfig:
     """Everything that describes an agent; validated when built, so a bad option fails at definition."""
 
     model: str | Model
-    tools: Sequence[Tool] | Mapping[str, Tool] | None = ()
+    tools: Sequence[Tool] | Mapping[str, Tool] | Callable[..., Any] | None = ()
     system: str | None = None
     max_turns: int = 10
     stop_when: StopCondition | Sequence[StopCondition] | None = None
@@ -67,10 +75,32 @@ class AgentConfig:
     max_cost_usd: float | None = None
     prepare_turn: Callable[..., Any] | None = None
     tool_timeout: float | None = None
+    system_prompt_conflict: str = "keep"
+    suppress_system_prompt_conflict_warning: bool = False
+    prepare_call: Callable[..., Any] | None = None
+    max_retries: int | None = None
+    on_start: Callable[..., Any] | None = None
+    on_turn_start: Callable[..., Any] | None = None
+    on_tool_start: Callable[..., Any] | None = None
+    on_tool_end: Callable[..., Any] | None = None
+    on_turn_end: Callable[..., Any] | None = None
+    on_end: Callable[..., Any] | None = None
     tmap: dict[str, Tool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tmap", tool_map(self.tools))
+        # ``tools`` may be a provider (a function of the run's context): its
+        # tools are known per run only (``with_tools``), so the map starts empty.
+        tools = self.tools
+        object.__setattr__(self, "tmap", {} if callable(tools) and self.tools_provider is not None
+                           else tool_map(tools))  # type: ignore[arg-type]
+        if self.max_retries is not None:
+            if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+                raise InvalidInputError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
+            object.__setattr__(self, "max_model_attempts", self.max_retries + 1)
+        check_conflict_mode(self.system_prompt_conflict)
+        for hook in ("prepare_call", *CALLBACKS):
+            if getattr(self, hook) is not None and not callable(getattr(self, hook)):
+                raise InvalidInputError(f"{hook} must be callable, got {getattr(self, hook)!r}")
         _positive("max_turns", self.max_turns, integer=True, optional=False)
         _positive("max_model_attempts", self.max_model_attempts, integer=True, optional=False)
         _positive("max_tokens", self.max_tokens, integer=True)
@@ -91,15 +121,28 @@ class AgentConfig:
         if self.model_params is not None and not isinstance(self.model_params, Mapping):
             raise InvalidInputError(f"model_params must be a dict, got {type(self.model_params).__name__}")
 
+    @property
+    def tools_provider(self) -> Callable[..., Any] | None:
+        """``tools`` when it is a provider function of the run's context, else ``None``."""
+        tools = self.tools
+        if callable(tools) and not isinstance(tools, Tool | Mapping | Sequence):
+            return tools
+        return None
+
     def for_run(self, options: Mapping[str, JSONValue], schemas: Mapping[str, type[BaseModel]]) -> AgentConfig:
         """This config with a job's stored :class:`RunOptions` applied (what a worker runs)."""
         if not options:
             return self
-        opts = RunOptions.model_validate(options)
-        changes: dict[str, Any] = {k: v for k, v in opts.model_dump(exclude_none=True).items() if k != "output_schema"}
+        # Keys with a leading "_" are the library's own notes on the run, not options.
+        opts = RunOptions.model_validate({k: v for k, v in options.items() if not k.startswith("_")})
+        changes: dict[str, Any] = {k: v for k, v in opts.model_dump(exclude_none=True).items()
+                                   if k in _CONFIG_FIELDS and k != "output_schema"}
         if opts.output_schema is not None:
             changes["output_schema"] = _schema(opts.output_schema, schemas)
         return replace(self, **changes)
+
+
+_CONFIG_FIELDS = frozenset(AgentConfig.__dataclass_fields__)
 
 
 def _schema(name: str, schemas: Mapping[str, type[BaseModel]]) -> type[BaseModel]:

@@ -28,14 +28,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from phases import journal
+from phases import agent_run, journal
 from phases.agent_config import AgentConfig
+from phases.callbacks import fire
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
 from phases.stop import TurnInfo, should_stop
 from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
-from phases.tools import Tool
+from phases.tools import Tool, bind_run_context
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, TransientModelError
 from pipelines.engine.models import Message, Usage
@@ -125,7 +126,9 @@ class AgentTurn:
         self.model = resolve_model(config.model, config.model_params)
         self.tmap = config.tmap
         self.tool_schemas = [t.schema() for t in self.tmap.values()]
-        self.prefix: list[Message] = [{"role": "system", "content": config.system}] if config.system else []
+        # The system prompt is no longer a fixed prefix: a conversation's pinned
+        # prompt (or the run's current one) is chosen per turn (phases.conversation).
+        self.prefix: list[Message] = []
         self.history = _HistoryCache()
 
     def _model(self, spec: str | Model, params: Mapping[str, Any] | None) -> tuple[Model, dict[str, Any]]:
@@ -137,36 +140,47 @@ class AgentTurn:
 
     def call_model(self, ctx: PhaseContext[Any], cfg: AgentConfig, messages: list[Message],
                    turn: int) -> ModelResponse:
-        schema = None if self.tmap else cfg.output_schema
+        tmap = cfg.tmap  # the run's tools: a provider's, or prepare_call's choice
+        messages = agent_run.turn_messages(cfg, messages)
+        schema = None if tmap else cfg.output_schema
         if cfg.prepare_turn is None:
             model, params = self._model(cfg.model, cfg.model_params)
-            return _call_model(model, ctx, messages, self.tool_schemas, params, turn, schema)
+            schemas = self.tool_schemas if tmap is self.tmap else [t.schema() for t in tmap.values()]
+            return _call_model(model, ctx, messages, schemas, params, turn, schema)
         plan = TurnPlan(job_id=ctx.job_id, turn=turn, model=cfg.model, params=dict(cfg.model_params or {}),
                         # A deep copy: the hook may edit messages in place without touching
                         # the transcript cache shared by later turns.
-                        tools=list(self.tmap.values()), messages=json.loads(json.dumps(messages)))
+                        tools=list(tmap.values()), messages=json.loads(json.dumps(messages)))
         plan = cfg.prepare_turn(plan) or plan
-        unknown = [t.name for t in plan.tools if self.tmap.get(t.name) is not t]
+        unknown = [t.name for t in plan.tools if tmap.get(t.name) is not t]
         if unknown:
             raise InvalidInputError(f"prepare_turn offered tools the agent does not have: {unknown}")
         model, params = self._model(plan.model, plan.params)
         offered = [t.name for t in plan.tools]
         response = _call_model(model, ctx, plan.messages, [t.schema() for t in plan.tools], params, turn,
                                None if offered else cfg.output_schema)
-        return response.model_copy(update={"tools_offered": offered}) if offered != list(self.tmap) else response
+        return response.model_copy(update={"tools_offered": offered}) if offered != list(tmap) else response
 
     def __call__(self, ctx: PhaseContext[Any]) -> Next | Done | Fail:
-        cfg = self.config.for_run(ctx.options, self.schemas)
+        cfg = agent_run.resolve_run(ctx, self.config.for_run(ctx.options, self.schemas))
         state = AgentState.model_validate(ctx.state or {})
         over = _over_budget(ctx.job_usage, cfg)
         if over:
             ctx.log(f"budget reached before turn {state.turn + 1}: {over}", "warn")
-            return Done(result=None, reason="budget")
+            return agent_run.ended(ctx, cfg, Done(result=None, reason="budget"), ctx.job_usage, state.turn)
         past = self.history.get(ctx)
-        answer = self.answer(ctx, cfg, past, state.turn)
-        if isinstance(answer, Fail):
-            return answer
-        return self.finish_turn(ctx, cfg, past, state, answer)
+        if state.turn == 0:
+            agent_run.first_turn(ctx, cfg, past)
+        fire(ctx, agent_run.callbacks_of(cfg), "on_turn_start", turn=state.turn + 1, context=agent_run.context_of(ctx))
+        # Tools read the run's context from their ToolContext while this turn runs.
+        unbind = bind_run_context(ctx.job_id, agent_run.context_of(ctx), agent_run.tool_contexts(ctx, cfg))
+        try:
+            answer = self.answer(ctx, cfg, past, state.turn)
+            if isinstance(answer, Fail):
+                return agent_run.ended(ctx, cfg, answer, ctx.job_usage, state.turn)
+            return self.finish_turn(ctx, cfg, past, state, answer)
+        finally:
+            unbind()
 
     def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message],
                turn: int) -> ModelResponse | Fail:
@@ -198,7 +212,7 @@ class AgentTurn:
     def finish_turn(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], state: AgentState,
                     response: ModelResponse) -> Next | Done | Fail:
         message = response.message
-        results = self.run_calls(ctx, cfg, response, state.turn)
+        results = agent_run.run_turn_calls(ctx, cfg, response, state.turn)
         new_messages = [message, *results]
         _emit_turn_events(ctx, state.turn + 1, response, results)
         info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=response.tool_calls, tool_results=results,
@@ -209,8 +223,10 @@ class AgentTurn:
             outcome = Done(result=_result_of(message, results), reason=outcome.reason)
             if cfg.output_schema is not None:
                 model, params = self._model(cfg.model, cfg.model_params)
-                outcome = _structured(ctx, model, cfg.output_schema, self.prefix + past, new_messages,
-                                      outcome, params, state.turn)
+                outcome = _structured(ctx, model, cfg.output_schema, agent_run.turn_messages(cfg, past),
+                                      new_messages, outcome, params, state.turn)
+        agent_run.turn_ended(ctx, cfg, response, state.turn)
+        agent_run.ended(ctx, cfg, outcome, ctx.job_usage + response.usage, state.turn)
         ctx.append_messages(new_messages)
         if isinstance(outcome, Next):
             self.history.remember_after_commit(ctx, [*past, *new_messages])

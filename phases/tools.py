@@ -15,6 +15,7 @@ import inspect
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_type_hints
@@ -30,6 +31,7 @@ __all__ = [
     "Tool",
     "ToolArgumentsError",
     "ToolContext",
+    "bind_run_context",
     "tool",
     "tool_map",
 ]
@@ -40,14 +42,51 @@ InterruptPolicy = Literal["retry", "fail", "reconcile", "ask"]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-style APIs accept as a function name
 
 
+_FROM_RUN: Any = object()  # "not given": the run's bound values are looked up
+_RUN_CONTEXT: dict[str, tuple[JSONValue, dict[str, Any]]] = {}
+_RUN_CONTEXT_LOCK = threading.Lock()
+
+
+def bind_run_context(job_id: str, context: JSONValue, tool_contexts: dict[str, Any]) -> Callable[[], None]:
+    """Make a run's ``context`` and per-tool entries what its tools see in ``ToolContext``; returns the unbinder.
+
+    The agent turn binds them around its tool calls. A job runs on one worker
+    at a time (its lease), so keying by job id is unambiguous in a process.
+    """
+    with _RUN_CONTEXT_LOCK:
+        _RUN_CONTEXT[job_id] = (context, tool_contexts)
+
+    def unbind() -> None:
+        with _RUN_CONTEXT_LOCK:
+            _RUN_CONTEXT.pop(job_id, None)
+
+    return unbind
+
+
 @dataclass(frozen=True)
 class ToolContext:
-    """What a running tool knows about its call."""
+    """What a running tool knows about its call.
+
+    ``context``: the run's ``context=`` (JSON; never sent to the model).
+    ``tool_context``: this tool's entry of the run's ``tools_context=`` (an
+    instance of the tool's ``context_model`` when it declares one), or ``None``.
+    """
 
     job_id: str
     call_id: str
     tool_name: str
     turn: int = 0
+    context: JSONValue = _FROM_RUN
+    tool_context: Any = _FROM_RUN
+
+    def __post_init__(self) -> None:
+        if self.context is _FROM_RUN or self.tool_context is _FROM_RUN:
+            with _RUN_CONTEXT_LOCK:
+                context, entries = _RUN_CONTEXT.get(self.job_id, (None, {}))
+            if self.context is _FROM_RUN:
+                object.__setattr__(self, "context", context)
+            if self.tool_context is _FROM_RUN:
+                object.__setattr__(self, "tool_context", entries.get(self.tool_name))
 
     @property
     def idempotency_key(self) -> str:
@@ -86,6 +125,10 @@ class Tool:
     returns the result), or ``"ask"`` (the job waits until someone records the
     outcome).
 
+    ``context_model``: a pydantic model the run's ``tools_context[name]``
+    entry must fit (checked when the run starts); the tool reads it as
+    ``ctx.tool_context``.
+
     ``timeout``: seconds the turn waits for one call (finite, > 0), or
     ``None`` (the default: the ``default_timeout`` of ``run_tools``, if any).
     A call that runs longer is abandoned: for a ``"retry"`` tool the model
@@ -109,6 +152,7 @@ class Tool:
         reconcile: Callable[..., Any] | None = None,
         needs_approval: bool | Callable[[Any], bool] = False,
         timeout: float | None = None,
+        context_model: type[BaseModel] | None = None,
     ) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidInputError(f"tool name {name!r} must be 1-64 of [A-Za-z0-9_-]")
@@ -132,6 +176,9 @@ class Tool:
             raise InvalidInputError(f"tool {name!r}: needs_approval must be a bool or a function of the arguments")
         self.needs_approval = needs_approval
         self.timeout = check_timeout(timeout, f"tool {name!r}: timeout")
+        if context_model is not None and not (isinstance(context_model, type) and issubclass(context_model, BaseModel)):
+            raise InvalidInputError(f"tool {name!r}: context_model must be a pydantic model class")
+        self.context_model = context_model
         self.is_async = inspect.iscoroutinefunction(execute)
         self._wants_ctx = _positional_arity(execute) >= 2
 
@@ -217,6 +264,7 @@ def tool(
     reconcile: Callable[..., Any] | None = None,
     needs_approval: bool | Callable[[Any], bool] = False,
     timeout: float | None = None,
+    context_model: type[BaseModel] | None = None,
 ) -> Any:
     """Turn a typed function (``def`` or ``async def``) into a :class:`Tool`.
 
@@ -225,13 +273,13 @@ def tool(
     Parameter names pydantic reserves (a leading ``_``, a ``model_`` prefix,
     a ``BaseModel`` attribute such as ``json`` or ``copy``) are refused.
     Used bare (``@tool``) or with options (``@tool(idempotent=False)``);
-    the options are those of :class:`Tool`, ``timeout`` included.
+    the options are those of :class:`Tool`, ``timeout`` and ``context_model`` included.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return _from_function(f, name=name, description=description, idempotent=idempotent,
                               on_interrupted=on_interrupted, reconcile=reconcile, needs_approval=needs_approval,
-                              timeout=timeout)
+                              timeout=timeout, context_model=context_model)
 
     return wrap(fn) if fn is not None else wrap
 

@@ -15,9 +15,12 @@ from pydantic import BaseModel
 
 from phases.agent_config import AgentConfig, check_run_options
 from phases.agent_turn import TURN_PHASE, AgentState, AgentTurn
+from phases.conversation import DROPPED_KEY, start_messages
 from phases.model import Model
+from phases.run_input import check_context, check_tools_context
+from phases.tools import Tool, tool_map
 from pipelines.engine.errors import InvalidInputError
-from pipelines.engine.models import JobRecord, JobStatus, Message
+from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
 
 if TYPE_CHECKING:
@@ -35,8 +38,14 @@ class Agent:
     Options (each documented on :class:`~phases.agent_config.AgentConfig`):
     ``tools``, ``system``, ``max_turns``, ``stop_when``, ``model_params``,
     ``output_schema``, ``max_tokens``, ``max_cost_usd``, ``prepare_turn``,
-    ``tool_timeout``, ``max_model_attempts``. ``name`` is the pipeline name
-    stored on its jobs: workers find the agent by it.
+    ``tool_timeout``, ``max_model_attempts``, ``max_retries``, ``prepare_call``,
+    ``system_prompt_conflict``, ``suppress_system_prompt_conflict_warning`` and
+    the lifecycle callbacks (``on_start``, ``on_turn_start``, ``on_tool_start``,
+    ``on_tool_end``, ``on_turn_end``, ``on_end``: see :mod:`phases.callbacks`).
+    ``tools`` may be a provider: a deterministic function of the run's
+    ``context`` returning the tools. ``system`` is pinned as the first message
+    of each new conversation (see :mod:`phases.conversation`). ``name`` is the
+    pipeline name stored on its jobs: workers find the agent by it.
     """
 
     def __init__(self, *, name: str = "agent", model: str | Model, **options: Any) -> None:
@@ -82,6 +91,31 @@ class Agent:
     def start_options(self, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
         return {"initial_state": AgentState().model_dump(), "messages": as_messages(messages),
                 "options": check_run_options(options, {**self._turn.schemas, **app.schemas})}
+
+    def start_run(self, job_id: str, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
+        """:meth:`start_options` for the job ``job_id``: pins the system prompt on a new conversation.
+
+        The caller's system messages are dropped (the run's first turn warns);
+        ``context`` and ``tools_context`` are checked and stored with the run.
+        """
+        opts = dict(options)
+        context = opts.pop("context", None)
+        tools_context = opts.pop("tools_context", None)
+        stored = check_run_options(opts, {**self._turn.schemas, **app.schemas})
+        if context is not None:
+            stored["context"] = check_context(context)
+        if tools_context is not None:
+            stored["tools_context"] = check_tools_context(tools_context, self._tools_for(stored.get("context")))
+        existing = app.storage.get_job(validate_job_id(job_id))
+        msgs, dropped = start_messages(as_messages(messages), system=self.config.system,
+                                       new_conversation=existing is None)
+        if dropped:
+            stored[DROPPED_KEY] = dropped
+        return {"initial_state": AgentState().model_dump(), "messages": msgs, "options": stored}
+
+    def _tools_for(self, context: Any) -> Mapping[str, Tool]:
+        provider = self.config.tools_provider
+        return self.config.tmap if provider is None else tool_map(provider(context))
 
     def typed_result(self, record: JobRecord, app: App) -> Any:
         """The result as an ``output_schema`` instance when the run had one, else the final text."""

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from adapters.base import InProcessScheduler, Scheduler, Storage
 from phases import approvals
+from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
 from pipelines.engine import control
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, InvalidPipelineError, PipelineError
 from pipelines.engine.leases import check_lease_seconds
@@ -29,6 +30,7 @@ from pipelines.engine.phase import Phase, Pipeline
 from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, as_pipeline
 from pipelines.engine.start import RetryMode, check_retry_mode, start_job
 from pipelines.handle import JobView, RunHandle
+from pipelines.provenance import current_commit, with_provenance
 
 __all__ = ["App", "PipelineSource"]
 
@@ -75,6 +77,9 @@ class App:
     ``lease_seconds``: the lease a worker holds while a phase runs (renewed).
     ``continue_for``: how long a worker may keep running a job's next due
     phases itself before handing the job back to the queue.
+    ``version``: the app's version string, recorded on every run as a
+    ``version:`` tag (with a ``commit:`` tag from the environment or the git
+    checkout) unless ``provenance=False`` or the run gives such a tag itself.
     """
 
     def __init__(
@@ -87,6 +92,8 @@ class App:
         schemas: Iterable[type[BaseModel]] = (),
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         continue_for: float = 0.0,
+        version: str | None = None,
+        provenance: bool = True,
     ) -> None:
         if not isinstance(storage, Storage):
             raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
@@ -97,6 +104,11 @@ class App:
         self.scheduler = scheduler
         self.lease_seconds = check_lease_seconds(lease_seconds)
         self.continue_for = continue_for
+        if version is not None and not isinstance(version, str):
+            raise InvalidInputError(f"version must be a string, got {type(version).__name__}")
+        self.version = version
+        self.provenance = bool(provenance)
+        self._commit: str | None = current_commit() if self.provenance else None
         self._pipelines: dict[str, Pipeline] = {}
         self._agents: dict[str, PipelineSource] = {}
         self.schemas: dict[str, type[BaseModel]] = {}
@@ -180,20 +192,42 @@ class App:
 
     # --- starting runs -------------------------------------------------------------------
     def run_agent(self, agent: str | PipelineSource, *, job_id: str, messages: Sequence[Message | str] = (),
-                  retry_mode: RetryMode | None = None, **options: Any) -> RunHandle:
+                  retry_mode: RetryMode | None = None, user: str | None = None, tags: Sequence[str] | None = None,
+                  **options: Any) -> RunHandle:
         """Write an agent run (its messages and per-run options) and enqueue its first turn; returns at once.
 
         On a ``complete`` job id the conversation goes on with the new
         messages. Per-run ``options`` (``max_turns``, ``max_tokens``,
-        ``max_cost_usd``, ``output_schema``, ``model``, ``tool_timeout``) are
+        ``max_cost_usd``, ``output_schema``, ``model``, ``tool_timeout``,
+        ``max_retries``, ``system_prompt_conflict``, ``context``,
+        ``tools_context``, ...: :class:`~phases.agent_config.RunOptions`) are
         stored with the job, so every worker honours them; anything else is
-        refused.
+        refused. ``user="..."`` adds one user message after ``messages``.
+        ``tags`` label the run (``pipelines jobs --tag``); provenance tags are
+        added (see :class:`App`). Lifecycle callbacks given here (``on_end=fn``)
+        run only in this process, so they need an in-process scheduler.
         """
         source = self._agent(agent)
-        kwargs = source.start_options(messages, options, self)
-        start_job(job_id=job_id, pipeline=self.pipeline(source.name), name=source.name, storage=self.storage,
-                  scheduler=self.scheduler, retry_mode=check_retry_mode(retry_mode), continue_completed=True,
-                  **kwargs)
+        if user is not None:
+            if not isinstance(user, str):
+                raise InvalidInputError(f"user must be a string, got {type(user).__name__}")
+            messages = [*as_message_list(messages), user]
+        options["tags"] = with_provenance(tags, version=self.version, commit=self._commit, enabled=self.provenance)
+        run_callbacks = check_callbacks({k: options.pop(k) for k in CALLBACKS if k in options})
+        if run_callbacks and not isinstance(self.scheduler, InProcessScheduler):
+            raise ConfigurationError(
+                f"per-run callbacks ({', '.join(run_callbacks)}) are Python callables that cannot reach the workers "
+                f"of {type(self.scheduler).__name__}; set them on the Agent instead (it is rebuilt on every worker)")
+        start = getattr(source, "start_run", None)
+        kwargs = start(job_id, messages, options, self) if start else source.start_options(messages, options, self)
+        set_run_callbacks(job_id, run_callbacks)
+        try:
+            start_job(job_id=job_id, pipeline=self.pipeline(source.name), name=source.name, storage=self.storage,
+                      scheduler=self.scheduler, retry_mode=check_retry_mode(retry_mode), continue_completed=True,
+                      **kwargs)
+        except BaseException:
+            forget_run_callbacks(job_id)
+            raise
         return RunHandle(self, job_id)
 
     def run_pipeline(self, name: str, *, job_id: str, initial_state: Any = None,
@@ -315,3 +349,10 @@ class App:
         """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers."""
         if isinstance(self.scheduler, InProcessScheduler):
             self.scheduler.drain()
+
+
+def as_message_list(messages: Any) -> list[Any]:
+    """``messages`` as a list (a single string or dict is refused, as :func:`~pipelines.agent.as_messages` does)."""
+    if isinstance(messages, str | dict) or not isinstance(messages, Sequence):
+        raise InvalidInputError(f"messages must be a list of messages (or strings), got {type(messages).__name__}")
+    return list(messages)

@@ -1,0 +1,144 @@
+"""What an agent turn derives from its run before calling the model: tools, prepare_call, warnings, tool calls.
+
+Kept apart from :mod:`phases.agent_turn` so the turn stays small. Everything
+here is recomputed by whichever worker runs a turn, from the job's stored
+options (``context`` included): providers and hooks must be deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from phases import conversation
+from phases.agent_config import AgentConfig
+from phases.callbacks import CALLBACKS, fire
+from phases.model import ModelResponse
+from phases.run_input import tool_context_of
+from phases.tool_runner import run_tools, tool_message
+from phases.tools import tool_map
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import JSONValue, Message, Usage
+from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext
+
+Outcome = TypeVar("Outcome", Next, Done, Fail, Next | Done | Fail)
+
+__all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "first_turn", "resolve_run",
+           "run_turn_calls", "tool_contexts", "turn_ended", "turn_messages"]
+
+TOOLS_KEY = "tools:names"
+"""Journal key: the tool names a provider returned for this turn (a re-run must get the same)."""
+
+
+@dataclass
+class CallPlan:
+    """What a whole run uses; ``prepare_call`` may change it (model, params, system, tools, max_turns).
+
+    ``context`` is the run's ``context=`` (read it, do not change it).
+    """
+
+    job_id: str
+    context: JSONValue
+    model: Any
+    params: dict[str, Any]
+    system: str | None
+    tools: list[Any]
+    max_turns: int
+
+
+def context_of(ctx: PhaseContext[Any]) -> JSONValue:
+    """The run's ``context=`` (stored with the job)."""
+    return ctx.options.get("context")
+
+
+def tool_contexts(ctx: PhaseContext[Any], cfg: AgentConfig) -> dict[str, Any]:
+    """Each tool's ``tools_context`` entry, as the tool reads it (``context_model`` instances)."""
+    entries = ctx.options.get("tools_context") or {}
+    return {name: tool_context_of(t, entries) for name, t in cfg.tmap.items() if name in entries}
+
+
+def callbacks_of(cfg: AgentConfig) -> dict[str, Any]:
+    return {name: getattr(cfg, name) for name in CALLBACKS}
+
+
+def resolve_run(ctx: PhaseContext[Any], cfg: AgentConfig) -> AgentConfig:
+    """``cfg`` with a tools provider's tools for this run, then ``prepare_call`` applied."""
+    provider = cfg.tools_provider
+    if provider is not None:
+        cfg = replace(cfg, tools=tool_map(provider(context_of(ctx))))
+        names = sorted(cfg.tmap)
+        found, before = ctx.recorded(TOOLS_KEY)
+        if found and before != names:
+            # The model's journaled answer may call a tool that is gone: never guess.
+            raise FailJob(f"the tools provider returned {names} on this attempt but {before} when the turn "
+                          "started; it must be a deterministic function of the run's context")
+        if not found:
+            ctx.record(TOOLS_KEY, names)
+    if cfg.prepare_call is None:
+        return cfg
+    plan = CallPlan(job_id=ctx.job_id, context=context_of(ctx), model=cfg.model,
+                    params=dict(cfg.model_params or {}), system=cfg.system, tools=list(cfg.tmap.values()),
+                    max_turns=cfg.max_turns)
+    plan = cfg.prepare_call(plan) or plan
+    unknown = [getattr(t, "name", t) for t in plan.tools if cfg.tmap.get(getattr(t, "name", "")) is not t]
+    if unknown:
+        raise InvalidInputError(f"prepare_call offered tools the agent does not have: {unknown}")
+    return replace(cfg, model=plan.model, model_params=plan.params, system=plan.system, tools=plan.tools,
+                   max_turns=plan.max_turns)
+
+
+def turn_messages(cfg: AgentConfig, past: list[Message]) -> list[Message]:
+    """The messages the model gets: one system message (pinned or current), then the conversation."""
+    return conversation.model_messages(past, system=cfg.system,
+                                       conflict=conversation.check_conflict_mode(cfg.system_prompt_conflict))
+
+
+def first_turn(ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message]) -> None:
+    """A run's first turn: its warnings (``warn`` log + ``agent_warning`` event), then ``on_start``."""
+    dropped = ctx.options.get(conversation.DROPPED_KEY)
+    warnings = conversation.system_warnings(
+        past, system=cfg.system, conflict=conversation.check_conflict_mode(cfg.system_prompt_conflict),
+        suppress=cfg.suppress_system_prompt_conflict_warning, dropped=dropped if isinstance(dropped, int) else 0)
+    for text in warnings:
+        ctx.log(text, "warn")
+        ctx.emit("agent_warning", turn=1, message=text)
+    fire(ctx, callbacks_of(cfg), "on_start", turn=1, context=context_of(ctx))
+
+
+def run_turn_calls(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse, turn: int) -> list[Message]:
+    """The turn's tool calls run with ``cfg``'s tools (a provider's included), callbacks around them."""
+    calls = response.tool_calls
+    if response.finish_reason == "length" and calls:
+        # Arguments of a cut-off answer cannot be trusted: answer every
+        # call without running it, so the transcript stays valid.
+        return [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
+    offered = cfg.tmap if response.tools_offered is None else {
+        n: t for n, t in cfg.tmap.items() if n in response.tools_offered}
+    hooks, context = callbacks_of(cfg), context_of(ctx)
+    for c in calls:
+        fn = c.get("function") or {}
+        fire(ctx, hooks, "on_tool_start", turn=turn + 1, context=context, call_id=c["id"], tool=fn.get("name"),
+             arguments=fn.get("arguments"))
+    results = run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout)
+    names = {c["id"]: (c.get("function") or {}).get("name") for c in calls}
+    for msg in results:
+        fire(ctx, hooks, "on_tool_end", turn=turn + 1, context=context, call_id=msg["tool_call_id"],
+             tool=names.get(msg["tool_call_id"]), result=msg.get("content"))
+    return results
+
+
+def turn_ended(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse, turn: int) -> None:
+    """``on_turn_end`` with the turn's usage and finish reason."""
+    fire(ctx, callbacks_of(cfg), "on_turn_end", turn=turn + 1, context=context_of(ctx),
+         usage=response.usage.model_dump(), finish_reason=response.finish_reason)
+
+
+def ended(ctx: PhaseContext[Any], cfg: AgentConfig, outcome: Outcome, usage: Usage, turn: int) -> Outcome:
+    """``on_end`` (the job's total usage, result, reason) when ``outcome`` ends the run; returns ``outcome``."""
+    if isinstance(outcome, Done):
+        fire(ctx, callbacks_of(cfg), "on_end", turn=turn + 1, context=context_of(ctx), usage=usage.model_dump(),
+             result=outcome.result, reason=outcome.reason or "done")
+    elif isinstance(outcome, Fail):
+        fire(ctx, callbacks_of(cfg), "on_end", turn=turn + 1, context=context_of(ctx), usage=usage.model_dump(),
+             result=None, reason="error", error=outcome.error)
+    return outcome
