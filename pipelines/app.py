@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
@@ -22,10 +22,12 @@ from pydantic import BaseModel
 from adapters.base import InProcessScheduler, Scheduler, Storage
 from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
+from phases.run_input import check_tags
+from pipelines import streams
 from pipelines.engine import control
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, InvalidPipelineError, PipelineError
 from pipelines.engine.leases import check_lease_seconds
-from pipelines.engine.models import Event, JobRecord, LogEntry, Message, validate_job_id
+from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
 from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, as_pipeline
 from pipelines.engine.start import RetryMode, check_retry_mode, start_job
@@ -274,6 +276,27 @@ class App:
         control.load_job(self.storage, job_id)
         return self.storage.logs(job_id)
 
+    def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
+               timeout: float | None = None) -> Iterator[Event]:
+        """The job's parts from the cursor ``after``: events and text as it arrives (see :mod:`pipelines.streams`)."""
+        return streams.follow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+
+    def astream(self, job_id: str, *, after: str | None = None, follow: bool = True,
+                timeout: float | None = None) -> AsyncIterator[Event]:
+        """:meth:`stream` for ``async`` code."""
+        return streams.afollow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+
+    def jobs(self, *, status: JobStatus | None = None, tags: Sequence[str] = (), limit: int = 1000) -> list[JobView]:
+        """Jobs (oldest first), optionally only those in ``status`` carrying every tag in ``tags``.
+
+        Tags are read from each listed record: the filter applies to the
+        ``limit`` records storage lists (no tag index yet).
+        """
+        wanted = check_tags(list(tags))
+        records = self.storage.list_jobs(status=status, limit=limit)
+        picked = [r for r in records if set(wanted) <= set(tags_of(r))]
+        return [self.view(r) for r in sorted(picked, key=lambda r: (r.created_at, r.job_id))]
+
     # --- steering ------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:
         """Cancel at the turn boundary, keeping the checkpoint (see :func:`pipelines.engine.control.cancel_job`)."""
@@ -356,3 +379,9 @@ def as_message_list(messages: Any) -> list[Any]:
     if isinstance(messages, str | dict) or not isinstance(messages, Sequence):
         raise InvalidInputError(f"messages must be a list of messages (or strings), got {type(messages).__name__}")
     return list(messages)
+
+
+def tags_of(record: JobRecord) -> list[str]:
+    """The tags a run was started with (provenance included)."""
+    tags = record.options.get("tags")
+    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []

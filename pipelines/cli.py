@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipelines import cli_actions
-from pipelines.app import App
+from pipelines.app import App, tags_of
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import ConfigurationError, JobNotFoundError, PipelineError
 from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
@@ -270,13 +270,14 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
     logger.addHandler(handler)
     try:
-        listed = app.storage.list_jobs(status=status, limit=args.limit)
+        records = [v.record for v in app.jobs(status=status, tags=args.tag or (), limit=args.limit)]
     finally:
         logger.removeHandler(handler)
-    records = sorted(listed, key=lambda r: (r.created_at, r.job_id))
     for r in records:
         phase = r.checkpoint.next_phase if r.checkpoint else "-"
-        print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}", file=out)
+        tags = ",".join(tags_of(r)) or "-"
+        print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}\t{tags}",
+              file=out)
     return 0
 
 
@@ -350,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a turn in flight (default: 30)")
     p.add_argument("--force", action="store_true", help="do not wait: a turn in flight is fenced off and discarded")
 
-    p = add("jobs", cmd_jobs, "list jobs: id, status, pipeline, phase, version, updated")
+    p = add("jobs", cmd_jobs, "list jobs: id, status, pipeline, phase, version, updated, tags")
+    p.add_argument("--tag", action="append", help="only jobs with this tag (repeat: all of them)")
     p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
     cli_actions.register(add, _load, _when, _positive_or_zero, _positive)
