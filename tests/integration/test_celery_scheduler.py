@@ -1,0 +1,150 @@
+"""CeleryScheduler against a real Redis broker: configuration refused, ids, what a message carries, errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+pytest.importorskip("celery", reason="the celery extra is not installed (pip install phaserunner[celery])")
+
+from celery import Celery
+
+from adapters.celery import (
+    ADVANCE_TASK,
+    CeleryScheduler,
+    celery_task_id,
+    parse_celery_task_id,
+)
+from pipelines.engine.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    InvalidJobIdError,
+    StorageUnavailableError,
+)
+from tests.apps.celery_app import make_celery
+
+
+def pickled(**conf: Any) -> Celery:
+    app = Celery("pickled", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.update(**conf)
+    return app
+
+
+@pytest.mark.parametrize("conf", [
+    {"task_serializer": "pickle", "accept_content": ["pickle"]},
+    {"accept_content": ["json", "pickle"]},
+    {"accept_content": ["application/x-python-serialize"]},
+    {"result_serializer": "pickle"},
+    {"result_accept_content": ["json", "pickle"]},
+    {"accept_content": "json"},  # a string, not a list: Celery would read it as characters
+])
+def test_a_celery_app_configured_for_anything_but_json_is_refused(conf: dict[str, Any]) -> None:
+    app = pickled(**conf)
+    with pytest.raises(ConfigurationError, match=r"only JSON.*accept_content=\['json'\]") as err:
+        CeleryScheduler(app, queue="q")
+    bad = next(iter(conf))
+    assert f"{bad}=" in str(err.value)  # names the setting that is wrong
+    assert ADVANCE_TASK not in app.tasks  # refused before anything was registered
+
+
+def test_the_default_celery_configuration_is_json_only_and_gets_the_advance_task() -> None:
+    app = pickled()
+    scheduler = CeleryScheduler(app, queue="q", app="tests.apps.celery_app:app")
+    task = app.tasks[ADVANCE_TASK]
+    assert scheduler.task is task and task.acks_late and task.reject_on_worker_lost and task.serializer == "json"
+    assert CeleryScheduler(app, queue="other").task is task  # registered once per Celery app
+
+
+@pytest.mark.parametrize("kwargs", [{"queue": ""}, {"app": "no_colon"}, {"namespace": "has space"},
+                                    {"namespace": ""}, {"precision": -1}])
+def test_bad_scheduler_options_are_configuration_errors(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        CeleryScheduler(pickled(), **kwargs)
+
+
+def test_task_ids_name_namespace_job_and_version_injectively() -> None:
+    ids = {celery_task_id(j, v, ns) for ns in ("pr", "a_n", "a.b:c") for j in ("x", "x_n", "a:b.c_d", "n_x")
+           for v in (0, 1, 12)}
+    assert len(ids) == 36 and all(set(i) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+                                  for i in ids)
+    for ns, job, v in (("pr", "a:b.c_d", 3), ("a_n.x", "n_x-v1", 0)):
+        assert parse_celery_task_id(celery_task_id(job, v, ns)) == (ns, job, v)
+    with pytest.raises(InvalidJobIdError):
+        celery_task_id("bad id", 1)
+    with pytest.raises(InvalidInputError):
+        celery_task_id("ok", -1)
+    with pytest.raises(InvalidInputError, match="not a task id"):
+        parse_celery_task_id("some-uuid")
+
+
+def _messages(client: Any, queue: str) -> list[tuple[dict[str, Any], list[Any]]]:
+    out = []
+    for raw in reversed(client.lrange(queue, 0, -1)):  # oldest first
+        envelope = json.loads(raw)
+        assert envelope["content-type"] == "application/json"
+        out.append((envelope["headers"], json.loads(base64.b64decode(envelope["body"]))))
+    return out
+
+
+@pytest.mark.redis
+def test_a_message_carries_only_the_job_the_turn_and_the_app_path_with_its_delay_as_eta(redis_url: str) -> None:
+    import redis
+
+    scheduler = CeleryScheduler(make_celery(redis_url), queue="q1", app="tests.apps.celery_app:app", namespace="ns")
+    before = time.time()
+    scheduler.schedule_advance("chat:1", 0, version=4)
+    scheduler.schedule_advance("chat:1", 30, version=5)
+    scheduler.requeue("chat:1", version=5)
+    client = redis.Redis.from_url(redis_url)
+    (h1, b1), (h2, b2), (h3, b3) = _messages(client, "q1")
+    assert h1["task"] == h2["task"] == h3["task"] == ADVANCE_TASK
+    assert (h1["id"], h2["id"]) == (celery_task_id("chat:1", 4, "ns"), celery_task_id("chat:1", 5, "ns"))
+    # The sweep's re-send names the same turn under a fresh id (a worker drops ids it saw revoked).
+    assert h3["id"].startswith(celery_task_id("chat:1", 5, "ns") + "-r")
+    assert parse_celery_task_id(h3["id"]) == ("ns", "chat:1", 5)
+    app_kwargs = {"app": "tests.apps.celery_app:app"}
+    assert [b1[:2], b2[:2], b3[:2]] == [[["chat:1", 4], app_kwargs], [["chat:1", 5], app_kwargs],
+                                        [["chat:1", 5], app_kwargs]]
+    assert h1["eta"] is None and h3["eta"] is None
+    eta = datetime.fromisoformat(h2["eta"]).timestamp()
+    assert before + 30 <= eta <= time.time() + 30
+    client.close()
+
+
+@pytest.mark.redis
+def test_bad_input_is_refused_with_nothing_sent(redis_url: str) -> None:
+    import redis
+
+    scheduler = CeleryScheduler(make_celery(redis_url), queue="q2")
+    for call in (lambda: scheduler.schedule_advance("bad id", 0, version=1),
+                 lambda: scheduler.schedule_advance("ok", -1, version=1),
+                 lambda: scheduler.schedule_advance("ok", float("nan"), version=1),
+                 lambda: scheduler.schedule_advance("ok", 0, version=-2),
+                 lambda: scheduler.requeue("", version=1)):
+        with pytest.raises(InvalidInputError):
+            call()
+    client = redis.Redis.from_url(redis_url)
+    assert client.llen("q2") == 0
+    client.close()
+
+
+def test_an_unreachable_broker_is_storage_unavailable() -> None:
+    app = make_celery("redis://127.0.0.1:1/0")
+    app.conf.update(task_publish_retry=False, broker_connection_timeout=0.5, broker_connection_max_retries=0)
+    scheduler = CeleryScheduler(app, queue="q")
+    with pytest.raises(StorageUnavailableError, match="Celery broker unreachable"):
+        scheduler.schedule_advance("j", 0, version=1)
+
+
+def test_pipelines_and_adapters_import_no_celery() -> None:
+    code = ("import sys, pipelines, adapters, adapters.base, adapters.memory, pipelines.worker\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'billiard')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
