@@ -213,7 +213,9 @@ class App:
             if not isinstance(user, str):
                 raise InvalidInputError(f"user must be a string, got {type(user).__name__}")
             messages = [*as_message_list(messages), user]
-        options["tags"] = with_provenance(tags, version=self.version, commit=self._commit, enabled=self.provenance)
+        all_tags = with_provenance(tags, version=self.version, commit=self._commit, enabled=self.provenance)
+        if all_tags:  # no tags, no key: an untagged run's options stay as the caller gave them
+            options["tags"] = all_tags
         run_callbacks = check_callbacks({k: options.pop(k) for k in CALLBACKS if k in options})
         if run_callbacks and not isinstance(self.scheduler, InProcessScheduler):
             raise ConfigurationError(
