@@ -58,6 +58,7 @@ __all__ = [
     "JobIndex",
     "JobStore",
     "LeaseStore",
+    "LiveStore",
     "Scheduler",
     "Storage",
 ]
@@ -146,6 +147,25 @@ class HistoryStore(Protocol):
 
 
 @runtime_checkable
+class LiveStore(Protocol):
+    """The live stream of a job: every committed event again, plus ephemeral parts a worker publishes.
+
+    Text deltas are published outside any commit (the committed transcript
+    stays the truth); a reader follows parts from a cursor, across turns,
+    workers and crashes, and blocks on the storage for new ones (no polling).
+    """
+
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        """Append ephemeral parts (``text_delta``, ``attempt_started``); nothing for an unknown job."""
+        ...
+
+    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                  block: float | None = None) -> list[Event]:
+        """Parts after the cursor ``after``, each with its ``id``; waits up to ``block`` seconds for one."""
+        ...
+
+
+@runtime_checkable
 class JobIndex(Protocol):
     """Finding jobs: what is due (I7), and listings for people."""
 
@@ -159,8 +179,8 @@ class JobIndex(Protocol):
 
 
 @runtime_checkable
-class Storage(JobStore, LeaseStore, HistoryStore, JobIndex, Protocol):
-    """Where jobs, transcripts, logs, journals and leases live: the four small ports together."""
+class Storage(JobStore, LeaseStore, HistoryStore, LiveStore, JobIndex, Protocol):
+    """Where jobs, transcripts, logs, journals and leases live: the five small ports together."""
 
 
 @runtime_checkable

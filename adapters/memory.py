@@ -72,6 +72,7 @@ class _Job:
     messages: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    live: list[str] = field(default_factory=list)  # every event again, plus ephemeral parts (text deltas)
     journal: dict[str, str] = field(default_factory=dict)
     journal_version: int = -1
     lease_owner: str | None = None
@@ -92,6 +93,7 @@ class MemoryStorage:
         self._jobs: dict[str, _Job] = {}
         self._due: dict[str, float] = {}
         self._lock = threading.RLock()
+        self._published = threading.Condition(self._lock)  # wakes readers following a live stream
         self._clock = clock or time.monotonic
         self.writes = 0  # commits + journal writes, for tests and benchmarks
         self.bytes_written = 0
@@ -127,7 +129,8 @@ class MemoryStorage:
             if record.job_id in self._jobs:
                 raise JobConflictError(f"job {record.job_id!r} already exists")
             self._jobs[record.job_id] = _Job(record=text, messages=msgs, logs=log_lines, events=event_lines,
-                                             version=record.version)
+                                             live=list(event_lines), version=record.version)
+            self._published.notify_all()
             self._set_due(record)
             self.writes += 1
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
@@ -173,6 +176,9 @@ class MemoryStorage:
             job.messages.extend(msgs)
             job.logs.extend(log_lines)
             job.events.extend(event_lines)
+            job.live.extend(event_lines)
+            if event_lines:
+                self._published.notify_all()
             job.record = text
             job.version = commit.record.version
             job.token = commit.token
@@ -189,6 +195,32 @@ class MemoryStorage:
             self.writes += 1
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
             return job.control
+
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        lines = dump_events(parts)
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and lines:
+                job.live.extend(lines)
+                self._published.notify_all()
+
+    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                  block: float | None = None) -> list[Event]:
+        """Parts after the cursor (ids are 1-based positions); waits up to ``block`` seconds (real time)."""
+        if after and not after.isdigit():
+            raise InvalidInputError(f"stream cursor {after!r} is not an id this storage gave out")
+        start = int(after) if after else 0
+        deadline = time.monotonic() + (block or 0.0)
+        with self._lock:
+            while True:
+                job = self._jobs.get(job_id)
+                lines = [] if job is None else job.live[start : start + max(0, limit)]
+                left = deadline - time.monotonic()
+                if lines or job is None or left <= 0:
+                    break
+                self._published.wait(left)
+        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
+                for i, line in enumerate(lines)]
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         with self._lock:

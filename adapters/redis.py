@@ -8,6 +8,9 @@ below, nowhere else)::
     <prefix>:{<job>}:logs      list  one JSON log entry per entry
     <prefix>:{<job>}:journal   hash  step key -> JSON result, valid while jver == version
     <prefix>:{<job>}:lease     str   owner token, SET NX PX (Redis expires it)
+    <prefix>:{<job>}:events    stream the durable event log (written by commits)
+    <prefix>:{<job>}:live      stream the live parts: every event again, plus text deltas
+                                      (bounded; expires once the job is finished)
     <prefix>:due               zset  running job ids scored by due_at
     <prefix>:jobs              set   every job id
 
@@ -66,9 +69,11 @@ __all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "index_k
 DEFAULT_PREFIX = "pr"
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 _BATCH = 200  # records fetched per round trip by list_jobs
+# A job in these statuses may still stream: its live stream is kept until it finishes.
+_LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 # The Redis type each key role must have (roles as the scripts name them).
 _KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
-              "events": "stream", "due": "zset", "jobs": "set"}
+              "events": "stream", "due": "zset", "jobs": "set", "live": "stream"}
 
 
 def check_prefix(prefix: object, what: str = "key prefix") -> str:
@@ -89,13 +94,14 @@ class JobKeys(NamedTuple):
     journal: str
     lease: str
     events: str  # a stream: XADD per event, the entry id is the reader's cursor
+    live: str  # a stream: the events again plus ephemeral parts (text deltas); expires when finished
 
 
 def job_keys(prefix: str, job_id: str) -> JobKeys:
     """The keys of ``job_id`` under ``prefix``. The id is validated: no brace can escape the tag."""
     base = f"{prefix}:{{{validate_job_id(job_id)}}}"
     return JobKeys(f"{base}:record", f"{base}:messages", f"{base}:logs", f"{base}:journal", f"{base}:lease",
-                   f"{base}:events")
+                   f"{base}:events", f"{base}:live")
 
 
 def index_keys(prefix: str) -> tuple[str, str]:
@@ -196,9 +202,15 @@ class RedisStorage:
     and a stored record that does not parse :class:`CorruptRecordError`.
     """
 
-    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX, live_ttl: float = 3600.0) -> None:
         self.client = client
         self.prefix = check_prefix(prefix)
+        if isinstance(live_ttl, bool) or not isinstance(live_ttl, int | float) or not 0 < live_ttl < math.inf:
+            raise ConfigurationError(f"live_ttl must be a finite number of seconds > 0, got {live_ttl!r}")
+        #: How long a finished job's live stream is kept (its durable events stay with the job).
+        self.live_ttl = float(live_ttl)
+        #: The longest single XREAD BLOCK; below the client's socket timeout.
+        self.max_block = 5.0
         self.due_key, self.jobs_key = index_keys(prefix)
         # register_script runs EVALSHA and reloads the script after SCRIPT FLUSH.
         self._create = client.register_script(redis_scripts.CREATE)
@@ -209,6 +221,7 @@ class RedisStorage:
         self._release = client.register_script(redis_scripts.RELEASE)
         self._delete = client.register_script(redis_scripts.DELETE)
         self._control = client.register_script(redis_scripts.CONTROL)
+        self._publish = client.register_script(redis_scripts.PUBLISH)
 
     @classmethod
     def from_url(
@@ -221,6 +234,7 @@ class RedisStorage:
         backoff_cap: float = 1.0,
         socket_timeout: float = 10.0,
         connect_timeout: float = 2.0,
+        live_ttl: float = 3600.0,
     ) -> RedisStorage:
         """Connect lazily to ``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS).
 
@@ -239,14 +253,16 @@ class RedisStorage:
                                           socket_connect_timeout=connect_timeout)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
-        return cls(client, prefix=prefix)
+        return cls(client, prefix=prefix, live_ttl=live_ttl)
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of ``job_id`` (validated)."""
         return job_keys(self.prefix, job_id)
 
     def _all_keys(self, job_id: str) -> list[str]:
-        return [*self.keys(job_id), self.due_key, self.jobs_key]
+        k = self.keys(job_id)
+        # The order the scripts expect (KEYS[1..9]); the live stream came last.
+        return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, self.due_key, self.jobs_key, k.live]
 
     def _check_types(self, job_id: str, reply: Any, what: str) -> None:
         """Raise CorruptRecordError for a script's ``corrupt:<role>:<type>`` reply (nothing was written)."""
@@ -325,15 +341,16 @@ class RedisStorage:
         start = "-" if not after else f"({after}"  # "(" makes the start exclusive (Redis >= 6.2)
         with _mapped(f"reading the events of job {job_id!r}"):
             entries = self.client.xrange(self.keys(job_id).events, start, "+", count=limit)
-        out = []
-        for entry_id, fields in entries or []:
-            raw = (fields or {}).get(b"e") or (fields or {}).get("e") or ""
-            try:
-                event = Event.model_validate_json(raw)
-            except ValidationError as exc:
-                raise CorruptRecordError(f"a stored event of job {job_id!r} does not parse: {exc}") from exc
-            out.append(event.model_copy(update={"id": _text(entry_id)}))
-        return out
+        return [self._event(job_id, entry_id, fields) for entry_id, fields in entries or []]
+
+    @staticmethod
+    def _event(job_id: str, entry_id: Any, fields: Any) -> Event:
+        raw = (fields or {}).get(b"e") or (fields or {}).get("e") or ""
+        try:
+            event = Event.model_validate_json(raw)
+        except ValidationError as exc:
+            raise CorruptRecordError(f"a stored event of job {job_id!r} does not parse: {exc}") from exc
+        return event.model_copy(update={"id": _text(entry_id)})
 
     @staticmethod
     def _json_line(job_id: str, line: Any, what: str) -> Any:
@@ -423,6 +440,7 @@ class RedisStorage:
             "" if commit.truncate_messages_to is None else str(int(commit.truncate_messages_to)),
             "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
+            "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             *msgs, *lines, *event_lines,
         ]
         with _mapped(f"committing job {job_id!r}"):
@@ -432,6 +450,42 @@ class RedisStorage:
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
         _, _, pending = reply.partition(":")
         return pending or None
+
+    # --- the live stream ------------------------------------------------------
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        """Append ephemeral parts to the job's live stream (one round trip; nothing for an unknown job)."""
+        if not parts:
+            return
+        k = self.keys(job_id)
+        lines = dump_events(parts)
+        with _mapped(f"publishing to the live stream of job {job_id!r}"):
+            reply = self._publish(keys=[k.record, k.live], args=lines)
+        self._check_types(job_id, reply, f"publishing to the live stream of job {job_id!r}")
+
+    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                  block: float | None = None) -> list[Event]:
+        """Parts after the cursor, waiting up to ``block`` seconds for one (``XREAD BLOCK``, no polling).
+
+        Once a finished job's live stream has expired, its durable events are
+        replayed instead: both streams get their ids from the server clock in
+        the same script, so a live cursor still places the reader correctly.
+        """
+        if limit <= 0:
+            return []
+        k = self.keys(job_id)
+        start = after or "0-0"
+        entries: Any
+        with _mapped(f"reading the live stream of job {job_id!r}"):
+            if block is not None and block > 0:
+                # Kept under the socket timeout, so a long wait is never mistaken for a dead server.
+                ms = max(1, int(min(block, self.max_block) * 1000))
+                reply: Any = self.client.xread({k.live: start}, count=limit, block=ms)
+                entries = reply[0][1] if reply else []  # RESP2: [[key, entries]]
+            else:
+                entries = self.client.xrange(k.live, f"({start}" if after else "-", "+", count=limit)
+            if not entries and not self.client.exists(k.live):
+                return self.events(job_id, after=after, limit=limit)
+        return [self._event(job_id, entry_id, fields) for entry_id, fields in entries]
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""

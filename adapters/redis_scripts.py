@@ -29,7 +29,7 @@ Redis's own ``PX``, so workers' clocks never matter.
 
 from __future__ import annotations
 
-__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "LOAD", "RECORD_STEP", "RELEASE", "RENEW"]
+__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "LOAD", "PUBLISH", "RECORD_STEP", "RELEASE", "RENEW"]
 
 # checks is a flat list of (key, role, expected type) triples. Returns the
 # status naming the first key of another type, or false when all are fine.
@@ -55,12 +55,17 @@ local function push(key, from, to)
   end
 end
 -- Events go to the job's stream, one entry each; the stream id is the cursor.
-local function add_events(key, from)
-  for i = from, #ARGV do redis.call('XADD', key, '*', 'e', ARGV[i]) end
+-- Each is mirrored into the live stream (bounded), where the worker's text
+-- deltas go too, so a client follows one ordered stream of parts.
+local function add_events(key, live, from)
+  for i = from, #ARGV do
+    redis.call('XADD', key, '*', 'e', ARGV[i])
+    redis.call('XADD', live, 'MAXLEN', '~', '10000', '*', 'e', ARGV[i])
+  end
 end
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
 #       then the messages, then the log lines, then the events.
 CREATE = _PUSH_FN + """
@@ -72,21 +77,22 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then return 'applied' end
   return 'exists'
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 8, 7 + n)
 push(KEYS[3], 8 + n, 7 + n + nl)
-add_events(KEYS[6], 8 + n + nl)
+add_events(KEYS[6], KEYS[9], 8 + n + nl)
 redis.call('SADD', KEYS[8], ARGV[1])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
 return 'ok'
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
-#       n_messages, n_logs, clear_control, then the messages, the log lines, the events.
+#       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
+#       then the messages, the log lines, the events.
 # Reply: 'ok' / 'applied' (a re-sent commit), with ':<request>' when a pause or
 # cancel request is pending; 'stale:<why>'; 'corrupt:<role>:<type>'.
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
@@ -94,7 +100,7 @@ return 'ok'
 COMMIT = _PUSH_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', KEYS[3], 'logs', 'list',
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
-                        KEYS[7], 'due', 'zset'})
+                        KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream'})
 if bad then return bad end
 local cur = redis.call('HMGET', KEYS[1], 'version', 'token')
 if not cur[1] then return 'stale:missing' end
@@ -120,9 +126,11 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-push(KEYS[2], 15, 14 + n)
-push(KEYS[3], 15 + n, 14 + n + nl)
-add_events(KEYS[6], 15 + n + nl)
+push(KEYS[2], 16, 15 + n)
+push(KEYS[3], 16 + n, 15 + n + nl)
+add_events(KEYS[6], KEYS[9], 16 + n + nl)
+-- The live stream of a finished job expires; a running one's is kept.
+if ARGV[15] ~= '' then redis.call('PEXPIRE', KEYS[9], ARGV[15]) else redis.call('PERSIST', KEYS[9]) end
 if ARGV[9] ~= '1' then redis.call('DEL', KEYS[4]) end
 if ARGV[11] ~= '' then
   redis.call('ZADD', KEYS[7], ARGV[11], ARGV[1])
@@ -206,13 +214,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs; ARGV: job_id
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live; ARGV: job_id
 # The job's own keys are only DEL'd (any type goes); the indexes are checked.
 DELETE = _TYPES_FN + """
 local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set'})
 if bad then return bad end
 local existed = redis.call('EXISTS', KEYS[1])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[1])
 return existed
@@ -226,5 +234,15 @@ local bad = wrong_type({KEYS[1], 'record', 'hash'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'control') else redis.call('HSET', KEYS[1], 'control', ARGV[1]) end
+return 1
+"""
+
+# KEYS: record, live; ARGV: the parts (JSON lines)
+# Reply: 1 published, 0 unknown job (a stale worker of a deleted job leaves no orphan stream).
+PUBLISH = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'live', 'stream'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for i = 1, #ARGV do redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
 return 1
 """

@@ -39,6 +39,7 @@ class RunOptions(BaseModel):
     max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     output_schema: str | None = Field(default=None, description="the name of a schema registered on the App")
     tool_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    stream: bool | None = Field(default=None, description="publish the answer's text as it arrives")
     system_prompt_conflict: Literal["keep", "use-current"] | None = None
     suppress_system_prompt_conflict_warning: bool | None = None
     max_retries: int | None = Field(default=None, ge=0, description="model call retries; 0 = no retry")
@@ -75,6 +76,8 @@ class AgentConfig:
     max_cost_usd: float | None = None
     prepare_turn: Callable[..., Any] | None = None
     tool_timeout: float | None = None
+    # Publish the model's text to the job's live stream as it arrives (text_delta parts).
+    stream: bool = True
     system_prompt_conflict: str = "keep"
     suppress_system_prompt_conflict_warning: bool = False
     prepare_call: Callable[..., Any] | None = None

@@ -34,6 +34,7 @@ from phases.callbacks import fire
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
 from phases.stop import TurnInfo, should_stop
+from phases.streaming import DeltaSink
 from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, bind_run_context
@@ -184,7 +185,13 @@ class AgentTurn:
 
     def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message],
                turn: int) -> ModelResponse | Fail:
-        """The model's answer for this turn: journaled, so a re-run reuses it (I5)."""
+        """The model's answer for this turn: journaled, so a re-run reuses it (I5).
+
+        With ``stream`` on, its text goes to the job's live stream as it
+        arrives (a replayed answer is sent whole): see :mod:`phases.streaming`.
+        """
+        sink = DeltaSink(ctx, turn + 1) if cfg.stream else None
+        ctx.on_delta = sink
         try:
             raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn))
         except TransientModelError as exc:
@@ -194,8 +201,13 @@ class AgentTurn:
             raise RetryLater(delay, f"model: {exc}") from exc
         except PermanentModelError as exc:
             return Fail(f"model error: {exc}")
+        finally:
+            ctx.on_delta = None
         response = ModelResponse.model_validate(raw)
         ctx.add_usage(response.usage, key=journal.MODEL)
+        if sink is not None:
+            content = response.message.get("content")
+            sink.finish(content if isinstance(content, str) else None)
         return response
 
     def run_calls(self, ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse,
@@ -228,6 +240,10 @@ class AgentTurn:
         agent_run.turn_ended(ctx, cfg, response, state.turn)
         agent_run.ended(ctx, cfg, outcome, ctx.job_usage + response.usage, state.turn)
         ctx.append_messages(new_messages)
+        if not isinstance(outcome, Fail):
+            # Closes the turn for a live-stream client: no text of it follows; these messages are its truth.
+            ctx.emit("turn_committed", turn=state.turn + 1,
+                     messages=[ctx.transcript_len, ctx.transcript_len + len(new_messages)])
         if isinstance(outcome, Next):
             self.history.remember_after_commit(ctx, [*past, *new_messages])
         else:
@@ -364,7 +380,7 @@ class _HistoryCache:
 def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
                 params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None) -> ModelResponse:
     request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
-                           response_format=response_format)
+                           response_format=response_format, on_delta=ctx.on_delta)
     notify("model", ctx.job_id, str(turn))
     response = resolve(model.complete(request))
     if not isinstance(response, ModelResponse):

@@ -8,7 +8,7 @@ turn's ``model`` step, so it must be plain JSON (a pydantic model here).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,6 +31,8 @@ class ModelRequest:
     # Ask the provider for JSON matching this model (litellm ``response_format``);
     # only sent when no tools are offered, since some models then skip the tools.
     response_format: type[BaseModel] | None = None
+    # A streaming model calls this with each piece of text as it arrives (None: do not stream).
+    on_delta: Callable[[str], None] | None = None
 
 
 class ModelResponse(BaseModel):

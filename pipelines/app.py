@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
@@ -23,6 +23,7 @@ from adapters.base import InProcessScheduler, Scheduler, Storage
 from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
 from phases.run_input import check_tags
+from pipelines import streams
 from pipelines.engine import control
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, InvalidPipelineError, PipelineError
 from pipelines.engine.leases import check_lease_seconds
@@ -276,6 +277,16 @@ class App:
         """The job's human-readable log."""
         control.load_job(self.storage, job_id)
         return self.storage.logs(job_id)
+
+    def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
+               timeout: float | None = None) -> Iterator[Event]:
+        """The job's parts from the cursor ``after``: events and text as it arrives (see :mod:`pipelines.streams`)."""
+        return streams.follow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+
+    def astream(self, job_id: str, *, after: str | None = None, follow: bool = True,
+                timeout: float | None = None) -> AsyncIterator[Event]:
+        """:meth:`stream` for ``async`` code."""
+        return streams.afollow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
 
     def jobs(self, *, status: JobStatus | None = None, tags: Sequence[str] = (), limit: int = 1000) -> list[JobView]:
         """Jobs (oldest first), optionally only those in ``status`` carrying every tag in ``tags``.

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from pipelines.engine.errors import JobNotFoundError
 from pipelines.engine.models import JobStatus
 
 if TYPE_CHECKING:
@@ -78,24 +76,15 @@ def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]
     p.add_argument("job")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events until the job ends")
     p.add_argument("--after", help="start after this event id (a cursor printed earlier)")
-    p.add_argument("--poll", type=positive, default=0.5, help="seconds between polls with --follow (default: 0.5)")
+    # Kept for old scripts: following now blocks on the storage instead of polling.
+    p.add_argument("--poll", type=positive, default=0.5, help="ignored (reads block on the storage)")
     p.add_argument("--timeout", type=seconds, default=0.0, help="stop following after this many seconds (0: never)")
 
 
 def _tail(app: App, args: argparse.Namespace, out: TextIO, when: Callable[[float | None], str]) -> int:
-    if app.storage.get_job(args.job) is None:
-        raise JobNotFoundError(f"job {args.job!r} not found")
-    cursor = args.after
-    deadline = time.monotonic() + args.timeout if args.timeout else None
-    while True:
-        for event in app.storage.events(args.job, after=cursor):
-            turn = f" turn {event.turn}" if event.turn is not None else ""
-            data = json.dumps(event.data, sort_keys=True)
-            print(f"{when(event.timestamp)}  {event.id}  {event.type}{turn}  {data}", file=out, flush=True)
-            cursor = event.id
-        rec = app.storage.get_job(args.job)
-        if not args.follow or rec is None or rec.status in _FINISHED:
-            return 0
-        if deadline is not None and time.monotonic() >= deadline:
-            return 0
-        time.sleep(args.poll)
+    """Print the job's parts; with --follow, live (text as it arrives) until the job ends or --timeout."""
+    for event in app.stream(args.job, after=args.after, follow=args.follow, timeout=args.timeout or None):
+        turn = f" turn {event.turn}" if event.turn is not None else ""
+        data = json.dumps(event.data, sort_keys=True)
+        print(f"{when(event.timestamp)}  {event.id}  {event.type}{turn}  {data}", file=out, flush=True)
+    return 0

@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipelines.engine.errors import JobFailedError, JobNotFoundError, WaitTimeoutError
-from pipelines.engine.models import JobRecord, JobStatus, Usage
+from pipelines.engine.models import Event, JobRecord, JobStatus, Usage
 
 __all__ = ["FINISHED", "JobView", "RunHandle"]
 
@@ -27,6 +28,9 @@ class _Runs(Protocol):
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView: ...
 
     def run_in_process(self) -> None: ...
+
+    def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
+               timeout: float | None = None) -> Iterator[Event]: ...
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,10 @@ class RunHandle:
         if view.status is not JobStatus.COMPLETE:
             raise JobFailedError(f"job {self.job_id!r} ended {view.status.value}: {view.error or 'no result'}")
         return view.result
+
+    def stream(self, *, after: str | None = None, follow: bool = True, timeout: float | None = None) -> Iterator[Event]:
+        """The run's live stream (see :meth:`App.stream`)."""
+        return self.app.stream(self.job_id, after=after, follow=follow, timeout=timeout)
 
     def cancel(self, *, wait: float = 30.0, force: bool = False) -> JobView:
         """Cancel the run at its turn boundary (see :meth:`App.cancel`)."""

@@ -84,7 +84,10 @@ class ScriptedModel:
                     raise IndexError(f"ScriptedModel ran out of turns after {len(self._script)}")
                 turn = self._script[self._next]
                 self._next += 1
-        return _response(turn, request)
+        response = _response(turn, request)
+        if request.on_delta is not None:
+            _stream(response, request.on_delta)
+        return response
 
 
 def _response(turn: Reply, request: ModelRequest) -> ModelResponse:
@@ -119,3 +122,11 @@ def _fresh_id(base: str, taken: set[str]) -> str:
         n += 1
         cid = f"{base}_{n}"
     return cid
+
+
+def _stream(response: ModelResponse, on_delta: Callable[[str], None], size: int = 8) -> None:
+    """Hand the scripted text to a streaming caller in pieces, as a provider's stream would."""
+    text = response.message.get("content")
+    if isinstance(text, str):
+        for i in range(0, len(text), size):
+            on_delta(text[i : i + size])

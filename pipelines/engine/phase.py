@@ -258,6 +258,11 @@ class PhaseContext(Generic[S]):
         self._lock = threading.Lock()
         self._buffer = _Buffered()
         self._on_commit: list[Callable[[Checkpoint[Any]], None]] = []
+        #: Tells this run of the phase apart from any other (a crash re-run, a lease taken over): a
+        #: client of the live stream drops the text of an attempt once a newer one starts.
+        self.attempt_id = (owner or "local")[-12:]
+        #: Where a streaming model call sends text as it arrives (set by the agent turn around its call).
+        self.on_delta: Callable[[str], None] | None = None
 
     # --- reading -----------------------------------------------------------
     @property
@@ -298,6 +303,19 @@ class PhaseContext(Generic[S]):
                       data=to_json_value(data, what=f"data of event {type_!r}"))
         with self._lock:
             self._buffer.events.append(event)
+
+    def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Event:
+        """An ephemeral live-stream part of this attempt (see :meth:`publish_parts`)."""
+        return Event(timestamp=self._clock(), type=type_, turn=turn, phase=self.phase,
+                     data={**data, "attempt": self.attempt_id})
+
+    def publish_parts(self, parts: list[Event]) -> None:
+        """Send ephemeral parts to the job's live stream now (``text_delta``, ``attempt_started``).
+
+        Unlike :meth:`emit`, they are not committed: readers see them at once,
+        and the committed transcript stays the truth.
+        """
+        self._storage.publish(self.job_id, parts)
 
     def append_messages(self, messages: list[Message]) -> None:
         """Queue transcript messages; they are appended atomically with the commit."""

@@ -73,14 +73,14 @@ PLANT: dict[str, Callable[[redis.Redis, str], Any]] = {
     "stream": lambda r, k: r.xadd(k, {"planted": "1"}),
 }
 EXPECTED = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
-            "events": "stream", "due": "zset", "jobs": "set"}
+            "events": "stream", "due": "zset", "jobs": "set", "live": "stream"}
 
 Action = Callable[[RedisStorage], Any]
 # script -> (setup, action, the key roles the script checks)
 SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]]] = {
     "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs")),
     "COMMIT": (running_job, lambda s: s.commit(COMMITS[s]),
-               ("record", "messages", "logs", "journal", "lease", "events", "due")),
+               ("record", "messages", "logs", "journal", "lease", "events", "due", "live")),
     "RECORD_STEP": (running_job, lambda s: s.record_step(JOB, version=1, owner="w1", key="tool:1", value=1),
                     ("record", "journal", "lease")),
     "LOAD(acquire_lease)": (running_job, lambda s: s.acquire_lease(JOB, "w1", 30), ("record", "journal", "lease")),
@@ -89,6 +89,9 @@ SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]
     "RENEW": (running_job, lambda s: s.renew_lease(JOB, "w1", 30), ("lease",)),
     "RELEASE": (running_job, lambda s: s.release_lease(JOB, "w1"), ("lease",)),
     "DELETE": (running_job, lambda s: s.delete_job(JOB), ("due", "jobs")),
+    "CONTROL": (running_job, lambda s: s.request_control(JOB, "pause"), ("record",)),
+    "PUBLISH": (running_job, lambda s: s.publish(JOB, [Event(timestamp=1.0, type="text_delta", data={"text": "x"})]),
+                ("record", "live")),
 }
 COMMITS: dict[RedisStorage, Commit] = {}  # the commit of each test, built before anything is planted
 

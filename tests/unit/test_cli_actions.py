@@ -61,10 +61,11 @@ def test_tail_prints_events_from_a_cursor() -> None:
     start_refund()
     code, out, _ = run("tail", "t1", "--app", APPROVALS)
     lines = out.splitlines()
+    # The live stream: the model's attempt started (it asked for a tool, no text), then the wait.
     assert code == 0 and [line.split()[2] for line in lines] == [
-        "job_started", "approval_requested"]
+        "job_started", "attempt_started", "approval_requested"]
     first_id = lines[0].split()[1]
     code, out, _ = run("tail", "t1", "--after", first_id, "--app", APPROVALS)
-    assert [line.split()[2] for line in out.splitlines()] == ["approval_requested"]
+    assert [line.split()[2] for line in out.splitlines()] == ["attempt_started", "approval_requested"]
     code, _, err = run("tail", "nope", "--app", APPROVALS)
     assert code == 1 and err == "error: job 'nope' not found\n"

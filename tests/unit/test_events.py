@@ -30,8 +30,8 @@ def test_an_agent_job_writes_an_ordered_event_log_with_turn_numbers() -> None:
     events = storage.events("e")
     assert [(e.type, e.turn) for e in events] == [
         ("job_started", None),
-        ("turn_started", 1), ("model_response", 1), ("tool_call", 1), ("tool_result", 1),
-        ("turn_started", 2), ("model_response", 2),
+        ("turn_started", 1), ("model_response", 1), ("tool_call", 1), ("tool_result", 1), ("turn_committed", 1),
+        ("turn_started", 2), ("model_response", 2), ("turn_committed", 2),
         ("job_finished", None),
     ]
     assert events[2].data["tool_calls"] == 1 and events[2].data["prompt_tokens"] > 0
@@ -89,7 +89,8 @@ def test_hooks_and_stdlib_logging_see_committed_events(caplog: pytest.LogCapture
             scheduler.drain()
     finally:
         unsubscribe()
-    assert [e.type for _, e in seen] == ["job_started", "turn_started", "model_response", "job_finished"]
+    assert [e.type for _, e in seen] == ["job_started", "turn_started", "model_response", "turn_committed",
+                                         "job_finished"]
     assert {j for j, _ in seen} == {"h"}
     assert any("h job_finished" in r.getMessage() for r in caplog.records)
 

@@ -1,0 +1,107 @@
+"""Following a job's live stream: every committed event and the text as it arrives, from a cursor.
+
+``app.stream(job_id, after=cursor)`` yields :class:`~pipelines.engine.models.Event`
+parts in order: the durable events (``job_started``, ``turn_started``,
+``tool_call``, ``tool_result``, ``turn_committed``, ``job_finished``, ...) and
+the ephemeral ones a worker publishes while a turn runs (``attempt_started``,
+``text_delta``). Each part's ``id`` is the cursor to resume after (an SSE
+``Last-Event-ID``). With ``follow=True`` it waits on the storage for new parts
+(Redis ``XREAD BLOCK``: no polling loop) until the job is complete, failed or
+cancelled; a finished job is replayed and the stream ends.
+
+A client builds a turn's text from the ``text_delta`` parts of the latest
+``attempt_started`` of that turn: an attempt that was abandoned (a crash, a
+retried stream) is superseded by the next, and ``turn_committed`` closes the
+turn. The committed transcript (``app.messages``) stays the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+
+from adapters.base import Storage
+from pipelines.engine.control import load_job
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import Event, JobStatus
+
+__all__ = ["FINISHED", "afollow", "follow", "turn_texts"]
+
+FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+
+_CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+_WAIT = 5.0  # one blocking read at most this long, then the job's status is looked at again
+
+
+def _check_cursor(after: object) -> str | None:
+    if after is None or after == "":
+        return None
+    if not isinstance(after, str) or not _CURSOR.fullmatch(after):
+        raise InvalidInputError(f"stream cursor {after!r:.60} is not a part id this job's stream gave out")
+    return after
+
+
+def follow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
+           timeout: float | None = None) -> Iterator[Event]:
+    """Parts of ``job_id``'s stream after ``after`` (see the module docstring).
+
+    ``follow=False`` returns what is there now. ``timeout`` (seconds) ends a
+    followed stream that long after it started, even if the job goes on.
+    Raises :class:`~pipelines.errors.JobNotFoundError` for an unknown job and
+    :class:`~pipelines.errors.InvalidInputError` for a malformed cursor, before
+    anything is read.
+    """
+    cursor = _check_cursor(after)
+    load_job(storage, job_id)
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    while True:
+        parts = storage.read_live(job_id, after=cursor)
+        if not parts:
+            if not follow:
+                return
+            if _finished(storage, job_id):
+                # The final commit wrote its events with the status: one last look, then nothing more comes.
+                yield from storage.read_live(job_id, after=cursor)
+                return
+            left = _WAIT if deadline is None else min(_WAIT, deadline - time.monotonic())
+            if left <= 0:
+                return
+            parts = storage.read_live(job_id, after=cursor, block=left)
+        for part in parts:
+            cursor = part.id
+            yield part
+
+
+def _finished(storage: Storage, job_id: str) -> bool:
+    record = storage.get_job(job_id)
+    return record is None or record.status in FINISHED
+
+
+async def afollow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
+                  timeout: float | None = None) -> AsyncIterator[Event]:
+    """:func:`follow` for ``async`` code: each blocking read runs in a thread, never on the event loop."""
+    parts = iter(globals()["follow"](storage, job_id, after=after, follow=follow, timeout=timeout))
+    done = object()
+    while True:
+        part = await asyncio.to_thread(next, parts, done)
+        if part is done:
+            return
+        assert isinstance(part, Event)
+        yield part
+
+
+def turn_texts(parts: Iterator[Event] | list[Event]) -> dict[int, str]:
+    """Each turn's text as a client assembles it: the deltas of the turn's latest attempt, in order."""
+    attempts: dict[int, str] = {}
+    texts: dict[int, str] = {}
+    for part in parts:
+        if part.turn is None:
+            continue
+        attempt = str(part.data.get("attempt", ""))
+        if part.type == "attempt_started":
+            attempts[part.turn], texts[part.turn] = attempt, ""
+        elif part.type == "text_delta" and attempts.get(part.turn) == attempt:
+            texts[part.turn] += str(part.data.get("text", ""))
+    return texts

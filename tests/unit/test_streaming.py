@@ -1,0 +1,121 @@
+"""The live stream of a job: text as it arrives, attempts, resuming from a cursor (memory adapters)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from pipelines import Agent, App, tool
+from pipelines.engine.errors import InvalidInputError, JobNotFoundError
+from pipelines.streams import turn_texts
+from pipelines.testing import ScriptedModel, call, reply
+from tests.unit.helpers import Crash, memory
+
+LONG = "The order A-1 shipped yesterday with DHL; it should arrive within two to three working days. " * 3
+
+
+@tool
+def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"order {order}: shipped"
+
+
+def start(*turns: Any, **agent: Any) -> App:
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler,
+              agents=[Agent(name="a", model=ScriptedModel(list(turns)), tools=[lookup], **agent)])
+    app.run_agent("a", job_id="j", messages=["where is A-1?"])
+    return app
+
+
+def assistant_texts(app: App) -> dict[int, str]:
+    msgs = [m for m in app.messages("j") if m["role"] == "assistant"]
+    return {i + 1: m.get("content") or "" for i, m in enumerate(msgs)}
+
+
+def test_every_turns_deltas_add_up_to_its_committed_text_and_the_stream_ends_with_the_job() -> None:
+    app = start(reply("Let me look.", call("lookup", order="A-1")), LONG)
+    app.drain()
+    parts = list(app.stream("j"))
+    types = [p.type for p in parts]
+    assert types[0] == "job_started" and types[-1] == "job_finished"
+    assert types.count("attempt_started") == 2 and types.count("turn_committed") == 2
+    assert sum(1 for t in types if t == "text_delta") > 2  # batched, but more than one piece for the long text
+    assert turn_texts(parts) == assistant_texts(app)
+    # Nothing of a turn follows its turn_committed.
+    for turn in (1, 2):
+        committed = next(i for i, p in enumerate(parts) if p.type == "turn_committed" and p.turn == turn)
+        assert not [p for p in parts[committed:] if p.type == "text_delta" and p.turn == turn]
+
+
+def test_a_client_resuming_from_its_last_cursor_misses_nothing_and_sees_nothing_twice() -> None:
+    app = start(reply("Let me look.", call("lookup", order="A-1")), LONG)
+    app.drain()
+    everything = list(app.stream("j"))
+    for cut in (1, 5, len(everything) // 2, len(everything) - 1):
+        rest = list(app.stream("j", after=everything[cut - 1].id))
+        assert [p.id for p in everything[:cut] + rest] == [p.id for p in everything]
+
+
+def test_a_follower_sees_text_before_the_turn_commits_and_stops_when_the_job_ends() -> None:
+    gate = threading.Event()
+    seen: list[str] = []
+
+    class Slow(ScriptedModel):
+        def complete(self, request: Any) -> Any:
+            response = super().complete(request)
+            gate.wait(5)  # the text was streamed; the answer is not back yet
+            return response
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=Slow([LONG]))])
+    app.run_agent("a", job_id="j", messages=["hi"])
+    worker = threading.Thread(target=app.drain)
+    worker.start()
+    for part in app.stream("j", timeout=10):
+        seen.append(part.type)
+        if part.type == "text_delta" and not gate.is_set():
+            # The first text arrives while the model call is still going: nothing committed yet.
+            assert app.get("j").status.value == "running" and app.messages("j")[-1]["role"] == "user"
+            gate.set()
+    worker.join(5)
+    assert "text_delta" in seen and seen[-1] == "job_finished"
+
+
+def test_after_a_crash_the_new_attempt_supersedes_the_abandoned_text() -> None:
+    crashed: list[bool] = []
+
+    @tool
+    def flaky(order: str) -> str:
+        """Dies once, after the model's answer was streamed and journaled."""
+        if not crashed:
+            crashed.append(True)
+            raise Crash("worker killed")
+        return "ok"
+
+    storage, scheduler, clock = memory()
+    app = App(storage=storage, scheduler=scheduler, lease_seconds=5, agents=[Agent(
+        name="a", model=ScriptedModel([reply(LONG, call("flaky", order="A-1")), "done"]), tools=[flaky])])
+    app.run_agent("a", job_id="j", messages=["go"])
+    with pytest.raises(Crash):
+        app.drain()
+    clock.advance(10)  # the dead worker's lease runs out; the sweep runs the turn again
+    app.advance_due()
+    app.drain()
+    parts = list(app.stream("j"))
+    starts = [p for p in parts if p.type == "attempt_started" and p.turn == 1]
+    assert len(starts) == 2 and starts[0].data["attempt"] != starts[1].data["attempt"]
+    assert turn_texts(parts) == assistant_texts(app)
+
+
+def test_stream_false_publishes_no_text_and_bad_cursors_and_unknown_jobs_are_clear_errors() -> None:
+    app = start("hello there", stream=False)
+    app.drain()
+    assert [p.type for p in app.stream("j")] == ["job_started", "turn_started", "model_response",
+                                                  "turn_committed", "job_finished"]
+    with pytest.raises(InvalidInputError, match="cursor"):
+        list(app.stream("j", after="not-a-cursor"))
+    with pytest.raises(JobNotFoundError):
+        list(app.stream("nope"))
