@@ -148,3 +148,30 @@ def test_pipelines_and_adapters_import_no_celery() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'billiard')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.redis
+def test_the_examples_beat_sweep_resends_a_job_whose_message_was_lost(redis_url: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    import redis
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("SUPPORT_MODEL", raising=False)
+    example = importlib.reload(importlib.import_module("examples.celery.app"))
+    monkeypatch.setattr(example, "SWEEP_GRACE", 0.0)
+    client = redis.Redis.from_url(redis_url)
+    example.app.run_agent("support", job_id="chat-7", messages=["Where is my order A-1001?"])
+    view = example.app.get("chat-7")
+    assert view is not None
+    [(first, _)] = _messages(client, "agents")
+    assert first["id"] == celery_task_id("chat-7", view.record.version, "support")
+    client.delete("agents")  # the broker lost it
+
+    assert example.sweep.apply().get() == ["chat-7"]
+    [(again, body)] = _messages(client, "agents")
+    assert parse_celery_task_id(again["id"]) == ("support", "chat-7", view.record.version)
+    assert body[:2] == [["chat-7", view.record.version], {"app": example.APP_PATH}]
+    client.close()
+    example.storage.client.close()

@@ -1,0 +1,1 @@
+"""A phaserunner deployment on Celery workers (see app.py)."""
