@@ -40,6 +40,7 @@ class RunOptions(BaseModel):
     output_schema: str | None = Field(default=None, description="the name of a schema registered on the App")
     tool_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     stream: bool | None = Field(default=None, description="publish the answer's text as it arrives")
+    stream_retries: int | None = Field(default=None, ge=0, description="retries of a stream broken mid-way")
     system_prompt_conflict: Literal["keep", "use-current"] | None = None
     suppress_system_prompt_conflict_warning: bool | None = None
     max_retries: int | None = Field(default=None, ge=0, description="model call retries; 0 = no retry")
@@ -78,6 +79,8 @@ class AgentConfig:
     tool_timeout: float | None = None
     # Publish the model's text to the job's live stream as it arrives (text_delta parts).
     stream: bool = True
+    # A provider stream that breaks after it started is tried again as the same turn this many times.
+    stream_retries: int = 0
     system_prompt_conflict: str = "keep"
     suppress_system_prompt_conflict_warning: bool = False
     prepare_call: Callable[..., Any] | None = None

@@ -190,7 +190,7 @@ class AgentTurn:
         With ``stream`` on, its text goes to the job's live stream as it
         arrives (a replayed answer is sent whole): see :mod:`phases.streaming`.
         """
-        sink = DeltaSink(ctx, turn + 1) if cfg.stream else None
+        sink = DeltaSink(ctx, turn + 1, retries=cfg.stream_retries) if cfg.stream else None
         ctx.on_delta = sink
         try:
             raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn))
@@ -380,7 +380,9 @@ class _HistoryCache:
 def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
                 params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None) -> ModelResponse:
     request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
-                           response_format=response_format, on_delta=ctx.on_delta)
+                           response_format=response_format, on_delta=ctx.on_delta,
+                           stream_retries=ctx.on_delta.retries if ctx.on_delta else 0,
+                           on_restart=ctx.on_delta.restart if ctx.on_delta else None)
     notify("model", ctx.job_id, str(turn))
     response = resolve(model.complete(request))
     if not isinstance(response, ModelResponse):

@@ -33,6 +33,10 @@ class ModelRequest:
     response_format: type[BaseModel] | None = None
     # A streaming model calls this with each piece of text as it arrives (None: do not stream).
     on_delta: Callable[[str], None] | None = None
+    # A provider stream that breaks after it started may be retried this many times as the same
+    # call; the model calls on_restart() first, so readers drop the abandoned attempt's text.
+    stream_retries: int = 0
+    on_restart: Callable[[], None] | None = None
 
 
 class ModelResponse(BaseModel):

@@ -29,10 +29,13 @@ FLUSH_CHARS = 200
 class DeltaSink:
     """Batches one attempt's text for the live stream (thread-safe: a model may call it from any thread)."""
 
-    def __init__(self, ctx: PhaseContext[Any], turn: int, *, flush_seconds: float = FLUSH_SECONDS,
+    def __init__(self, ctx: PhaseContext[Any], turn: int, *, retries: int = 0, flush_seconds: float = FLUSH_SECONDS,
                  flush_chars: int = FLUSH_CHARS) -> None:
         self.ctx = ctx
         self.turn = turn
+        self.retries = retries
+        self.attempt = ctx.attempt_id
+        self._restarts = 0
         self.flush_seconds = flush_seconds
         self.flush_chars = flush_chars
         self.sent = ""  # every character published so far in this attempt
@@ -60,6 +63,13 @@ class DeltaSink:
         if parts:
             self.ctx.publish_parts(parts)
 
+    def restart(self) -> None:
+        """A broken provider stream is tried again: drop what is pending and start a new attempt."""
+        with self._lock:
+            self._restarts += 1
+            self.attempt = f"{self.ctx.attempt_id}.{self._restarts}"
+            self._pending, self.sent, self._started = "", "", False
+
     def finish(self, full_text: str | None) -> None:
         """End the attempt: flush, then send whatever of ``full_text`` the model did not stream."""
         self.flush()
@@ -75,7 +85,7 @@ class DeltaSink:
         parts = []
         if not self._started:
             self._started = True
-            parts.append(self.ctx.part("attempt_started", turn=self.turn))
+            parts.append(self.ctx.part("attempt_started", turn=self.turn, attempt=self.attempt))
         if text:
-            parts.append(self.ctx.part("text_delta", turn=self.turn, text=text))
+            parts.append(self.ctx.part("text_delta", turn=self.turn, text=text, attempt=self.attempt))
         return parts

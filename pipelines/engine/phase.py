@@ -12,7 +12,7 @@ import math
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from adapters.base import Storage
 
 __all__ = [
+    "DeltaTarget",
     "Done",
     "Fail",
     "FailJob",
@@ -131,6 +132,21 @@ class FailJob(Exception):  # noqa: N818 - a control signal, not an error
 
 
 PhaseFn = Callable[["PhaseContext[Any]"], "Outcome | Awaitable[Outcome]"]
+
+
+class DeltaTarget(Protocol):
+    """Where a streaming model call sends its text: ``target(text)`` per piece.
+
+    ``retries``: how often a provider stream that broke after it started may
+    be tried again as the same turn; ``restart()`` is called before each such
+    retry, so readers drop the abandoned attempt's text.
+    """
+
+    retries: int
+
+    def __call__(self, text: str) -> None: ...
+
+    def restart(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -262,7 +278,7 @@ class PhaseContext(Generic[S]):
         #: client of the live stream drops the text of an attempt once a newer one starts.
         self.attempt_id = (owner or "local")[-12:]
         #: Where a streaming model call sends text as it arrives (set by the agent turn around its call).
-        self.on_delta: Callable[[str], None] | None = None
+        self.on_delta: DeltaTarget | None = None
 
     # --- reading -----------------------------------------------------------
     @property
@@ -307,7 +323,7 @@ class PhaseContext(Generic[S]):
     def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Event:
         """An ephemeral live-stream part of this attempt (see :meth:`publish_parts`)."""
         return Event(timestamp=self._clock(), type=type_, turn=turn, phase=self.phase,
-                     data={**data, "attempt": self.attempt_id})
+                     data={"attempt": self.attempt_id, **data})
 
     def publish_parts(self, parts: list[Event]) -> None:
         """Send ephemeral parts to the job's live stream now (``text_delta``, ``attempt_started``).

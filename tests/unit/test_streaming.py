@@ -119,3 +119,26 @@ def test_stream_false_publishes_no_text_and_bad_cursors_and_unknown_jobs_are_cle
         list(app.stream("j", after="not-a-cursor"))
     with pytest.raises(JobNotFoundError):
         list(app.stream("nope"))
+
+
+def test_a_retried_provider_stream_starts_a_new_attempt_and_the_broken_text_is_dropped() -> None:
+    from phases.model import ModelRequest, ModelResponse
+    from pipelines.engine.models import Usage
+
+    class BreaksOnce:
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            assert request.on_delta is not None and request.on_restart is not None and request.stream_retries == 2
+            request.on_delta(LONG[:250])  # published (over 200 chars), then the provider's stream breaks ...
+            request.on_restart()  # ... and the model tries again as the same call
+            request.on_delta(LONG)
+            return ModelResponse(message={"role": "assistant", "content": LONG}, finish_reason="stop",
+                                 usage=Usage(model_calls=2))
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler,
+              agents=[Agent(name="a", model=BreaksOnce(), stream_retries=2, max_turns=3)])
+    app.run_agent("a", job_id="j", messages=["hi"])
+    app.drain()
+    parts = list(app.stream("j"))
+    assert len({p.data["attempt"] for p in parts if p.type == "attempt_started"}) == 2
+    assert turn_texts(parts) == {1: LONG} == assistant_texts(app)
