@@ -38,10 +38,12 @@ def test_a_tool_turn_then_an_answer_completes_with_a_valid_transcript() -> None:
     job = storage.get_job("chat-1")
     assert job.status is JobStatus.COMPLETE and job.result == "It is 5."
     msgs = storage.messages("chat-1")
-    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
-    assert msgs[2] == {"role": "tool", "tool_call_id": msgs[1]["tool_calls"][0]["id"], "content": '{"sum": 5}'}
-    # The system prompt is sent on every call but not stored in the transcript.
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant"]
+    assert msgs[3] == {"role": "tool", "tool_call_id": msgs[2]["tool_calls"][0]["id"], "content": '{"sum": 5}'}
+    # The system prompt is pinned as the conversation's first message, and sent once on every call.
+    assert msgs[0] == {"role": "system", "content": "You add numbers."}
     assert model.calls[0].messages[0] == {"role": "system", "content": "You add numbers."}
+    assert [m["role"] for m in model.calls[1].messages].count("system") == 1
     assert model.calls[0].tools[0]["function"]["name"] == "add"
     assert job.usage.model_calls == 2
 
