@@ -56,6 +56,7 @@ demo: install
 
 bench: install
 	$(PY) bench/run.py $(ARGS)
+	$(PY) -m bench.celery_bench $(CELERY_ARGS)  # W1 on Celery workers vs bare Celery chaining
 
 chaos: install
 	$(PY) bench/chaos.py $(ARGS)
