@@ -158,8 +158,9 @@ def register_advance_task(celery_app: Celery) -> Any:
     """Register ``"phaserunner.advance"`` on ``celery_app`` (once) and return the task."""
     if ADVANCE_TASK in celery_app.tasks:
         return celery_app.tasks[ADVANCE_TASK]
+    # shared=False: a shared task would be added to every Celery app this process finalizes later.
     return celery_app.task(name=ADVANCE_TASK, serializer="json", acks_late=True, reject_on_worker_lost=True,
-                           ignore_result=True)(_advance)
+                           ignore_result=True, shared=False)(_advance)
 
 
 class CeleryScheduler:
