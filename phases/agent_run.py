@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from phases import conversation
+from phases import conversation, journal
 from phases.agent_config import AgentConfig
 from phases.callbacks import CALLBACKS, fire
 from phases.model import ModelResponse
@@ -26,7 +26,7 @@ Outcome = TypeVar("Outcome", Next, Done, Fail, Next | Done | Fail)
 __all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "first_turn", "resolve_run",
            "run_turn_calls", "tool_contexts", "turn_ended", "turn_messages"]
 
-TOOLS_KEY = "tools:names"
+TOOLS_KEY = journal.TOOLS_NAMES
 """Journal key: the tool names a provider returned for this turn (a re-run must get the same)."""
 
 

@@ -6,6 +6,7 @@ supplied in ``checkpoint.inputs``) holds::
     "model"                   the model's answer (a ModelResponse dump)
     "model:structured:<n>"    the structured-output follow-up of attempt n
     "tools:started"           ids of the calls about to run (the ledger's "started")
+    "tools:names"             the tools a provider function offered this turn (phases.agent_run)
     "tool:<call id>"          a call's result, as the tool message's content ("done")
     "approval:<call id>"      a person's decision: {"decision", "reason"?, "digest"}
 
@@ -21,6 +22,7 @@ from pipelines.engine.models import JSONValue
 
 __all__ = [
     "MODEL",
+    "TOOLS_NAMES",
     "TOOLS_STARTED",
     "approval_key",
     "model_calls",
@@ -30,6 +32,7 @@ __all__ = [
 
 MODEL = "model"
 TOOLS_STARTED = "tools:started"
+TOOLS_NAMES = "tools:names"
 
 
 def tool_key(call_id: str) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from phases import journal
 from phases.observe import notify
 from phases.tools import Tool, ToolArgumentsError, ToolContext, check_timeout, result_content
 from pipelines.engine._aio import resolve, run_sync
@@ -71,24 +72,24 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
     default_timeout = check_timeout(default_timeout, "default_timeout")
     if not calls:
         return []
-    pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
+    pending = [c for c in calls if not ctx.recorded(journal.tool_key(c['id']))[0]]
     if pending:
         _check_approvals(ctx, tmap, pending)
-        pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
+        pending = [c for c in calls if not ctx.recorded(journal.tool_key(c['id']))[0]]
     if pending:
-        seen, started = ctx.recorded("tools:started")
+        seen, started = ctx.recorded(journal.TOOLS_STARTED)
         interrupted = set(started or []) if seen else set()
         if interrupted:
             _apply_interrupt_policies(ctx, tmap, [c for c in pending if c["id"] in interrupted], turn)
-            pending = [c for c in calls if not ctx.recorded(f"tool:{c['id']}")[0]]
+            pending = [c for c in calls if not ctx.recorded(journal.tool_key(c['id']))[0]]
         if pending:
             if any(_policy(tmap, c) != "retry" for c in pending):
                 # Only a tool that does not simply run again needs to know it
                 # may have started: for "retry" tools, running again is the
                 # recovery whether or not they started, so the write is saved.
-                ctx.record("tools:started", [c["id"] for c in pending])
+                ctx.record(journal.TOOLS_STARTED, [c["id"] for c in pending])
             _execute(ctx, tmap, pending, turn, default_timeout)
-    return [tool_message(c, ctx.recorded(f"tool:{c['id']}")[1]) for c in calls]
+    return [tool_message(c, ctx.recorded(journal.tool_key(c['id']))[1]) for c in calls]
 
 
 def arguments_digest(call: Mapping[str, Any]) -> str:
@@ -112,12 +113,12 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
             continue  # never runs: the model gets the argument error instead
         if not t.requires_approval(args):
             continue
-        found, decision = ctx.recorded(f"approval:{call['id']}")
+        found, decision = ctx.recorded(journal.approval_key(call['id']))
         if not found or decision.get("digest") != arguments_digest(call):
             waiting.append({"call_id": call["id"], "tool": t.name, "arguments": fn.get("arguments")})
         elif decision.get("decision") == "rejected":
             reason = decision.get("reason") or "no reason given"
-            ctx.record(f"tool:{call['id']}", f"Error: a person rejected this call: {reason}")
+            ctx.record(journal.tool_key(call['id']), f"Error: a person rejected this call: {reason}")
     if waiting:
         names = ", ".join(f"{w['tool']} ({w['call_id']})" for w in waiting)
         raise WaitForInput(f"approval needed for {names}", call_id=waiting[0]["call_id"],
@@ -147,7 +148,7 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
         tctx = ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
         found = resolve(t.reconcile(args, tctx))
         if found is not None:
-            ctx.record(f"tool:{call['id']}", result_content(found))
+            ctx.record(journal.tool_key(call['id']), result_content(found))
         ctx.log(f"reconciled interrupted call {call['id']} of {name!r}: "
                 f"{'effect found' if found is not None else 'no effect, running it again'}")
 
@@ -182,7 +183,7 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
              default_timeout: float | None) -> None:
     if len(calls) == 1 and not _is_async(tmap, calls[0]):
         # The common case runs inline: no event loop, no thread hop.
-        ctx.record(f"tool:{calls[0]['id']}", _invoke_sync(ctx, tmap, calls[0], turn, default_timeout))
+        ctx.record(journal.tool_key(calls[0]['id']), _invoke_sync(ctx, tmap, calls[0], turn, default_timeout))
         return
     tasks: list[asyncio.Task[Any]] = []
     try:
@@ -229,7 +230,7 @@ async def _one(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: dict[str, An
             content = await _invoke_async(ctx, tmap, call, turn, default_timeout)
         else:
             content = await loop.run_in_executor(_POOL, _invoke_sync, ctx, tmap, call, turn, default_timeout)
-        await loop.run_in_executor(_POOL, ctx.record, f"tool:{call['id']}", content)
+        await loop.run_in_executor(_POOL, ctx.record, journal.tool_key(call['id']), content)
     except BaseException as exc:  # returned, not raised: see below
         # A KeyboardInterrupt or SystemExit raised out of a task escapes the
         # event loop and strands the other calls' tasks on it; as a value it
