@@ -117,10 +117,11 @@ class W1Server:
 
 # --- expected transcripts ----------------------------------------------------------
 def expected_transcript(job_id: str, turns: int) -> list[dict[str, Any]]:
-    """The W1 transcript of ``job_id``: what the fake server answers, with the tool's results."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": chaos_app.user_message(job_id, turns)}]
+    """The W1 transcript of ``job_id``: the pinned system prompt, what the fake server answers, the tool's results."""
+    system = {"role": "system", "content": chaos_app.SYSTEM}
+    messages: list[dict[str, Any]] = [system, {"role": "user", "content": chaos_app.user_message(job_id, turns)}]
     while True:
-        reply = w1_reply({"messages": [{"role": "system", "content": chaos_app.SYSTEM}, *messages]})
+        reply = w1_reply({"messages": messages})
         assert reply.message is not None
         msg = dict(reply.message)
         if msg.get("content") is None:

@@ -130,7 +130,9 @@ QUICK = Sizes(runs=3, mem_jobs=20, mem_turns=10, llm_jobs=5, rq_jobs=20, rq_turn
 
 # --- figure 1: memory adapters vs the plain-Python floor -----------------------
 def check_transcript(messages: list[dict[str, Any]], turns: int) -> None:
-    """A finished W1 job: user, then (assistant + tool) x (n_turns-1), then the final "done"."""
+    """A finished W1 job: (the pinned system prompt,) user, then (assistant + tool) x (n_turns-1), then "done"."""
+    if messages and messages[0].get("role") == "system":
+        messages = messages[1:]
     if len(messages) != 2 * turns or messages[-1].get("content") != "done":
         raise AssertionError(f"unexpected W1 transcript: {len(messages)} messages, last {messages[-1]!r:.120}")
     if json.loads(messages[-2]["content"]) != {"sum": turns - 1}:

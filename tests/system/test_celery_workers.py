@@ -18,7 +18,7 @@ pytest.importorskip("celery", reason="the celery extra is not installed (pip ins
 from bench.chaos_lib import W1Server, check_effects, expected_transcript, start_jobs, unfinished
 from pipelines import JobStatus
 from pipelines.app import App
-from tests.apps import celery_app, chaos_app
+from tests.apps import celery_app
 from tests.system.conftest import Cluster, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.system]
@@ -35,13 +35,11 @@ def w1() -> Iterator[W1Server]:
 
 
 def exact_transcripts(app: App, job_ids: list[str]) -> list[str]:
-    """Jobs that are not complete with exactly the W1 transcript (a leading system message aside)."""
+    """Jobs that are not complete with exactly the W1 transcript (the pinned system prompt first)."""
     bad = []
     for job_id in job_ids:
         view = app.get(job_id)
         got = app.storage.messages(job_id)
-        if got[:1] == [{"role": "system", "content": chaos_app.SYSTEM}]:
-            got = got[1:]  # whether the agent stores its system prompt is not this adapter's business
         if view is None or view.status is not JobStatus.COMPLETE or got != expected_transcript(job_id, TURNS):
             bad.append(f"{job_id}: {view.status if view else 'missing'}, {len(got)} messages")
     return bad
