@@ -44,6 +44,8 @@ from pipelines.engine.models import (
 
 __all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
 
+_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+
 
 class VirtualClock:
     """A clock that only moves when told to. Shared by scheduler and storage in tests."""
@@ -92,6 +94,7 @@ class MemoryStorage:
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
         self._due: dict[str, float] = {}
+        self._finished: dict[str, float] = {}  # finished job id -> when it finished (retention reads it)
         self._lock = threading.RLock()
         self._published = threading.Condition(self._lock)  # wakes readers following a live stream
         self._clock = clock or time.monotonic
@@ -140,6 +143,11 @@ class MemoryStorage:
             self._due[record.job_id] = record.checkpoint.due_at
         else:
             self._due.pop(record.job_id, None)
+        # The finished index moves with the status, under the same lock as the write (as Redis's commit script).
+        if record.status in _FINISHED:
+            self._finished[record.job_id] = record.updated_at
+        else:
+            self._finished.pop(record.job_id, None)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -316,10 +324,22 @@ class MemoryStorage:
             records = [r for j, job in self._jobs.items() if (r := self._readable(j, job)) is not None]
         return [r for r in records if status is None or r.status is status][:limit]
 
-    def delete_job(self, job_id: str) -> bool:
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
+        """Remove the job and its index entries; with ``if_version``, only if it is still at that version
+        (else :class:`StaleVersionError`, nothing removed)."""
         with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and if_version is not None and job.version != if_version:
+                raise StaleVersionError(f"job {job_id!r} is at version {job.version}; delete expected {if_version}")
             self._due.pop(job_id, None)
+            self._finished.pop(job_id, None)
             return self._jobs.pop(job_id, None) is not None
+
+    def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
+        """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
+        with self._lock:
+            done = sorted((t, j) for j, t in self._finished.items() if t <= before)
+        return [j for _, j in done[: max(0, limit)]]
 
     # --- extras for tests ----------------------------------------------------
     def inspect(self, job_id: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ below, nowhere else)::
                                       (bounded; expires once the job is finished)
     <prefix>:due               zset  running job ids scored by due_at
     <prefix>:jobs              set   every job id
+    <prefix>:finished          zset  finished job ids scored by the time they finished (retention)
 
 Each check-then-write is one Lua script (:mod:`adapters.redis_scripts`), so
 a commit is atomic and costs one round trip. Values are JSON text; nothing is
@@ -64,16 +65,19 @@ from pipelines.engine.models import (
     validate_job_id,
 )
 
-__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "index_keys", "job_keys"]
+__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "finished_key", "index_keys", "job_keys"]
 
 DEFAULT_PREFIX = "pr"
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 _BATCH = 200  # records fetched per round trip by list_jobs
 # A job in these statuses may still stream: its live stream is kept until it finishes.
 _LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
+# A job in these statuses is in the finished index, which retention reads.
+_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 # The Redis type each key role must have (roles as the scripts name them).
 _KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
-              "events": "stream", "due": "zset", "jobs": "set", "live": "stream"}
+              "events": "stream", "due": "zset", "jobs": "set", "live": "stream",
+              "finished": "zset"}
 
 
 def check_prefix(prefix: object, what: str = "key prefix") -> str:
@@ -112,6 +116,16 @@ def index_keys(prefix: str) -> tuple[str, str]:
     (what RQ supports too) but would be a CROSSSLOT error on Redis Cluster.
     """
     return f"{prefix}:due", f"{prefix}:jobs"
+
+
+def finished_key(prefix: str) -> str:
+    """The index of finished jobs under ``prefix`` (zset: job id -> when it finished); global like the due index."""
+    return f"{prefix}:finished"
+
+
+def _finished_at(record: JobRecord) -> str:
+    """The finished index's score for ``record``: its last update while finished, else '' (not indexed)."""
+    return _score(record.updated_at) if record.status in _FINISHED else ""
 
 
 def _text(value: Any) -> str:
@@ -212,6 +226,7 @@ class RedisStorage:
         #: The longest single XREAD BLOCK; below the client's socket timeout.
         self.max_block = 5.0
         self.due_key, self.jobs_key = index_keys(prefix)
+        self.finished_key = finished_key(prefix)
         # register_script runs EVALSHA and reloads the script after SCRIPT FLUSH.
         self._create = client.register_script(redis_scripts.CREATE)
         self._commit = client.register_script(redis_scripts.COMMIT)
@@ -261,15 +276,17 @@ class RedisStorage:
 
     def _all_keys(self, job_id: str) -> list[str]:
         k = self.keys(job_id)
-        # The order the scripts expect (KEYS[1..9]); the live stream came last.
-        return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, self.due_key, self.jobs_key, k.live]
+        # The order the scripts expect (KEYS[1..10]); the live stream and the finished index came last.
+        return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, self.due_key, self.jobs_key, k.live,
+                self.finished_key]
 
     def _check_types(self, job_id: str, reply: Any, what: str) -> None:
         """Raise CorruptRecordError for a script's ``corrupt:<role>:<type>`` reply (nothing was written)."""
         if not isinstance(reply, bytes | str) or not _text(reply).startswith("corrupt:"):
             return
         _, role, found = _text(reply).split(":", 2)
-        key = {"due": self.due_key, "jobs": self.jobs_key}.get(role) or getattr(self.keys(job_id), role)
+        key = ({"due": self.due_key, "jobs": self.jobs_key, "finished": self.finished_key}.get(role)
+               or getattr(self.keys(job_id), role))
         raise CorruptRecordError(
             f"{what}: key {key!r} ({role}) is a Redis {found}, expected a {_KEY_TYPES[role]} (WRONGTYPE); "
             "nothing was written"
@@ -415,7 +432,7 @@ class RedisStorage:
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
         with _mapped(f"creating job {job_id!r}"):
             reply = self._create(keys=keys, args=[job_id, token, data, str(record.version), due, len(msgs),
-                                                  len(lines), *msgs, *lines, *event_lines])
+                                                  len(lines), _finished_at(record), *msgs, *lines, *event_lines])
         self._check_types(job_id, reply, f"creating job {job_id!r}")
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
@@ -441,7 +458,7 @@ class RedisStorage:
             "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
-            *msgs, *lines, *event_lines,
+            _finished_at(commit.record), *msgs, *lines, *event_lines,
         ]
         with _mapped(f"committing job {job_id!r}"):
             reply = _text(self._commit(keys=keys, args=args))
@@ -517,16 +534,34 @@ class RedisStorage:
             reply = self._release(keys=[self.keys(job_id).lease], args=[owner])
         self._check_types(job_id, reply, f"releasing the lease of job {job_id!r}")
 
-    def delete_job(self, job_id: str) -> bool:
-        """Remove the job's keys and index entries; ``False`` if it did not exist.
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
+        """Remove the job's keys and index entries in one script; ``False`` if it did not exist.
 
         The job's own keys go whatever their type (so a corrupt job can be
         deleted); an index key of the wrong type is CorruptRecordError.
+        ``if_version``: delete only if the job is still at that version, else
+        :class:`StaleVersionError` with nothing deleted (the caller judged the
+        job deletable at that version).
         """
+        args = [job_id, "" if if_version is None else str(int(if_version))]
         with _mapped(f"deleting job {job_id!r}"):
-            reply = self._delete(keys=self._all_keys(job_id), args=[job_id])
+            reply = self._delete(keys=self._all_keys(job_id), args=args)
         self._check_types(job_id, reply, f"deleting job {job_id!r}")
+        if isinstance(reply, bytes | str) and _text(reply).startswith("stale:"):
+            raise StaleVersionError(_stale_message(job_id, _text(reply), f"delete expected version {if_version}"))
         return bool(reply)
+
+    def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
+        """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first.
+
+        Read from the finished index the commits keep; jobs that finished
+        before that index existed are not in it (``App.gc(scan=True)`` finds them).
+        """
+        if limit <= 0:
+            return []
+        with _mapped("reading the finished index"):
+            ids = self.client.zrangebyscore(self.finished_key, "-inf", repr(float(before)), start=0, num=limit)
+        return [_text(i) for i in ids]
 
 
 def _stale_message(job_id: str, reply: str, what: str) -> str:

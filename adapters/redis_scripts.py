@@ -12,8 +12,9 @@ Redis type would make a command fail half-way through a script. So every
 script first checks the type of every key whose command could fail on it
 (``TYPE``; a missing key is fine) and, before its first write, replies
 ``"corrupt:<role>:<type found>"`` instead, with nothing written. The roles
-are the :class:`~adapters.redis.JobKeys` field names plus ``due`` and
-``jobs``. Plain ``DEL`` works on every type, so the keys a script only
+are the :class:`~adapters.redis.JobKeys` field names plus ``due``, ``jobs``
+and ``finished`` (finished jobs scored by the time they finished: what
+retention removes). Plain ``DEL`` works on every type, so the keys a script only
 deletes (CREATE's leftovers of a dead job, DELETE's job keys) are not
 checked: that is how a corrupt job can still be deleted.
 
@@ -65,12 +66,13 @@ local function add_events(key, live, from)
 end
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
-#       then the messages, then the log lines, then the events.
+#       finished_at ('' = not finished), then the messages, the log lines, the events.
 CREATE = _PUSH_FN + """
 -- KEYS[2..6] are only DEL'd before being written, so their type cannot fail.
-local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set'})
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set',
+                        KEYS[10], 'finished', 'zset'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The same create re-sent after its reply was lost: already applied.
@@ -80,19 +82,21 @@ end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
-push(KEYS[2], 8, 7 + n)
-push(KEYS[3], 8 + n, 7 + n + nl)
-add_events(KEYS[6], KEYS[9], 8 + n + nl)
+push(KEYS[2], 9, 8 + n)
+push(KEYS[3], 9 + n, 8 + n + nl)
+add_events(KEYS[6], KEYS[9], 9 + n + nl)
 redis.call('SADD', KEYS[8], ARGV[1])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
+-- A job can be created finished (a fork at the turn that completed its original).
+if ARGV[8] ~= '' then redis.call('ZADD', KEYS[10], ARGV[8], ARGV[1]) end
 return 'ok'
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
-#       then the messages, the log lines, the events.
+#       finished_at ('' = not finished: remove), then the messages, the log lines, the events.
 # Reply: 'ok' / 'applied' (a re-sent commit), with ':<request>' when a pause or
 # cancel request is pending; 'stale:<why>'; 'corrupt:<role>:<type>'.
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
@@ -100,7 +104,7 @@ return 'ok'
 COMMIT = _PUSH_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', KEYS[3], 'logs', 'list',
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
-                        KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream'})
+                        KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset'})
 if bad then return bad end
 local cur = redis.call('HMGET', KEYS[1], 'version', 'token')
 if not cur[1] then return 'stale:missing' end
@@ -126,9 +130,9 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-push(KEYS[2], 16, 15 + n)
-push(KEYS[3], 16 + n, 15 + n + nl)
-add_events(KEYS[6], KEYS[9], 16 + n + nl)
+push(KEYS[2], 17, 16 + n)
+push(KEYS[3], 17 + n, 16 + n + nl)
+add_events(KEYS[6], KEYS[9], 17 + n + nl)
 -- The live stream of a finished job expires; a running one's is kept.
 if ARGV[15] ~= '' then redis.call('PEXPIRE', KEYS[9], ARGV[15]) else redis.call('PERSIST', KEYS[9]) end
 if ARGV[9] ~= '1' then redis.call('DEL', KEYS[4]) end
@@ -136,6 +140,12 @@ if ARGV[11] ~= '' then
   redis.call('ZADD', KEYS[7], ARGV[11], ARGV[1])
 else
   redis.call('ZREM', KEYS[7], ARGV[1])
+end
+-- The finished index moves with the status, in the same commit: retention never sees a restarted job.
+if ARGV[16] ~= '' then
+  redis.call('ZADD', KEYS[10], ARGV[16], ARGV[1])
+else
+  redis.call('ZREM', KEYS[10], ARGV[1])
 end
 if ARGV[10] == '1' and ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
 -- A pause/cancel request lives in the record hash beside 'data', outside the
@@ -214,15 +224,26 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live; ARGV: job_id
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished
+# ARGV: job_id, expected version ('' = whatever it is)
+# Reply: 1 deleted, 0 unknown job, 'stale:version:<stored>' (nothing deleted).
 # The job's own keys are only DEL'd (any type goes); the indexes are checked.
+# With an expected version the caller checked the job's status at that version:
+# it is deleted only if nothing committed since (a retry, a continued conversation).
 DELETE = _TYPES_FN + """
-local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set'})
+local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set', KEYS[10], 'finished', 'zset'})
 if bad then return bad end
 local existed = redis.call('EXISTS', KEYS[1])
+if ARGV[2] ~= '' and existed == 1 then
+  bad = wrong_type({KEYS[1], 'record', 'hash'})
+  if bad then return bad end
+  local cur = redis.call('HGET', KEYS[1], 'version')
+  if cur ~= ARGV[2] then return 'stale:version:' .. tostring(cur) end
+end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[1])
+redis.call('ZREM', KEYS[10], ARGV[1])
 return existed
 """
 

@@ -24,8 +24,16 @@ from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
 from phases.run_input import check_tags
 from pipelines import streams
-from pipelines.engine import control
-from pipelines.engine.errors import ConfigurationError, InvalidInputError, InvalidPipelineError, PipelineError
+from pipelines.engine import control, transitions
+from pipelines.engine.errors import (
+    ConfigurationError,
+    CorruptRecordError,
+    InvalidInputError,
+    InvalidPipelineError,
+    JobConflictError,
+    PipelineError,
+    StaleVersionError,
+)
 from pipelines.engine.leases import check_lease_seconds
 from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
@@ -34,7 +42,7 @@ from pipelines.engine.start import RetryMode, check_retry_mode, start_job
 from pipelines.handle import JobView, RunHandle
 from pipelines.provenance import current_commit, with_provenance
 
-__all__ = ["App", "PipelineSource"]
+__all__ = ["App", "PipelineSource", "RetentionStore"]
 
 logger = logging.getLogger("pipelines")
 
@@ -82,6 +90,10 @@ class App:
     ``version``: the app's version string, recorded on every run as a
     ``version:`` tag (with a ``commit:`` tag from the environment or the git
     checkout) unless ``provenance=False`` or the run gives such a tag itself.
+    ``retention``: seconds a finished job (complete, error, cancelled) is
+    kept; older ones, with everything they stored, are deleted by the sweeps
+    (``advance_due``, the worker's ``requeue_overdue``) and by :meth:`gc`.
+    ``None`` (the default) keeps jobs until deleted.
     """
 
     def __init__(
@@ -96,6 +108,7 @@ class App:
         continue_for: float = 0.0,
         version: str | None = None,
         provenance: bool = True,
+        retention: float | None = None,
     ) -> None:
         if not isinstance(storage, Storage):
             raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
@@ -110,6 +123,7 @@ class App:
             raise InvalidInputError(f"version must be a string, got {type(version).__name__}")
         self.version = version
         self.provenance = bool(provenance)
+        self.retention = _check_retention(retention)
         self._commit: str | None = current_commit() if self.provenance else None
         self._pipelines: dict[str, Pipeline] = {}
         self._agents: dict[str, PipelineSource] = {}
@@ -299,6 +313,131 @@ class App:
         picked = [r for r in records if set(wanted) <= set(tags_of(r))]
         return [self.view(r) for r in sorted(picked, key=lambda r: (r.created_at, r.job_id))]
 
+    # --- forks ---------------------------------------------------------------------------------
+    def fork(self, job_id: str, *, at_turn: int, new_job_id: str, run: bool = False,
+             **options: Any) -> RunHandle:
+        """A new job ``new_job_id`` that goes on from ``job_id`` as it was after turn ``at_turn``.
+
+        Its transcript is the original's first messages up to that turn, its
+        state the state committed then, its record names the lineage
+        (``forked_from``, ``at_turn``); the original is untouched. Turns count
+        the phases a job completed over its life (``pipelines status``: phases
+        done; 0 is the start); the record keeps the last
+        :data:`~pipelines.engine.transitions.HISTORY_LIMIT` of them. The fork
+        is paused (``app.resume`` runs it) unless ``run``; a turn that ended
+        the job gives a complete fork, to continue with new messages.
+        ``options`` override the original's per-run options (agents only).
+        Repeating a fork that landed (a retry after a crash) returns it.
+        """
+        validate_job_id(new_job_id)
+        src = control.load_job(self.storage, job_id)
+        mark = transitions.turn_mark(src, at_turn)
+        if run and mark.next_phase is None:
+            raise InvalidInputError(f"turn {at_turn} ended job {job_id!r}: nothing runs after it; re-run from "
+                                    "an earlier turn, or fork it and continue with new messages")
+        existing = self.storage.get_job(new_job_id)
+        if existing is not None:
+            if existing.forked_from == src.job_id and existing.at_turn == mark.phases_done:
+                return RunHandle(self, new_job_id)  # this very fork landed before (a retried call)
+            raise JobConflictError(f"job {new_job_id!r} already exists")
+        messages = self.storage.messages(job_id, 0, mark.transcript_len)
+        if len(messages) != mark.transcript_len:
+            raise CorruptRecordError(f"job {job_id!r} holds {len(messages)} messages, fewer than the "
+                                     f"{mark.transcript_len} its turn {at_turn} committed")
+        commit = transitions.fork(src, mark, new_job_id=new_job_id, messages=messages,
+                                  options=self._fork_options(src, options), run=run, now=self.scheduler.now())
+        transitions.apply(self.storage, self.scheduler, commit)
+        return RunHandle(self, new_job_id)
+
+    def rerun(self, job_id: str, *, from_turn: int, new_job_id: str, **options: Any) -> RunHandle:
+        """Fork ``job_id`` after turn ``from_turn`` and run the fork at once, with ``options`` overriding
+        the original's (``model=``, ``max_turns=``, ...): "what if" and regression runs."""
+        return self.fork(job_id, at_turn=from_turn, new_job_id=new_job_id, run=True, **options)
+
+    def _fork_options(self, src: JobRecord, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The original's per-run options with ``options`` over them, checked as a new run's would be."""
+        if not options:
+            return dict(src.options)
+        source = self._agents.get(src.pipeline)
+        if source is None:
+            raise InvalidInputError(f"per-run options ({', '.join(sorted(options))}) apply to agent runs; "
+                                    f"job {src.job_id!r} runs the pipeline {src.pipeline!r}")
+        checked = source.start_options([], options, self)["options"]
+        return {**src.options, **checked}
+
+    # --- deleting -------------------------------------------------------------------------------
+    def delete(self, job_id: str) -> None:
+        """Delete ``job_id`` and everything it stored (transcript, logs, events, live stream, index entries).
+
+        Atomic per job: the status is judged at a version and the delete
+        lands only if the job is still at it. A running or waiting job is
+        refused with :class:`JobConflictError` (cancel it first); an unknown
+        one raises :class:`~pipelines.engine.errors.JobNotFoundError`.
+        """
+        for _ in range(3):
+            rec = control.load_job(self.storage, job_id)
+            if rec.status in (JobStatus.RUNNING, JobStatus.WAITING):
+                raise JobConflictError(f"job {job_id!r} is {rec.status.value}; cancel it before deleting it")
+            if self._delete_at(rec) is not None:
+                forget_run_callbacks(job_id)
+                return
+        raise JobConflictError(f"job {job_id!r} kept changing while it was being deleted; try again")
+
+    def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000) -> list[str]:
+        """Delete finished jobs (complete, error, cancelled) that finished over ``older_than`` seconds ago.
+
+        ``older_than`` defaults to the app's ``retention``. Candidates come
+        from the finished index the commits keep; ``scan=True`` also reads
+        every record (jobs that finished before that index existed, or a
+        storage without one). A job restarted meanwhile is left alone.
+        Returns the deleted ids.
+        """
+        age = self.retention if older_than is None else _check_retention(older_than, "older_than")
+        if age is None:
+            raise ConfigurationError("gc needs older_than= (seconds) or an App(retention=...)")
+        before = self.scheduler.now() - age
+        ids = self._finished_before(before, scan=scan, limit=limit)
+        removed = []
+        for job_id in ids:
+            rec = self.storage.get_job(job_id)
+            # Judged again on the record: the index entry may be older than a restart.
+            expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
+            if expired and rec is not None and self._delete_at(rec):
+                forget_run_callbacks(job_id)
+                removed.append(job_id)
+        return removed
+
+    def _finished_before(self, before: float, *, scan: bool, limit: int) -> list[str]:
+        store = self.storage
+        ids = store.finished_jobs(before, limit=limit) if isinstance(store, RetentionStore) else []
+        if scan or not isinstance(store, RetentionStore):
+            found = [r.job_id for r in store.list_jobs(limit=1_000_000)
+                     if r.status in transitions.FINISHED and r.updated_at <= before]
+            ids = list(dict.fromkeys([*ids, *found]))
+        return ids[: max(0, limit)]
+
+    def _delete_at(self, rec: JobRecord) -> bool | None:
+        """Delete ``rec``'s job if it is still at ``rec.version``; ``None`` when it moved on meanwhile."""
+        store = self.storage
+        if not isinstance(store, RetentionStore):
+            return store.delete_job(rec.job_id)  # a storage without the fenced delete: checked, not atomic
+        try:
+            return store.delete_job(rec.job_id, if_version=rec.version)
+        except StaleVersionError:
+            return None
+
+    def _sweep_retention(self) -> None:
+        """The sweeps' share of retention: delete what has expired (logged, never raised)."""
+        if self.retention is None:
+            return
+        try:
+            removed = self.gc()
+        except PipelineError as exc:
+            logger.error("retention sweep failed: %s", exc)
+            return
+        if removed:
+            logger.info("retention: deleted %d finished job(s)", len(removed))
+
     # --- steering ------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:
         """Cancel at the turn boundary, keeping the checkpoint (see :func:`pipelines.engine.control.cancel_job`)."""
@@ -357,11 +496,14 @@ class App:
             except PipelineError as exc:
                 done.append((job_id, AdvanceResult.UNKNOWN))
                 logger.error("sweep: job %s: %s", job_id, exc)
+        self._sweep_retention()
         return done
 
     def requeue_overdue(self, *, grace: float, limit: int = 1000) -> list[str]:
-        """Enqueue (not run) every job overdue by ``grace`` seconds: the worker's sweep."""
-        return control.requeue_overdue(self.storage, self.scheduler, grace=grace, limit=limit)
+        """Enqueue (not run) every job overdue by ``grace`` seconds: the worker's sweep (and retention's)."""
+        requeued = control.requeue_overdue(self.storage, self.scheduler, grace=grace, limit=limit)
+        self._sweep_retention()
+        return requeued
 
     def drain(self, *, max_advances: int = 1_000_000) -> int:
         """Run every scheduled advance now (an in-process scheduler only); returns how many ran."""
@@ -374,6 +516,24 @@ class App:
         """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers."""
         if isinstance(self.scheduler, InProcessScheduler):
             self.scheduler.drain()
+
+
+@runtime_checkable
+class RetentionStore(Protocol):
+    """What retention needs of a storage beyond the port (memory and Redis have it): a delete fenced on the
+    version, and the index of finished jobs."""
+
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool: ...
+
+    def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]: ...
+
+
+def _check_retention(value: object, name: str = "retention") -> float | None:
+    if value is None and name == "retention":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise InvalidInputError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def as_message_list(messages: Any) -> list[Any]:

@@ -17,6 +17,9 @@ that app's storage and scheduler::
     pipelines approve   --app X JOB CALL
     pipelines reject    --app X JOB CALL --reason "..."
     pipelines tail      --app X JOB [--follow] [--after EVENT_ID]
+    pipelines fork      --app X JOB --at-turn N --new-id ID [--run]
+    pipelines delete    --app X JOB
+    pipelines gc        --app X [--older-than S] [--scan]
 
 Exit codes: 0 success, 1 an error explained on stderr as ``error: ...``
 (unknown job, bad app path, Redis unreachable, ...), 2 bad command-line usage.
@@ -192,6 +195,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     if cp is not None:
         rows += [("phase", cp.next_phase), ("attempt", cp.attempt), ("due", _when(cp.due_at))]
     rows += [("phases done", rec.phases_done), ("transcript", f"{rec.transcript_len} messages")]
+    if rec.forked_from is not None:
+        rows.append(("forked from", f"{rec.forked_from} at turn {rec.at_turn}"))
     if rec.error:
         rows.append(("error", rec.error))
     if rec.waiting:

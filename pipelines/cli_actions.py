@@ -1,4 +1,5 @@
-"""``pipelines`` commands for people acting on a job: pause, resume, approve, reject, and tail its events.
+"""``pipelines`` commands for people acting on a job: pause, resume, approve, reject, tail its events,
+fork it, delete it, and the retention sweep (``gc``).
 
 Registered by :func:`pipelines.cli.build_parser`; see that module for the
 common ``--app`` option and exit codes.
@@ -79,6 +80,46 @@ def register(add: AddCommand, load: LoadApp, when: Callable[[float | None], str]
     # Kept for old scripts: following now blocks on the storage instead of polling.
     p.add_argument("--poll", type=positive, default=0.5, help="ignored (reads block on the storage)")
     p.add_argument("--timeout", type=seconds, default=0.0, help="stop following after this many seconds (0: never)")
+    _register_lifecycle(add, load, seconds)
+
+
+def _register_lifecycle(add: AddCommand, load: LoadApp, seconds: Callable[[str], float]) -> None:
+    """fork, delete and gc: a job's life beyond one run."""
+
+    def cmd_fork(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        view = app.fork(args.job, at_turn=args.at_turn, new_job_id=args.new_id, run=args.run).get()
+        status = view.status.value if view is not None else "-"
+        print(f"{args.new_id}: forked from {args.job} at turn {args.at_turn}, status {status}", file=out)
+        return 0
+
+    def cmd_delete(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        app.delete(args.job)
+        print(f"{args.job}: deleted", file=out)
+        return 0
+
+    def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        removed = app.gc(older_than=args.older_than, scan=args.scan, limit=args.limit)
+        for job_id in removed:
+            print(job_id, file=out)
+        print(f"{len(removed)} finished job(s) removed", file=out)
+        return 0
+
+    p = add("fork", cmd_fork, "start a new job from a job's checkpoint at an earlier turn (paused unless --run)")
+    p.add_argument("job")
+    p.add_argument("--at-turn", type=int, required=True, help="the turn (phases done; 0 = the start)")
+    p.add_argument("--new-id", required=True, help="the new job's id")
+    p.add_argument("--run", action="store_true", help="run the fork at once (a re-run from that turn)")
+    p = add("delete", cmd_delete, "delete a finished, paused or failed job and everything it stored")
+    p.add_argument("job")
+    p = add("gc", cmd_gc, "delete finished jobs older than the app's retention (or --older-than)")
+    p.add_argument("--older-than", type=seconds, default=None,
+                   help="seconds since the job finished (default: the app's retention=)")
+    p.add_argument("--scan", action="store_true",
+                   help="also scan every record (jobs finished before the finished index existed)")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many jobs (default: 1000)")
 
 
 def _tail(app: App, args: argparse.Namespace, out: TextIO, when: Callable[[float | None], str]) -> int:

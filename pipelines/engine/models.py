@@ -33,6 +33,7 @@ __all__ = [
     "LogEntry",
     "LogLevel",
     "Message",
+    "TurnMark",
     "Usage",
     "check_messages",
     "check_size",
@@ -425,6 +426,25 @@ class Checkpoint(BaseModel, Generic[S]):
     commit_id: str = ""
 
 
+class TurnMark(BaseModel):
+    """What a job committed at the end of one turn (phase): where a fork starts.
+
+    ``phases_done`` is the turn's number over the job's whole life (continued
+    conversations keep counting), ``transcript_len`` how many messages the
+    transcript held then, ``next_phase`` the phase that was to run next
+    (``None``: the job completed at that turn). ``size`` is the length of the
+    state's JSON text, kept so the history's byte bound is cheap to enforce.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    phases_done: int
+    transcript_len: int = 0
+    next_phase: str | None = None
+    state: JSONValue = None
+    size: int = 0
+
+
 class JobRecord(BaseModel):
     """Everything storage keeps about a job, except its transcript and logs."""
 
@@ -452,10 +472,18 @@ class JobRecord(BaseModel):
     # Per-run options that travel with the job so every worker honours them
     # (max_turns, an output schema by its registered name, ...): JSON only.
     options: dict[str, JSONValue] = Field(default_factory=dict)
+    # The W3C trace context of the job's run (OpenTelemetry), so every turn joins one trace.
+    trace: dict[str, str] | None = None
     # A pause or cancel requested while a turn was in flight. Kept beside the
     # record, never inside it (writing the record would fence the turn off):
     # storage fills it in on load, and the commit that applies it clears it.
     control: str | None = Field(default=None, exclude=True)
+    # The last turns' checkpoints, oldest first (bounded: see transitions.HISTORY_LIMIT
+    # and HISTORY_BYTES), so a fork can start from the state committed at an earlier turn.
+    history: list[TurnMark] = Field(default_factory=list)
+    # Lineage of a fork: the job it was forked from and at which turn.
+    forked_from: str | None = None
+    at_turn: int | None = None
 
 
 class Commit(BaseModel):
@@ -519,6 +547,10 @@ def _check_fields(model: BaseModel, what: str, where: str = "") -> None:
 def _check_field(value: Any, what: str, where: str, name: str) -> None:
     if isinstance(value, BaseModel):
         _check_fields(value, what, f"{where}{name}.")
+        return
+    if type(value) is list and all(isinstance(v, BaseModel) for v in value):  # the record's turn history
+        for i, item in enumerate(value):
+            _check_fields(item, what, f"{where}{name}[{i}].")
         return
     room = MAX_VALUE_DEPTH + 1 if name in _ENTRY_FIELDS else MAX_VALUE_DEPTH
     try:

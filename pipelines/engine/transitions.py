@@ -14,10 +14,11 @@ loaded and ``now``, so each transition is tested as a plain function.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipelines.engine.errors import JobConflictError
+from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.engine.events import make_event, publish
 from pipelines.engine.models import (
     Checkpoint,
@@ -29,6 +30,8 @@ from pipelines.engine.models import (
     LogEntry,
     LogLevel,
     Message,
+    TurnMark,
+    to_json_value,
 )
 from pipelines.engine.phase import Done, Fail, Next, PhaseOutput, RetryLater, WaitForInput
 from pipelines.engine.tokens import new_token
@@ -39,24 +42,37 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVE",
     "FINAL",
+    "FINISHED",
+    "HISTORY_BYTES",
+    "HISTORY_LIMIT",
     "PhaseOutput",
     "after_phase",
     "apply",
     "cancel",
     "continue_conversation",
     "create",
+    "fork",
     "pause",
     "resume",
     "retry_full",
     "retry_resume",
     "save_state",
     "supply_inputs",
+    "turn_mark",
 ]
 
 ACTIVE = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 """Statuses a restart must not touch: wait for the job, or cancel it first."""
 FINAL = (JobStatus.COMPLETE, JobStatus.CANCELLED)
 """Statuses nothing but an explicit restart leaves."""
+FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+"""Statuses retention and ``delete`` may remove: no turn runs and no person is asked anything."""
+
+HISTORY_LIMIT = 50
+"""How many turns' checkpoints a record keeps (its ``history``): a fork can start at any of them."""
+HISTORY_BYTES = 256 * 1024
+"""At most this much state JSON in a record's history: older turns are dropped first (a large state
+keeps fewer turns; a state larger than this keeps none), so the record stays far below the size limit."""
 
 
 # --- building blocks ---------------------------------------------------------------
@@ -95,15 +111,33 @@ def _running() -> dict[str, Any]:
     return {"status": JobStatus.RUNNING, "error": None, "waiting": None, "stop_reason": None}
 
 
+def _marked(history: Sequence[TurnMark], *, phases_done: int, transcript_len: int, next_phase: str | None,
+            state: Any) -> list[TurnMark]:
+    """``history`` with this turn's checkpoint appended, cut to the newest that fit both bounds."""
+    try:
+        plain = to_json_value(state, what="state")
+        size = len(json.dumps(plain, separators=(",", ":")))
+    except (InvalidInputError, ValueError):
+        return list(history)  # the commit itself refuses this state and says why; no mark for it
+    kept = [*history, TurnMark(phases_done=phases_done, transcript_len=transcript_len, next_phase=next_phase,
+                               state=plain, size=size)][-HISTORY_LIMIT:]
+    total = sum(m.size for m in kept)
+    while kept and total > HISTORY_BYTES:
+        total -= kept.pop(0).size
+    return kept
+
+
 # --- starting and restarting ---------------------------------------------------------
 def create(job_id: str, *, pipeline: str, first: str, state: JSONValue, messages: list[Message],
-           options: dict[str, JSONValue], now: float) -> Commit:
+           options: dict[str, JSONValue], now: float, trace: dict[str, str] | None = None) -> Commit:
     """A new job at ``first`` (``expected_version`` 0: storage creates it, or refuses a taken id)."""
     token = new_token()
     cp = _fresh(first, state, now).model_copy(update={"commit_id": token})
+    history = _marked((), phases_done=0, transcript_len=len(messages), next_phase=first, state=state)
     record = JobRecord(job_id=job_id, pipeline=pipeline, status=JobStatus.RUNNING, checkpoint=cp, version=1,
                        transcript_len=len(messages), base_transcript_len=len(messages), initial_phase=first,
-                       initial_state=state, options=options, created_at=now, updated_at=now)
+                       initial_state=state, options=options, created_at=now, updated_at=now, history=history,
+                       trace=trace)
     return Commit(job_id=job_id, expected_version=0, token=token, record=record, append_messages=messages,
                   logs=[_log(now, first, "job started")],
                   events=[make_event("job_started", now, phase=first, pipeline=pipeline)])
@@ -150,8 +184,10 @@ def retry_full(rec: JobRecord, *, first: str, state: JSONValue, now: float) -> C
     token = new_token()
     restart_state = state if state is not None else rec.initial_state
     base = rec.base_transcript_len
+    # Turns past the cut are gone from the transcript: a fork must not start from them.
+    history = [m for m in rec.history if m.transcript_len <= base]
     new = _moved(rec, token, now, _fresh(first, restart_state, now), **_running(), result=None,
-                 transcript_len=base)
+                 transcript_len=base, history=history)
     return _commit(rec, new, token, truncate_to=base, keep_journal=False, clear_control=True,
                    logs=[_log(now, first, "job retried (full)")],
                    events=[make_event("job_retried", now, phase=first, mode="full")])
@@ -188,8 +224,10 @@ def _on_next(rec: JobRecord, outcome: Next, out: PhaseOutput, owner: str, now: f
     tlen = rec.transcript_len + len(out.messages)
     cp = Checkpoint[Any](next_phase=outcome.next_phase, state=outcome.state, due_at=now + outcome.delay,
                          created_at=now)
+    history = _marked(rec.history, phases_done=rec.phases_done + 1, transcript_len=tlen,
+                      next_phase=outcome.next_phase, state=outcome.state)
     new = _moved(rec, token, now, cp, transcript_len=tlen, usage=rec.usage + out.usage,
-                 phases_done=rec.phases_done + 1)
+                 phases_done=rec.phases_done + 1, history=history)
     # The lease is kept only to run the next phase at once (the runner's continue_for).
     return _commit(rec, new, token, owner=owner, messages=out.messages, logs=out.logs, events=out.events,
                    keep_journal=False, release_lease=not (keep_lease and outcome.delay == 0))
@@ -199,9 +237,12 @@ def _on_done(rec: JobRecord, outcome: Done, out: PhaseOutput, owner: str, now: f
     phase = _phase_of(rec)
     token = new_token()
     reason = outcome.reason or "done"
+    tlen = rec.transcript_len + len(out.messages)
+    history = _marked(rec.history, phases_done=rec.phases_done + 1, transcript_len=tlen, next_phase=None,
+                      state=rec.checkpoint.state if rec.checkpoint is not None else None)
     new = _moved(rec, token, now, None, status=JobStatus.COMPLETE, result=outcome.result, stop_reason=reason,
-                 transcript_len=rec.transcript_len + len(out.messages), usage=rec.usage + out.usage,
-                 phases_done=rec.phases_done + 1)
+                 transcript_len=tlen, usage=rec.usage + out.usage, phases_done=rec.phases_done + 1,
+                 history=history)
     return _commit(rec, new, token, owner=owner, messages=out.messages, keep_journal=False, clear_control=True,
                    logs=[*out.logs, _log(now, phase, "job complete")],
                    events=[*out.events, make_event("job_finished", now, phase=phase, reason=reason)])
@@ -302,6 +343,48 @@ def supply_inputs(rec: JobRecord, entries: dict[str, JSONValue], *, resume: bool
     else:
         new = _moved(rec, token, now, cp)
     return _commit(rec, new, token, logs=[_log(now, cp.next_phase, why)], events=[event])
+
+
+# --- forks -----------------------------------------------------------------------------------
+def turn_mark(rec: JobRecord, at_turn: object) -> TurnMark:
+    """The checkpoint ``rec`` committed at turn ``at_turn``; :class:`InvalidInputError` if it is not kept."""
+    if isinstance(at_turn, bool) or not isinstance(at_turn, int) or at_turn < 0:
+        raise InvalidInputError(f"at_turn must be an int >= 0, got {at_turn!r}")
+    for mark in rec.history:
+        if mark.phases_done == at_turn:
+            return mark
+    kept = f"turns {rec.history[0].phases_done}..{rec.history[-1].phases_done}" if rec.history else "no turns"
+    raise InvalidInputError(
+        f"job {rec.job_id!r} has no checkpoint for turn {at_turn}: its record keeps {kept} (at most "
+        f"{HISTORY_LIMIT} turns, pipelines.engine.transitions.HISTORY_LIMIT; older records kept none)")
+
+
+def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Message],
+         options: dict[str, JSONValue], run: bool, now: float) -> Commit:
+    """A new job ``new_job_id`` that goes on from ``src`` as it was after the turn ``mark`` (``src`` untouched).
+
+    ``messages`` are the first ``mark.transcript_len`` messages of ``src``. The
+    fork is paused (``run``: running, due now) at the phase that was next; a
+    turn that ended the job gives a complete fork (continue it with new
+    messages). Its history is ``src``'s up to that turn, so forks fork too.
+    """
+    token = new_token()
+    phase = mark.next_phase
+    cp = None if phase is None else _fresh(phase, mark.state, now).model_copy(update={"commit_id": token})
+    status = JobStatus.COMPLETE if cp is None else (JobStatus.RUNNING if run else JobStatus.PAUSED)
+    same_end = cp is None and src.status is JobStatus.COMPLETE and mark.phases_done == src.phases_done
+    record = JobRecord(
+        job_id=new_job_id, pipeline=src.pipeline, status=status, checkpoint=cp, version=1,
+        result=src.result if same_end else None, stop_reason=src.stop_reason if same_end else None,
+        transcript_len=len(messages), base_transcript_len=len(messages), initial_phase=phase or src.initial_phase,
+        initial_state=mark.state, options=options, phases_done=mark.phases_done, created_at=now, updated_at=now,
+        history=[m for m in src.history if m.phases_done <= mark.phases_done], forked_from=src.job_id,
+        at_turn=mark.phases_done)
+    why = f"job forked from {src.job_id!r} at turn {mark.phases_done}"
+    return Commit(job_id=new_job_id, expected_version=0, token=token, record=record, append_messages=messages,
+                  logs=[_log(now, phase, why)],
+                  events=[make_event("job_forked", now, phase=phase, forked_from=src.job_id,
+                                     at_turn=mark.phases_done, pipeline=src.pipeline)])
 
 
 # --- applying -------------------------------------------------------------------------------

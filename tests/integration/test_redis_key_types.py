@@ -73,14 +73,14 @@ PLANT: dict[str, Callable[[redis.Redis, str], Any]] = {
     "stream": lambda r, k: r.xadd(k, {"planted": "1"}),
 }
 EXPECTED = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
-            "events": "stream", "due": "zset", "jobs": "set", "live": "stream"}
+            "events": "stream", "due": "zset", "jobs": "set", "live": "stream", "finished": "zset"}
 
 Action = Callable[[RedisStorage], Any]
 # script -> (setup, action, the key roles the script checks)
 SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]]] = {
-    "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs")),
+    "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs", "finished")),
     "COMMIT": (running_job, lambda s: s.commit(COMMITS[s]),
-               ("record", "messages", "logs", "journal", "lease", "events", "due", "live")),
+               ("record", "messages", "logs", "journal", "lease", "events", "due", "live", "finished")),
     "RECORD_STEP": (running_job, lambda s: s.record_step(JOB, version=1, owner="w1", key="tool:1", value=1),
                     ("record", "journal", "lease")),
     "LOAD(acquire_lease)": (running_job, lambda s: s.acquire_lease(JOB, "w1", 30), ("record", "journal", "lease")),
@@ -88,7 +88,9 @@ SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]
     "LOAD(unknown job)": (record_deleted_by_hand, lambda s: s.get_job(JOB), ("due", "jobs")),
     "RENEW": (running_job, lambda s: s.renew_lease(JOB, "w1", 30), ("lease",)),
     "RELEASE": (running_job, lambda s: s.release_lease(JOB, "w1"), ("lease",)),
-    "DELETE": (running_job, lambda s: s.delete_job(JOB), ("due", "jobs")),
+    "DELETE": (running_job, lambda s: s.delete_job(JOB), ("due", "jobs", "finished")),
+    "DELETE(if_version)": (running_job, lambda s: s.delete_job(JOB, if_version=1), ("record", "due", "jobs",
+                                                                                   "finished")),
     "CONTROL": (running_job, lambda s: s.request_control(JOB, "pause"), ("record",)),
     "PUBLISH": (running_job, lambda s: s.publish(JOB, [Event(timestamp=1.0, type="text_delta", data={"text": "x"})]),
                 ("record", "live")),
@@ -105,8 +107,8 @@ CASES = [
 
 
 def key_of(storage: RedisStorage, role: str) -> str:
-    if role in ("due", "jobs"):
-        return storage.due_key if role == "due" else storage.jobs_key
+    if role in ("due", "jobs", "finished"):
+        return {"due": storage.due_key, "jobs": storage.jobs_key, "finished": storage.finished_key}[role]
     key: str = getattr(storage.keys(JOB), role)
     return key
 

@@ -1,0 +1,179 @@
+"""Issue 14: fork and replay, delete and retention, on memory and on a real redis-server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.redis import RedisStorage
+from pipelines import Agent, App, Done, JobStatus, Next, PhaseContext, tool
+from pipelines.engine import transitions
+from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError
+from pipelines.testing import ScriptedModel, SimulatedCrash, call, reply
+
+
+@pytest.fixture(params=["memory", "redis"])
+def storage(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStorage()
+        return
+    s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"ll{uuid.uuid4().hex[:8]}")
+    yield s
+    s.client.close()
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add."""
+    return a + b
+
+
+def answer(messages: list[dict[str, Any]]) -> Any:
+    """Deterministic per conversation: turn k (counted from the answers so far) adds k+1, the 4th says done."""
+    k = sum(1 for m in messages if m["role"] == "assistant")
+    return reply(f"turn {k}", call("add", a=k, b=1)) if k < 3 else "done"
+
+
+def make_app(storage: Any, clock: VirtualClock | None = None) -> tuple[App, ScriptedModel]:
+    model = ScriptedModel(answer)
+    scheduler = MemoryScheduler(clock=clock or VirtualClock(start=1_000_000.0))
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="bot", model=model, tools=[add],
+                                                                    system="be brief")], provenance=False)
+    return app, model
+
+
+def finished(app: App, job_id: str = "orig") -> list[dict[str, Any]]:
+    app.run_agent("bot", job_id=job_id, messages=["count"])
+    app.drain()
+    return app.messages(job_id)
+
+
+# --- fork and replay ----------------------------------------------------------------------
+def test_a_fork_starts_from_the_transcript_and_state_of_that_turn(storage: Any) -> None:
+    app, model = make_app(storage)
+    original = finished(app)
+    before = storage.get_job("orig")
+    mark = transitions.turn_mark(before, 2)
+    app.fork("orig", at_turn=2, new_job_id="f2")
+    fork = storage.get_job("f2")
+    assert fork.status is JobStatus.PAUSED and fork.forked_from == "orig" and fork.at_turn == 2
+    assert app.messages("f2") == original[: mark.transcript_len] and mark.transcript_len == 6  # sys, user, 2x2
+    assert fork.checkpoint.state == {"turn": 2} and fork.phases_done == 2
+    assert storage.get_job("orig") == before and app.messages("orig") == original  # untouched
+    calls = len(model.calls)
+    app.resume("f2")
+    app.drain()
+    assert app.get("f2").status is JobStatus.COMPLETE and app.messages("f2") == original
+    assert len(model.calls) - calls == 2  # turns 3 and 4 only: the first two were not asked again
+    assert [e.type for e in app.events("f2")][0] == "job_forked"
+
+
+def test_fork_at_turn_zero_and_at_the_last_turn(storage: Any) -> None:
+    app, _ = make_app(storage)
+    original = finished(app)
+    app.fork("orig", at_turn=0, new_job_id="f0")
+    assert app.messages("f0") == original[:2] and storage.get_job("f0").checkpoint.state == {"turn": 0}
+    app.fork("orig", at_turn=4, new_job_id="f4")
+    last = app.get("f4")
+    assert last.status is JobStatus.COMPLETE and last.result == "done" and app.messages("f4") == original
+    app.run_agent("bot", job_id="f4", messages=["again"])  # a complete fork is continued like any conversation
+    app.drain()
+    assert app.messages("f4")[len(original)] == {"role": "user", "content": "again"}
+
+
+def test_rerun_runs_the_fork_with_overridden_options(storage: Any) -> None:
+    app, _ = make_app(storage)
+    finished(app)
+    run = app.rerun("orig", from_turn=1, new_job_id="r1", max_turns=2)
+    view = run.wait(timeout=5)
+    assert view.status is JobStatus.COMPLETE and view.record.stop_reason == "max_turns"
+    assert view.record.options["max_turns"] == 2 and view.record.forked_from == "orig"
+    assert len([m for m in app.messages("r1") if m["role"] == "assistant"]) == 2
+
+
+def test_a_fork_of_a_fork_and_a_retried_fork(storage: Any) -> None:
+    app, _ = make_app(storage)
+    original = finished(app)
+    app.fork("orig", at_turn=3, new_job_id="a")
+    app.fork("a", at_turn=1, new_job_id="b")  # the fork kept the history up to its turn
+    assert app.messages("b") == original[:4] and storage.get_job("b").forked_from == "a"
+    # The same fork again (a retry after a lost reply) returns the job that landed; another is a conflict.
+    assert app.fork("a", at_turn=1, new_job_id="b").job_id == "b"
+    with pytest.raises(JobConflictError, match="already exists"):
+        app.fork("orig", at_turn=2, new_job_id="b")
+
+
+def test_bad_forks_are_refused_with_nothing_written(storage: Any) -> None:
+    app, _ = make_app(storage)
+    finished(app)
+    with pytest.raises(InvalidInputError, match=r"no checkpoint for turn 9: its record keeps turns 0\.\.4"):
+        app.fork("orig", at_turn=9, new_job_id="x")
+    with pytest.raises(InvalidInputError, match="at_turn must be an int"):
+        app.fork("orig", at_turn="1", new_job_id="x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="nothing runs after it"):
+        app.rerun("orig", from_turn=4, new_job_id="x")
+    with pytest.raises(InvalidInputError, match="max_turns"):
+        app.rerun("orig", from_turn=1, new_job_id="x", max_turns=-1)
+    with pytest.raises(JobNotFoundError):
+        app.fork("nope", at_turn=0, new_job_id="x")
+    assert storage.get_job("x") is None
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_crash_around_the_fork_write_leaves_no_half_fork(storage: Any, monkeypatch: pytest.MonkeyPatch,
+                                                           when: str) -> None:
+    app, _ = make_app(storage)
+    original = finished(app)
+    real = storage.create_job
+
+    def crashing(*args: Any, **kwargs: Any) -> None:
+        if when == "after":
+            real(*args, **kwargs)
+        raise SimulatedCrash(f"{when} create_job")
+
+    monkeypatch.setattr(storage, "create_job", crashing)
+    with pytest.raises(SimulatedCrash):
+        app.fork("orig", at_turn=2, new_job_id="f")
+    monkeypatch.setattr(storage, "create_job", real)
+    assert (storage.get_job("f") is None) == (when == "before")  # all or nothing
+    app.fork("orig", at_turn=2, new_job_id="f")  # what the caller does after a crash: the same call
+    assert app.messages("f") == original[:6] and storage.get_job("f").status is JobStatus.PAUSED
+
+
+# --- the bounded history --------------------------------------------------------------------
+def loop(ctx: PhaseContext[Any]) -> Next | Done:
+    n = ctx.state["n"]
+    size = ctx.state["size"]
+    return Done(result=n) if n >= 60 else Next("loop", state={"n": n + 1, "size": size, "pad": "x" * size})
+
+
+def test_the_history_keeps_the_last_turns_only(storage: Any) -> None:
+    from pipelines import Phase
+
+    scheduler = MemoryScheduler()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"loop": [Phase("loop", loop)]})
+    app.run_pipeline("loop", job_id="p", initial_state={"n": 0, "size": 0})
+    app.drain()
+    rec = storage.get_job("p")
+    assert len(rec.history) == transitions.HISTORY_LIMIT and rec.history[-1].phases_done == 61
+    with pytest.raises(InvalidInputError, match="keeps turns 12..61"):
+        app.fork("p", at_turn=5, new_job_id="old")
+    app.fork("p", at_turn=40, new_job_id="q", run=True)
+    app.drain()
+    assert storage.get_job("q").checkpoint is None and storage.get_job("q").result == 60
+
+
+def test_a_large_state_keeps_fewer_turns_within_the_byte_bound(storage: Any) -> None:
+    from pipelines import Phase
+
+    app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"loop": [Phase("loop", loop)]})
+    pad = transitions.HISTORY_BYTES // 10
+    app.run_pipeline("loop", job_id="big", initial_state={"n": 0, "size": pad})
+    app.drain()
+    history = storage.get_job("big").history
+    assert sum(m.size for m in history) <= transitions.HISTORY_BYTES and 5 <= len(history) < 10
+    assert history[-1].phases_done == 61
