@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from phases.streaming import DeltaSink
 from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, bind_run_context
+from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, TransientModelError
 from pipelines.engine.models import Message, Usage
@@ -384,9 +386,18 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
                            stream_retries=ctx.on_delta.retries if ctx.on_delta else 0,
                            on_restart=ctx.on_delta.restart if ctx.on_delta else None)
     notify("model", ctx.job_id, str(turn))
-    response = resolve(model.complete(request))
-    if not isinstance(response, ModelResponse):
-        response = ModelResponse.model_validate(response)
+    started = time.monotonic()
+    with telemetry.model_span(None) as current:
+        response = resolve(model.complete(request))
+        if not isinstance(response, ModelResponse):
+            response = ModelResponse.model_validate(response)
+        if current is not None and response.model:
+            current.update_name(f"chat {response.model}")
+            current.set_attribute("gen_ai.request.model", response.model)
+        usage = response.usage
+        telemetry.record_model(current, model=response.model, input_tokens=usage.prompt_tokens,
+                               output_tokens=usage.completion_tokens, finish_reason=response.finish_reason,
+                               cost_usd=usage.cost_usd, started=started)
     message = dict(response.message)
     message.setdefault("role", "assistant")
     # Tool call ids key the journal and the idempotency key: fixed here (unique

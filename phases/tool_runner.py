@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import hashlib
 import inspect
 import json
@@ -35,6 +36,7 @@ from pydantic import BaseModel
 from phases import journal
 from phases.observe import notify
 from phases.tools import Tool, ToolArgumentsError, ToolContext, check_timeout, result_content
+from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve, run_sync
 from pipelines.engine.errors import StateNotSerializableError
 from pipelines.engine.models import Message
@@ -229,7 +231,9 @@ async def _one(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: dict[str, An
         if _is_async(tmap, call):
             content = await _invoke_async(ctx, tmap, call, turn, default_timeout)
         else:
-            content = await loop.run_in_executor(_POOL, _invoke_sync, ctx, tmap, call, turn, default_timeout)
+            # In this task's context (the turn's span, when tracing), not the pool thread's empty one.
+            content = await loop.run_in_executor(_POOL, contextvars.copy_context().run, _invoke_sync, ctx, tmap,
+                                                 call, turn, default_timeout)
         await loop.run_in_executor(_POOL, ctx.record, journal.tool_key(call['id']), content)
     except BaseException as exc:  # returned, not raised: see below
         # A KeyboardInterrupt or SystemExit raised out of a task escapes the
@@ -292,8 +296,20 @@ def _prepare(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, A
     return t, args, ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
 
 
+def _span_of(call: Mapping[str, Any]) -> Any:
+    fn = call.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return telemetry.tool_span(str(name or "unknown"), str(call.get("id", "")))
+
+
 def _invoke_sync(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int,
                  default_timeout: float | None) -> str:
+    with _span_of(call):
+        return _invoke_sync_in_span(ctx, tmap, call, turn, default_timeout)
+
+
+def _invoke_sync_in_span(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int,
+                         default_timeout: float | None) -> str:
     prepared = _prepare(ctx, tmap, call, turn)
     if isinstance(prepared, str):
         return prepared
@@ -317,6 +333,12 @@ def _invoke_sync(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[st
 
 async def _invoke_async(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int,
                         default_timeout: float | None) -> str:
+    with _span_of(call):
+        return await _invoke_async_in_span(ctx, tmap, call, turn, default_timeout)
+
+
+async def _invoke_async_in_span(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any], turn: int,
+                                default_timeout: float | None) -> str:
     prepared = _prepare(ctx, tmap, call, turn)
     if isinstance(prepared, str):
         return prepared

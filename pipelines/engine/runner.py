@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import transitions
+from pipelines.engine import telemetry, transitions
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import (
     CorruptRecordError,
@@ -230,6 +230,19 @@ class _Turn:
 
     def run_phase(self, record: JobRecord, pipeline: Pipeline,
                   keep_lease: bool) -> tuple[AdvanceResult, Commit | None, str | None]:
+        """Run the phase and commit, in a span of the job's trace (when OpenTelemetry is on)."""
+        cp = record.checkpoint
+        assert cp is not None
+        started = time.monotonic()
+        with telemetry.turn_span(record.job_id, record.pipeline, cp.next_phase, trace=record.trace, due_at=cp.due_at,
+                                 now=self.scheduler.now(), attempt=cp.attempt) as current:
+            outcome = self.run_phase_in_span(record, pipeline, keep_lease)
+            telemetry.record_turn(current, pipeline=record.pipeline, result=outcome[0].value,
+                                  seconds=time.monotonic() - started)
+        return outcome
+
+    def run_phase_in_span(self, record: JobRecord, pipeline: Pipeline,
+                          keep_lease: bool) -> tuple[AdvanceResult, Commit | None, str | None]:
         """Run the phase and commit; ``(result, None, None)`` when fenced off."""
         job_id = record.job_id
         saver = _Saver(record, self.storage, self.scheduler, self.owner)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import transitions
+from pipelines.engine import telemetry, transitions
 from pipelines.engine.errors import (
     InvalidInputError,
     InvalidPipelineError,
@@ -102,7 +102,7 @@ def start_job(
         if retry_mode == "resume":
             raise JobNotFoundError(f"job {job_id!r} does not exist; nothing to resume")
         commit = transitions.create(job_id, pipeline=name, first=first, state=state, messages=new_messages,
-                                    options=opts, now=now)
+                                    options=opts, now=now, trace=telemetry.run_context(job_id, name))
     elif existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
         commit = transitions.continue_conversation(existing, first=first, state=state, messages=new_messages,
                                                    pipeline=name, options=opts, now=now)

@@ -1,0 +1,184 @@
+"""OpenTelemetry traces and metrics, when ``opentelemetry-api`` is installed (``phaserunner[otel]``).
+
+One trace per job, across workers: starting a job opens a ``run`` span and
+stores its W3C trace context on the record (``record.trace``); every turn,
+on whichever worker, is a span in that trace, and so are the model call
+(GenAI semantic conventions: ``chat <model>``, ``gen_ai.request.model``,
+``gen_ai.usage.input_tokens`` / ``output_tokens``,
+``gen_ai.response.finish_reasons``) and each tool call (``execute_tool
+<name>``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``). Metrics: turns,
+turn and model latency, tokens, cost, retries, failures, the due backlog.
+
+Without the package (or with ``PIPELINES_OTEL=0``) every function here is a
+no-op that costs one attribute check: nothing is recorded, nothing imported.
+Configure the SDK (exporters, sampling) in your app module as usual; the
+library only uses the API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "ENV",
+    "enabled",
+    "model_span",
+    "record_backlog",
+    "record_model",
+    "record_turn",
+    "run_context",
+    "span",
+    "tool_span",
+    "turn_span",
+]
+
+ENV = "PIPELINES_OTEL"
+"""Set to ``0`` to turn telemetry off even where ``opentelemetry-api`` is installed."""
+
+_NAME = "phaserunner"
+
+
+class _Otel:
+    """The API modules and instruments, looked up once (or found absent once)."""
+
+    def __init__(self) -> None:
+        self.trace: Any = None
+        self.propagate: Any = None
+        self.instruments: dict[str, Any] = {}
+        if os.environ.get(ENV, "1") == "0":
+            return
+        try:
+            self.trace = importlib.import_module("opentelemetry.trace")
+            self.propagate = importlib.import_module("opentelemetry.propagate")
+            metrics = importlib.import_module("opentelemetry.metrics")
+        except ImportError:
+            self.trace = None
+            return
+        meter = metrics.get_meter(_NAME)
+        self.instruments = {
+            "turns": meter.create_counter("phaserunner.turns", description="phases (agent turns) run"),
+            "turn_time": meter.create_histogram("phaserunner.turn.duration", unit="s"),
+            "failures": meter.create_counter("phaserunner.failures", description="turns that failed the job"),
+            "retries": meter.create_counter("phaserunner.retries", description="turns scheduled to run again"),
+            "model_time": meter.create_histogram("gen_ai.client.operation.duration", unit="s"),
+            "tokens": meter.create_histogram("gen_ai.client.token.usage", unit="{token}"),
+            "cost": meter.create_counter("phaserunner.cost", unit="USD"),
+            "backlog": meter.create_gauge("phaserunner.due_backlog", description="jobs due and not advanced"),
+        }
+
+
+_otel: _Otel | None = None
+
+
+def _get() -> _Otel:
+    global _otel
+    if _otel is None:
+        _otel = _Otel()
+    return _otel
+
+
+def enabled() -> bool:
+    """Whether spans and metrics are recorded in this process."""
+    return _get().trace is not None
+
+
+def reset() -> None:
+    """Look the API up again (tests that install a provider or change ``PIPELINES_OTEL``)."""
+    global _otel
+    _otel = None
+
+
+def run_context(job_id: str, pipeline: str) -> dict[str, str] | None:
+    """Open and close the job's ``run`` span; the W3C context to store on the record (``None`` when off)."""
+    otel = _get()
+    if otel.trace is None:
+        return None
+    tracer = otel.trace.get_tracer(_NAME)
+    with tracer.start_as_current_span(f"run {pipeline}", kind=otel.trace.SpanKind.PRODUCER,
+                                      attributes={"phaserunner.job_id": job_id, "phaserunner.pipeline": pipeline}):
+        carrier: dict[str, str] = {}
+        otel.propagate.inject(carrier)
+    return carrier
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: Mapping[str, Any] | None = None, *, parent: Mapping[str, str] | None = None,
+         kind: str = "INTERNAL") -> Iterator[Any]:
+    """A span (a child of ``parent``, a stored W3C context, when given); yields ``None`` when off."""
+    otel = _get()
+    if otel.trace is None:
+        yield None
+        return
+    ctx = otel.propagate.extract(dict(parent)) if parent else None
+    tracer = otel.trace.get_tracer(_NAME)
+    with tracer.start_as_current_span(name, context=ctx, kind=getattr(otel.trace.SpanKind, kind),
+                                      attributes=dict(attributes or {})) as current:
+        yield current
+
+
+def turn_span(job_id: str, pipeline: str, phase: str, *, trace: Mapping[str, str] | None, due_at: float,
+              now: float, attempt: int) -> contextlib.AbstractContextManager[Any]:
+    """The span of one phase run, in the job's trace, with its queue lag (due → started)."""
+    return span(f"turn {pipeline}", {
+        "phaserunner.job_id": job_id, "phaserunner.pipeline": pipeline, "phaserunner.phase": phase,
+        "phaserunner.attempt": attempt, "phaserunner.queue_lag_s": max(0.0, now - due_at),
+    }, parent=trace, kind="CONSUMER")
+
+
+def model_span(model: str | None) -> contextlib.AbstractContextManager[Any]:
+    """A GenAI ``chat`` span around one model call (its attributes are completed by :func:`record_model`)."""
+    return span(f"chat {model or 'model'}", {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""},
+                kind="CLIENT")
+
+
+def tool_span(name: str, call_id: str) -> contextlib.AbstractContextManager[Any]:
+    """A GenAI ``execute_tool`` span around one tool call."""
+    return span(f"execute_tool {name}", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+                                         "gen_ai.tool.call.id": call_id})
+
+
+def record_model(current: Any, *, model: str | None, input_tokens: int, output_tokens: int,
+                 finish_reason: str | None, cost_usd: float, started: float) -> None:
+    """Finish a model span's attributes and record the model metrics."""
+    otel = _get()
+    if otel.trace is None:
+        return
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""}
+    if current is not None:
+        current.set_attribute("gen_ai.usage.input_tokens", input_tokens)
+        current.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+        if finish_reason:
+            current.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+    otel.instruments["model_time"].record(time.monotonic() - started, attrs)
+    otel.instruments["tokens"].record(input_tokens, {**attrs, "gen_ai.token.type": "input"})
+    otel.instruments["tokens"].record(output_tokens, {**attrs, "gen_ai.token.type": "output"})
+    if cost_usd:
+        otel.instruments["cost"].add(cost_usd, attrs)
+
+
+def record_turn(current: Any, *, pipeline: str, result: str, seconds: float) -> None:
+    """Close a turn span's attributes and count the turn (``result``: an AdvanceResult value)."""
+    otel = _get()
+    if otel.trace is None:
+        return
+    if current is not None:
+        current.set_attribute("phaserunner.result", result)
+    attrs = {"phaserunner.pipeline": pipeline, "phaserunner.result": result}
+    otel.instruments["turns"].add(1, attrs)
+    otel.instruments["turn_time"].record(seconds, attrs)
+    if result == "failed":
+        otel.instruments["failures"].add(1, attrs)
+    elif result == "retry_later":
+        otel.instruments["retries"].add(1, attrs)
+
+
+def record_backlog(due: int) -> None:
+    """The number of jobs the sweep found due (and not advanced by the queue)."""
+    otel = _get()
+    if otel.trace is not None:
+        otel.instruments["backlog"].set(due)

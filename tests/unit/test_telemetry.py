@@ -1,0 +1,101 @@
+"""OpenTelemetry: one trace per job across turns, GenAI spans for model and tool calls, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from pipelines import Agent, App, tool
+from pipelines.engine import telemetry
+from pipelines.testing import ScriptedModel, call, reply
+from tests.unit.helpers import memory
+
+_EXPORTER = InMemorySpanExporter()
+_READER = InMemoryMetricReader()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _providers() -> Iterator[None]:
+    # The global providers can be set once per process; this module owns them.
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
+    telemetry.reset()
+    yield
+    telemetry.reset()
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    _EXPORTER.clear()
+
+
+@tool
+def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"order {order}: shipped"
+
+
+def run_agent_job(job_id: str) -> App:
+    storage, scheduler, _ = memory()
+    model = ScriptedModel([reply(None, call("lookup", order="A-1"), call("lookup", order="A-2")), "Both shipped."])
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="support", model=model, tools=[lookup])])
+    app.run_agent("support", job_id=job_id, messages=["where are A-1 and A-2?"]).wait(timeout=5)
+    return app
+
+
+def test_every_turn_model_call_and_tool_call_is_a_span_of_the_jobs_one_trace() -> None:
+    app = run_agent_job("t1")
+    spans = _EXPORTER.get_finished_spans()
+    by_name: dict[str, list[Any]] = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    run = by_name["run support"][0]
+    assert app.get("t1").record.trace and "traceparent" in app.get("t1").record.trace
+    assert len(by_name["turn support"]) == 2 and len(by_name["chat scripted"]) == 2
+    assert len(by_name["execute_tool lookup"]) == 2
+    assert {s.context.trace_id for s in spans} == {run.context.trace_id}  # one trace per job
+    turns = {s.context.span_id for s in by_name["turn support"]}
+    assert all(s.parent.span_id in turns for s in by_name["chat scripted"] + by_name["execute_tool lookup"])
+    chat = by_name["chat scripted"][0].attributes
+    assert chat["gen_ai.operation.name"] == "chat" and chat["gen_ai.request.model"] == "scripted"
+    assert chat["gen_ai.usage.input_tokens"] > 0 and chat["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    tool_attrs = by_name["execute_tool lookup"][0].attributes
+    assert tool_attrs["gen_ai.tool.name"] == "lookup" and tool_attrs["gen_ai.tool.call.id"]
+    assert by_name["turn support"][0].attributes["phaserunner.queue_lag_s"] >= 0
+
+
+def test_two_jobs_are_two_traces_and_the_metrics_count_turns_and_tokens() -> None:
+    run_agent_job("m1")
+    run_agent_job("m2")
+    runs = [s for s in _EXPORTER.get_finished_spans() if s.name == "run support"]
+    assert len({s.context.trace_id for s in runs}) == 2
+    data = _READER.get_metrics_data()
+    points: dict[str, float] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                points[m.name] = sum(getattr(p, "value", 0) or getattr(p, "count", 0) for p in m.data.data_points)
+    assert points["phaserunner.turns"] >= 4 and points["gen_ai.client.token.usage"] >= 8
+    assert "gen_ai.client.operation.duration" in points and "phaserunner.turn.duration" in points
+
+
+def test_off_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(telemetry.ENV, "0")
+    telemetry.reset()
+    try:
+        app = run_agent_job("off")
+        assert _EXPORTER.get_finished_spans() == () and app.get("off").record.trace is None
+        assert not telemetry.enabled()
+    finally:
+        monkeypatch.delenv(telemetry.ENV)
+        telemetry.reset()
