@@ -12,7 +12,7 @@ from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.redis import RedisStorage
 from pipelines import Agent, App, Done, JobStatus, Next, PhaseContext, tool
 from pipelines.engine import transitions
-from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, JobConflictError, JobNotFoundError
 from pipelines.testing import ScriptedModel, SimulatedCrash, call, reply
 
 
@@ -30,6 +30,12 @@ def storage(request: pytest.FixtureRequest) -> Iterator[Any]:
 def add(a: int, b: int) -> int:
     """Add."""
     return a + b
+
+
+@tool(needs_approval=True)
+def wire(to: str) -> str:
+    """Send money."""
+    return f"sent to {to}"
 
 
 def answer(messages: list[dict[str, Any]]) -> Any:
@@ -69,7 +75,7 @@ def test_a_fork_starts_from_the_transcript_and_state_of_that_turn(storage: Any) 
     app.drain()
     assert app.get("f2").status is JobStatus.COMPLETE and app.messages("f2") == original
     assert len(model.calls) - calls == 2  # turns 3 and 4 only: the first two were not asked again
-    assert [e.type for e in app.events("f2")][0] == "job_forked"
+    assert app.events("f2")[0].type == "job_forked"
 
 
 def test_fork_at_turn_zero_and_at_the_last_turn(storage: Any) -> None:
@@ -160,7 +166,7 @@ def test_the_history_keeps_the_last_turns_only(storage: Any) -> None:
     app.drain()
     rec = storage.get_job("p")
     assert len(rec.history) == transitions.HISTORY_LIMIT and rec.history[-1].phases_done == 61
-    with pytest.raises(InvalidInputError, match="keeps turns 12..61"):
+    with pytest.raises(InvalidInputError, match=r"keeps turns 12\.\.61"):
         app.fork("p", at_turn=5, new_job_id="old")
     app.fork("p", at_turn=40, new_job_id="q", run=True)
     app.drain()
@@ -177,3 +183,153 @@ def test_a_large_state_keeps_fewer_turns_within_the_byte_bound(storage: Any) -> 
     history = storage.get_job("big").history
     assert sum(m.size for m in history) <= transitions.HISTORY_BYTES and 5 <= len(history) < 10
     assert history[-1].phases_done == 61
+
+
+# --- delete and retention ------------------------------------------------------------------
+def stored_keys(storage: Any, job_id: str) -> list[str]:
+    """Everything storage holds for ``job_id``: its own keys and its index entries."""
+    if isinstance(storage, MemoryStorage):
+        left = [k for k, v in storage.inspect(job_id).items() if v not in (None, [], {})]
+        return left + [name for name, index in (("due", storage._due), ("finished", storage._finished))
+                       if job_id in index]
+    r = storage.client
+    own = [k.decode() for k in r.scan_iter(match=f"{storage.prefix}:{{{job_id}}}:*")]
+    indexed = [key for key in (storage.due_key, storage.finished_key) if r.zscore(key, job_id) is not None]
+    return own + indexed + ([storage.jobs_key] if r.sismember(storage.jobs_key, job_id) else [])
+
+
+def test_delete_removes_every_key_of_a_finished_job_and_nothing_else(storage: Any) -> None:
+    app, _ = make_app(storage)
+    finished(app)
+    finished(app, "other")
+    app.stream("orig", follow=False)  # the live stream exists too
+    assert stored_keys(storage, "orig")
+    app.delete("orig")
+    assert stored_keys(storage, "orig") == [] and app.get("orig") is None
+    assert app.get("other").status is JobStatus.COMPLETE and len(app.messages("other")) == 9
+    with pytest.raises(JobNotFoundError):
+        app.delete("orig")
+
+
+def test_delete_refuses_a_running_or_waiting_job(storage: Any) -> None:
+    app, _ = make_app(storage)
+    app.run_agent("bot", job_id="live", messages=["count"])  # running, not drained
+    with pytest.raises(JobConflictError, match="is running; cancel it before deleting it"):
+        app.delete("live")
+    assert storage.get_job("live") is not None and len(app.messages("live")) == 2
+    asking = Agent(name="asker", model=ScriptedModel([reply(None, call("wire", to="ann"))]), tools=[wire])
+    app.add_agent(asking)
+    app.run_agent("asker", job_id="ask", messages=["pay"])
+    app.drain()
+    assert app.get("ask").status is JobStatus.WAITING
+    with pytest.raises(JobConflictError, match="is waiting"):
+        app.delete("ask")
+    assert stored_keys(storage, "ask")
+
+
+def test_a_paused_job_can_be_deleted(storage: Any) -> None:
+    app, _ = make_app(storage)
+    app.run_agent("bot", job_id="p", messages=["count"])
+    app.pause("p")
+    app.delete("p")
+    assert stored_keys(storage, "p") == []
+
+
+def test_a_delete_is_fenced_on_the_version_it_judged(storage: Any) -> None:
+    from pipelines.engine.errors import StaleVersionError
+
+    app, _ = make_app(storage)
+    app.run_agent("bot", job_id="j", messages=["count"])
+    app.cancel("j", force=True)
+    judged = storage.get_job("j")
+    app.retry("j")  # a restart lands between the check and the delete
+    with pytest.raises(StaleVersionError):
+        storage.delete_job("j", if_version=judged.version)
+    assert storage.get_job("j").status is JobStatus.RUNNING and len(app.messages("j")) == 2
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_crash_around_the_delete_leaves_the_job_whole_or_gone(storage: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                when: str) -> None:
+    app, _ = make_app(storage)
+    original = finished(app)
+    real = storage.delete_job
+
+    def crashing(*args: Any, **kwargs: Any) -> bool:
+        done = real(*args, **kwargs) if when == "after" else False
+        raise SimulatedCrash(f"{when} delete_job {done}")
+
+    monkeypatch.setattr(storage, "delete_job", crashing)
+    with pytest.raises(SimulatedCrash):
+        app.delete("orig")
+    monkeypatch.setattr(storage, "delete_job", real)
+    if when == "before":
+        assert app.messages("orig") == original and storage.get_job("orig").status is JobStatus.COMPLETE
+        app.delete("orig")
+    assert stored_keys(storage, "orig") == []
+
+
+def test_gc_removes_only_finished_jobs_older_than_the_cutoff(storage: Any) -> None:
+    clock = VirtualClock(start=1_000_000.0)
+    app, _ = make_app(storage, clock)
+    finished(app, "old")
+    app.run_agent("bot", job_id="old-failed", messages=["count"])
+    app.cancel("old-failed", force=True)
+    app.run_agent("bot", job_id="old-paused", messages=["count"])
+    app.pause("old-paused")
+    app.run_agent("bot", job_id="old-running", messages=["count"])  # never drained: stays running
+    clock.advance(500)
+    finished(app, "young")
+    assert sorted(app.gc(older_than=400)) == ["old", "old-failed"]
+    assert app.get("old") is None and app.get("old-failed") is None
+    for kept in ("young", "old-paused", "old-running"):
+        assert app.get(kept) is not None
+    with pytest.raises(ConfigurationError, match="gc needs older_than"):
+        app.gc()
+
+
+def test_a_restarted_job_leaves_the_finished_index(storage: Any) -> None:
+    clock = VirtualClock(start=1_000_000.0)
+    app, _ = make_app(storage, clock)
+    app.run_agent("bot", job_id="j", messages=["count"])
+    app.cancel("j", force=True)
+    assert storage.finished_jobs(clock()) == ["j"]
+    app.retry("j")
+    assert storage.finished_jobs(clock()) == []
+    clock.advance(1000)
+    assert app.gc(older_than=10) == [] and app.get("j").status is JobStatus.RUNNING
+
+
+def test_retention_on_the_app_is_applied_by_the_sweeps(storage: Any) -> None:
+    clock = VirtualClock(start=1_000_000.0)
+    scheduler = MemoryScheduler(clock=clock)
+    app = App(storage=storage, scheduler=scheduler, retention=3600,
+              agents=[Agent(name="bot", model=ScriptedModel(answer), tools=[add])])
+    app.run_agent("bot", job_id="a", messages=["count"])
+    app.drain()
+    app.advance_due()
+    assert app.get("a") is not None  # not old enough yet
+    clock.advance(3601)
+    app.requeue_overdue(grace=0)
+    assert app.get("a") is None and stored_keys(storage, "a") == []
+
+
+def test_gc_scan_finds_jobs_the_index_does_not_know(storage: Any) -> None:
+    clock = VirtualClock(start=1_000_000.0)
+    app, _ = make_app(storage, clock)
+    finished(app, "legacy")
+    if isinstance(storage, MemoryStorage):
+        storage._finished.clear()
+    else:
+        storage.client.delete(storage.finished_key)  # as a job finished before the index existed
+    clock.advance(100)
+    assert app.gc(older_than=10) == []
+    assert app.gc(older_than=10, scan=True) == ["legacy"] and stored_keys(storage, "legacy") == []
+
+
+def test_bad_retention_values_are_refused() -> None:
+    with pytest.raises(InvalidInputError, match="retention must be a finite number of seconds"):
+        App(storage=MemoryStorage(), scheduler=MemoryScheduler(), retention=-1)
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler())
+    with pytest.raises(InvalidInputError, match="older_than must be"):
+        app.gc(float("nan"))
