@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipelines import cli_actions
+from pipelines import cli_actions, health
 from pipelines.app import App, tags_of
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import ConfigurationError, JobNotFoundError, PipelineError
@@ -361,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
     cli_actions.register(add, _load, _when, _positive_or_zero, _positive)
+    health.register(add, _load, _positive_or_zero)
     return parser
 
 

@@ -1,0 +1,54 @@
+"""`pipelines health`: a probe for storage, the due backlog and the RQ workers (real Redis, real workers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+from rq import Worker
+from rq.serializers import JSONSerializer
+
+from pipelines.app import App
+from tests.system.conftest import APP_PATH, ROOT, Cluster, wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.system]
+
+
+def health(env: dict[str, str], *extra: str) -> tuple[int, dict[str, object]]:
+    out = subprocess.run([sys.executable, "-m", "pipelines", "health", "--app", APP_PATH, "--json", *extra],
+                         capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_health_fails_without_a_worker_and_passes_once_one_is_alive(cluster: Cluster, app: App,
+                                                                     client: redis.Redis) -> None:
+    code, report = health(cluster.env)
+    checks = {c["name"]: c for c in report["checks"]}  # type: ignore[union-attr]
+    assert code == 1 and checks["storage"]["ok"] and not checks["workers"]["ok"]
+    cluster.worker("probe-1", "--simple")
+    wait_for("the worker to register", lambda: len(Worker.all(connection=client, serializer=JSONSerializer)) == 1,
+             20, cluster.logs)
+    code, report = health(cluster.env)
+    assert code == 0 and report["ok"] is True
+
+
+def test_a_job_overdue_past_the_limit_is_unhealthy_and_named(cluster: Cluster, app: App) -> None:
+    app.run_pipeline("multi", job_id="late-1", initial_state={"n": 0})  # queued; no worker runs it
+    code, report = health(cluster.env, "--max-overdue", "0")
+    checks = {c["name"]: c for c in report["checks"]}  # type: ignore[union-attr]
+    assert code == 1 and not checks["backlog"]["ok"] and "oldest late-1" in checks["backlog"]["detail"]
+    _, report = health(cluster.env, "--max-overdue", "3600")
+    checks = {c["name"]: c for c in report["checks"]}  # type: ignore[union-attr]
+    assert checks["backlog"]["ok"] and "1 due" in checks["backlog"]["detail"]
+
+
+def test_unreachable_storage_is_unhealthy(cluster: Cluster) -> None:
+    from tests.redis_server import free_port
+
+    code, report = health({**cluster.env, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    checks = report["checks"]
+    assert code == 1 and checks[0]["name"] == "storage" and not checks[0]["ok"]  # type: ignore[index]
+    assert "unreachable" in checks[0]["detail"]  # type: ignore[index]
