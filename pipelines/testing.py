@@ -21,6 +21,7 @@ from pipelines.crash_harness import (
     crash_test,
     transcript_problems,
 )
+from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Message, Usage
 
 __all__ = [
@@ -73,6 +74,27 @@ class ScriptedModel:
 
     def __repr__(self) -> str:
         return "ScriptedModel()"
+
+    @classmethod
+    def from_transcript(cls, messages: Sequence[Message]) -> ScriptedModel:
+        """A model that answers with the assistant messages of a stored conversation, in order.
+
+        ``ScriptedModel.from_transcript(app.messages(job_id))`` replays a
+        production conversation offline: your tools and code run again on the
+        model's recorded answers (tool call ids, provider fields and all), so
+        their results can be compared with the stored ones (the README's
+        "Long-lived conversations" has the recipe). Slice ``messages`` to
+        replay from a later turn (a fork's own messages, say).
+        """
+        if isinstance(messages, str | dict) or not isinstance(messages, Sequence):
+            raise InvalidInputError(f"messages must be a list of transcript messages, got {type(messages).__name__}")
+        bad = next((m for m in messages if not isinstance(m, dict) or "role" not in m), None)
+        if bad is not None:
+            raise InvalidInputError(f"a transcript message must be a dict with a 'role', got {bad!r:.80}")
+        answers: list[Reply] = [dict(m) for m in messages if m["role"] == "assistant"]
+        if not answers:
+            raise InvalidInputError("the transcript holds no assistant message to replay")
+        return cls(answers)
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         with self._lock:
