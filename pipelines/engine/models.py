@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import Enum, StrEnum
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from pipelines.engine.errors import InvalidJobIdError, StateNotSerializableError, ValueTooLargeError
 
@@ -443,6 +443,19 @@ class TurnMark(BaseModel):
     next_phase: str | None = None
     state: JSONValue = None
     size: int = 0
+
+    # Stored as a 5-item list, not an object: the record is rewritten by every commit and
+    # carries up to HISTORY_LIMIT marks, so the field names would triple what a commit writes.
+    @model_validator(mode="before")
+    @classmethod
+    def _from_stored(cls, data: Any) -> Any:
+        if isinstance(data, list) and len(data) == 5:
+            return dict(zip(("phases_done", "transcript_len", "next_phase", "size", "state"), data, strict=True))
+        return data
+
+    @model_serializer(mode="plain")
+    def _stored(self) -> list[Any]:
+        return [self.phases_done, self.transcript_len, self.next_phase, self.size, self.state]
 
 
 class JobRecord(BaseModel):
