@@ -32,9 +32,10 @@ if str(ROOT) not in sys.path:
 from adapters.memory import MemoryScheduler, VirtualClock  # noqa: E402
 from adapters.redis import RedisStorage  # noqa: E402
 from bench import w1  # noqa: E402
-from bench.procs import Children, find_redis_server  # noqa: E402
+from bench.procs import Children  # noqa: E402
 from pipelines import Agent, App  # noqa: E402
 from pipelines.testing import ScriptedModel  # noqa: E402
+from tests.redis_server import find_redis_server  # noqa: E402
 
 
 def job_bytes(storage: RedisStorage, job_id: str) -> int:
