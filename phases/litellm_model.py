@@ -16,6 +16,17 @@ permission, not found, context window) raises
 :class:`~pipelines.engine.errors.PermanentModelError`. An empty answer (no choices)
 raises ``TransientModelError`` without retrying here.
 
+Streaming: when the request has an ``on_delta`` (the agent turn streams by
+default), the call is made with ``stream=True`` and
+``stream_options={"include_usage": True}``; each text delta is handed to
+``on_delta`` as it arrives and the chunks are rebuilt with
+``litellm.stream_chunk_builder`` into the same :class:`~phases.model.ModelResponse`
+(text, tool calls whose arguments came split, usage, finish reason, provider
+fields). A stream that breaks after it started is retried as the same call up
+to ``request.stream_retries`` times (``on_restart()`` first), then raises
+``TransientModelError``; a dropped attempt's usage is added to the answer's.
+``params={"stream": False}`` keeps the plain call.
+
 ``params`` may hold api keys and auth headers: error messages are redacted
 ("***"), ``repr`` shows only non-secret parameter names, and
 :meth:`LiteLLMModel.safe_params` gives what is fine to log.
@@ -31,7 +42,8 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -102,6 +114,32 @@ def warm() -> None:
             llm.completion_cost(completion_response=response)
     except Exception:  # warming is an optimisation: never fail a worker's start over it
         logger.debug("litellm warm-up call failed", exc_info=True)
+    _warm_stream()
+
+
+_stream_warmed = False
+
+
+def _warm_stream() -> None:
+    """One offline streamed call, once per process: builds litellm's lazy stream models up front.
+
+    Their first build emits pydantic warnings (ReadOnly TypedDict fields); left
+    to the first real stream, a warnings-as-errors setting (the test suite)
+    turned that into a broken stream.
+    """
+    global _stream_warmed
+    if _stream_warmed:
+        return
+    _stream_warmed = True
+    messages = [{"role": "user", "content": "hi"}]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream = _litellm().completion(model="openai/warmup", messages=messages, mock_response="ok", stream=True,
+                                           stream_options={"include_usage": True}, max_retries=0, num_retries=0)
+            _litellm().stream_chunk_builder(list(stream), messages=messages)
+    except Exception:  # an optimisation, as in warm()
+        logger.debug("litellm stream warm-up failed", exc_info=True)
 
 
 class LiteLLMModel:
@@ -150,6 +188,13 @@ class LiteLLMModel:
         """
         params = {**self._params, **request.params}
         self._check_allowed(params)
+        kwargs = self._kwargs(request, params)
+        if request.on_delta is not None and params.get("stream") is not False:
+            return self._complete_streamed(request, kwargs, params)
+        response = self._retrying()(self._call_once, kwargs, params)
+        return self._to_response(response)
+
+    def _kwargs(self, request: ModelRequest, params: dict[str, Any]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             **params,
             "model": self.model,
@@ -164,15 +209,84 @@ class LiteLLMModel:
         response_format = getattr(request, "response_format", None)
         if response_format is not None and not request.tools:
             kwargs["response_format"] = response_format
-        retrying = tenacity.Retrying(
+        return kwargs
+
+    def _retrying(self) -> tenacity.Retrying:
+        return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_RetryableError),
             wait=self._wait,
             stop=tenacity.stop_before_delay(self.max_retry_seconds),
             retry_error_callback=self._give_up,
             reraise=True,
         )
-        response = retrying(self._call_once, kwargs, params)
-        return self._to_response(response)
+
+    # --- streaming ---------------------------------------------------------------
+
+    def _complete_streamed(self, request: ModelRequest, kwargs: dict[str, Any],
+                           params: dict[str, Any]) -> ModelResponse:
+        """The streamed call: each text delta goes to ``request.on_delta`` as it arrives.
+
+        Failures before the stream starts follow the same retry policy as a
+        plain call. A stream that breaks after it started (litellm's
+        ``MidStreamFallbackError``, an error chunk) is run again as the same
+        call up to ``request.stream_retries`` times, ``request.on_restart()``
+        first; the usage of every dropped attempt is added to the answer's.
+        Past those retries it raises :class:`TransientModelError` (the turn is
+        run again later).
+        """
+        options = {**(params.get("stream_options") or {}), "include_usage": True}
+        kwargs = {**kwargs, "stream": True, "stream_options": options}
+        on_delta = request.on_delta
+        assert on_delta is not None
+        _warm_stream()
+        dropped = Usage()
+        broken: _BrokenStreamError | None = None
+        for attempt in range(max(0, request.stream_retries) + 1):
+            if attempt and request.on_restart is not None:
+                request.on_restart()
+            try:
+                chunks = self._retrying()(self._stream_once, kwargs, params, on_delta)
+            except _BrokenStreamError as exc:
+                dropped += exc.usage
+                broken = exc
+                continue
+            response = self._to_response(_litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]))
+            return response.model_copy(update={"usage": response.usage + dropped})
+        raise TransientModelError(f"{broken} (the stream broke {request.stream_retries + 1} time(s); "
+                                  f"the turn is run again later)")
+
+    def _stream_once(self, kwargs: dict[str, Any], params: dict[str, Any],
+                     on_delta: Callable[[str], None]) -> list[Any]:
+        """One streamed attempt: every chunk, the text handed to ``on_delta`` as it comes."""
+        stream = self._call_once(kwargs, params)
+        chunks: list[Any] = []
+        iterator = iter(stream)
+        while True:
+            error = None
+            try:
+                chunk = next(iterator, None)
+            except Exception as exc:  # noqa: BLE001 - every backend failure is translated below
+                error = _translate(exc, self.model, params)
+            if error is not None:
+                # Outside the except block, as in _call_once: no unredacted __context__.
+                raise self._broken(error, chunks, kwargs)
+            if chunk is None:
+                return chunks
+            chunks.append(chunk)
+            text = _delta_text(chunk)
+            if text:
+                on_delta(text)  # outside the try: a failing sink is not a broken provider stream
+
+    def _broken(self, error: ModelError, chunks: list[Any], kwargs: dict[str, Any]) -> ModelError:
+        """A mid-stream failure as an error to raise: a permanent one as is, else a broken stream with its usage."""
+        if not isinstance(error, TransientModelError):
+            return error
+        usage = Usage(model_calls=1, unknown_cost_calls=1)
+        with contextlib.suppress(Exception):  # an estimate only: litellm counts the partial answer's tokens
+            partial = _litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]) if chunks else None
+            if partial is not None:
+                usage = self._usage(partial)
+        return _BrokenStreamError(str(error), usage=usage)
 
     # --- one attempt, and the retry policy ---------------------------------
 
@@ -248,6 +362,22 @@ class LiteLLMModel:
 
 class _RetryableError(TransientModelError):
     """A transient failure of one attempt: retried within the budget, then re-raised as TransientModelError."""
+
+
+class _BrokenStreamError(TransientModelError):
+    """A provider stream that failed after it started; ``usage`` is what the dropped attempt cost."""
+
+    def __init__(self, message: str, *, usage: Usage) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def _delta_text(chunk: Any) -> str | None:
+    """The text a stream chunk adds to the answer (None for role, tool call, finish and usage chunks)."""
+    choices = getattr(chunk, "choices", None) or []
+    delta = getattr(choices[0], "delta", None) if choices else None
+    text = getattr(delta, "content", None)
+    return text if isinstance(text, str) else None
 
 
 def _plain_message(message: Any) -> Message:

@@ -18,11 +18,22 @@ As a process, for system tests whose worker processes call it::
 prints ``READY http://127.0.0.1:PORT/v1`` on stdout once it listens.
 Mode ``w1`` is the benchmark workload of DESIGN.md, computed from the messages
 only (stateless, safe for many concurrent jobs); mode ``echo`` answers text.
+``--chunk-delay S`` paces streamed chunks (and records when each was sent).
+
+Streaming: a request with ``"stream": true`` gets the same reply as Server-Sent
+Events over chunked HTTP, as OpenAI sends it: a role chunk, the text in pieces
+of ``chunk_chars``, each tool call's id and name then its arguments split in
+pieces, a chunk with the finish reason, a usage chunk with empty ``choices``
+(when ``stream_options.include_usage`` asks for it), then ``data: [DONE]``.
+:func:`broken_stream` closes the connection after N chunks (no ``[DONE]``, no
+terminating HTTP chunk); :func:`error_chunk` sends an error event after N
+chunks instead. Error replies (4xx/5xx) are sent as plain JSON, streamed or not.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import signal
@@ -31,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -40,15 +51,18 @@ __all__ = [
     "Reply",
     "Responder",
     "bad_request",
+    "broken_stream",
     "call",
     "context_window_exceeded",
     "echo_reply",
     "empty_choices",
+    "error_chunk",
     "malformed_tool_reply",
     "rate_limited",
     "running",
     "server_error",
     "slow",
+    "streamed",
     "text_reply",
     "tool_reply",
     "unauthorized",
@@ -74,6 +88,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     empty: bool = False
+    chunk_chars: int = 4
+    chunk_delay: float = 0.0
+    break_after: int | None = None
+    error_after: int | None = None
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -162,6 +180,28 @@ def slow(seconds: float, then: Reply | None = None) -> Reply:
                  headers=base.headers, delay=seconds, empty=base.empty)
 
 
+def streamed(reply: Reply, *, chunk_chars: int = 4, chunk_delay: float = 0.0) -> Reply:
+    """``reply`` streamed in pieces of ``chunk_chars`` characters, ``chunk_delay`` seconds apart."""
+    if chunk_chars < 1 or chunk_delay < 0:
+        raise ValueError("chunk_chars must be >= 1 and chunk_delay >= 0")
+    return replace(reply, chunk_chars=chunk_chars, chunk_delay=chunk_delay)
+
+
+def broken_stream(reply: Reply, after: int = 3) -> Reply:
+    """``reply`` streamed, but the connection closes after ``after`` chunks (no ``[DONE]``)."""
+    if after < 1:
+        raise ValueError("a broken stream sends at least one chunk (after >= 1)")
+    return replace(reply, break_after=after)
+
+
+def error_chunk(reply: Reply, after: int = 3, message: str = "The server had an error while streaming.") -> Reply:
+    """``reply`` streamed, but after ``after`` chunks an error event (``data: {"error": ...}``) ends it."""
+    if after < 1:
+        raise ValueError("an error chunk comes after at least one chunk (after >= 1)")
+    return replace(reply, error_after=after, error={"message": message, "type": "server_error", "param": None,
+                                                     "code": None})
+
+
 def echo_reply(body: dict[str, Any]) -> Reply:
     """Responder: answer with the text of the last message."""
     messages = body.get("messages") or [{}]
@@ -198,7 +238,8 @@ class FakeOpenAI:
     """The server. ``start()`` binds 127.0.0.1 (port 0: a free one); ``url`` ends in ``/v1``.
 
     ``requests`` holds every request body received on the completions route,
-    ``timestamps`` the matching ``time.monotonic()`` values.
+    ``timestamps`` the matching ``time.monotonic()`` values, ``sent_text``
+    each streamed text chunk with the time it was sent.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -210,6 +251,8 @@ class FakeOpenAI:
         self._thread: threading.Thread | None = None
         self.requests: list[dict[str, Any]] = []
         self.timestamps: list[float] = []
+        # (time.monotonic(), text) of every streamed chunk with text, as it was sent.
+        self.sent_text: list[tuple[float, str]] = []
 
     @property
     def port(self) -> int:
@@ -232,6 +275,7 @@ class FakeOpenAI:
             self._queue.clear()
             self.requests.clear()
             self.timestamps.clear()
+            self.sent_text.clear()
 
     def start(self) -> FakeOpenAI:
         self._server = ThreadingHTTPServer((self._host, self._port), _make_handler(self))
@@ -263,6 +307,14 @@ class FakeOpenAI:
         if isinstance(head, Reply):
             return head
         return head(body)
+
+    def _sent(self, chunk: dict[str, Any]) -> None:
+        """Note when a streamed chunk with text went out (for latency measurements)."""
+        choices = chunk.get("choices") or [{}]
+        text = (choices[0].get("delta") or {}).get("content")
+        if text:
+            with self._lock:
+                self.sent_text.append((time.monotonic(), text))
 
     def _wait(self, seconds: float) -> None:
         self._stopping.wait(seconds)
@@ -296,6 +348,50 @@ def _completion(body: dict[str, Any], reply: Reply, n: int) -> dict[str, Any]:
     }
 
 
+def _delta_chunk(body: dict[str, Any], n: int, delta: dict[str, Any] | None, finish: str | None = None,
+                 usage: dict[str, int] | None = None) -> dict[str, Any]:
+    chunk: dict[str, Any] = {"id": f"chatcmpl-fake-{n}", "object": "chat.completion.chunk", "created": int(time.time()),
+                             "model": body.get("model") or "fake-model", "choices": []}
+    if delta is not None:
+        chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def _stream_deltas(reply: Reply) -> list[dict[str, Any]]:
+    """The deltas of ``reply``'s message, in the order OpenAI streams them."""
+    message = dict(reply.message or {})
+    content = message.pop("content", None)
+    calls = message.pop("tool_calls", None) or []
+    message.pop("role", None)
+    # Provider extras (reasoning_content and the like) ride on the role chunk.
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": "", **message}]
+    deltas += [{"content": piece} for piece in _pieces(content or "", reply.chunk_chars)]
+    for index, c in enumerate(calls):
+        fn = c.get("function") or {}
+        deltas.append({"tool_calls": [{"index": index, "id": c.get("id"), "type": "function",
+                                       "function": {"name": fn.get("name"), "arguments": ""}}]})
+        deltas += [{"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                   for piece in _pieces(str(fn.get("arguments") or ""), reply.chunk_chars)]
+    return deltas
+
+
+def stream_chunks(body: dict[str, Any], reply: Reply, n: int) -> list[dict[str, Any]]:
+    """Every SSE chunk of a streamed ``reply`` (before ``[DONE]``): deltas, the finish, the usage."""
+    usage = _completion(body, reply, n)["usage"]
+    chunks = [] if reply.empty else [_delta_chunk(body, n, d) for d in _stream_deltas(reply)]
+    if not reply.empty:
+        chunks.append(_delta_chunk(body, n, {}, finish=reply.finish_reason))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append(_delta_chunk(body, n, None, usage=usage))
+    return chunks
+
+
 def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         # Keep-alive like a real API: the SDK pools connections.
@@ -316,6 +412,43 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test): nothing to answer
+
+        def handle(self) -> None:
+            # A client that dropped a kept-alive connection (after a broken stream): nothing to serve.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                super().handle()
+
+        def _write_chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _stream(self, body: dict[str, Any], reply: Reply) -> None:
+            chunks = stream_chunks(body, reply, len(fake.requests))
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for i, chunk in enumerate(chunks):
+                    if i and reply.chunk_delay:
+                        fake._wait(reply.chunk_delay)
+                    if i == reply.break_after:
+                        # Gone mid-stream: no [DONE], no terminating HTTP chunk.
+                        self.close_connection = True
+                        return
+                    if i == reply.error_after:
+                        self._write_chunk(b"data: " + json.dumps({"error": reply.error}).encode() + b"\n\n")
+                        break
+                    self._write_chunk(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    fake._sent(chunk)
+                else:
+                    if reply.break_after is not None:  # asked to break later than the reply's end: before [DONE]
+                        self.close_connection = True
+                        return
+                    self._write_chunk(b"data: [DONE]\n\n")
+                self._write_chunk(b"")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away (a killed worker)
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") in ("/health", "/v1/models"):
@@ -341,7 +474,9 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return
             if reply.delay:
                 fake._wait(reply.delay)
-            if reply.message is not None:
+            if reply.message is not None and body.get("stream"):
+                self._stream(body, reply)
+            elif reply.message is not None:
                 self._send(200, _completion(body, reply, len(fake.requests)), reply.headers)
             else:
                 self._send(reply.status, {"error": reply.error or {}}, reply.headers)
