@@ -20,6 +20,7 @@ that app's storage and scheduler::
     pipelines fork      --app X JOB --at-turn N --new-id ID [--run]
     pipelines delete    --app X JOB
     pipelines gc        --app X [--older-than S] [--scan]
+    pipelines ui        --app X [--host 127.0.0.1] [--port 8008] [--token T] [--read-only]
 
 Exit codes: 0 success, 1 an error explained on stderr as ``error: ...``
 (unknown job, bad app path, Redis unreachable, ...), 2 bad command-line usage.
@@ -286,6 +287,24 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the web page (pipelines.web.ui); a non-loopback host needs a token."""
+    try:
+        import uvicorn
+
+        from pipelines.web.ui import check_bind, ui_app
+    except ImportError as exc:
+        raise ConfigurationError(f"the web page needs the web extra: pip install 'phaserunner[web]' ({exc})") from exc
+    token = args.token or os.environ.get("PIPELINES_UI_TOKEN") or None
+    check_bind(args.host, token)  # before loading anything: an unsafe address is refused at once
+    asgi = ui_app(_load(args.app), token=token, read_only=args.read_only)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"serving the web page on http://{host}:{args.port}/{' (read-only)' if args.read_only else ''}",
+          file=out, flush=True)
+    uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 # --- parser -------------------------------------------------------------------
 def _positive_or_zero(text: str) -> float:
     """A finite number of seconds >= 0 (``inf`` and ``nan`` are refused here, not deep inside)."""
@@ -360,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", action="append", help="only jobs with this tag (repeat: all of them)")
     p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    p = add("ui", cmd_ui, "serve the web page to watch and steer runs (needs phaserunner[web])")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need a token)")
+    p.add_argument("--port", type=int, default=8008, help="port (default: 8008)")
+    p.add_argument("--token", help="require this token to log in (default: $PIPELINES_UI_TOKEN)")
+    p.add_argument("--read-only", action="store_true", help="show runs, refuse every action")
     cli_actions.register(add, _load, _when, _positive_or_zero, _positive)
     health.register(add, _load, _positive_or_zero)
     return parser

@@ -1,0 +1,115 @@
+// The web page's only script: confirmations, actions without a reload, live tokens, live refresh.
+// Text from the server is only ever set with textContent, or as HTML the server rendered and escaped.
+(function () {
+  "use strict";
+  var jobBox = document.getElementById("job");
+  var rows = document.getElementById("job-rows");
+  var buffer = { turn: null, attempt: null, text: "" };
+  var source = null;
+  var pending = null;
+
+  function finished() {
+    var s = document.getElementById("job-status");
+    return !!s && s.getAttribute("data-finished") === "yes";
+  }
+
+  function showTyping() {
+    var box = document.getElementById("typing");
+    var text = document.getElementById("typing-text");
+    if (!box || !text) { return; }
+    text.textContent = buffer.text;
+    box.hidden = !buffer.text;
+  }
+
+  function flash(message) {
+    var f = document.getElementById("flash");
+    if (!f) { window.alert(message); return; }
+    f.textContent = message;
+    f.hidden = !message;
+  }
+
+  function refresh() {
+    fetch(jobBox.getAttribute("data-live-url"), { credentials: "same-origin", headers: { accept: "text/html" } })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (html === null) { return; }
+        jobBox.innerHTML = html;
+        showTyping();
+        if (finished()) { stopStream(); } else { startStream(); }
+      });
+  }
+
+  function soon() {
+    if (pending) { return; }
+    pending = window.setTimeout(function () { pending = null; refresh(); }, 150);
+  }
+
+  function onPart(ev) {
+    var p;
+    try { p = JSON.parse(ev.data); } catch (e) { return; }
+    var attempt = String((p.data || {}).attempt);
+    if (p.type === "attempt_started") {
+      buffer = { turn: p.turn, attempt: attempt, text: "" };
+      showTyping();
+    } else if (p.type === "text_delta") {
+      if (p.turn === buffer.turn && attempt === buffer.attempt) {
+        buffer.text += String((p.data || {}).text || "");
+        showTyping();
+      }
+    } else {
+      if (p.type === "turn_committed" && p.turn === buffer.turn) { buffer.text = ""; }
+      soon();  // a committed event: the server renders the page's new state
+    }
+  }
+
+  function startStream() {
+    if (source || !window.EventSource) { return; }
+    source = new EventSource(jobBox.getAttribute("data-stream-url"));
+    source.onmessage = onPart;
+  }
+
+  function stopStream() {
+    if (source) { source.close(); source = null; }
+  }
+
+  function errorText(html) {
+    var doc = new DOMParser().parseFromString(html, "text/html");
+    var e = doc.getElementById("error");
+    return e ? e.textContent : "the action failed";
+  }
+
+  function submitAction(form) {
+    var body = new URLSearchParams(new FormData(form));
+    fetch(form.action, { method: "POST", body: body, credentials: "same-origin" })
+      .then(function (r) {
+        if (r.ok) { flash(""); return null; }
+        return r.text().then(function (t) { flash(errorText(t)); });
+      })
+      .then(refresh);
+  }
+
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    if (!(form instanceof HTMLFormElement)) { return; }
+    var question = form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) { ev.preventDefault(); return; }
+    if (jobBox && form.classList.contains("action")) {
+      ev.preventDefault();
+      submitAction(form);
+    }
+  });
+
+  function refreshRows() {
+    var q = new URLSearchParams(window.location.search);
+    q.set("partial", "1");
+    fetch(window.location.pathname + "?" + q.toString(), { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        var now = document.getElementById("job-rows");
+        if (html !== null && now) { now.outerHTML = html; }
+      });
+  }
+
+  if (jobBox && !finished()) { startStream(); }
+  if (rows) { window.setInterval(refreshRows, 3000); }
+}());

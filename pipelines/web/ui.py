@@ -1,0 +1,427 @@
+"""The web page to watch and steer runs: :func:`ui_app` (an ASGI app) and ``pipelines ui``.
+
+A client of the :class:`~pipelines.app.App`, like the CLI: it reads with
+``app.get`` / ``messages`` / ``logs`` / ``events`` / ``storage.list_jobs`` and
+acts with ``approve`` / ``reject`` / ``retry`` / ``cancel`` / ``pause`` /
+``resume``; tokens arrive through :func:`pipelines.web.sse.sse_response`.
+Server-rendered HTML (jinja2, autoescaped) with one small static script; every
+asset ships in the package (no CDN, no build step)::
+
+    from pipelines.web.ui import ui_app
+    asgi = ui_app(app)                            # loopback only, no login
+    asgi = ui_app(app, token="s3cret")            # login form or Authorization: Bearer s3cret
+    asgi = ui_app(app, read_only=True)            # watch, never act
+
+Safe by default: without a token only loopback ``Host`` names are served (a
+DNS-rebinding page gets 403); with one, every request needs the session cookie
+(HttpOnly, SameSite=Strict) the login form sets, or the bearer header. Every
+state change is a POST carrying a CSRF token bound to the session; GETs change
+nothing. A Content-Security-Policy forbids inline scripts.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from phases import journal
+from pipelines.app import App, tags_of
+from pipelines.engine.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    JobConflictError,
+    JobNotFoundError,
+    PipelineError,
+)
+from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
+from pipelines.web.sse import sse_response
+
+__all__ = ["COUNT_LIMIT", "CSP", "PAGE_SIZE", "check_bind", "ui_app"]
+
+PAGE_SIZE = 50
+MAX_FORM_BYTES = 64 * 1024  # a reason to reject a call is the longest thing a form carries
+COUNT_LIMIT = 10_000
+"""Records read to count jobs by status or filter by name (storage has no status counter yet): past it
+the page says "at least"."""
+TRANSCRIPT_LIMIT = 1000  # the page shows the last messages of a longer conversation
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+_HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
+            (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY")]
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+COOKIE = "pipelines_ui"
+_HERE = Path(__file__).parent
+_STATUS_CODE = {JobNotFoundError: 404, JobConflictError: 409, InvalidInputError: 400}
+
+Endpoint = Callable[["_UI", Request], Response]
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve a non-loopback address without a token (:class:`ConfigurationError` saying why)."""
+    if host.strip("[]") not in LOOPBACK_NAMES and not token:
+        raise ConfigurationError(f"refusing to serve the web page on {host!r} without a token: anyone who can reach "
+                                 "it could steer your runs; pass --token or set PIPELINES_UI_TOKEN")
+
+
+def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> Starlette:
+    """The web page for ``app`` as an ASGI app (mount it, or serve it with ``pipelines ui``).
+
+    ``token``: when given, every request needs it (login form -> session
+    cookie, or ``Authorization: Bearer``); without it only loopback host
+    names are served. ``read_only``: actions are hidden and refused (403).
+    """
+    if not isinstance(app, App):
+        raise InvalidInputError(f"ui_app needs a pipelines.App, got {type(app).__name__}")
+    if token is not None and (not isinstance(token, str) or len(token) < 8):
+        raise InvalidInputError("the web page's token must be a string of at least 8 characters")
+    ui = _UI(app, token=token, read_only=bool(read_only))
+    page = functools.partial(_guarded, ui)
+    routes = [
+        Route("/", page(_jobs_page)),
+        Route("/login", page(_login_form, login=True)),
+        Route("/login", page(_login, login=True), methods=["POST"]),
+        Route("/logout", page(_logout), methods=["POST"]),
+        Route("/jobs/{job_id}", page(_job_page)),
+        Route("/jobs/{job_id}/live", page(_job_live)),
+        Route("/jobs/{job_id}/stream", _stream_endpoint(ui)),
+        Route("/jobs/{job_id}/{action}", page(_act), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(_Headers)])
+
+
+class _UI:
+    """Everything a request needs: the App, the templates, the secrets."""
+
+    def __init__(self, app: App, *, token: str | None, read_only: bool) -> None:
+        self.app, self.token, self.read_only = app, token, read_only
+        # With a token the keys derive from it (several server processes agree; a new token logs everyone out).
+        base = hashlib.sha256(b"pipelines-ui:" + token.encode()).digest() if token else secrets.token_bytes(32)
+        self.key = base
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
+                                      undefined=jinja2.StrictUndefined)
+        self.env.filters["pretty"] = _pretty_json
+        self.env.filters["when"] = _when
+
+    def sign(self, what: str) -> str:
+        return hmac.new(self.key, what.encode(), hashlib.sha256).hexdigest()
+
+    def session(self) -> str:
+        return self.sign("session")
+
+    def csrf(self, request: Request) -> str:
+        return self.sign("csrf:" + ("login" if not self.logged_in(request) else "session"))
+
+    def logged_in(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        bearer = request.headers.get("authorization", "")
+        if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[7:].encode(), self.token.encode()):
+            return True
+        return hmac.compare_digest(request.cookies.get(COOKIE, ""), self.session())
+
+    def render(self, request: Request, template: str, code: int = 200, /, **ctx: Any) -> HTMLResponse:
+        ctx.update(root=request.scope.get("root_path", ""), csrf=self.csrf(request), read_only=self.read_only,
+                   login=self.token is not None and self.logged_in(request))
+        html = self.env.get_template(template).render(**ctx)
+        return HTMLResponse(html, status_code=code, headers={"cache-control": "no-store"})
+
+
+class _Headers:
+    """Security headers on every response, static files included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.inner = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_HEADERS]
+            await send(message)
+
+        await self.inner(scope, receive, with_headers)
+
+
+# --- the guard every page goes through ---------------------------------------------------------
+def _guarded(ui: _UI, fn: Endpoint, *, login: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        refused = _refusal(ui, request, login=login)
+        if refused is not None:
+            return refused
+        if request.method == "POST":
+            refused = await _read_form(ui, request) or _post_refusal(ui, request, login=login)
+            if refused is not None:
+                return refused
+        return await _threaded(ui, fn, request)
+
+    return endpoint
+
+
+async def _threaded(ui: _UI, fn: Endpoint, request: Request) -> Response:
+    """Run ``fn`` in a thread (App calls block on storage) and turn library errors into pages."""
+    from starlette.concurrency import run_in_threadpool
+
+    try:
+        return await run_in_threadpool(fn, ui, request)
+    except PipelineError as exc:
+        code = next((c for t, c in _STATUS_CODE.items() if isinstance(exc, t)), 500)
+        return ui.render(request, "error.html", code, message=str(exc))
+
+
+def _refusal(ui: _UI, request: Request, *, login: bool) -> Response | None:
+    if ui.token is None and (request.url.hostname or "") not in LOOPBACK_NAMES:
+        # Without a token, a page reached under another name may be a DNS-rebinding attack.
+        return ui.render(request, "error.html", 403, message="this page has no token, so it only answers "
+                         "on 127.0.0.1 / localhost; start it with --token to serve other names")
+    if login or ui.logged_in(request):
+        return None
+    if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
+    return ui.render(request, "error.html", 401, message="log in first (or send Authorization: Bearer)")
+
+
+async def _read_form(ui: _UI, request: Request) -> Response | None:
+    """The urlencoded form into ``request.state.form`` (what the page's forms send); anything else refused."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind != "application/x-www-form-urlencoded":
+        return ui.render(request, "error.html", 415, message="send the form as application/x-www-form-urlencoded")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return ui.render(request, "error.html", 413, message=f"a form is at most {MAX_FORM_BYTES} bytes")
+    try:
+        pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=20, errors="strict")
+    except (UnicodeDecodeError, ValueError) as exc:
+        return ui.render(request, "error.html", 400, message=f"unreadable form: {exc}")
+    request.state.form = dict(pairs)
+    return None
+
+
+def _post_refusal(ui: _UI, request: Request, *, login: bool) -> Response | None:
+    origin = request.headers.get("origin")
+    if origin and urlsplit(origin).netloc != request.headers.get("host"):
+        return ui.render(request, "error.html", 403, message="a form from another site was refused")
+    sent = request.state.form.get("csrf", "")
+    if not hmac.compare_digest(sent.encode(), ui.csrf(request).encode()):
+        return ui.render(request, "error.html", 403,
+                         message="missing or stale CSRF token: reload the page and try again")
+    if ui.read_only and not login and request.url.path.rsplit("/", 1)[-1] != "logout":
+        return ui.render(request, "error.html", 403, message="this page is read-only")
+    return None
+
+
+# --- login --------------------------------------------------------------------------------------
+def _login_form(ui: _UI, request: Request) -> Response:
+    if ui.token is None:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
+    return ui.render(request, "login.html", failed=False)
+
+
+def _login(ui: _UI, request: Request) -> Response:
+    sent = request.state.form.get("token", "")
+    if ui.token is None or not hmac.compare_digest(sent.encode(), ui.token.encode()):
+        return ui.render(request, "login.html", 401, failed=True)
+    response = RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
+    response.set_cookie(COOKIE, ui.session(), httponly=True, samesite="strict", path="/",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+def _logout(ui: _UI, request: Request) -> Response:
+    response = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+# --- the jobs table -----------------------------------------------------------------------------
+def _query_int(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name) or str(default)
+    if not raw.isdigit() or int(raw) < 1 or len(raw) > 9:
+        raise InvalidInputError(f"{name} must be a whole number >= 1, got {raw[:40]!r}")
+    return int(raw)
+
+
+def _query_status(request: Request) -> JobStatus | None:
+    raw = request.query_params.get("status") or ""
+    if raw and raw not in {s.value for s in JobStatus}:
+        raise InvalidInputError(f"unknown status {raw[:40]!r}; one of {', '.join(s.value for s in JobStatus)}")
+    return JobStatus(raw) if raw else None
+
+
+def _jobs_page(ui: _UI, request: Request) -> Response:
+    status, page = _query_status(request), _query_int(request, "page", 1)
+    name, q = request.query_params.get("name", "").strip(), request.query_params.get("q", "").strip()
+    rows, more = _search(ui.app, q) if q else _page(ui.app, status, name, page)
+    counts, capped = _counts(ui.app)
+    args = {"status": status.value if status else "", "name": name, "q": q}
+    link = functools.partial(_page_link, {k: v for k, v in args.items() if v})
+    template = "jobs_rows.html" if request.query_params.get("partial") else "jobs.html"
+    return ui.render(request, template, rows=[_row(r) for r in rows], counts=counts, capped=capped, page=page,
+                     prev=link(page - 1) if page > 1 else None, next=link(page + 1) if more else None,
+                     statuses=[s.value for s in JobStatus], names=ui.app.names, status=args["status"], name=name, q=q)
+
+
+def _page_link(args: dict[str, str], page: int) -> str:
+    return "?" + urlencode({**args, "page": page})
+
+
+def _search(app: App, q: str) -> tuple[list[JobRecord], bool]:
+    validate_job_id(q)  # a malformed id is named as such, not "no match"
+    view = app.get(q)
+    return ([view.record] if view else []), False
+
+
+def _page(app: App, status: JobStatus | None, name: str, page: int) -> tuple[list[JobRecord], bool]:
+    """One page of jobs, from storage's listing: only the records up to this page are read."""
+    start = (page - 1) * PAGE_SIZE
+    if name:  # no name index yet: filter a bounded listing
+        records = [r for r in app.storage.list_jobs(status=status, limit=COUNT_LIMIT) if r.pipeline == name]
+    else:
+        records = app.storage.list_jobs(status=status, limit=start + PAGE_SIZE + 1)
+    return records[start:start + PAGE_SIZE], len(records) > start + PAGE_SIZE
+
+
+def _counts(app: App) -> tuple[dict[str, int], bool]:
+    counter = getattr(app.storage, "count_jobs", None)
+    if callable(counter):  # a storage with a status index answers without reading records
+        return {s.value: int(counter(status=s)) for s in JobStatus}, False
+    records = app.storage.list_jobs(limit=COUNT_LIMIT)
+    counts = {s.value: 0 for s in JobStatus}
+    for r in records:
+        counts[r.status.value] += 1
+    return counts, len(records) >= COUNT_LIMIT
+
+
+def _row(r: JobRecord) -> dict[str, Any]:
+    return {"id": r.job_id, "status": r.status.value, "pipeline": r.pipeline, "turns": r.phases_done,
+            "updated": r.updated_at, "tokens": r.usage.total_tokens, "cost": r.usage.cost_usd,
+            "tags": tags_of(r), "error": r.error or ""}
+
+
+# --- one job --------------------------------------------------------------------------------------
+def _job_context(ui: _UI, job_id: str) -> dict[str, Any]:
+    view = ui.app.get(job_id)
+    if view is None:
+        raise JobNotFoundError(f"job {job_id!r} not found")
+    rec = view.record
+    start = max(0, rec.transcript_len - TRANSCRIPT_LIMIT)
+    messages = ui.app.messages(job_id, start)
+    results = {str(m.get("tool_call_id")): m for m in messages if m.get("role") == "tool"}
+    state = None if rec.checkpoint is None else rec.checkpoint.state
+    return {"job": _row(rec), "rec": rec, "view": view, "skipped": start, "messages": _conversation(messages, start),
+            "results": results, "logs": ui.app.logs(job_id)[-500:], "events": ui.app.events(job_id, limit=500),
+            "state": state, "ledger": _ledger(rec), "pending": list(view.pending_calls),
+            "finished": view.finished, "actions": _actions(rec)}
+
+
+def _conversation(messages: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(messages, start):
+        content = m.get("content")
+        text = content if isinstance(content, str) else ("" if content is None else _pretty_json(content))
+        calls = [{"id": c.get("id", ""), "name": (c.get("function") or {}).get("name", "?"),
+                  "arguments": (c.get("function") or {}).get("arguments", "")}
+                 for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+        out.append({"n": i, "role": str(m.get("role", "?")), "text": text, "calls": calls,
+                    "call_id": m.get("tool_call_id"), "name": m.get("name")})
+    return out
+
+
+def _ledger(rec: JobRecord) -> list[dict[str, str]]:
+    """Each tool call of the open turn: intended (answered by the model), started, done, interrupted."""
+    entries = {} if rec.checkpoint is None else rec.checkpoint.journal
+    started = entries.get(journal.TOOLS_STARTED)
+    started_ids = {str(i) for i in started} if isinstance(started, list) else set()
+    stuck = rec.status is JobStatus.WAITING and (rec.waiting or {}).get("kind") != "approval"
+    rows = []
+    for call in journal.model_calls(entries):
+        call_id = str(call.get("id", ""))
+        if journal.tool_key(call_id) in entries:
+            state = "done"
+        elif call_id in started_ids:
+            state = "interrupted" if stuck or rec.status is JobStatus.ERROR else "started"
+        else:
+            state = "intended"
+        rows.append({"id": call_id, "name": str((call.get("function") or {}).get("name", "?")), "state": state})
+    return rows
+
+
+def _actions(rec: JobRecord) -> list[str]:
+    s = rec.status
+    return [a for a, ok in (("pause", s is JobStatus.RUNNING), ("resume", s is JobStatus.PAUSED),
+                            ("cancel", s in (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)),
+                            ("retry", s in (JobStatus.ERROR, JobStatus.CANCELLED))) if ok]
+
+
+def _job_page(ui: _UI, request: Request) -> Response:
+    return ui.render(request, "job.html", **_job_context(ui, request.path_params["job_id"]))
+
+
+def _job_live(ui: _UI, request: Request) -> Response:
+    return ui.render(request, "job_live.html", **_job_context(ui, request.path_params["job_id"]))
+
+
+def _stream_endpoint(ui: _UI) -> Callable[[Request], Awaitable[Response]]:
+    async def stream(request: Request) -> Response:
+        refused = _refusal(ui, request, login=False)
+        if refused is not None:
+            return refused
+        return sse_response(ui.app, request.path_params["job_id"], request)
+
+    return stream
+
+
+# --- actions --------------------------------------------------------------------------------------
+def _act(ui: _UI, request: Request) -> Response:
+    job_id, action = request.path_params["job_id"], request.path_params["action"]
+    form: dict[str, str] = request.state.form
+    app = ui.app
+    call_id = form.get("call_id", "")
+    steps: dict[str, Callable[[], object]] = {
+        "approve": lambda: app.approve(job_id, call_id),
+        "reject": lambda: app.reject(job_id, call_id, reason=form.get("reason", "")),
+        "retry": lambda: app.retry(job_id, mode=form.get("mode", "resume")),  # type: ignore[arg-type]
+        "cancel": lambda: app.cancel(job_id, wait=2.0),
+        "pause": lambda: app.pause(job_id, wait=2.0),
+        "resume": lambda: app.resume(job_id),
+    }
+    step = steps.get(action)
+    if step is None:
+        raise InvalidInputError(f"unknown action {action[:40]!r}; one of {', '.join(steps)}")
+    step()
+    root = request.scope.get("root_path", "")
+    return RedirectResponse(f"{root}/jobs/{job_id}", status_code=303)
+
+
+# --- template filters -----------------------------------------------------------------------------
+def _pretty_json(value: Any) -> str:
+    if isinstance(value, str):  # tool arguments arrive as JSON text: shown parsed when they parse
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            return value
+        value = parsed
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def _when(t: float | None) -> str:
+    from datetime import UTC, datetime
+
+    return "-" if not t else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
