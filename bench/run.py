@@ -582,7 +582,7 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="CI-sized smoke version (< 60 s)")
-    p.add_argument("--only", default="1,2,3,4,5", help="comma-separated figures to run (default: all)")
+    p.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated figures to run (default: all)")
     p.add_argument("--runs", type=int, default=None, help="runs per figure (>= 3; default 3)")
     args = p.parse_args(argv)
     sz = QUICK if args.quick else FULL
@@ -595,9 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         fig1(rep, sz)
     if "2" in only:
         fig2(rep, sz)
-    if only & {"3", "4"}:
+    if only & {"3", "4", "6"}:
         if find_redis_server() is None:
-            rep.notes.append("figures 3 and 4 skipped: redis-server not found (apt-get install redis-server)")
+            rep.notes.append("figures 3, 4 and 6 skipped: redis-server not found (apt-get install redis-server)")
         else:
             kids = Children()
             try:
@@ -606,6 +606,10 @@ def main(argv: list[str] | None = None) -> int:
                     fig3(rep, sz, url, kids)
                 if "4" in only:
                     fig4(rep, sz, url)
+                if "6" in only:
+                    from bench.stream_bench import fig6
+
+                    fig6(rep, sz.runs, url, kids)
             finally:
                 rep.notes.extend(kids.notes)
                 kids.cleanup()
