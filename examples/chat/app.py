@@ -1,0 +1,138 @@
+"""A chat service over a durable agent, streamed to the browser and to the Vercel AI SDK.
+
+    python examples/chat/app.py            # offline: memory adapters, a scripted model; open http://127.0.0.1:8000
+
+Routes:
+- ``POST /chat`` starts a conversation or continues it, and returns its stream. The body is what the
+  AI SDK's ``useChat`` sends (``{"id", "messages": [UIMessage...]}``, the last user message is used) or
+  ``{"id", "text"}``; ``"stream": false`` answers 202 instead. ``?format=parts`` streams the library's
+  parts; the default is the AI SDK UI message stream.
+- ``GET /chat/{id}/stream`` resumes it (``Last-Event-ID`` or ``?cursor=``; ``useChat``'s resume
+  replays the latest answer).
+- ``GET /`` a page that renders tokens as they arrive and reconnects with ``Last-Event-ID``.
+
+With Redis + RQ, build the same Starlette app over your production ``App`` (``build_app(app)``) and
+run the workers as usual: the web process only writes runs and reads streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from pipelines import Agent, App, tool
+from pipelines.engine.errors import InvalidInputError, JobConflictError, PipelineError
+from pipelines.engine.models import Message
+from pipelines.testing import ScriptedModel, call, reply
+from pipelines.web import sse_response
+
+PAGE = Path(__file__).with_name("index.html")
+ORDERS = {"A-1001": "shipped with DHL on Monday, arriving Thursday", "A-1002": "being packed"}
+
+
+@tool
+def lookup_order(order_id: str) -> str:
+    """Where an order is."""
+    return ORDERS.get(order_id, "no such order")
+
+
+def scripted(messages: list[Message]) -> Any:
+    """The offline model: looks an order up when asked about one, then answers at some length."""
+    last = messages[-1]
+    if last["role"] == "tool":
+        return f"Your order is {last['content']}. Anything else I can help you with today?"
+    text = str(last.get("content") or "")
+    order = next((w.strip("?.!,") for w in text.split() if w.upper().startswith("A-")), None)
+    if order:
+        return reply("Let me look that order up.", call("lookup_order", order_id=order.upper()))
+    return f"You said: {text}. I am a scripted assistant; ask me about order A-1001 to see a tool call."
+
+
+def offline_app() -> App:
+    """Memory adapters and the scripted model: no keys, no network."""
+    return App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+               agents=[Agent(name="chat", model=ScriptedModel(scripted), tools=[lookup_order])])
+
+
+def build_app(app: App, *, agent: str = "chat") -> Starlette:
+    """The Starlette app serving ``agent`` of ``app`` (see the module docstring)."""
+    drain_lock = threading.Lock()
+
+    def run_in_process() -> None:
+        with drain_lock:  # one in-process worker at a time (memory adapters); a no-op with real workers
+            app.run_in_process()
+
+    async def chat(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "the body must be JSON"}, status_code=400)
+        try:
+            job_id, text = _chat_input(body)
+            app.run_agent(agent, job_id=job_id, user=text)
+        except JobConflictError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=409)
+        except PipelineError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        threading.Thread(target=run_in_process, daemon=True).start()
+        if body.get("stream") is False:
+            return JSONResponse({"id": job_id}, status_code=202)
+        return sse_response(app, job_id, request, format=_format(request))
+
+    async def stream(request: Request) -> Response:
+        try:
+            return sse_response(app, request.path_params["id"], request, format=_format(request))
+        except PipelineError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+    async def page(request: Request) -> Response:
+        return FileResponse(PAGE, media_type="text/html")
+
+    return Starlette(routes=[Route("/", page), Route("/chat", chat, methods=["POST"]),
+                             Route("/chat/{id}/stream", stream)])
+
+
+def _format(request: Request) -> Any:
+    fmt = request.query_params.get("format", "ai-sdk")
+    if fmt not in ("parts", "ai-sdk"):
+        raise InvalidInputError(f"format must be 'parts' or 'ai-sdk', got {fmt!r}")
+    return fmt
+
+
+def _chat_input(body: Any) -> tuple[str, str]:
+    """(conversation id, the user's new text) from a ``useChat`` body or ``{"id", "text"}``."""
+    if not isinstance(body, dict) or not isinstance(body.get("id"), str):
+        raise InvalidInputError('the body needs a conversation "id" (a string)')
+    text = body.get("text")
+    if text is None:
+        users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
+        parts = users[-1].get("parts") or [] if users else []
+        text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == "text")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInputError('the body needs the user\'s "text" (or useChat "messages" ending with one)')
+    return body["id"], text
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    uvicorn.run(build_app(offline_app()), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

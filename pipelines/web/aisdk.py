@@ -1,0 +1,209 @@
+"""A job's stream as the Vercel AI SDK UI message stream (protocol ``v1``, the ``ai`` npm package's
+``uiMessageChunkSchema``): ``start``, ``start-step``, ``text-start``, ``text-delta``, ``text-end``,
+``tool-input-available``, ``tool-output-available``, ``finish-step``, ``finish``, ``error``.
+
+One run of the job (``job_started`` / ``job_continued`` / ``job_retried`` up to ``job_finished``,
+``job_failed``, ``job_cancelled`` or a final wait) is one assistant UI message; each turn is one
+step. Text is forwarded as it arrives; the committed transcript stays the truth: at
+``turn_committed`` the turn's text is reconciled with the committed assistant message, and its
+tool calls and results are read from the transcript (the stream's parts carry only their ids).
+
+A turn can be run again (a crash, a retried provider stream): a new attempt that repeats what was
+already shown sends nothing until it goes further. When it says something else, the text shown
+cannot be taken back chunk by chunk, so the message is sent again from its ``start`` under a new
+``messageId``: ``readUIMessageStream`` and ``useChat``'s resume reset their state on a new id, and
+the assembled message equals the transcript.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pipelines.engine.models import Event, Message
+
+__all__ = ["ENDS", "RUN_STARTS", "UIMessageEncoder", "run_start"]
+
+Chunk = dict[str, Any]
+
+RUN_STARTS = frozenset({"job_started", "job_continued", "job_retried"})
+# Events that end the run's UI message, with the finish reason the AI SDK knows.
+ENDS = {"job_finished": "stop", "job_failed": "error", "job_cancelled": "other", "job_waiting": "other",
+        "approval_requested": "other"}
+_WAITS = frozenset({"job_waiting", "approval_requested"})
+
+
+def run_start(parts: list[Event], upto: int | None = None) -> int:
+    """Index in ``parts`` of the last run start at or before ``upto`` (default: the end); 0 if none."""
+    last = len(parts) - 1 if upto is None else upto
+    for i in range(last, -1, -1):
+        if parts[i].type in RUN_STARTS:
+            return i
+    return 0
+
+
+class UIMessageEncoder:
+    """Turns a job's parts, in order, into UI message chunks (see the module docstring).
+
+    ``messages(start, stop)`` reads the committed transcript. The output is a
+    function of the parts alone, so feeding a run's parts again rebuilds the
+    state a client holds (a resume from ``Last-Event-ID``).
+    """
+
+    def __init__(self, job_id: str, messages: Callable[[int, int], list[Message]]) -> None:
+        self.job_id = job_id
+        self._messages = messages
+        self.message_id: str | None = None
+        self.ended = False  # the message ended: the HTTP response can end
+        self._base = job_id
+        self._resets = 0
+        self._log: list[Chunk] = []  # chunks of the open message after its start, to send it again
+        self._end_step()
+
+    def _end_step(self) -> None:
+        self._turn: int | None = None
+        self._attempt: str | None = None
+        self._text_id: str | None = None
+        self._sent = ""  # text of the open text part, as the client has it
+        self._current = ""  # text of the turn's latest attempt
+
+    def feed(self, part: Event, *, final: bool = True) -> list[Chunk]:
+        """The chunks ``part`` adds. ``final=False``: more parts are known to follow (a wait is not an end)."""
+        kind = part.type
+        if kind in RUN_STARTS:
+            return [*self._finish("other"), *self._start(f"{self.job_id}-{part.id}")]
+        if kind in ENDS:
+            if kind in _WAITS and not final:
+                return []
+            error = part.data.get("error") if kind == "job_failed" else None
+            return self._finish(ENDS[kind], None if error is None else str(error))
+        if part.turn is None or kind not in ("attempt_started", "text_delta", "turn_started", "turn_committed"):
+            return []
+        out = [] if self.message_id is not None else self._start(f"{self.job_id}-{part.id}")
+        if kind == "turn_committed":
+            return out + self._commit(part)
+        attempt = part.data.get("attempt")
+        if part.turn != self._turn:
+            out += self._open_step(part.turn)
+        if kind == "attempt_started" or (kind == "text_delta" and self._attempt is None):
+            self._attempt, self._current = str(attempt), ""
+        if kind == "text_delta" and str(attempt) == self._attempt:
+            self._current += str(part.data.get("text", ""))
+            out += self._sync_text(self._current)
+        return out
+
+    # --- message and steps -------------------------------------------------------------------
+    def _start(self, message_id: str) -> list[Chunk]:
+        self._base, self._resets, self._log, self.ended = message_id, 0, [], False
+        self.message_id = message_id
+        self._end_step()
+        return [{"type": "start", "messageId": message_id}]
+
+    def _emit(self, *chunks: Chunk) -> list[Chunk]:
+        self._log.extend(chunks)
+        return list(chunks)
+
+    def _open_step(self, turn: int) -> list[Chunk]:
+        out = self._close_step()
+        self._turn = turn
+        return out + self._emit({"type": "start-step"})
+
+    def _close_step(self) -> list[Chunk]:
+        if self._turn is None:
+            return []
+        out = [] if self._text_id is None else self._emit({"type": "text-end", "id": self._text_id})
+        self._end_step()
+        return out + self._emit({"type": "finish-step"})
+
+    def _finish(self, reason: str, error: str | None = None) -> list[Chunk]:
+        if self.message_id is None:
+            return []
+        out = self._close_step()
+        if error is not None:
+            out.append({"type": "error", "errorText": error})
+        out.append({"type": "finish", "finishReason": reason})
+        self.message_id, self._log, self.ended = None, [], True
+        return out
+
+    # --- text --------------------------------------------------------------------------------
+    def _sync_text(self, target: str) -> list[Chunk]:
+        """Bring the open text part to ``target``: send what it adds, or send the message again."""
+        if target.startswith(self._sent):
+            extra = target[len(self._sent):]
+            if not extra:
+                return []
+            out = [] if self._text_id is not None else self._emit(self._text_start())
+            self._sent = target
+            return out + self._emit({"type": "text-delta", "id": self._text_id, "delta": extra})
+        if self._sent.startswith(target):
+            return []  # a new attempt repeating what is shown: wait until it says more
+        return self._rewrite(target)
+
+    def _text_start(self) -> Chunk:
+        self._text_id = f"{self._base}-t{self._turn}-{self._resets}-{len(self._log)}"
+        return {"type": "text-start", "id": self._text_id}
+
+    def _rewrite(self, target: str) -> list[Chunk]:
+        old = self._text_id
+        self._log = [c for c in self._log if c.get("id") != old]
+        self._resets += 1
+        self.message_id = f"{self._base}-r{self._resets}"
+        self._text_id, self._sent = None, ""
+        if target:
+            self._emit(self._text_start())
+            self._emit({"type": "text-delta", "id": self._text_id, "delta": target})
+            self._sent = target
+        return [{"type": "start", "messageId": self.message_id}, *self._log]
+
+    # --- a committed turn --------------------------------------------------------------------
+    def _commit(self, part: Event) -> list[Chunk]:
+        span = part.data.get("messages")
+        start, stop = (int(span[0]), int(span[1])) if isinstance(span, list) and len(span) == 2 else (0, 0)
+        committed = self._messages(start, stop) if stop > start else []
+        out = [] if part.turn == self._turn else self._open_step(int(part.turn or 0))
+        assistants = [m for m in committed if m.get("role") == "assistant"]
+        out += self._sync_text("".join(_text_of(m) for m in assistants))
+        if self._text_id is not None:
+            out += self._emit({"type": "text-end", "id": self._text_id})
+            self._text_id = None
+        out += self._emit(*_tool_chunks(assistants, committed))
+        self._end_step()
+        return out + self._emit({"type": "finish-step"})
+
+
+def _text_of(message: Message) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content blocks: only the text ones are shown as text
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+def _tool_chunks(assistants: list[Message], committed: list[Message]) -> list[Chunk]:
+    """A turn's tool calls (``tool-input-available``) and the results it committed (``tool-output-available``)."""
+    out: list[Chunk] = []
+    called: set[str] = set()
+    for message in assistants:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            call_id, name = str(call.get("id", "")), str(function.get("name", ""))
+            called.add(call_id)
+            out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name,
+                        "input": _arguments(function.get("arguments"))})
+    for message in committed:
+        call_id = str(message.get("tool_call_id", ""))
+        if message.get("role") == "tool" and call_id in called:
+            out.append({"type": "tool-output-available", "toolCallId": call_id, "output": message.get("content")})
+    return out
+
+
+def _arguments(raw: Any) -> Any:
+    """Tool arguments as the model gave them: a JSON string parsed, or kept as it is when it does not parse."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

@@ -1,0 +1,278 @@
+"""A job's live stream over Server-Sent Events, for Starlette and FastAPI: :func:`sse_response`.
+
+Every SSE event carries the part's cursor as its ``id:``, so a browser's
+``EventSource`` (or any client sending ``Last-Event-ID``) resumes where it
+stopped: nothing missed, nothing twice. Comment lines go out as heartbeats
+while nothing happens, so proxies keep the connection open. Storage is read
+through :meth:`~pipelines.app.App.astream` (each blocking read in a thread),
+and a client that goes away stops the reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from pipelines.app import App
+from pipelines.engine.errors import InvalidInputError, JobNotFoundError
+from pipelines.engine.models import Event
+from pipelines.streams import FINISHED
+from pipelines.web.aisdk import UIMessageEncoder, run_start
+
+__all__ = ["HEARTBEAT_SECONDS", "JobStreamResponse", "StreamFormat", "sse_response"]
+
+StreamFormat = Literal["parts", "ai-sdk"]
+HEARTBEAT_SECONDS = 15.0
+_WINDOW = 5.0  # a follower's reads are bounded by this: see JobStreamResponse._windows
+_POLL = 0.5  # how often a quiet stream looks whether its client is still there (no storage read)
+_HEADERS = {"cache-control": "no-cache", "connection": "keep-alive", "x-accel-buffering": "no"}
+_AI_SDK_HEADERS = {**_HEADERS, "x-vercel-ai-ui-message-stream": "v1"}
+
+
+def sse_response(app: App, job_id: str, request: Request, *, format: StreamFormat = "parts",
+                 after: str | None = None, heartbeat: float = HEARTBEAT_SECONDS) -> JobStreamResponse:
+    """The stream of ``job_id`` as a ``text/event-stream`` response.
+
+    The starting cursor is the ``Last-Event-ID`` header, else the ``cursor``
+    query parameter, else ``after`` (the server's choice; ``None``: from the
+    start). ``format="parts"``: each event's data is the part as JSON (``id``,
+    ``type``, ``turn``, ``data``), following the job until it ends.
+    ``format="ai-sdk"``: the Vercel AI SDK UI message stream of the run the
+    cursor is in (the latest run without a cursor), ending with it (see
+    :mod:`pipelines.web.aisdk`). A malformed cursor, or one this job's stream
+    never gave out, is answered 400 and an unknown job 404, with a JSON
+    ``{"error": ...}`` body, before anything is streamed.
+    """
+    if format not in ("parts", "ai-sdk"):
+        raise InvalidInputError(f"format must be 'parts' or 'ai-sdk', got {format!r}")
+    if not heartbeat > 0:
+        raise InvalidInputError(f"heartbeat must be a positive number of seconds, got {heartbeat!r}")
+    cursor = request.headers.get("last-event-id") or request.query_params.get("cursor") or after
+    return JobStreamResponse(app, job_id, request, cursor=cursor, format=format, heartbeat=heartbeat)
+
+
+class JobStreamResponse(StreamingResponse):
+    """The response :func:`sse_response` returns: checks the job and cursor when served, then streams."""
+
+    def __init__(self, app: App, job_id: str, request: Request, *, cursor: str | None, format: StreamFormat,
+                 heartbeat: float) -> None:
+        self.app, self.job_id, self.request = app, job_id, request
+        self.cursor, self.format, self.heartbeat = cursor, format, heartbeat
+        headers = _AI_SDK_HEADERS if format == "ai-sdk" else _HEADERS
+        super().__init__(_nothing(), media_type="text/event-stream", headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            backlog = await asyncio.to_thread(self._backlog)
+        except JobNotFoundError as exc:
+            await JSONResponse({"error": str(exc)}, status_code=404)(scope, receive, send)
+            return
+        except InvalidInputError as exc:
+            await JSONResponse({"error": str(exc)}, status_code=400)(scope, receive, send)
+            return
+        self.body_iterator = self._events(backlog)
+        await super().__call__(scope, receive, send)
+
+    def _backlog(self) -> list[Event]:
+        """Every part stored now, after checking the job and the cursor (raises before anything is sent)."""
+        if self.cursor is not None:
+            list(self.app.stream(self.job_id, after=self.cursor, follow=False, timeout=0))  # checks it
+        parts = list(self.app.stream(self.job_id, follow=False))
+        if self.cursor is not None and (not parts or not _comparable(self.cursor, parts[-1].id)
+                                        or _key(self.cursor) > _key(parts[-1].id)):
+            raise InvalidInputError(f"cursor {self.cursor!r:.60} is not a part id of job {self.job_id!r}'s stream")
+        return parts
+
+    async def _events(self, backlog: list[Event]) -> AsyncIterator[str]:
+        if self.format == "ai-sdk":
+            encoder = UIMessageEncoder(self.job_id, lambda a, b: self.app.messages(self.job_id, a, b))
+            emit = _AiSdkEmitter(encoder)
+            async for text in self._follow(emit.replay(backlog, self.cursor), backlog, emit):
+                yield text
+            return
+        plain = _PartsEmitter()
+        async for text in self._follow(plain.replay(backlog, self.cursor), backlog, plain):
+            yield text
+
+    async def _follow(self, first: list[str], backlog: list[Event], emit: _Emitter) -> AsyncIterator[str]:
+        for text in first:
+            yield text
+        gone = False
+        if not emit.done:
+            after = backlog[-1].id if backlog else self.cursor
+            async for text in self._live(emit, after):
+                if text is _GONE:
+                    gone = True
+                    break
+                yield text
+        if not gone:
+            for text in emit.close():
+                yield text
+
+    async def _live(self, emit: _Emitter, after: str | None) -> AsyncIterator[str]:
+        """Parts as they come, with heartbeats; yields ``_GONE`` when the client has left."""
+        parts = _Parts(self._windows(after))
+        quiet_since = time.monotonic()
+        try:
+            while not emit.done:
+                part = await parts.next(timeout=_POLL)
+                if part is _END:
+                    return
+                if isinstance(part, Event):
+                    quiet_since = time.monotonic()
+                    for text in emit.live(part):
+                        yield text
+                elif await self.request.is_disconnected():
+                    yield _GONE
+                    return
+                elif time.monotonic() - quiet_since >= self.heartbeat:
+                    quiet_since = time.monotonic()
+                    yield ": keep-alive\n\n"
+        finally:
+            await parts.close()
+
+    async def _windows(self, after: str | None) -> AsyncIterator[Event]:
+        """The job's parts after ``after``, read in windows of ``_WINDOW`` seconds until it ends.
+
+        A read in flight runs in a thread and cannot be interrupted; bounding each one means a
+        client that left stops the reading within one window, even if the job stays quiet for days.
+        """
+        while True:
+            async for part in self.app.astream(self.job_id, after=after, timeout=_WINDOW):
+                after = part.id
+                yield part
+            if await asyncio.to_thread(self._finished):
+                async for part in self.app.astream(self.job_id, after=after, follow=False):
+                    yield part
+                return
+
+    def _finished(self) -> bool:
+        view = self.app.get(self.job_id)
+        return view is None or view.status in FINISHED
+
+
+_GONE = "\0gone"  # never a real SSE text: events end with a blank line
+_END = object()
+
+
+class _Parts:
+    """The next part of an async stream, waited for at most ``timeout`` seconds without losing it."""
+
+    def __init__(self, parts: AsyncIterator[Event]) -> None:
+        self.parts = parts
+        self.pending: asyncio.Future[Event] | None = None
+
+    async def next(self, *, timeout: float) -> object:
+        """The next part, ``None`` if none came in time, or ``_END`` when the stream is over."""
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(anext(self.parts))
+        done, _ = await asyncio.wait({self.pending}, timeout=timeout)
+        if not done:
+            return None
+        pending, self.pending = self.pending, None
+        try:
+            return pending.result()
+        except StopAsyncIteration:
+            return _END
+
+    async def close(self) -> None:
+        if self.pending is not None:
+            # The read in flight ends the generator when it sees the cancellation; its thread finishes
+            # its one blocking read and is never asked for another.
+            self.pending.cancel()
+        else:
+            await self.parts.aclose()  # type: ignore[attr-defined]
+
+
+async def _nothing() -> AsyncIterator[str]:
+    return
+    yield  # an async generator with no items: the real one is set when the response is served
+
+
+def _key(cursor: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in cursor.split("-"))
+
+
+def _comparable(a: str, b: str) -> bool:
+    return a.count("-") == b.count("-")
+
+
+def _event(data: Any, event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}data: {json.dumps(data, separators=(',', ':'), default=str)}\n\n"
+
+
+class _Emitter:
+    done = False
+
+    def replay(self, backlog: list[Event], cursor: str | None) -> list[str]:
+        raise NotImplementedError
+
+    def live(self, part: Event) -> list[str]:
+        raise NotImplementedError
+
+    def close(self) -> list[str]:
+        return []
+
+
+class _PartsEmitter(_Emitter):
+    """``format="parts"``: one event per part, its data the part as JSON."""
+
+    def replay(self, backlog: list[Event], cursor: str | None) -> list[str]:
+        return [self.live(p)[0] for p in _after(backlog, cursor)]
+
+    def live(self, part: Event) -> list[str]:
+        return [_event(part.model_dump(mode="json"), part.id)]
+
+
+class _AiSdkEmitter(_Emitter):
+    """``format="ai-sdk"``: UI message chunks; a part's id goes on the last chunk it produced."""
+
+    def __init__(self, encoder: UIMessageEncoder) -> None:
+        self.encoder = encoder
+
+    def replay(self, backlog: list[Event], cursor: str | None) -> list[str]:
+        if cursor is None:
+            run = backlog[run_start(backlog):]
+            seen: list[Event] = []
+        else:
+            upto = sum(1 for _ in _before(backlog, cursor))
+            first = run_start(backlog, upto - 1) if upto else 0
+            run, seen = backlog[upto:], backlog[first:upto]
+        for i, part in enumerate(seen):  # rebuild what the client holds, silently
+            self.encoder.feed(part, final=not (i + 1 < len(seen) or run))
+        self.done = self.encoder.ended and not run
+        out: list[str] = []
+        for i, part in enumerate(run):
+            out += self._chunks(part, final=i + 1 == len(run))
+            if self.done:
+                break
+        return out
+
+    def live(self, part: Event) -> list[str]:
+        return self._chunks(part, final=True)
+
+    def _chunks(self, part: Event, *, final: bool) -> list[str]:
+        chunks = self.encoder.feed(part, final=final)
+        self.done = self.encoder.ended
+        return [_event(c, part.id if i + 1 == len(chunks) else None) for i, c in enumerate(chunks)]
+
+    def close(self) -> list[str]:
+        return ["data: [DONE]\n\n"]
+
+
+def _after(parts: list[Event], cursor: str | None) -> list[Event]:
+    if cursor is None:
+        return parts
+    return [p for p in parts if _key(p.id) > _key(cursor)]
+
+
+def _before(parts: list[Event], cursor: str) -> list[Event]:
+    return [p for p in parts if _key(p.id) <= _key(cursor)]

@@ -1,0 +1,318 @@
+"""A job's stream over real HTTP: uvicorn on 127.0.0.1, read with httpx (and with the `ai` npm package)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from adapters.redis import RedisStorage
+from adapters.rq import RQScheduler
+from examples.chat.app import build_app
+from pipelines import Agent, App, tool
+from pipelines.engine.models import Event
+from pipelines.streams import turn_texts
+from pipelines.testing import ScriptedModel, call, reply
+from pipelines.web import sse_response
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "node"
+TEXT = "Order A-1 left the warehouse yesterday and should arrive within two days. " * 4
+
+
+@tool
+def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"order {order}: shipped"
+
+
+def model() -> ScriptedModel:
+    return ScriptedModel(lambda msgs: TEXT if msgs[-1]["role"] == "tool" else reply(
+        "Checking.", call("lookup", order="A-1")))
+
+
+def routes(app: App, heartbeat: float = 15.0) -> Starlette:
+    async def stream(request: Request) -> Response:
+        fmt = request.query_params.get("format", "parts")
+        return sse_response(app, request.path_params["id"], request, format=fmt, heartbeat=heartbeat)  # type: ignore[arg-type]
+    return Starlette(routes=[Route("/jobs/{id}/stream", stream)])
+
+
+@contextmanager
+def serve(asgi: Any) -> Iterator[str]:
+    """``asgi`` on a real uvicorn server on 127.0.0.1, in a thread; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def read_events(response: httpx.Response) -> Iterator[tuple[str | None, str]]:
+    """(id, data) of each SSE event; comment lines come as (None, ':...')."""
+    event_id, data = None, []
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            yield None, line
+        elif line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: "):
+            data.append(line[6:])
+        elif line == "" and data:
+            yield event_id, "\n".join(data)
+            event_id, data = None, []
+
+
+def get_parts(base: str, job_id: str, query: str = "", **headers: str) -> list[Event]:
+    with httpx.stream("GET", f"{base}/jobs/{job_id}/stream{query}", headers=headers, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        parts = []
+        for event_id, data in read_events(r):
+            if event_id is not None:
+                part = Event.model_validate_json(data)
+                assert part.id == event_id
+                parts.append(part)
+        return parts
+
+
+def memory_app() -> App:
+    return App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+               agents=[Agent(name="a", model=model(), tools=[lookup])])
+
+
+@pytest.fixture(params=["memory", "redis"])
+def app(request: pytest.FixtureRequest) -> Iterator[App]:
+    if request.param == "memory":
+        yield memory_app()
+        return
+    storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="sse")
+    # A queue nothing consumes: the tests advance the jobs themselves.
+    yield App(storage=storage, scheduler=RQScheduler.for_storage(storage, queue="sse-test"),
+              agents=[Agent(name="a", model=model(), tools=[lookup])])
+    storage.client.close()
+
+
+def run_to_the_end(app: App, job_id: str) -> None:
+    while app.get(job_id).status.value == "running":
+        app.advance(job_id)
+
+
+def committed_texts(app: App, job_id: str) -> dict[int, str]:
+    msgs = [m for m in app.messages(job_id) if m["role"] == "assistant"]
+    return {i + 1: m.get("content") or "" for i, m in enumerate(msgs)}
+
+
+def test_resuming_from_last_event_id_or_cursor_misses_nothing_and_repeats_nothing(app: App) -> None:
+    app.run_agent("a", job_id="r1", messages=["where is A-1?"])
+    run_to_the_end(app, "r1")
+    with serve(routes(app)) as base:
+        everything = get_parts(base, "r1")
+        assert [p.id for p in everything] == [p.id for p in app.stream("r1")]
+        assert everything[-1].type == "job_finished" and turn_texts(everything) == committed_texts(app, "r1")
+        for cut in range(1, len(everything)):
+            last = everything[cut - 1].id
+            rest = get_parts(base, "r1", **{"Last-Event-ID": last})
+            assert [p.id for p in everything[:cut] + rest] == [p.id for p in everything]
+        via_query = get_parts(base, "r1", f"?cursor={everything[2].id}")
+        assert [p.id for p in via_query] == [p.id for p in everything[3:]]
+
+
+def test_a_follower_receives_the_text_live_and_the_response_ends_with_the_job(app: App) -> None:
+    app.run_agent("a", job_id="r2", messages=["where is A-1?"])
+    worker = threading.Thread(target=run_to_the_end, args=(app, "r2"))
+    parts: list[Event] = []
+    with serve(routes(app)) as base, httpx.stream("GET", f"{base}/jobs/r2/stream", timeout=30) as r:
+        for event_id, data in read_events(r):
+            if event_id is None:
+                continue
+            parts.append(Event.model_validate_json(data))
+            if len(parts) == 1:
+                worker.start()  # the job runs only once the client is following it
+    worker.join(10)
+    assert parts[0].type == "job_started" and parts[-1].type == "job_finished"
+    assert turn_texts(parts) == committed_texts(app, "r2")
+
+
+def test_bad_cursors_and_unknown_jobs_are_clear_http_errors_and_nothing_is_written(app: App) -> None:
+    app.run_agent("a", job_id="short", messages=["hi"])
+    app.run_agent("a", job_id="long", messages=["where is A-1?"])
+    run_to_the_end(app, "long")
+    far = list(app.stream("long"))[-1].id
+    before = {j.job_id: j.record.checkpoint for j in app.jobs()}
+    with serve(routes(app)) as base:
+        for url, headers, status, words in [
+            ("/jobs/short/stream", {"Last-Event-ID": "not-a-cursor"}, 400, "cursor"),
+            ("/jobs/short/stream?cursor=12x", {}, 400, "cursor"),
+            ("/jobs/short/stream", {"Last-Event-ID": far}, 400, "not a part id of job 'short'"),  # another job's
+            ("/jobs/nope/stream", {}, 404, "not found"),
+            ("/jobs/nope/stream?format=ai-sdk", {}, 404, "not found"),
+        ]:
+            r = httpx.get(base + url, headers=headers, timeout=10)
+            assert r.status_code == status, (url, r.text)
+            assert r.headers["content-type"] == "application/json" and words in r.json()["error"]
+    assert {j.job_id: j.record.checkpoint for j in app.jobs()} == before
+    assert app.get("nope") is None
+
+
+class CountingStorage(MemoryStorage):
+    """Counts the stream reads; a blocking read waits at most 0.1 s, so a follower reads again and again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.in_flight = 0
+        self.lock = threading.Lock()
+
+    def read_live(self, job_id: str, *, after: str | None = None, block: float | None = None) -> list[Event]:
+        with self.lock:
+            self.reads += 1
+            self.in_flight += 1
+        try:
+            return super().read_live(job_id, after=after, block=None if block is None else min(block, 0.1))
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def test_a_client_that_disconnects_stops_the_reads_and_a_quiet_stream_sends_heartbeats() -> None:
+    storage = CountingStorage()
+    app = App(storage=storage, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=model())])
+    app.run_agent("a", job_id="idle", messages=["hi"])  # running, never advanced: the stream stays open
+    with serve(routes(app, heartbeat=0.2)) as base:
+        with httpx.stream("GET", f"{base}/jobs/idle/stream", timeout=30) as r:
+            events = read_events(r)
+            assert next(events)[0] is not None  # job_started
+            assert next(events) == (None, ": keep-alive")  # nothing happens: a heartbeat
+            reads_while_connected = storage.reads
+            assert next(events) == (None, ": keep-alive")
+            assert storage.reads > reads_while_connected  # the follower keeps reading while the client is there
+        deadline = time.monotonic() + 20
+        settled = None
+        while time.monotonic() < deadline:  # after the client left, the reads stop (no assertion on how fast)
+            seen = storage.reads
+            time.sleep(0.5)  # five capped reads' time
+            if storage.reads == seen and storage.in_flight == 0:
+                settled = seen
+                break
+        assert settled is not None, "the stream kept reading storage after its client disconnected"
+        time.sleep(0.5)
+        assert storage.reads == settled
+
+
+# --- the Vercel AI SDK UI message stream ---------------------------------------------------------
+def ai_sdk_chunks(base: str, path: str) -> tuple[httpx.Headers, list[dict[str, Any]]]:
+    with httpx.stream("GET", base + path, timeout=30) as r:
+        assert r.status_code == 200
+        chunks = [json.loads(d) for i, d in read_events(r) if i is not None or not d.startswith(":")
+                  if d != "[DONE]"]
+        return r.headers, chunks
+
+
+def test_ai_sdk_format_has_the_protocol_header_and_one_step_per_turn() -> None:
+    app = memory_app()
+    app.run_agent("a", job_id="c1", messages=["where is A-1?"])
+    app.drain()
+    with serve(routes(app)) as base:
+        headers, chunks = ai_sdk_chunks(base, "/jobs/c1/stream?format=ai-sdk")
+    assert headers["x-vercel-ai-ui-message-stream"] == "v1"
+    types = [c["type"] for c in chunks]
+    assert types[0] == "start" and types[-1] == "finish"
+    assert types.count("start-step") == types.count("finish-step") == 2
+    tool_in = next(c for c in chunks if c["type"] == "tool-input-available")
+    assert tool_in["toolName"] == "lookup" and tool_in["input"] == {"order": "A-1"}
+    tool_out = next(c for c in chunks if c["type"] == "tool-output-available")
+    assert tool_out["toolCallId"] == tool_in["toolCallId"] and tool_out["output"] == "order A-1: shipped"
+    text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert text == "Checking." + TEXT
+
+
+def run_node(api: str, chat_id: str, transcript: list[dict[str, Any]]) -> str:
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the AI SDK check (tests/node) did not run")
+    if not (NODE_DIR / "node_modules" / "ai").is_dir():
+        pytest.fail("tests/node has no node_modules: run `make node-deps` (npm ci in tests/node)")
+    out = subprocess.run(["node", str(NODE_DIR / "read_ui_message.mjs"), api, chat_id, json.dumps(transcript)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return out.stdout
+
+
+def run_messages(app: App, job_id: str) -> list[dict[str, Any]]:
+    """The latest run's committed messages after its user message."""
+    msgs = app.messages(job_id)
+    last_user = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+    return msgs[last_user + 1:]
+
+
+def test_the_ai_packages_own_reader_assembles_exactly_the_transcript_of_the_latest_run() -> None:
+    app = memory_app()
+    with serve(build_app(app, agent="a")) as base:
+        app.run_agent("a", job_id="chat-1", messages=["where is A-1?"])
+        app.drain()
+        run_node(base + "/chat", "chat-1", run_messages(app, "chat-1"))
+        app.run_agent("a", job_id="chat-1", user="and A-2?")  # the conversation goes on: a second answer
+        app.drain()
+        run_node(base + "/chat", "chat-1", run_messages(app, "chat-1"))
+
+
+def test_a_retried_stream_that_says_something_else_still_assembles_to_the_transcript() -> None:
+    from phases.model import ModelRequest, ModelResponse
+    from pipelines.engine.models import Usage
+
+    started = threading.Event()
+
+    class BreaksOnce:
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            started.wait(10)  # the client is connected: what follows reaches it live
+            assert request.on_delta is not None and request.on_restart is not None
+            request.on_delta("I think the answer is probably something like " * 6)
+            request.on_restart()  # the provider's stream broke; the retry says something else
+            request.on_delta(TEXT)
+            return ModelResponse(message={"role": "assistant", "content": TEXT}, finish_reason="stop",
+                                 usage=Usage(model_calls=2))
+
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=BreaksOnce(), stream_retries=2)])
+    chat = build_app(app, agent="a")
+
+    async def marking(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("/stream"):
+            threading.Timer(0.3, started.set).start()  # soon after the stream opened
+        await chat(scope, receive, send)
+
+    app.run_agent("a", job_id="chat-2", messages=["hi"])
+    worker = threading.Thread(target=app.drain)
+    worker.start()
+    with serve(marking) as base:
+        try:
+            run_node(base + "/chat", "chat-2", [{"role": "assistant", "content": TEXT}])
+        finally:
+            started.set()
+            worker.join(10)
+        assert run_messages(app, "chat-2") == [{"role": "assistant", "content": TEXT}]
+        run_node(base + "/chat", "chat-2", run_messages(app, "chat-2"))  # and replayed once finished
