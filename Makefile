@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest redis docs docs-check demo bench chaos format clean lock
+.PHONY: install test lint typecheck pytest redis docs docs-check demo bench chaos format clean lock node-deps node-test
 
 # Dependencies come from a hash-pinned lock (regenerate with `make lock`);
 # then the project itself, without letting pip resolve anything else.
@@ -49,7 +49,17 @@ docs-check: install
 	@out=$$(mktemp -d) && $(VENV)/bin/mkdocs build --strict --quiet -d "$$out"; rc=$$?; rm -rf "$$out"; \
 		if [ $$rc -eq 0 ]; then echo "docs-check: mkdocs build --strict passed"; fi; exit $$rc
 
-test: lint typecheck docs-check pytest
+# The AI SDK stream is checked by the `ai` npm package itself (tests/node, pinned by its package-lock.json).
+# Without node the check is skipped, loudly here and in pytest's summary.
+node-deps:
+	@if command -v npm >/dev/null; then cd tests/node && npm ci --no-audit --no-fund --loglevel=error; \
+		else echo "node-deps: SKIPPED - npm is not installed, the AI SDK check will be skipped"; fi
+
+node-test: install node-deps
+	@command -v node >/dev/null || echo "node-test: SKIPPED - node is not installed"
+	$(PY) -m pytest -q -rs tests/integration/test_sse.py -k "ai_package or retried_stream"
+
+test: lint typecheck docs-check node-test pytest
 
 demo: install
 	$(PY) examples/support_agent.py $(ARGS)

@@ -1,0 +1,67 @@
+"""The AI SDK encoder, part by part: attempts of a turn never duplicate text in the assembled message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.engine.models import Event
+from pipelines.web.aisdk import UIMessageEncoder
+
+COMMITTED = [{"role": "assistant", "content": "Hello there, friend."}]
+
+
+def part(i: int, kind: str, turn: int | None = None, **data: Any) -> Event:
+    return Event(id=str(i), timestamp=0.0, type=kind, turn=turn, data=data)
+
+
+def encode(parts: list[Event]) -> list[dict[str, Any]]:
+    encoder = UIMessageEncoder("j", lambda a, b: COMMITTED[a - 1:b - 1])
+    return [c for p in parts for c in encoder.feed(p)]
+
+
+def texts_after_last_start(chunks: list[dict[str, Any]]) -> str:
+    last = max(i for i, c in enumerate(chunks) if c["type"] == "start")
+    return "".join(c["delta"] for c in chunks[last:] if c["type"] == "text-delta")
+
+
+def test_a_new_attempt_repeating_the_shown_text_adds_only_what_goes_further() -> None:
+    chunks = encode([part(1, "job_started"), part(2, "attempt_started", 1, attempt="a"),
+                     part(3, "text_delta", 1, attempt="a", text="Hello th"),
+                     part(4, "attempt_started", 1, attempt="b"),  # the turn runs again after a crash
+                     part(5, "text_delta", 1, attempt="b", text="Hello there, friend."),
+                     part(6, "turn_committed", 1, messages=[1, 2]), part(7, "job_finished")])
+    assert [c["type"] for c in chunks].count("start") == 1
+    assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta") == "Hello there, friend."
+    assert [c["type"] for c in chunks][-3:] == ["text-end", "finish-step", "finish"]
+
+
+def test_an_attempt_saying_something_else_sends_the_message_again_under_a_new_id() -> None:
+    chunks = encode([part(1, "job_started"), part(2, "attempt_started", 1, attempt="a"),
+                     part(3, "text_delta", 1, attempt="a", text="Goodbye"),
+                     part(4, "attempt_started", 1, attempt="b"),
+                     part(5, "text_delta", 1, attempt="b", text="Hello there, "),
+                     part(6, "text_delta", 1, attempt="a", text=" (a late piece of the old attempt)"),
+                     part(7, "text_delta", 1, attempt="b", text="friend."),
+                     part(8, "turn_committed", 1, messages=[1, 2]), part(9, "job_finished")])
+    starts = [c for c in chunks if c["type"] == "start"]
+    assert len(starts) == 2 and starts[0]["messageId"] != starts[1]["messageId"]
+    again = chunks[chunks.index(starts[1]):]
+    assert again[1] == {"type": "start-step"}  # the whole message again, from its first step
+    assert texts_after_last_start(chunks) == "Hello there, friend."
+
+
+def test_turns_without_streamed_text_get_their_text_from_the_transcript() -> None:
+    chunks = encode([part(1, "job_started"), part(2, "turn_started", 1),
+                     part(3, "turn_committed", 1, messages=[1, 2]), part(4, "job_finished")])
+    assert [c["type"] for c in chunks] == ["start", "start-step", "text-start", "text-delta", "text-end",
+                                           "finish-step", "finish"]
+    assert chunks[3]["delta"] == "Hello there, friend."
+
+
+def test_a_failed_run_ends_with_an_error_and_a_waiting_one_only_when_nothing_follows() -> None:
+    failed = encode([part(1, "job_started"), part(2, "job_failed", error="model said no")])
+    assert failed[-2:] == [{"type": "error", "errorText": "model said no"}, {"type": "finish", "finishReason": "error"}]
+    encoder = UIMessageEncoder("j", lambda a, b: [])
+    encoder.feed(part(1, "job_started"))
+    assert encoder.feed(part(2, "approval_requested"), final=False) == [] and not encoder.ended
+    assert encoder.feed(part(3, "approval_requested"))[-1]["type"] == "finish" and encoder.ended
