@@ -63,7 +63,7 @@ TRANSCRIPT_LIMIT = 1000  # the page shows the last messages of a longer conversa
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 _HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
-            (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY")]
+            (b"referrer-policy", b"same-origin"), (b"x-frame-options", b"DENY")]
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 COOKIE = "pipelines_ui"
 _HERE = Path(__file__).parent
@@ -118,6 +118,7 @@ class _UI:
                                       undefined=jinja2.StrictUndefined)
         self.env.filters["pretty"] = _pretty_json
         self.env.filters["when"] = _when
+        self.env.filters["short_tag"] = _short_tag
 
     def sign(self, what: str) -> str:
         return hmac.new(self.key, what.encode(), hashlib.sha256).hexdigest()
@@ -216,7 +217,8 @@ async def _read_form(ui: _UI, request: Request) -> Response | None:
 
 def _post_refusal(ui: _UI, request: Request, *, login: bool) -> Response | None:
     origin = request.headers.get("origin")
-    if origin and urlsplit(origin).netloc != request.headers.get("host"):
+    # "null" comes from privacy settings, not only from attackers: the CSRF token below decides then.
+    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
         return ui.render(request, "error.html", 403, message="a form from another site was refused")
     sent = request.state.form.get("csrf", "")
     if not hmac.compare_digest(sent.encode(), ui.csrf(request).encode()):
@@ -419,6 +421,11 @@ def _pretty_json(value: Any) -> str:
             return value
         value = parsed
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def _short_tag(tag: str) -> str:
+    """A ``commit:<sha>`` tag as its first 12 hex digits (the whole tag is the title)."""
+    return tag[:19] + "\u2026" if tag.startswith("commit:") and len(tag) > 19 else tag
 
 
 def _when(t: float | None) -> str:
