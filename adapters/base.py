@@ -53,6 +53,8 @@ from pipelines.engine.models import Commit, Event, JobRecord, JobStatus, JSONVal
 
 __all__ = [
     "AdvanceFn",
+    "Backlog",
+    "FlowStore",
     "HistoryStore",
     "InProcessScheduler",
     "JobIndex",
@@ -194,12 +196,18 @@ class Scheduler(Protocol):
     precision: float
 
     def schedule_advance(
-        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
+        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None,
+        priority: str | None = None,
     ) -> None:
-        """Ask for ``job_id`` to be advanced after ``delay`` seconds (at least once)."""
+        """Ask for ``job_id`` to be advanced after ``delay`` seconds (at least once).
+
+        ``priority`` (``"interactive"``, the default, or ``"background"``):
+        where the queue allows, interactive work is taken first.
+        """
         ...
 
-    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
         """Ask again, now, for an advance the queue lost (the sweep); ahead of other work where possible."""
         ...
 
@@ -223,4 +231,49 @@ class InProcessScheduler(Scheduler, Protocol):
 
     def drain(self, *, max_advances: int = 1_000_000) -> int:
         """Run advances until none is scheduled; returns how many ran."""
+        ...
+
+
+@runtime_checkable
+class Backlog(Protocol):
+    """A scheduler that can tell whether work is waiting (optional; RQ and memory have it).
+
+    The runner asks it before it keeps a job under ``continue_for``: a worker
+    hands the job back as soon as other work of the same or a higher priority
+    waits, so a busy conversation never makes a new one wait behind it.
+    """
+
+    def work_waiting(self, priority: str | None = None) -> bool:
+        """Whether an advance of ``priority`` (or a higher one) is queued and due now."""
+        ...
+
+
+@runtime_checkable
+class FlowStore(Protocol):
+    """Shared flow-control state (:mod:`pipelines.engine.flow`): rate buckets and concurrency slots.
+
+    Every method is one atomic check-and-take; none ever waits. A refusal is
+    the number of seconds after which trying again makes sense. ``now`` is the
+    caller's clock (the memory twin's; Redis uses its own, one for all workers).
+    """
+
+    def take_rate(self, model: str, *, rpm: float | None, tpm: float | None, burst: float, tokens: int,
+                  now: float) -> float:
+        """Take one request and ``tokens`` from ``model``'s bucket: 0 when granted, else seconds to wait."""
+        ...
+
+    def adjust_rate(self, model: str, tokens: int) -> None:
+        """Take ``tokens`` more (or give back, when negative) from ``model``'s token bucket."""
+        ...
+
+    def block_rate(self, model: str, seconds: float, *, now: float) -> None:
+        """Refuse every take of ``model`` for ``seconds`` (a provider's 429 with Retry-After)."""
+        ...
+
+    def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
+        """Hold one of ``limit`` slots of ``key`` for ``ttl`` seconds: 0 when held, else seconds to wait."""
+        ...
+
+    def release_slot(self, key: str, member: str) -> None:
+        """Give ``member``'s slot of ``key`` back (a no-op if it holds none)."""
         ...

@@ -209,15 +209,27 @@ class CeleryScheduler:
         return time.time()
 
     def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
-                         version: int | None = None) -> None:
-        """Send the advance of ``job_id`` at ``version`` now, or with ``countdown=delay``."""
+                         version: int | None = None, priority: str | None = None) -> None:
+        """Send the advance of ``job_id`` at ``version`` now, or with ``countdown=delay``.
+
+        ``priority="background"`` sends it to ``<queue>-background``: start workers with
+        ``-Q <queue>,<queue>-background`` (Celery reads the queues in that order).
+        """
         validate_job_id(job_id)
         if not isinstance(delay, int | float) or isinstance(delay, bool) or not 0 <= delay < float("inf"):
             raise InvalidInputError(f"delay must be a number of seconds >= 0, got {delay!r}")
         task_id = self.task_id(job_id, version)
-        self._send(task_id, job_id, version, float(delay))
+        self._send(task_id, job_id, version, float(delay), self._queue_for(priority))
 
-    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
+    def _queue_for(self, priority: str | None) -> str:
+        if priority in (None, "interactive"):
+            return self.queue
+        if priority == "background":
+            return f"{self.queue}-background"
+        raise InvalidInputError(f"priority must be 'interactive' or 'background', got {priority!r}")
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
         """Send again, now, an advance the queue lost (the sweep), under a fresh id.
 
         A fresh id because a worker drops any id it has seen revoked. Celery
@@ -226,7 +238,7 @@ class CeleryScheduler:
         """
         validate_job_id(job_id)
         base = self.task_id(job_id, version) if version is not None else f"{_escape(job_id, self.namespace)}"
-        self._send(f"{base}-r{uuid.uuid4().hex}", job_id, version, 0.0)
+        self._send(f"{base}-r{uuid.uuid4().hex}", job_id, version, 0.0, self._queue_for(priority))
 
     # --- helpers -------------------------------------------------------------
     def task_id(self, job_id: str, version: int | None) -> str:
@@ -235,8 +247,8 @@ class CeleryScheduler:
             return celery_task_id(job_id, version, self.namespace)
         return f"{_escape(job_id, self.namespace)}-x{uuid.uuid4().hex}"
 
-    def _send(self, task_id: str, job_id: str, version: int | None, delay: float) -> None:
-        options: dict[str, Any] = {"task_id": task_id, "queue": self.queue, "serializer": "json"}
+    def _send(self, task_id: str, job_id: str, version: int | None, delay: float, queue: str | None = None) -> None:
+        options: dict[str, Any] = {"task_id": task_id, "queue": queue or self.queue, "serializer": "json"}
         if delay > 0:
             options["countdown"] = delay
         try:

@@ -341,6 +341,16 @@ class MemoryStorage:
             done = sorted((t, j) for j, t in self._finished.items() if t <= before)
         return [j for _, j in done[: max(0, limit)]]
 
+    def flow_store(self) -> Any:
+        """The flow-control state beside this storage (a :class:`~adapters.memory_flow.MemoryFlowStore`)."""
+        from adapters.memory_flow import MemoryFlowStore  # only apps with flow control load it
+
+        with self._lock:
+            store = self.__dict__.get("_flow")
+            if store is None:
+                store = self.__dict__["_flow"] = MemoryFlowStore()
+            return store
+
     # --- extras for tests ----------------------------------------------------
     def inspect(self, job_id: str) -> dict[str, Any]:
         """Everything stored for ``job_id``, decoded: record, messages, logs, journal, lease, due."""
@@ -362,9 +372,18 @@ class MemoryStorage:
 @dataclass(order=True)
 class _Entry:
     due: float
+    rank: int  # 0 interactive, 1 background: at the same due time, interactive runs first
     seq: int
     job_id: str = field(compare=False)
     pipeline: str = field(compare=False)
+
+
+def _rank(priority: str | None) -> int:
+    if priority in (None, "interactive"):
+        return 0
+    if priority == "background":
+        return 1
+    raise InvalidInputError(f"priority must be 'interactive' or 'background', got {priority!r}")
 
 
 class MemoryScheduler:
@@ -389,17 +408,26 @@ class MemoryScheduler:
         """Run ``advance(job_id)`` for every advance (the App attaches itself once)."""
         self._advance = advance
 
-    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
-        self.schedule_advance(job_id, 0.0, pipeline=pipeline, version=version)
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
+        self.schedule_advance(job_id, 0.0, pipeline=pipeline, version=version, priority=priority)
 
     def schedule_advance(
-        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
+        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None,
+        priority: str | None = None,
     ) -> None:
         if delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        rank = _rank(priority)
         with self._lock:
-            heapq.heappush(self._heap, _Entry(self.clock() + delay, next(self._seq), job_id, pipeline))
+            heapq.heappush(self._heap, _Entry(self.clock() + delay, rank, next(self._seq), job_id, pipeline))
             self.scheduled += 1
+
+    def work_waiting(self, priority: str | None = None) -> bool:
+        """Whether an advance of ``priority`` or a higher one is due now (the runner's ``continue_for`` asks)."""
+        rank, now = _rank(priority), self.clock()
+        with self._lock:
+            return any(e.due <= now and e.rank <= rank for e in self._heap)
 
     def now(self) -> float:
         return self.clock()

@@ -563,6 +563,15 @@ class RedisStorage:
             ids = self.client.zrangebyscore(self.finished_key, "-inf", repr(float(before)), start=0, num=limit)
         return [_text(i) for i in ids]
 
+    def flow_store(self) -> Any:
+        """The flow-control state on this Redis, under this prefix (a :class:`~adapters.redis_flow.RedisFlowStore`)."""
+        from adapters.redis_flow import RedisFlowStore  # only apps with flow control load it
+
+        store = self.__dict__.get("_flow")
+        if store is None:
+            store = self.__dict__["_flow"] = RedisFlowStore(self.client, prefix=self.prefix)
+        return store
+
 
 def _stale_message(job_id: str, reply: str, what: str) -> str:
     why = reply.removeprefix("stale:")

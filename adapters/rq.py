@@ -197,6 +197,11 @@ class RQScheduler:
         self.failure_ttl = failure_ttl
         self.precision = float(precision)
         self.queue = Queue(queue, connection=connection, serializer=JSONSerializer)
+        #: Queues by priority, highest first: ``pipelines worker`` listens on them in this order.
+        self.queues: dict[str, Queue] = {
+            "interactive": self.queue,
+            "background": Queue(f"{queue}-background", connection=connection, serializer=JSONSerializer),
+        }
 
     @classmethod
     def for_storage(cls, storage: RedisStorage, *, queue: str = "pipelines", app: str | None = None,
@@ -215,19 +220,43 @@ class RQScheduler:
         return time.time()
 
     def schedule_advance(
-        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None
+        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None,
+        priority: str | None = None,
     ) -> None:
         """Enqueue ``advance_job(job_id, version)`` now, or after ``delay`` seconds via RQ's scheduler.
 
         The same ``(job_id, version)`` still waiting in RQ is not enqueued twice.
+        ``priority="background"`` sends it to the background queue (``<queue>-background``).
         """
         validate_job_id(job_id)
         if not isinstance(delay, int | float) or delay < 0 or delay != delay:
             raise InvalidInputError(f"delay must be a number of seconds >= 0, got {delay!r}")
         rq_id = self._rq_id(job_id, version)
-        self._send(rq_id, job_id, version, delay, pipeline, at_front=False)
+        self._send(rq_id, job_id, version, delay, pipeline, at_front=False, queue=self._queue_for(priority))
 
-    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
+    def _queue_for(self, priority: str | None) -> Queue:
+        queue = self.queues.get(priority or "interactive")
+        if queue is None:
+            raise InvalidInputError(f"priority must be one of {', '.join(self.queues)}, got {priority!r}")
+        return queue
+
+    @property
+    def queue_names(self) -> list[str]:
+        """The queues a worker listens on, highest priority first."""
+        return [q.name for q in self.queues.values()]
+
+    def work_waiting(self, priority: str | None = None) -> bool:
+        """Whether an advance of ``priority`` or a higher one waits in its queue (one round trip)."""
+        wanted = self._queue_for(priority)
+        queues = list(self.queues.values())
+        with _redis_errors("reading queue lengths"):
+            pipe = self.connection.pipeline(transaction=False)
+            for queue in queues[: queues.index(wanted) + 1]:
+                pipe.llen(queue.key)
+            return any(int(n) > 0 for n in pipe.execute())
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
         """Enqueue an advance the queue lost (a dead worker's turn) at the *front* of the queue.
 
         What the sweep uses: a recovered job has already waited a lease and a
@@ -235,17 +264,18 @@ class RQScheduler:
         """
         validate_job_id(job_id)
         rq_id = self._rq_id(job_id, version)
-        self._send(rq_id, job_id, version, 0.0, pipeline, at_front=True)
+        self._send(rq_id, job_id, version, 0.0, pipeline, at_front=True, queue=self._queue_for(priority))
 
     def _send(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
-              at_front: bool) -> None:
+              at_front: bool, queue: Queue | None = None) -> None:
+        q = queue or self.queue
         with _redis_errors(f"scheduling job {job_id!r}"):
             try:
-                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=True, at_front=at_front)
+                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=True, at_front=at_front, queue=q)
             except DuplicateJobError:
-                if self._still_pending(rq_id):
+                if self._still_pending(rq_id, q):
                     return
-                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False, at_front=at_front)
+                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False, at_front=at_front, queue=q)
 
     # --- helpers -------------------------------------------------------------
     def _rq_id(self, job_id: str, version: int | None) -> str:
@@ -256,7 +286,8 @@ class RQScheduler:
         return f"{_escape(job_id, self.namespace)}-x{uuid.uuid4().hex}"
 
     def _enqueue(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
-                 unique: bool, at_front: bool = False) -> Job:
+                 unique: bool, at_front: bool = False, queue: Queue | None = None) -> Job:
+        q = queue or self.queue
         options: dict[str, Any] = {
             "args": [job_id, version],
             "kwargs": {"app": self.app} if self.app is not None else {},
@@ -268,10 +299,11 @@ class RQScheduler:
             "unique": unique,
         }
         if delay > 0:
-            return self.queue.enqueue_in(timedelta(seconds=delay), ADVANCE_FUNC, **options)
-        return self.queue.enqueue(ADVANCE_FUNC, at_front=at_front, **options)
+            return q.enqueue_in(timedelta(seconds=delay), ADVANCE_FUNC, **options)
+        return q.enqueue(ADVANCE_FUNC, at_front=at_front, **options)
 
-    def _still_pending(self, rq_id: str) -> bool:
+    def _still_pending(self, rq_id: str, queue: Queue | None = None) -> bool:
+        q = queue or self.queue
         try:
             job = Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
         except NoSuchJobError:
@@ -281,9 +313,9 @@ class RQScheduler:
             # RQ 3 moves a message to an intermediate list when a worker takes
             # it, before marking it started: a worker killed in between leaves
             # it "queued" in no queue. Only a message still in the queue waits.
-            return self.connection.lpos(self.queue.key, rq_id) is not None
+            return self.connection.lpos(q.key, rq_id) is not None
         if status == RQJobStatus.SCHEDULED:
-            return self.connection.zscore(self.queue.scheduled_job_registry.key, rq_id) is not None
+            return self.connection.zscore(q.scheduled_job_registry.key, rq_id) is not None
         return status in _PENDING
 
     def fetch(self, rq_id: str) -> Job:

@@ -47,6 +47,9 @@ class RunOptions(BaseModel):
     context: JSONValue = Field(default=None, description="JSON data for tools and hooks; never sent to the model")
     tools_context: dict[str, JSONValue] | None = Field(default=None, description="tool name -> that tool's entry")
     tags: list[str] | None = None
+    # Flow control (pipelines.engine.flow): the queue this run's turns go to, and the key its turns are counted under.
+    priority: Literal["interactive", "background"] | None = None
+    concurrency_key: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 RUN_OPTIONS = tuple(RunOptions.model_fields)

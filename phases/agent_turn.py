@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from phases import agent_run, journal
+from phases import agent_run, flow_limits, journal
 from phases.agent_config import AgentConfig
 from phases.callbacks import fire
 from phases.model import Model, ModelRequest, ModelResponse
@@ -387,10 +387,12 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
                            on_restart=ctx.on_delta.restart if ctx.on_delta else None)
     notify("model", ctx.job_id, str(turn))
     started = time.monotonic()
-    with telemetry.model_span(None) as current:
+    # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
+    with telemetry.model_span(None) as current, flow_limits.limited_call(model, messages) as settle:
         response = resolve(model.complete(request))
         if not isinstance(response, ModelResponse):
             response = ModelResponse.model_validate(response)
+        settle(response.usage.total_tokens)
         if current is not None and response.model:
             current.update_name(f"chat {response.model}")
             current.set_attribute("gen_ai.request.model", response.model)

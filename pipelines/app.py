@@ -24,7 +24,7 @@ from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
 from phases.run_input import check_tags
 from pipelines import streams
-from pipelines.engine import control, transitions
+from pipelines.engine import control, flow, transitions
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -94,6 +94,11 @@ class App:
     kept; older ones, with everything they stored, are deleted by the sweeps
     (``advance_due``, the worker's ``requeue_overdue``) and by :meth:`gc`.
     ``None`` (the default) keeps jobs until deleted.
+    ``rate_limits``: :class:`~pipelines.engine.flow.RateLimit` budgets per
+    model, shared by every worker; ``concurrency``: ``{key prefix or "*":
+    n}``, at most ``n`` turns at once of runs whose ``concurrency_key``
+    matches (the longest prefix wins). Both live in ``flow_store`` (default:
+    the storage's own, ``storage.flow_store()``); see :mod:`pipelines.engine.flow`.
     """
 
     def __init__(
@@ -109,6 +114,9 @@ class App:
         version: str | None = None,
         provenance: bool = True,
         retention: float | None = None,
+        rate_limits: Sequence[flow.RateLimit] = (),
+        concurrency: Mapping[str, int] | None = None,
+        flow_store: Any = None,
     ) -> None:
         if not isinstance(storage, Storage):
             raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
@@ -125,6 +133,7 @@ class App:
         self.provenance = bool(provenance)
         self.retention = _check_retention(retention)
         self._commit: str | None = current_commit() if self.provenance else None
+        self.flow = _flow_control(storage, scheduler, rate_limits, concurrency, flow_store, self.lease_seconds)
         self._pipelines: dict[str, Pipeline] = {}
         self._agents: dict[str, PipelineSource] = {}
         self.schemas: dict[str, type[BaseModel]] = {}
@@ -236,12 +245,15 @@ class App:
             raise ConfigurationError(
                 f"per-run callbacks ({', '.join(run_callbacks)}) are Python callables that cannot reach the workers "
                 f"of {type(self.scheduler).__name__}; set them on the Agent instead (it is rebuilt on every worker)")
+        _evaluate_concurrency_key(job_id, options)
         start = getattr(source, "start_run", None)
         kwargs = start(job_id, messages, options, self) if start else source.start_options(messages, options, self)
         set_run_callbacks(job_id, run_callbacks)
+        # The first turn goes to the queue of the run's priority, like every later one.
+        scheduler = flow.with_priority(self.scheduler, flow.check_priority(options.get("priority") or "interactive"))
         try:
             start_job(job_id=job_id, pipeline=self.pipeline(source.name), name=source.name, storage=self.storage,
-                      scheduler=self.scheduler, retry_mode=check_retry_mode(retry_mode), continue_completed=True,
+                      scheduler=scheduler, retry_mode=check_retry_mode(retry_mode), continue_completed=True,
                       **kwargs)
         except BaseException:
             forget_run_callbacks(job_id)
@@ -479,7 +491,7 @@ class App:
         """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""
         return advance_job(job_id, lambda record: self.pipeline(record.pipeline), storage=self.storage,
                            scheduler=self.scheduler, lease_seconds=self.lease_seconds,
-                           continue_for=self.continue_for)
+                           continue_for=self.continue_for, flow_control=self.flow)
 
     try_advance = advance
 
@@ -526,6 +538,29 @@ class RetentionStore(Protocol):
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool: ...
 
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]: ...
+
+
+def _flow_control(storage: Storage, scheduler: Scheduler, rate_limits: Sequence[flow.RateLimit],
+                  concurrency: Mapping[str, int] | None, store: Any, lease_seconds: float) -> flow.FlowControl:
+    """The App's flow control; its state in ``store``, else the storage's own (``storage.flow_store()``)."""
+    if isinstance(rate_limits, flow.RateLimit) or not isinstance(rate_limits, Sequence):
+        raise InvalidInputError(f"rate_limits must be a list of RateLimit, got {type(rate_limits).__name__}")
+    if store is None and (rate_limits or concurrency):
+        make = getattr(storage, "flow_store", None)
+        store = make() if callable(make) else None
+    # A slot outlives a lease by a little, so a worker that holds its lease keeps its slot too.
+    return flow.FlowControl(store, rate_limits=rate_limits, concurrency=concurrency,
+                            slot_seconds=lease_seconds * 1.5, clock=scheduler.now)
+
+
+def _evaluate_concurrency_key(job_id: str, options: dict[str, Any]) -> None:
+    """A ``concurrency_key`` given as a function of the run (``fn(job_id, options)``) becomes its value, now."""
+    key = options.get("concurrency_key")
+    if callable(key):
+        value = key(job_id, dict(options))
+        if value is not None and (not isinstance(value, str) or not value):
+            raise InvalidInputError(f"the concurrency_key function returned {value!r}; expected a string or None")
+        options["concurrency_key"] = value
 
 
 def _check_retention(value: object, name: str = "retention") -> float | None:

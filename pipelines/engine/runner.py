@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from adapters.base import Scheduler, Storage
-from pipelines.engine import telemetry, transitions
+from adapters.base import Backlog, Scheduler, Storage
+from pipelines.engine import flow, telemetry, transitions
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import (
     CorruptRecordError,
@@ -75,6 +75,7 @@ class AdvanceResult(StrEnum):
     STALE = "stale"  # fenced off: another worker moved the job on
     PAUSED = "paused"  # a pause requested during the last turn was applied
     CANCELLED = "cancelled"  # a cancel requested during the last turn was applied
+    DEFERRED = "deferred"  # flow control (a rate limit, a concurrency key) moved the turn later; nothing committed
 
 
 _RESULTS: dict[type, AdvanceResult] = {
@@ -151,12 +152,15 @@ def advance_job(
     scheduler: Scheduler,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     continue_for: float = 0.0,
+    flow_control: flow.FlowControl | None = None,
 ) -> AdvanceResult:
     """``try_advance`` with the pipeline chosen from the record (``App`` resolves it by name).
 
     One round trip takes the lease and loads the record; ``pipeline_for`` runs
     under the lease, so a job naming an unknown pipeline raises with the lease
-    released and nothing written.
+    released and nothing written. ``flow_control`` (the App's) gates each turn
+    on its concurrency key and is what the agent turn's rate limits read; a
+    refused turn is rescheduled, not run (:attr:`AdvanceResult.DEFERRED`).
     """
     validate_job_id(job_id)
     check_lease_seconds(lease_seconds)
@@ -172,9 +176,13 @@ def advance_job(
     if record is None:
         return AdvanceResult.BUSY if storage.get_job(job_id) is not None else AdvanceResult.UNKNOWN
     held = LEASE_KEEPER.hold(storage, job_id, owner, lease_seconds)
-    turn = _Turn(storage, scheduler, owner, time.monotonic() + continue_for if continue_for > 0 else None)
+    # Every advance this turn schedules goes to the queue of the run's priority.
+    turn = _Turn(storage, flow.with_priority(scheduler, flow.priority_of(record)), owner,
+                 time.monotonic() + continue_for if continue_for > 0 else None)
+    turn.flow = flow_control if flow_control is not None and flow_control.enabled else None
     try:
-        return turn.run(record, pipeline_for)
+        with flow.active(turn.flow):
+            return turn.run(record, pipeline_for)
     finally:
         LEASE_KEEPER.drop(held)
         if not turn.released:
@@ -190,6 +198,7 @@ class _Turn:
         self.owner = owner
         self.deadline = deadline
         self.released = False
+        self.flow: flow.FlowControl | None = None
 
     def run(self, record: JobRecord, pipeline_for: PipelineFor) -> AdvanceResult:
         while True:
@@ -204,8 +213,8 @@ class _Turn:
             # rather than drop a message that nothing would send again.
             if cp.due_at > now + self.scheduler.precision:
                 return AdvanceResult.NOT_DUE
-            keep = self.deadline is not None and time.monotonic() < self.deadline
-            result, commit, pending = self.run_phase(record, pipeline_for(record), keep)
+            keep = self.deadline is not None and time.monotonic() < self.deadline and not self.work_waiting()
+            result, commit, pending = self.run_gated(record, pipeline_for(record), keep)
             if commit is None:
                 return result
             self.released = commit.release_lease
@@ -213,6 +222,44 @@ class _Turn:
                 return result
             # Exactly what storage now holds: go on without reloading.
             record = commit.record.model_copy(update={"control": pending})
+
+    def work_waiting(self) -> bool:
+        """Whether other work of this job's priority (or higher) waits: then ``continue_for`` hands the job back.
+
+        Anything waiting in the queue was sent before this job's next turn
+        would be, so it is older work; a new conversation never waits behind
+        a busy one.
+        """
+        if not isinstance(self.scheduler, Backlog):
+            return False
+        try:
+            return self.scheduler.work_waiting()
+        except PipelineError:
+            return True  # cannot tell: the fair choice is to go back to the queue
+
+    def run_gated(self, record: JobRecord, pipeline: Pipeline,
+                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, str | None]:
+        """``run_phase`` inside a concurrency slot of the run's key (when the App limits it)."""
+        if self.flow is None:
+            return self.run_phase(record, pipeline, keep_lease)
+        wait = self.flow.enter_turn(record, self.scheduler.now())
+        if wait > 0:
+            return self.defer(record, wait, "concurrency limit"), None, None
+        try:
+            return self.run_phase(record, pipeline, keep_lease)
+        finally:
+            self.flow.leave_turn(record)
+
+    def defer(self, record: JobRecord, delay: float, why: str) -> AdvanceResult:
+        """Run the same turn again after ``delay``, committing nothing (flow control: no attempt spent).
+
+        The due index still holds the job, so if this message is lost the
+        sweep finds it (I7). A fresh queue message (no version in its id):
+        the one running now carries this turn's version.
+        """
+        logger.info("job %s: deferred %.2fs (%s)", record.job_id, delay, why)
+        self.scheduler.schedule_advance(record.job_id, delay, pipeline=record.pipeline)
+        return AdvanceResult.DEFERRED
 
     def apply_control(self, record: JobRecord) -> AdvanceResult:
         """Apply the pause or cancel that was requested while the last turn ran."""
@@ -252,6 +299,8 @@ class _Turn:
         except StaleVersionError:
             logger.info("job %s: fenced off (another worker moved it on)", job_id)
             return AdvanceResult.STALE, None, None
+        if isinstance(outcome, flow.FlowDeferred):
+            return self.defer(saver.record, outcome.delay, outcome.reason), None, None
         rec = saver.record
         outcome = _normalised(outcome, rec, pipeline)
         try:

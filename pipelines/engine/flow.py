@@ -1,0 +1,250 @@
+"""Flow control across workers: shared model rate limits, concurrency keys, priorities.
+
+Everything here is a decision taken before work starts, never a wait: a turn
+that cannot get capacity is rescheduled for when it can (the runner's
+deferral, no commit, no sleep), so a worker always moves on to other work.
+
+* **Rate limits** (:class:`RateLimit`): a token bucket per model, requests and
+  tokens, shared by every worker through the :class:`~adapters.base.FlowStore`
+  (one atomic check-and-take). A take that would overdraw says how long to
+  wait; the agent turn raises :class:`FlowDeferred` with that delay before it
+  calls the model. Real usage corrects the token estimate afterwards; a 429
+  with Retry-After blocks the model's bucket for that long, for every worker.
+* **Concurrency keys**: a run's ``concurrency_key`` (per run, or a function
+  of the run evaluated at start) and ``App(concurrency={prefix or "*": n})``
+  allow at most ``n`` turns of jobs with that key at once. A turn holds a
+  leased slot (member = job, expiry = now + lease), so a killed worker's slot
+  comes back when its lease expires.
+* **Priorities**: ``priority="interactive" | "background"`` per run selects
+  the queue its advances go to (see :mod:`adapters.rq_priority`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.phase import RetryLater
+
+if TYPE_CHECKING:
+    from adapters.base import FlowStore, Scheduler
+    from pipelines.engine.models import JobRecord
+
+__all__ = [
+    "PRIORITIES",
+    "FlowControl",
+    "FlowDeferred",
+    "RateLimit",
+    "active",
+    "bucket_sizes",
+    "current",
+    "priority_of",
+    "with_priority",
+]
+
+PRIORITIES = ("interactive", "background")
+"""Run priorities, highest first. ``interactive`` is the default."""
+
+CONCURRENCY_RETRY_SECONDS = 1.0
+"""Longest wait before a turn refused a concurrency slot tries again (slots usually free sooner than they expire)."""
+
+
+class FlowDeferred(RetryLater):
+    """Raised before any work when flow control refuses a turn: run the same turn after ``delay``.
+
+    Unlike a plain :class:`RetryLater` the runner commits nothing (no attempt
+    is spent, no version used): it reschedules the advance and moves on.
+    """
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """A shared budget for one model across every worker: ``rpm`` requests and/or ``tpm`` tokens a minute.
+
+    ``burst``: seconds of budget that may be spent at once (default 1 s, so
+    the call rate stays close to the limit over any window).
+    """
+
+    model: str
+    rpm: float | None = None
+    tpm: float | None = None
+    burst: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise InvalidInputError(f"RateLimit.model must be a non-empty model string, got {self.model!r}")
+        for name in ("rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not 0 < value < math.inf):
+                raise InvalidInputError(f"RateLimit.{name} must be a positive number or None, got {value!r}")
+        if self.rpm is None and self.tpm is None:
+            raise InvalidInputError(f"RateLimit for {self.model!r} needs rpm= or tpm=")
+        if isinstance(self.burst, bool) or not isinstance(self.burst, int | float) or not 0 < self.burst <= 60:
+            raise InvalidInputError(f"RateLimit.burst must be seconds in (0, 60], got {self.burst!r}")
+
+
+
+def bucket_sizes(rpm: float | None, tpm: float | None, burst: float) -> tuple[float, float]:
+    """Bucket sizes ``(requests, tokens)``: ``burst`` seconds of each rate (at least one request / token)."""
+    req = max(1.0, rpm * burst / 60.0) if rpm else 0.0
+    tok = max(1.0, tpm * burst / 60.0) if tpm else 0.0
+    return req, tok
+
+
+def priority_of(record: JobRecord) -> str:
+    """The run's priority as stored in its options (``interactive`` when unset)."""
+    value = record.options.get("priority")
+    return value if isinstance(value, str) and value in PRIORITIES else PRIORITIES[0]
+
+
+def check_priority(value: object) -> str:
+    """``value`` if it is a known priority; :class:`InvalidInputError` naming the choices otherwise."""
+    if value not in PRIORITIES:
+        raise InvalidInputError(f"priority must be one of {', '.join(PRIORITIES)}, got {value!r}")
+    return str(value)
+
+
+class _PriorityScheduler:
+    """A scheduler that sends every advance it is asked for with one run's priority."""
+
+    def __init__(self, inner: Scheduler, priority: str) -> None:
+        self.inner = inner
+        self.priority = priority
+        self.precision = inner.precision
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
+                         version: int | None = None, priority: str | None = None) -> None:
+        self.inner.schedule_advance(job_id, delay, pipeline=pipeline, version=version,
+                                    priority=priority or self.priority)
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
+        self.inner.requeue(job_id, pipeline=pipeline, version=version, priority=priority or self.priority)
+
+    def work_waiting(self, priority: str | None = None) -> bool:
+        waiting = getattr(self.inner, "work_waiting", None)
+        return bool(waiting(priority or self.priority)) if callable(waiting) else False
+
+
+def with_priority(scheduler: Scheduler, priority: str) -> Scheduler:
+    """``scheduler`` sending advances with ``priority``: itself for the default (interactive) one."""
+    if priority == PRIORITIES[0]:
+        return scheduler
+    return _PriorityScheduler(scheduler, priority)
+
+
+class FlowControl:
+    """The App's flow-control settings bound to a :class:`~adapters.base.FlowStore` (shared state).
+
+    ``clock``: the App scheduler's (the memory twin's is virtual); ``slot_seconds``:
+    a concurrency slot's lease, after which a dead worker's slot is free again.
+    """
+
+    def __init__(self, store: FlowStore | None, *, rate_limits: Sequence[RateLimit] = (),
+                 concurrency: Mapping[str, int] | None = None, slot_seconds: float = 60.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.limits: dict[str, RateLimit] = {}
+        for limit in rate_limits:
+            if not isinstance(limit, RateLimit):
+                raise InvalidInputError(f"rate_limits must be RateLimit objects, got {type(limit).__name__}")
+            if limit.model in self.limits:
+                raise InvalidInputError(f"two rate limits for model {limit.model!r}")
+            self.limits[limit.model] = limit
+        self.concurrency = _check_concurrency(concurrency or {})
+        self.slot_seconds = float(slot_seconds)
+        if (self.limits or self.concurrency) and store is None:
+            raise InvalidInputError("rate_limits / concurrency need a storage with flow_store() "
+                                    "(MemoryStorage, RedisStorage) or App(flow_store=...)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.limits or self.concurrency)
+
+    def limit_for(self, key: str | None) -> int | None:
+        """The concurrency limit of ``key``: the longest matching prefix, else ``"*"``, else none."""
+        if key is None:
+            return None
+        best = max((p for p in self.concurrency if p != "*" and key.startswith(p)), key=len, default=None)
+        return self.concurrency[best] if best is not None else self.concurrency.get("*")
+
+    # --- concurrency slots (the runner, around each turn) -----------------------------------
+    def enter_turn(self, record: JobRecord, now: float) -> float:
+        """Take a slot of the run's concurrency key; 0 when granted, else seconds to wait."""
+        key = _key_of(record)
+        limit = self.limit_for(key)
+        if key is None or limit is None or self.store is None:
+            return 0.0
+        wait = self.store.take_slot(key, record.job_id, limit=limit, ttl=self.slot_seconds, now=now)
+        return 0.0 if wait <= 0 else min(wait, CONCURRENCY_RETRY_SECONDS)
+
+    def leave_turn(self, record: JobRecord) -> None:
+        """Give the slot back (a no-op for a run without a limited key)."""
+        key = _key_of(record)
+        if key is not None and self.limit_for(key) is not None and self.store is not None:
+            self.store.release_slot(key, record.job_id)
+
+    # --- rate limits (the agent turn, around the model call) -------------------------------
+    def before_call(self, model: str, tokens: int, now: float) -> float:
+        """Take one request and ``tokens`` from ``model``'s budget; 0 when granted, else seconds to wait."""
+        limit = self.limits.get(model)
+        if limit is None or self.store is None:
+            return 0.0
+        return self.store.take_rate(model, rpm=limit.rpm, tpm=limit.tpm, burst=limit.burst, tokens=tokens, now=now)
+
+    def after_call(self, model: str, estimated: int, used: int) -> None:
+        """Correct the token budget with what the call really used (``used - estimated`` more, or back)."""
+        limit = self.limits.get(model)
+        if limit is not None and limit.tpm and self.store is not None and used > 0 and used != estimated:
+            self.store.adjust_rate(model, used - estimated)
+
+    def throttled(self, model: str, seconds: float, now: float) -> None:
+        """The provider said 429 with Retry-After: no worker calls ``model`` for ``seconds``."""
+        if model in self.limits and self.store is not None and seconds > 0:
+            self.store.block_rate(model, seconds, now=now)
+
+
+def _key_of(record: JobRecord) -> str | None:
+    value = record.options.get("concurrency_key")
+    return value if isinstance(value, str) and value else None
+
+
+def _check_concurrency(concurrency: Mapping[str, int]) -> dict[str, int]:
+    if not isinstance(concurrency, Mapping):
+        raise InvalidInputError(f"concurrency must be a mapping of key prefix -> limit, got "
+                                f"{type(concurrency).__name__}")
+    for prefix, limit in concurrency.items():
+        if not isinstance(prefix, str) or not prefix:
+            raise InvalidInputError(f"concurrency keys must be non-empty key prefixes or '*', got {prefix!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInputError(f"concurrency limit for {prefix!r} must be an int >= 1, got {limit!r}")
+    return dict(concurrency)
+
+
+_current: contextvars.ContextVar[FlowControl | None] = contextvars.ContextVar("pipelines_flow", default=None)
+
+
+def current() -> FlowControl | None:
+    """The flow control of the App advancing a job in this context (the agent turn reads it)."""
+    return _current.get()
+
+
+@contextmanager
+def active(flow: FlowControl | None) -> Iterator[None]:
+    """Make ``flow`` the :func:`current` one while a job advances."""
+    token = _current.set(flow if flow is not None and flow.enabled else None)
+    try:
+        yield
+    finally:
+        _current.reset(token)

@@ -1,0 +1,186 @@
+"""Flow control on the memory twin: rate limits, concurrency keys, priorities (issue 15)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.memory_flow import MemoryFlowStore
+from phases.model import ModelRequest, ModelResponse
+from pipelines import Agent, App, tool
+from pipelines.engine.errors import InvalidInputError, TransientModelError
+from pipelines.engine.flow import RateLimit
+from pipelines.engine.models import JobStatus
+from pipelines.engine.runner import AdvanceResult
+from pipelines.testing import ScriptedModel, call, reply
+
+
+class NamedModel(ScriptedModel):
+    """A scripted model with a name a RateLimit can match; records when (virtual time) each call happened."""
+
+    model = "scripted/w"
+
+    def __init__(self, clock: VirtualClock, turns: int = 1, fail_first: float | None = None) -> None:
+        super().__init__(self.answer)
+        self.clock = clock
+        self.turns = turns
+        self.at: list[float] = []
+        self.jobs: list[str] = []  # job ids in the order their model calls ran
+        self.fail_first = fail_first
+
+    def answer(self, messages: list[Any]) -> Any:
+        done = sum(1 for m in messages if m.get("role") == "tool")
+        return reply("done") if done + 1 >= self.turns else reply("step", call("add", a=done, b=1))
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        if self.fail_first is not None:
+            retry_after, self.fail_first = self.fail_first, None
+            raise TransientModelError("429 rate limited", retry_after=retry_after)
+        self.at.append(self.clock())
+        self.jobs.append(request.job_id)
+        return super().complete(request)
+
+
+@tool
+def add(a: int, b: int) -> dict[str, int]:
+    """Add two numbers."""
+    return {"sum": a + b}
+
+
+def make_app(model: NamedModel, clock: VirtualClock, **flow: Any) -> App:
+    storage = MemoryStorage(clock=clock)
+    scheduler = MemoryScheduler(clock=clock)
+    agent = Agent(name="w", model=model, tools=[add], stream=False)
+    return App(storage=storage, scheduler=scheduler, agents=[agent], provenance=False, **flow)
+
+
+def test_rate_limit_spaces_model_calls_across_jobs_and_spends_no_attempt() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock, turns=2)
+    app = make_app(model, clock, rate_limits=[RateLimit(model="scripted/w", rpm=60)])
+    for i in range(4):
+        app.run_agent("w", job_id=f"j{i}", user="go")
+    app.drain()
+    assert all(app.get(f"j{i}").status is JobStatus.COMPLETE for i in range(4))  # type: ignore[union-attr]
+    gaps = [b - a for a, b in zip(model.at, model.at[1:], strict=False)]
+    assert len(model.at) == 8 and min(gaps) >= 1.0 - 1e-6  # 60 rpm, burst 1 s: one call a second
+    for i in range(4):
+        record = app.storage.get_job(f"j{i}")
+        assert record is not None and record.checkpoint is None
+        events = [e.type for e in app.events(f"j{i}")]
+        assert "retry_scheduled" not in events  # a deferral commits nothing: no attempt, no version
+
+
+def test_a_turn_over_the_rate_limit_is_deferred_not_dropped() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock)
+    app = make_app(model, clock, rate_limits=[RateLimit(model="scripted/w", rpm=6)])
+    app.run_agent("w", job_id="a", user="go")
+    app.run_agent("w", job_id="b", user="go")
+    assert app.advance("a") is AdvanceResult.COMPLETED
+    before = app.storage.get_job("b")
+    assert app.advance("b") is AdvanceResult.DEFERRED
+    after = app.storage.get_job("b")
+    assert before is not None and after is not None and after.version == before.version
+    assert after.status is JobStatus.RUNNING
+    app.drain()  # the rescheduled advance runs once the bucket has refilled (10 s at 6 rpm)
+    assert app.get("b").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    assert model.at[1] - model.at[0] >= 10.0 - 1e-6
+
+
+def test_a_429_with_retry_after_blocks_the_model_for_every_job() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock, fail_first=30.0)
+    app = make_app(model, clock, rate_limits=[RateLimit(model="scripted/w", rpm=600)])
+    app.run_agent("w", job_id="a", user="go")
+    app.advance("a")  # the provider says 429, retry after 30 s
+    app.run_agent("w", job_id="b", user="go")
+    assert app.advance("b") is AdvanceResult.DEFERRED  # b never called the model: the budget is blocked
+    app.drain()
+    assert min(model.at) >= 1030.0 - 1e-6
+    assert {app.get(j).status for j in "ab"} == {JobStatus.COMPLETE}  # type: ignore[union-attr]
+
+
+def test_token_estimates_are_corrected_with_the_real_usage() -> None:
+    store = MemoryFlowStore()
+    limit = dict(rpm=None, tpm=600.0, burst=1.0)  # 10 tokens a second, bucket of 10
+    assert store.take_rate("m", **limit, tokens=5, now=0.0) == 0.0  # type: ignore[arg-type]
+    store.adjust_rate("m", 20)  # the call really used 25: the bucket is now 15 in debt
+    wait = store.take_rate("m", **limit, tokens=5, now=0.0)  # type: ignore[arg-type]
+    assert wait == pytest.approx((5 + 15) / 10.0)
+
+
+def test_concurrency_key_holds_at_most_n_turns_and_reschedules_the_rest() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock)
+    app = make_app(model, clock, concurrency={"tenant-": 2}, lease_seconds=10.0)
+    store = app.flow.store
+    assert isinstance(store, MemoryFlowStore)
+    # Two turns of the tenant are running elsewhere (another worker's slots).
+    for other in ("x", "y"):
+        assert store.take_slot("tenant-a", other, limit=2, ttl=15.0, now=clock()) == 0.0
+    app.run_agent("w", job_id="c", user="go", concurrency_key="tenant-a")
+    app.run_agent("w", job_id="d", user="go", concurrency_key="tenant-b")
+    assert app.advance("c") is AdvanceResult.DEFERRED
+    assert app.advance("d") is AdvanceResult.COMPLETED  # another key is not held back
+    store.release_slot("tenant-a", "x")
+    app.drain()
+    assert app.get("c").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    assert store.slots("tenant-a", clock()) == ["y"]  # c gave its slot back after its turn
+
+
+def test_a_dead_workers_slot_comes_back_when_its_lease_expires() -> None:
+    clock = VirtualClock(1000.0)
+    app = make_app(NamedModel(clock), clock, concurrency={"*": 1}, lease_seconds=10.0)
+    store = app.flow.store
+    assert isinstance(store, MemoryFlowStore)
+    store.take_slot("k", "dead-job", limit=1, ttl=15.0, now=clock())  # its worker was killed mid-turn
+    app.run_agent("w", job_id="e", user="go", concurrency_key="k")
+    app.drain()  # deferred until the dead slot's lease ran out, then run
+    record = app.storage.get_job("e")
+    assert record is not None and record.status is JobStatus.COMPLETE and record.updated_at >= 1015.0
+
+
+def test_concurrency_key_may_be_a_function_of_the_run() -> None:
+    clock = VirtualClock(1000.0)
+    app = make_app(NamedModel(clock), clock, concurrency={"*": 1})
+    app.run_agent("w", job_id="org1-chat", user="go", concurrency_key=lambda job_id, options: job_id.split("-")[0])
+    record = app.storage.get_job("org1-chat")
+    assert record is not None and record.options["concurrency_key"] == "org1"
+
+
+def test_interactive_runs_before_background_work_due_at_the_same_time() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock)
+    app = make_app(model, clock)
+    app.run_agent("w", job_id="batch", user="go", priority="background")
+    app.run_agent("w", job_id="chat", user="go", priority="interactive")
+    app.drain()
+    assert model.jobs == ["chat", "batch"]
+
+
+def test_continue_for_hands_a_job_back_when_other_work_waits() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock, turns=3)
+    app = make_app(model, clock)
+    app.continue_for = 60.0
+    app.run_agent("w", job_id="busy", user="go")
+    app.run_agent("w", job_id="new", user="go")
+    app.drain()
+    assert model.jobs[:2] == ["busy", "new"]  # the new conversation's first turn did not wait for busy's three
+
+
+def test_bad_flow_settings_are_refused_with_a_clear_error() -> None:
+    with pytest.raises(InvalidInputError, match="rpm= or tpm="):
+        RateLimit(model="m")
+    with pytest.raises(InvalidInputError, match="rpm must be a positive"):
+        RateLimit(model="m", rpm=0)
+    clock = VirtualClock(1000.0)
+    with pytest.raises(InvalidInputError, match="concurrency limit"):
+        make_app(NamedModel(clock), clock, concurrency={"*": 0})
+    app = make_app(NamedModel(clock), clock)
+    with pytest.raises(InvalidInputError, match="priority"):
+        app.run_agent("w", job_id="p", user="go", priority="urgent")
+    assert app.storage.get_job("p") is None  # nothing written
