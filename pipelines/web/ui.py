@@ -271,10 +271,11 @@ def _jobs_page(ui: _UI, request: Request) -> Response:
     status, page = _query_status(request), _query_int(request, "page", 1)
     name, q = request.query_params.get("name", "").strip(), request.query_params.get("q", "").strip()
     rows, more = _search(ui.app, q) if q else _page(ui.app, status, name, page)
-    counts, capped = _counts(ui.app)
+    partial = bool(request.query_params.get("partial"))  # the table's live refresh: rows only, no counts
+    counts, capped = ({}, False) if partial else _counts(ui.app)
     args = {"status": status.value if status else "", "name": name, "q": q}
     link = functools.partial(_page_link, {k: v for k, v in args.items() if v})
-    template = "jobs_rows.html" if request.query_params.get("partial") else "jobs.html"
+    template = "jobs_rows.html" if partial else "jobs.html"
     return ui.render(request, template, rows=[_row(r) for r in rows], counts=counts, capped=capped, page=page,
                      prev=link(page - 1) if page > 1 else None, next=link(page + 1) if more else None,
                      statuses=[s.value for s in JobStatus], names=ui.app.names, status=args["status"], name=name, q=q)

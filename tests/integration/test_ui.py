@@ -107,6 +107,8 @@ def test_jobs_are_paged_on_the_server(app: App, client: TestClient) -> None:
     assert last.count('<tr class="st-') == 5
     assert 'id="next"' not in last and 'id="prev"' in last
     assert 'href="/jobs/job-104"' in last and 'href="/jobs/job-000"' not in last
+    rows = client.get("/", params={"page": 3, "partial": 1}).text  # the table's live refresh: its rows only
+    assert rows.startswith('<tbody id="job-rows">') and rows.count('<tr class="st-') == 5 and "counts" not in rows
 
 
 def test_job_page_shows_conversation_approval_ledger_log_events_and_state(app: App, client: TestClient) -> None:
