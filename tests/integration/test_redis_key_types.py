@@ -181,3 +181,40 @@ def test_create_clears_leftover_keys_of_any_type(storage: RedisStorage, r: redis
     storage.create_job(record(), messages=[{"role": "user", "content": "hello"}])
     assert [m["content"] for m in storage.messages(JOB)] == ["hello"]
     assert storage.logs(JOB) == [] and storage.events(JOB) == [] and storage.lease_owner(JOB) is None
+
+
+# --- the flow-control scripts (adapters/redis_flow.py): same rule, their own keys ---------------
+FLOW_SCRIPTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "TAKE_RATE": ("rate", lambda f: f.take_rate("m", rpm=60.0, tpm=600.0, burst=1.0, tokens=5, now=0.0)),
+    "ADJUST_RATE": ("rate", lambda f: f.adjust_rate("m", 7)),
+    "BLOCK_RATE": ("rate", lambda f: f.block_rate("m", 30.0, now=0.0)),
+    "TAKE_SLOT": ("slots", lambda f: f.take_slot("k", JOB, limit=2, ttl=30.0, now=0.0)),
+    "RELEASE_SLOT": ("slots", lambda f: f.release_slot("k", JOB)),
+}
+FLOW_EXPECTED = {"rate": "hash", "slots": "zset"}
+FLOW_CASES = [
+    pytest.param(script, wrong, id=f"{script}-{wrong}")
+    for script, (role, _) in FLOW_SCRIPTS.items()
+    for wrong in PLANT
+    if wrong != FLOW_EXPECTED[role]
+]
+
+
+@pytest.mark.parametrize(("script", "wrong"), FLOW_CASES)
+def test_a_flow_key_of_the_wrong_type_is_reported_and_nothing_is_written(
+    storage: RedisStorage, r: redis.Redis, script: str, wrong: str
+) -> None:
+    flow_store = storage.flow_store()
+    role, action = FLOW_SCRIPTS[script]
+    # A live bucket and slot first, so the scripts would have something to write over.
+    flow_store.take_rate("other", rpm=60.0, tpm=None, burst=1.0, tokens=1, now=0.0)
+    key = flow_store.rate_key("m") if role == "rate" else flow_store.slots_key("k")
+    PLANT[wrong](r, key)
+    before = snapshot(r)
+
+    with pytest.raises(CorruptRecordError) as caught:
+        action(flow_store)
+
+    message = str(caught.value)
+    assert repr(key) in message and f"is a Redis {wrong}" in message and "nothing was written" in message
+    assert snapshot(r) == before
