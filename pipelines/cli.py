@@ -147,17 +147,21 @@ def _sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> 
 
 
 def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
-    from rq import Queue, SimpleWorker, Worker
+    from rq import Queue
     from rq.serializers import JSONSerializer
+
+    from adapters.rq_priority import PrioritySimpleWorker, PriorityWorker
 
     app = _load(args.app)
     scheduler = _rq_scheduler(app)
     use_app(app, path=args.app or os.environ.get(APP_ENV))
     _warm(app)
-    queue_name = args.queue or scheduler.queue_name
-    queue = Queue(queue_name, connection=scheduler.connection, serializer=JSONSerializer)
-    worker_class = SimpleWorker if args.simple else Worker
-    worker = worker_class([queue], connection=scheduler.connection, name=args.name, serializer=JSONSerializer)
+    # Interactive first, then background (a share of takes keeps it from starving: adapters.rq_priority).
+    names = [args.queue] if args.queue else scheduler.queue_names
+    queues = [Queue(name, connection=scheduler.connection, serializer=JSONSerializer) for name in names]
+    worker_class = PrioritySimpleWorker if args.simple else PriorityWorker
+    worker = worker_class(queues, connection=scheduler.connection, name=args.name, serializer=JSONSerializer)
+    worker.background_every = args.background_every
     stop = threading.Event()
     if args.sweep_interval > 0:
         _sweeper(app, args.sweep_interval, args.sweep_grace, stop)
@@ -347,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-grace", type=_positive_or_zero, default=10.0,
                    help="only sweep jobs due for at least this many seconds (default: 10)")
     p.add_argument("--log-level", default="INFO", help="RQ's logging level (default: INFO)")
+    p.add_argument("--background-every", type=int, default=5,
+                   help="under sustained interactive load, take background work at least once in this many "
+                        "takes (default: 5; 0 = only when no interactive work waits)")
 
     p = add("advance", cmd_advance, "advance one job, or every due job (--due, for cron)")
     p.add_argument("job", nargs="?", help="the job id (omit with --due)")

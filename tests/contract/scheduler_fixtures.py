@@ -165,7 +165,9 @@ class RQHarness(Harness):
         from rq import SimpleWorker
         from rq.serializers import JSONSerializer
 
-        w = SimpleWorker([self.rq.queue], connection=self.rq.connection, serializer=JSONSerializer)
+        # Every priority queue, highest first, as `pipelines worker` listens.
+        queues = list(self.rq.queues.values())
+        w = SimpleWorker(queues, connection=self.rq.connection, serializer=JSONSerializer)
         # with_scheduler in burst mode moves what is due from the scheduled registry to the queue first.
         w.work(burst=True, with_scheduler=True, logging_level="WARNING")
 
@@ -182,8 +184,10 @@ class RQHarness(Harness):
     def lose_messages(self) -> int:
         from rq.registry import ScheduledJobRegistry
 
-        registry = ScheduledJobRegistry(queue=self.rq.queue)  # type: ignore[no-untyped-call]
-        ids = [*self.rq.queue.get_job_ids(), *registry.get_job_ids()]
+        ids = []
+        for queue in self.rq.queues.values():
+            registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
+            ids += [*queue.get_job_ids(), *registry.get_job_ids()]
         for rq_id in ids:
             self.rq.fetch(rq_id).delete()  # the hash, its queue entry and its registry entry
         return len(ids)
@@ -244,12 +248,18 @@ class CeleryHarness(Harness):
         return run
 
     def _work(self) -> None:
+        # Priority order, as a worker's -Q lists them; again while a turn sent more work (to either queue).
+        while sum([self._work_queue(queue) for queue in (self.queue, f"{self.queue}-background")]):
+            pass
+
+    def _work_queue(self, queue: str) -> int:
         import base64
         from datetime import datetime
 
         client = self.storage.client
         held: list[bytes] = []
-        while (raw := client.rpop(self.queue)) is not None:  # kombu LPUSHes: RPOP takes the oldest
+        ran = 0
+        while (raw := client.rpop(queue)) is not None:  # kombu LPUSHes: RPOP takes the oldest
             envelope = json.loads(raw)
             headers = envelope["headers"]
             if headers.get("eta") and datetime.fromisoformat(headers["eta"]).timestamp() > self.scheduler.now():
@@ -258,8 +268,10 @@ class CeleryHarness(Harness):
             self._body = base64.b64decode(envelope["body"])
             args, kwargs, _embed = json.loads(self._body)
             self.celery.tasks[headers["task"]].apply(args=args, kwargs=kwargs, task_id=headers["id"], throw=True)
+            ran += 1
         if held:
-            client.rpush(self.queue, *held)
+            client.rpush(queue, *held)
+        return ran
 
     def run_due(self) -> None:
         self._work()
@@ -273,8 +285,9 @@ class CeleryHarness(Harness):
 
     def lose_messages(self) -> int:
         client = self.storage.client
-        lost = int(client.llen(self.queue))
-        client.delete(self.queue)
+        queues = (self.queue, f"{self.queue}-background")
+        lost = sum(int(client.llen(q)) for q in queues)
+        client.delete(*queues)
         return lost
 
     def wire(self) -> list[bytes]:

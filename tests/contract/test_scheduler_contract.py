@@ -146,3 +146,23 @@ def test_only_json_crosses_the_queue(harness: Harness) -> None:
 
         # The function is an import path, the arguments plain data: [func, instance, args, kwargs].
         assert [json.loads(m) for m in raw] == [[ADVANCE_FUNC, None, ["wire:1.a_b", v], {}] for v in (1, 2)]
+
+
+def test_background_advances_run_and_interactive_ones_due_as_well_go_first(harness: Harness) -> None:
+    batch, chat = start(harness, "batch"), start(harness, "chat")
+    harness.lose_messages()
+    s = harness.scheduler
+    s.schedule_advance("batch", 0, pipeline="p", version=batch, priority="background")
+    s.schedule_advance("chat", 0, pipeline="p", version=chat, priority="interactive")
+    harness.run_all()
+    assert harness.deliveries[0].job_id == "chat"
+    assert status(harness, "batch") is JobStatus.COMPLETE and status(harness, "chat") is JobStatus.COMPLETE
+
+
+def test_an_unknown_priority_is_refused_and_nothing_is_sent(harness: Harness) -> None:
+    version = start(harness, "prio")
+    harness.lose_messages()
+    with pytest.raises(ValueError, match="priority"):
+        harness.scheduler.schedule_advance("prio", 0, pipeline="p", version=version, priority="urgent")
+    harness.run_all()
+    assert harness.deliveries == []

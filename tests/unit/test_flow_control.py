@@ -184,3 +184,19 @@ def test_bad_flow_settings_are_refused_with_a_clear_error() -> None:
     with pytest.raises(InvalidInputError, match="priority"):
         app.run_agent("w", job_id="p", user="go", priority="urgent")
     assert app.storage.get_job("p") is None  # nothing written
+
+
+def test_workers_take_background_work_at_least_once_in_n_takes_under_sustained_interactive_load() -> None:
+    from rq import Queue
+
+    from adapters.rq_priority import priority_order
+
+    interactive, background = Queue.__new__(Queue), Queue.__new__(Queue)
+    interactive.name, background.name = "q", "q-background"
+    queues, streak, firsts = [interactive, background], 0, []
+    order = list(queues)
+    for _ in range(20):  # both queues always hold work: the worker takes from the first in its order
+        taken = order[0]
+        firsts.append(taken.name)
+        order, streak = priority_order(queues, taken, streak, 5)
+    assert firsts.count("q-background") == 4 and firsts[:5] == ["q", "q", "q", "q", "q-background"]
