@@ -35,7 +35,7 @@ from tests.fake_openai import (
 from tests.system.conftest import ROOT, Cluster, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
@@ -100,8 +100,9 @@ def browser() -> Iterator[WebDriver]:
 
 
 def text_of(driver: WebDriver, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    # Read in one script: the page replaces its live part in place, so element handles go stale.
+    text = driver.execute_script("var e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
+    return str(text or "").strip()
 
 
 def test_watch_approve_filter_retry_and_hostile_page(redis_url: str, cluster: Cluster, fake_openai: FakeOpenAI,
@@ -146,7 +147,7 @@ def test_watch_approve_filter_retry_and_hostile_page(redis_url: str, cluster: Cl
     assert "waiting for approval" in text_of(browser, "#status")
     assert PREAMBLE in text_of(browser, "#transcript")  # the streamed text, now committed
     browser.execute_script("window.notReloaded = true;")
-    approve[0].click()
+    _click(browser, approve[0], "button.approve")
     wait_for("the job to complete", lambda: text_of(browser, "#status") == "complete", 30, cluster.logs)
     transcript = text_of(browser, "#transcript")
     assert "refunded 7" in transcript and "Refund done: 7 euros" in transcript
@@ -192,6 +193,14 @@ def test_watch_approve_filter_retry_and_hostile_page(redis_url: str, cluster: Cl
     assert status == 403
     # And without the login: refused.
     assert httpx.get(f"{base}/jobs/chat-1").status_code == 401
+
+
+def _click(browser: WebDriver, element: Any, css: str) -> None:
+    """A real click; if the live refresh replaced the element meanwhile, click its replacement."""
+    try:
+        element.click()
+    except StaleElementReferenceException:
+        browser.find_element(By.CSS_SELECTOR, css).click()
 
 
 def _answers(base: str) -> bool:
