@@ -67,6 +67,8 @@ demo: install
 bench: install
 	$(PY) bench/run.py $(ARGS)
 	$(PY) -m bench.celery_bench $(CELERY_ARGS)  # W1 on Celery workers vs bare Celery chaining
+	$(PY) -m bench.flow_bench $(FLOW_ARGS)  # figure 7: shared rate limits, concurrency keys, priorities
+	$(PY) bench/retention.py $(RETENTION_ARGS)  # Redis memory per finished job, with and without retention
 
 chaos: install
 	$(PY) bench/chaos.py $(ARGS)

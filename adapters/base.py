@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from pipelines.engine.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
+from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = [
     "AdvanceFn",
@@ -57,6 +57,7 @@ __all__ = [
     "FlowStore",
     "HistoryStore",
     "InProcessScheduler",
+    "InboxStore",
     "JobIndex",
     "JobStore",
     "LeaseStore",
@@ -82,12 +83,12 @@ class JobStore(Protocol):
         """The record with its current journal and pending control request, or ``None`` for an unknown job."""
         ...
 
-    def commit(self, commit: Commit) -> str | None:
+    def commit(self, commit: Commit) -> CommitReply:
         """Apply ``commit`` atomically or not at all (see the module docstring).
 
-        Returns the job's pending control request (``"pause"``/``"cancel"``)
-        as it stands after the commit, so a worker that keeps the lease can
-        honour it at once.
+        Returns what a worker that keeps the lease must know as it stands
+        after the commit: a pending control request (``"pause"``/``"cancel"``)
+        and how many messages wait in the job's inbox.
         """
         ...
 
@@ -104,6 +105,24 @@ class JobStore(Protocol):
 
     def delete_job(self, job_id: str) -> bool:
         """Remove a job and everything it owns; ``False`` if it did not exist."""
+        ...
+
+
+@runtime_checkable
+class InboxStore(Protocol):
+    """Messages sent to a running job (``app.send``), taken into the transcript at its next turn boundary.
+
+    Sending is outside the version fence (a turn in flight still commits); a
+    commit takes messages from the front (``Commit.take_inbox``) atomically
+    with the turn that put them in the transcript, so each joins exactly once.
+    """
+
+    def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
+        """Append ``messages`` to the inbox; its new length, or ``None`` for an unknown job."""
+        ...
+
+    def inbox(self, job_id: str, count: int) -> list[Message]:
+        """The first ``count`` messages waiting, in the order they were sent."""
         ...
 
 
@@ -181,8 +200,8 @@ class JobIndex(Protocol):
 
 
 @runtime_checkable
-class Storage(JobStore, LeaseStore, HistoryStore, LiveStore, JobIndex, Protocol):
-    """Where jobs, transcripts, logs, journals and leases live: the five small ports together."""
+class Storage(JobStore, LeaseStore, HistoryStore, LiveStore, InboxStore, JobIndex, Protocol):
+    """Where jobs, transcripts, logs, journals and leases live: the six small ports together."""
 
 
 @runtime_checkable

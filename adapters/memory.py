@@ -29,12 +29,14 @@ from pipelines.engine.errors import (
 )
 from pipelines.engine.models import (
     Commit,
+    CommitReply,
     Event,
     JobRecord,
     JobStatus,
     JSONValue,
     LogEntry,
     Message,
+    check_messages,
     dump_events,
     dump_json,
     dump_logs,
@@ -82,6 +84,7 @@ class _Job:
     token: str = ""
     version: int = 0
     control: str | None = None  # a pause/cancel requested while a turn was in flight
+    inbox: list[str] = field(default_factory=list)  # messages sent to the job, taken by its next turn
 
 
 class MemoryStorage:
@@ -116,8 +119,8 @@ class MemoryStorage:
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
-        if job.control is not None:
-            rec = rec.model_copy(update={"control": job.control})
+        if job.control is not None or job.inbox:
+            rec = rec.model_copy(update={"control": job.control, "inbox": len(job.inbox)})
         return rec
 
     # --- Storage -------------------------------------------------------------
@@ -154,7 +157,7 @@ class MemoryStorage:
             job = self._jobs.get(job_id)
             return None if job is None else self._load(job_id, job)
 
-    def commit(self, commit: Commit) -> str | None:
+    def commit(self, commit: Commit) -> CommitReply:
         # Serialise before taking the lock: a value JSON cannot carry fails
         # here, with nothing written (I1).
         text = dump_record(commit.record, f"the record of job {commit.job_id!r}")
@@ -166,7 +169,7 @@ class MemoryStorage:
             if job is None:
                 raise StaleVersionError(f"job {commit.job_id!r} no longer exists")
             if job.token == commit.token and job.version == commit.record.version:
-                return job.control  # applied already; this is a retry of the same commit
+                return CommitReply(job.control, len(job.inbox))  # applied already: a retry of the same commit
             if job.version != commit.expected_version:
                 raise StaleVersionError(
                     f"job {commit.job_id!r} is at version {job.version}, commit expected {commit.expected_version}"
@@ -199,10 +202,28 @@ class MemoryStorage:
                 job.lease_owner = None
             if commit.clear_control:
                 job.control = None
+            del job.inbox[: commit.take_inbox]
             self._set_due(commit.record)
             self.writes += 1
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
-            return job.control
+            return CommitReply(job.control, len(job.inbox))
+
+    def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
+        lines = [dump_json(m, "a message sent to the job") for m in check_messages(messages, "messages sent")]
+        if not lines:
+            raise InvalidInputError("send needs at least one message")
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            job.inbox.extend(lines)
+            return len(job.inbox)
+
+    def inbox(self, job_id: str, count: int) -> list[Message]:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            lines = [] if job is None or count <= 0 else job.inbox[:count]
+        return [json.loads(line) for line in lines]
 
     def publish(self, job_id: str, parts: Sequence[Event]) -> None:
         lines = dump_events(parts)

@@ -52,12 +52,14 @@ from pipelines.engine.errors import (
 )
 from pipelines.engine.models import (
     Commit,
+    CommitReply,
     Event,
     JobRecord,
     JobStatus,
     JSONValue,
     LogEntry,
     Message,
+    check_messages,
     dump_events,
     dump_json,
     dump_logs,
@@ -99,13 +101,14 @@ class JobKeys(NamedTuple):
     lease: str
     events: str  # a stream: XADD per event, the entry id is the reader's cursor
     live: str  # a stream: the events again plus ephemeral parts (text deltas); expires when finished
+    inbox: str  # a list: messages sent to the job (app.send), taken by its next turn
 
 
 def job_keys(prefix: str, job_id: str) -> JobKeys:
     """The keys of ``job_id`` under ``prefix``. The id is validated: no brace can escape the tag."""
     base = f"{prefix}:{{{validate_job_id(job_id)}}}"
     return JobKeys(f"{base}:record", f"{base}:messages", f"{base}:logs", f"{base}:journal", f"{base}:lease",
-                   f"{base}:events", f"{base}:live")
+                   f"{base}:events", f"{base}:live", f"{base}:inbox")
 
 
 def index_keys(prefix: str) -> tuple[str, str]:
@@ -237,6 +240,7 @@ class RedisStorage:
         self._delete = client.register_script(redis_scripts.DELETE)
         self._control = client.register_script(redis_scripts.CONTROL)
         self._publish = client.register_script(redis_scripts.PUBLISH)
+        self._send = client.register_script(redis_scripts.SEND)
 
     @classmethod
     def from_url(
@@ -278,7 +282,7 @@ class RedisStorage:
         k = self.keys(job_id)
         # The order the scripts expect (KEYS[1..10]); the live stream and the finished index came last.
         return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, self.due_key, self.jobs_key, k.live,
-                self.finished_key]
+                self.finished_key, k.inbox]
 
     def _check_types(self, job_id: str, reply: Any, what: str) -> None:
         """Raise CorruptRecordError for a script's ``corrupt:<role>:<type>`` reply (nothing was written)."""
@@ -316,7 +320,11 @@ class RedisStorage:
             reply = self._load_script(keys=[k.record, k.journal, k.lease, self.due_key, self.jobs_key],
                                       args=[owner, ttl_ms, job_id])
         self._check_types(job_id, reply, f"loading job {job_id!r}")
-        return None if reply is None else self._parse(job_id, reply[0], reply[1], reply[2], reply[3])
+        if reply is None:
+            return None
+        record = self._parse(job_id, reply[0], reply[1], reply[2], reply[3])
+        waiting = int(_text(reply[4]) or 0)
+        return record.model_copy(update={"inbox": waiting}) if waiting else record
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, or ``None`` (one round trip).
@@ -437,7 +445,7 @@ class RedisStorage:
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
 
-    def commit(self, commit: Commit) -> str | None:
+    def commit(self, commit: Commit) -> CommitReply:
         """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token.
 
         On :class:`StorageUnavailableError` the commit may or may not have
@@ -458,15 +466,34 @@ class RedisStorage:
             "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
-            _finished_at(commit.record), *msgs, *lines, *event_lines,
+            _finished_at(commit.record), str(int(commit.take_inbox)), *msgs, *lines, *event_lines,
         ]
         with _mapped(f"committing job {job_id!r}"):
             reply = _text(self._commit(keys=keys, args=args))
         self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
-        _, _, pending = reply.partition(":")
-        return pending or None
+        _, pending, waiting = reply.split(":", 2)
+        return CommitReply(pending or None, int(waiting or 0))
+
+    def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
+        """Append messages to the job's inbox (outside the version fence); its new length, ``None`` if unknown."""
+        k = self.keys(job_id)
+        lines = [dump_json(m, "a message sent to the job") for m in check_messages(messages, "messages sent")]
+        if not lines:
+            raise InvalidInputError("send needs at least one message")
+        with _mapped(f"sending messages to job {job_id!r}"):
+            reply = self._send(keys=[k.record, k.inbox], args=lines)
+        self._check_types(job_id, reply, f"sending messages to job {job_id!r}")
+        return None if int(reply) < 0 else int(reply)
+
+    def inbox(self, job_id: str, count: int) -> list[Message]:
+        """The first ``count`` messages waiting in the job's inbox, in the order they were sent."""
+        if count <= 0:
+            return []
+        with _mapped(f"reading the inbox of job {job_id!r}"):
+            lines = self.client.lrange(self.keys(job_id).inbox, 0, count - 1)
+        return [self._json_line(job_id, line, "inbox message") for line in lines]
 
     # --- the live stream ------------------------------------------------------
     def publish(self, job_id: str, parts: Sequence[Event]) -> None:

@@ -30,7 +30,7 @@ Redis's own ``PX``, so workers' clocks never matter.
 
 from __future__ import annotations
 
-__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "LOAD", "PUBLISH", "RECORD_STEP", "RELEASE", "RENEW"]
+__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "LOAD", "PUBLISH", "RECORD_STEP", "RELEASE", "RENEW", "SEND"]
 
 # checks is a flat list of (key, role, expected type) triples. Returns the
 # status naming the first key of another type, or false when all are fine.
@@ -66,7 +66,7 @@ local function add_events(key, live, from)
 end
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
 #       finished_at ('' = not finished), then the messages, the log lines, the events.
 CREATE = _PUSH_FN + """
@@ -79,7 +79,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then return 'applied' end
   return 'exists'
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 9, 8 + n)
@@ -92,28 +92,31 @@ if ARGV[8] ~= '' then redis.call('ZADD', KEYS[10], ARGV[8], ARGV[1]) end
 return 'ok'
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
-#       finished_at ('' = not finished: remove), then the messages, the log lines, the events.
-# Reply: 'ok' / 'applied' (a re-sent commit), with ':<request>' when a pause or
-# cancel request is pending; 'stale:<why>'; 'corrupt:<role>:<type>'.
+#       finished_at ('' = not finished: remove), inbox_taken, then the messages, the log lines, the events.
+# Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
+# 'stale:<why>'; 'corrupt:<role>:<type>'.
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
 # leased (another owner holds it).
 COMMIT = _PUSH_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', KEYS[3], 'logs', 'list',
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
-                        KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset'})
+                        KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset',
+                        KEYS[11], 'inbox', 'list'})
 if bad then return bad end
+-- What a worker keeping the lease must know after a commit: a pending pause or
+-- cancel, and how many messages wait in the inbox.
+local function reply(status)
+  local after = redis.call('HMGET', KEYS[1], 'control', 'inbox')
+  return status .. ':' .. (after[1] or '') .. ':' .. (after[2] or '0')
+end
 local cur = redis.call('HMGET', KEYS[1], 'version', 'token')
 if not cur[1] then return 'stale:missing' end
 -- A retried command whose reply was lost: report success, write nothing.
-if cur[2] == ARGV[2] and cur[1] == ARGV[5] then
-  local pending = redis.call('HGET', KEYS[1], 'control')
-  if pending then return 'applied:' .. pending end
-  return 'applied'
-end
+if cur[2] == ARGV[2] and cur[1] == ARGV[5] then return reply('applied') end
 if cur[1] ~= ARGV[4] then return 'stale:version:' .. cur[1] end
 local holder = redis.call('GET', KEYS[5])
 -- A worker commits only while it holds the lease: a free lease means it
@@ -130,9 +133,15 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-push(KEYS[2], 17, 16 + n)
-push(KEYS[3], 17 + n, 16 + n + nl)
-add_events(KEYS[6], KEYS[9], 17 + n + nl)
+push(KEYS[2], 18, 17 + n)
+push(KEYS[3], 18 + n, 17 + n + nl)
+add_events(KEYS[6], KEYS[9], 18 + n + nl)
+-- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
+local took = tonumber(ARGV[17])
+if took > 0 then
+  redis.call('LTRIM', KEYS[11], took, -1)
+  redis.call('HINCRBY', KEYS[1], 'inbox', -took)
+end
 -- The live stream of a finished job expires; a running one's is kept.
 if ARGV[15] ~= '' then redis.call('PEXPIRE', KEYS[9], ARGV[15]) else redis.call('PERSIST', KEYS[9]) end
 if ARGV[9] ~= '1' then redis.call('DEL', KEYS[4]) end
@@ -152,9 +161,7 @@ if ARGV[10] == '1' and ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
 -- version fence; the commit that applies it (or makes it moot) drops it, and
 -- every commit reports one still pending so a worker keeping the lease obeys it.
 if ARGV[14] == '1' then redis.call('HDEL', KEYS[1], 'control') end
-local pending = redis.call('HGET', KEYS[1], 'control')
-if pending then return 'ok:' .. pending end
-return 'ok'
+return reply('ok')
 """
 
 # KEYS: record, journal, lease
@@ -201,9 +208,9 @@ if ARGV[2] ~= '' then
   if holder and holder ~= ARGV[1] then return false end
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 end
-local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control')
+local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox')
 -- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
-return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or ''}
+return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0'}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms
@@ -224,7 +231,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox
 # ARGV: job_id, expected version ('' = whatever it is)
 # Reply: 1 deleted, 0 unknown job, 'stale:version:<stored>' (nothing deleted).
 # The job's own keys are only DEL'd (any type goes); the indexes are checked.
@@ -240,7 +247,7 @@ if ARGV[2] ~= '' and existed == 1 then
   local cur = redis.call('HGET', KEYS[1], 'version')
   if cur ~= ARGV[2] then return 'stale:version:' .. tostring(cur) end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[1])
 redis.call('ZREM', KEYS[10], ARGV[1])
@@ -266,4 +273,15 @@ if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 for i = 1, #ARGV do redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
 return 1
+"""
+
+# KEYS: record, inbox; ARGV: the messages (JSON lines)
+# Reply: the inbox's new length, or -1 for an unknown job. Outside the version
+# fence (a turn in flight still commits); the count lives in the record hash.
+SEND = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'inbox', 'list'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+for i = 1, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV)
 """

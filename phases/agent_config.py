@@ -84,6 +84,9 @@ class AgentConfig:
     stream: bool = True
     # A provider stream that breaks after it started is tried again as the same turn this many times.
     stream_retries: int = 0
+    # What app.send does while a run of this agent is in progress: "enqueue" (the next turn takes the
+    # messages) or "reject" (a clear error for the sender).
+    on_new_message: Literal["enqueue", "reject"] = "enqueue"
     system_prompt_conflict: str = "keep"
     suppress_system_prompt_conflict_warning: bool = False
     prepare_call: Callable[..., Any] | None = None
@@ -107,14 +110,24 @@ class AgentConfig:
                 raise InvalidInputError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
             object.__setattr__(self, "max_model_attempts", self.max_retries + 1)
         check_conflict_mode(self.system_prompt_conflict)
-        for hook in ("prepare_call", *CALLBACKS):
-            if getattr(self, hook) is not None and not callable(getattr(self, hook)):
-                raise InvalidInputError(f"{hook} must be callable, got {getattr(self, hook)!r}")
+        self._check_limits()
+        self._check_shapes()
+
+    def _check_limits(self) -> None:
         _positive("max_turns", self.max_turns, integer=True, optional=False)
         _positive("max_model_attempts", self.max_model_attempts, integer=True, optional=False)
         _positive("max_tokens", self.max_tokens, integer=True)
         _positive("max_cost_usd", self.max_cost_usd)
         _positive("tool_timeout", self.tool_timeout)
+        if isinstance(self.stream_retries, bool) or not isinstance(self.stream_retries, int) or self.stream_retries < 0:
+            raise InvalidInputError(f"stream_retries must be an int >= 0, got {self.stream_retries!r}")
+        if self.on_new_message not in ("enqueue", "reject"):
+            raise InvalidInputError(f"on_new_message must be 'enqueue' or 'reject', got {self.on_new_message!r}")
+
+    def _check_shapes(self) -> None:
+        for hook in ("prepare_call", "prepare_turn", *CALLBACKS):
+            if getattr(self, hook) is not None and not callable(getattr(self, hook)):
+                raise InvalidInputError(f"{hook} must be callable, got {getattr(self, hook)!r}")
         if self.system is not None and not isinstance(self.system, str):
             raise InvalidInputError(f"system must be a string, got {type(self.system).__name__}")
         stop = self.stop_when
@@ -125,8 +138,6 @@ class AgentConfig:
         schema = self.output_schema
         if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
             raise InvalidInputError(f"output_schema must be a pydantic model class, got {schema!r}")
-        if self.prepare_turn is not None and not callable(self.prepare_turn):
-            raise InvalidInputError("prepare_turn must be callable")
         if self.model_params is not None and not isinstance(self.model_params, Mapping):
             raise InvalidInputError(f"model_params must be a dict, got {type(self.model_params).__name__}")
 

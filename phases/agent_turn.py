@@ -43,7 +43,7 @@ from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, TransientModelError
 from pipelines.engine.models import Message, Usage
-from pipelines.engine.phase import Done, Fail, Next, Phase, PhaseContext, RetryLater
+from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseContext, RetryLater
 
 __all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
 
@@ -174,6 +174,13 @@ class AgentTurn:
         past = self.history.get(ctx)
         if state.turn == 0:
             agent_run.first_turn(ctx, cfg, past)
+        # Messages sent to the running conversation (app.send) join it here, in order, before the
+        # model's answer; a turn whose answer is already journaled takes none (the model never saw them).
+        taken_before = ctx.recorded(INBOX_STEP)[0]
+        sent = ctx.take_inbox() if taken_before or not ctx.recorded(journal.MODEL)[0] else []
+        if sent:
+            ctx.append_messages(sent)
+            past = [*past, *sent]
         fire(ctx, agent_run.callbacks_of(cfg), "on_turn_start", turn=state.turn + 1, context=agent_run.context_of(ctx))
         # Tools read the run's context from their ToolContext while this turn runs.
         unbind = bind_run_context(ctx.job_id, agent_run.context_of(ctx), agent_run.tool_contexts(ctx, cfg))
@@ -390,6 +397,8 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
     with telemetry.model_span(None) as current, flow_limits.limited_call(model, messages) as settle:
         response = resolve(model.complete(request))
+        if ctx.on_delta is not None:
+            ctx.on_delta.flush()  # the last text goes out now, not after the answer is journaled
         if not isinstance(response, ModelResponse):
             response = ModelResponse.model_validate(response)
         settle(response.usage.total_tokens)

@@ -189,7 +189,11 @@ class LiteLLMModel:
         params = {**self._params, **request.params}
         self._check_allowed(params)
         kwargs = self._kwargs(request, params)
-        if request.on_delta is not None and params.get("stream") is not False:
+        # litellm cannot stream a mock_response that is a whole message (a tool-call turn): its
+        # stream builder fails on it, so such an offline test call takes the plain path.
+        mock = params.get("mock_response")
+        streamable = mock is None or isinstance(mock, str)
+        if request.on_delta is not None and params.get("stream") is not False and streamable:
             return self._complete_streamed(request, kwargs, params)
         response = self._retrying()(self._call_once, kwargs, params)
         return self._to_response(response)

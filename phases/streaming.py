@@ -41,7 +41,8 @@ class DeltaSink:
         self.sent = ""  # every character published so far in this attempt
         self._pending = ""
         self._started = False
-        self._last = time.monotonic()
+        self._last = 0.0  # the first text goes out at once
+        self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
     def __call__(self, text: str) -> None:
@@ -49,13 +50,23 @@ class DeltaSink:
             return
         with self._lock:
             self._pending += text
-            due = len(self._pending) >= self.flush_chars or time.monotonic() - self._last >= self.flush_seconds
+            wait = self.flush_seconds - (time.monotonic() - self._last)
+            due = len(self._pending) >= self.flush_chars or wait <= 0
+            if not due and self._timer is None:
+                # Text that arrives inside the window goes out when the window ends, not when
+                # (if ever) the next piece arrives: a slow stream is never held back longer.
+                self._timer = threading.Timer(wait, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
         if due:
             self.flush()
 
     def flush(self) -> None:
         """Publish what is pending (with ``attempt_started`` first, once)."""
         with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             parts = self._parts(self._pending)
             self.sent += self._pending
             self._pending = ""
@@ -66,6 +77,9 @@ class DeltaSink:
     def restart(self) -> None:
         """A broken provider stream is tried again: drop what is pending and start a new attempt."""
         with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._restarts += 1
             self.attempt = f"{self.ctx.attempt_id}.{self._restarts}"
             self._pending, self.sent, self._started = "", "", False

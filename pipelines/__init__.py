@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pipelines.agent import Agent
     from pipelines.app import App
     from pipelines.engine.errors import PipelineError
+    from pipelines.engine.flow import RateLimit
     from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Usage
     from pipelines.engine.phase import (
         Done,
@@ -60,6 +61,7 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "PrepareTurn",
+    "RateLimit",
     "RetryLater",
     "RetryMode",
     "RunHandle",
@@ -86,6 +88,7 @@ _HOMES = {
     **dict.fromkeys(["Done", "Fail", "FailJob", "Next", "Phase", "PhaseContext", "Pipeline", "RetryLater",
                      "WaitForInput"], "pipelines.engine.phase"),
     "PipelineError": "pipelines.engine.errors", "RetryMode": "pipelines.engine.start",
+    "RateLimit": "pipelines.engine.flow",
     "Agent": "pipelines.agent", "App": "pipelines.app",
     "JobView": "pipelines.handle", "RunHandle": "pipelines.handle",
     "run_agent": "pipelines.lowlevel", "run_pipeline": "pipelines.lowlevel",

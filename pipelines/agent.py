@@ -72,6 +72,11 @@ class Agent:
         return self.config.output_schema
 
     @property
+    def takes_messages_while_running(self) -> bool:
+        """``app.send`` to a run in progress queues the messages (``on_new_message="enqueue"``)."""
+        return self.config.on_new_message == "enqueue"
+
+    @property
     def uses_litellm(self) -> bool:
         """Whether workers should import litellm before forking (``pipelines worker``)."""
         model = self.config.model

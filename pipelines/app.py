@@ -31,6 +31,7 @@ from pipelines.engine.errors import (
     InvalidInputError,
     InvalidPipelineError,
     JobConflictError,
+    JobNotFoundError,
     PipelineError,
     StaleVersionError,
 )
@@ -60,6 +61,11 @@ class PipelineSource(Protocol):
         ...
 
     def pipeline(self) -> Pipeline: ...
+
+    @property
+    def takes_messages_while_running(self) -> bool:
+        """Whether ``app.send`` may queue messages for a run in progress (else it is refused)."""
+        ...
 
     def start_options(self, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
         """Keyword arguments for :func:`~pipelines.engine.start.start_job` of one run (messages, state, options)."""
@@ -449,6 +455,32 @@ class App:
             return
         if removed:
             logger.info("retention: deleted %d finished job(s)", len(removed))
+
+    def send(self, job_id: str, messages: Sequence[Message | str]) -> JobView:
+        """Send messages to a conversation: they join its transcript at the next turn boundary, in order, once.
+
+        A running, waiting or paused job keeps them in its inbox until its next
+        turn (also after a crash: the turn that takes them commits their
+        removal); messages that arrive while its last turn runs start the next
+        run at once. A complete job is continued as with ``run_agent``. An
+        agent with ``on_new_message="reject"`` refuses them while it runs.
+        """
+        record = control.load_job(self.storage, job_id)
+        source = self._agents.get(record.pipeline)
+        if source is None:
+            raise InvalidInputError(f"job {job_id!r} runs pipeline {record.pipeline!r}, not an agent: "
+                                    "only conversations take messages")
+        msgs = [{"role": "user", "content": m} if isinstance(m, str) else m for m in as_message_list(messages)]
+        if record.status is JobStatus.COMPLETE:
+            return self.run_agent(source, job_id=job_id, messages=msgs).get() or self.view(record)
+        if record.status not in (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED):
+            raise JobConflictError(f"job {job_id!r} is {record.status.value}; retry it before sending messages")
+        if not source.takes_messages_while_running:
+            raise JobConflictError(f"agent {source.name!r} does not take messages while a run is in progress "
+                                   "(on_new_message='reject'); wait for it to complete")
+        if self.storage.send(job_id, msgs) is None:
+            raise JobNotFoundError(f"job {job_id!r} not found")
+        return self.view(control.load_job(self.storage, job_id))
 
     # --- steering ------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from adapters.base import Scheduler, Storage
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from phases.observe import observe_calls
-from pipelines.engine.models import Commit, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
+from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = ["CrashPoint", "CrashReport", "CrashResult", "SimulatedCrash", "crash_test", "transcript_problems"]
 
@@ -114,10 +114,11 @@ class _CrashingStorage(MemoryStorage):
         super().create_job(record, messages=messages, logs=logs, events=events)
         self._inj.hit("after", "create_job")
 
-    def commit(self, commit: Commit) -> None:
+    def commit(self, commit: Commit) -> CommitReply:
         self._inj.hit("before", "commit")
-        super().commit(commit)
+        reply = super().commit(commit)
         self._inj.hit("after", "commit")
+        return reply
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         op = f"record_step:{key}"
@@ -133,9 +134,9 @@ class _CrashingScheduler(MemoryScheduler):
         self._inj = injector
 
     def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
-                         version: int | None = None) -> None:
+                         version: int | None = None, priority: str | None = None) -> None:
         self._inj.hit("before", "schedule_advance")
-        super().schedule_advance(job_id, delay, pipeline=pipeline, version=version)
+        super().schedule_advance(job_id, delay, pipeline=pipeline, version=version, priority=priority)
         self._inj.hit("after", "schedule_advance")
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import transitions
+from pipelines.engine import flow, transitions
 from pipelines.engine.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, JobRecord, JobStatus, validate_job_id
 from pipelines.engine.tokens import new_token
@@ -163,7 +163,8 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
                 continue
             # At the front of the queue where the scheduler can: the job has
             # already waited out a lease, it should not also wait out the backlog.
-            scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version)
+            scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version,
+                              priority=flow.priority_of(record))
         except PipelineError as exc:
             logger.error("sweep: skipping job %s: %s", job_id, exc)
             continue

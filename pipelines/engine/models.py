@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 from enum import Enum, StrEnum
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_VALUE_DEPTH",
     "Checkpoint",
     "Commit",
+    "CommitReply",
     "Event",
     "JobRecord",
     "JobStatus",
@@ -491,6 +492,9 @@ class JobRecord(BaseModel):
     # record, never inside it (writing the record would fence the turn off):
     # storage fills it in on load, and the commit that applies it clears it.
     control: str | None = Field(default=None, exclude=True)
+    # How many messages sent to the job (app.send) wait in its inbox: kept beside
+    # the record like ``control``, filled in by storage on load.
+    inbox: int = Field(default=0, exclude=True)
     # The last turns' checkpoints, oldest first (bounded: see transitions.HISTORY_LIMIT
     # and HISTORY_BYTES), so a fork can start from the state committed at an earlier turn.
     history: list[TurnMark] = Field(default_factory=list)
@@ -522,6 +526,8 @@ class Commit(BaseModel):
     release_lease: bool = True
     # Drop a pending pause/cancel request (the commit applies it or makes it moot).
     clear_control: bool = False
+    # How many messages this commit took from the front of the job's inbox into the transcript.
+    take_inbox: int = 0
 
     @property
     def due_at(self) -> float | None:
@@ -593,6 +599,13 @@ def dump_record(record: JobRecord, what: str) -> str:
     written by this function: adapters call it before touching storage.
     """
     return _model_json(record, what, exclude_defaults=True)
+
+
+class CommitReply(NamedTuple):
+    """What storage reports after a commit: what a worker keeping the lease must know."""
+
+    control: str | None = None  # a pause or cancel request still pending
+    inbox: int = 0  # messages waiting in the job's inbox
 
 
 def dump_logs(entries: Sequence[LogEntry]) -> list[str]:

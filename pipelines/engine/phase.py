@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from adapters.base import Storage
 
 __all__ = [
+    "INBOX_STEP",
     "DeltaTarget",
     "Done",
     "Fail",
@@ -53,6 +54,9 @@ S = TypeVar("S")
 T = TypeVar("T")
 
 _LEVELS = ("info", "warn", "error")
+
+INBOX_STEP = "inbox"
+"""The journal key under which a phase's taken inbox messages are kept for a re-run."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,8 @@ class DeltaTarget(Protocol):
 
     ``retries``: how often a provider stream that broke after it started may
     be tried again as the same turn; ``restart()`` is called before each such
-    retry, so readers drop the abandoned attempt's text.
+    retry, so readers drop the abandoned attempt's text; ``flush()`` sends what
+    is batched at once (the call has returned: no reason to wait).
     """
 
     retries: int
@@ -147,6 +152,8 @@ class DeltaTarget(Protocol):
     def __call__(self, text: str) -> None: ...
 
     def restart(self) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -216,13 +223,15 @@ class PhaseOutput:
 
     def __init__(self, *, logs: Sequence[LogEntry] = (), messages: Sequence[Message] = (),
                  events: Sequence[Event] = (), usage: Usage | None = None,
-                 usage_keys: Sequence[str] = ()) -> None:
+                 usage_keys: Sequence[str] = (), take_inbox: int = 0) -> None:
         self.logs = list(logs)
         self.messages = list(messages)
         self.events = list(events)
         self.usage = usage or Usage()
         # Journal keys whose usage is in ``usage`` (so a kept journal does not count them twice).
         self.usage_keys = list(usage_keys)
+        # How many messages the phase took from the job's inbox (its commit removes them there).
+        self.take_inbox = take_inbox
 
 
 @dataclass
@@ -234,6 +243,7 @@ class _Buffered:
     events: list[Event] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     usage_keys: list[str] = field(default_factory=list)
+    take_inbox: int = 0
 
 
 class PhaseContext(Generic[S]):
@@ -253,6 +263,7 @@ class PhaseContext(Generic[S]):
         version: int = 0,
         transcript_len: int = 0,
         options: dict[str, JSONValue] | None = None,
+        inbox: int = 0,
     ) -> None:
         self.job_id = job_id
         self.checkpoint = checkpoint
@@ -262,6 +273,8 @@ class PhaseContext(Generic[S]):
         #: Per-run options stored with the job (``run_agent(..., max_turns=...)``).
         self.options: dict[str, JSONValue] = dict(options or {})
         self._version = version
+        #: How many messages sent to the job (``app.send``) were waiting when this phase started.
+        self.inbox = inbox
         #: Length of the committed transcript this phase starts from.
         self.transcript_len = transcript_len
         self._storage = storage
@@ -338,6 +351,23 @@ class PhaseContext(Generic[S]):
         checked = check_messages(messages, f"messages of job {self.job_id!r}")
         with self._lock:
             self._buffer.messages.extend(checked)
+
+    def take_inbox(self) -> list[Message]:
+        """The messages sent to the job since its last turn (``app.send``), in order; ``[]`` when none.
+
+        Journaled, so a re-run after a crash takes exactly the same ones; the
+        phase's commit (moving on, or completing) removes them from the inbox,
+        so each joins the transcript once.
+        """
+        found, taken = self.recorded(INBOX_STEP)
+        if not found:
+            taken = self._storage.inbox(self.job_id, self.inbox) if self.inbox > 0 else []
+            if taken:
+                self.record(INBOX_STEP, taken)
+        messages: list[Message] = list(taken or [])
+        with self._lock:
+            self._buffer.take_inbox = len(messages)
+        return messages
 
     def add_usage(self, usage: Usage, *, key: str | None = None) -> None:
         """Count model usage for this job; stored with the commit, whatever the phase's outcome.
@@ -419,7 +449,7 @@ class PhaseContext(Generic[S]):
         with self._lock:
             buf, self._buffer = self._buffer, _Buffered()
         return PhaseOutput(logs=buf.logs, messages=buf.messages, events=buf.events, usage=buf.usage,
-                           usage_keys=buf.usage_keys)
+                           usage_keys=buf.usage_keys, take_inbox=buf.take_inbox)
 
     def run_on_commit(self, checkpoint: Checkpoint[Any]) -> None:
         """Call the ``on_commit`` callbacks once the phase's commit has landed (a failing one is logged)."""

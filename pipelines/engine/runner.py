@@ -38,7 +38,7 @@ from pipelines.engine.errors import (
     StorageUnavailableError,
 )
 from pipelines.engine.leases import LEASE_KEEPER, check_lease_seconds
-from pipelines.engine.models import Commit, JobRecord, JobStatus, to_json_value, validate_job_id
+from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus, to_json_value, validate_job_id
 from pipelines.engine.phase import Done, Fail, FailJob, Next, Phase, PhaseContext, Pipeline, RetryLater, WaitForInput
 from pipelines.engine.phase import validate_state as _validate_state
 from pipelines.engine.tokens import new_token
@@ -214,14 +214,16 @@ class _Turn:
             if cp.due_at > now + self.scheduler.precision:
                 return AdvanceResult.NOT_DUE
             keep = self.deadline is not None and time.monotonic() < self.deadline and not self.work_waiting()
-            result, commit, pending = self.run_gated(record, pipeline_for(record), keep)
+            result, commit, reply = self.run_gated(record, pipeline_for(record), keep)
             if commit is None:
                 return result
+            if result is AdvanceResult.COMPLETED and reply.inbox:
+                _continue_with_inbox(commit.record, self.storage, self.scheduler, reply.inbox)
             self.released = commit.release_lease
             if self.released:
                 return result
             # Exactly what storage now holds: go on without reloading.
-            record = commit.record.model_copy(update={"control": pending})
+            record = commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
 
     def work_waiting(self) -> bool:
         """Whether other work of this job's priority (or higher) waits: then ``continue_for`` hands the job back.
@@ -238,13 +240,13 @@ class _Turn:
             return True  # cannot tell: the fair choice is to go back to the queue
 
     def run_gated(self, record: JobRecord, pipeline: Pipeline,
-                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, str | None]:
+                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, CommitReply]:
         """``run_phase`` inside a concurrency slot of the run's key (when the App limits it)."""
         if self.flow is None:
             return self.run_phase(record, pipeline, keep_lease)
         wait = self.flow.enter_turn(record, self.scheduler.now())
         if wait > 0:
-            return self.defer(record, wait, "concurrency limit"), None, None
+            return self.defer(record, wait, "concurrency limit"), None, CommitReply()
         try:
             return self.run_phase(record, pipeline, keep_lease)
         finally:
@@ -276,7 +278,7 @@ class _Turn:
         return result
 
     def run_phase(self, record: JobRecord, pipeline: Pipeline,
-                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, str | None]:
+                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, CommitReply]:
         """Run the phase and commit, in a span of the job's trace (when OpenTelemetry is on)."""
         cp = record.checkpoint
         assert cp is not None
@@ -289,7 +291,7 @@ class _Turn:
         return outcome
 
     def run_phase_in_span(self, record: JobRecord, pipeline: Pipeline,
-                          keep_lease: bool) -> tuple[AdvanceResult, Commit | None, str | None]:
+                          keep_lease: bool) -> tuple[AdvanceResult, Commit | None, CommitReply]:
         """Run the phase and commit; ``(result, None, None)`` when fenced off."""
         job_id = record.job_id
         saver = _Saver(record, self.storage, self.scheduler, self.owner)
@@ -298,24 +300,24 @@ class _Turn:
             outcome = _outcome(ctx, pipeline, record)
         except StaleVersionError:
             logger.info("job %s: fenced off (another worker moved it on)", job_id)
-            return AdvanceResult.STALE, None, None
+            return AdvanceResult.STALE, None, CommitReply()
         if isinstance(outcome, flow.FlowDeferred):
-            return self.defer(saver.record, outcome.delay, outcome.reason), None, None
+            return self.defer(saver.record, outcome.delay, outcome.reason), None, CommitReply()
         rec = saver.record
         outcome = _normalised(outcome, rec, pipeline)
         try:
-            commit, pending = self.commit(rec, ctx, outcome, keep_lease)
+            commit, reply = self.commit(rec, ctx, outcome, keep_lease)
         except StaleVersionError:
             logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
-            return AdvanceResult.STALE, None, None
+            return AdvanceResult.STALE, None, CommitReply()
         # A commit that could not be stored as built was replaced by a failure.
         result = AdvanceResult.FAILED if commit.record.status is JobStatus.ERROR else _RESULTS[type(outcome)]
         if result is AdvanceResult.ADVANCED and commit.record.checkpoint is not None:
             ctx.run_on_commit(commit.record.checkpoint)
-        return result, commit, pending
+        return result, commit, reply
 
     def commit(self, rec: JobRecord, ctx: PhaseContext[Any], outcome: transitions.Outcome,
-               keep_lease: bool) -> tuple[Commit, str | None]:
+               keep_lease: bool) -> tuple[Commit, CommitReply]:
         out = ctx.take_output()
         now = self.scheduler.now()
         commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now, keep_lease=keep_lease)
@@ -329,6 +331,24 @@ class _Turn:
             kept = transitions.PhaseOutput(usage=out.usage, usage_keys=out.usage_keys)
             commit = transitions.after_phase(rec, failed, kept, owner=self.owner, now=now)
             return commit, transitions.apply(self.storage, self.scheduler, commit)
+
+
+def _continue_with_inbox(done: JobRecord, storage: Storage, scheduler: Scheduler, waiting: int) -> None:
+    """Messages sent while the job's last turn ran go on as the conversation's next run, at once.
+
+    A compare-and-set on the completed record: if anything else moved the job
+    on first (someone continued it), the messages stay in the inbox for it.
+    """
+    messages = storage.inbox(done.job_id, waiting)
+    if not messages or done.initial_phase is None:
+        return
+    commit = transitions.continue_conversation(
+        done, first=done.initial_phase, state=done.initial_state, messages=messages, pipeline=done.pipeline,
+        options=done.options, now=scheduler.now()).model_copy(update={"take_inbox": len(messages)})
+    try:
+        transitions.apply(storage, scheduler, commit)
+    except StaleVersionError:
+        logger.info("job %s: continued by someone else; its inbox waits for that run", done.job_id)
 
 
 class _Saver:
@@ -359,7 +379,7 @@ def _context(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: s
     assert cp is not None
     return PhaseContext(job_id=record.job_id, checkpoint=cp, storage=storage, owner=owner, clock=scheduler.now,
                         saver=saver, attempt=cp.attempt, usage=record.usage, version=record.version,
-                        transcript_len=record.transcript_len, options=record.options)
+                        transcript_len=record.transcript_len, options=record.options, inbox=record.inbox)
 
 
 def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> transitions.Outcome:

@@ -18,11 +18,13 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pipelines.engine import flow
 from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.engine.events import make_event, publish
 from pipelines.engine.models import (
     Checkpoint,
     Commit,
+    CommitReply,
     Event,
     JobRecord,
     JobStatus,
@@ -94,13 +96,13 @@ def _moved(rec: JobRecord, token: str, now: float, cp: Checkpoint[Any] | None, *
 def _commit(rec: JobRecord, new: JobRecord, token: str, *, owner: str | None = None,
             logs: Sequence[LogEntry] = (), events: Sequence[Event] = (), messages: Sequence[Message] = (),
             keep_journal: bool = True, release_lease: bool = True, truncate_to: int | None = None,
-            clear_control: bool = False) -> Commit:
+            clear_control: bool = False, take_inbox: int = 0) -> Commit:
     if clear_control:
         new = new.model_copy(update={"control": None})  # the record returned says what storage now holds
     return Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token, record=new,
                   append_messages=list(messages), truncate_messages_to=truncate_to, logs=list(logs),
                   events=list(events), keep_journal=keep_journal, release_lease=release_lease,
-                  clear_control=clear_control)
+                  clear_control=clear_control, take_inbox=take_inbox)
 
 
 def _fresh(phase: str, state: Any, now: float) -> Checkpoint[Any]:
@@ -230,7 +232,8 @@ def _on_next(rec: JobRecord, outcome: Next, out: PhaseOutput, owner: str, now: f
                  phases_done=rec.phases_done + 1, history=history)
     # The lease is kept only to run the next phase at once (the runner's continue_for).
     return _commit(rec, new, token, owner=owner, messages=out.messages, logs=out.logs, events=out.events,
-                   keep_journal=False, release_lease=not (keep_lease and outcome.delay == 0))
+                   keep_journal=False, release_lease=not (keep_lease and outcome.delay == 0),
+                   take_inbox=out.take_inbox)
 
 
 def _on_done(rec: JobRecord, outcome: Done, out: PhaseOutput, owner: str, now: float) -> Commit:
@@ -244,6 +247,7 @@ def _on_done(rec: JobRecord, outcome: Done, out: PhaseOutput, owner: str, now: f
                  transcript_len=tlen, usage=rec.usage + out.usage, phases_done=rec.phases_done + 1,
                  history=history)
     return _commit(rec, new, token, owner=owner, messages=out.messages, keep_journal=False, clear_control=True,
+                   take_inbox=out.take_inbox,
                    logs=[*out.logs, _log(now, phase, "job complete")],
                    events=[*out.events, make_event("job_finished", now, phase=phase, reason=reason)])
 
@@ -388,20 +392,21 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
 
 
 # --- applying -------------------------------------------------------------------------------
-def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: bool = True) -> str | None:
+def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: bool = True) -> CommitReply:
     """Write ``commit`` (or create the job, for ``expected_version`` 0), publish its events, schedule what is due.
 
-    Returns the pause/cancel request storage reports pending for the job, if any.
+    Returns what storage reports after it: a pending pause/cancel request, the inbox's length.
     Raises :class:`~pipelines.engine.errors.StaleVersionError` (nothing written) when fenced off.
     """
-    pending: str | None = None
+    reply = CommitReply()
     if commit.expected_version == 0:
         storage.create_job(commit.record, messages=commit.append_messages, logs=commit.logs, events=commit.events)
     else:
-        pending = storage.commit(commit)
+        reply = storage.commit(commit)
     publish(commit.job_id, commit.events)
     new = commit.record
     if schedule and commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
         delay = max(0.0, new.checkpoint.due_at - scheduler.now())
-        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version)
-    return pending
+        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version,
+                                   priority=flow.priority_of(new))
+    return reply

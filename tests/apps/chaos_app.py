@@ -75,8 +75,8 @@ class TripleDelivery(RQScheduler):
         self.deliveries = deliveries
 
     def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
-                         version: int | None = None) -> None:
-        super().schedule_advance(job_id, delay, pipeline=pipeline, version=version)
+                         version: int | None = None, priority: str | None = None) -> None:
+        super().schedule_advance(job_id, delay, pipeline=pipeline, version=version, priority=priority)
         base = rq_job_id(job_id, version) if version is not None else "x"
         for n in range(1, self.deliveries):
             options: dict[str, Any] = {

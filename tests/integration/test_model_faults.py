@@ -47,10 +47,11 @@ JOB = "fault-job"
 
 
 def expected_transcript(turns: int = TURNS) -> list[dict[str, Any]]:
-    """What a clean run stores: the fake server's W1 answers and the tool's results."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": f"turns={turns}: keep adding one"}]
+    """What a clean run stores: the pinned system prompt, the fake server's W1 answers and the tool's results."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
+                                      {"role": "user", "content": f"turns={turns}: keep adding one"}]
     while True:
-        reply = w1_reply({"messages": [{"role": "system", "content": SYSTEM}, *messages]})
+        reply = w1_reply({"messages": messages})
         assert reply.message is not None
         messages.append(dict(reply.message))
         calls = reply.message.get("tool_calls") or []
@@ -145,7 +146,9 @@ def test_empty_choices_reschedules_the_turn_then_completes(fake_openai: FakeOpen
     run = Run(fake_openai, empty_choices()).start()
     rec = run.drain()
     assert_clean_completion(run, rec)
-    assert any("retrying phase" in m and "empty response" in m for m in run.logs()), run.logs()
+    # Streamed (the default), an answer with no choices is a stream that ended without a finish_reason.
+    assert any("retrying phase" in m and ("empty response" in m or "finish_reason" in m) for m in run.logs()), \
+        run.logs()
 
 
 # --- permanent: job error with a clear message, not retried --------------------------------
@@ -164,7 +167,7 @@ def test_permanent_errors_fail_the_job_with_a_clear_message(fake_openai: FakeOpe
         assert w in (rec.error or ""), rec.error
     assert "sk-test" not in (rec.error or "")
     assert len(fake_openai.requests) == 1  # never retried blindly
-    assert run.messages == expected_transcript()[:1]  # nothing of the failed turn was appended
+    assert run.messages == expected_transcript()[:2]  # nothing of the failed turn was appended
     assert rec.checkpoint is not None and rec.checkpoint.next_phase == "turn"  # the last good checkpoint (I9)
 
     # ... so once the cause is fixed, a resume retry finishes the job.
@@ -183,13 +186,13 @@ def test_a_model_failing_on_every_call_ends_in_error_after_max_attempts(fake_ope
     assert "model call failed 5 times" in (rec.error or ""), rec.error
     assert "unavailable" in (rec.error or "")
     assert sum("retrying phase" in m for m in run.logs()) == 4
-    assert run.messages == expected_transcript()[:1]
+    assert run.messages == expected_transcript()[:2]
 
 
 # --- tool problems go back to the model ---------------------------------------------------
 def _tool_error_turn(run: Run, rec: JobRecord, prefix: str) -> None:
     assert rec.status is JobStatus.COMPLETE, rec.error
-    msgs = run.messages
+    msgs = run.messages[1:]  # after the pinned system prompt
     bad_call = msgs[1]["tool_calls"][0]
     assert msgs[2]["role"] == "tool" and msgs[2]["tool_call_id"] == bad_call["id"]
     assert msgs[2]["content"].startswith(prefix), msgs[2]["content"]
@@ -207,7 +210,7 @@ def test_malformed_tool_arguments_go_back_to_the_model(fake_openai: FakeOpenAI) 
     run = Run(fake_openai, malformed_tool_reply("add")).start()
     rec = run.drain()
     _tool_error_turn(run, rec, "Error: arguments for tool 'add' are not valid JSON")
-    assert "Fix the arguments" in run.messages[2]["content"]
+    assert "Fix the arguments" in run.messages[3]["content"]
 
 
 def test_an_unknown_tool_goes_back_to_the_model(fake_openai: FakeOpenAI) -> None:

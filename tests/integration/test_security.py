@@ -27,7 +27,7 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from adapters.memory import MemoryScheduler
-from adapters.redis import RedisStorage, index_keys, job_keys
+from adapters.redis import JobKeys, RedisStorage, finished_key, index_keys, job_keys
 from adapters.rq import RQScheduler, rq_job_id
 from phases.agent_turn import resolve_model
 from phases.model import ModelRequest
@@ -197,7 +197,8 @@ def test_an_api_key_in_model_settings_reaches_no_storage_log_event_or_error(
     real_completion = litellm.completion
 
     def spying_completion(*args: Any, **kwargs: Any) -> Any:
-        sent_keys.append(kwargs.get("api_key"))
+        if kwargs.get("model") != "openai/warmup":  # litellm's offline warm-up (mock_response): no request
+            sent_keys.append(kwargs.get("api_key"))
         return real_completion(*args, **kwargs)
 
     monkeypatch.setattr(litellm, "completion", spying_completion)
@@ -295,7 +296,7 @@ def test_a_crafted_job_id_is_rejected_at_every_entry_and_writes_nothing(
 
 
 ALLOWED = ["a", "a:b", "a:b:record", "due", "jobs", "x.y", "-", "a_b", "A.b:C-9_z"]
-_KEY = re.compile(rf"{PREFIX}:\{{(?P<job>[^{{}}]+)\}}:(?P<kind>record|messages|logs|journal|lease|events)")
+_KEY = re.compile(rf"{PREFIX}:\{{(?P<job>[^{{}}]+)\}}:(?P<kind>{'|'.join(JobKeys._fields)})")
 
 
 def _busy(ctx: PhaseContext[Any]) -> Next | Done:
@@ -320,9 +321,10 @@ def test_every_key_written_for_a_job_carries_the_prefix_and_exactly_its_hash_tag
     scheduler.drain()
 
     due, jobs = index_keys(PREFIX)
+    indexes = {due, jobs, finished_key(PREFIX)}
     seen: dict[str, set[str]] = {j: set() for j in ALLOWED}
     for key in (k.decode() for k in r.scan_iter("*")):
-        if key in (due, jobs):
+        if key in indexes:
             continue
         m = _KEY.fullmatch(key)
         assert m is not None, f"key {key!r} is outside every job namespace"
@@ -333,7 +335,7 @@ def test_every_key_written_for_a_job_carries_the_prefix_and_exactly_its_hash_tag
     for job_id, kinds in seen.items():
         assert {"record", "logs"} <= kinds, (job_id, kinds)
         assert set(job_keys(PREFIX, job_id)) >= {f"{PREFIX}:{{{job_id}}}:{kind}" for kind in kinds}
-    assert seen["a:b"] == {"record", "logs", "journal", "lease", "events"}
+    assert seen["a:b"] == {"record", "logs", "journal", "lease", "events", "live"}
     assert seen["a"] >= {"record", "messages", "logs", "events"}
     # The index members are the ids themselves, not key fragments.
     assert sorted(x.decode() for x in r.smembers(jobs)) == sorted(ALLOWED)
@@ -380,12 +382,11 @@ def test_key_names_are_injective_over_prefixes_and_ids() -> None:
     ids = ["a", "a:b", "b", "b:record", "record", "due", "jobs", "ns"]
     names: dict[str, tuple[str, str, str]] = {}
     for prefix in prefixes:
-        for name in index_keys(prefix):
+        for name in (*index_keys(prefix), finished_key(prefix)):
             assert name not in names, (name, names.get(name))
             names[name] = (prefix, "index", name)
         for job_id in ids:
-            for kind, name in zip(("record", "messages", "logs", "journal", "lease", "events"),
-                                  job_keys(prefix, job_id), strict=True):
+            for kind, name in zip(JobKeys._fields, job_keys(prefix, job_id), strict=True):
                 assert name not in names, (name, names.get(name), (prefix, job_id, kind))
                 names[name] = (prefix, job_id, kind)
     assert len({rq_job_id(j, v) for j in ids for v in (0, 1, 10)}) == len(ids) * 3

@@ -5,12 +5,13 @@ Against a real redis-server, a real ``pipelines worker`` process, a real
 the loopback model server. One scenario, in the order an operator lives it:
 log in, watch a reply stream in, approve a refund, see the job complete without
 a reload; filter the jobs page; retry a failed job from its page; open a
-hostile transcript and see that nothing ran. It writes the README's
-screenshots to docs/img/.
+hostile transcript and see that nothing ran. It saves screenshots of the jobs
+page and a job page (``UPDATE_SCREENSHOTS=1``: the README's, in docs/img/).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -45,7 +46,9 @@ TOKEN = "browser-test-token"
 PREAMBLE = "Let me look at your order and refund it for you, one moment please."
 HOSTILE = ('<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
            '[click me](javascript:window.pwned=3) <a href="javascript:window.pwned=4">link</a>')
-SHOTS = ROOT / "docs" / "img"
+# Screenshots are a test artifact (in the temp dir); UPDATE_SCREENSHOTS=1 writes the README's copies in docs/img/.
+SHOTS = ROOT / "docs" / "img" if os.environ.get("UPDATE_SCREENSHOTS") == "1" else \
+    Path(tempfile.gettempdir()) / "phaserunner-screenshots"
 
 pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
                                 reason="Debian's chromium and chromium-driver are missing (.ci/run installs them)")
