@@ -366,10 +366,11 @@ class NoopScheduler:
         self.scheduled = 0
 
     def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
-                         version: int | None = None) -> None:
+                         version: int | None = None, priority: str | None = None) -> None:
         self.scheduled += 1
 
-    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None) -> None:
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
         self.scheduled += 1
 
     def now(self) -> float:

@@ -163,8 +163,9 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
                 continue
             # At the front of the queue where the scheduler can: the job has
             # already waited out a lease, it should not also wait out the backlog.
-            scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version,
-                              priority=flow.priority_of(record))
+            priority = flow.priority_of(record)
+            extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
+            scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version, **extra)
         except PipelineError as exc:
             logger.error("sweep: skipping job %s: %s", job_id, exc)
             continue

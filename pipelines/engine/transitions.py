@@ -407,6 +407,8 @@ def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: b
     new = commit.record
     if schedule and commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
         delay = max(0.0, new.checkpoint.due_at - scheduler.now())
-        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version,
-                                   priority=flow.priority_of(new))
+        # The priority is named only when it is not the default, so a scheduler written before
+        # priorities existed keeps working for every run that does not ask for one.
+        extra = {"priority": priority} if (priority := flow.priority_of(new)) != flow.PRIORITIES[0] else {}
+        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version, **extra)
     return reply
