@@ -483,7 +483,7 @@ class RedisStorage:
         if not lines:
             raise InvalidInputError("send needs at least one message")
         with _mapped(f"sending messages to job {job_id!r}"):
-            reply = self._send(keys=[k.record, k.inbox], args=lines)
+            reply = self._send(keys=[k.record, k.inbox], args=[uuid.uuid4().hex, *lines])
         self._check_types(job_id, reply, f"sending messages to job {job_id!r}")
         return None if int(reply) < 0 else int(reply)
 
@@ -503,7 +503,7 @@ class RedisStorage:
         k = self.keys(job_id)
         lines = dump_events(parts)
         with _mapped(f"publishing to the live stream of job {job_id!r}"):
-            reply = self._publish(keys=[k.record, k.live], args=lines)
+            reply = self._publish(keys=[k.record, k.live], args=[uuid.uuid4().hex, *lines])
         self._check_types(job_id, reply, f"publishing to the live stream of job {job_id!r}")
 
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,

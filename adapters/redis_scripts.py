@@ -265,23 +265,32 @@ if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'control') else redis.call('HS
 return 1
 """
 
-# KEYS: record, live; ARGV: the parts (JSON lines)
-# Reply: 1 published, 0 unknown job (a stale worker of a deleted job leaves no orphan stream).
+# KEYS: record, live; ARGV: token, then the parts (JSON lines)
+# Reply: 1 published (or already, for a re-sent call: its token), 0 unknown job
+# (a stale worker of a deleted job leaves no orphan stream).
 PUBLISH = _TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'live', 'stream'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-for i = 1, #ARGV do redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
+-- redis-py re-sends a command whose reply was lost: the same parts twice would double the text.
+if redis.call('HGET', KEYS[1], 'publish_token') == ARGV[1] then return 1 end
+for i = 2, #ARGV do redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
+redis.call('HSET', KEYS[1], 'publish_token', ARGV[1])
 return 1
 """
 
-# KEYS: record, inbox; ARGV: the messages (JSON lines)
+# KEYS: record, inbox; ARGV: token, then the messages (JSON lines)
 # Reply: the inbox's new length, or -1 for an unknown job. Outside the version
 # fence (a turn in flight still commits); the count lives in the record hash.
 SEND = _TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'inbox', 'list'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-for i = 1, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV)
+-- A re-sent call (its reply was lost) must not add the messages twice.
+if redis.call('HGET', KEYS[1], 'send_token') == ARGV[1] then
+  return tonumber(redis.call('HGET', KEYS[1], 'inbox') or '0')
+end
+for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+redis.call('HSET', KEYS[1], 'send_token', ARGV[1])
+return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV - 1)
 """

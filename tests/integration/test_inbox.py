@@ -130,3 +130,26 @@ def test_a_crash_after_the_inbox_was_taken_takes_the_same_messages_once() -> Non
     assert users == ["first", "second", "third"]  # each exactly once, in order
     assert app.get("c").record.inbox == 0
     assert isinstance(storage, MemoryStorage)
+
+
+def test_a_send_or_publish_re_sent_after_a_lost_reply_applies_once(redis_url: str) -> None:
+    """redis-py re-sends a command whose reply was lost: the scripts recognise their own token."""
+    from adapters import redis_scripts
+    from pipelines.engine.models import Event
+
+    store = RedisStorage.from_url(redis_url, prefix="resend")
+    app = App(storage=store, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=ScriptedModel(answer),
+                                                                         tools=[lookup])])
+    app.run_agent("a", job_id="r", messages=["hi"])
+    k = store.keys("r")
+    send = store.client.register_script(redis_scripts.SEND)
+    assert send(keys=[k.record, k.inbox], args=["tok-1", '{"role": "user", "content": "once"}']) == 1
+    assert send(keys=[k.record, k.inbox], args=["tok-1", '{"role": "user", "content": "once"}']) == 1
+    assert store.inbox("r", 10) == [{"role": "user", "content": "once"}]
+    publish = store.client.register_script(redis_scripts.PUBLISH)
+    before = store.client.xlen(k.live)
+    line = Event(timestamp=1.0, type="text_delta", turn=1, data={"text": "x"}).model_dump_json()
+    publish(keys=[k.record, k.live], args=["p-1", line])
+    publish(keys=[k.record, k.live], args=["p-1", line])
+    assert store.client.xlen(k.live) == before + 1
+    store.client.close()
