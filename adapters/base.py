@@ -53,6 +53,7 @@ from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobSt
 
 __all__ = [
     "AdvanceFn",
+    "FlowCapable",
     "Backlog",
     "FlowStore",
     "HistoryStore",
@@ -264,6 +265,15 @@ class Backlog(Protocol):
 
     def work_waiting(self, priority: str | None = None) -> bool:
         """Whether an advance of ``priority`` (or a higher one) is queued and due now."""
+        ...
+
+
+@runtime_checkable
+class FlowCapable(Protocol):
+    """A storage that keeps flow-control state itself (memory and Redis do): the App uses it by default."""
+
+    def flow_store(self) -> FlowStore:
+        """The :class:`FlowStore` sharing this storage (and its clock or server)."""
         ...
 
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from adapters.base import InProcessScheduler, Scheduler, Storage
+from adapters.base import FlowCapable, InProcessScheduler, Scheduler, Storage
 from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
 from phases.run_input import check_tags
@@ -67,7 +67,7 @@ class PipelineSource(Protocol):
         """Whether ``app.send`` may queue messages for a run in progress (else it is refused)."""
         ...
 
-    def start_options(self, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
+    def start_run(self, job_id: str, messages: Any, options: Mapping[str, Any], app: App) -> dict[str, Any]:
         """Keyword arguments for :func:`~pipelines.engine.start.start_job` of one run (messages, state, options)."""
         ...
 
@@ -252,8 +252,7 @@ class App:
                 f"per-run callbacks ({', '.join(run_callbacks)}) are Python callables that cannot reach the workers "
                 f"of {type(self.scheduler).__name__}; set them on the Agent instead (it is rebuilt on every worker)")
         _evaluate_concurrency_key(job_id, options)
-        start = getattr(source, "start_run", None)
-        kwargs = start(job_id, messages, options, self) if start else source.start_options(messages, options, self)
+        kwargs = source.start_run(job_id, messages, options, self)
         set_run_callbacks(job_id, run_callbacks)
         # The first turn goes to the queue of the run's priority, like every later one.
         scheduler = flow.with_priority(self.scheduler, flow.check_priority(options.get("priority") or "interactive"))
@@ -380,7 +379,7 @@ class App:
         if source is None:
             raise InvalidInputError(f"per-run options ({', '.join(sorted(options))}) apply to agent runs; "
                                     f"job {src.job_id!r} runs the pipeline {src.pipeline!r}")
-        checked = source.start_options([], options, self)["options"]
+        checked = source.start_run(src.job_id, [], options, self)["options"]
         return {**src.options, **checked}
 
     # --- deleting -------------------------------------------------------------------------------
@@ -578,8 +577,7 @@ def _flow_control(storage: Storage, scheduler: Scheduler, rate_limits: Sequence[
     if isinstance(rate_limits, flow.RateLimit) or not isinstance(rate_limits, Sequence):
         raise InvalidInputError(f"rate_limits must be a list of RateLimit, got {type(rate_limits).__name__}")
     if store is None and (rate_limits or concurrency):
-        make = getattr(storage, "flow_store", None)
-        store = make() if callable(make) else None
+        store = storage.flow_store() if isinstance(storage, FlowCapable) else None
     # A slot outlives a lease by a little, so a worker that holds its lease keeps its slot too.
     return flow.FlowControl(store, rate_limits=rate_limits, concurrency=concurrency,
                             slot_seconds=lease_seconds * 1.5, clock=scheduler.now)
