@@ -1,0 +1,166 @@
+"""``OffloadingStorage``: any :class:`~adapters.base.Storage` with large values kept in a blob store.
+
+Wrap the storage once, where the App is built (workers build the same App)::
+
+    storage = OffloadingStorage(RedisStorage.from_url(url), DirectoryBlobStore("/var/lib/app/blobs"))
+    app = App(storage=storage, scheduler=...)
+
+Transcript messages, inbox messages and journaled step results over
+``threshold`` bytes of JSON are written to the blob store *before* the write
+that references them (see :mod:`pipelines.engine.blobs`); every read hands
+back the original values, so the model, ``app.messages``, the CLI and the web
+page see full content. Deleting a job (``app.delete``, retention) deletes its
+blobs after the job. A crash can leave two kinds of unreferenced blobs: a
+blob written for a turn that never committed (it stays under its job, which
+a re-run refers to again by the same name, and goes with the job), and the
+blobs of a job deleted or never created because the process died between
+the two writes: :meth:`OffloadingStorage.collect_orphans` removes those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from adapters.base import Storage
+from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
+from pipelines.engine.errors import ConfigurationError
+from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
+
+__all__ = ["OffloadingStorage"]
+
+
+class OffloadingStorage:
+    """``storage`` with values over ``threshold`` bytes of JSON stored once in ``blobs`` (see the module docstring).
+
+    ``max_blob_bytes`` is the per-blob limit (default 64 MiB); values kept
+    inline stay under ``pipelines.engine.models.MAX_VALUE_BYTES``. Methods
+    the wrapped storage has beyond the port (``finished_jobs``,
+    ``flow_store``, ...) are passed through.
+    """
+
+    def __init__(self, storage: Storage, blobs: BlobStore, *, threshold: int = DEFAULT_THRESHOLD,
+                 max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES) -> None:
+        if not isinstance(storage, Storage):
+            raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
+        self.inner = storage
+        self.blobs = blobs
+        self.offloader = Offloader(blobs, threshold=threshold, max_blob_bytes=max_blob_bytes)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this class does not define: the wrapped storage's extras.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # --- writes: blobs first, then the write that references them ----------------------------
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
+                   events: Sequence[Event] = ()) -> None:
+        """Create the job with its large initial messages offloaded."""
+        packed = self.offloader.pack_messages(record.job_id, messages, "a transcript message")
+        self.inner.create_job(record, messages=packed, logs=logs, events=events)
+
+    def commit(self, commit: Commit) -> CommitReply:
+        """Apply ``commit`` with its large appended messages offloaded (written before the commit)."""
+        if commit.append_messages:
+            packed = self.offloader.pack_messages(commit.job_id, commit.append_messages, "a transcript message")
+            commit = commit.model_copy(update={"append_messages": packed})
+        return self.inner.commit(commit)
+
+    def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
+        """Journal a step result, a large one as a reference."""
+        stored = self.offloader.pack(job_id, value, f"result of step {key!r}")
+        self.inner.record_step(job_id, version=version, owner=owner, key=key, value=stored)
+
+    def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
+        """Send messages to the job's inbox, large ones as references."""
+        return self.inner.send(job_id, self.offloader.pack_messages(job_id, messages, "a message sent to the job"))
+
+    def request_control(self, job_id: str, request: str | None) -> bool:
+        """Passed through."""
+        return self.inner.request_control(job_id, request)
+
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
+        """Delete the job, then its blobs (a crash between the two leaves orphans: :meth:`collect_orphans`)."""
+        if if_version is None:
+            deleted = self.inner.delete_job(job_id)
+        else:
+            deleted = self.inner.delete_job(job_id, if_version=if_version)  # type: ignore[call-arg]
+        self.blobs.delete_job(job_id)
+        return deleted
+
+    def collect_orphans(self, *, older_than: float = 3600.0) -> list[str]:
+        """Delete the blobs of jobs that do not exist (a crash between a blob and its job's create or delete).
+
+        Only jobs whose blobs are all older than ``older_than`` seconds: a job
+        being created right now has written its blobs but not yet its record.
+        Returns the job ids whose blobs were removed.
+        """
+        removed = []
+        for job_id in list(self.blobs.job_ids(older_than)):
+            if self.inner.get_job(job_id) is None:
+                self.blobs.delete_job(job_id)
+                removed.append(job_id)
+        return removed
+
+    # --- reads: references resolved -----------------------------------------------------------
+    def _resolved(self, record: JobRecord | None) -> JobRecord | None:
+        cp = None if record is None else record.checkpoint
+        if record is None or cp is None or not any(map(is_reference, cp.journal.values())):
+            return record
+        journal = {k: self.offloader.unpack(record.job_id, v) for k, v in cp.journal.items()}
+        return record.model_copy(update={"checkpoint": cp.model_copy(update={"journal": journal})})
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The record, its journal's references resolved."""
+        return self._resolved(self.inner.get_job(job_id))
+
+    def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
+        """Take the lease; the record with its journal's references resolved."""
+        return self._resolved(self.inner.acquire_lease(job_id, owner, ttl))
+
+    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        """Committed messages, each as it was written (references resolved)."""
+        return self.offloader.unpack_all(job_id, self.inner.messages(job_id, start, stop))
+
+    def inbox(self, job_id: str, count: int) -> list[Message]:
+        """Waiting messages, references resolved."""
+        return self.offloader.unpack_all(job_id, self.inner.inbox(job_id, count))
+
+    # --- passed through -------------------------------------------------------------------------
+    def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
+        """Passed through."""
+        return self.inner.renew_lease(job_id, owner, ttl)
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        """Passed through."""
+        self.inner.release_lease(job_id, owner)
+
+    def lease_owner(self, job_id: str) -> str | None:
+        """Passed through."""
+        return self.inner.lease_owner(job_id)
+
+    def logs(self, job_id: str) -> list[LogEntry]:
+        """Passed through."""
+        return self.inner.logs(job_id)
+
+    def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """Passed through."""
+        return self.inner.events(job_id, after=after, limit=limit)
+
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        """Passed through."""
+        self.inner.publish(job_id, parts)
+
+    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                  block: float | None = None) -> list[Event]:
+        """Passed through."""
+        return self.inner.read_live(job_id, after=after, limit=limit, block=block)
+
+    def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
+        """Passed through."""
+        return self.inner.due_jobs(now, limit=limit)
+
+    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000, **more: Any) -> list[JobRecord]:
+        """Passed through, with any options the wrapped storage's listing has (journals are not resolved)."""
+        return self.inner.list_jobs(status=status, limit=limit, **more)
