@@ -19,6 +19,7 @@ from phases.conversation import DROPPED_KEY, start_messages
 from phases.model import Model
 from phases.run_input import check_context, check_tools_context
 from phases.tools import Tool, tool_map
+from pipelines.engine import versions
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
@@ -46,12 +47,18 @@ class Agent:
     ``context`` returning the tools. ``system`` is pinned as the first message
     of each new conversation (see :mod:`phases.conversation`). ``name`` is the
     pipeline name stored on its jobs: workers find the agent by it.
+    ``version`` (dotted numbers, default: the App's ``version`` when it is
+    one) and ``migrations={from_version: fn(state)}``: see
+    :mod:`pipelines.engine.versions`.
     """
 
     def __init__(self, *, name: str = "agent", model: str | Model, **options: Any) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f"an agent needs a non-empty name, got {name!r}")
         self._name = name
+        # Versioned jobs (pipelines.engine.versions): checked now, carried by the agent's pipeline.
+        self.version = versions.check_version(options.pop("version", None))
+        self.migrations = versions.check_migrations(options.pop("migrations", None), self.version)
         try:
             # Built now, so a bad tool or limit fails at definition, not at the first job.
             self.config = AgentConfig(model=model, **options)
@@ -85,7 +92,7 @@ class Agent:
     # --- PipelineSource (what an App needs) ----------------------------------------------
     def pipeline(self) -> Pipeline:
         """The agent's pipeline: one ``turn`` phase that reschedules itself."""
-        return Pipeline([self._phase])
+        return Pipeline([self._phase], version=self.version, migrations=self.migrations or None)
 
     def phases(self) -> list[Phase]:
         return [self._phase]

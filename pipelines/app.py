@@ -12,6 +12,7 @@ name to phases, so one worker serves many pipelines and agents::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -24,7 +25,7 @@ from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
 from phases.run_input import check_tags
 from pipelines import streams
-from pipelines.engine import control, flow, transitions
+from pipelines.engine import control, flow, transitions, versions
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -179,7 +180,11 @@ class App:
             raise InvalidPipelineError(f"a pipeline needs a non-empty name, got {name!r}")
         if name in self._pipelines and not replace:
             raise InvalidPipelineError(f"pipeline {name!r} is registered twice")
-        self._pipelines[name] = as_pipeline(phases)
+        pipeline = as_pipeline(phases)
+        if pipeline.version is None and versions.is_version(self.version):
+            # Versioned by default with the app's version (a non-numeric app version leaves jobs unversioned).
+            pipeline = dataclasses.replace(pipeline, version=self.version)
+        self._pipelines[name] = pipeline
         self._agents.pop(name, None)
 
     def add_agent(self, agent: PipelineSource, *, replace: bool = False) -> None:

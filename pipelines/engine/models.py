@@ -501,6 +501,8 @@ class JobRecord(BaseModel):
     # Lineage of a fork: the job it was forked from and at which turn.
     forked_from: str | None = None
     at_turn: int | None = None
+    # The version of the pipeline or agent that last wrote the job (see pipelines.engine.versions).
+    code_version: str | None = None
 
 
 class Commit(BaseModel):

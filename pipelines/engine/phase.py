@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from pipelines.engine import versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StateValidationError
 from pipelines.engine.models import (
@@ -188,6 +189,10 @@ class Pipeline:
 
     phases: Sequence[Phase]
     state: type[BaseModel] | None = None
+    # The code version that writes this pipeline's jobs, and {from_version: fn(state)} upgrades of
+    # older jobs' states (see pipelines.engine.versions). None: jobs are not versioned.
+    version: str | None = None
+    migrations: Mapping[str, Callable[[Any], Any]] | None = None
 
     def __post_init__(self) -> None:
         phases = self.phases
@@ -205,6 +210,9 @@ class Pipeline:
         if self.state is not None and not (isinstance(self.state, type) and issubclass(self.state, BaseModel)):
             raise InvalidPipelineError(f"state must be a pydantic model class, got {self.state!r}")
         object.__setattr__(self, "phases", tuple(phases))
+        version = versions.check_version(self.version)
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "migrations", versions.check_migrations(self.migrations, version) or None)
 
     @property
     def by_name(self) -> dict[str, Phase]:

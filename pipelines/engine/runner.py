@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapters.base import Backlog, Scheduler, Storage
-from pipelines.engine import flow, telemetry, transitions
+from pipelines.engine import flow, telemetry, transitions, versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import (
     CorruptRecordError,
@@ -214,7 +214,11 @@ class _Turn:
             if cp.due_at > now + self.scheduler.precision:
                 return AdvanceResult.NOT_DUE
             keep = self.deadline is not None and time.monotonic() < self.deadline and not self.work_waiting()
-            result, commit, reply = self.run_gated(record, pipeline_for(record), keep)
+            pipeline = pipeline_for(record)
+            admitted = self.admit(record, pipeline)
+            if isinstance(admitted, AdvanceResult):
+                return admitted
+            result, commit, reply = self.run_gated(admitted, pipeline, keep)
             if commit is None:
                 return result
             if result is AdvanceResult.COMPLETED and reply.inbox:
@@ -224,6 +228,22 @@ class _Turn:
                 return result
             # Exactly what storage now holds: go on without reloading.
             record = commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
+
+    def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
+        """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""
+        admitted = versions.admit(record, pipeline.version, pipeline.migrations or {})
+        if admitted.delay > 0:  # written by a newer version: left untouched for a newer worker
+            return self.defer(record, admitted.delay, f"written by version {record.code_version}")
+        if admitted.error is None:
+            return admitted.record
+        commit = transitions.after_phase(record, Fail(admitted.error), transitions.PhaseOutput(), owner=self.owner,
+                                         now=self.scheduler.now())
+        try:
+            transitions.apply(self.storage, self.scheduler, commit)
+        except StaleVersionError:
+            return AdvanceResult.STALE
+        self.released = True
+        return AdvanceResult.FAILED
 
     def work_waiting(self) -> bool:
         """Whether other work of this job's priority (or higher) waits: then ``continue_for`` hands the job back.

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import telemetry, transitions
+from pipelines.engine import telemetry, transitions, versions
 from pipelines.engine.errors import (
     InvalidInputError,
     InvalidPipelineError,
@@ -98,6 +98,7 @@ def start_job(
     opts = to_json_value(options or {}, what=f"options of job {job_id!r}")
     now = scheduler.now()
     existing = storage.get_job(job_id)
+    fresh = False
     if existing is None:
         if retry_mode == "resume":
             raise JobNotFoundError(f"job {job_id!r} does not exist; nothing to resume")
@@ -106,6 +107,7 @@ def start_job(
     elif existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
         commit = transitions.continue_conversation(existing, first=first, state=state, messages=new_messages,
                                                    pipeline=name, options=opts, now=now)
+        fresh = True
     else:
         if new_messages:
             raise JobConflictError(
@@ -115,6 +117,10 @@ def start_job(
             commit = transitions.retry_resume(existing, now=now)
         else:
             commit = transitions.retry_full(existing, first=first, state=state, now=now)
+    if commit.expected_version == 0 or fresh:
+        # A new job or a new run's fresh state is this code's: marked with its version, so an older
+        # worker leaves it alone (a retry keeps the stored mark: its state may await a migration).
+        commit = commit.model_copy(update={"record": versions.stamp(commit.record, pipeline.version)})
     try:
         transitions.apply(storage, scheduler, commit)
     except StaleVersionError as exc:

@@ -383,7 +383,7 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
         transcript_len=len(messages), base_transcript_len=len(messages), initial_phase=phase or src.initial_phase,
         initial_state=mark.state, options=options, phases_done=mark.phases_done, created_at=now, updated_at=now,
         history=[m for m in src.history if m.phases_done <= mark.phases_done], forked_from=src.job_id,
-        at_turn=mark.phases_done)
+        at_turn=mark.phases_done, code_version=src.code_version)
     why = f"job forked from {src.job_id!r} at turn {mark.phases_done}"
     return Commit(job_id=new_job_id, expected_version=0, token=token, record=record, append_messages=messages,
                   logs=[_log(now, phase, why)],

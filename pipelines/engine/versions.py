@@ -1,0 +1,157 @@
+"""Versioned jobs: which code version last wrote a job, migrations of older jobs, and newer jobs left alone.
+
+A pipeline (or agent) declares ``version="2"`` (dotted numbers: ``"1.10"`` is
+newer than ``"1.9"``) and ``migrations={"1": fn}``: ``fn(state)`` returns the
+state as version 2 expects it. When a worker loads a job that an older
+version wrote, it applies every migration from the job's version up, in
+order, to the state the turn starts from; the turn's commit writes the new
+state and the new version together, so a migration is applied once (a turn
+that crashes before its commit migrates again from the same stored state:
+migrations must be pure functions of the state). A job written by a newer
+version than the worker's is not touched: the worker logs why and asks for
+the job again later, with backoff, for a newer worker to take.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NamedTuple
+
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import JobRecord, to_json_value
+
+__all__ = [
+    "MAX_DEFER_SECONDS",
+    "Admission",
+    "admit",
+    "check_migrations",
+    "check_version",
+    "is_version",
+    "stamp",
+    "version_key",
+]
+
+logger = logging.getLogger("pipelines.versions")
+
+_VERSION: Final = re.compile(r"\d{1,9}(\.\d{1,9}){0,7}")
+MAX_DEFER_SECONDS: Final = 600.0
+"""The longest a worker waits before asking again for a job a newer version wrote."""
+_FIRST_DEFER: Final = 5.0
+
+Migration = Callable[[Any], Any]
+
+
+def is_version(value: object) -> bool:
+    """Whether ``value`` is a version string (dotted numbers)."""
+    return isinstance(value, str) and _VERSION.fullmatch(value) is not None
+
+
+def check_version(value: object, what: str = "version") -> str | None:
+    """``value`` as a version (an int becomes its string), ``None`` as is; else :class:`InvalidInputError`."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = str(value)
+    if not is_version(value):
+        raise InvalidInputError(f"{what} must be dotted numbers like '3' or '1.2', got {value!r}")
+    assert isinstance(value, str)
+    return value
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """The order of versions: ``"1.10"`` after ``"1.9"``, ``"2"`` equal to ``"2.0"``."""
+    parts = [int(p) for p in version.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def check_migrations(migrations: object, version: str | None) -> dict[str, Migration]:
+    """``{from_version: fn}`` checked: versions valid and older than ``version``, functions callable."""
+    if migrations is None:
+        return {}
+    if not isinstance(migrations, Mapping):
+        raise InvalidInputError("migrations must be a dict {from_version: function}, "
+                                f"got {type(migrations).__name__}")
+    if migrations and version is None:
+        raise InvalidInputError("migrations need a version= to migrate to")
+    checked: dict[str, Migration] = {}
+    for old, fn in migrations.items():
+        key = check_version(old, "a migration's from_version")
+        assert key is not None and version is not None
+        if version_key(key) >= version_key(version):
+            raise InvalidInputError(f"migration from {key!r} is not older than version {version!r}")
+        if not callable(fn):
+            raise InvalidInputError(f"migration from {key!r} must be a function of the state")
+        checked[key] = fn
+    return dict(sorted(checked.items(), key=lambda kv: version_key(kv[0])))
+
+
+def stamp(record: JobRecord, version: str | None) -> JobRecord:
+    """``record`` marked as written by ``version`` (unchanged when the pipeline has none)."""
+    return record if version is None else record.model_copy(update={"code_version": version})
+
+
+class Admission(NamedTuple):
+    """What a worker does with a job it loaded: run ``record`` (migrated), wait ``delay`` seconds, or fail."""
+
+    record: JobRecord
+    delay: float = 0.0
+    error: str | None = None
+
+
+_deferrals: dict[str, int] = {}  # job id -> deferrals in a row (this process's backoff)
+_lock = threading.Lock()
+
+
+def _backoff(job_id: str) -> float:
+    with _lock:
+        n = _deferrals.get(job_id, 0)
+        if len(_deferrals) > 10_000:
+            _deferrals.clear()  # bounded: a backoff that restarts is harmless
+        _deferrals[job_id] = n + 1
+    return float(min(MAX_DEFER_SECONDS, _FIRST_DEFER * 2 ** min(n, 20)))
+
+
+def admit(record: JobRecord, version: str | None, migrations: Mapping[str, Migration]) -> Admission:
+    """Whether a worker of ``version`` may run ``record``'s turn, and with which state (see the module doc)."""
+    stored = record.code_version
+    if version is None or stored == version:
+        return Admission(record)
+    if stored is not None and version_key(stored) > version_key(version):
+        delay = _backoff(record.job_id)
+        logger.warning("job %s was written by version %s, newer than this worker's %s: not touched, asked for "
+                       "again in %.0fs (run a worker of version %s or newer)", record.job_id, stored, version, delay,
+                       stored)
+        return Admission(record, delay=delay)
+    with _lock:
+        _deferrals.pop(record.job_id, None)
+    cp = record.checkpoint
+    if cp is None:
+        return Admission(stamp(record, version))
+    try:
+        state = _migrate(cp.state, stored, migrations)
+    except _MigrationError as exc:
+        return Admission(record, error=f"{exc} (migrating job {record.job_id!r} to version {version!r})")
+    logger.info("job %s: migrated from version %s to %s", record.job_id, stored or "(none)", version)
+    migrated = record.model_copy(update={"checkpoint": cp.model_copy(update={"state": state})})
+    return Admission(stamp(migrated, version))
+
+
+class _MigrationError(Exception):
+    pass
+
+
+def _migrate(state: Any, stored: str | None, migrations: Mapping[str, Migration]) -> Any:
+    """``state`` through every migration from ``stored`` up (all of them for a job from before versions)."""
+    for old, fn in migrations.items():
+        if stored is not None and version_key(old) < version_key(stored):
+            continue
+        try:
+            state = to_json_value(fn(state), what=f"the state returned by the migration from {old!r}")
+        except Exception as exc:  # user code: any failure fails the job, with its reason (I9)
+            raise _MigrationError(f"migration from version {old!r} failed: {type(exc).__name__}: {exc}") from exc
+    return state

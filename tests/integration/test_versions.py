@@ -1,0 +1,152 @@
+"""Issue 14: versioned jobs - the version that last wrote a job, migrations, newer jobs left alone (memory, Redis)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.redis import RedisStorage
+from pipelines import Agent, App, Done, JobStatus, Next, PhaseContext
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.phase import Phase, Pipeline
+from pipelines.engine.runner import AdvanceResult
+from pipelines.testing import ScriptedModel
+
+
+@pytest.fixture(params=["memory", "redis"])
+def storage(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStorage()
+        return
+    s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"v{uuid.uuid4().hex[:8]}")
+    yield s
+    s.client.close()
+
+
+def step_v1(ctx: PhaseContext[Any]) -> Any:
+    n = ctx.state["n"] + 1
+    return Next("step", state={"n": n}) if n < 2 else Done(result=n)
+
+
+def step_v2(ctx: PhaseContext[Any]) -> Any:
+    count = ctx.state["count"] + 1  # v2 renamed the field
+    return Next("step", state={"count": count}) if count < 4 else Done(result=count)
+
+
+migrated: list[Any] = []
+
+
+def rename(state: Any) -> Any:
+    migrated.append(state)
+    return {"count": state["n"]}
+
+
+def app_of(storage: Any, version: str, clock: VirtualClock, **extra: Any) -> App:
+    step = step_v1 if version == "1" else step_v2
+    pipe = Pipeline([Phase("step", step)], version=version, **extra)
+    return App(storage=storage, scheduler=MemoryScheduler(clock=clock), pipelines={"p": pipe}, provenance=False)
+
+
+def sched(app: App) -> MemoryScheduler:
+    assert isinstance(app.scheduler, MemoryScheduler)
+    return app.scheduler
+
+
+def test_a_newer_worker_migrates_an_older_job_once_in_its_next_commit(storage: Any) -> None:
+    migrated.clear()
+    clock = VirtualClock(start=1_000_000.0)
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id="j", initial_state={"n": 0})
+    assert sched(old).run_next()  # one v1 turn: state {"n": 1}
+    rec = storage.get_job("j")
+    assert rec.code_version == "1" and rec.checkpoint.state == {"n": 1}
+    new = app_of(storage, "2", clock, migrations={"1": rename})
+    assert new.advance("j") is AdvanceResult.ADVANCED
+    rec = storage.get_job("j")
+    assert rec.code_version == "2" and rec.checkpoint.state == {"count": 2}  # migrated, then the v2 turn ran
+    sched(new).drain()
+    sched(old).drop_all()
+    view = new.get("j")
+    assert view is not None and view.status is JobStatus.COMPLETE and view.result == 4
+    assert migrated == [{"n": 1}]  # once, for all the turns that followed
+
+
+def test_an_older_worker_leaves_a_newer_job_untouched_and_asks_again_later(
+        storage: Any, caplog: pytest.LogCaptureFixture) -> None:
+    clock = VirtualClock(start=1_000_000.0)
+    new = app_of(storage, "2", clock, migrations={"1": rename})
+    new.run_pipeline("p", job_id="j", initial_state={"count": 0})
+    sched(new).drop_all()
+    before = storage.get_job("j")
+    old = app_of(storage, "1", clock)
+    with caplog.at_level(logging.WARNING, logger="pipelines.versions"):
+        assert old.advance("j") is AdvanceResult.DEFERRED
+        assert old.advance("j") is AdvanceResult.DEFERRED
+    after = storage.get_job("j")
+    assert after.version == before.version and after.checkpoint.state == {"count": 0}  # not touched
+    assert after.code_version == "2" and storage.lease_owner("j") is None
+    assert "written by version 2, newer than this worker's 1" in caplog.text
+    delays = [d - clock() for d in sorted(e.due for e in sched(old)._heap)]
+    assert delays[0] > 0 and delays[1] > delays[0]  # requeued with backoff, not at once
+    assert new.advance("j") is AdvanceResult.ADVANCED  # a worker of the job's version runs it
+
+
+def test_a_failing_migration_fails_the_job_with_the_stored_state_kept(storage: Any) -> None:
+    clock = VirtualClock(start=1_000_000.0)
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id="j", initial_state={"n": 0})
+
+    def broken(state: Any) -> Any:
+        raise KeyError("count")
+
+    bad = app_of(storage, "2", clock, migrations={"1": broken})
+    assert bad.advance("j") is AdvanceResult.FAILED
+    rec = storage.get_job("j")
+    assert rec.status is JobStatus.ERROR and "migration from version '1' failed: KeyError" in (rec.error or "")
+    assert rec.code_version == "1" and rec.checkpoint.state == {"n": 0}  # nothing half migrated
+    fixed = app_of(storage, "2", clock, migrations={"1": rename})
+    fixed.retry("j")
+    sched(fixed).drain()
+    assert storage.get_job("j").result == 4
+
+
+def test_versions_default_from_the_app_and_go_with_forks(storage: Any) -> None:
+    clock = VirtualClock(start=1_000_000.0)
+    app = App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False, version="3.1",
+              pipelines={"p": [Phase("step", step_v1)]},
+              agents=[Agent(name="bot", model=ScriptedModel(lambda m: "hi"), version="7")])
+    app.run_pipeline("p", job_id="p1", initial_state={"n": 0})
+    app.run_agent("bot", job_id="a1", messages=["hello"])
+    app.drain()
+    assert storage.get_job("p1").code_version == "3.1" and storage.get_job("a1").code_version == "7"
+    app.fork("a1", at_turn=1, new_job_id="f")
+    assert storage.get_job("f").code_version == "7"
+    plain = App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False, version="build-abc",
+                pipelines={"p": [Phase("step", step_v1)]})
+    plain.run_pipeline("p", job_id="p2", initial_state={"n": 0})
+    assert storage.get_job("p2").code_version is None  # a non-numeric app version leaves jobs unversioned
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"version": "v2"}, "dotted numbers"),
+    ({"version": "2", "migrations": {"2": rename}}, "not older"),
+    ({"version": "2", "migrations": {"1": "rename"}}, "function"),
+    ({"migrations": {"1": rename}}, "need a version"),
+    ({"version": "2", "migrations": [rename]}, "dict"),
+])
+def test_bad_versions_and_migrations_are_refused_at_definition(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        Pipeline([Phase("step", step_v1)], **options)
+    with pytest.raises(InvalidInputError, match=match):
+        Agent(name="bot", model=ScriptedModel(lambda m: "hi"), **options)
+
+
+def test_version_order_is_numeric() -> None:
+    from pipelines.engine.versions import version_key
+
+    assert version_key("1.10") > version_key("1.9") and version_key("2") == version_key("2.0")
