@@ -12,7 +12,7 @@ that app's storage and scheduler::
     pipelines transcript --app X JOB [--pretty]
     pipelines retry     --app X JOB [--full]
     pipelines cancel    --app X JOB [--wait S] [--force]
-    pipelines jobs      --app X [--status running] [--limit N]
+    pipelines jobs      --app X [--status running] [--limit N] [--version]
     pipelines pause | resume --app X JOB
     pipelines approve   --app X JOB CALL
     pipelines reject    --app X JOB CALL --reason "..."
@@ -46,6 +46,7 @@ import logging
 import os
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -283,11 +284,24 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
         records = [v.record for v in app.jobs(status=status, tags=args.tag or (), limit=args.limit)]
     finally:
         logger.removeHandler(handler)
+    if getattr(args, "by_version", False):
+        return _print_versions(records, out)
     for r in records:
         phase = r.checkpoint.next_phase if r.checkpoint else "-"
         tags = ",".join(tags_of(r)) or "-"
         print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}\t{tags}",
               file=out)
+    return 0
+
+
+def _print_versions(records: list[JobRecord], out: TextIO) -> int:
+    """What runs on which code version: one line per pipeline and version, with its jobs per status."""
+    counts: dict[tuple[str, str], Counter[str]] = {}
+    for r in records:
+        counts.setdefault((r.pipeline, r.code_version or "-"), Counter())[r.status.value] += 1
+    for (pipeline, version), by_status in sorted(counts.items()):
+        summary = " ".join(f"{s}={n}" for s, n in sorted(by_status.items()))
+        print(f"{pipeline}\t{version}\t{sum(by_status.values())}\t{summary}", file=out)
     return 0
 
 
@@ -386,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", action="append", help="only jobs with this tag (repeat: all of them)")
     p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    p.add_argument("--version", dest="by_version", action="store_true",
+                   help="what runs on which code version: pipeline, version, jobs, jobs per status")
     p = add("ui", cmd_ui, "serve the web page to watch and steer runs (needs phaserunner[web])")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, default=8008, help="port (default: 8008)")

@@ -150,3 +150,20 @@ def test_version_order_is_numeric() -> None:
     from pipelines.engine.versions import version_key
 
     assert version_key("1.10") > version_key("1.9") and version_key("2") == version_key("2.0")
+
+
+def test_the_cli_lists_what_runs_on_which_version(storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from pipelines.cli import main
+
+    clock = VirtualClock(start=1_000_000.0)
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id="a", initial_state={"n": 0})
+    sched(old).drain()
+    new = app_of(storage, "2", clock, migrations={"1": rename})
+    new.run_pipeline("p", job_id="c", initial_state={"count": 0})
+    monkeypatch.setattr("pipelines.cli._load", lambda spec: new)
+    out = io.StringIO()
+    assert main(["jobs", "--app", "x:app", "--version"], out=out, err=io.StringIO()) == 0
+    assert out.getvalue().splitlines() == ["p\t1\t1\tcomplete=1", "p\t2\t1\trunning=1"]
