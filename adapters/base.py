@@ -33,6 +33,10 @@ Storage contract
   ``events(after=id)`` resumes a reader where it stopped.
 * The due index holds every running job with its ``due_at``; ``due_jobs``
   reads it (I7: ``pipelines advance --due`` recovers lost messages from it).
+* The listing indexes (every job, and one per status, by ``updated_at``)
+  move with the record in the same atomic write; ``list_jobs`` pages through
+  them newest first with a cursor (:func:`page_cursor`) and ``count_jobs``
+  counts without reading records.
 
 Scheduler contract
 ------------------
@@ -46,13 +50,26 @@ the runner uses for due times (the memory scheduler's clock is virtual).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import (
+    Commit,
+    CommitReply,
+    Event,
+    JobRecord,
+    JobStatus,
+    JSONValue,
+    LogEntry,
+    Message,
+    validate_job_id,
+)
 
 __all__ = [
     "AdvanceFn",
+    "CountingIndex",
     "FlowCapable",
     "Backlog",
     "FlowStore",
@@ -65,6 +82,8 @@ __all__ = [
     "LiveStore",
     "Scheduler",
     "Storage",
+    "page_cursor",
+    "parse_cursor",
 ]
 
 AdvanceFn = Callable[[str], object]
@@ -195,8 +214,30 @@ class JobIndex(Protocol):
         """Ids of running jobs whose ``due_at <= now``, earliest first."""
         ...
 
-    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
-        """Jobs, optionally only those in ``status``."""
+    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000,
+                  before: str | None = None) -> list[JobRecord]:
+        """Up to ``limit`` jobs, optionally only those in ``status``, newest ``updated_at`` first (ties: id).
+
+        ``before`` is :func:`page_cursor` of the last job of the previous page:
+        the listing goes on after it, whatever moved since (a job updated
+        meanwhile moves to the front, it does not shift the pages).
+        """
+        ...
+
+
+@runtime_checkable
+class CountingIndex(Protocol):
+    """A :class:`JobIndex` that counts jobs from its listing indexes (memory and Redis do).
+
+    A port of its own, so a storage written before it (or a wrapper) is still a :class:`Storage`.
+    """
+
+    def count_jobs(self, status: JobStatus | None = None) -> int:
+        """How many jobs there are (in ``status``), from the index: no record is read."""
+        ...
+
+    def reindex(self) -> int:
+        """Put jobs written before the listing indexes existed into them; how many were (re)indexed."""
         ...
 
 
@@ -306,3 +347,25 @@ class FlowStore(Protocol):
     def release_slot(self, key: str, member: str) -> None:
         """Give ``member``'s slot of ``key`` back (a no-op if it holds none)."""
         ...
+
+
+# --- listing cursors ----------------------------------------------------------------------------
+def page_cursor(record: JobRecord) -> str:
+    """The cursor after ``record`` in a newest-first listing: ``list_jobs(before=page_cursor(last))``."""
+    return f"{record.updated_at!r}/{record.job_id}"
+
+
+def parse_cursor(cursor: str | None) -> tuple[float, str] | None:
+    """``(updated_at, job_id)`` of a :func:`page_cursor`; ``InvalidInputError`` naming what is wrong."""
+    if cursor is None:
+        return None
+    when, sep, job_id = cursor.partition("/") if isinstance(cursor, str) else ("", "", "")
+    try:
+        updated = float(when)
+        validate_job_id(job_id)
+    except (ValueError, InvalidInputError):
+        updated = math.nan
+    if not sep or not math.isfinite(updated):
+        raise InvalidInputError(f"bad listing cursor {str(cursor)[:80]!r}: expected <updated_at>/<job id> "
+                                "(from page_cursor)")
+    return updated, job_id

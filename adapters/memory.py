@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from adapters.base import parse_cursor
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -98,6 +99,9 @@ class MemoryStorage:
         self._jobs: dict[str, _Job] = {}
         self._due: dict[str, float] = {}
         self._finished: dict[str, float] = {}  # finished job id -> when it finished (retention reads it)
+        # The listing indexes: job id -> updated_at, per status (the "all jobs" one is self._updated).
+        self._updated: dict[str, float] = {}
+        self._by_status: dict[JobStatus, dict[str, float]] = {s: {} for s in JobStatus}
         self._lock = threading.RLock()
         self._published = threading.Condition(self._lock)  # wakes readers following a live stream
         self._clock = clock or time.monotonic
@@ -138,6 +142,7 @@ class MemoryStorage:
                                              live=list(event_lines), version=record.version)
             self._published.notify_all()
             self._set_due(record)
+            self._set_listed(record.job_id, record)
             self.writes += 1
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
 
@@ -151,6 +156,18 @@ class MemoryStorage:
             self._finished[record.job_id] = record.updated_at
         else:
             self._finished.pop(record.job_id, None)
+
+    def _set_listed(self, job_id: str, record: JobRecord | None) -> None:
+        """Move ``job_id`` to ``record``'s status index (out of all of them for ``None``); under the lock."""
+        for status, index in self._by_status.items():
+            if record is not None and status is record.status:
+                index[job_id] = record.updated_at
+            else:
+                index.pop(job_id, None)
+        if record is None:
+            self._updated.pop(job_id, None)
+        else:
+            self._updated[job_id] = record.updated_at
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -204,6 +221,7 @@ class MemoryStorage:
                 job.control = None
             del job.inbox[: commit.take_inbox]
             self._set_due(commit.record)
+            self._set_listed(commit.job_id, commit.record)
             self.writes += 1
             self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
             return CommitReply(job.control, len(job.inbox))
@@ -340,10 +358,37 @@ class MemoryStorage:
             logging.getLogger("pipelines").error("job %s: unreadable record skipped: %s", job_id, exc)
             return None
 
-    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
+    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000,
+                  before: str | None = None) -> list[JobRecord]:
+        """Jobs (optionally in ``status``) newest ``updated_at`` first, after the cursor ``before``."""
+        cursor = parse_cursor(before)
+        out: list[JobRecord] = []
         with self._lock:
-            records = [r for j, job in self._jobs.items() if (r := self._readable(j, job)) is not None]
-        return [r for r in records if status is None or r.status is status][:limit]
+            index = self._updated if status is None else self._by_status[status]
+            entries = sorted(((t, j) for j, t in index.items() if cursor is None or (t, j) < cursor), reverse=True)
+            for _, job_id in entries:
+                if len(out) >= limit:
+                    break
+                rec = self._readable(job_id, self._jobs[job_id])
+                if rec is not None:
+                    out.append(rec)
+        return out
+
+    def count_jobs(self, status: JobStatus | None = None) -> int:
+        """How many jobs (in ``status``), from the listing index."""
+        with self._lock:
+            return len(self._updated if status is None else self._by_status[status])
+
+    def reindex(self) -> int:
+        """Rebuild the listing indexes from the records (they never lag here); how many jobs were indexed."""
+        with self._lock:
+            for job_id in list(self._updated):
+                self._set_listed(job_id, None)
+            for job_id, job in self._jobs.items():
+                rec = self._readable(job_id, job)
+                if rec is not None:
+                    self._set_listed(job_id, rec)
+            return len(self._updated)
 
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
         """Remove the job and its index entries; with ``if_version``, only if it is still at that version
@@ -354,6 +399,7 @@ class MemoryStorage:
                 raise StaleVersionError(f"job {job_id!r} is at version {job.version}; delete expected {if_version}")
             self._due.pop(job_id, None)
             self._finished.pop(job_id, None)
+            self._set_listed(job_id, None)
             return self._jobs.pop(job_id, None) is not None
 
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:

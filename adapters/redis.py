@@ -14,6 +14,12 @@ below, nowhere else)::
     <prefix>:due               zset  running job ids scored by due_at
     <prefix>:jobs              set   every job id
     <prefix>:finished          zset  finished job ids scored by the time they finished (retention)
+    <prefix>:updated           zset  every job id scored by updated_at (the listing, newest first)
+    <prefix>:status:<status>   zset  the job ids in one status scored by updated_at (one key per status)
+
+The listing indexes are written by the same scripts as the records; jobs
+written before they existed are put in by :meth:`RedisStorage.reindex`
+(``pipelines reindex``); until then a listing reads every record instead.
 
 Each check-then-write is one Lua script (:mod:`adapters.redis_scripts`), so
 a commit is atomic and costs one round trip. Values are JSON text; nothing is
@@ -40,6 +46,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from adapters import redis_scripts
+from adapters.base import parse_cursor
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -67,11 +74,13 @@ from pipelines.engine.models import (
     validate_job_id,
 )
 
-__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "finished_key", "index_keys", "job_keys"]
+__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "finished_key", "index_keys", "job_keys",
+           "listing_keys"]
 
 DEFAULT_PREFIX = "pr"
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 _BATCH = 200  # records fetched per round trip by list_jobs
+_log = logging.getLogger("pipelines")
 # A job in these statuses may still stream: its live stream is kept until it finishes.
 _LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 # A job in these statuses is in the finished index, which retention reads.
@@ -79,7 +88,7 @@ _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 # The Redis type each key role must have (roles as the scripts name them).
 _KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
               "events": "stream", "due": "zset", "jobs": "set", "live": "stream",
-              "finished": "zset"}
+              "finished": "zset", **dict.fromkeys(redis_scripts.INDEX_ROLES, "zset")}
 
 
 def check_prefix(prefix: object, what: str = "key prefix") -> str:
@@ -124,6 +133,16 @@ def index_keys(prefix: str) -> tuple[str, str]:
 def finished_key(prefix: str) -> str:
     """The index of finished jobs under ``prefix`` (zset: job id -> when it finished); global like the due index."""
     return f"{prefix}:finished"
+
+
+def listing_keys(prefix: str) -> list[str]:
+    """The listing indexes under ``prefix``, in the scripts' order: every job, then one per status (zsets)."""
+    return [f"{prefix}:updated", *(f"{prefix}:status:{s.value}" for s in JobStatus)]
+
+
+def _listed(record: JobRecord) -> list[str]:
+    """The scripts' ARGV placing ``record`` in the listing indexes: its status index, its updated_at."""
+    return [redis_scripts.index_position(record.status), _score(record.updated_at)]
 
 
 def _finished_at(record: JobRecord) -> str:
@@ -230,6 +249,7 @@ class RedisStorage:
         self.max_block = 5.0
         self.due_key, self.jobs_key = index_keys(prefix)
         self.finished_key = finished_key(prefix)
+        self.listing_keys = listing_keys(prefix)  # every job, then one per status
         # register_script runs EVALSHA and reloads the script after SCRIPT FLUSH.
         self._create = client.register_script(redis_scripts.CREATE)
         self._commit = client.register_script(redis_scripts.COMMIT)
@@ -241,6 +261,7 @@ class RedisStorage:
         self._control = client.register_script(redis_scripts.CONTROL)
         self._publish = client.register_script(redis_scripts.PUBLISH)
         self._send = client.register_script(redis_scripts.SEND)
+        self._reindex = client.register_script(redis_scripts.REINDEX)
 
     @classmethod
     def from_url(
@@ -281,15 +302,17 @@ class RedisStorage:
     def _all_keys(self, job_id: str) -> list[str]:
         k = self.keys(job_id)
         # The order the scripts expect (KEYS[1..10]); the live stream and the finished index came last.
+        # The listing indexes stay at the very end: the scripts find them counting from the end.
         return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, self.due_key, self.jobs_key, k.live,
-                self.finished_key, k.inbox]
+                self.finished_key, k.inbox, *self.listing_keys]
 
     def _check_types(self, job_id: str, reply: Any, what: str) -> None:
         """Raise CorruptRecordError for a script's ``corrupt:<role>:<type>`` reply (nothing was written)."""
         if not isinstance(reply, bytes | str) or not _text(reply).startswith("corrupt:"):
             return
         _, role, found = _text(reply).split(":", 2)
-        key = ({"due": self.due_key, "jobs": self.jobs_key, "finished": self.finished_key}.get(role)
+        indexes = dict(zip(redis_scripts.INDEX_ROLES, self.listing_keys, strict=True))
+        key = ({"due": self.due_key, "jobs": self.jobs_key, "finished": self.finished_key, **indexes}.get(role)
                or getattr(self.keys(job_id), role))
         raise CorruptRecordError(
             f"{what}: key {key!r} ({role}) is a Redis {found}, expected a {_KEY_TYPES[role]} (WRONGTYPE); "
@@ -392,12 +415,80 @@ class RedisStorage:
             ids = self.client.zrangebyscore(self.due_key, "-inf", repr(float(now)), start=0, num=limit)
         return [_text(i) for i in ids]
 
-    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000) -> list[JobRecord]:
-        """Jobs (optionally in ``status``) in job-id order, fetched in batches."""
+    # --- listing -----------------------------------------------------------
+    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000,
+                  before: str | None = None) -> list[JobRecord]:
+        """Jobs (optionally in ``status``), newest ``updated_at`` first, read from the listing indexes.
+
+        ``before``: :func:`~adapters.base.page_cursor` of the previous page's
+        last job. Only the page's records are read (one ZRANGE, then batches).
+        While jobs written before the indexes existed are missing from them
+        (:meth:`unindexed`), every record is read instead and a warning names
+        ``pipelines reindex``.
+        """
+        cursor = parse_cursor(before)
         if limit <= 0:
             return []
+        if self._needs_scan():
+            return self._scan(status, cursor)[:limit]
+        key = self.listing_keys[0 if status is None else list(JobStatus).index(status) + 1]
+        out: list[JobRecord] = []
+        for ids in self._index_pages(key, cursor, min(max(limit, 20), 1000)):
+            out.extend(r for r in self._fetch(ids) if status is None or r.status is status)
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def count_jobs(self, status: JobStatus | None = None) -> int:
+        """How many jobs (in ``status``): ZCARD of a listing index (reads every record until :meth:`reindex`)."""
+        if self._needs_scan():
+            return len(self._scan(status, None))
+        key = self.listing_keys[0 if status is None else list(JobStatus).index(status) + 1]
+        with _mapped("counting jobs"):
+            return int(self.client.zcard(key))
+
+    def unindexed(self) -> int:
+        """About how many jobs are missing from the listing indexes (written before they existed): SCARD - ZCARD."""
+        with _mapped("reading the listing index"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.scard(self.jobs_key)
+            pipe.zcard(self.listing_keys[0])
+            jobs, listed = pipe.execute()
+        return max(0, int(jobs) - int(listed))
+
+    def _needs_scan(self) -> bool:
+        missing = self.unindexed()
+        if missing and not self.__dict__.get("_warned"):
+            self.__dict__["_warned"] = True  # once per storage: a listing page would repeat it
+            _log.warning("%d jobs are not in the listing index (written before it existed): listings read every "
+                         "record until `pipelines reindex --app MODULE:APP` (RedisStorage.reindex) runs", missing)
+        return missing > 0
+
+    def _index_pages(self, key: str, cursor: tuple[float, str] | None, size: int) -> Iterator[list[str]]:
+        """Ids from index ``key`` newest first, after ``cursor``, ``size`` per round trip."""
+        top, offset = ("+inf" if cursor is None else repr(cursor[0])), 0
+        while True:
+            with _mapped("reading the listing index"):
+                rows: list[Any] = self.client.zrevrangebyscore(key, top, "-inf", start=offset, num=size,
+                                                               withscores=True)
+            offset += len(rows)
+            # Same-score entries come in reverse id order: those at or above the cursor's id were listed.
+            ids = [_text(m) for m, score in rows if cursor is None or (float(score), _text(m)) < cursor]
+            if ids:
+                yield ids
+            if len(rows) < size:
+                return
+
+    def _scan(self, status: JobStatus | None, cursor: tuple[float, str] | None) -> list[JobRecord]:
+        """Every record (in ``status``, after ``cursor``), newest first: the listing without its index."""
         with _mapped("listing jobs"):
-            ids = sorted(_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000))
+            ids = [_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000)]
+        found = [r for r in self._fetch(ids) if (status is None or r.status is status)
+                 and (cursor is None or (r.updated_at, r.job_id) < cursor)]
+        return sorted(found, key=lambda r: (r.updated_at, r.job_id), reverse=True)
+
+    def _fetch(self, ids: Sequence[str]) -> list[JobRecord]:
+        """The records of ``ids`` in that order, ``_BATCH`` per round trip; gone or unreadable ones skipped."""
         out: list[JobRecord] = []
         for i in range(0, len(ids), _BATCH):
             batch = ids[i : i + _BATCH]
@@ -411,19 +502,51 @@ class RedisStorage:
             for n, job_id in enumerate(batch):
                 (data, jver, control), journal = replies[2 * n], replies[2 * n + 1]
                 if data is None:
-                    continue  # deleted since the scan
+                    continue  # deleted since the index was read
                 pairs = [x for kv in journal.items() for x in kv]
                 try:
-                    rec = self._parse(job_id, data, "" if jver is None else jver, pairs, control)
+                    out.append(self._parse(job_id, data, "" if jver is None else jver, pairs, control))
                 except CorruptRecordError as exc:
                     # A listing shows the rest; the bad one is named in the log.
-                    logging.getLogger("pipelines").error("job %s: unreadable record skipped: %s", job_id, exc)
-                    continue
-                if status is None or rec.status is status:
-                    out.append(rec)
-                    if len(out) >= limit:
-                        return out
+                    _log.error("job %s: unreadable record skipped: %s", job_id, exc)
         return out
+
+    def reindex(self, *, batch: int = 500) -> int:
+        """Put every job in the listing indexes and drop entries of jobs gone; how many jobs were indexed.
+
+        For jobs written before the indexes existed (``pipelines reindex``).
+        Safe while workers run: a job is indexed only if its version is still
+        the one read (a commit since then indexed it itself). Run it once every
+        worker runs a version that maintains the indexes.
+        """
+        with _mapped("reindexing jobs"):
+            ids = {_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000)}
+            ids.update(_text(m) for m, _ in self.client.zscan_iter(self.listing_keys[0], count=1000))
+        ordered, done = sorted(ids), 0
+        for i in range(0, len(ordered), max(1, batch)):
+            done += self._reindex_batch(ordered[i : i + max(1, batch)])
+        self.__dict__.pop("_warned", None)
+        return done
+
+    def _reindex_batch(self, ids: Sequence[str]) -> int:
+        with _mapped("reindexing jobs"):
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hmget(self.keys(job_id).record, ["data", "version"])
+            rows = pipe.execute()
+            pipe = self.client.pipeline(transaction=False)
+            for job_id, (data, version) in zip(ids, rows, strict=True):
+                try:
+                    place = [] if data is None else _listed(JobRecord.model_validate_json(data))
+                except ValidationError as exc:
+                    _log.error("job %s: unreadable record not indexed: %s", job_id, exc)
+                    continue
+                args = [job_id, "" if version is None else _text(version), *(place or ["0", "0"])]
+                self._reindex(keys=[self.keys(job_id).record, *self.listing_keys], args=args, client=pipe)
+            replies = pipe.execute()
+        for job_id, reply in zip(ids, replies, strict=False):
+            self._check_types(job_id, reply, f"reindexing job {job_id!r}")
+        return sum(1 for r in replies if _text(r) == "ok")
 
     # --- writing -------------------------------------------------------------
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
@@ -440,7 +563,8 @@ class RedisStorage:
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
         with _mapped(f"creating job {job_id!r}"):
             reply = self._create(keys=keys, args=[job_id, token, data, str(record.version), due, len(msgs),
-                                                  len(lines), _finished_at(record), *msgs, *lines, *event_lines])
+                                                  len(lines), _finished_at(record), *_listed(record), *msgs,
+                                                  *lines, *event_lines])
         self._check_types(job_id, reply, f"creating job {job_id!r}")
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
@@ -466,7 +590,8 @@ class RedisStorage:
             "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
-            _finished_at(commit.record), str(int(commit.take_inbox)), *msgs, *lines, *event_lines,
+            _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
+            *msgs, *lines, *event_lines,
         ]
         with _mapped(f"committing job {job_id!r}"):
             reply = _text(self._commit(keys=keys, args=args))

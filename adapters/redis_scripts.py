@@ -30,7 +30,19 @@ Redis's own ``PX``, so workers' clocks never matter.
 
 from __future__ import annotations
 
-__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "LOAD", "PUBLISH", "RECORD_STEP", "RELEASE", "RENEW", "SEND"]
+from pipelines.engine.models import JobStatus
+
+__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "INDEX_ROLES", "LOAD", "PUBLISH", "RECORD_STEP", "REINDEX",
+           "RELEASE", "RENEW", "SEND", "index_position"]
+
+INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
+"""The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by
+``updated_at``, then one zset per status (in :class:`JobStatus` order)."""
+
+
+def index_position(status: JobStatus) -> str:
+    """ARGV naming the status index a job goes in: its 1-based place among the status indexes."""
+    return str(list(JobStatus).index(status) + 1)
 
 # checks is a flat list of (key, role, expected type) triples. Returns the
 # status naming the first key of another type, or false when all are fine.
@@ -44,9 +56,34 @@ local function wrong_type(checks)
 end
 """
 
+# The listing indexes are always the last len(INDEX_ROLES) KEYS (found from
+# the end, so keys added before them move nothing): KEYS[#KEYS - n + 1] holds
+# every job by updated_at, the next ones one status each.
+_INDEX_FN = _TYPES_FN + """
+local INDEX_ROLES = {""" + ", ".join(f"'{r}'" for r in INDEX_ROLES) + """}
+local function index_checks()
+  local checks, first = {}, #KEYS - #INDEX_ROLES
+  for i = 1, #INDEX_ROLES do
+    checks[#checks + 1] = KEYS[first + i]
+    checks[#checks + 1] = INDEX_ROLES[i]
+    checks[#checks + 1] = 'zset'
+  end
+  return wrong_type(checks)
+end
+-- Puts job_id in the status index number pos (0: in none, and out of the all-jobs index).
+local function index_job(job_id, pos, score)
+  local first = #KEYS - #INDEX_ROLES + 1
+  for i = 1, #INDEX_ROLES - 1 do
+    if i == pos then redis.call('ZADD', KEYS[first + i], score, job_id)
+    else redis.call('ZREM', KEYS[first + i], job_id) end
+  end
+  if pos > 0 then redis.call('ZADD', KEYS[first], score, job_id) else redis.call('ZREM', KEYS[first], job_id) end
+end
+"""
+
 # RPUSH of many values at once, in chunks: unpack() of a huge range would hit
 # Lua's C-stack limit (~8000 values).
-_PUSH_FN = _TYPES_FN + """
+_PUSH_FN = _INDEX_FN + """
 local function push(key, from, to)
   local i = from
   while i <= to do
@@ -66,13 +103,15 @@ local function add_events(key, live, from)
 end
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
-#       finished_at ('' = not finished), then the messages, the log lines, the events.
+#       finished_at ('' = not finished), status index position, updated_at,
+#       then the messages, the log lines, the events.
 CREATE = _PUSH_FN + """
 -- KEYS[2..6] are only DEL'd before being written, so their type cannot fail.
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set',
                         KEYS[10], 'finished', 'zset'})
+if not bad then bad = index_checks() end
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- The same create re-sent after its reply was lost: already applied.
@@ -82,21 +121,23 @@ end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
-push(KEYS[2], 9, 8 + n)
-push(KEYS[3], 9 + n, 8 + n + nl)
-add_events(KEYS[6], KEYS[9], 9 + n + nl)
+push(KEYS[2], 11, 10 + n)
+push(KEYS[3], 11 + n, 10 + n + nl)
+add_events(KEYS[6], KEYS[9], 11 + n + nl)
 redis.call('SADD', KEYS[8], ARGV[1])
+index_job(ARGV[1], tonumber(ARGV[9]), ARGV[10])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
 -- A job can be created finished (a fork at the turn that completed its original).
 if ARGV[8] ~= '' then redis.call('ZADD', KEYS[10], ARGV[8], ARGV[1]) end
 return 'ok'
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
-#       finished_at ('' = not finished: remove), inbox_taken, then the messages, the log lines, the events.
+#       finished_at ('' = not finished: remove), inbox_taken, status index position, updated_at,
+#       then the messages, the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
 # 'stale:<why>'; 'corrupt:<role>:<type>'.
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
@@ -106,6 +147,7 @@ local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', 
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
                         KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset',
                         KEYS[11], 'inbox', 'list'})
+if not bad then bad = index_checks() end
 if bad then return bad end
 -- What a worker keeping the lease must know after a commit: a pending pause or
 -- cancel, and how many messages wait in the inbox.
@@ -133,9 +175,11 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-push(KEYS[2], 18, 17 + n)
-push(KEYS[3], 18 + n, 17 + n + nl)
-add_events(KEYS[6], KEYS[9], 18 + n + nl)
+push(KEYS[2], 20, 19 + n)
+push(KEYS[3], 20 + n, 19 + n + nl)
+add_events(KEYS[6], KEYS[9], 20 + n + nl)
+-- The listing indexes move with the status, in the same commit (one status index at a time).
+index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19])
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
 local took = tonumber(ARGV[17])
 if took > 0 then
@@ -231,14 +275,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox
+# KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # ARGV: job_id, expected version ('' = whatever it is)
 # Reply: 1 deleted, 0 unknown job, 'stale:version:<stored>' (nothing deleted).
 # The job's own keys are only DEL'd (any type goes); the indexes are checked.
 # With an expected version the caller checked the job's status at that version:
 # it is deleted only if nothing committed since (a retry, a continued conversation).
-DELETE = _TYPES_FN + """
+DELETE = _INDEX_FN + """
 local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set', KEYS[10], 'finished', 'zset'})
+if not bad then bad = index_checks() end
 if bad then return bad end
 local existed = redis.call('EXISTS', KEYS[1])
 if ARGV[2] ~= '' and existed == 1 then
@@ -251,7 +296,26 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9],
 redis.call('ZREM', KEYS[7], ARGV[1])
 redis.call('SREM', KEYS[8], ARGV[1])
 redis.call('ZREM', KEYS[10], ARGV[1])
+index_job(ARGV[1], 0, 0)
 return existed
+"""
+
+# KEYS: record, then the listing indexes
+# ARGV: job_id, version (as read with the record), status index position, updated_at
+# Reply: 'ok' indexed, 'moved' (committed since it was read: that commit indexed it),
+# 'removed' (no record: a leftover entry dropped), 'corrupt:<role>:<type>'.
+# Puts a job written before the indexes existed into them (pipelines reindex).
+REINDEX = _INDEX_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash'})
+if not bad then bad = index_checks() end
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  index_job(ARGV[1], 0, 0)
+  return 'removed'
+end
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 'moved' end
+index_job(ARGV[1], tonumber(ARGV[3]), ARGV[4])
+return 'ok'
 """
 
 # KEYS: record; ARGV: request ('' = clear)
