@@ -53,6 +53,12 @@ def follow(storage: Storage, job_id: str, *, after: str | None = None, follow: b
     :class:`~pipelines.errors.InvalidInputError` for a malformed cursor, before
     anything is read.
     """
+    return (part for part in _steps(storage, job_id, after, follow, timeout) if part is not None)
+
+
+def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
+           timeout: float | None) -> Iterator[Event | None]:
+    """The parts, with ``None`` after every blocking read that found nothing (a point to stop at)."""
     cursor = _check_cursor(after)
     load_job(storage, job_id)
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
@@ -69,6 +75,9 @@ def follow(storage: Storage, job_id: str, *, after: str | None = None, follow: b
             if left <= 0:
                 return
             parts = storage.read_live(job_id, after=cursor, block=left)
+            if not parts:
+                yield None  # a consumer that went away stops here, not after the next part
+                continue
         for part in parts:
             cursor = part.id
             yield part
@@ -81,15 +90,20 @@ def _finished(storage: Storage, job_id: str) -> bool:
 
 async def afollow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
                   timeout: float | None = None) -> AsyncIterator[Event]:
-    """:func:`follow` for ``async`` code: each blocking read runs in a thread, never on the event loop."""
-    parts = iter(globals()["follow"](storage, job_id, after=after, follow=follow, timeout=timeout))
+    """:func:`follow` for ``async`` code: each blocking read runs in a thread, never on the event loop.
+
+    Closing the iterator (a client that disconnected) stops the reads after
+    at most one blocking read of the storage.
+    """
+    steps = _steps(storage, job_id, _check_cursor(after), follow, timeout)
     done = object()
     while True:
-        part = await asyncio.to_thread(next, parts, done)
+        part = await asyncio.to_thread(next, steps, done)
         if part is done:
             return
-        assert isinstance(part, Event)
-        yield part
+        if part is not None:
+            assert isinstance(part, Event)
+            yield part
 
 
 def turn_texts(parts: Iterator[Event] | list[Event]) -> dict[int, str]:
