@@ -40,6 +40,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from adapters.base import CountingIndex, page_cursor, parse_cursor
 from phases import journal
 from pipelines.app import App, tags_of
 from pipelines.engine.errors import (
@@ -270,19 +271,22 @@ def _query_status(request: Request) -> JobStatus | None:
 def _jobs_page(ui: _UI, request: Request) -> Response:
     status, page = _query_status(request), _query_int(request, "page", 1)
     name, q = request.query_params.get("name", "").strip(), request.query_params.get("q", "").strip()
-    rows, more = _search(ui.app, q) if q else _page(ui.app, status, name, page)
+    before = request.query_params.get("before") or None
+    rows, more = _search(ui.app, q) if q else _page(ui.app, status, name, page, before)
     partial = bool(request.query_params.get("partial"))  # the table's live refresh: rows only, no counts
     counts, capped = ({}, False) if partial else _counts(ui.app)
     args = {"status": status.value if status else "", "name": name, "q": q}
     link = functools.partial(_page_link, {k: v for k, v in args.items() if v})
     template = "jobs_rows.html" if partial else "jobs.html"
+    # "next" carries the last row's cursor: the next page is read from the index, not counted from the top.
+    after = {"before": page_cursor(rows[-1])} if rows and not name and isinstance(ui.app.storage, CountingIndex) else {}
     return ui.render(request, template, rows=[_row(r) for r in rows], counts=counts, capped=capped, page=page,
-                     prev=link(page - 1) if page > 1 else None, next=link(page + 1) if more else None,
+                     prev=link(page - 1) if page > 1 else None, next=link(page + 1, after) if more else None,
                      statuses=[s.value for s in JobStatus], names=ui.app.names, status=args["status"], name=name, q=q)
 
 
-def _page_link(args: dict[str, str], page: int) -> str:
-    return "?" + urlencode({**args, "page": page})
+def _page_link(args: dict[str, str], page: int, cursor: dict[str, str] | None = None) -> str:
+    return "?" + urlencode({**args, "page": page, **(cursor or {})})
 
 
 def _search(app: App, q: str) -> tuple[list[JobRecord], bool]:
@@ -291,11 +295,19 @@ def _search(app: App, q: str) -> tuple[list[JobRecord], bool]:
     return ([view.record] if view else []), False
 
 
-def _page(app: App, status: JobStatus | None, name: str, page: int) -> tuple[list[JobRecord], bool]:
-    """One page of jobs, from storage's listing: only the records up to this page are read."""
+def _page(app: App, status: JobStatus | None, name: str, page: int,
+          before: str | None = None) -> tuple[list[JobRecord], bool]:
+    """One page of jobs, newest first, from storage's listing: only the records up to this page are read.
+
+    With ``before`` (a cursor from the previous page's "next" link) only this page's records are read.
+    """
     start = (page - 1) * PAGE_SIZE
     if name:  # no name index yet: filter a bounded listing
         records = [r for r in app.storage.list_jobs(status=status, limit=COUNT_LIMIT) if r.pipeline == name]
+    elif before is not None:
+        parse_cursor(before)  # a malformed cursor is a 400 naming it, whatever the storage
+        records = app.storage.list_jobs(status=status, limit=PAGE_SIZE + 1, before=before)
+        return records[:PAGE_SIZE], len(records) > PAGE_SIZE
     else:
         records = app.storage.list_jobs(status=status, limit=start + PAGE_SIZE + 1)
     return records[start:start + PAGE_SIZE], len(records) > start + PAGE_SIZE

@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from adapters.base import Storage
-from pipelines.engine.errors import JobConflictError, StaleVersionError, StateNotSerializableError
+from adapters.base import CountingIndex, Storage, page_cursor
+from pipelines.engine.errors import InvalidInputError, JobConflictError, StaleVersionError, StateNotSerializableError
 from pipelines.engine.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry
 
 
@@ -226,6 +226,74 @@ def test_list_jobs_filters_by_status(storage: Storage) -> None:
     storage.create_job(record("b", status=JobStatus.ERROR, error="x"))
     assert {r.job_id for r in storage.list_jobs()} == {"a", "b"}
     assert [r.job_id for r in storage.list_jobs(status=JobStatus.ERROR)] == ["b"]
+
+
+# --- the listing indexes: newest first, cursor pages, counts ------------------------------------
+def listed(storage: Storage, **kw: Any) -> list[str]:
+    return [r.job_id for r in storage.list_jobs(**kw)]
+
+
+def all_pages(storage: Storage, size: int, **kw: Any) -> list[list[str]]:
+    """Every page of ``size`` jobs, each read with the cursor of the page before."""
+    pages: list[list[str]] = []
+    before = None
+    while page := storage.list_jobs(limit=size, before=before, **kw):
+        pages.append([r.job_id for r in page])
+        before = page_cursor(page[-1])
+    return pages
+
+
+def test_list_jobs_is_newest_first_and_pages_by_cursor_through_ties(storage: Storage) -> None:
+    # Ties on updated_at (a virtual clock, one batch) are ordered by id, descending.
+    for job_id, when in [("a", 10.0), ("b", 30.0), ("c", 20.0), ("d", 20.0), ("e", 20.0), ("f", 5.0)]:
+        storage.create_job(record(job_id, updated_at=when))
+    assert listed(storage) == ["b", "e", "d", "c", "a", "f"]
+    assert all_pages(storage, 2) == [["b", "e"], ["d", "c"], ["a", "f"]]
+    assert all_pages(storage, 4) == [["b", "e", "d", "c"], ["a", "f"]]
+    assert listed(storage, limit=3) == ["b", "e", "d"] and listed(storage, limit=0) == []
+    assert listed(storage, before=page_cursor(JobRecord(job_id="d", updated_at=20.0))) == ["c", "a", "f"]
+
+
+def test_listing_and_counts_follow_every_status_change_and_delete(storage: Storage) -> None:
+    a, b = record("a", updated_at=1.0), record("b", updated_at=2.0)
+    storage.create_job(a)
+    storage.create_job(b)
+    storage.create_job(record("c", status=JobStatus.ERROR, error="x", updated_at=3.0))
+    assert listed(storage, status=JobStatus.RUNNING) == ["b", "a"]
+    storage.commit(commit(a, moved(a, status=JobStatus.COMPLETE, checkpoint=None, updated_at=9.0)))
+    assert listed(storage) == ["a", "c", "b"]
+    assert listed(storage, status=JobStatus.RUNNING) == ["b"]
+    assert listed(storage, status=JobStatus.COMPLETE) == ["a"]
+    assert listed(storage, status=JobStatus.ERROR) == ["c"] and listed(storage, status=JobStatus.IDLE) == []
+    counter = cast(CountingIndex, storage)
+    counts = {s: counter.count_jobs(status=s) for s in JobStatus}
+    assert counts == {**dict.fromkeys(JobStatus, 0), JobStatus.RUNNING: 1, JobStatus.COMPLETE: 1, JobStatus.ERROR: 1}
+    assert counter.count_jobs() == 3
+    assert storage.delete_job("a") is True
+    assert listed(storage) == ["c", "b"] and listed(storage, status=JobStatus.COMPLETE) == []
+    assert counter.count_jobs(status=JobStatus.COMPLETE) == 0 and counter.count_jobs() == 2
+    assert counter.reindex() == 2 and listed(storage) == ["c", "b"]  # rebuilding changes nothing here
+
+
+def test_a_cursor_holds_its_place_when_jobs_move_or_go(storage: Storage) -> None:
+    recs = {n: record(f"j{n}", updated_at=float(n)) for n in range(6)}
+    for rec in recs.values():
+        storage.create_job(rec)
+    first = storage.list_jobs(limit=2)
+    assert [r.job_id for r in first] == ["j5", "j4"]
+    # Meanwhile j1 commits (it moves to the front) and j4 and j3 are deleted.
+    storage.commit(commit(recs[1], moved(recs[1], updated_at=99.0)))
+    storage.delete_job("j4")
+    storage.delete_job("j3")
+    assert listed(storage, limit=2, before=page_cursor(first[-1])) == ["j2", "j0"]
+    assert listed(storage, limit=2) == ["j1", "j5"]
+
+
+@pytest.mark.parametrize("cursor", ["", "yesterday", "12.5", "12.5/", "nan/j1", "inf/j1", "1.0/bad id", "x/j1"])
+def test_a_bad_cursor_is_invalid_input(storage: Storage, cursor: str) -> None:
+    storage.create_job(record("j1"))
+    with pytest.raises(InvalidInputError, match="cursor"):
+        storage.list_jobs(before=cursor)
 
 
 def test_concurrent_commits_on_one_version_let_exactly_one_win(storage: Storage) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import re
 import warnings
@@ -106,9 +107,25 @@ def test_jobs_are_paged_on_the_server(app: App, client: TestClient) -> None:
     last = client.get("/", params={"page": 3}).text
     assert last.count('<tr class="st-') == 5
     assert 'id="next"' not in last and 'id="prev"' in last
-    assert 'href="/jobs/job-104"' in last and 'href="/jobs/job-000"' not in last
+    # Newest first (ties of the virtual clock by id, descending): the last page holds the oldest.
+    assert 'href="/jobs/job-000"' in last and 'href="/jobs/job-104"' not in last
     rows = client.get("/", params={"page": 3, "partial": 1}).text  # the table's live refresh: its rows only
     assert rows.startswith('<tbody id="job-rows">') and rows.count('<tr class="st-') == 5 and "counts" not in rows
+
+
+def test_next_link_pages_by_cursor_and_a_moved_job_does_not_shift_the_pages(app: App, client: TestClient) -> None:
+    for n in range(PAGE_SIZE * 2 + 5):
+        app.run_pipeline("flaky", job_id=f"job-{n:03d}")
+    first = client.get("/").text
+    link = re.search(r'href="\?([^"]*)" id="next"', first)
+    assert link is not None and "before=" in link.group(1)
+    shown = set(re.findall(r'href="/jobs/(job-\d+)"', first))
+    app.storage.delete_job("job-104")  # the newest goes away: an offset page would shift by one
+    second = client.get("/?" + html.unescape(link.group(1))).text
+    ids = re.findall(r'href="/jobs/(job-\d+)"', second)
+    assert len(ids) == PAGE_SIZE and not shown & set(ids)
+    assert ids[0] == "job-054" and ids[-1] == "job-005"
+    assert client.get("/", params={"before": "yesterday"}).status_code == 400
 
 
 def test_job_page_shows_conversation_approval_ledger_log_events_and_state(app: App, client: TestClient) -> None:
