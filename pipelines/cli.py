@@ -12,7 +12,8 @@ that app's storage and scheduler::
     pipelines transcript --app X JOB [--pretty]
     pipelines retry     --app X JOB [--full]
     pipelines cancel    --app X JOB [--wait S] [--force]
-    pipelines jobs      --app X [--status running] [--limit N] [--version]
+    pipelines jobs      --app X [--status running] [--limit N] [--version] [--before CURSOR] [--count]
+    pipelines reindex   --app X              # put jobs stored before the listing indexes into them
     pipelines pause | resume --app X JOB
     pipelines approve   --app X JOB CALL
     pipelines reject    --app X JOB CALL --reason "..."
@@ -51,6 +52,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+from adapters.base import CountingIndex, page_cursor, parse_cursor
 from pipelines import cli_actions, health
 from pipelines.app import App, tags_of
 from pipelines.engine.control import load_job
@@ -275,13 +277,15 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
     status = JobStatus(args.status) if args.status else None
+    if getattr(args, "count", False):
+        return _print_counts(app, status, out)
     # Storage skips a record it cannot read and logs it by id: say so on stderr, list the rest.
     handler = logging.StreamHandler(getattr(args, "err", None) or sys.stderr)
     handler.setLevel(logging.ERROR)
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
     logger.addHandler(handler)
     try:
-        records = [v.record for v in app.jobs(status=status, tags=args.tag or (), limit=args.limit)]
+        records = _listing(app, status, args)
     finally:
         logger.removeHandler(handler)
     if getattr(args, "by_version", False):
@@ -291,6 +295,43 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
         tags = ",".join(tags_of(r)) or "-"
         print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}\t{tags}",
               file=out)
+    return 0
+
+
+def _listing(app: App, status: JobStatus | None, args: argparse.Namespace) -> list[JobRecord]:
+    """The listed records (oldest first); a full page names, on stderr, the cursor of the next (older) one."""
+    before = getattr(args, "before", None)
+    if before is None:
+        records = [v.record for v in app.jobs(status=status, tags=args.tag or (), limit=args.limit)]
+    else:  # the page after the cursor (storage lists newest first), then the same tag filter and order
+        parse_cursor(before)
+        wanted = set(args.tag or ())
+        page = app.storage.list_jobs(status=status, limit=args.limit, before=before)
+        records = sorted((r for r in page if wanted <= set(tags_of(r))), key=lambda r: (r.created_at, r.job_id))
+    if records and len(records) >= args.limit and isinstance(app.storage, CountingIndex):
+        last = min(records, key=lambda r: (r.updated_at, r.job_id))  # the listing's last: where the next goes on
+        print(f"more: pipelines jobs --before {page_cursor(last)}", file=getattr(args, "err", None) or sys.stderr)
+    return records
+
+
+def _print_counts(app: App, status: JobStatus | None, out: TextIO) -> int:
+    """Jobs per status, from the storage's listing index (no record is read)."""
+    store = app.storage
+    if not isinstance(store, CountingIndex):
+        raise ConfigurationError(f"{type(store).__name__} cannot count jobs (no listing index); use `pipelines jobs`")
+    for s in [status] if status else list(JobStatus):
+        print(f"{s.value}\t{store.count_jobs(status=s)}", file=out)
+    if status is None:
+        print(f"all\t{store.count_jobs()}", file=out)
+    return 0
+
+
+def cmd_reindex(args: argparse.Namespace, out: TextIO) -> int:
+    """Put jobs stored before the listing indexes existed into them (safe while workers run)."""
+    store = _load(args.app).storage
+    if not isinstance(store, CountingIndex):
+        raise ConfigurationError(f"{type(store).__name__} has no listing index to rebuild")
+    print(f"indexed {store.reindex()} jobs", file=out)
     return 0
 
 
@@ -402,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
     p.add_argument("--version", dest="by_version", action="store_true",
                    help="what runs on which code version: pipeline, version, jobs, jobs per status")
+    p.add_argument("--before", metavar="CURSOR", help="the next page: the cursor a full page printed on stderr")
+    p.add_argument("--count", action="store_true", help="only count jobs per status (from the listing index)")
+    add("reindex", cmd_reindex, "put jobs stored before the listing indexes existed into them (safe while running)")
     p = add("ui", cmd_ui, "serve the web page to watch and steer runs (needs phaserunner[web])")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, default=8008, help="port (default: 8008)")
