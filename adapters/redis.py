@@ -520,6 +520,10 @@ class RedisStorage:
         worker runs a version that maintains the indexes.
         """
         with _mapped("reindexing jobs"):
+            found = _text(self.client.type(self.listing_keys[0]))
+            if found not in ("none", "zset"):  # ZSCAN would fail on it: named like the scripts' refusals
+                raise CorruptRecordError(f"reindexing jobs: key {self.listing_keys[0]!r} (updated) is a Redis "
+                                         f"{found}, expected a zset (WRONGTYPE); nothing was written")
             ids = {_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000)}
             ids.update(_text(m) for m, _ in self.client.zscan_iter(self.listing_keys[0], count=1000))
         ordered, done = sorted(ids), 0

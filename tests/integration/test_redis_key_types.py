@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from adapters.redis import RedisStorage
+from adapters.redis_scripts import INDEX_ROLES
 from pipelines import JobStatus
 from pipelines.engine.errors import CorruptRecordError
 from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, LogEntry
@@ -73,14 +74,17 @@ PLANT: dict[str, Callable[[redis.Redis, str], Any]] = {
     "stream": lambda r, k: r.xadd(k, {"planted": "1"}),
 }
 EXPECTED = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
-            "events": "stream", "due": "zset", "jobs": "set", "live": "stream", "finished": "zset"}
+            "events": "stream", "due": "zset", "jobs": "set", "live": "stream", "finished": "zset",
+            **{role: "zset" for role in INDEX_ROLES}}
+# The listing indexes every writing script checks: all jobs, the status written, and one it is not.
+LISTING = ("updated", "status_running", "status_idle")
 
 Action = Callable[[RedisStorage], Any]
 # script -> (setup, action, the key roles the script checks)
 SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]]] = {
-    "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs", "finished")),
+    "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs", "finished", *LISTING)),
     "COMMIT": (running_job, lambda s: s.commit(COMMITS[s]),
-               ("record", "messages", "logs", "journal", "lease", "events", "due", "live", "finished")),
+               ("record", "messages", "logs", "journal", "lease", "events", "due", "live", "finished", *LISTING)),
     "RECORD_STEP": (running_job, lambda s: s.record_step(JOB, version=1, owner="w1", key="tool:1", value=1),
                     ("record", "journal", "lease")),
     "LOAD(acquire_lease)": (running_job, lambda s: s.acquire_lease(JOB, "w1", 30), ("record", "journal", "lease")),
@@ -88,9 +92,10 @@ SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]
     "LOAD(unknown job)": (record_deleted_by_hand, lambda s: s.get_job(JOB), ("due", "jobs")),
     "RENEW": (running_job, lambda s: s.renew_lease(JOB, "w1", 30), ("lease",)),
     "RELEASE": (running_job, lambda s: s.release_lease(JOB, "w1"), ("lease",)),
-    "DELETE": (running_job, lambda s: s.delete_job(JOB), ("due", "jobs", "finished")),
+    "DELETE": (running_job, lambda s: s.delete_job(JOB), ("due", "jobs", "finished", *LISTING)),
     "DELETE(if_version)": (running_job, lambda s: s.delete_job(JOB, if_version=1), ("record", "due", "jobs",
-                                                                                   "finished")),
+                                                                                   "finished", *LISTING)),
+    "REINDEX": (running_job, lambda s: s.reindex(), LISTING),
     "CONTROL": (running_job, lambda s: s.request_control(JOB, "pause"), ("record",)),
     "PUBLISH": (running_job, lambda s: s.publish(JOB, [Event(timestamp=1.0, type="text_delta", data={"text": "x"})]),
                 ("record", "live")),
@@ -107,6 +112,8 @@ CASES = [
 
 
 def key_of(storage: RedisStorage, role: str) -> str:
+    if role in INDEX_ROLES:
+        return storage.listing_keys[INDEX_ROLES.index(role)]
     if role in ("due", "jobs", "finished"):
         return {"due": storage.due_key, "jobs": storage.jobs_key, "finished": storage.finished_key}[role]
     key: str = getattr(storage.keys(JOB), role)
