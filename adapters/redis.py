@@ -433,7 +433,7 @@ class RedisStorage:
             return self._scan(status, cursor)[:limit]
         key = self.listing_keys[0 if status is None else list(JobStatus).index(status) + 1]
         out: list[JobRecord] = []
-        for ids in self._index_pages(key, cursor, min(max(limit, 20), 1000)):
+        for ids in self._index_pages(key, cursor, min(limit, 1000)):
             out.extend(r for r in self._fetch(ids) if status is None or r.status is status)
             if len(out) >= limit:
                 break
