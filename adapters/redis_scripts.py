@@ -14,7 +14,9 @@ script first checks the type of every key whose command could fail on it
 ``"corrupt:<role>:<type found>"`` instead, with nothing written. The roles
 are the :class:`~adapters.redis.JobKeys` field names plus ``due``, ``jobs``
 and ``finished`` (finished jobs scored by the time they finished: what
-retention removes). Plain ``DEL`` works on every type, so the keys a script only
+retention removes), and the listing indexes' :data:`INDEX_ROLES` (``updated``:
+every job by ``updated_at``; ``status_<status>``: one zset per status), which
+always come last in ``KEYS``. Plain ``DEL`` works on every type, so the keys a script only
 deletes (CREATE's leftovers of a dead job, DELETE's job keys) are not
 checked: that is how a corrupt job can still be deleted.
 
