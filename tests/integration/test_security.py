@@ -27,7 +27,7 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from adapters.memory import MemoryScheduler
-from adapters.redis import JobKeys, RedisStorage, finished_key, index_keys, job_keys
+from adapters.redis import JobKeys, RedisStorage, finished_key, index_keys, job_keys, listing_keys
 from adapters.rq import RQScheduler, rq_job_id
 from phases.agent_turn import resolve_model
 from phases.model import ModelRequest
@@ -321,7 +321,7 @@ def test_every_key_written_for_a_job_carries_the_prefix_and_exactly_its_hash_tag
     scheduler.drain()
 
     due, jobs = index_keys(PREFIX)
-    indexes = {due, jobs, finished_key(PREFIX)}
+    indexes = {due, jobs, finished_key(PREFIX), *listing_keys(PREFIX)}
     seen: dict[str, set[str]] = {j: set() for j in ALLOWED}
     for key in (k.decode() for k in r.scan_iter("*")):
         if key in indexes:
@@ -382,7 +382,7 @@ def test_key_names_are_injective_over_prefixes_and_ids() -> None:
     ids = ["a", "a:b", "b", "b:record", "record", "due", "jobs", "ns"]
     names: dict[str, tuple[str, str, str]] = {}
     for prefix in prefixes:
-        for name in (*index_keys(prefix), finished_key(prefix)):
+        for name in (*index_keys(prefix), finished_key(prefix), *listing_keys(prefix)):
             assert name not in names, (name, names.get(name))
             names[name] = (prefix, "index", name)
         for job_id in ids:

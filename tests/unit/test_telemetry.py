@@ -24,10 +24,12 @@ _READER = InMemoryMetricReader()
 
 @pytest.fixture(scope="module", autouse=True)
 def _providers() -> Iterator[None]:
-    # The global providers can be set once per process; this module owns them.
-    provider = TracerProvider()
+    # The global providers can be set once per process: reuse an SDK tracer provider another test set.
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
     telemetry.reset()
     yield
