@@ -64,6 +64,7 @@ from pipelines.engine.models import (
     JSONValue,
     LogEntry,
     Message,
+    Usage,
     validate_job_id,
 )
 
@@ -114,6 +115,14 @@ class JobStore(Protocol):
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal one step result under ``version``; fenced like ``commit``."""
+        ...
+
+    def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
+        """Count the usage of an attempt that was fenced off after paying (a model call it cannot commit).
+
+        Outside the version fence, beside the record; loads report it as
+        ``record.dropped``. A call re-sent with the same ``token`` counts once.
+        """
         ...
 
     def request_control(self, job_id: str, request: str | None) -> bool:

@@ -37,6 +37,7 @@ from pipelines.engine.models import (
     JSONValue,
     LogEntry,
     Message,
+    Usage,
     check_messages,
     dump_events,
     dump_json,
@@ -86,6 +87,8 @@ class _Job:
     version: int = 0
     control: str | None = None  # a pause/cancel requested while a turn was in flight
     inbox: list[str] = field(default_factory=list)  # messages sent to the job, taken by its next turn
+    dropped: Usage = field(default_factory=Usage)  # usage of attempts fenced off after paying
+    dropped_token: str = ""
 
 
 class MemoryStorage:
@@ -123,8 +126,8 @@ class MemoryStorage:
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
-        if job.control is not None or job.inbox:
-            rec = rec.model_copy(update={"control": job.control, "inbox": len(job.inbox)})
+        if job.control is not None or job.inbox or job.dropped.model_calls:
+            rec = rec.model_copy(update={"control": job.control, "inbox": len(job.inbox), "dropped": job.dropped})
         return rec
 
     # --- Storage -------------------------------------------------------------
@@ -268,6 +271,13 @@ class MemoryStorage:
                 self._published.wait(left)
         return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
                 for i, line in enumerate(lines)]
+
+    def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and job.dropped_token != token:
+                job.dropped = job.dropped + usage
+                job.dropped_token = token
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         with self._lock:

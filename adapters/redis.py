@@ -66,6 +66,7 @@ from pipelines.engine.models import (
     JSONValue,
     LogEntry,
     Message,
+    Usage,
     check_messages,
     dump_events,
     dump_json,
@@ -88,7 +89,7 @@ _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 # The Redis type each key role must have (roles as the scripts name them).
 _KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
               "events": "stream", "due": "zset", "jobs": "set", "live": "stream",
-              "finished": "zset", **dict.fromkeys(redis_scripts.INDEX_ROLES, "zset")}
+              "finished": "zset", "inbox": "list", **dict.fromkeys(redis_scripts.INDEX_ROLES, "zset")}
 
 
 def check_prefix(prefix: object, what: str = "key prefix") -> str:
@@ -261,6 +262,7 @@ class RedisStorage:
         self._control = client.register_script(redis_scripts.CONTROL)
         self._publish = client.register_script(redis_scripts.PUBLISH)
         self._send = client.register_script(redis_scripts.SEND)
+        self._dropped = client.register_script(redis_scripts.DROPPED)
         self._reindex = client.register_script(redis_scripts.REINDEX)
 
     @classmethod
@@ -347,7 +349,10 @@ class RedisStorage:
             return None
         record = self._parse(job_id, reply[0], reply[1], reply[2], reply[3])
         waiting = int(_text(reply[4]) or 0)
-        return record.model_copy(update={"inbox": waiting}) if waiting else record
+        update: dict[str, Any] = {"inbox": waiting} if waiting else {}
+        if len(reply) > 5 and reply[5]:
+            update["dropped"] = Usage.model_validate_json(reply[5])
+        return record.model_copy(update=update) if update else record
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, or ``None`` (one round trip).
@@ -659,6 +664,15 @@ class RedisStorage:
             if not entries and not self.client.exists(k.live):
                 return self.events(job_id, after=after, limit=limit)
         return [self._event(job_id, entry_id, fields) for entry_id, fields in entries]
+
+    def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
+        """Count usage of a fenced-off attempt (outside the version fence; a re-sent call counts once)."""
+        add = usage.model_dump(exclude_defaults=True)
+        if not add:
+            return
+        with _mapped(f"counting dropped usage of job {job_id!r}"):
+            reply = self._dropped(keys=[self.keys(job_id).record], args=[token, json.dumps(add)])
+        self._check_types(job_id, reply, f"counting dropped usage of job {job_id!r}")
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""

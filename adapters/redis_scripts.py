@@ -254,9 +254,9 @@ if ARGV[2] ~= '' then
   if holder and holder ~= ARGV[1] then return false end
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 end
-local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox')
+local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped')
 -- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
-return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0'}
+return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or ''}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms
@@ -359,4 +359,21 @@ end
 for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 redis.call('HSET', KEYS[1], 'send_token', ARGV[1])
 return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV - 1)
+"""
+
+# KEYS: record; ARGV: token, the usage to add (JSON: {"prompt_tokens", ...})
+# Reply: 1 counted (or already, for a re-sent call), 0 unknown job. The usage of
+# attempts that were fenced off after paying for a model call: outside the
+# version fence (the attempt can no longer commit), summed as one JSON field.
+DROPPED = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'dropped_token') == ARGV[1] then return 1 end
+local add = cjson.decode(ARGV[2])
+local raw = redis.call('HGET', KEYS[1], 'dropped')
+local sum = raw and cjson.decode(raw) or {}
+for k, v in pairs(add) do sum[k] = (sum[k] or 0) + v end
+redis.call('HSET', KEYS[1], 'dropped', cjson.encode(sum), 'dropped_token', ARGV[1])
+return 1
 """

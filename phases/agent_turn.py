@@ -41,7 +41,7 @@ from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, bind_run_context
 from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
-from pipelines.engine.errors import InvalidInputError, PermanentModelError, TransientModelError
+from pipelines.engine.errors import InvalidInputError, PermanentModelError, StaleVersionError, TransientModelError
 from pipelines.engine.models import Message, Usage
 from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseContext, RetryLater
 
@@ -203,6 +203,11 @@ class AgentTurn:
         ctx.on_delta = sink
         try:
             raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn))
+        except StaleVersionError as exc:
+            # Fenced off after the model answered: the answer is lost to this attempt, its cost is not.
+            if isinstance(exc.unrecorded, dict):
+                ctx.count_dropped(ModelResponse.model_validate(exc.unrecorded).usage)
+            raise
         except TransientModelError as exc:
             if ctx.attempt + 1 >= cfg.max_model_attempts:
                 return Fail(f"model call failed {ctx.attempt + 1} times, last: {exc}")

@@ -66,7 +66,8 @@ class JobView:
 
     @property
     def usage(self) -> Usage:
-        return self.record.usage
+        """Every paid model call of the job: committed turns and attempts fenced off alike."""
+        return self.record.total_usage
 
     @property
     def stop_reason(self) -> str | None:

@@ -110,7 +110,11 @@ class StaleVersionError(StorageError):
     """A write was fenced off because the job's version or lease moved on.
 
     The worker that gets this stops: another worker owns the job now.
+    ``unrecorded``: the result a step computed and could not journal (a paid
+    model answer, say), so the caller can still account for it.
     """
+
+    unrecorded: object = None
 
 
 class CorruptRecordError(StorageError):

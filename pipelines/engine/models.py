@@ -495,6 +495,14 @@ class JobRecord(BaseModel):
     # How many messages sent to the job (app.send) wait in its inbox: kept beside
     # the record like ``control``, filled in by storage on load.
     inbox: int = Field(default=0, exclude=True)
+    # Usage of attempts fenced off after paying for a model call (they never commit): kept beside the
+    # record like ``control``, so budgets count every paid call (see ``total_usage``).
+    dropped: Usage = Field(default_factory=Usage, exclude=True)
+
+    @property
+    def total_usage(self) -> Usage:
+        """Every paid model call: committed usage plus that of attempts fenced off."""
+        return self.usage + self.dropped
     # The last turns' checkpoints, oldest first (bounded: see transitions.HISTORY_LIMIT
     # and HISTORY_BYTES), so a fork can start from the state committed at an earlier turn.
     history: list[TurnMark] = Field(default_factory=list)

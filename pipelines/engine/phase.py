@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipelines.engine import versions
 from pipelines.engine._aio import resolve
-from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StateValidationError
+from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
 from pipelines.engine.models import (
     Checkpoint,
     Event,
@@ -377,6 +377,14 @@ class PhaseContext(Generic[S]):
             self._buffer.take_inbox = len(messages)
         return messages
 
+    def count_dropped(self, usage: Usage) -> None:
+        """Count the usage of work this attempt paid for and can no longer commit (it was fenced off).
+
+        Stored at once, outside the version fence, so budgets and the job's
+        usage include model calls of attempts that never committed.
+        """
+        self._storage.add_dropped_usage(self.job_id, usage, token=f"{self.attempt_id}:{self._version}")
+
     def add_usage(self, usage: Usage, *, key: str | None = None) -> None:
         """Count model usage for this job; stored with the commit, whatever the phase's outcome.
 
@@ -415,7 +423,11 @@ class PhaseContext(Generic[S]):
             if key in self._journal:
                 return self._journal[key]
         value = to_json_value(resolve(fn()), what=f"result of step {key!r}")
-        self.record(key, value)
+        try:
+            self.record(key, value)
+        except StaleVersionError as exc:
+            exc.unrecorded = value  # computed (maybe paid for) but fenced off: the caller may still count it
+            raise
         return value
 
     async def astep(self, key: str, fn: Callable[[], Awaitable[T] | T]) -> JSONValue:

@@ -398,7 +398,7 @@ def _context(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: s
     cp = record.checkpoint
     assert cp is not None
     return PhaseContext(job_id=record.job_id, checkpoint=cp, storage=storage, owner=owner, clock=scheduler.now,
-                        saver=saver, attempt=cp.attempt, usage=record.usage, version=record.version,
+                        saver=saver, attempt=cp.attempt, usage=record.total_usage, version=record.version,
                         transcript_len=record.transcript_len, options=record.options, inbox=record.inbox)
 
 

@@ -20,7 +20,7 @@ from adapters.redis import RedisStorage
 from adapters.redis_scripts import INDEX_ROLES
 from pipelines import JobStatus
 from pipelines.engine.errors import CorruptRecordError
-from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, LogEntry
+from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, LogEntry, Usage
 
 pytestmark = pytest.mark.redis
 
@@ -74,7 +74,7 @@ PLANT: dict[str, Callable[[redis.Redis, str], Any]] = {
     "stream": lambda r, k: r.xadd(k, {"planted": "1"}),
 }
 EXPECTED = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
-            "events": "stream", "due": "zset", "jobs": "set", "live": "stream", "finished": "zset",
+            "events": "stream", "due": "zset", "jobs": "set", "live": "stream", "finished": "zset", "inbox": "list",
             **{role: "zset" for role in INDEX_ROLES}}
 # The listing indexes every writing script checks: all jobs, the status written, and one it is not.
 LISTING = ("updated", "status_running", "status_idle")
@@ -84,7 +84,8 @@ Action = Callable[[RedisStorage], Any]
 SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]]] = {
     "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs", "finished", *LISTING)),
     "COMMIT": (running_job, lambda s: s.commit(COMMITS[s]),
-               ("record", "messages", "logs", "journal", "lease", "events", "due", "live", "finished", *LISTING)),
+               ("record", "messages", "logs", "journal", "lease", "events", "due", "live", "finished", "inbox",
+                *LISTING)),
     "RECORD_STEP": (running_job, lambda s: s.record_step(JOB, version=1, owner="w1", key="tool:1", value=1),
                     ("record", "journal", "lease")),
     "LOAD(acquire_lease)": (running_job, lambda s: s.acquire_lease(JOB, "w1", 30), ("record", "journal", "lease")),
@@ -97,6 +98,8 @@ SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]
                                                                                    "finished", *LISTING)),
     "REINDEX": (running_job, lambda s: s.reindex(), LISTING),
     "CONTROL": (running_job, lambda s: s.request_control(JOB, "pause"), ("record",)),
+    "DROPPED": (running_job, lambda s: s.add_dropped_usage(JOB, Usage(model_calls=1), token="t"), ("record",)),
+    "SEND": (running_job, lambda s: s.send(JOB, [{"role": "user", "content": "x"}]), ("record", "inbox")),
     "PUBLISH": (running_job, lambda s: s.publish(JOB, [Event(timestamp=1.0, type="text_delta", data={"text": "x"})]),
                 ("record", "live")),
 }
