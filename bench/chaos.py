@@ -183,6 +183,8 @@ def scenario_kill(cfg: Config, server: W1Server, t: Table) -> None:
               f"one every ~{cfg.kill_every:g} s", None)
         t.add(name, "transcripts equal to the expected W1 transcript", pct(jc.equal, jc.jobs), "100%",
               jc.equal == jc.jobs)
+        t.add(name, "live streams whose text equals the committed turns", pct(jc.jobs - jc.stream_mismatch, jc.jobs),
+              "100%", jc.stream_mismatch == 0)
         t.add(name, "messages lost / duplicated", f"{jc.lost} / {jc.extra}", "0 / 0", jc.lost == jc.extra == 0)
         _effect_rows(t, name, client, jobs, cfg.turns, killer.kills)
         expected_calls = cfg.jobs * cfg.turns
@@ -302,6 +304,8 @@ def scenario_redis(cfg: Config, server: W1Server, t: Table) -> None:
         t.add(name, "messages lost / duplicated", f"{jc.lost} / {jc.extra}", "0 / 0", jc.lost == jc.extra == 0)
         t.add(name, "transcripts equal to the expected W1 transcript", pct(jc.equal, jc.jobs), "100%",
               jc.equal == jc.jobs)
+        t.add(name, "live streams whose text equals the committed turns", pct(jc.jobs - jc.stream_mismatch, jc.jobs),
+              "100%", jc.stream_mismatch == 0)
         extra = server.requests_for(jobs) - total
         t.add(name, "duplicate model calls", extra, f"<= turns in flight ({workers})", extra <= workers)
         _effect_rows(t, name, client, jobs, cfg.turns, [])

@@ -43,6 +43,7 @@ from rq.serializers import JSONSerializer
 from adapters.rq import decode_rq_job_id, rq_job_id
 from pipelines import JobStatus
 from pipelines.app import App
+from pipelines.streams import turn_texts
 from tests.apps import chaos_app
 from tests.fake_openai import FakeOpenAI, Reply, w1_reply
 from tests.redis_server import die_with_parent, find_redis_server, free_port
@@ -167,11 +168,16 @@ class JobsCheck:
     invalid: int = 0  # structurally broken transcripts
     lost: int = 0  # expected messages missing
     extra: int = 0  # messages present beyond the expected ones (duplicates)
+    # Jobs whose live stream, read back as a client assembles it (the latest attempt of each turn), does not
+    # give every turn's committed assistant text: kills during streaming must never leave a client wrong.
+    stream_mismatch: int = 0
+    stream_checked: int = 0  # jobs whose live stream carried text to check
     examples: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.complete == self.jobs == self.equal and not (self.invalid or self.lost or self.extra)
+        return self.complete == self.jobs == self.equal and not (self.invalid or self.lost or self.extra
+                                                                  or self.stream_mismatch)
 
 
 def check_jobs(app: App, job_ids: list[str], turns: int) -> JobsCheck:
@@ -185,6 +191,12 @@ def check_jobs(app: App, job_ids: list[str], turns: int) -> JobsCheck:
         elif len(out.examples) < 5:
             out.examples.append(f"{job_id}: {status} {rec.error if rec else ''}")
         got = app.storage.messages(job_id) if rec is not None else []
+        checked = _stream_matches(app, job_id, got) if rec is not None and rec.status is JobStatus.COMPLETE else None
+        out.stream_checked += checked is not None
+        if checked is False:
+            out.stream_mismatch += 1
+            if len(out.examples) < 5:
+                out.examples.append(f"{job_id}: the live stream's text differs from the committed transcript")
         want = expected_transcript(job_id, turns)
         if got == want:
             out.equal += 1
@@ -198,6 +210,15 @@ def check_jobs(app: App, job_ids: list[str], turns: int) -> JobsCheck:
         if len(out.examples) < 5:
             out.examples.append(f"{job_id}: transcript differs ({len(got)} vs {len(want)} messages)")
     return out
+
+
+def _stream_matches(app: App, job_id: str, messages: list[dict[str, Any]]) -> bool | None:
+    """Whether a client reading the job's stream now assembles every turn's committed text (None: no text)."""
+    texts = turn_texts(list(app.stream(job_id, follow=False)))
+    if not texts:
+        return None  # no live part (expired, or the agent does not stream): nothing a client could get wrong
+    committed = [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
+    return all(texts.get(turn, "") == text for turn, text in enumerate(committed, start=1) if turn in texts)
 
 
 # --- tool effects ------------------------------------------------------------------

@@ -104,6 +104,7 @@ def _assert_clean_outcome(app: App, client: redis.Redis, jobs: list[str], kills:
     assert jc.complete == len(jobs), (jc.statuses, jc.examples)
     assert jc.lost == 0 and jc.extra == 0 and jc.invalid == 0, jc
     assert jc.equal == len(jobs), jc.examples
+    assert jc.stream_checked == len(jobs) and jc.stream_mismatch == 0, jc.examples  # clients get the committed text
     retry_jobs, recon_jobs = jobs[0::2], jobs[1::2]
     retry = check_effects(client, retry_jobs, TURNS, kills)
     recon = check_effects(client, recon_jobs, TURNS, kills)
