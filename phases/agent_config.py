@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from phases.callbacks import CALLBACKS
+from phases.compaction import Compaction
 from phases.conversation import check_conflict_mode
 from phases.model import Model
 from phases.stop import StopCondition
@@ -87,6 +88,8 @@ class AgentConfig:
     # What app.send does while a run of this agent is in progress: "enqueue" (the next turn takes the
     # messages) or "reject" (a clear error for the sender).
     on_new_message: Literal["enqueue", "reject"] = "enqueue"
+    # Summarise older turns for the model once its view passes a size (phases.compaction); None: never.
+    compaction: Compaction | None = None
     system_prompt_conflict: str = "keep"
     suppress_system_prompt_conflict_warning: bool = False
     prepare_call: Callable[..., Any] | None = None

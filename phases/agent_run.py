@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from phases import conversation, journal
 from phases.agent_config import AgentConfig
 from phases.callbacks import CALLBACKS, fire
+from phases.compaction import compacted_view
 from phases.model import ModelResponse
 from phases.run_input import tool_context_of
 from phases.tool_runner import run_tools, tool_message
@@ -89,7 +90,7 @@ def resolve_run(ctx: PhaseContext[Any], cfg: AgentConfig) -> AgentConfig:
 
 def turn_messages(cfg: AgentConfig, past: list[Message]) -> list[Message]:
     """The messages the model gets: one system message (pinned or current), then the conversation."""
-    return conversation.model_messages(past, system=cfg.system,
+    return conversation.model_messages(compacted_view(past), system=cfg.system,
                                        conflict=conversation.check_conflict_mode(cfg.system_prompt_conflict))
 
 

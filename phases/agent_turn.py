@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from phases import agent_run, flow_limits, journal
 from phases.agent_config import AgentConfig
 from phases.callbacks import fire
+from phases.compaction import estimate_tokens, find_cut, marker, summary_request
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
 from phases.stop import TurnInfo, should_stop
@@ -174,6 +175,8 @@ class AgentTurn:
         past = self.history.get(ctx)
         if state.turn == 0:
             agent_run.first_turn(ctx, cfg, past)
+        if cfg.compaction is not None:
+            past = self.compact(ctx, cfg, past, state.turn)
         # Messages sent to the running conversation (app.send) join it here, in order, before the
         # model's answer; a turn whose answer is already journaled takes none (the model never saw them).
         taken_before = ctx.recorded(INBOX_STEP)[0]
@@ -191,6 +194,28 @@ class AgentTurn:
             return self.finish_turn(ctx, cfg, past, state, answer)
         finally:
             unbind()
+
+    def compact(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], turn: int) -> list[Message]:
+        """Summarise older turns when the model view is too large (see :mod:`phases.compaction`); journaled."""
+        assert cfg.compaction is not None
+        found, raw = ctx.recorded(journal.COMPACTION)
+        if not found:
+            if ctx.recorded(journal.MODEL)[0]:
+                return past  # this turn's answer was made without a compaction: keep it that way
+            view = agent_run.turn_messages(cfg, past)
+            cut = find_cut(past, cfg.compaction.keep_recent)
+            if estimate_tokens(view) <= cfg.compaction.max_tokens or cut is None:
+                return past
+            request = summary_request(agent_run.turn_messages(cfg, past[:cut]), cfg.compaction.prompt)
+            model, params = self._model(cfg.model, cfg.model_params)
+            raw = ctx.step(journal.COMPACTION, lambda: {
+                "cut": cut, "answer": _call_model(model, ctx, request, [], params, turn).model_dump(exclude_none=True)})
+        response = ModelResponse.model_validate(raw["answer"])
+        ctx.add_usage(response.usage, key=journal.COMPACTION)
+        note = marker(str(response.message.get("content") or ""), int(raw["cut"]))
+        ctx.append_messages([note])
+        ctx.emit("compacted", turn=turn + 1, upto=int(raw["cut"]))
+        return [*past, note]
 
     def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message],
                turn: int) -> ModelResponse | Fail:

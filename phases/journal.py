@@ -22,6 +22,7 @@ from pipelines.engine.models import JSONValue
 
 __all__ = [
     "MODEL",
+    "COMPACTION",
     "TOOLS_NAMES",
     "TOOLS_STARTED",
     "approval_key",
@@ -33,6 +34,7 @@ __all__ = [
 MODEL = "model"
 TOOLS_STARTED = "tools:started"
 TOOLS_NAMES = "tools:names"
+COMPACTION = "compaction"  # the summary a compaction asked for before this turn's answer
 
 
 def tool_key(call_id: str) -> str:

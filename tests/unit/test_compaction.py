@@ -1,0 +1,81 @@
+"""Compaction: older turns summarised for the model, the transcript kept whole, crash-safe."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from phases.compaction import MARKER_KEY, Compaction, compacted_view, estimate_tokens, find_cut
+from pipelines import Agent, App, JobStatus, tool
+from pipelines.engine.errors import InvalidInputError
+from pipelines.testing import ScriptedModel, call, crash_test, reply
+from tests.unit.helpers import memory
+
+TURNS = 30
+
+
+@tool
+def add(a: int, b: int) -> dict[str, int]:
+    """Add two numbers."""
+    return {"sum": a + b}
+
+
+def script(messages: list[dict[str, Any]]) -> Any:
+    """Counts with the tool; asked to summarise, it says how far it got (deterministic per request)."""
+    if messages[-1]["role"] == "user" and messages[-1]["content"].startswith("Summarise"):
+        sums = [json.loads(m["content"])["sum"] for m in messages if m["role"] == "tool"]
+        return f"counted up to {max(sums) if sums else 0} so far " + "x" * 40
+    done = sum(1 for m in messages if m["role"] == "tool")
+    summary = next((m["content"] for m in messages if "counted up to" in str(m.get("content"))), "")
+    base = int(summary.split("counted up to ")[1].split()[0]) if summary else 0
+    n = base + done if summary else done
+    if n >= TURNS:
+        return "done"
+    return reply("adding one more, as asked " * 3, call("add", a=n, b=1))
+
+
+def agent(model: Any) -> Agent:
+    return Agent(name="c", model=model, tools=[add], system="You count.", max_turns=TURNS + 5,
+                 compaction=Compaction(max_tokens=900, keep_recent=4), stream=False)
+
+
+def test_a_long_conversation_keeps_its_model_view_bounded_and_its_transcript_whole() -> None:
+    storage, scheduler, _ = memory()
+    model = ScriptedModel(script)
+    app = App(storage=storage, scheduler=scheduler, agents=[agent(model)])
+    app.run_agent("c", job_id="long", messages=["count to 30"])
+    view = app.handle("long").wait(timeout=10)
+    assert view.status is JobStatus.COMPLETE and view.result == "done"
+    msgs = app.messages("long")
+    markers = [i for i, m in enumerate(msgs) if MARKER_KEY in m]
+    assert len(markers) >= 2  # compacted more than once
+    assert [json.loads(m["content"])["sum"] for m in msgs if m["role"] == "tool"] == list(range(1, TURNS + 1))
+    for i in markers:
+        upto = msgs[i][MARKER_KEY]["upto"]
+        assert msgs[upto]["role"] != "tool"  # a cut never separates a call from its result
+    turn_requests = [r for r in model.calls if not r.messages[-1]["content"] or
+                     not str(r.messages[-1]["content"]).startswith("Summarise")]
+    late = turn_requests[-5:]
+    assert all(estimate_tokens(r.messages) <= 900 + 600 for r in late)  # bounded, not growing with the history
+    assert all(sum(1 for m in r.messages if m["role"] == "system") == 1 for r in late)
+    assert all(MARKER_KEY not in m for r in model.calls for m in r.messages)  # bookkeeping never sent
+    assert any(e.type == "compacted" for e in app.events("long"))
+
+
+def test_the_view_is_rebuilt_from_the_transcript_exactly() -> None:
+    past = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                                   "function": {"name": "add", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "1"}, {"role": "assistant", "content": "a"}]
+    assert find_cut(past, 2) == 2  # not 3: the tool result stays with its call
+    note = {"role": "user", "content": "summary", MARKER_KEY: {"upto": 2}}
+    assert compacted_view([*past, note]) == [past[0], {"role": "user", "content": "summary"}, *past[2:]]
+    with pytest.raises(InvalidInputError):
+        Compaction(max_tokens=0)
+
+
+def test_compaction_survives_a_crash_at_every_boundary_without_summarising_twice() -> None:
+    crash_test(lambda storage, scheduler: agent(ScriptedModel(script)).run(
+        job_id="t", messages=["count to 30"], storage=storage, scheduler=scheduler), job_id="t").assert_ok()
