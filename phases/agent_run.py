@@ -7,6 +7,7 @@ options (``context`` included): providers and hooks must be deterministic.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -17,7 +18,7 @@ from phases.compaction import compacted_view
 from phases.model import ModelResponse
 from phases.run_input import tool_context_of
 from phases.tool_runner import run_tools, tool_message
-from phases.tools import tool_map
+from phases.tools import Tool, tool_map
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JSONValue, Message, Usage
 from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext
@@ -89,9 +90,31 @@ def resolve_run(ctx: PhaseContext[Any], cfg: AgentConfig) -> AgentConfig:
 
 
 def turn_messages(cfg: AgentConfig, past: list[Message]) -> list[Message]:
-    """The messages the model gets: one system message (pinned or current), then the conversation."""
-    return conversation.model_messages(compacted_view(past), system=cfg.system,
+    """The messages the model gets: one system message (pinned or current), then the conversation.
+
+    Older turns are replaced by their compaction summary, and a tool with a
+    ``preview`` shows the model only the start of a long result (the
+    transcript keeps it whole).
+    """
+    view = conversation.model_messages(compacted_view(past), system=cfg.system,
                                        conflict=conversation.check_conflict_mode(cfg.system_prompt_conflict))
+    return _previewed(view, cfg.tmap)
+
+
+def _previewed(view: list[Message], tmap: Mapping[str, Tool]) -> list[Message]:
+    limits = {name: t.preview for name, t in tmap.items() if t.preview}
+    if not limits:
+        return view
+    tool_of = {c.get("id"): (c.get("function") or {}).get("name") for m in view for c in m.get("tool_calls") or []
+               if isinstance(c, dict)}
+    out = []
+    for m in view:
+        limit = limits.get(str(tool_of.get(m.get("tool_call_id")))) if m.get("role") == "tool" else None
+        content = m.get("content")
+        if limit and isinstance(content, str) and len(content) > limit:
+            m = {**m, "content": f"{content[:limit]}\n... ({len(content) - limit} more characters not shown)"}
+        out.append(m)
+    return out
 
 
 def first_turn(ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message]) -> None:

@@ -153,6 +153,7 @@ class Tool:
         needs_approval: bool | Callable[[Any], bool] = False,
         timeout: float | None = None,
         context_model: type[BaseModel] | None = None,
+        preview: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidInputError(f"tool name {name!r} must be 1-64 of [A-Za-z0-9_-]")
@@ -179,6 +180,10 @@ class Tool:
         if context_model is not None and not (isinstance(context_model, type) and issubclass(context_model, BaseModel)):
             raise InvalidInputError(f"tool {name!r}: context_model must be a pydantic model class")
         self.context_model = context_model
+        if preview is not None and (isinstance(preview, bool) or not isinstance(preview, int) or preview <= 0):
+            raise InvalidInputError(f"tool {name!r}: preview must be a positive number of characters, got {preview!r}")
+        # The model sees at most this many characters of a result; the transcript keeps it whole.
+        self.preview = preview
         self.is_async = inspect.iscoroutinefunction(execute)
         self._wants_ctx = _positional_arity(execute) >= 2
 
@@ -265,6 +270,7 @@ def tool(
     needs_approval: bool | Callable[[Any], bool] = False,
     timeout: float | None = None,
     context_model: type[BaseModel] | None = None,
+    preview: int | None = None,
 ) -> Any:
     """Turn a typed function (``def`` or ``async def``) into a :class:`Tool`.
 
@@ -279,7 +285,7 @@ def tool(
     def wrap(f: Callable[..., Any]) -> Tool:
         return _from_function(f, name=name, description=description, idempotent=idempotent,
                               on_interrupted=on_interrupted, reconcile=reconcile, needs_approval=needs_approval,
-                              timeout=timeout, context_model=context_model)
+                              timeout=timeout, context_model=context_model, preview=preview)
 
     return wrap(fn) if fn is not None else wrap
 

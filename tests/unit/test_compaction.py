@@ -79,3 +79,26 @@ def test_the_view_is_rebuilt_from_the_transcript_exactly() -> None:
 def test_compaction_survives_a_crash_at_every_boundary_without_summarising_twice() -> None:
     crash_test(lambda storage, scheduler: agent(ScriptedModel(script)).run(
         job_id="t", messages=["count to 30"], storage=storage, scheduler=scheduler), job_id="t").assert_ok()
+
+
+def test_a_tool_preview_shows_the_model_the_start_of_a_long_result_and_the_transcript_keeps_it_whole() -> None:
+    @tool(preview=50)
+    def dump(order: str) -> str:
+        """A very long report."""
+        return "line of the report " * 200
+
+    storage, scheduler, _ = memory()
+    model = ScriptedModel([reply(None, call("dump", order="A")), "read it"])
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="p", model=model, tools=[dump])])
+    app.run_agent("p", job_id="pv", messages=["report"]).wait(timeout=5)
+    stored = next(m for m in app.messages("pv") if m["role"] == "tool")
+    seen = next(m for m in model.calls[1].messages if m["role"] == "tool")
+    assert len(stored["content"]) == len("line of the report ") * 200
+    assert seen["content"].startswith(stored["content"][:50]) and "more characters not shown" in seen["content"]
+    assert len(seen["content"]) < 120
+    def echo(x: str) -> str:
+        """Echo."""
+        return x
+
+    with pytest.raises(InvalidInputError, match="preview"):
+        tool(preview=0)(echo)
