@@ -69,6 +69,7 @@ bench: install
 	$(PY) -m bench.celery_bench $(CELERY_ARGS)  # W1 on Celery workers vs bare Celery chaining
 	$(PY) -m bench.flow_bench $(FLOW_ARGS)  # figure 7: shared rate limits, concurrency keys, priorities
 	$(PY) bench/retention.py $(RETENTION_ARGS)  # Redis memory per finished job, with and without retention
+	$(PY) -m bench.compaction_bench $(COMPACTION_ARGS)  # figure 8: 1,000 turns with compaction stay flat
 
 chaos: install
 	$(PY) bench/chaos.py $(ARGS)

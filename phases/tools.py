@@ -11,6 +11,7 @@ one call.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import math
@@ -191,11 +192,15 @@ class Tool:
         return f"Tool(name={self.name!r})"
 
     def schema(self) -> dict[str, Any]:
-        """The OpenAI ``tools=[...]`` entry for this tool."""
-        params = self.input_model.model_json_schema()
-        params.pop("title", None)
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                  "parameters": params}}
+        """The OpenAI ``tools=[...]`` entry for this tool (built once: pydantic's schema costs ~1 ms a turn)."""
+        cached: dict[str, Any] | None = self.__dict__.get("_schema")
+        if cached is None or cached["function"]["description"] != self.description:
+            params = self.input_model.model_json_schema()
+            params.pop("title", None)
+            cached = {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                        "parameters": params}}
+            self.__dict__["_schema"] = cached
+        return copy.deepcopy(cached)  # callers (prepare_turn hooks) may edit theirs
 
     def parse(self, arguments: str | Mapping[str, Any] | None) -> BaseModel:
         """Validate the model's arguments (a JSON string, as models send them)."""
