@@ -199,7 +199,17 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
     if failures:
         # A dying process outranks a control signal from another call.
         fatal = [f for f in failures if not isinstance(f, FailJob | RetryLater | WaitForInput)]
-        raise (fatal or failures)[0]
+        raise fatal[0] if fatal else _waits_merged(failures)
+
+
+def _waits_merged(failures: list[BaseException]) -> BaseException:
+    """Several calls waiting for child jobs wait as one (the job waits for them all); else the first signal."""
+    waits = [f for f in failures if isinstance(f, WaitForInput) and f.details.get("kind") == "children"]
+    if len(waits) < 2 or len(waits) != len(failures):
+        return failures[0]
+    calls = [c for w in waits for c in w.details.get("calls") or []]
+    return WaitForInput(f"waiting for {len(calls)} child jobs", call_id=waits[0].call_id,
+                        details={**waits[0].details, "calls": calls})
 
 
 async def _run_all(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,

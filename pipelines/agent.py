@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from phases.agent_config import AgentConfig, check_run_options
 from phases.agent_turn import TURN_PHASE, AgentState, AgentTurn
+from phases.children import agent_tool, check_child_error
 from phases.conversation import DROPPED_KEY, start_messages
 from phases.model import Model
 from phases.run_input import check_context, check_tools_context
@@ -88,6 +89,16 @@ class Agent:
         """Whether workers should import litellm before forking (``pipelines worker``)."""
         model = self.config.model
         return isinstance(model, str) or type(model).__module__ == "phases.litellm_model"
+
+    def as_tool(self, *, description: str, name: str | None = None, input_model: type[BaseModel] | None = None,
+                map_run: Any = None, on_child_error: str = "error_result") -> Tool:
+        """This agent as a tool of another agent: each call runs it as a durable child job.
+
+        See :func:`phases.children.agent_tool` (``input_model``, ``map_run``,
+        ``on_child_error``). The tool's name defaults to the agent's.
+        """
+        return agent_tool(self, description=description, name=name, input_model=input_model, map_run=map_run,
+                          on_child_error=check_child_error(on_child_error))
 
     # --- PipelineSource (what an App needs) ----------------------------------------------
     def pipeline(self) -> Pipeline:

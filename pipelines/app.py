@@ -23,9 +23,10 @@ from pydantic import BaseModel
 from adapters.base import FlowCapable, InProcessScheduler, Scheduler, Storage
 from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
+from phases.children import app_bound
 from phases.run_input import check_tags
 from pipelines import streams
-from pipelines.engine import control, flow, transitions, versions
+from pipelines.engine import children, control, flow, transitions, versions
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -186,6 +187,7 @@ class App:
             pipeline = dataclasses.replace(pipeline, version=self.version)
         self._pipelines[name] = pipeline
         self._agents.pop(name, None)
+        self._add_children(phase.run for phase in pipeline.phases)
 
     def add_agent(self, agent: PipelineSource, *, replace: bool = False) -> None:
         """Register an agent; its pipeline is named after it."""
@@ -196,6 +198,14 @@ class App:
         self.add_pipeline(agent.name, agent.pipeline(), replace=replace)
         self._agents[agent.name] = agent
         agent.accept_schemas(self.schemas)
+        self._add_children(_tools_of(agent))
+
+    def _add_children(self, holders: Iterable[Any]) -> None:
+        """Register the agents that tools and phases run as child jobs, so workers know their pipelines."""
+        for holder in holders:
+            child = getattr(holder, "child_agent", None)
+            if child is not None and self._agents.get(child.name) is not child:
+                self.add_agent(child)
 
     @property
     def names(self) -> list[str]:
@@ -525,9 +535,10 @@ class App:
     # --- advancing ---------------------------------------------------------------------------
     def advance(self, job_id: str) -> AdvanceResult:
         """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""
-        return advance_job(job_id, lambda record: self.pipeline(record.pipeline), storage=self.storage,
-                           scheduler=self.scheduler, lease_seconds=self.lease_seconds,
-                           continue_for=self.continue_for, flow_control=self.flow)
+        with app_bound(self):  # tools and phases that start child jobs start them on this app
+            return advance_job(job_id, lambda record: self.pipeline(record.pipeline), storage=self.storage,
+                               scheduler=self.scheduler, lease_seconds=self.lease_seconds,
+                               continue_for=self.continue_for, flow_control=self.flow)
 
     try_advance = advance
 
@@ -544,6 +555,9 @@ class App:
             except PipelineError as exc:
                 done.append((job_id, AdvanceResult.UNKNOWN))
                 logger.error("sweep: job %s: %s", job_id, exc)
+        for parent in children.ready_parents(self.storage, limit=limit):
+            # A parent whose children finished but whose wake-up was lost (pipelines.engine.children).
+            done.append((parent.job_id, self.advance(parent.job_id)))
         self._sweep_retention()
         return done
 
@@ -611,6 +625,13 @@ def as_message_list(messages: Any) -> list[Any]:
     if isinstance(messages, str | dict) or not isinstance(messages, Sequence):
         raise InvalidInputError(f"messages must be a list of messages (or strings), got {type(messages).__name__}")
     return list(messages)
+
+
+def _tools_of(agent: Any) -> list[Any]:
+    """The tools an agent declares up front (a tools provider's are known only per run)."""
+    config = getattr(agent, "config", None)
+    tmap = getattr(config, "tmap", None) if getattr(config, "tools_provider", None) is None else None
+    return list(tmap.values()) if isinstance(tmap, Mapping) else []
 
 
 def tags_of(record: JobRecord) -> list[str]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import flow, transitions
+from pipelines.engine import children, flow, transitions
 from pipelines.engine.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, JobRecord, JobStatus, validate_job_id
 from pipelines.engine.tokens import new_token
@@ -59,6 +59,12 @@ def pause_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: floa
         assert owner is not None
         return transitions.pause(record, owner=owner, now=scheduler.now())
 
+    record = load_job(storage, job_id)
+    if children.waits_for_children(record):
+        # No turn of its own to stop: the parent stays waiting and the children it waits for pause.
+        _each_child(record, storage, (JobStatus.RUNNING,),
+                    lambda child: pause_job(child, storage=storage, scheduler=scheduler, wait=wait))
+        return record
     return _at_boundary(job_id, storage, scheduler, "pause", build, wait)
 
 
@@ -77,12 +83,16 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
     if force or record.status is not JobStatus.RUNNING:
         # No turn in flight (or one to discard): a compare-and-set on the version.
         commit = transitions.cancel(record, owner=None, now=scheduler.now(), forced=force)
-        return _write(storage, scheduler, commit, "cancel")
+        done = _write(storage, scheduler, commit, "cancel")
+    else:
+        def build(rec: JobRecord, owner: str | None) -> Commit:
+            return transitions.cancel(rec, owner=owner, now=scheduler.now())
 
-    def build(rec: JobRecord, owner: str | None) -> Commit:
-        return transitions.cancel(rec, owner=owner, now=scheduler.now())
-
-    return _at_boundary(job_id, storage, scheduler, "cancel", build, wait)
+        done = _at_boundary(job_id, storage, scheduler, "cancel", build, wait)
+    # A parent's cancel reaches the child jobs it started (and theirs, recursively).
+    _each_child(done, storage, transitions.ACTIVE,
+                lambda child: cancel_job(child, storage=storage, scheduler=scheduler, wait=wait, force=force))
+    return done
 
 
 def resume_job(job_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRecord:
@@ -93,7 +103,13 @@ def resume_job(job_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRec
     get in the way.
     """
     record = load_job(storage, job_id)
-    return _write(storage, scheduler, transitions.resume(record, now=scheduler.now()), "resume")
+    resume_children = lambda child: resume_job(child, storage=storage, scheduler=scheduler)  # noqa: E731
+    if children.waits_for_children(record):
+        _each_child(record, storage, (JobStatus.PAUSED,), resume_children)
+        return record
+    done = _write(storage, scheduler, transitions.resume(record, now=scheduler.now()), "resume")
+    _each_child(done, storage, (JobStatus.PAUSED,), resume_children)
+    return done
 
 
 Build = Callable[[JobRecord, "str | None"], Commit]
@@ -170,4 +186,33 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
             logger.error("sweep: skipping job %s: %s", job_id, exc)
             continue
         requeued.append(job_id)
+    for parent in children.ready_parents(storage, limit=limit):
+        # Parents whose children all finished but whose wake-up was lost (a crash between the child's
+        # final commit and the message): their advance wakes them (pipelines.engine.children).
+        scheduler.requeue(parent.job_id, pipeline=parent.pipeline)
+        requeued.append(parent.job_id)
     return requeued
+
+
+def _family(record: JobRecord, storage: Storage, wanted: tuple[JobStatus, ...]) -> list[str]:
+    """The child jobs of ``record`` now in one of ``wanted`` (unknown or unreadable ones are left out)."""
+    found = []
+    for child_id in record.children:
+        try:
+            child = storage.get_job(child_id)
+        except PipelineError as exc:
+            logger.error("job %s: cannot read child %s: %s", record.job_id, child_id, exc)
+            continue
+        if child is not None and child.status in wanted:
+            found.append(child_id)
+    return found
+
+
+def _each_child(record: JobRecord, storage: Storage, wanted: tuple[JobStatus, ...],
+                act: Callable[[str], object]) -> None:
+    """Apply ``act`` to every child of ``record`` in ``wanted``; a child that moved on meanwhile is skipped."""
+    for child_id in _family(record, storage, wanted):
+        try:
+            act(child_id)
+        except (JobConflictError, JobNotFoundError) as exc:
+            logger.info("job %s: child %s: %s", record.job_id, child_id, exc)

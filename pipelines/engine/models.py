@@ -511,6 +511,13 @@ class JobRecord(BaseModel):
     at_turn: int | None = None
     # The version of the pipeline or agent that last wrote the job (see pipelines.engine.versions).
     code_version: str | None = None
+    # Child runs (an agent or pipeline used as a tool, see pipelines.engine.children): a child names
+    # its parent job and the tool call it answers; a parent lists the children it started.
+    parent_job: str | None = None
+    parent_call: str | None = None
+    children: list[str] = Field(default_factory=list)
+    # A conversation's title, named by a title agent after its first run (best effort).
+    title: str | None = None
 
 
 class Commit(BaseModel):

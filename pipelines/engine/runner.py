@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapters.base import Backlog, Scheduler, Storage
-from pipelines.engine import flow, telemetry, transitions, versions
+from pipelines.engine import children, flow, telemetry, transitions, versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import (
     CorruptRecordError,
@@ -202,6 +202,10 @@ class _Turn:
 
     def run(self, record: JobRecord, pipeline_for: PipelineFor) -> AdvanceResult:
         while True:
+            woken = self.wake(record)
+            if isinstance(woken, AdvanceResult):
+                return woken
+            record = woken
             cp = record.checkpoint
             if record.status is not JobStatus.RUNNING or cp is None:
                 return AdvanceResult.NOT_RUNNING
@@ -228,6 +232,26 @@ class _Turn:
                 return result
             # Exactly what storage now holds: go on without reloading.
             record = commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
+
+    def wake(self, record: JobRecord) -> JobRecord | AdvanceResult:
+        """A job waiting for child jobs runs again once all finished (see :mod:`pipelines.engine.children`).
+
+        Any other record is returned as it is.
+        """
+        if not children.waits_for_children(record):
+            return record
+        commit = children.wake(record, self.storage, owner=self.owner, now=self.scheduler.now())
+        if commit is None:
+            return AdvanceResult.WAITING
+        try:
+            reply = transitions.apply(self.storage, self.scheduler, commit)
+        except StaleVersionError:
+            return AdvanceResult.STALE
+        if commit.record.status is not JobStatus.RUNNING:
+            self.released = True
+            return AdvanceResult.FAILED
+        # The lease is kept: the woken turn runs now, on exactly what storage holds.
+        return commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
 
     def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
         """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""

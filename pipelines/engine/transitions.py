@@ -33,6 +33,7 @@ from pipelines.engine.models import (
     LogLevel,
     Message,
     TurnMark,
+    Usage,
     to_json_value,
 )
 from pipelines.engine.phase import Done, Fail, Next, PhaseOutput, RetryLater, WaitForInput
@@ -51,8 +52,11 @@ __all__ = [
     "after_phase",
     "apply",
     "cancel",
+    "child_failed",
+    "children_done",
     "continue_conversation",
     "create",
+    "create_child",
     "fork",
     "pause",
     "resume",
@@ -69,6 +73,9 @@ FINAL = (JobStatus.COMPLETE, JobStatus.CANCELLED)
 """Statuses nothing but an explicit restart leaves."""
 FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 """Statuses retention and ``delete`` may remove: no turn runs and no person is asked anything."""
+
+CHILDREN = "children"
+"""``record.waiting["kind"]`` of a job waiting for child jobs (see :mod:`pipelines.engine.children`)."""
 
 HISTORY_LIMIT = 50
 """How many turns' checkpoints a record keeps (its ``history``): a fork can start at any of them."""
@@ -268,11 +275,20 @@ def _on_wait(rec: JobRecord, outcome: WaitForInput, out: PhaseOutput, owner: str
     token = new_token()
     cp = _kept(rec, out)
     waiting = {**outcome.details, "reason": outcome.reason, "call_id": outcome.call_id}
-    new = _moved(rec, token, now, cp, status=JobStatus.WAITING, waiting=waiting, usage=rec.usage + out.usage)
+    new = _moved(rec, token, now, cp, status=JobStatus.WAITING, waiting=waiting, usage=rec.usage + out.usage,
+                 children=_with_children(rec.children, outcome.details))
     kind = "approval_requested" if outcome.details.get("kind") == "approval" else "job_waiting"
     return _commit(rec, new, token, owner=owner,
                    logs=[*out.logs, _log(now, cp.next_phase, f"waiting: {outcome.reason}", "warn")],
                    events=[make_event(kind, now, phase=cp.next_phase, **{**outcome.details, "reason": outcome.reason})])
+
+
+def _with_children(known: list[str], details: dict[str, Any]) -> list[str]:
+    """``known`` plus the child jobs a wait for children names (the parent's side of the lineage)."""
+    if details.get("kind") != CHILDREN:
+        return known
+    started = [str(c.get("child")) for c in details.get("calls") or [] if isinstance(c, dict) and c.get("child")]
+    return [*known, *(c for c in started if c not in known)]
 
 
 def _on_fail(rec: JobRecord, outcome: Fail, out: PhaseOutput, owner: str | None, now: float) -> Commit:
@@ -349,6 +365,41 @@ def supply_inputs(rec: JobRecord, entries: dict[str, JSONValue], *, resume: bool
     return _commit(rec, new, token, logs=[_log(now, cp.next_phase, why)], events=[event])
 
 
+# --- child runs (pipelines.engine.children) ---------------------------------------------------
+def create_child(job_id: str, *, parent_job: str, parent_call: str, pipeline: str, first: str, state: JSONValue,
+                 messages: list[Message], options: dict[str, JSONValue], now: float) -> Commit:
+    """A new job started by the call ``parent_call`` of ``parent_job``; its record names both."""
+    commit = create(job_id, pipeline=pipeline, first=first, state=state, messages=messages, options=options, now=now)
+    record = commit.record.model_copy(update={"parent_job": parent_job, "parent_call": parent_call})
+    event = make_event("job_started", now, phase=first, pipeline=pipeline, parent_job=parent_job,
+                       parent_call=parent_call)
+    return commit.model_copy(update={"record": record, "events": [event]})
+
+
+def children_done(rec: JobRecord, entries: dict[str, JSONValue], usage: Usage, *, owner: str, now: float) -> Commit:
+    """A job waiting for its children runs again, their outcomes in its open checkpoint and their usage in its own.
+
+    ``entries`` land in the checkpoint's ``inputs`` (``tool:<call id>`` is what
+    the model reads), so the woken turn reuses them instead of calling again;
+    the usage is added once, by this compare-and-set. The caller holds the
+    lease (``owner``) and keeps it to run the turn at once.
+    """
+    assert rec.checkpoint is not None
+    token = new_token()
+    cp = rec.checkpoint.model_copy(update={"inputs": {**rec.checkpoint.inputs, **entries}, "due_at": now})
+    new = _moved(rec, token, now, cp, **_running(), usage=rec.usage + usage)
+    phase = cp.next_phase
+    calls = sorted(k.removeprefix("child:") for k in entries if k.startswith("child:"))
+    return _commit(rec, new, token, owner=owner, release_lease=False,
+                   logs=[_log(now, phase, f"child jobs finished: {', '.join(calls)}")],
+                   events=[make_event("children_finished", now, phase=phase, calls=calls)])
+
+
+def child_failed(rec: JobRecord, error: str, usage: Usage, *, owner: str, now: float) -> Commit:
+    """A job waiting for its children fails because one failed (``on_child_error="fail"``); checkpoint kept."""
+    return _on_fail(rec, Fail(error), PhaseOutput(usage=usage), owner, now)
+
+
 # --- forks -----------------------------------------------------------------------------------
 def turn_mark(rec: JobRecord, at_turn: object) -> TurnMark:
     """The checkpoint ``rec`` committed at turn ``at_turn``; :class:`InvalidInputError` if it is not kept."""
@@ -411,4 +462,22 @@ def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: b
         # priorities existed keeps working for every run that does not ask for one.
         extra = {"priority": priority} if (priority := flow.priority_of(new)) != flow.PRIORITIES[0] else {}
         scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version, **extra)
+    if schedule:
+        _wake_family(storage, scheduler, new)
     return reply
+
+
+def _wake_family(storage: Storage, scheduler: Scheduler, new: JobRecord) -> None:
+    """The fast path of child runs: a parent that starts waiting, or whose child just finished, is advanced.
+
+    The advance itself checks the children under the parent's lease
+    (:mod:`pipelines.engine.children`); this only sends the message. Lost
+    messages are recovered by the sweep, which looks at waiting parents.
+    """
+    if new.status is JobStatus.WAITING and (new.waiting or {}).get("kind") == CHILDREN:
+        # A child may have finished before this wait was committed: look now.
+        scheduler.schedule_advance(new.job_id, 0.0, pipeline=new.pipeline)
+    elif new.parent_job is not None and new.status in FINISHED:
+        parent = storage.get_job(new.parent_job)
+        if parent is not None and parent.status is JobStatus.WAITING:
+            scheduler.schedule_advance(parent.job_id, 0.0, pipeline=parent.pipeline)

@@ -1,0 +1,237 @@
+"""Agents and pipelines as tools, and an agent as one phase of a pipeline: durable child runs.
+
+``agent.as_tool(description=...)`` (:func:`agent_tool`), :func:`pipeline_tool`
+and :func:`agent_phase` start a **child job** instead of running anything in
+the parent's turn. Its id derives from the parent job and the call id
+(:func:`pipelines.engine.children.child_job_id`), so a re-run after a crash
+finds the same child and never starts a second one (``create_job`` refuses a
+taken id). The parent then waits (status ``waiting``, ``waiting={"kind":
+"children", "calls": [...]}``) without holding a worker, and the child's final
+commit wakes it: the child's result (its text, or its typed result as JSON)
+becomes the tool result; a failed child gives ``Error: ...`` or, with
+``on_child_error="fail"``, fails the parent. See :mod:`pipelines.engine.children`
+for the wake-up and the sweep that makes it crash-safe.
+
+Child runs need an :class:`~pipelines.app.App` (workers advance jobs through
+one): the App binds itself while it advances a job (:func:`app_bound`), and
+registers the agents its tools and phases start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from phases.tools import Tool, ToolContext
+from pipelines.engine import transitions, versions
+from pipelines.engine.children import KIND, child_job_id, child_key
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, JobConflictError
+from pipelines.engine.models import check_messages, to_json_value
+from pipelines.engine.phase import Done, Fail, Next, Phase, PhaseContext, WaitForInput
+
+# The App (pipelines.app) is not imported here: phases import only the engine. ``App`` below is any
+# object with its storage, scheduler, agents, pipeline() and add_agent().
+App = Any
+
+__all__ = ["AgentToolInput", "OnChildError", "agent_phase", "agent_tool", "app_bound", "check_child_error",
+           "pipeline_tool", "start_child"]
+
+OnChildError = Literal["error_result", "fail"]
+"""A failed or cancelled child: its ``Error: ...`` text is the tool result, or the parent fails."""
+
+MapRun = Callable[[Any], Mapping[str, Any]]
+
+_APP: ContextVar[Any] = ContextVar("pipelines_child_app", default=None)
+
+
+@contextmanager
+def app_bound(app: App) -> Iterator[None]:
+    """Make ``app`` the one child runs start on while the caller advances a job (the App does this)."""
+    token = _APP.set(app)
+    try:
+        yield
+    finally:
+        _APP.reset(token)
+
+
+def _app() -> App:
+    app = _APP.get()
+    if app is None:
+        raise ConfigurationError("an agent or pipeline used as a tool or phase runs child jobs, which needs the "
+                                 "job to be advanced by an App (App.advance, a worker, or app.drain())")
+    return app
+
+
+class AgentToolInput(BaseModel):
+    """The default arguments of an agent used as a tool: one request in plain words."""
+
+    input: str = Field(description="What to ask, in plain words, with everything the agent needs to know")
+
+
+def _default_map_run(args: Any) -> Mapping[str, Any]:
+    if isinstance(args, AgentToolInput):
+        return {"user": args.input}
+    if isinstance(args, str):
+        return {"user": args}
+    return {"user": json.dumps(to_json_value(args, what="the child's input"))}
+
+
+def check_child_error(on_child_error: object) -> OnChildError:
+    """``on_child_error`` if it is a policy, else :class:`InvalidInputError`."""
+    if on_child_error not in ("error_result", "fail"):
+        raise InvalidInputError(f"on_child_error must be 'error_result' or 'fail', got {on_child_error!r}")
+    return on_child_error
+
+
+# --- starting a child -----------------------------------------------------------------------
+def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Mapping[str, Any]) -> str:
+    """Start the child job of ``parent_job``'s call ``call_id`` unless it exists; returns its id.
+
+    ``target`` is an agent (``run`` holds ``user``/``messages`` and per-run
+    options) or a registered pipeline's name (``run`` holds
+    ``initial_state``). Bad input raises before anything is written.
+    """
+    child_id = child_job_id(parent_job, call_id)
+    if app.storage.get_job(child_id) is not None:
+        return child_id  # a re-run of the call: the child it started is the one
+    name, first, version, start = _child_start(app, child_id, target, dict(run))
+    commit = transitions.create_child(
+        child_id, parent_job=parent_job, parent_call=call_id, pipeline=name, first=first,
+        state=to_json_value(start.get("initial_state"), what=f"initial state of child job {child_id!r}"),
+        messages=check_messages(start.get("messages", []), f"messages of child job {child_id!r}"),
+        options=to_json_value(start.get("options", {}), what=f"options of child job {child_id!r}"),
+        now=app.scheduler.now())
+    commit = commit.model_copy(update={"record": versions.stamp(commit.record, version)})
+    with suppress(JobConflictError):  # a duplicate worker created it first: still exactly one child
+        transitions.apply(app.storage, app.scheduler, commit)
+    return child_id
+
+
+def _child_start(app: App, child_id: str, target: Any,
+                 run: dict[str, Any]) -> tuple[str, str, str | None, Mapping[str, Any]]:
+    """(pipeline name, first phase, version, start_run's keyword arguments) for a new child."""
+    if isinstance(target, str):
+        pipeline = app.pipeline(target)
+        unknown = sorted(set(run) - {"initial_state"})
+        if unknown:
+            raise InvalidInputError(f"map_run of a pipeline tool returns only 'initial_state', got {unknown}")
+        return target, pipeline.first, pipeline.version, {"initial_state": run.get("initial_state")}
+    if app.agents.get(target.name) is not target:
+        app.add_agent(target)
+    messages = list(run.pop("messages", None) or [])
+    user = run.pop("user", None)
+    if user is not None:
+        messages.append(user)
+    start = target.start_run(child_id, messages, run, app)
+    pipeline = app.pipeline(target.name)
+    return target.name, pipeline.first, pipeline.version, start
+
+
+def _wait(call_id: str, child_id: str, on_error: OnChildError, what: str) -> WaitForInput:
+    return WaitForInput(f"waiting for child job {child_id} ({what})", call_id=call_id,
+                        details={"kind": KIND, "calls": [{"call_id": call_id, "child": child_id,
+                                                          "on_error": on_error, "what": what}]})
+
+
+# --- tools ---------------------------------------------------------------------------------
+def _child_tool(target: Any, *, name: str, description: str, input_model: type[BaseModel] | None,
+                map_run: MapRun | None, on_child_error: OnChildError) -> Tool:
+    policy = check_child_error(on_child_error)
+    mapper = map_run or _default_map_run
+
+    def execute(args: BaseModel, ctx: ToolContext) -> Any:
+        # Reached only while the call has no result: the wake-up puts the child's into the journal.
+        child_id = start_child(_app(), parent_job=ctx.job_id, call_id=ctx.call_id, target=target, run=mapper(args))
+        raise _wait(ctx.call_id, child_id, policy, f"tool {name}")
+
+    built = Tool(name=name, description=description, input_model=input_model or AgentToolInput, execute=execute)
+    built.child_agent = None if isinstance(target, str) else target  # type: ignore[attr-defined]
+    return built
+
+
+def agent_tool(agent: Any, *, description: str, name: str | None = None,
+               input_model: type[BaseModel] | None = None, map_run: MapRun | None = None,
+               on_child_error: OnChildError = "error_result") -> Tool:
+    """``agent`` as a tool of another agent: each call runs it as a child job (see the module doc).
+
+    ``input_model`` (default :class:`AgentToolInput`, one ``input`` string) is
+    what the calling model fills in; ``map_run(args)`` turns it into the
+    child's run: ``user``/``messages`` plus per-run options (``context``,
+    ``max_turns``, ...). Default: the ``input`` text as the user message.
+    """
+    return _child_tool(agent, name=name or agent.name, description=description, input_model=input_model,
+                       map_run=map_run, on_child_error=on_child_error)
+
+
+def pipeline_tool(pipeline: str, *, description: str, input_model: type[BaseModel], name: str | None = None,
+                  map_run: MapRun | None = None, on_child_error: OnChildError = "error_result") -> Tool:
+    """The pipeline registered as ``pipeline`` as a tool: each call runs it as a child job.
+
+    ``map_run(args)`` returns ``{"initial_state": ...}`` (default: the
+    arguments as the initial state); the child's result is the tool result.
+    """
+    if not isinstance(pipeline, str) or not pipeline:
+        raise InvalidInputError(f"pipeline_tool needs a registered pipeline's name, got {pipeline!r}")
+
+    def default(args: Any) -> Mapping[str, Any]:
+        return {"initial_state": args}
+
+    return _child_tool(pipeline, name=name or pipeline, description=description, input_model=input_model,
+                       map_run=map_run or default, on_child_error=on_child_error)
+
+
+# --- an agent as a phase ---------------------------------------------------------------------
+class _AgentPhase:
+    """The ``run`` of :func:`agent_phase`: start the agent's child job, wait, go on with its result."""
+
+    def __init__(self, agent: Any, name: str, next_phase: str | None, map_run: MapRun,
+                 map_result: Callable[[Any, Any], Any] | None, on_child_error: OnChildError) -> None:
+        self.child_agent = agent
+        self.name = name
+        self.next_phase = next_phase
+        self.map_run = map_run
+        self.map_result = map_result
+        self.on_child_error = on_child_error
+
+    def call_id(self, ctx: PhaseContext[Any]) -> str:
+        # The checkpoint's creation time is kept through waits and resume retries, and new for a run that
+        # reaches this phase again (a full retry, a loop, a fork): one child per arrival at the phase.
+        return f"phase-{self.name}-{int(ctx.checkpoint.created_at * 1000)}"
+
+    def __call__(self, ctx: PhaseContext[Any]) -> Next | Done | Fail:
+        call_id = self.call_id(ctx)
+        found, outcome = ctx.recorded(child_key(call_id))
+        if not found:
+            child_id = start_child(_app(), parent_job=ctx.job_id, call_id=call_id, target=self.child_agent,
+                                   run=self.map_run(ctx.state))
+            raise _wait(call_id, child_id, "error_result", f"phase {self.name}")
+        if outcome.get("status") != "complete":
+            error = f"child job {outcome.get('job_id')!r} ended {outcome.get('status')}: {outcome.get('error')}"
+            if self.on_child_error == "fail":
+                return Fail(error)
+        result = outcome.get("result") if outcome.get("status") == "complete" else f"Error: {error}"
+        if self.next_phase is None:
+            return Done(result=result)
+        state = self.map_result(ctx.state, result) if self.map_result is not None else result
+        return Next(self.next_phase, state=state)
+
+
+def agent_phase(agent: Any, *, name: str | None = None, next_phase: str | None = None,
+                map_run: MapRun | None = None, map_result: Callable[[Any, Any], Any] | None = None,
+                on_child_error: OnChildError = "fail") -> Phase:
+    """``agent`` as one phase of a multi-phase pipeline, with a conversation of its own (a child job).
+
+    ``map_run(state)`` gives the child's run (default: the state as the user
+    message); ``map_result(state, result)`` the state for ``next_phase``
+    (default: the result). Without ``next_phase`` the phase ends the job with
+    the agent's result. A failed child fails the job (``on_child_error``).
+    """
+    phase_name = name or agent.name
+    run = _AgentPhase(agent, phase_name, next_phase, map_run or _default_map_run, map_result,
+                      check_child_error(on_child_error))
+    return Phase(phase_name, run)
