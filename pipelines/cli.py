@@ -205,6 +205,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     rows += [("phases done", rec.phases_done), ("transcript", f"{rec.transcript_len} messages")]
     if rec.forked_from is not None:
         rows.append(("forked from", f"{rec.forked_from} at turn {rec.at_turn}"))
+    rows += _family_rows(rec)
     if rec.error:
         rows.append(("error", rec.error))
     if rec.waiting:
@@ -221,6 +222,25 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     for key, value in rows:
         print(f"{key + ':':<13}{value}", file=out)
     return 0
+
+
+def _family_rows(rec: JobRecord) -> list[tuple[str, Any]]:
+    """A child run's parent and a parent's children (agents and pipelines used as tools), and the title."""
+    rows: list[tuple[str, Any]] = []
+    if rec.title:
+        rows.append(("title", rec.title))
+    if rec.parent_job is not None:
+        rows.append(("parent", f"{rec.parent_job} (call {rec.parent_call})"))
+    if rec.children:
+        rows.append(("children", ", ".join(rec.children)))
+    return rows
+
+
+def _family_columns(rec: JobRecord) -> str:
+    """Extra listing columns, only for jobs in a parent/child family (other lines stay as they were)."""
+    parts = [f"parent={rec.parent_job}"] if rec.parent_job is not None else []
+    parts += [f"children={len(rec.children)}"] if rec.children else []
+    return "".join(f"\t{p}" for p in parts)
 
 
 def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
@@ -293,8 +313,8 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     for r in records:
         phase = r.checkpoint.next_phase if r.checkpoint else "-"
         tags = ",".join(tags_of(r)) or "-"
-        print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}\t{tags}",
-              file=out)
+        print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{_when(r.updated_at)}\t{tags}"
+              f"{_family_columns(r)}", file=out)
     return 0
 
 

@@ -251,3 +251,26 @@ def test_exactly_one_child_per_call_after_a_crash_at_any_boundary() -> None:
         assert listed == sorted(kids)
         for kid in kids:
             assert [m["role"] for m in storage.messages(kid)] == ["user", "assistant"]
+
+
+def test_status_and_jobs_show_parent_and_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from pipelines.cli import main
+    from tests.apps import children_app
+
+    monkeypatch.delenv("PIPELINES_APP", raising=False)
+    app = children_app.reset()
+    app.run_agent("boss", job_id="fam", user="go")
+    app.drain()
+    kid = child_job_id("fam", "c0")
+
+    def run(*argv: str) -> str:
+        out = io.StringIO()
+        assert main([*argv, "--app", "tests.apps.children_app:app"], out=out, err=io.StringIO()) == 0
+        return out.getvalue()
+
+    assert f"children:    {kid}" in run("status", "fam")
+    assert "parent:      fam (call c0)" in run("status", kid)
+    rows = {line.split("\t")[0]: line.split("\t") for line in run("jobs").splitlines()}
+    assert rows["fam"][-1] == "children=1" and rows[kid][-1] == "parent=fam"
