@@ -218,7 +218,7 @@ def _stream_matches(app: App, job_id: str, messages: list[dict[str, Any]]) -> bo
     if not texts:
         return None  # no live part (expired, or the agent does not stream): nothing a client could get wrong
     committed = [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
-    return all(texts.get(turn, "") == text for turn, text in enumerate(committed, start=1) if turn in texts)
+    return all(texts[turn] == text for turn, text in enumerate(committed, start=1) if turn in texts)
 
 
 # --- tool effects ------------------------------------------------------------------

@@ -43,7 +43,8 @@ class DeltaSink:
         self._started = False
         self._last = 0.0  # the first text goes out at once
         self._timer: threading.Timer | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the pending text (the model's thread appends while we send)
+        self._publishing = threading.Lock()  # one batch on the wire at a time, in the order they were taken
 
     def __call__(self, text: str) -> None:
         if not isinstance(text, str) or not text:
@@ -62,17 +63,23 @@ class DeltaSink:
             self.flush()
 
     def flush(self) -> None:
-        """Publish what is pending (with ``attempt_started`` first, once)."""
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            parts = self._parts(self._pending)
-            self.sent += self._pending
-            self._pending = ""
-            self._last = time.monotonic()
-        if parts:
-            self.ctx.publish_parts(parts)
+        """Publish what is pending (with ``attempt_started`` first, once).
+
+        The publish happens under the lock: the trailing timer and the model's
+        thread may both flush, and two batches sent out of order would garble
+        the text a client assembles.
+        """
+        with self._publishing:
+            with self._lock:
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                parts = self._parts(self._pending)
+                self.sent += self._pending
+                self._pending = ""
+                self._last = time.monotonic()
+            if parts:
+                self.ctx.publish_parts(parts)
 
     def restart(self) -> None:
         """A broken provider stream is tried again: drop what is pending and start a new attempt."""

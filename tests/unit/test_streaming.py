@@ -142,3 +142,33 @@ def test_a_retried_provider_stream_starts_a_new_attempt_and_the_broken_text_is_d
     parts = list(app.stream("j"))
     assert len({p.data["attempt"] for p in parts if p.type == "attempt_started"}) == 2
     assert turn_texts(parts) == {1: LONG} == assistant_texts(app)
+
+
+def test_batches_reach_the_stream_in_the_order_they_were_taken_whatever_thread_flushes() -> None:
+    import random
+    import time as _time
+
+    from phases.streaming import DeltaSink
+
+    class SlowCtx:
+        attempt_id = "a1"
+
+        def __init__(self) -> None:
+            self.published: list[str] = []
+
+        def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Any:
+            return (type_, data.get("text", ""))
+
+        def publish_parts(self, parts: list[Any]) -> None:
+            _time.sleep(random.random() / 500)  # a slow round trip, while the timer or the model flushes again
+            self.published.extend(text for kind, text in parts if kind == "text_delta")
+
+    ctx = SlowCtx()
+    sink = DeltaSink(ctx, 1, flush_seconds=0.0005, flush_chars=7)  # type: ignore[arg-type]
+    text = "".join(f"{i:04d}|" for i in range(400))
+    for i in range(0, len(text), 3):
+        sink(text[i : i + 3])
+        if i % 30 == 0:
+            _time.sleep(0.001)  # let the trailing timer fire between pieces
+    sink.finish(text)
+    assert "".join(ctx.published) == text
