@@ -53,7 +53,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from adapters.base import CountingIndex, page_cursor, parse_cursor
-from pipelines import cli_actions, health
+from pipelines import cli_actions, cli_agent, health
 from pipelines.app import App, tags_of
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import ConfigurationError, JobNotFoundError, PipelineError
@@ -473,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-only", action="store_true", help="show runs, refuse every action")
     cli_actions.register(add, _load, _when, _positive_or_zero, _positive)
     health.register(add, _load, _positive_or_zero)
+    cli_agent.register(add, _load, _positive_or_zero)
     return parser
 
 
