@@ -90,6 +90,8 @@ class AgentConfig:
     on_new_message: Literal["enqueue", "reject"] = "enqueue"
     # Summarise older turns for the model once its view passes a size (phases.compaction); None: never.
     compaction: Compaction | None = None
+    # An Agent that names a new conversation after its first run, as a child job (phases.titles).
+    title_agent: Any = None
     system_prompt_conflict: str = "keep"
     suppress_system_prompt_conflict_warning: bool = False
     prepare_call: Callable[..., Any] | None = None

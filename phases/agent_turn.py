@@ -37,6 +37,7 @@ from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
 from phases.stop import TurnInfo, should_stop
 from phases.streaming import DeltaSink
+from phases.titles import start_title
 from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, bind_run_context
@@ -283,6 +284,8 @@ class AgentTurn:
             # Closes the turn for a live-stream client: no text of it follows; these messages are its truth.
             ctx.emit("turn_committed", turn=state.turn + 1,
                      messages=[ctx.transcript_len, ctx.transcript_len + len(new_messages)])
+        if isinstance(outcome, Done) and cfg.title_agent is not None:
+            start_title(ctx, cfg.title_agent, [*past, *new_messages])
         if isinstance(outcome, Next):
             self.history.remember_after_commit(ctx, [*past, *new_messages])
         else:

@@ -39,7 +39,7 @@ from pipelines.engine.phase import Done, Fail, Next, Phase, PhaseContext, WaitFo
 App = Any
 
 __all__ = ["AgentToolInput", "OnChildError", "agent_phase", "agent_tool", "app_bound", "check_child_error",
-           "pipeline_tool", "start_child"]
+           "current_app", "pipeline_tool", "start_child"]
 
 OnChildError = Literal["error_result", "fail"]
 """A failed or cancelled child: its ``Error: ...`` text is the tool result, or the parent fails."""
@@ -57,6 +57,11 @@ def app_bound(app: App) -> Iterator[None]:
         yield
     finally:
         _APP.reset(token)
+
+
+def current_app() -> App:
+    """The App advancing the current job (for work that starts jobs from inside a turn)."""
+    return _app()
 
 
 def _app() -> App:

@@ -21,11 +21,12 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 from adapters.base import FlowCapable, InProcessScheduler, Scheduler, Storage
-from phases import approvals
+from phases import approvals, titles
 from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
 from phases.children import app_bound
 from phases.run_input import check_tags
 from pipelines import streams
+from pipelines.agent import Agent
 from pipelines.engine import children, control, flow, transitions, versions
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -307,7 +308,13 @@ class App:
         if pipeline is not None and pipeline.state is not None and state is not None:
             state = pipeline.state.model_validate(state)
         return JobView(record=record, result=result, state=state,
-                       pending_calls=tuple(approvals.pending_calls_of(record)))
+                       pending_calls=tuple(approvals.pending_calls_of(record)), title=self._title(record, source))
+
+    def _title(self, record: JobRecord, source: PipelineSource | None) -> str | None:
+        """A conversation's title (from its title job, when its agent has a ``title_agent``)."""
+        if record.title or not isinstance(source, Agent) or source.config.title_agent is None:
+            return record.title
+        return titles.title_of(record, self.storage.get_job(titles.title_job_id(record.job_id)))
 
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """The committed transcript ``[start:stop]``."""

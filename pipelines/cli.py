@@ -205,7 +205,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     rows += [("phases done", rec.phases_done), ("transcript", f"{rec.transcript_len} messages")]
     if rec.forked_from is not None:
         rows.append(("forked from", f"{rec.forked_from} at turn {rec.at_turn}"))
-    rows += _family_rows(rec)
+    rows += _family_rows(rec, app.view(rec).title)
     if rec.error:
         rows.append(("error", rec.error))
     if rec.waiting:
@@ -224,11 +224,11 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _family_rows(rec: JobRecord) -> list[tuple[str, Any]]:
+def _family_rows(rec: JobRecord, title: str | None) -> list[tuple[str, Any]]:
     """A child run's parent and a parent's children (agents and pipelines used as tools), and the title."""
     rows: list[tuple[str, Any]] = []
-    if rec.title:
-        rows.append(("title", rec.title))
+    if title:
+        rows.append(("title", title))
     if rec.parent_job is not None:
         rows.append(("parent", f"{rec.parent_job} (call {rec.parent_call})"))
     if rec.children:

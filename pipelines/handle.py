@@ -47,6 +47,7 @@ class JobView:
     result: Any = None
     state: Any = None
     pending_calls: tuple[dict[str, Any], ...] = ()
+    title: str | None = None
 
     @property
     def job_id(self) -> str:

@@ -1,0 +1,76 @@
+"""Conversation titles: a title agent names a new conversation once, as a child job, never failing it."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from adapters.memory import MemoryScheduler
+from adapters.redis import RedisStorage
+from pipelines import Agent, App, JobStatus
+from pipelines.testing import ScriptedModel
+from tests.unit.helpers import memory
+
+
+class Title(BaseModel):
+    title: str
+
+
+def build(storage: Any, scheduler: Any, namer_model: Any) -> App:
+    namer = Agent(name="namer", model=namer_model, output_schema=Title, stream=False)
+    chat = Agent(name="chat", model=ScriptedModel(lambda msgs: f"answer to {msgs[-1]['content']}"),
+                 title_agent=namer)
+    return App(storage=storage, scheduler=scheduler, agents=[chat, namer])
+
+
+@pytest.fixture(params=["memory", "redis"])
+def adapters(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    if request.param == "memory":
+        storage, scheduler, _ = memory()
+        yield storage, scheduler
+        return
+    store = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="titles")
+    yield store, MemoryScheduler()
+    store.client.close()
+
+
+def test_a_new_conversation_is_named_once_and_follow_ups_keep_the_title(adapters: tuple[Any, Any]) -> None:
+    namer_model = ScriptedModel(lambda msgs: '{"title": "Where my parcel is"}')
+    app = build(*adapters, namer_model)
+    app.run_agent("chat", job_id="t1", messages=["where is my parcel?"]).wait(timeout=5)
+    app.drain()  # the title job runs as its own job
+    view = app.get("t1")
+    assert view is not None and view.status is JobStatus.COMPLETE and view.title == "Where my parcel is"
+    asked = namer_model.calls[0].messages[-1]["content"]
+    assert "where is my parcel?" in asked and "answer to where is my parcel?" in asked
+    app.run_agent("chat", job_id="t1", messages=["and when?"]).wait(timeout=5)
+    app.drain()
+    assert len(namer_model.calls) == 1 and app.get("t1").title == "Where my parcel is"  # named once
+
+
+def test_a_failing_title_agent_never_fails_the_conversation(adapters: tuple[Any, Any]) -> None:
+    def broken(messages: list[Any]) -> Any:
+        raise RuntimeError("namer down")
+
+    app = build(*adapters, ScriptedModel(broken))
+    view = app.run_agent("chat", job_id="t2", messages=["hi"]).wait(timeout=5)
+    app.drain()
+    assert view.status is JobStatus.COMPLETE and view.result == "answer to hi"
+    assert app.get("t2").status is JobStatus.COMPLETE and app.get("t2").title is None
+
+
+def test_pipelines_status_shows_the_title(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.cli import main
+    from tests.apps import titles_app
+
+    monkeypatch.delenv("PIPELINES_APP", raising=False)
+    app = titles_app.reset()
+    app.run_agent("chat", job_id="t3", messages=["where is my parcel?"]).wait(timeout=5)
+    app.drain()
+    out = io.StringIO()
+    assert main(["status", "t3", "--app", "tests.apps.titles_app:app"], out=out, err=io.StringIO()) == 0
+    assert "title:       Where my parcel is" in out.getvalue()
