@@ -85,7 +85,11 @@ class DirectoryBlobStore:
         """Write ``data`` whole or not at all (temporary file, fsync, rename); a no-op if it is there."""
         path = self._dir(job_id) / check_blob_name(name)
         if path.exists():
-            return  # named by its content: the same bytes
+            # Named by its content: the same bytes. Touch it, so the orphan sweep (by age) never takes
+            # a blob that a create retried after a crash is about to reference again.
+            os.utime(path)
+            os.utime(path.parent)
+            return
         try:
             path.parent.mkdir(exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

@@ -24,6 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,9 @@ from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseCon
 __all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
 
 TURN_PHASE = "turn"
+
+# The whole committed transcript of the turn being answered (see AgentTurn.answer).
+_TRANSCRIPT: ContextVar[list[Message] | None] = ContextVar("pipelines_turn_transcript", default=None)
 
 
 
@@ -227,6 +231,9 @@ class AgentTurn:
         """
         sink = DeltaSink(ctx, turn + 1, retries=cfg.stream_retries) if cfg.stream else None
         ctx.on_delta = sink
+        # Call ids must be unique in the whole transcript (idempotency keys, child jobs), not only in the
+        # model's view, which compaction shortens: the id check sees every earlier message.
+        whole = _TRANSCRIPT.set(past)
         try:
             raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn))
         except StaleVersionError as exc:
@@ -243,6 +250,7 @@ class AgentTurn:
             return Fail(f"model error: {exc}")
         finally:
             ctx.on_delta = None
+            _TRANSCRIPT.reset(whole)
         response = ModelResponse.model_validate(raw)
         ctx.add_usage(response.usage, key=journal.MODEL)
         if sink is not None:
@@ -447,7 +455,7 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     # Tool call ids key the journal and the idempotency key: fixed here (unique
     # in the transcript, every call well-formed) before the answer is journaled,
     # so a re-run replays the same ids and the model sees each call answered.
-    message = normalise_tool_calls(message, turn, messages)
+    message = normalise_tool_calls(message, turn, _TRANSCRIPT.get() or messages)
     return response.model_copy(update={"message": message})
 
 

@@ -564,7 +564,11 @@ class App:
                 logger.error("sweep: job %s: %s", job_id, exc)
         for parent in children.ready_parents(self.storage, limit=limit):
             # A parent whose children finished but whose wake-up was lost (pipelines.engine.children).
-            done.append((parent.job_id, self.advance(parent.job_id)))
+            try:
+                done.append((parent.job_id, self.advance(parent.job_id)))
+            except PipelineError as exc:
+                done.append((parent.job_id, AdvanceResult.UNKNOWN))
+                logger.error("sweep: parent %s: %s", parent.job_id, exc)
         self._sweep_retention()
         return done
 

@@ -29,6 +29,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import page_cursor
 from pipelines.engine import transitions
 from pipelines.engine.models import JOB_ID_PATTERN, Commit, JobRecord, JobStatus, JSONValue, Usage
 
@@ -128,13 +129,24 @@ def wake(record: JobRecord, storage: Storage, *, owner: str, now: float) -> Comm
     return transitions.children_done(record, entries, usage, owner=owner, now=now)
 
 
-def ready_parents(storage: Storage, *, limit: int = 1000) -> list[JobRecord]:
-    """Waiting parents whose children have all finished: what the sweep wakes (see the module doc)."""
-    ready = []
-    for record in storage.list_jobs(status=JobStatus.WAITING, limit=limit):
-        try:
-            if waits_for_children(record) and _outcomes(record, storage) is not None:
-                ready.append(record)
-        except Exception as exc:  # noqa: BLE001 - one unreadable child never stops the sweep for the others
-            logger.error("sweep: skipping waiting job %s: %s", record.job_id, exc)
-    return ready
+def ready_parents(storage: Storage, *, limit: int = 1000, page: int = 500) -> list[JobRecord]:
+    """Waiting parents whose children have all finished: what the sweep wakes (see the module doc).
+
+    Every waiting job is looked at, page by page (jobs waiting for a person
+    count too, so a first page alone could hide an old parent forever); at
+    most ``limit`` parents are returned.
+    """
+    ready: list[JobRecord] = []
+    cursor: str | None = None
+    while len(ready) < limit:
+        batch = storage.list_jobs(status=JobStatus.WAITING, limit=page, before=cursor)
+        for record in batch:
+            try:
+                if waits_for_children(record) and _outcomes(record, storage) is not None:
+                    ready.append(record)
+            except Exception as exc:  # noqa: BLE001 - one unreadable child never stops the sweep for the others
+                logger.error("sweep: skipping waiting job %s: %s", record.job_id, exc)
+        if len(batch) < page:
+            break
+        cursor = page_cursor(batch[-1])
+    return ready[:limit]

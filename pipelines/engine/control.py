@@ -189,7 +189,13 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
     for parent in children.ready_parents(storage, limit=limit):
         # Parents whose children all finished but whose wake-up was lost (a crash between the child's
         # final commit and the message): their advance wakes them (pipelines.engine.children).
-        scheduler.requeue(parent.job_id, pipeline=parent.pipeline)
+        try:
+            priority = flow.priority_of(parent)
+            extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
+            scheduler.requeue(parent.job_id, pipeline=parent.pipeline, version=parent.version, **extra)
+        except PipelineError as exc:
+            logger.error("sweep: skipping parent %s: %s", parent.job_id, exc)
+            continue
         requeued.append(parent.job_id)
     return requeued
 

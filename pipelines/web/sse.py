@@ -94,7 +94,9 @@ class JobStreamResponse(StreamingResponse):
         if self.format == "ai-sdk":
             encoder = UIMessageEncoder(self.job_id, lambda a, b: self.app.messages(self.job_id, a, b))
             emit = _AiSdkEmitter(encoder)
-            async for text in self._follow(emit.replay(backlog, self.cursor), backlog, emit):
+            # The encoder reads the transcript at each turn's end: a storage round trip, so off the event loop.
+            first = await asyncio.to_thread(emit.replay, backlog, self.cursor)
+            async for text in self._follow(first, backlog, emit):
                 yield text
             return
         plain = _PartsEmitter()
@@ -127,7 +129,7 @@ class JobStreamResponse(StreamingResponse):
                     return
                 if isinstance(part, Event):
                     quiet_since = time.monotonic()
-                    for text in emit.live(part):
+                    for text in await asyncio.to_thread(emit.live, part):
                         yield text
                 elif await self.request.is_disconnected():
                     yield _GONE

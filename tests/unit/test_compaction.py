@@ -102,3 +102,17 @@ def test_a_tool_preview_shows_the_model_the_start_of_a_long_result_and_the_trans
 
     with pytest.raises(InvalidInputError, match="preview"):
         tool(preview=0)(echo)
+
+
+def test_call_ids_stay_unique_in_the_whole_transcript_when_the_provider_repeats_them_past_a_compaction() -> None:
+    def repeating(messages: list[dict[str, Any]]) -> Any:
+        answer = script(messages)
+        if isinstance(answer, dict) and answer.get("tool_calls"):
+            answer["tool_calls"] = [{**c, "id": "call_0"} for c in answer["tool_calls"]]  # a provider that reuses ids
+        return answer
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[agent(ScriptedModel(repeating))])
+    assert app.run_agent("c", job_id="ids", messages=["count to 30"]).wait(timeout=10).status is JobStatus.COMPLETE
+    ids = [c["id"] for m in app.messages("ids") for c in m.get("tool_calls") or []]
+    assert len(ids) == TURNS and len(set(ids)) == TURNS  # idempotency keys and child jobs never collide
