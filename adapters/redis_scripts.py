@@ -335,13 +335,28 @@ return 1
 # Reply: 1 published (or already, for a re-sent call: its token), 0 unknown job
 # (a stale worker of a deleted job leaves no orphan stream).
 PUBLISH = _TYPES_FN + """
+-- The last few call tokens of one kind, kept in a record-hash field: a call redis-py re-sends
+-- after a lost reply finds its token there even if another caller wrote in between.
+local function seen(field, token)
+  local toks = redis.call('HGET', KEYS[1], field) or ''
+  return string.find(' ' .. toks .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
+end
+local function remember(field, token)
+  local toks = redis.call('HGET', KEYS[1], field) or ''
+  local kept = {}
+  for t in string.gmatch(toks, '%S+') do kept[#kept + 1] = t end
+  kept[#kept + 1] = token
+  while #kept > 32 do table.remove(kept, 1) end
+  redis.call('HSET', KEYS[1], field, table.concat(kept, ' '))
+end
+
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'live', 'stream'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 -- redis-py re-sends a command whose reply was lost: the same parts twice would double the text.
-if redis.call('HGET', KEYS[1], 'publish_token') == ARGV[1] then return 1 end
+if seen('publish_tokens', ARGV[1]) then return 1 end
 for i = 2, #ARGV do redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
-redis.call('HSET', KEYS[1], 'publish_token', ARGV[1])
+remember('publish_tokens', ARGV[1])
 return 1
 """
 
@@ -349,15 +364,30 @@ return 1
 # Reply: the inbox's new length, or -1 for an unknown job. Outside the version
 # fence (a turn in flight still commits); the count lives in the record hash.
 SEND = _TYPES_FN + """
+-- The last few call tokens of one kind, kept in a record-hash field: a call redis-py re-sends
+-- after a lost reply finds its token there even if another caller wrote in between.
+local function seen(field, token)
+  local toks = redis.call('HGET', KEYS[1], field) or ''
+  return string.find(' ' .. toks .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
+end
+local function remember(field, token)
+  local toks = redis.call('HGET', KEYS[1], field) or ''
+  local kept = {}
+  for t in string.gmatch(toks, '%S+') do kept[#kept + 1] = t end
+  kept[#kept + 1] = token
+  while #kept > 32 do table.remove(kept, 1) end
+  redis.call('HSET', KEYS[1], field, table.concat(kept, ' '))
+end
+
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'inbox', 'list'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 -- A re-sent call (its reply was lost) must not add the messages twice.
-if redis.call('HGET', KEYS[1], 'send_token') == ARGV[1] then
+if seen('send_tokens', ARGV[1]) then
   return tonumber(redis.call('HGET', KEYS[1], 'inbox') or '0')
 end
 for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-redis.call('HSET', KEYS[1], 'send_token', ARGV[1])
+remember('send_tokens', ARGV[1])
 return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV - 1)
 """
 
@@ -366,14 +396,30 @@ return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV - 1)
 # attempts that were fenced off after paying for a model call: outside the
 # version fence (the attempt can no longer commit), summed as one JSON field.
 DROPPED = _TYPES_FN + """
+-- The last few call tokens of one kind, kept in a record-hash field: a call redis-py re-sends
+-- after a lost reply finds its token there even if another caller wrote in between.
+local function seen(field, token)
+  local toks = redis.call('HGET', KEYS[1], field) or ''
+  return string.find(' ' .. toks .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
+end
+local function remember(field, token)
+  local toks = redis.call('HGET', KEYS[1], field) or ''
+  local kept = {}
+  for t in string.gmatch(toks, '%S+') do kept[#kept + 1] = t end
+  kept[#kept + 1] = token
+  while #kept > 32 do table.remove(kept, 1) end
+  redis.call('HSET', KEYS[1], field, table.concat(kept, ' '))
+end
+
 local bad = wrong_type({KEYS[1], 'record', 'hash'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if redis.call('HGET', KEYS[1], 'dropped_token') == ARGV[1] then return 1 end
+if seen('dropped_tokens', ARGV[1]) then return 1 end
 local add = cjson.decode(ARGV[2])
 local raw = redis.call('HGET', KEYS[1], 'dropped')
 local sum = raw and cjson.decode(raw) or {}
 for k, v in pairs(add) do sum[k] = (sum[k] or 0) + v end
-redis.call('HSET', KEYS[1], 'dropped', cjson.encode(sum), 'dropped_token', ARGV[1])
+redis.call('HSET', KEYS[1], 'dropped', cjson.encode(sum))
+remember('dropped_tokens', ARGV[1])
 return 1
 """

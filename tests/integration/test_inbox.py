@@ -153,3 +153,19 @@ def test_a_send_or_publish_re_sent_after_a_lost_reply_applies_once(redis_url: st
     publish(keys=[k.record, k.live], args=["p-1", line])
     assert store.client.xlen(k.live) == before + 1
     store.client.close()
+
+
+def test_a_re_sent_send_is_recognised_even_after_another_caller_sent_in_between(redis_url: str) -> None:
+    from adapters import redis_scripts
+
+    store = RedisStorage.from_url(redis_url, prefix="resend2")
+    app = App(storage=store, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=ScriptedModel(answer),
+                                                                         tools=[lookup])])
+    app.run_agent("a", job_id="r", messages=["hi"])
+    k = store.keys("r")
+    send = store.client.register_script(redis_scripts.SEND)
+    send(keys=[k.record, k.inbox], args=["tok-a", '{"role": "user", "content": "from A"}'])
+    send(keys=[k.record, k.inbox], args=["tok-b", '{"role": "user", "content": "from B"}'])
+    send(keys=[k.record, k.inbox], args=["tok-a", '{"role": "user", "content": "from A"}'])  # A's retry
+    assert [m["content"] for m in store.inbox("r", 10)] == ["from A", "from B"]
+    store.client.close()
