@@ -82,6 +82,9 @@ def validate_job_id(job_id: object) -> str:
             bad = next(c for c in job_id if not JOB_ID_PATTERN.fullmatch(c))
             why = f"it contains {bad!r}"
         raise InvalidJobIdError(f"invalid job id {job_id[:60]!r}: {why}; allowed are 1-200 of [A-Za-z0-9._:-]")
+    if job_id in (".", ".."):
+        # Both name a directory, not a job, in a URL path (the web page) and a file path (blob store).
+        raise InvalidJobIdError(f"invalid job id {job_id!r}: it names a directory in a path; use another id")
     return job_id
 
 

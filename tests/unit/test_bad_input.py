@@ -141,7 +141,16 @@ def test_a_200_character_id_is_the_longest_accepted() -> None:
     assert validate_job_id("a.b:c_d-9") == "a.b:c_d-9"
 
 
-@pytest.mark.parametrize("bad", ["", "a b", "x}"])
+@pytest.mark.parametrize("bad", [".", ".."])
+def test_dot_ids_are_refused_because_paths_would_resolve_them(bad: str) -> None:
+    storage, scheduler, _ = memory()
+    with pytest.raises(InvalidJobIdError, match="names a directory"):
+        run_pipeline(job_id=bad, phases=ONE, storage=storage, scheduler=scheduler)
+    assert_nothing_written(storage, scheduler)
+    assert validate_job_id("..a") == "..a"
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "x}", "."])
 def test_control_calls_reject_invalid_ids_too(bad: str) -> None:
     storage, scheduler, _ = memory()
     with pytest.raises(InvalidJobIdError):
