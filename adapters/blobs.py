@@ -29,7 +29,7 @@ from pipelines.engine.models import validate_job_id
 
 __all__ = ["DirectoryBlobStore", "MemoryBlobStore", "RedisBlobStore"]
 
-_DIR_PREFIX = "job-"  # "." and ".." are valid job ids: never a bare path component
+_DIR_PREFIX = "job-"  # never a bare path component, whatever ids a future alphabet allows
 
 
 class MemoryBlobStore:
