@@ -290,6 +290,7 @@ class Procs:
         self.all: list[subprocess.Popen[bytes]] = []
         self.env: dict[str, str] = {}
         self.generation = 0
+        self.started_redis = False  # once true, the port is fixed: clients hold the URL
 
     @property
     def url(self) -> str:
@@ -310,12 +311,29 @@ class Procs:
             raise RuntimeError("redis-server not found (apt-get install redis-server)")
         data = self.dir / "redis"
         data.mkdir(exist_ok=True)
+        # free_port() only finds a port that was free a moment ago: another process (a parallel test run)
+        # can take it first. Before anything holds our URL, a taken port is swapped for a new one; a
+        # restart must keep its port (the workers hold the URL), so it is never swapped.
+        for _ in range(5 if not self.started_redis else 1):
+            url = self._start_redis_on_port(binary, data)
+            if url is not None:
+                self.started_redis = True
+                return url
+            self.port = free_port()
+        raise RuntimeError(f"redis-server found every port it tried taken\n{self.logs()}")
+
+    def _start_redis_on_port(self, binary: str, data: Path) -> str | None:
+        """Start redis-server on ``self.port``: its URL, or None if another process holds the port."""
+        log = self.logdir / "redis.log"
+        seen = log.stat().st_size if log.exists() else 0
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no", "--protected-mode", "yes"]
         proc = self.redis_proc = self._spawn("redis", args)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if proc.poll() is not None:
+                if not self.started_redis and b"Address already in use" in log.read_bytes()[seen:]:
+                    return None
                 raise RuntimeError(f"redis-server exited with {proc.returncode}\n{self.logs()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:

@@ -10,6 +10,7 @@ litellm's real HTTP path. ``make chaos`` runs the same scenarios at full size.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -284,3 +285,17 @@ def test_a_message_taken_by_a_worker_that_died_at_once_is_enqueued_again_by_the_
 
     assert app.requeue_overdue(grace=0) == ["lost-1"]
     assert client.lrange("rq:queue:lost", 0, -1) == [rq_id.encode()], "the sweep did not enqueue the job again"
+
+
+def test_a_port_taken_before_redis_starts_is_swapped_but_a_restart_keeps_its_port(procs: Procs) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        procs.port = taken.getsockname()[1]  # another process won the race for the free port
+        url = procs.start_redis()
+        assert procs.port != taken.getsockname()[1]
+        assert redis.Redis.from_url(url).ping()
+        procs.stop_redis()
+        procs.port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match="Address already in use"):
+            procs.start_redis()  # a restart must not move: workers hold the old URL
