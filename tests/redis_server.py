@@ -45,6 +45,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _ExitedEarlyError(RuntimeError):
+    """redis-server exited before answering PING (a taken port, or a bad argument)."""
+
+
 @dataclass
 class RedisServer:
     """One redis-server process. ``restart()`` keeps its port and data dir (for outage tests)."""
@@ -59,14 +63,30 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    started: bool = False  # once true, the port is fixed: clients hold the URL
+
     def start(self) -> None:
+        # free_port() finds a port that was free a moment ago; a parallel process can take it first. Before
+        # any client holds the URL, an early exit is retried on a new port; restart() keeps its port.
+        for _ in range(4 if not self.started else 0):
+            try:
+                self._start()
+            except _ExitedEarlyError:
+                self.port = free_port()
+            else:
+                self.started = True
+                return
+        self._start()
+        self.started = True
+
+    def _start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
                 "--save", "", "--appendonly", "no", "--protected-mode", "yes", *self.extra_args]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {' '.join(args)}")
+                raise _ExitedEarlyError(f"redis-server exited with {self.proc.returncode}: {' '.join(args)}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")

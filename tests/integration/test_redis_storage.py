@@ -422,3 +422,24 @@ def test_storage_reports_an_outage_and_recovers_when_redis_is_back(own_server: R
     storage.create_job(record())
     assert storage.get_job("job-1") is not None
     storage.client.close()
+
+
+def test_the_test_server_moves_off_a_port_taken_before_it_starts_but_a_restart_never_moves() -> None:
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("redis-server not found")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]  # a parallel process won the race for the "free" port
+        server = RedisServer(binary, port=port)
+        try:
+            server.start()
+            assert server.port != port
+            assert redis.Redis(port=server.port).ping()
+            server.stop()
+            server.port = port
+            with pytest.raises(RuntimeError, match="exited"):
+                server.start()  # clients hold the URL: a restart keeps its port or fails
+        finally:
+            server.cleanup()
