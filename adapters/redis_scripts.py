@@ -331,10 +331,9 @@ if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'control') else redis.call('HS
 return 1
 """
 
-# KEYS: record, live; ARGV: token, then the parts (JSON lines)
-# Reply: 1 published (or already, for a re-sent call: its token), 0 unknown job
-# (a stale worker of a deleted job leaves no orphan stream).
-PUBLISH = _TYPES_FN + """
+# The idempotency tokens of the calls kept outside the version fence (publish, send, dropped usage).
+# KEYS[1] is the record hash.
+_TOKENS_FN = """
 -- The last few call tokens of one kind, kept in a record-hash field: a call redis-py re-sends
 -- after a lost reply finds its token there even if another caller wrote in between.
 local function seen(field, token)
@@ -349,7 +348,12 @@ local function remember(field, token)
   while #kept > 32 do table.remove(kept, 1) end
   redis.call('HSET', KEYS[1], field, table.concat(kept, ' '))
 end
+"""
 
+# KEYS: record, live; ARGV: token, then the parts (JSON lines)
+# Reply: 1 published (or already, for a re-sent call: its token), 0 unknown job
+# (a stale worker of a deleted job leaves no orphan stream).
+PUBLISH = _TYPES_FN + _TOKENS_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'live', 'stream'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -363,22 +367,7 @@ return 1
 # KEYS: record, inbox; ARGV: token, then the messages (JSON lines)
 # Reply: the inbox's new length, or -1 for an unknown job. Outside the version
 # fence (a turn in flight still commits); the count lives in the record hash.
-SEND = _TYPES_FN + """
--- The last few call tokens of one kind, kept in a record-hash field: a call redis-py re-sends
--- after a lost reply finds its token there even if another caller wrote in between.
-local function seen(field, token)
-  local toks = redis.call('HGET', KEYS[1], field) or ''
-  return string.find(' ' .. toks .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
-end
-local function remember(field, token)
-  local toks = redis.call('HGET', KEYS[1], field) or ''
-  local kept = {}
-  for t in string.gmatch(toks, '%S+') do kept[#kept + 1] = t end
-  kept[#kept + 1] = token
-  while #kept > 32 do table.remove(kept, 1) end
-  redis.call('HSET', KEYS[1], field, table.concat(kept, ' '))
-end
-
+SEND = _TYPES_FN + _TOKENS_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'inbox', 'list'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -395,22 +384,7 @@ return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV - 1)
 # Reply: 1 counted (or already, for a re-sent call), 0 unknown job. The usage of
 # attempts that were fenced off after paying for a model call: outside the
 # version fence (the attempt can no longer commit), summed as one JSON field.
-DROPPED = _TYPES_FN + """
--- The last few call tokens of one kind, kept in a record-hash field: a call redis-py re-sends
--- after a lost reply finds its token there even if another caller wrote in between.
-local function seen(field, token)
-  local toks = redis.call('HGET', KEYS[1], field) or ''
-  return string.find(' ' .. toks .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
-end
-local function remember(field, token)
-  local toks = redis.call('HGET', KEYS[1], field) or ''
-  local kept = {}
-  for t in string.gmatch(toks, '%S+') do kept[#kept + 1] = t end
-  kept[#kept + 1] = token
-  while #kept > 32 do table.remove(kept, 1) end
-  redis.call('HSET', KEYS[1], field, table.concat(kept, ' '))
-end
-
+DROPPED = _TYPES_FN + _TOKENS_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
