@@ -32,6 +32,7 @@ from tests.fake_openai import (
     unauthorized,
     w1_reply,
 )
+from tests.streaming_helpers import committed_texts
 
 SECRET = "sk-test-streaming-0123456789"
 MESSAGES = [{"role": "user", "content": "add 1 and 2, then 3 and 4"}]
@@ -170,11 +171,6 @@ def memory_app(fake: FakeOpenAI, **options: Any) -> App:
     agent = Agent(name="adder", model="openai/fake-model", tools=[add], system="You add numbers.", max_turns=10,
                   model_params={"api_base": fake.url, "api_key": SECRET}, **options)
     return App(storage=MemoryStorage(), scheduler=MemoryScheduler(), agents=[agent])
-
-
-def committed_texts(app: App, job_id: str) -> dict[int, str]:
-    msgs = [m for m in app.messages(job_id) if m["role"] == "assistant"]
-    return {i + 1: m.get("content") or "" for i, m in enumerate(msgs)}
 
 
 def long_w1(body: dict[str, Any]) -> Reply:

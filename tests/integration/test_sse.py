@@ -30,6 +30,7 @@ from pipelines.engine.models import Event
 from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web import sse_response
+from tests.streaming_helpers import committed_texts, run_to_the_end
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 TEXT = "Order A-1 left the warehouse yesterday and should arrive within two days. " * 4
@@ -115,16 +116,6 @@ def app(request: pytest.FixtureRequest) -> Iterator[App]:
     yield App(storage=storage, scheduler=RQScheduler.for_storage(storage, queue="sse-test"),
               agents=[Agent(name="a", model=model(), tools=[lookup])])
     storage.client.close()
-
-
-def run_to_the_end(app: App, job_id: str) -> None:
-    while app.get(job_id).status.value == "running":
-        app.advance(job_id)
-
-
-def committed_texts(app: App, job_id: str) -> dict[int, str]:
-    msgs = [m for m in app.messages(job_id) if m["role"] == "assistant"]
-    return {i + 1: m.get("content") or "" for i, m in enumerate(msgs)}
 
 
 def test_resuming_from_last_event_id_or_cursor_misses_nothing_and_repeats_nothing(app: App) -> None:

@@ -15,6 +15,7 @@ from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError
 from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
+from tests.streaming_helpers import committed_texts, run_to_the_end
 
 pytestmark = pytest.mark.redis
 
@@ -36,16 +37,6 @@ def app(redis_url: str) -> Iterator[App]:
     yield App(storage=storage, scheduler=RQScheduler.for_storage(storage, queue="stream-test"),
               agents=[Agent(name="a", model=model, tools=[lookup])])
     storage.client.close()
-
-
-def run_to_the_end(app: App, job_id: str) -> None:
-    while app.get(job_id).status.value == "running":
-        app.advance(job_id)
-
-
-def committed_texts(app: App, job_id: str) -> dict[int, str]:
-    msgs = [m for m in app.messages(job_id) if m["role"] == "assistant"]
-    return {i + 1: m.get("content") or "" for i, m in enumerate(msgs)}
 
 
 def test_a_follower_blocked_on_redis_receives_every_part_and_the_texts_match_the_transcript(app: App) -> None:

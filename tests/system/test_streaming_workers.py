@@ -21,6 +21,7 @@ from pipelines.engine.models import Event
 from pipelines.streams import turn_texts
 from tests.apps.stream_app import AGENT_NAME, APP_PATH, make_app
 from tests.fake_openai import FakeOpenAI, Reply, broken_stream, streamed, w1_reply
+from tests.streaming_helpers import committed_texts
 from tests.system.conftest import Cluster
 
 pytestmark = [pytest.mark.redis, pytest.mark.system]
@@ -63,11 +64,6 @@ def worker(cluster: Cluster, name: str, *extra: str) -> Any:
     # SimpleWorkers: the worker runs the turn itself, so kill -9 of its group stops the stream mid-way.
     return cluster.start(["-m", "pipelines", "worker", "--app", APP_PATH, "--name", name, "--log-level", "WARNING",
                           "--simple", *extra], name)
-
-
-def committed_texts(app: App, job_id: str) -> dict[int, str]:
-    msgs = [m for m in app.messages(job_id) if m["role"] == "assistant"]
-    return {i + 1: m.get("content") or "" for i, m in enumerate(msgs)}
 
 
 def finish(app: App, cluster: Cluster, job_id: str, parts: list[Event], stream: Iterator[Event]) -> None:
