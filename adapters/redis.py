@@ -1,7 +1,7 @@
-"""``RedisStorage``: the production :class:`~adapters.base.Storage` on plain Redis 7.
+"""``RedisStorage``: the production :class:`~adapters.base.Storage` on Redis 7 (standalone, Sentinel, Cluster).
 
-Key layout (every name is built by :func:`job_keys` and :func:`index_keys`
-below, nowhere else)::
+Key layout (every name is built by :mod:`adapters.redis_keys`, nowhere
+else; on Redis Cluster the same keys are bucketed, see there)::
 
     <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver
     <prefix>:{<job>}:messages  list  one JSON message per entry (append-only)
@@ -16,6 +16,7 @@ below, nowhere else)::
     <prefix>:finished          zset  finished job ids scored by the time they finished (retention)
     <prefix>:updated           zset  every job id scored by updated_at (the listing, newest first)
     <prefix>:status:<status>   zset  the job ids in one status scored by updated_at (one key per status)
+    <prefix>:layout            str   the layout written under this prefix (``buckets=<n>``)
 
 The listing indexes are written by the same scripts as the records; jobs
 written before they existed are put in by :meth:`RedisStorage.reindex`
@@ -30,6 +31,8 @@ lost finds its own token and reports success without writing again.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 import math
@@ -37,7 +40,7 @@ import re
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -47,6 +50,17 @@ from redis.retry import Retry
 
 from adapters import redis_scripts
 from adapters.base import parse_cursor
+from adapters.redis_keys import (
+    IndexKeys,
+    JobKeys,
+    KeyLayout,
+    check_prefix,
+    finished_key,
+    index_keys,
+    job_keys,
+    layout_key,
+    listing_keys,
+)
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -72,14 +86,15 @@ from pipelines.engine.models import (
     dump_json,
     dump_logs,
     dump_record,
-    validate_job_id,
 )
 
-__all__ = ["DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "finished_key", "index_keys", "job_keys",
-           "listing_keys"]
+__all__ = ["CLUSTER_BUCKETS", "DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "finished_key",
+           "index_keys", "job_keys", "listing_keys"]
 
 DEFAULT_PREFIX = "pr"
-_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+#: The buckets a storage on a Redis Cluster client uses unless told otherwise: enough to spread
+#: over a few dozen masters, few enough that walking them all (the sweep, a listing) stays cheap.
+CLUSTER_BUCKETS = 64
 _BATCH = 200  # records fetched per round trip by list_jobs
 _log = logging.getLogger("pipelines")
 # A job in these statuses may still stream: its live stream is kept until it finishes.
@@ -90,55 +105,6 @@ _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 _KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
               "events": "stream", "due": "zset", "jobs": "set", "live": "stream",
               "finished": "zset", "inbox": "list", **dict.fromkeys(redis_scripts.INDEX_ROLES, "zset")}
-
-
-def check_prefix(prefix: object, what: str = "key prefix") -> str:
-    """Return ``prefix`` if it is 1+ of ``[A-Za-z0-9._:-]``, else raise :class:`ConfigurationError`."""
-    if not isinstance(prefix, str) or not prefix or not set(prefix) <= _PREFIX_CHARS:
-        # A brace in the prefix would become the hash tag of every key.
-        raise ConfigurationError(f"{what} must be 1+ of [A-Za-z0-9._:-], got {prefix!r}")
-    return prefix
-
-
-# --- key names: built here and nowhere else ------------------------------------
-class JobKeys(NamedTuple):
-    """The Redis keys of one job; all share the hash tag ``{<job id>}`` (one cluster slot)."""
-
-    record: str
-    messages: str
-    logs: str
-    journal: str
-    lease: str
-    events: str  # a stream: XADD per event, the entry id is the reader's cursor
-    live: str  # a stream: the events again plus ephemeral parts (text deltas); expires when finished
-    inbox: str  # a list: messages sent to the job (app.send), taken by its next turn
-
-
-def job_keys(prefix: str, job_id: str) -> JobKeys:
-    """The keys of ``job_id`` under ``prefix``. The id is validated: no brace can escape the tag."""
-    base = f"{prefix}:{{{validate_job_id(job_id)}}}"
-    return JobKeys(f"{base}:record", f"{base}:messages", f"{base}:logs", f"{base}:journal", f"{base}:lease",
-                   f"{base}:events", f"{base}:live", f"{base}:inbox")
-
-
-def index_keys(prefix: str) -> tuple[str, str]:
-    """The global keys under ``prefix``: the due index (zset) and the set of all job ids.
-
-    Not hash-tagged: they index every job. The scripts touch them together
-    with one job's keys, which is fine on a standalone server or Sentinel
-    (what RQ supports too) but would be a CROSSSLOT error on Redis Cluster.
-    """
-    return f"{prefix}:due", f"{prefix}:jobs"
-
-
-def finished_key(prefix: str) -> str:
-    """The index of finished jobs under ``prefix`` (zset: job id -> when it finished); global like the due index."""
-    return f"{prefix}:finished"
-
-
-def listing_keys(prefix: str) -> list[str]:
-    """The listing indexes under ``prefix``, in the scripts' order: every job, then one per status (zsets)."""
-    return [f"{prefix}:updated", *(f"{prefix}:status:{s.value}" for s in JobStatus)]
 
 
 def _listed(record: JobRecord) -> list[str]:
@@ -229,28 +195,42 @@ def _check_url(url: object) -> str:
 
 
 class RedisStorage:
-    """The :class:`~adapters.base.Storage` port on Redis (standalone or Sentinel; no modules).
+    """The :class:`~adapters.base.Storage` port on Redis (standalone, Sentinel or Cluster; no modules).
 
-    ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` (its
-    own retry policy applies); :meth:`from_url` builds one with retries,
-    exponential backoff and jitter. ``client`` is public so an RQ scheduler can
-    share the connection. Connection failures that outlast the retries raise
+    ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` or
+    ``redis.RedisCluster`` (its own retry policy applies); :meth:`from_url`
+    builds one with retries, exponential backoff and jitter. ``client`` is
+    public so an RQ scheduler can share the connection (not a Cluster's: RQ
+    needs a plain Redis). Connection failures that outlast the retries raise
     :class:`StorageUnavailableError`, other Redis errors :class:`StorageError`,
     and a stored record that does not parse :class:`CorruptRecordError`.
+
+    ``buckets``: how many hash-tagged buckets the indexes are split into
+    (:mod:`adapters.redis_keys`). ``None`` means 0 (one global index, the
+    layout of every earlier version) on a plain client and
+    :data:`CLUSTER_BUCKETS` on a ``RedisCluster``, where 0 is refused. Every
+    process on one prefix must use the same count: the first write records
+    it, and a storage with another count raises :class:`ConfigurationError`.
     """
 
-    def __init__(self, client: redis.Redis, *, prefix: str = DEFAULT_PREFIX, live_ttl: float = 3600.0) -> None:
-        self.client = client
+    def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
+                 live_ttl: float = 3600.0, buckets: int | None = None) -> None:
+        self.client: Any = client  # redis.Redis or redis.RedisCluster: the calls used here are on both
         self.prefix = check_prefix(prefix)
+        self.cluster = isinstance(client, redis.RedisCluster)
+        if buckets is None:
+            buckets = CLUSTER_BUCKETS if self.cluster else 0
+        if self.cluster and buckets == 0:
+            raise ConfigurationError("a Redis Cluster needs buckets >= 1: the global indexes would be in another "
+                                     "slot than the job's keys (CROSSSLOT)")
+        self.layout = KeyLayout(self.prefix, buckets)
+        self._layout_checked = False
         if isinstance(live_ttl, bool) or not isinstance(live_ttl, int | float) or not 0 < live_ttl < math.inf:
             raise ConfigurationError(f"live_ttl must be a finite number of seconds > 0, got {live_ttl!r}")
         #: How long a finished job's live stream is kept (its durable events stay with the job).
         self.live_ttl = float(live_ttl)
         #: The longest single XREAD BLOCK; below the client's socket timeout.
         self.max_block = 5.0
-        self.due_key, self.jobs_key = index_keys(prefix)
-        self.finished_key = finished_key(prefix)
-        self.listing_keys = listing_keys(prefix)  # every job, then one per status
         # register_script runs EVALSHA and reloads the script after SCRIPT FLUSH.
         self._create = client.register_script(redis_scripts.CREATE)
         self._commit = client.register_script(redis_scripts.COMMIT)
@@ -277,8 +257,14 @@ class RedisStorage:
         socket_timeout: float = 10.0,
         connect_timeout: float = 2.0,
         live_ttl: float = 3600.0,
+        cluster: bool = False,
+        buckets: int | None = None,
     ) -> RedisStorage:
         """Connect lazily to ``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS).
+
+        ``cluster=True``: the URL names one node of a Redis Cluster (the
+        others are discovered); the indexes are split into ``buckets``
+        (default :data:`CLUSTER_BUCKETS`) so no script crosses a slot.
 
         Connection errors are retried ``retries`` times with full-jitter
         exponential backoff (``backoff_base * 2**n``, at most ``backoff_cap``
@@ -290,31 +276,80 @@ class RedisStorage:
         """
         _check_url(url)
         retry = Retry(ExponentialWithJitterBackoff(cap=backoff_cap, base=backoff_base), retries)
+        client: redis.Redis | redis.RedisCluster
         try:
-            client = redis.Redis.from_url(url, retry=retry, socket_timeout=socket_timeout,
-                                          socket_connect_timeout=connect_timeout)
+            if cluster:
+                if urlsplit(url).path.strip("/") not in ("", "0"):
+                    raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: a Redis Cluster has only database 0")
+                # The cluster client retries a command on another node after a failover (MOVED, a dead node).
+                client = redis.RedisCluster.from_url(url, retry=retry, socket_timeout=socket_timeout,
+                                                     socket_connect_timeout=connect_timeout)
+            else:
+                client = redis.Redis.from_url(url, retry=retry, socket_timeout=socket_timeout,
+                                              socket_connect_timeout=connect_timeout)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
-        return cls(client, prefix=prefix, live_ttl=live_ttl)
+        except redis.exceptions.RedisError as exc:  # a cluster client reads the slot map when it is made
+            raise StorageUnavailableError(f"Redis Cluster at {_redact(url)!r} is unreachable: {exc}") from exc
+        return cls(client, prefix=prefix, live_ttl=live_ttl, buckets=buckets)
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of ``job_id`` (validated)."""
-        return job_keys(self.prefix, job_id)
+        return self.layout.job(job_id)
+
+    # The unbucketed layout's global index keys (tests and tools of a standalone Redis read them).
+    @property
+    def due_key(self) -> str:
+        return self._global().due
+
+    @property
+    def jobs_key(self) -> str:
+        return self._global().jobs
+
+    @property
+    def finished_key(self) -> str:
+        return self._global().finished
+
+    @property
+    def listing_keys(self) -> list[str]:
+        return list(self._global().listing)
+
+    def _global(self) -> IndexKeys:
+        if self.layout.buckets:
+            raise ConfigurationError(f"this storage splits its indexes into {self.layout.buckets} buckets: "
+                                     "read them through storage.layout.indexes")
+        return self.layout.indexes[0]
 
     def _all_keys(self, job_id: str) -> list[str]:
-        k = self.keys(job_id)
+        k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
         # The order the scripts expect (KEYS[1..10]); the live stream and the finished index came last.
         # The listing indexes stay at the very end: the scripts find them counting from the end.
-        return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, self.due_key, self.jobs_key, k.live,
-                self.finished_key, k.inbox, *self.listing_keys]
+        return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, ix.due, ix.jobs, k.live,
+                ix.finished, k.inbox, *ix.listing]
+
+    def _check_layout(self, job_id: str) -> None:
+        """Record this prefix's layout on first use, or refuse to run with another one (once per storage)."""
+        if self._layout_checked:
+            return
+        key, mine = layout_key(self.prefix), self.layout.description
+        with _mapped(f"checking the key layout before writing job {job_id!r}"):
+            stored = self.client.set(key, mine, nx=True, get=True)
+        if stored is not None and _text(stored) != mine:
+            raise ConfigurationError(
+                f"the jobs under prefix {self.prefix!r} were written with {_text(stored)}, this storage uses "
+                f"{mine}: every process on one prefix must use the same buckets (a job would be looked up in "
+                "the wrong bucket)"
+            )
+        self._layout_checked = True
 
     def _check_types(self, job_id: str, reply: Any, what: str) -> None:
         """Raise CorruptRecordError for a script's ``corrupt:<role>:<type>`` reply (nothing was written)."""
         if not isinstance(reply, bytes | str) or not _text(reply).startswith("corrupt:"):
             return
         _, role, found = _text(reply).split(":", 2)
-        indexes = dict(zip(redis_scripts.INDEX_ROLES, self.listing_keys, strict=True))
-        key = ({"due": self.due_key, "jobs": self.jobs_key, "finished": self.finished_key, **indexes}.get(role)
+        ix = self.layout.indexes_of(job_id)
+        indexes = dict(zip(redis_scripts.INDEX_ROLES, ix.listing, strict=True))
+        key = ({"due": ix.due, "jobs": ix.jobs, "finished": ix.finished, **indexes}.get(role)
                or getattr(self.keys(job_id), role))
         raise CorruptRecordError(
             f"{what}: key {key!r} ({role}) is a Redis {found}, expected a {_KEY_TYPES[role]} (WRONGTYPE); "
@@ -340,9 +375,11 @@ class RedisStorage:
         return rec
 
     def _load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
-        k = self.keys(job_id)
+        k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
+        if owner:
+            self._check_layout(job_id)  # before a worker's first turn, not before every read
         with _mapped(f"loading job {job_id!r}"):
-            reply = self._load_script(keys=[k.record, k.journal, k.lease, self.due_key, self.jobs_key],
+            reply = self._load_script(keys=[k.record, k.journal, k.lease, ix.due, ix.jobs],
                                       args=[owner, ttl_ms, job_id])
         self._check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
@@ -414,11 +451,25 @@ class RedisStorage:
 
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         """Running jobs with ``due_at <= now``, earliest first (ties by id), via ZRANGEBYSCORE."""
+        return self._earliest([ix.due for ix in self.layout.indexes], now, limit, "reading the due index")
+
+    def _earliest(self, keys: Sequence[str], until: float, limit: int, what: str) -> list[str]:
+        """The ``limit`` members scored at most ``until`` across ``keys``, lowest score first (ties by id).
+
+        One ZRANGEBYSCORE per key, pipelined: with buckets, each bucket's first
+        ``limit`` are merged, so the cost follows what is due, not what is stored.
+        """
         if limit <= 0:
             return []
-        with _mapped("reading the due index"):
-            ids = self.client.zrangebyscore(self.due_key, "-inf", repr(float(now)), start=0, num=limit)
-        return [_text(i) for i in ids]
+        with _mapped(what):
+            if len(keys) == 1:
+                return [_text(i) for i in self.client.zrangebyscore(keys[0], "-inf", repr(float(until)),
+                                                                    start=0, num=limit)]
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.zrangebyscore(key, "-inf", repr(float(until)), start=0, num=limit, withscores=True)
+            rows = [(float(score), _text(m)) for reply in pipe.execute() for m, score in reply]
+        return [m for _, m in sorted(rows)[:limit]]
 
     # --- listing -----------------------------------------------------------
     def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000,
@@ -436,9 +487,13 @@ class RedisStorage:
             return []
         if self._needs_scan():
             return self._scan(status, cursor)[:limit]
-        key = self.listing_keys[0 if status is None else list(JobStatus).index(status) + 1]
+        position = 0 if status is None else list(JobStatus).index(status) + 1
+        size = min(limit, 1000)
+        # Each bucket's index newest first, merged: a page reads about `limit` entries per bucket at most.
+        rows = heapq.merge(*(self._index_rows(ix.listing[position], cursor, size) for ix in self.layout.indexes),
+                           reverse=True)
         out: list[JobRecord] = []
-        for ids in self._index_pages(key, cursor, min(limit, 1000)):
+        for ids in _batched((job_id for _, job_id in rows), size):
             out.extend(r for r in self._fetch(ids) if status is None or r.status is status)
             if len(out) >= limit:
                 break
@@ -448,18 +503,22 @@ class RedisStorage:
         """How many jobs (in ``status``): ZCARD of a listing index (reads every record until :meth:`reindex`)."""
         if self._needs_scan():
             return len(self._scan(status, None))
-        key = self.listing_keys[0 if status is None else list(JobStatus).index(status) + 1]
+        position = 0 if status is None else list(JobStatus).index(status) + 1
         with _mapped("counting jobs"):
-            return int(self.client.zcard(key))
+            pipe = self.client.pipeline(transaction=False)
+            for ix in self.layout.indexes:
+                pipe.zcard(ix.listing[position])
+            return sum(int(n) for n in pipe.execute())
 
     def unindexed(self) -> int:
         """About how many jobs are missing from the listing indexes (written before they existed): SCARD - ZCARD."""
         with _mapped("reading the listing index"):
             pipe = self.client.pipeline(transaction=False)
-            pipe.scard(self.jobs_key)
-            pipe.zcard(self.listing_keys[0])
-            jobs, listed = pipe.execute()
-        return max(0, int(jobs) - int(listed))
+            for ix in self.layout.indexes:
+                pipe.scard(ix.jobs)
+                pipe.zcard(ix.listing[0])
+            counts = [int(n) for n in pipe.execute()]
+        return max(0, sum(counts[::2]) - sum(counts[1::2]))
 
     def _needs_scan(self) -> bool:
         missing = self.unindexed()
@@ -469,8 +528,8 @@ class RedisStorage:
                          "record until `pipelines reindex --app MODULE:APP` (RedisStorage.reindex) runs", missing)
         return missing > 0
 
-    def _index_pages(self, key: str, cursor: tuple[float, str] | None, size: int) -> Iterator[list[str]]:
-        """Ids from index ``key`` newest first, after ``cursor``, ``size`` per round trip."""
+    def _index_rows(self, key: str, cursor: tuple[float, str] | None, size: int) -> Iterator[tuple[float, str]]:
+        """(score, id) of index ``key`` newest first, after ``cursor``, read ``size`` per round trip."""
         top, offset = ("+inf" if cursor is None else repr(cursor[0])), 0
         while True:
             with _mapped("reading the listing index"):
@@ -478,16 +537,17 @@ class RedisStorage:
                                                                withscores=True)
             offset += len(rows)
             # Same-score entries come in reverse id order: those at or above the cursor's id were listed.
-            ids = [_text(m) for m, score in rows if cursor is None or (float(score), _text(m)) < cursor]
-            if ids:
-                yield ids
+            for m, score in rows:
+                row = (float(score), _text(m))
+                if cursor is None or row < cursor:
+                    yield row
             if len(rows) < size:
                 return
 
     def _scan(self, status: JobStatus | None, cursor: tuple[float, str] | None) -> list[JobRecord]:
         """Every record (in ``status``, after ``cursor``), newest first: the listing without its index."""
         with _mapped("listing jobs"):
-            ids = [_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000)]
+            ids = [_text(i) for ix in self.layout.indexes for i in self.client.sscan_iter(ix.jobs, count=1000)]
         found = [r for r in self._fetch(ids) if (status is None or r.status is status)
                  and (cursor is None or (r.updated_at, r.job_id) < cursor)]
         return sorted(found, key=lambda r: (r.updated_at, r.job_id), reverse=True)
@@ -524,13 +584,15 @@ class RedisStorage:
         the one read (a commit since then indexed it itself). Run it once every
         worker runs a version that maintains the indexes.
         """
+        ids: set[str] = set()
         with _mapped("reindexing jobs"):
-            found = _text(self.client.type(self.listing_keys[0]))
-            if found not in ("none", "zset"):  # ZSCAN would fail on it: named like the scripts' refusals
-                raise CorruptRecordError(f"reindexing jobs: key {self.listing_keys[0]!r} (updated) is a Redis "
-                                         f"{found}, expected a zset (WRONGTYPE); nothing was written")
-            ids = {_text(i) for i in self.client.sscan_iter(self.jobs_key, count=1000)}
-            ids.update(_text(m) for m, _ in self.client.zscan_iter(self.listing_keys[0], count=1000))
+            for ix in self.layout.indexes:
+                found = _text(self.client.type(ix.listing[0]))
+                if found not in ("none", "zset"):  # ZSCAN would fail on it: named like the scripts' refusals
+                    raise CorruptRecordError(f"reindexing jobs: key {ix.listing[0]!r} (updated) is a Redis "
+                                             f"{found}, expected a zset (WRONGTYPE); nothing was written")
+                ids.update(_text(i) for i in self.client.sscan_iter(ix.jobs, count=1000))
+                ids.update(_text(m) for m, _ in self.client.zscan_iter(ix.listing[0], count=1000))
         ordered, done = sorted(ids), 0
         for i in range(0, len(ordered), max(1, batch)):
             done += self._reindex_batch(ordered[i : i + max(1, batch)])
@@ -543,7 +605,9 @@ class RedisStorage:
             for job_id in ids:
                 pipe.hmget(self.keys(job_id).record, ["data", "version"])
             rows = pipe.execute()
-            pipe = self.client.pipeline(transaction=False)
+            # A cluster pipeline cannot carry EVALSHA, so there each script is its own round trip (a rare tool).
+            pipe = None if self.cluster else self.client.pipeline(transaction=False)
+            replies: list[Any] = []
             for job_id, (data, version) in zip(ids, rows, strict=True):
                 try:
                     place = [] if data is None else _listed(JobRecord.model_validate_json(data))
@@ -551,8 +615,10 @@ class RedisStorage:
                     _log.error("job %s: unreadable record not indexed: %s", job_id, exc)
                     continue
                 args = [job_id, "" if version is None else _text(version), *(place or ["0", "0"])]
-                self._reindex(keys=[self.keys(job_id).record, *self.listing_keys], args=args, client=pipe)
-            replies = pipe.execute()
+                keys = [self.keys(job_id).record, *self.layout.indexes_of(job_id).listing]
+                replies.append(self._reindex(keys=keys, args=args, client=pipe or self.client))
+            if pipe is not None:
+                replies = pipe.execute()
         for job_id, reply in zip(ids, replies, strict=False):
             self._check_types(job_id, reply, f"reindexing job {job_id!r}")
         return sum(1 for r in replies if _text(r) == "ok")
@@ -570,6 +636,7 @@ class RedisStorage:
         cp = record.checkpoint
         due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
+        self._check_layout(job_id)
         with _mapped(f"creating job {job_id!r}"):
             reply = self._create(keys=keys, args=[job_id, token, data, str(record.version), due, len(msgs),
                                                   len(lines), _finished_at(record), *_listed(record), *msgs,
@@ -727,11 +794,8 @@ class RedisStorage:
         Read from the finished index the commits keep; jobs that finished
         before that index existed are not in it (``App.gc(scan=True)`` finds them).
         """
-        if limit <= 0:
-            return []
-        with _mapped("reading the finished index"):
-            ids = self.client.zrangebyscore(self.finished_key, "-inf", repr(float(before)), start=0, num=limit)
-        return [_text(i) for i in ids]
+        return self._earliest([ix.finished for ix in self.layout.indexes], before, limit,
+                              "reading the finished index")
 
     def flow_store(self) -> Any:
         """The flow-control state on this Redis, under this prefix (a :class:`~adapters.redis_flow.RedisFlowStore`)."""
@@ -741,6 +805,11 @@ class RedisStorage:
         if store is None:
             store = self.__dict__["_flow"] = RedisFlowStore(self.client, prefix=self.prefix)
         return store
+
+
+def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
+    while batch := list(itertools.islice(items, size)):
+        yield batch
 
 
 def _stale_message(job_id: str, reply: str, what: str) -> str:

@@ -18,16 +18,16 @@ def _memory(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
     yield lambda: MemoryStorage(clock=clock)
 
 
-def _redis(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
+def _redis_storages(request: pytest.FixtureRequest, url_fixture: str, **options: Any) -> Iterator[StorageFactory]:
     # Imported here so the memory entry runs even where redis-py is missing.
     from adapters.redis import RedisStorage
 
-    url = request.getfixturevalue("redis_url")
+    url = request.getfixturevalue(url_fixture)
     made: list[RedisStorage] = []
 
     def make() -> RedisStorage:
         # A fresh prefix per storage: two storages of one test never see each other.
-        storage = RedisStorage.from_url(url, prefix=f"t{uuid.uuid4().hex[:10]}")
+        storage = RedisStorage.from_url(url, prefix=f"t{uuid.uuid4().hex[:10]}", **options)
         made.append(storage)
         return storage
 
@@ -36,9 +36,20 @@ def _redis(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
         storage.client.close()
 
 
+def _redis(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
+    yield from _redis_storages(request, "redis_url")
+
+
+def _redis_buckets(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
+    # The Cluster layout (indexes split into hash-tagged buckets) on a plain server: every index reader
+    # must walk the buckets. Three buckets, so a handful of jobs already spans several.
+    yield from _redis_storages(request, "redis_url", buckets=3)
+
+
 ADAPTERS: dict[str, Callable[[pytest.FixtureRequest], Iterator[StorageFactory]]] = {
     "memory": _memory,
     "redis": _redis,
+    "redis-buckets": _redis_buckets,
 }
 
 

@@ -221,6 +221,27 @@ def test_due_index_follows_status_and_due_time(storage: Storage) -> None:
     assert storage.due_jobs(60.0) == ["c"]
 
 
+def test_due_and_finished_indexes_order_many_jobs_by_time_then_id(storage: Storage) -> None:
+    # Enough jobs to land in every bucket of a bucketed layout; ties on the time are ordered by id.
+    ids = [f"j{n:02}" for n in range(30)]
+    for n, job_id in enumerate(ids):
+        storage.create_job(record(job_id, due_at=float(n % 7)))
+    expected = sorted(ids, key=lambda j: (int(j[1:]) % 7, j))
+    assert storage.due_jobs(100.0) == expected
+    assert storage.due_jobs(100.0, limit=11) == expected[:11]
+    assert storage.due_jobs(2.0) == [j for j in expected if int(j[1:]) % 7 <= 2]
+    assert storage.due_jobs(100.0, limit=0) == []
+    for n, job_id in enumerate(ids[:12]):
+        rec = storage.get_job(job_id)
+        assert rec is not None
+        storage.commit(commit(rec, moved(rec, status=JobStatus.COMPLETE, checkpoint=None, updated_at=50.0 - n)))
+    done = [f"j{n:02}" for n in range(11, -1, -1)]  # the last to finish was updated earliest
+    assert storage.finished_jobs(100.0) == done
+    assert storage.finished_jobs(100.0, limit=5) == done[:5]
+    assert storage.finished_jobs(45.0) == [j for j in done if 50.0 - int(j[1:]) <= 45.0]
+    assert storage.due_jobs(100.0) == [j for j in expected if j not in done]
+
+
 def test_list_jobs_filters_by_status(storage: Storage) -> None:
     storage.create_job(record("a"))
     storage.create_job(record("b", status=JobStatus.ERROR, error="x"))
@@ -252,6 +273,17 @@ def test_list_jobs_is_newest_first_and_pages_by_cursor_through_ties(storage: Sto
     assert all_pages(storage, 4) == [["b", "e", "d", "c"], ["a", "f"]]
     assert listed(storage, limit=3) == ["b", "e", "d"] and listed(storage, limit=0) == []
     assert listed(storage, before=page_cursor(JobRecord(job_id="d", updated_at=20.0))) == ["c", "a", "f"]
+
+
+def test_pages_of_many_jobs_walk_the_whole_listing_once_in_order(storage: Storage) -> None:
+    jobs = {f"k{n:02}": float(n % 5) for n in range(40)}  # eight jobs per updated_at: ties across buckets
+    for job_id, when in jobs.items():
+        storage.create_job(record(job_id, updated_at=when))
+    newest_first = sorted(jobs, key=lambda j: (jobs[j], j), reverse=True)
+    assert listed(storage) == newest_first
+    for size in (1, 7, 40):
+        assert [j for page in all_pages(storage, size) for j in page] == newest_first
+    assert cast(CountingIndex, storage).count_jobs() == 40
 
 
 def test_listing_and_counts_follow_every_status_change_and_delete(storage: Storage) -> None:

@@ -28,6 +28,7 @@ from rq.serializers import JSONSerializer
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import JobKeys, RedisStorage, finished_key, index_keys, job_keys, listing_keys
+from adapters.redis_keys import KeyLayout, layout_key
 from adapters.rq import RQScheduler, rq_job_id
 from phases.agent_turn import resolve_model
 from phases.model import ModelRequest
@@ -321,7 +322,7 @@ def test_every_key_written_for_a_job_carries_the_prefix_and_exactly_its_hash_tag
     scheduler.drain()
 
     due, jobs = index_keys(PREFIX)
-    indexes = {due, jobs, finished_key(PREFIX), *listing_keys(PREFIX)}
+    indexes = {due, jobs, finished_key(PREFIX), *listing_keys(PREFIX), layout_key(PREFIX)}
     seen: dict[str, set[str]] = {j: set() for j in ALLOWED}
     for key in (k.decode() for k in r.scan_iter("*")):
         if key in indexes:
@@ -382,11 +383,21 @@ def test_key_names_are_injective_over_prefixes_and_ids() -> None:
     ids = ["a", "a:b", "b", "b:record", "record", "due", "jobs", "ns"]
     names: dict[str, tuple[str, str, str]] = {}
     for prefix in prefixes:
-        for name in (*index_keys(prefix), finished_key(prefix), *listing_keys(prefix)):
+        for name in (*index_keys(prefix), finished_key(prefix), *listing_keys(prefix), layout_key(prefix)):
             assert name not in names, (name, names.get(name))
             names[name] = (prefix, "index", name)
         for job_id in ids:
             for kind, name in zip(JobKeys._fields, job_keys(prefix, job_id), strict=True):
                 assert name not in names, (name, names.get(name), (prefix, job_id, kind))
                 names[name] = (prefix, job_id, kind)
+        # The bucketed layout (Redis Cluster) beside the unbucketed one, over the same prefixes and ids.
+        layout = KeyLayout(prefix, 4)
+        for ix in layout.indexes:
+            for name in (ix.due, ix.jobs, ix.finished, *ix.listing):
+                assert name not in names, (name, names.get(name))
+                names[name] = (prefix, "bucket index", name)
+        for job_id in ids:
+            for kind, name in zip(JobKeys._fields, layout.job(job_id), strict=True):
+                assert name not in names, (name, names.get(name), (prefix, job_id, kind))
+                names[name] = (prefix, job_id, f"bucketed {kind}")
     assert len({rq_job_id(j, v) for j in ids for v in (0, 1, 10)}) == len(ids) * 3
