@@ -32,8 +32,9 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# The Redis tests need a real redis-server: found, or installed (Debian, as root), or this stops with the
-# exact command to run. REQUIRE_REDIS=0 lets them be skipped instead, and pytest's summary counts them.
+# The Redis tests need a real redis-server, and redis-cli for the cluster fixture: found, or installed (Debian,
+# as root), or this stops with the exact command to run. REQUIRE_REDIS=0 lets them be skipped instead, and
+# pytest's summary counts them.
 redis: install
 	$(PY) -m tests.redis_server
 

@@ -41,16 +41,27 @@ def _block_network() -> Any:
 # --- a real redis-server, private to this test session ----------------------
 # A missing redis-server fails the Redis tests with the install command, unless REQUIRE_REDIS=0 asks to skip
 # them; then the run's summary says how many were skipped, so a green run cannot hide them.
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from tests.redis_server import (  # noqa: E402
     RedisServer,
+    find_redis_cli,
     find_redis_server,
     missing_redis_message,
     redis_required,
 )
 
+if TYPE_CHECKING:
+    from tests.redis_cluster import ClusterServers
+
 REDIS_SKIP_REASON = "REQUIRE_REDIS=0 and redis-server is not installed"
+# The cluster fixtures also need redis-cli (redis-cli --cluster create): the same rule, and the same count.
+REDIS_CLI_SKIP_REASON = "REQUIRE_REDIS=0 and redis-cli is not installed"
+_FINDERS: dict[str, tuple[Callable[[], str | None], str]] = {
+    "redis-server": (find_redis_server, REDIS_SKIP_REASON),
+    "redis-cli": (find_redis_cli, REDIS_CLI_SKIP_REASON),
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,16 +71,17 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from None
 
 
-def _redis_binary(session: pytest.Session) -> str:
-    """The redis-server binary; missing: skip (REQUIRE_REDIS=0) or fail and stop the run with the command."""
-    binary = find_redis_server()
+def _redis_binary(session: pytest.Session, name: str = "redis-server") -> str:
+    """The ``name`` binary; missing: skip (REQUIRE_REDIS=0) or fail and stop the run with the command."""
+    find, skip_reason = _FINDERS[name]
+    binary = find()
     if binary is not None:
         return binary
     if not redis_required():
-        pytest.skip(REDIS_SKIP_REASON)
+        pytest.skip(skip_reason)
     # Stop after this test: every other Redis test would fail the same way and bury the message.
-    session.shouldfail = missing_redis_message()
-    pytest.fail(missing_redis_message(), pytrace=False)
+    session.shouldfail = missing_redis_message(name)
+    pytest.fail(missing_redis_message(name), pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the fixtures of the test are set up
@@ -81,7 +93,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     skipped = [r for r in terminalreporter.stats.get("skipped", [])
-               if isinstance(r.longrepr, tuple) and REDIS_SKIP_REASON in str(r.longrepr[2])]
+               if isinstance(r.longrepr, tuple)
+               and any(reason in str(r.longrepr[2]) for reason in (REDIS_SKIP_REASON, REDIS_CLI_SKIP_REASON))]
     if skipped:
         terminalreporter.write_sep("=", f"SKIPPED {len(skipped)} Redis tests (REQUIRE_REDIS=0)", yellow=True, bold=True)
 
@@ -104,6 +117,43 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+# --- a real Redis Cluster: 3 masters with a replica each (tests/redis_cluster.py) ----------------------------
+
+
+def _start_cluster(session: pytest.Session) -> ClusterServers:
+    from tests.redis_cluster import ClusterServers  # imported here: only the cluster tests pay for it
+
+    cluster = ClusterServers(_redis_binary(session), _redis_binary(session, "redis-cli"))
+    cluster.start()
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterServers]:
+    """A Redis Cluster shared by the session. Never stop its nodes: destructive tests take ``fresh_redis_cluster``.
+
+    Missing redis-server or redis-cli: fail with the install command, or skip if REQUIRE_REDIS=0.
+    """
+    cluster = _start_cluster(request.session)
+    yield cluster
+    cluster.stop_all()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: ClusterServers) -> str:
+    """A URL of the session cluster for ``redis.RedisCluster.from_url``, with every master flushed before each test."""
+    redis_cluster.flushall()
+    return redis_cluster.url
+
+
+@pytest.fixture
+def fresh_redis_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterServers]:
+    """A Redis Cluster of this test's own (2-3 s to start), for tests that kill nodes; stopped afterwards."""
+    cluster = _start_cluster(request.session)
+    yield cluster
+    cluster.stop_all()
 
 
 # --- a loopback OpenAI-compatible server, scripted per test -----------------

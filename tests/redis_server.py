@@ -1,7 +1,8 @@
 """Process helpers shared by the tests and the bench scripts: a private redis-server, free ports, child cleanup.
 
-``python -m tests.redis_server`` (``make test`` runs it first) makes sure redis-server is installed: it
-installs it as root on Debian, or exits 1 with the exact command to run. ``REQUIRE_REDIS=0`` lets the
+``python -m tests.redis_server`` (``make test`` runs it first) makes sure redis-server and redis-cli (which
+``tests/redis_cluster.py`` needs to create a cluster) are installed: it installs them as root on Debian, or exits
+1 with the exact command to run. ``REQUIRE_REDIS=0`` lets the
 Redis tests be skipped instead (and counted in pytest's summary); unset means required.
 
 ``RedisServer`` starts redis-server on a free port in a temp dir and stops it
@@ -123,14 +124,27 @@ class RedisServer:
 
 # Debian's location, looked at even when it is not on PATH (a non-root shell may lack /usr/sbin).
 FALLBACK_PATHS: tuple[str, ...] = ("/usr/bin/redis-server", "/usr/sbin/redis-server")
+CLI_FALLBACK_PATHS: tuple[str, ...] = ("/usr/bin/redis-cli",)
 
 # The one install command every message names, and what `make test` runs itself as root on Debian.
-INSTALL_COMMAND = "apt-get update && apt-get install -y redis-server"
+# redis-cli comes from redis-tools: a dependency of redis-server on Debian, named for a redis-server built elsewhere.
+INSTALL_COMMAND = "apt-get update && apt-get install -y redis-server redis-tools"
 
 
 def find_redis_server() -> str | None:
     """The redis-server binary on PATH or at Debian's location, or None."""
     return shutil.which("redis-server") or next((p for p in FALLBACK_PATHS if os.path.exists(p)), None)
+
+
+def find_redis_cli() -> str | None:
+    """The redis-cli binary (the cluster fixture creates its cluster with it) on PATH or at Debian's location."""
+    return shutil.which("redis-cli") or next((p for p in CLI_FALLBACK_PATHS if os.path.exists(p)), None)
+
+
+def missing_binaries() -> list[str]:
+    """Which of redis-server and redis-cli are not installed."""
+    found = {"redis-server": find_redis_server(), "redis-cli": find_redis_cli()}
+    return [name for name, path in found.items() if path is None]
 
 
 def redis_required() -> bool:
@@ -146,9 +160,9 @@ def redis_required() -> bool:
     raise ValueError(f"REQUIRE_REDIS must be 0 (skip the Redis tests) or 1 (require them; the default), got {value!r}")
 
 
-def missing_redis_message() -> str:
-    """What to do when redis-server is missing: the exact install command, and the explicit way to skip."""
-    return (f"redis-server is not installed; the Redis tests need it. Install it (Debian, as root): {INSTALL_COMMAND}"
+def missing_redis_message(binary: str = "redis-server") -> str:
+    """What to do when ``binary`` is missing: the exact install command, and the explicit way to skip."""
+    return (f"{binary} is not installed; the Redis tests need it. Install it (Debian, as root): {INSTALL_COMMAND}"
             " -- or skip the Redis tests on purpose with REQUIRE_REDIS=0")
 
 
@@ -163,24 +177,25 @@ def _apt_install() -> int:
 
 def ensure_redis_server(can_install: Callable[[], bool] = _can_apt_install,
                         install: Callable[[], int] = _apt_install) -> int:
-    """``make test``'s first step: find redis-server, else install it (Debian, root), else say how. Exit code.
+    """``make test``'s first step: find redis-server and redis-cli, else install them (Debian, root), else say how.
 
-    With ``REQUIRE_REDIS=0`` a missing binary is fine: the Redis tests will be skipped and counted.
+    Returns the exit code. With ``REQUIRE_REDIS=0`` a missing binary is fine: the Redis tests will be skipped and
+    counted.
     """
     required = redis_required()  # a bad REQUIRE_REDIS value is an error even where redis-server exists
-    if (binary := find_redis_server()) is not None:
-        print(f"redis-server: {binary}")
+    if not (missing := missing_binaries()):
+        print(f"redis-server: {find_redis_server()}, redis-cli: {find_redis_cli()}")
         return 0
     if not required:
-        print("redis-server: not installed; REQUIRE_REDIS=0, so the Redis tests will be skipped")
+        print(f"{', '.join(missing)}: not installed; REQUIRE_REDIS=0, so the Redis tests will be skipped")
         return 0
     if can_install():
-        print(f"redis-server: not installed; running: {INSTALL_COMMAND}", flush=True)
+        print(f"{', '.join(missing)}: not installed; running: {INSTALL_COMMAND}", flush=True)
         install()
-        if (binary := find_redis_server()) is not None:
-            print(f"redis-server: {binary}")
+        if not (missing := missing_binaries()):
+            print(f"redis-server: {find_redis_server()}, redis-cli: {find_redis_cli()}")
             return 0
-    print(missing_redis_message(), file=sys.stderr)
+    print(missing_redis_message(missing[0]), file=sys.stderr)
     return 1
 
 

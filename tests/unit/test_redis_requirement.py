@@ -43,7 +43,8 @@ def run_child_pytest(
     bindir.mkdir(exist_ok=True)
     if redis_bin is not None:
         (bindir / "redis-server").symlink_to(redis_bin)
-    (tmp_path / "no_fallback.py").write_text("import tests.redis_server as r\nr.FALLBACK_PATHS = ()\n")
+    (tmp_path / "no_fallback.py").write_text("import tests.redis_server as r\nr.FALLBACK_PATHS = ()\n"
+                                             "r.CLI_FALLBACK_PATHS = ()\n")
     test_file = tmp_path / "test_child.py"
     test_file.write_text(tests)
     env = {k: v for k, v in os.environ.items() if k != "REQUIRE_REDIS"}
@@ -102,6 +103,26 @@ def test_require_redis_0_still_runs_them_when_redis_server_is_there(tmp_path: Pa
     assert "SKIPPED" not in out
 
 
+CLUSTER_TEST = "def test_on_the_cluster(redis_cluster_url):\n    pass\n"
+
+
+@pytest.mark.redis
+def test_the_cluster_fixture_without_redis_cli_fails_with_the_install_command(tmp_path: Path) -> None:
+    run = run_child_pytest(tmp_path, None, redis_bin=find_redis_server(), tests=CLUSTER_TEST)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "redis-cli is not installed" in out
+    assert INSTALL_COMMAND in out
+
+
+@pytest.mark.redis
+def test_the_cluster_fixture_without_redis_cli_is_skipped_and_counted_with_require_redis_0(tmp_path: Path) -> None:
+    run = run_child_pytest(tmp_path, "0", redis_bin=find_redis_server(), tests=CLUSTER_TEST)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert "SKIPPED 1 Redis tests (REQUIRE_REDIS=0)" in out
+
+
 # --- `make test`'s first step: python -m tests.redis_server -------------------------------------------------
 
 
@@ -110,15 +131,21 @@ def no_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No redis-server anywhere; returns the (empty) PATH dir where a fake install may put one."""
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(redis_server, "FALLBACK_PATHS", ())
+    monkeypatch.setattr(redis_server, "CLI_FALLBACK_PATHS", ())
     monkeypatch.delenv("REQUIRE_REDIS", raising=False)
     return tmp_path
 
 
+def fake_binary(bindir: Path, name: str) -> None:
+    fake = bindir / name
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+
+
 def test_ensure_installs_redis_server_when_it_can(no_redis: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def fake_install() -> int:
-        fake = no_redis / "redis-server"
-        fake.write_text("#!/bin/sh\n")
-        fake.chmod(0o755)
+        fake_binary(no_redis, "redis-server")
+        fake_binary(no_redis, "redis-cli")
         return 0
 
     assert ensure_redis_server(can_install=lambda: True, install=fake_install) == 0
@@ -144,6 +171,16 @@ def test_ensure_fails_when_the_install_did_not_provide_redis_server(
 ) -> None:
     assert ensure_redis_server(can_install=lambda: True, install=lambda: 100) == 1
     assert INSTALL_COMMAND in capsys.readouterr().err
+
+
+def test_ensure_fails_naming_redis_cli_when_only_redis_server_is_there(
+    no_redis: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_binary(no_redis, "redis-server")
+    assert ensure_redis_server(can_install=lambda: False) == 1
+    err = capsys.readouterr().err
+    assert "redis-cli is not installed" in err
+    assert INSTALL_COMMAND in err
 
 
 def test_ensure_accepts_a_missing_redis_server_only_with_require_redis_0(
