@@ -111,7 +111,7 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
         messages=check_messages(start.get("messages", []), f"messages of child job {child_id!r}"),
         options=to_json_value(start.get("options", {}), what=f"options of child job {child_id!r}"),
         now=app.scheduler.now())
-    commit = commit.model_copy(update={"record": versions.stamp(commit.record, version)})
+    commit = commit.model_copy(update={"record": versions.stamp(commit.record, version, new=True)})
     with suppress(JobConflictError):  # a duplicate worker created it first: still exactly one child
         transitions.apply(app.storage, app.scheduler, commit)
     return child_id

@@ -438,6 +438,9 @@ class TurnMark(BaseModel):
     transcript held then, ``next_phase`` the phase that was to run next
     (``None``: the job completed at that turn). ``size`` is the length of the
     state's JSON text, kept so the history's byte bound is cheap to enforce.
+    ``code_version`` is the version that wrote that turn (``None``: unversioned,
+    or a mark from before it was kept): a fork at the turn is that version's,
+    so a newer worker migrates it again exactly as it migrated the original.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -447,19 +450,22 @@ class TurnMark(BaseModel):
     next_phase: str | None = None
     state: JSONValue = None
     size: int = 0
+    code_version: str | None = None
 
-    # Stored as a 5-item list, not an object: the record is rewritten by every commit and
-    # carries up to HISTORY_LIMIT marks, so the field names would triple what a commit writes.
+    # Stored as a 5-item list (6 with a code_version), not an object: the record is rewritten by every
+    # commit and carries up to HISTORY_LIMIT marks, so the field names would triple what a commit writes.
     @model_validator(mode="before")
     @classmethod
     def _from_stored(cls, data: Any) -> Any:
-        if isinstance(data, list) and len(data) == 5:
-            return dict(zip(("phases_done", "transcript_len", "next_phase", "size", "state"), data, strict=True))
+        if isinstance(data, list) and len(data) in (5, 6):
+            names = ("phases_done", "transcript_len", "next_phase", "size", "state", "code_version")
+            return dict(zip(names[:len(data)], data, strict=True))
         return data
 
     @model_serializer(mode="plain")
     def _stored(self) -> list[Any]:
-        return [self.phases_done, self.transcript_len, self.next_phase, self.size, self.state]
+        fields = [self.phases_done, self.transcript_len, self.next_phase, self.size, self.state]
+        return fields if self.code_version is None else [*fields, self.code_version]
 
 
 class JobRecord(BaseModel):

@@ -272,6 +272,7 @@ class PhaseContext(Generic[S]):
         transcript_len: int = 0,
         options: dict[str, JSONValue] | None = None,
         inbox: int = 0,
+        migrating: versions.Migrating | None = None,
     ) -> None:
         self.job_id = job_id
         self.checkpoint = checkpoint
@@ -285,6 +286,9 @@ class PhaseContext(Generic[S]):
         self.inbox = inbox
         #: Length of the committed transcript this phase starts from.
         self.transcript_len = transcript_len
+        #: Set when this worker's version is newer than the one that wrote the job: the turn whose
+        #: commit upgrades it (an agent migrates its model view here; see pipelines.engine.versions).
+        self.migrating = migrating
         self._storage = storage
         self._owner = owner
         self._clock = clock

@@ -199,6 +199,8 @@ class _Turn:
         self.deadline = deadline
         self.released = False
         self.flow: flow.FlowControl | None = None
+        # What the turn being run upgrades its job from (set by admit, read when its context is built).
+        self.migrating: versions.Migrating | None = None
 
     def run(self, record: JobRecord, pipeline_for: PipelineFor) -> AdvanceResult:
         while True:
@@ -256,6 +258,7 @@ class _Turn:
     def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
         """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""
         admitted = versions.admit(record, pipeline.version, pipeline.migrations or {})
+        self.migrating = admitted.migrating
         if admitted.delay > 0:  # written by a newer version: left untouched for a newer worker
             return self.defer(record, admitted.delay, f"written by version {record.code_version}")
         if admitted.error is None:
@@ -339,7 +342,7 @@ class _Turn:
         """Run the phase and commit; ``(result, None, None)`` when fenced off."""
         job_id = record.job_id
         saver = _Saver(record, self.storage, self.scheduler, self.owner)
-        ctx = _context(record, self.storage, self.scheduler, self.owner, saver)
+        ctx = _context(record, self.storage, self.scheduler, self.owner, saver, self.migrating)
         try:
             outcome = _outcome(ctx, pipeline, record)
         except StaleVersionError:
@@ -418,12 +421,13 @@ class _Saver:
 
 
 def _context(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: str,
-             saver: _Saver) -> PhaseContext[Any]:
+             saver: _Saver, migrating: versions.Migrating | None = None) -> PhaseContext[Any]:
     cp = record.checkpoint
     assert cp is not None
     return PhaseContext(job_id=record.job_id, checkpoint=cp, storage=storage, owner=owner, clock=scheduler.now,
                         saver=saver, attempt=cp.attempt, usage=record.total_usage, version=record.version,
-                        transcript_len=record.transcript_len, options=record.options, inbox=record.inbox)
+                        transcript_len=record.transcript_len, options=record.options, inbox=record.inbox,
+                        migrating=migrating)
 
 
 def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> transitions.Outcome:

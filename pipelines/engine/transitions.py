@@ -121,7 +121,7 @@ def _running() -> dict[str, Any]:
 
 
 def _marked(history: Sequence[TurnMark], *, phases_done: int, transcript_len: int, next_phase: str | None,
-            state: Any) -> list[TurnMark]:
+            state: Any, code_version: str | None = None) -> list[TurnMark]:
     """``history`` with this turn's checkpoint appended, cut to the newest that fit both bounds."""
     try:
         plain = to_json_value(state, what="state")
@@ -129,7 +129,7 @@ def _marked(history: Sequence[TurnMark], *, phases_done: int, transcript_len: in
     except (InvalidInputError, ValueError):
         return list(history)  # the commit itself refuses this state and says why; no mark for it
     kept = [*history, TurnMark(phases_done=phases_done, transcript_len=transcript_len, next_phase=next_phase,
-                               state=plain, size=size)][-HISTORY_LIMIT:]
+                               state=plain, size=size, code_version=code_version)][-HISTORY_LIMIT:]
     total = sum(m.size for m in kept)
     while kept and total > HISTORY_BYTES:
         total -= kept.pop(0).size
@@ -234,7 +234,7 @@ def _on_next(rec: JobRecord, outcome: Next, out: PhaseOutput, owner: str, now: f
     cp = Checkpoint[Any](next_phase=outcome.next_phase, state=outcome.state, due_at=now + outcome.delay,
                          created_at=now)
     history = _marked(rec.history, phases_done=rec.phases_done + 1, transcript_len=tlen,
-                      next_phase=outcome.next_phase, state=outcome.state)
+                      next_phase=outcome.next_phase, state=outcome.state, code_version=rec.code_version)
     new = _moved(rec, token, now, cp, transcript_len=tlen, usage=rec.usage + out.usage,
                  phases_done=rec.phases_done + 1, history=history)
     # The lease is kept only to run the next phase at once (the runner's continue_for).
@@ -249,7 +249,8 @@ def _on_done(rec: JobRecord, outcome: Done, out: PhaseOutput, owner: str, now: f
     reason = outcome.reason or "done"
     tlen = rec.transcript_len + len(out.messages)
     history = _marked(rec.history, phases_done=rec.phases_done + 1, transcript_len=tlen, next_phase=None,
-                      state=rec.checkpoint.state if rec.checkpoint is not None else None)
+                      state=rec.checkpoint.state if rec.checkpoint is not None else None,
+                      code_version=rec.code_version)
     new = _moved(rec, token, now, None, status=JobStatus.COMPLETE, result=outcome.result, stop_reason=reason,
                  transcript_len=tlen, usage=rec.usage + out.usage, phases_done=rec.phases_done + 1,
                  history=history)
@@ -434,7 +435,8 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
         transcript_len=len(messages), base_transcript_len=len(messages), initial_phase=phase or src.initial_phase,
         initial_state=mark.state, options=options, phases_done=mark.phases_done, created_at=now, updated_at=now,
         history=[m for m in src.history if m.phases_done <= mark.phases_done], forked_from=src.job_id,
-        at_turn=mark.phases_done, code_version=src.code_version)
+        # The version that wrote that turn: a newer worker migrates the fork as it did the original.
+        at_turn=mark.phases_done, code_version=mark.code_version or src.code_version)
     why = f"job forked from {src.job_id!r} at turn {mark.phases_done}"
     return Commit(job_id=new_job_id, expected_version=0, token=token, record=record, append_messages=messages,
                   logs=[_log(now, phase, why)],

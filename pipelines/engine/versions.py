@@ -10,6 +10,11 @@ that crashes before its commit migrates again from the same stored state:
 migrations must be pure functions of the state). A job written by a newer
 version than the worker's is not touched: the worker logs why and asks for
 the job again later, with backoff, for a newer worker to take.
+
+An agent's ``view_migrations={"1": fn(messages)}`` upgrade the messages its
+model sees in the same turn; the runner tells the turn what it migrates from
+(:class:`Migrating`, ``PhaseContext.migrating``) and :mod:`phases.view_migration`
+records the new view in the transcript (see there).
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from pipelines.engine.models import JobRecord, to_json_value
 __all__ = [
     "MAX_DEFER_SECONDS",
     "Admission",
+    "Migrating",
     "admit",
     "check_migrations",
     "check_version",
     "is_version",
+    "pending",
     "stamp",
     "version_key",
 ]
@@ -69,15 +76,19 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def check_migrations(migrations: object, version: str | None) -> dict[str, Migration]:
-    """``{from_version: fn}`` checked: versions valid and older than ``version``, functions callable."""
+def check_migrations(migrations: object, version: str | None, *, of: str = "the state",
+                     name: str = "migrations") -> dict[str, Migration]:
+    """``{from_version: fn}`` checked: versions valid and older than ``version``, functions callable.
+
+    ``of`` and ``name`` word the errors (``view_migrations`` are functions of the messages).
+    """
     if migrations is None:
         return {}
     if not isinstance(migrations, Mapping):
-        raise InvalidInputError("migrations must be a dict {from_version: function}, "
+        raise InvalidInputError(f"{name} must be a dict {{from_version: function}}, "
                                 f"got {type(migrations).__name__}")
     if migrations and version is None:
-        raise InvalidInputError("migrations need a version= to migrate to")
+        raise InvalidInputError(f"{name} need a version= to migrate to")
     checked: dict[str, Migration] = {}
     for old, fn in migrations.items():
         key = check_version(old, "a migration's from_version")
@@ -85,22 +96,53 @@ def check_migrations(migrations: object, version: str | None) -> dict[str, Migra
         if version_key(key) >= version_key(version):
             raise InvalidInputError(f"migration from {key!r} is not older than version {version!r}")
         if not callable(fn):
-            raise InvalidInputError(f"migration from {key!r} must be a function of the state")
+            raise InvalidInputError(f"migration from {key!r} must be a function of {of}")
         checked[key] = fn
     return dict(sorted(checked.items(), key=lambda kv: version_key(kv[0])))
 
 
-def stamp(record: JobRecord, version: str | None) -> JobRecord:
-    """``record`` marked as written by ``version`` (unchanged when the pipeline has none)."""
-    return record if version is None else record.model_copy(update={"code_version": version})
+def stamp(record: JobRecord, version: str | None, *, new: bool = False) -> JobRecord:
+    """``record`` marked as written by ``version`` (unchanged when the pipeline has none).
+
+    ``new``: a job or run this code just started; its latest turn mark (where a fork at that turn
+    starts) is this version's too.
+    """
+    if version is None:
+        return record
+    update: dict[str, Any] = {"code_version": version}
+    if new and record.history:
+        update["history"] = [*record.history[:-1], record.history[-1].model_copy(update={"code_version": version})]
+    return record.model_copy(update=update)
+
+
+def pending(migrations: Mapping[str, Migration], stored: str | None,
+            upto: str | None = None) -> list[tuple[str, Migration]]:
+    """The migrations a job written by ``stored`` goes through, in order (all for a job from before versions).
+
+    ``upto``: only those older than it (what a worker of that version knows).
+    """
+    return [(old, fn) for old, fn in migrations.items()
+            if (stored is None or version_key(old) >= version_key(stored))
+            and (upto is None or version_key(old) < version_key(upto))]
+
+
+class Migrating(NamedTuple):
+    """A turn that upgrades its job: written by ``from_version`` (``None``: before versions), run by ``to_version``."""
+
+    from_version: str | None
+    to_version: str
 
 
 class Admission(NamedTuple):
-    """What a worker does with a job it loaded: run ``record`` (migrated), wait ``delay`` seconds, or fail."""
+    """What a worker does with a job it loaded: run ``record`` (migrated), wait ``delay`` seconds, or fail.
+
+    ``migrating`` says what the turn upgrades from, when the job was older than the worker.
+    """
 
     record: JobRecord
     delay: float = 0.0
     error: str | None = None
+    migrating: Migrating | None = None
 
 
 _deferrals: dict[str, int] = {}  # job id -> deferrals in a row (this process's backoff)
@@ -130,15 +172,16 @@ def admit(record: JobRecord, version: str | None, migrations: Mapping[str, Migra
     with _lock:
         _deferrals.pop(record.job_id, None)
     cp = record.checkpoint
+    migrating = Migrating(stored, version)
     if cp is None:
-        return Admission(stamp(record, version))
+        return Admission(stamp(record, version), migrating=migrating)
     try:
         state = _migrate(cp.state, stored, migrations)
     except _MigrationError as exc:
         return Admission(record, error=f"{exc} (migrating job {record.job_id!r} to version {version!r})")
     logger.info("job %s: migrated from version %s to %s", record.job_id, stored or "(none)", version)
     migrated = record.model_copy(update={"checkpoint": cp.model_copy(update={"state": state})})
-    return Admission(stamp(migrated, version))
+    return Admission(stamp(migrated, version), migrating=migrating)
 
 
 class _MigrationError(Exception):
@@ -147,9 +190,7 @@ class _MigrationError(Exception):
 
 def _migrate(state: Any, stored: str | None, migrations: Mapping[str, Migration]) -> Any:
     """``state`` through every migration from ``stored`` up (all of them for a job from before versions)."""
-    for old, fn in migrations.items():
-        if stored is not None and version_key(old) < version_key(stored):
-            continue
+    for old, fn in pending(migrations, stored):
         try:
             state = to_json_value(fn(state), what=f"the state returned by the migration from {old!r}")
         except Exception as exc:  # user code: any failure fails the job, with its reason (I9)
