@@ -120,8 +120,9 @@ def _previewed(view: list[Message], tmap: Mapping[str, Tool]) -> list[Message]:
 def first_turn(ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message]) -> None:
     """A run's first turn: its warnings (``warn`` log + ``agent_warning`` event), then ``on_start``."""
     dropped = ctx.options.get(conversation.DROPPED_KEY)
+    # The pin the model sees: a view migration may have re-pinned the prompt.
     warnings = conversation.system_warnings(
-        past, system=cfg.system, conflict=conversation.check_conflict_mode(cfg.system_prompt_conflict),
+        compacted_view(past), system=cfg.system, conflict=conversation.check_conflict_mode(cfg.system_prompt_conflict),
         suppress=cfg.suppress_system_prompt_conflict_warning, dropped=dropped if isinstance(dropped, int) else 0)
     for text in warnings:
         ctx.log(text, "warn")

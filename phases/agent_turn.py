@@ -42,6 +42,7 @@ from phases.titles import start_title
 from phases.tool_calls import normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, bind_run_context
+from phases.view_migration import ViewMigration, migrate_view
 from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, StaleVersionError, TransientModelError
@@ -124,11 +125,13 @@ class AgentTurn:
     """The turn phase's ``run``: holds the agent's configuration, resolved once.
 
     ``schemas``: output schemas a job may name in its per-run options (the
-    App adds the schemas registered on it).
+    App adds the schemas registered on it). ``view_migrations``: the agent's
+    upgrades of an older job's model view (:mod:`phases.view_migration`).
     """
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, view_migrations: Mapping[str, ViewMigration] | None = None) -> None:
         self.config = config
+        self.view_migrations = dict(view_migrations or {})
         self.schemas: dict[str, type[BaseModel]] = {}
         if config.output_schema is not None:
             self.schemas[config.output_schema.__name__] = config.output_schema
@@ -173,11 +176,13 @@ class AgentTurn:
     def __call__(self, ctx: PhaseContext[Any]) -> Next | Done | Fail:
         cfg = agent_run.resolve_run(ctx, self.config.for_run(ctx.options, self.schemas))
         state = AgentState.model_validate(ctx.state or {})
+        # Before anything reads the view: the first turn a newer version runs upgrades it, in this commit
+        # (whatever the turn's outcome that appends its messages, a budget stop included).
+        past = migrate_view(ctx, self.view_migrations, self.history.get(ctx))
         over = _over_budget(ctx.job_usage, cfg)
         if over:
             ctx.log(f"budget reached before turn {state.turn + 1}: {over}", "warn")
             return agent_run.ended(ctx, cfg, Done(result=None, reason="budget"), ctx.job_usage, state.turn)
-        past = self.history.get(ctx)
         if state.turn == 0:
             agent_run.first_turn(ctx, cfg, past)
         if cfg.compaction is not None:

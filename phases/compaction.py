@@ -11,6 +11,11 @@ complete: the view is rebuilt from it exactly (the latest marker wins), so
 fork and replay stay deterministic, and a crash during compaction reuses the
 journaled summary instead of asking twice. A cut never separates a tool call
 from its result.
+
+The same marker records a *view migration* (:mod:`phases.view_migration`):
+``{"upto": n, "view": [...], "version": v}`` replaces the whole view of the
+messages before it with ``view``. One mechanism, one rule: the latest marker
+wins, and what follows it is kept.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ from typing import Any
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Message
 
-__all__ = ["MARKER_KEY", "Compaction", "compacted_view", "estimate_tokens", "find_cut", "marker"]
+__all__ = ["MARKER_KEY", "Compaction", "compacted_view", "estimate_tokens", "find_cut", "marker", "view_marker"]
 
 MARKER_KEY = "phaserunner_compaction"
-"""The key a compaction marker message carries: ``{"upto": <index>}`` (its content is the summary)."""
+"""The key a marker message carries: ``{"upto": <index>}`` for a compaction (its content is the summary), or
+``{"upto": <index>, "view": [...], "version": v}`` for a view migration."""
 
 DEFAULT_PROMPT = ("Summarise the conversation so far for your own later use: the user's goals, facts learned, "
                   "tool results that matter, decisions made and anything still open. Be complete but brief.")
@@ -58,20 +64,44 @@ def marker(summary: str, upto: int) -> Message:
     return {"role": "user", "content": f"(Summary of the earlier conversation)\n{summary}", MARKER_KEY: {"upto": upto}}
 
 
-def compacted_view(past: Sequence[Message]) -> list[Message]:
-    """The conversation as the model sees it: the latest compaction's summary in place of what it covers.
+def view_marker(view: Sequence[Message], upto: int, version: str) -> Message:
+    """The transcript message that records a view migration to ``version``: ``view`` replaces ``[..upto)``."""
+    return {"role": "user", "content": f"(The model's view of the conversation was migrated to version {version})",
+            MARKER_KEY: {"upto": upto, "view": list(view), "version": version}}
 
-    The pinned system prompt (a leading ``system`` message) always stays; markers
-    themselves are never sent with their bookkeeping key.
+
+def compacted_view(past: Sequence[Message]) -> list[Message]:
+    """The conversation as the model sees it: the latest marker's replacement in place of what it covers.
+
+    A compaction's summary stands for the messages it covers; a view
+    migration's recorded view stands for all of them. The pinned system prompt
+    (a leading ``system`` message, or the one the latest view migration put
+    there) always stays; markers themselves are never sent with their
+    bookkeeping key.
     """
-    last = next((i for i in range(len(past) - 1, -1, -1) if MARKER_KEY in past[i]), None)
+    last = _latest_marker(past, len(past))
     if last is None:
         return list(past)
-    upto = int(past[last][MARKER_KEY]["upto"])
-    head = [past[0]] if past and past[0].get("role") == "system" else []
+    info = past[last][MARKER_KEY]
+    kept = [m for m in past[int(info["upto"]):] if MARKER_KEY not in m]
+    if "view" in info:
+        return [*info["view"], *kept]
     summary = {k: v for k, v in past[last].items() if k != MARKER_KEY}
-    kept = [m for m in past[upto:] if MARKER_KEY not in m]
-    return [*head, summary, *kept]
+    return [*_head(past, last), summary, *kept]
+
+
+def _latest_marker(past: Sequence[Message], before: int) -> int | None:
+    return next((i for i in range(before - 1, -1, -1) if MARKER_KEY in past[i]), None)
+
+
+def _head(past: Sequence[Message], before: int) -> list[Message]:
+    """The pinned system prompt as the view saw it before index ``before`` (a view migration may re-pin it)."""
+    for i in range(before - 1, -1, -1):
+        info = past[i].get(MARKER_KEY)
+        if isinstance(info, dict) and "view" in info:
+            view = info["view"]
+            return [view[0]] if view and view[0].get("role") == "system" else []
+    return [past[0]] if past and past[0].get("role") == "system" else []
 
 
 def find_cut(past: Sequence[Message], keep_recent: int) -> int | None:

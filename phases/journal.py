@@ -9,6 +9,7 @@ supplied in ``checkpoint.inputs``) holds::
     "tools:names"             the tools a provider function offered this turn (phases.agent_run)
     "tool:<call id>"          a call's result, as the tool message's content ("done")
     "approval:<call id>"      a person's decision: {"decision", "reason"?, "digest"}
+    "view:migration"          a view migration this turn owes: {"from", "to"} (phases.view_migration)
 
 Nothing else in the library spells these keys.
 """
@@ -25,6 +26,7 @@ __all__ = [
     "COMPACTION",
     "TOOLS_NAMES",
     "TOOLS_STARTED",
+    "VIEW_MIGRATION",
     "approval_key",
     "model_calls",
     "structured_key",
@@ -35,6 +37,7 @@ MODEL = "model"
 TOOLS_STARTED = "tools:started"
 TOOLS_NAMES = "tools:names"
 COMPACTION = "compaction"  # the summary a compaction asked for before this turn's answer
+VIEW_MIGRATION = "view:migration"  # kept by a retry or a wait until the turn's commit lands the new view
 
 
 def tool_key(call_id: str) -> str:

@@ -50,7 +50,9 @@ class Agent:
     pipeline name stored on its jobs: workers find the agent by it.
     ``version`` (dotted numbers, default: the App's ``version`` when it is
     one) and ``migrations={from_version: fn(state)}``: see
-    :mod:`pipelines.engine.versions`.
+    :mod:`pipelines.engine.versions`. ``view_migrations={from_version:
+    fn(messages)}`` upgrade the model view of an older job in the same turn,
+    recorded in its transcript: see :mod:`phases.view_migration`.
     """
 
     def __init__(self, *, name: str = "agent", model: str | Model, **options: Any) -> None:
@@ -60,12 +62,14 @@ class Agent:
         # Versioned jobs (pipelines.engine.versions): checked now, carried by the agent's pipeline.
         self.version = versions.check_version(options.pop("version", None))
         self.migrations = versions.check_migrations(options.pop("migrations", None), self.version)
+        self.view_migrations = versions.check_migrations(options.pop("view_migrations", None), self.version,
+                                                         of="the messages", name="view_migrations")
         try:
             # Built now, so a bad tool or limit fails at definition, not at the first job.
             self.config = AgentConfig(model=model, **options)
         except TypeError as exc:
             raise InvalidInputError(f"Agent: {exc}") from None
-        self._turn = AgentTurn(self.config)
+        self._turn = AgentTurn(self.config, self.view_migrations)
         self._phase = Phase(TURN_PHASE, self._turn)
 
     def __repr__(self) -> str:
