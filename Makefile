@@ -81,3 +81,8 @@ format: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+
+# W1 next to cl-pipelines (npm) and LangGraph (PyPI), each installed from its own lock into a git-ignored
+# folder under bench/peers/ on first use; not part of `make test` (bench/README.md has a recorded run).
+bench-peers: install
+	$(PY) bench/peers/run.py $(ARGS)
