@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest redis docs docs-check demo bench chaos format clean lock node-deps node-test
+.PHONY: install test lint typecheck pytest redis docs docs-check demo bench chaos format clean lock node-deps node-test bench-peers
 
 # Dependencies come from a hash-pinned lock (regenerate with `make lock`);
 # then the project itself, without letting pip resolve anything else.
