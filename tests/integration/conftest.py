@@ -38,3 +38,20 @@ def app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
 
     yield redis_app.app
     worker.forget_apps()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3-compatible server on 127.0.0.1 for the session (``tests/s3_server.py``); its endpoint URL."""
+    from tests.s3_server import s3_server_endpoint
+
+    with s3_server_endpoint() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh, empty bucket on the session's S3 server."""
+    from tests.s3_server import create_bucket
+
+    return create_bucket(s3_endpoint)

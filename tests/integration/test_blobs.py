@@ -1,4 +1,8 @@
-"""Issue 14: large values out of the transcript (blob stores, references, delete, crashes) on memory and Redis."""
+"""Issue 14: large values out of the transcript (blob stores, references, delete, crashes).
+
+Every test taking ``backend`` runs on memory storage with a directory store, Redis with Redis blobs, and
+memory storage with S3 blobs on moto's S3-compatible server on 127.0.0.1 (``tests/s3_server.py``).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Any
 import pytest
 
 from adapters.blobs import DirectoryBlobStore, MemoryBlobStore, RedisBlobStore
+from adapters.blobs_s3 import S3BlobStore
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.offload import OffloadingStorage
 from adapters.redis import RedisStorage
@@ -25,15 +30,21 @@ from pipelines.engine.errors import (
 )
 from pipelines.engine.models import MAX_VALUE_BYTES, JobRecord
 from pipelines.testing import ScriptedModel, SimulatedCrash, call, crash_test, reply
+from tests.s3_server import ACCESS_KEY, SECRET_KEY
 
 BIG = 100 * 1024  # over the 64 KiB default threshold
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "s3"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
-    """(inner storage, blob store): memory with a directory store, Redis with Redis blobs."""
+    """(inner storage, blob store): memory with a directory store, Redis with Redis blobs, memory with S3 blobs."""
     if request.param == "memory":
         yield MemoryStorage(), DirectoryBlobStore(tmp_path / "blobs")
+        return
+    if request.param == "s3":
+        yield MemoryStorage(), S3BlobStore(request.getfixturevalue("s3_bucket"), prefix="app/blobs",
+                                           endpoint=request.getfixturevalue("s3_endpoint"),
+                                           access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
         return
     prefix = f"bl{uuid.uuid4().hex[:8]}"
     s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=prefix)
