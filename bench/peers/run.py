@@ -157,7 +157,7 @@ def report(a: argparse.Namespace, rates: dict[str, list[float]], info: dict[str,
         v = info[peer]
         extra = f"; node {v['node']}" if "node" in v else f"; durability={v['durability']}"
         if "node" in v and int(v["node"].lstrip("v").split(".")[0]) < 22:
-            extra += " (ai 7 declares node >= 22; npm only warns, and the run checks every transcript it times)"
+            extra += " (ai 7 declares node >= 22, npm only warns; each timed run checks two jobs' transcripts)"
         rep.notes.append(f"{peer}: {', '.join(f'{k} {n}' for k, n in v['versions'].items())}{extra}")
     return rep
 
