@@ -9,8 +9,8 @@
   transaction per put.
 * :class:`MemoryBlobStore`: a dict, for tests.
 
-No S3-compatible store: no S3-compatible server installs from the registries
-this project uses (PyPI, Debian) to test one against.
+S3-compatible object storage: :class:`adapters.blobs_s3.S3BlobStore` (its own
+module, so only its users import its client library).
 """
 
 from __future__ import annotations
