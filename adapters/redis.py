@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import re
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -101,6 +102,9 @@ _log = logging.getLogger("pipelines")
 _LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 # A job in these statuses is in the finished index, which retention reads.
 _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+# What a Cluster raises while a master fails over: retried with backoff (redis-py retries without any).
+_FAILOVER_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ClusterDownError,
+                    redis.exceptions.TryAgainError, redis.exceptions.MovedError, redis.exceptions.SlotNotCoveredError)
 # The Redis type each key role must have (roles as the scripts name them).
 _KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
               "events": "stream", "due": "zset", "jobs": "set", "live": "stream",
@@ -211,10 +215,18 @@ class RedisStorage:
     :data:`CLUSTER_BUCKETS` on a ``RedisCluster``, where 0 is refused. Every
     process on one prefix must use the same count: the first write records
     it, and a storage with another count raises :class:`ConfigurationError`.
+
+    ``replicas``: each write waits (``WAIT``, up to ``replica_timeout``
+    seconds) until that many replicas have it, else raises
+    :class:`StorageUnavailableError`; with asynchronous replication (0, the
+    default) a failover can lose the last writes a master acknowledged.
+    ``failover_timeout``: on a Cluster, how long a write is retried while a
+    replica takes over its slot.
     """
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
-                 live_ttl: float = 3600.0, buckets: int | None = None) -> None:
+                 live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,
+                 replica_timeout: float = 1.0, failover_timeout: float = 15.0) -> None:
         self.client: Any = client  # redis.Redis or redis.RedisCluster: the calls used here are on both
         self.prefix = check_prefix(prefix)
         self.cluster = isinstance(client, redis.RedisCluster)
@@ -225,6 +237,16 @@ class RedisStorage:
                                      "slot than the job's keys (CROSSSLOT)")
         self.layout = KeyLayout(self.prefix, buckets)
         self._layout_checked = False
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
+        for name, value in (("replica_timeout", replica_timeout), ("failover_timeout", failover_timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        #: Replicas that must acknowledge each write (``WAIT``) before it counts; 0 = asynchronous replication.
+        self.replicas = replicas
+        self.replica_timeout = float(replica_timeout)
+        #: How long a script is retried on a Cluster while a replica takes over a failed master.
+        self.failover_timeout = float(failover_timeout)
         if isinstance(live_ttl, bool) or not isinstance(live_ttl, int | float) or not 0 < live_ttl < math.inf:
             raise ConfigurationError(f"live_ttl must be a finite number of seconds > 0, got {live_ttl!r}")
         #: How long a finished job's live stream is kept (its durable events stay with the job).
@@ -259,6 +281,7 @@ class RedisStorage:
         live_ttl: float = 3600.0,
         cluster: bool = False,
         buckets: int | None = None,
+        replicas: int = 0,
     ) -> RedisStorage:
         """Connect lazily to ``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS).
 
@@ -291,7 +314,7 @@ class RedisStorage:
             raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
         except redis.exceptions.RedisError as exc:  # a cluster client reads the slot map when it is made
             raise StorageUnavailableError(f"Redis Cluster at {_redact(url)!r} is unreachable: {exc}") from exc
-        return cls(client, prefix=prefix, live_ttl=live_ttl, buckets=buckets)
+        return cls(client, prefix=prefix, live_ttl=live_ttl, buckets=buckets, replicas=replicas)
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of ``job_id`` (validated)."""
@@ -326,6 +349,49 @@ class RedisStorage:
         # The listing indexes stay at the very end: the scripts find them counting from the end.
         return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, ix.due, ix.jobs, k.live,
                 ix.finished, k.inbox, *ix.listing]
+
+    def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str, *, write: bool = True) -> Any:
+        """Run one of the Lua scripts: on a plain Redis directly, on a Cluster on the node of its slot.
+
+        On a Cluster a failover makes the slot's master unreachable for a few
+        seconds; redis-py retries at once and gives up within milliseconds, so
+        the call is retried here with backoff until ``failover_timeout``. Every
+        script is idempotent (tokens, owner checks), so re-sending is safe.
+        With ``replicas``, the write is followed by ``WAIT`` on the same
+        connection: acknowledged means copied to that many replicas, so a
+        failover cannot roll it back.
+        """
+        if not self.cluster and (not self.replicas or not write):
+            with _mapped(what):
+                return script(keys=keys, args=args)
+        deadline, pause = time.monotonic() + self.failover_timeout, 0.05
+        while True:
+            try:
+                with _mapped(what):
+                    try:
+                        return self._run_on_node(script, keys, args, what, write)
+                    except _FAILOVER_ERRORS:
+                        if not self.cluster or time.monotonic() + pause > deadline:
+                            raise
+                        self.client.nodes_manager.initialize()  # read the new slot map (a replica took over)
+            except StorageUnavailableError:
+                if not self.cluster or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _run_on_node(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str, write: bool) -> Any:
+        node = self.client.get_node_from_key(keys[0]).redis_connection if self.cluster else self.client
+        if not self.replicas or not write:
+            return script(keys=keys, args=args, client=node)
+        pipe = node.pipeline(transaction=False)  # one connection: WAIT counts that connection's writes
+        script(keys=keys, args=args, client=pipe)
+        pipe.wait(self.replicas, int(self.replica_timeout * 1000))
+        reply, acked = pipe.execute()
+        if int(acked) < self.replicas:
+            raise StorageUnavailableError(f"{what}: written, but only {acked} of {self.replicas} replicas "
+                                          f"acknowledged it within {self.replica_timeout}s (a failover could lose it)")
+        return reply
 
     def _check_layout(self, job_id: str) -> None:
         """Record this prefix's layout on first use, or refuse to run with another one (once per storage)."""
@@ -378,9 +444,9 @@ class RedisStorage:
         k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
         if owner:
             self._check_layout(job_id)  # before a worker's first turn, not before every read
-        with _mapped(f"loading job {job_id!r}"):
-            reply = self._load_script(keys=[k.record, k.journal, k.lease, ix.due, ix.jobs],
-                                      args=[owner, ttl_ms, job_id])
+        # A read unless it takes the lease (or drops an unknown id from the indexes, which may be lost).
+        reply = self._run(self._load_script, [k.record, k.journal, k.lease, ix.due, ix.jobs], [owner, ttl_ms, job_id],
+                          f"loading job {job_id!r}", write=bool(owner))
         self._check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
             return None
@@ -637,10 +703,9 @@ class RedisStorage:
         due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
         self._check_layout(job_id)
-        with _mapped(f"creating job {job_id!r}"):
-            reply = self._create(keys=keys, args=[job_id, token, data, str(record.version), due, len(msgs),
-                                                  len(lines), _finished_at(record), *_listed(record), *msgs,
-                                                  *lines, *event_lines])
+        args = [job_id, token, data, str(record.version), due, len(msgs), len(lines), _finished_at(record),
+                *_listed(record), *msgs, *lines, *event_lines]
+        reply = self._run(self._create, keys, args, f"creating job {job_id!r}")
         self._check_types(job_id, reply, f"creating job {job_id!r}")
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
@@ -669,8 +734,7 @@ class RedisStorage:
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
             *msgs, *lines, *event_lines,
         ]
-        with _mapped(f"committing job {job_id!r}"):
-            reply = _text(self._commit(keys=keys, args=args))
+        reply = _text(self._run(self._commit, keys, args, f"committing job {job_id!r}"))
         self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
@@ -683,8 +747,8 @@ class RedisStorage:
         lines = [dump_json(m, "a message sent to the job") for m in check_messages(messages, "messages sent")]
         if not lines:
             raise InvalidInputError("send needs at least one message")
-        with _mapped(f"sending messages to job {job_id!r}"):
-            reply = self._send(keys=[k.record, k.inbox], args=[uuid.uuid4().hex, *lines])
+        reply = self._run(self._send, [k.record, k.inbox], [uuid.uuid4().hex, *lines],
+                          f"sending messages to job {job_id!r}")
         self._check_types(job_id, reply, f"sending messages to job {job_id!r}")
         return None if int(reply) < 0 else int(reply)
 
@@ -703,8 +767,8 @@ class RedisStorage:
             return
         k = self.keys(job_id)
         lines = dump_events(parts)
-        with _mapped(f"publishing to the live stream of job {job_id!r}"):
-            reply = self._publish(keys=[k.record, k.live], args=[uuid.uuid4().hex, *lines])
+        reply = self._run(self._publish, [k.record, k.live], [uuid.uuid4().hex, *lines],
+                          f"publishing to the live stream of job {job_id!r}")
         self._check_types(job_id, reply, f"publishing to the live stream of job {job_id!r}")
 
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
@@ -737,15 +801,15 @@ class RedisStorage:
         add = usage.model_dump(exclude_defaults=True)
         if not add:
             return
-        with _mapped(f"counting dropped usage of job {job_id!r}"):
-            reply = self._dropped(keys=[self.keys(job_id).record], args=[token, json.dumps(add)])
+        reply = self._run(self._dropped, [self.keys(job_id).record], [token, json.dumps(add)],
+                          f"counting dropped usage of job {job_id!r}")
         self._check_types(job_id, reply, f"counting dropped usage of job {job_id!r}")
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""
         k = self.keys(job_id)
-        with _mapped(f"requesting {request or 'no'} control of job {job_id!r}"):
-            reply = self._control(keys=[k.record], args=[request or ""])
+        reply = self._run(self._control, [k.record], [request or ""],
+                          f"requesting {request or 'no'} control of job {job_id!r}")
         self._check_types(job_id, reply, f"requesting control of job {job_id!r}")
         return bool(reply)
 
@@ -754,21 +818,20 @@ class RedisStorage:
         k = self.keys(job_id)
         text = dump_json(value, f"result of step {key!r}")
         args = [str(version), "0" if owner is None else "1", owner or "", key, text]
-        with _mapped(f"journaling step {key!r} of job {job_id!r}"):
-            reply = _text(self._step(keys=[k.record, k.journal, k.lease], args=args))
+        reply = _text(self._run(self._step, [k.record, k.journal, k.lease], args,
+                                f"journaling step {key!r} of job {job_id!r}"))
         self._check_types(job_id, reply, f"journaling step {key!r} of job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"step {key!r} at version {version} not recorded"))
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
-        with _mapped(f"renewing the lease of job {job_id!r}"):
-            reply = self._renew(keys=[self.keys(job_id).lease], args=[owner, _ttl_ms(ttl)])
+        reply = self._run(self._renew, [self.keys(job_id).lease], [owner, _ttl_ms(ttl)],
+                          f"renewing the lease of job {job_id!r}")
         self._check_types(job_id, reply, f"renewing the lease of job {job_id!r}")
         return bool(reply)
 
     def release_lease(self, job_id: str, owner: str) -> None:
-        with _mapped(f"releasing the lease of job {job_id!r}"):
-            reply = self._release(keys=[self.keys(job_id).lease], args=[owner])
+        reply = self._run(self._release, [self.keys(job_id).lease], [owner], f"releasing the lease of job {job_id!r}")
         self._check_types(job_id, reply, f"releasing the lease of job {job_id!r}")
 
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
@@ -781,8 +844,7 @@ class RedisStorage:
         job deletable at that version).
         """
         args = [job_id, "" if if_version is None else str(int(if_version))]
-        with _mapped(f"deleting job {job_id!r}"):
-            reply = self._delete(keys=self._all_keys(job_id), args=args)
+        reply = self._run(self._delete, self._all_keys(job_id), args, f"deleting job {job_id!r}")
         self._check_types(job_id, reply, f"deleting job {job_id!r}")
         if isinstance(reply, bytes | str) and _text(reply).startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, _text(reply), f"delete expected version {if_version}"))

@@ -181,6 +181,10 @@ class RQScheduler:
         namespace: str = DEFAULT_PREFIX,
     ) -> None:
         check_prefix(namespace, "an RQ namespace")
+        if isinstance(connection, redis.RedisCluster):
+            # RQ's queue operations span several keys (queue, registries, job hashes) with no hash tags.
+            raise ConfigurationError("RQ does not support Redis Cluster: give the scheduler a plain Redis for the "
+                                     "queues (RQScheduler.for_storage(storage, connection=redis.Redis(...)))")
         if not queue or not isinstance(queue, str):
             raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
         if app is not None and ":" not in app:
@@ -205,15 +209,21 @@ class RQScheduler:
 
     @classmethod
     def for_storage(cls, storage: RedisStorage, *, queue: str = "pipelines", app: str | None = None,
-                    **options: Any) -> RQScheduler:
-        """A scheduler on ``storage``'s Redis client, namespaced by its key prefix.
+                    connection: redis.Redis | None = None, **options: Any) -> RQScheduler:
+        """A scheduler namespaced by ``storage``'s key prefix, on its Redis client or on ``connection``.
 
-        ``options`` are the other keyword arguments of the constructor
-        (``job_timeout``, ``result_ttl``, ``failure_ttl``, ``precision``).
+        ``connection``: a plain Redis for the queues, required when the
+        storage is on a Redis Cluster (RQ does not support Cluster); the jobs
+        stay in the cluster. ``options`` are the other keyword arguments of
+        the constructor (``job_timeout``, ``result_ttl``, ``failure_ttl``,
+        ``precision``).
         """
-        if "namespace" in options or "connection" in options:
-            raise ConfigurationError("for_storage takes the connection and the namespace from the storage")
-        return cls(storage.client, queue=queue, app=app, namespace=storage.prefix, **options)
+        if "namespace" in options:
+            raise ConfigurationError("for_storage takes the namespace from the storage")
+        if connection is None and storage.cluster:
+            raise ConfigurationError("the storage is on a Redis Cluster, which RQ does not support: pass "
+                                     "connection=redis.Redis(...) for the queues")
+        return cls(connection or storage.client, queue=queue, app=app, namespace=storage.prefix, **options)
 
     # --- Scheduler -----------------------------------------------------------
     def now(self) -> float:

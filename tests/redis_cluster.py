@@ -238,6 +238,15 @@ class ClusterServers:
         _poll(f"a replica of {old_master_port} to take over", timeout, promoted)
         return next(p for p in self.masters() if p in candidates)
 
+    def rejoin(self, port: int, timeout: float = 30) -> None:
+        """Start the node stopped on ``port`` again (same port, same nodes.conf): it comes back as a replica.
+
+        Redis makes a returning master that lost its slots a replica of the one that took them over; wait
+        until it is in sync, so the failed-over slots have a replica again.
+        """
+        self.nodes[port].start()
+        self.wait_ok(timeout)
+
     def flushall(self) -> None:
         """Empty every master (their replicas follow)."""
         for port in self.masters():

@@ -2,7 +2,9 @@
 
 Configured from the environment, like a real deployment::
 
-    REDIS_URL          the test's private redis-server (required)
+    REDIS_URL          the test's private redis-server (required): the queues, and the jobs unless...
+    REDIS_CLUSTER_URL  a Redis Cluster node: the jobs live there (RQ's queues stay on REDIS_URL)
+    PIPELINES_REPLICAS replicas that must acknowledge each write on the cluster (default 0)
     PIPELINES_QUEUE    RQ queue name (default "pipelines")
     PIPELINES_LEASE    App lease seconds (default 60; the kill test uses 3)
     PIPELINES_NAP      seconds the first run of a job's "nap" phase sleeps (default 30)
@@ -14,6 +16,8 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+
+import redis
 
 from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
@@ -43,7 +47,7 @@ def _start(ctx: PhaseContext[Any]) -> Next:
 
 
 def _nap(ctx: PhaseContext[Any]) -> Next:
-    client = storage.client
+    client = scheduler.connection  # the plain Redis, also when the jobs are on a cluster
     # Only a job's first nap is long: that is the run the test kills; the
     # run that recovers it is quick.
     if client.incr(f"test:nap:{ctx.job_id}") == 1:
@@ -65,9 +69,15 @@ def _agents() -> list[PipelineSource]:
     return [adder_agent(base)]
 
 
-storage = RedisStorage.from_url(os.environ["REDIS_URL"])
-scheduler = RQScheduler(storage.client, queue=os.environ.get("PIPELINES_QUEUE", "pipelines"), app=APP_PATH,
-                        job_timeout=120, result_ttl=60, failure_ttl=3600)
+if os.environ.get("REDIS_CLUSTER_URL"):
+    storage = RedisStorage.from_url(os.environ["REDIS_CLUSTER_URL"], cluster=True,
+                                    replicas=int(os.environ.get("PIPELINES_REPLICAS", "0")))
+    queues = redis.Redis.from_url(os.environ["REDIS_URL"])
+else:
+    storage = RedisStorage.from_url(os.environ["REDIS_URL"])
+    queues = storage.client
+scheduler = RQScheduler(queues, queue=os.environ.get("PIPELINES_QUEUE", "pipelines"), app=APP_PATH,
+                        job_timeout=120, result_ttl=60, failure_ttl=3600, namespace=storage.prefix)
 app = App(
     storage=storage,
     scheduler=scheduler,

@@ -46,10 +46,16 @@ def _redis_buckets(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
     yield from _redis_storages(request, "redis_url", buckets=3)
 
 
+def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
+    # A real 3-master Redis Cluster (tests/redis_cluster.py): a cross-slot script would fail here.
+    yield from _redis_storages(request, "redis_cluster_url", cluster=True)
+
+
 ADAPTERS: dict[str, Callable[[pytest.FixtureRequest], Iterator[StorageFactory]]] = {
     "memory": _memory,
     "redis": _redis,
     "redis-buckets": _redis_buckets,
+    "redis-cluster": _redis_cluster,
 }
 
 
