@@ -1,8 +1,8 @@
 """``S3BlobStore``: large values as objects in S3-compatible object storage (AWS S3, MinIO, Ceph, R2, ...).
 
-A :class:`~pipelines.engine.blobs.BlobStore` on `obstore <https://developmentseed.org/obstore/>`_
-(``pip install phaserunner[s3]``), imported only when a store is built, so
-nothing else pays for it::
+A :class:`~pipelines.engine.blobs.BlobStore` on boto3, AWS's own SDK
+(``pip install phaserunner[s3]``; litellm already depends on it), imported
+at a store's first request, so nothing else pays for it::
 
     from adapters.blobs_s3 import S3BlobStore
     from adapters.offload import OffloadingStorage
@@ -16,15 +16,24 @@ SHA-256 of its content (:func:`~pipelines.engine.blobs.blob_name`), so a job's
 blobs are one key prefix: ``delete_job`` lists it and deletes what it lists
 (bulk deletes), and the orphan sweep lists ``<prefix>/`` once.
 
-Credentials come from the constructor or the standard AWS sources that
-obstore reads (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``, instance and
-container credentials). They are handed to the client and not kept on the
-store: ``repr`` shows the bucket, prefix and endpoint only, and an endpoint
-or URL carrying a user name or password is refused.
+Credentials come from the constructor or boto3's standard chain
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_PROFILE``, instance and container
+credentials). They are kept only inside the closure that builds the client:
+``repr`` shows the bucket, prefix and endpoint, and an endpoint or URL
+carrying a user name or password is refused.
 
-Errors: the endpoint unreachable, timing out or answering 5xx after the
-retries is :class:`~pipelines.engine.errors.StorageUnavailableError` (a turn
+Why boto3 and not obstore: obstore's Rust runtime does not survive
+``fork()``. Once a process has made one request through it, every request
+in a child forked from it (an RQ work-horse, after the worker's retention
+sweep deleted a job's blobs in the parent) hangs for good, whatever its
+timeouts. This store builds one boto3 client per process (a new one after a
+fork, never the parent's connection pool), which forks cleanly. fsspec's
+s3fs was the other candidate; its aiobotocore pins a botocore older than the
+one litellm requires.
+
+Errors: the endpoint unreachable, timing out or answering 5xx after
+``max_retries`` is :class:`~pipelines.engine.errors.StorageUnavailableError` (a turn
 that meets it is retried later, like a Redis outage); a bucket that does not
 exist, a malformed bucket name, prefix or URL is
 :class:`~pipelines.engine.errors.ConfigurationError`; anything else the
@@ -34,10 +43,12 @@ server refuses (credentials, permissions) is
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import threading
 import time
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, urlsplit
 
@@ -52,7 +63,12 @@ _DIR_PREFIX = "job-"  # the same per-job folder name as DirectoryBlobStore's
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _URL_OPTIONS = ("endpoint", "region")
-_MESSAGE_CHARS = 300  # obstore's messages carry the server's whole XML answer and a debug dump
+_MESSAGE_CHARS = 300
+_DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
+_NO_BUCKET = "NoSuchBucket"
+_NOT_FOUND = ("NoSuchKey", "404")
+_REFUSED_CREDENTIALS = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                        "InvalidToken", "403")
 
 
 def _check_prefix(prefix: str) -> str:
@@ -93,59 +109,37 @@ class S3BlobStore:
 
     ``bucket``: an existing bucket. ``prefix``: where under it (default
     ``"pipelines"``; ``""`` for the bucket's root). ``endpoint``: the server
-    for anything but AWS itself (``http://`` allowed: the choice is yours);
-    ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``:
-    given here or read from the environment by obstore. ``timeout`` and
-    ``connect_timeout`` (seconds) bound one request, ``max_retries`` and
-    ``retry_timeout`` (seconds) the retries of a failed one, so a dead
-    endpoint is reported in bounded time rather than after obstore's default
-    of three minutes.
+    for anything but AWS itself (``http://`` allowed: the choice is yours;
+    path-style requests). ``region``, ``access_key_id``,
+    ``secret_access_key``, ``session_token``: given here or found by boto3's
+    standard chain. ``timeout`` and ``connect_timeout`` (seconds) bound one
+    request's reads and its connect, ``max_retries`` the retries of a failed
+    one, so a dead endpoint is reported in bounded time.
     """
 
     def __init__(self, bucket: str, *, prefix: str = "pipelines", endpoint: str | None = None,
                  region: str | None = None, access_key_id: str | None = None, secret_access_key: str | None = None,
                  session_token: str | None = None, timeout: float = 60.0, connect_timeout: float = 5.0,
-                 max_retries: int = 3, retry_timeout: float = 30.0) -> None:
+                 max_retries: int = 3) -> None:
         if not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket) or ".." in bucket:
             raise ConfigurationError(f"bad S3 bucket name {str(bucket)[:100]!r}: 3-63 of [a-z0-9.-], "
                                      "a letter or digit at each end")
-        for name, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout),
-                              ("retry_timeout", retry_timeout)):
+        for name, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
                 raise ConfigurationError(f"{name} must be a number of seconds > 0, got {seconds!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigurationError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if (access_key_id is None) != (secret_access_key is None):
+            raise ConfigurationError("give both access_key_id and secret_access_key, or neither (boto3's chain)")
         self.bucket = bucket
         self.prefix = _check_prefix(prefix)
         self.endpoint = None if endpoint is None else _check_endpoint(endpoint)
         self._base = f"{self.prefix}/" if self.prefix else ""
-        self._obstore, self._errors, store_cls = self._import()
-        config: dict[str, str] = {}
-        for key, value in (("endpoint", self.endpoint), ("region", region), ("access_key_id", access_key_id),
-                           ("secret_access_key", secret_access_key), ("session_token", session_token)):
-            if value is not None:
-                config[key] = value
-        client: dict[str, Any] = {"timeout": timedelta(seconds=timeout),
-                                  "connect_timeout": timedelta(seconds=connect_timeout)}
-        if self.endpoint is not None and self.endpoint.startswith("http://"):
-            client["allow_http"] = True  # an explicit http:// endpoint (a local MinIO, moto) says so already
-        try:
-            # Only the client keeps the credentials; nothing on self holds them.
-            self._store = store_cls(bucket, config=config, client_options=client,
-                                    retry_config={"max_retries": max_retries,
-                                                  "retry_timeout": timedelta(seconds=retry_timeout)})
-        except Exception as exc:  # obstore's builder errors have no common base but Exception
-            raise ConfigurationError(f"cannot configure S3 bucket {bucket!r}: {_first_line(exc)}") from exc
-
-    @staticmethod
-    def _import() -> tuple[Any, Any, Any]:
-        try:
-            import obstore
-            import obstore.exceptions
-            from obstore.store import S3Store
-        except ImportError as exc:
-            raise ConfigurationError("S3BlobStore needs obstore: pip install 'phaserunner[s3]'") from exc
-        return obstore, obstore.exceptions, S3Store
+        self._make_client = _client_factory(self.endpoint, region, access_key_id, secret_access_key, session_token,
+                                            timeout=timeout, connect_timeout=connect_timeout, max_retries=max_retries)
+        self._client: Any = None
+        self._client_pid = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3BlobStore:
@@ -175,6 +169,21 @@ class S3BlobStore:
         where = f", endpoint={self.endpoint!r}" if self.endpoint else ""
         return f"S3BlobStore(bucket={self.bucket!r}, prefix={self.prefix!r}{where})"
 
+    # --- the client: one per process -------------------------------------------------------
+    def _s3(self) -> Any:
+        """This process's client, built at its first request (boto3 imported then, credentials resolved then).
+
+        A forked child builds its own: sharing the parent's connection pool
+        would interleave two processes' requests on one socket.
+        """
+        pid = os.getpid()
+        if self._client is None or self._client_pid != pid:
+            with self._lock:
+                if self._client is None or self._client_pid != pid:
+                    self._client = self._make_client()
+                    self._client_pid = pid
+        return self._client
+
     # --- keys ------------------------------------------------------------------------------
     def _job_dir(self, job_id: str) -> str:
         return f"{self._base}{_DIR_PREFIX}{validate_job_id(job_id)}/"
@@ -191,16 +200,21 @@ class S3BlobStore:
             return None
 
     def _fail(self, exc: Exception, what: str) -> NoReturn:
-        """Raise the project's error for an obstore failure (its first line only: no XML dump, no debug)."""
+        """Raise the project's error for a boto3 failure (its first line: no secrets are in botocore's messages)."""
+        if isinstance(exc, ConfigurationError | StorageError):
+            raise exc
         message = _first_line(exc)
         where = f"S3 bucket {self.bucket!r}" + (f" at {self.endpoint}" if self.endpoint else "")
-        if "NoSuchBucket" in str(exc):
+        code, status = _code_and_status(exc)
+        if code == _NO_BUCKET:
             raise ConfigurationError(f"{what}: {where} does not exist") from exc
-        if isinstance(exc, self._errors.PermissionDeniedError | self._errors.UnauthenticatedError):
+        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            raise ConfigurationError(f"{what}: no S3 credentials: pass access_key_id / secret_access_key or set "
+                                     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY") from exc
+        if code in _REFUSED_CREDENTIALS:
             raise StorageError(f"{what}: {where} refused the credentials: {message}") from exc
-        status = re.search(r"non-2xx status code: (\d{3})", str(exc))
-        if status is None or status.group(1).startswith("5"):
-            # No answer (refused, reset, timed out) or a server error, after obstore's retries.
+        if status is None or status >= 500:
+            # No answer (refused, reset, timed out) or a server error, after the retries.
             raise StorageUnavailableError(f"{what}: {where} unreachable: {message}") from exc
         raise StorageError(f"{what}: {where} refused: {message}") from exc
 
@@ -215,7 +229,7 @@ class S3BlobStore:
         """
         key = self._job_dir(job_id) + check_blob_name(name)
         try:
-            self._obstore.put(self._store, key, bytes(data))
+            self._s3().put_object(Bucket=self.bucket, Key=key, Body=bytes(data))
         except Exception as exc:  # noqa: BLE001 - mapped to the project's errors, never swallowed
             self._fail(exc, f"writing blob {name} of job {job_id!r}")
 
@@ -223,42 +237,107 @@ class S3BlobStore:
         """The stored bytes, or ``None``."""
         key = self._job_dir(job_id) + check_blob_name(name)
         try:
-            return bytes(self._obstore.get(self._store, key).bytes())
-        except FileNotFoundError as exc:
-            if "NoSuchBucket" in str(exc):
-                self._fail(exc, f"reading blob {name} of job {job_id!r}")
-            return None
+            return bytes(self._s3().get_object(Bucket=self.bucket, Key=key)["Body"].read())
         except Exception as exc:  # noqa: BLE001 - mapped to the project's errors, never swallowed
+            if _code_and_status(exc)[0] in _NOT_FOUND:
+                return None
             self._fail(exc, f"reading blob {name} of job {job_id!r}")
+
+    def _keys(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """(key, modified at) of every object whose key starts with ``prefix``, a page (1,000) at a time."""
+        pages = self._s3().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        for page in pages:
+            for item in page.get("Contents", ()):
+                yield str(item["Key"]), float(item["LastModified"].timestamp())
 
     def delete_job(self, job_id: str) -> int:
         """List the job's key prefix and delete every object in it (bulk deletes); how many blobs went."""
         folder = self._job_dir(job_id)
         try:
-            paths = [meta["path"] for batch in self._obstore.list(self._store, prefix=folder) for meta in batch]
-            if paths:
-                self._obstore.delete(self._store, paths)
+            keys = [key for key, _ in self._keys(folder)]
+            for i in range(0, len(keys), _DELETE_BATCH):
+                batch = [{"Key": k} for k in keys[i:i + _DELETE_BATCH]]
+                answer = self._s3().delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+                if answer.get("Errors"):
+                    first = answer["Errors"][0]
+                    raise StorageError(f"deleting the blobs of job {job_id!r}: {len(answer['Errors'])} not "
+                                       f"deleted, the first {first.get('Key')!r}: {first.get('Code')}")
         except Exception as exc:  # noqa: BLE001 - mapped to the project's errors, never swallowed
             self._fail(exc, f"deleting the blobs of job {job_id!r}")
-        return sum(1 for p in paths if self._parse(p) is not None)
+        return sum(1 for k in keys if self._parse(k) is not None)
 
     def job_ids(self, older_than: float = 0.0) -> Iterator[str]:
-        """Jobs with blobs, none modified in the last ``older_than`` seconds (one listing of ``<prefix>/``).
+        """Jobs with blobs, none modified in the last ``older_than`` seconds (one listing of ``<prefix>/job-``).
 
         Ages come from the server's modification times, so a clock far off
         the server's shifts them; the sweep's default of an hour leaves room.
         """
         newest: dict[str, float] = {}
         try:
-            # obstore lists whole path segments (``<prefix>/``), not a key's leading characters: list the
-            # prefix and keep what parses as ``job-<id>/<name>``.
-            for batch in self._obstore.list(self._store, prefix=self.prefix or None):
-                for meta in batch:
-                    parsed = self._parse(meta["path"])
-                    if parsed is not None:
-                        stamp = meta["last_modified"].timestamp()
-                        newest[parsed[0]] = max(stamp, newest.get(parsed[0], stamp))
+            for key, stamp in self._keys(self._base + _DIR_PREFIX):
+                parsed = self._parse(key)
+                if parsed is not None:
+                    newest[parsed[0]] = max(stamp, newest.get(parsed[0], stamp))
         except Exception as exc:  # noqa: BLE001 - mapped to the project's errors, never swallowed
             self._fail(exc, "listing the blob store")
         cut = time.time() - older_than
         return iter(sorted(job for job, stamp in newest.items() if stamp <= cut))
+
+
+class _NoSigningDumps(logging.Filter):
+    """Drops botocore's DEBUG dumps of the requests it signs and sends.
+
+    They carry the ``X-Amz-Security-Token`` header (a secret) and a put's
+    whole body (up to ``max_blob_bytes`` of someone's data) into any handler
+    a DEBUG-level application has. Only these two loggers, only DEBUG.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG
+
+
+_SIGNING_FILTER = _NoSigningDumps()
+
+
+def _code_and_status(exc: BaseException) -> tuple[str | None, int | None]:
+    """The S3 error code and HTTP status of a botocore ``ClientError`` (``None``s for anything else)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None, None
+    code = response.get("Error", {}).get("Code")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return (None if code is None else str(code)), (status if isinstance(status, int) else None)
+
+
+def _client_factory(endpoint: str | None, region: str | None, access_key_id: str | None,
+                    secret_access_key: str | None, session_token: str | None, *, timeout: float,
+                    connect_timeout: float, max_retries: int) -> Callable[[], Any]:
+    """What builds a client, holding the credentials in its closure (not on the store: no repr, no vars)."""
+
+    def make() -> Any:
+        try:
+            import boto3.session
+            from botocore.config import Config
+        except ImportError as exc:
+            raise ConfigurationError("S3BlobStore needs boto3: pip install 'phaserunner[s3]'") from exc
+        options: dict[str, Any] = {
+            "connect_timeout": connect_timeout, "read_timeout": timeout,
+            "retries": {"mode": "standard", "total_max_attempts": max_retries + 1},
+        }
+        if endpoint is not None:
+            # S3-compatible servers: path-style URLs (no bucket DNS names), and checksums only where S3 requires
+            # them (several servers refuse the CRC headers botocore sends by default; reads check the SHA-256).
+            options |= {"s3": {"addressing_style": "path"}, "request_checksum_calculation": "when_required",
+                        "response_checksum_validation": "when_required"}
+        # Once per process however many stores: a logger keeps one filter object only once.
+        for name in ("botocore.auth", "botocore.endpoint"):
+            logging.getLogger(name).addFilter(_SIGNING_FILTER)
+        try:
+            session = boto3.session.Session(aws_access_key_id=access_key_id,
+                                            aws_secret_access_key=secret_access_key,
+                                            aws_session_token=session_token, region_name=region)
+            return session.client("s3", endpoint_url=endpoint, config=Config(**options))
+        except Exception as exc:  # boto3's setup errors have no common base of their own
+            raise ConfigurationError(f"cannot configure the S3 client: {_first_line(exc)}") from exc
+
+    return make

@@ -8,12 +8,14 @@ end: Redis storage with S3 blobs.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import time
 import uuid
 from typing import Any
 
-import obstore
+import boto3
 import pytest
-from obstore.store import S3Store
 
 from adapters.blobs_s3 import S3BlobStore
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
@@ -33,11 +35,15 @@ B = blob_name(b'"b"')
 
 
 @pytest.fixture(autouse=True)
-def _no_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    # obstore reads AWS_* variables: a developer's own must not point these tests elsewhere.
-    for name in ("AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_PROFILE",
-                 "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_BUCKET"):
+def _no_aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # boto3 reads AWS_* variables and ~/.aws: a developer's own must not point these tests elsewhere, and
+    # nothing may ask the instance-metadata address for credentials (the tests talk to 127.0.0.1 only).
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_PROFILE",
+                 "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
 
 
 def make_store(endpoint: str, bucket: str, **options: Any) -> S3BlobStore:
@@ -45,11 +51,16 @@ def make_store(endpoint: str, bucket: str, **options: Any) -> S3BlobStore:
                        **({"prefix": "app/blobs"} | options))
 
 
+def raw_client(endpoint: str) -> Any:
+    """A plain boto3 client, for reading and writing the bucket beside the store under test."""
+    return boto3.session.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+                                 region_name="us-east-1").client("s3", endpoint_url=endpoint)
+
+
 def raw_keys(endpoint: str, bucket: str) -> list[str]:
-    """Every key in the bucket, read with obstore directly (not through the store under test)."""
-    store = S3Store(bucket, config={"endpoint": endpoint, "access_key_id": ACCESS_KEY,
-                                    "secret_access_key": SECRET_KEY}, client_options={"allow_http": True})
-    return sorted(meta["path"] for batch in obstore.list(store) for meta in batch)
+    """Every key in the bucket, listed directly (not through the store under test)."""
+    pages = raw_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return sorted(item["Key"] for page in pages for item in page.get("Contents", ()))
 
 
 @pytest.fixture
@@ -79,10 +90,9 @@ def test_the_orphan_sweep_goes_by_age_and_ignores_foreign_objects(s3_endpoint: s
     root = make_store(s3_endpoint, s3_bucket, prefix="")
     store.put("j", A, b'"a"')
     other.put("k", A, b'"a"')
-    raw = S3Store(s3_bucket, config={"endpoint": s3_endpoint, "access_key_id": ACCESS_KEY,
-                                     "secret_access_key": SECRET_KEY}, client_options={"allow_http": True})
-    obstore.put(raw, "app/blobs/job-j/notes.txt", b"not a blob")  # someone else's file under the prefix
-    obstore.put(raw, "app/blobs/readme", b"x")
+    raw = raw_client(s3_endpoint)
+    raw.put_object(Bucket=s3_bucket, Key="app/blobs/job-j/notes.txt", Body=b"not a blob")  # someone else's
+    raw.put_object(Bucket=s3_bucket, Key="app/blobs/readme", Body=b"x")
     assert list(store.job_ids(older_than=3600)) == []  # just written: a create may be under way
     assert list(store.job_ids()) == ["j"]
     assert list(other.job_ids()) == ["k"]
@@ -193,6 +203,7 @@ def test_bad_urls_are_configuration_errors(url: str, match: str) -> None:
     ({"bucket": "bucket-1", "prefix": "a//b"}, "bad S3 prefix"),
     ({"bucket": "bucket-1", "timeout": 0}, "timeout"),
     ({"bucket": "bucket-1", "max_retries": -1}, "max_retries"),
+    ({"bucket": "bucket-1", "access_key_id": "only-half"}, "both access_key_id and secret_access_key"),
 ])
 def test_bad_settings_are_configuration_errors(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
@@ -208,8 +219,7 @@ def test_a_missing_bucket_is_a_configuration_error(s3_endpoint: str) -> None:
 
 
 def test_an_unreachable_endpoint_is_storage_unavailable_and_nothing_is_created(s3_bucket: str) -> None:
-    dead = make_store(f"http://127.0.0.1:{free_port()}", s3_bucket, max_retries=1, retry_timeout=2,
-                      connect_timeout=1, timeout=2)
+    dead = make_store(f"http://127.0.0.1:{free_port()}", s3_bucket, max_retries=1, connect_timeout=1, timeout=2)
     for attempt in (lambda: dead.put("j", A, b'"a"'), lambda: dead.get("j", A), lambda: dead.delete_job("j"),
                     lambda: list(dead.job_ids())):
         with pytest.raises(StorageUnavailableError, match="unreachable"):
@@ -223,11 +233,38 @@ def test_an_unreachable_endpoint_is_storage_unavailable_and_nothing_is_created(s
     assert issubclass(StorageUnavailableError, StorageError)  # a turn meeting it is retried later, not failed
 
 
-def test_no_client_library_is_imported_by_the_other_stores() -> None:
+def test_the_client_library_is_imported_at_the_first_request_only() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import adapters.blobs, adapters.offload, pipelines; "
-            "print('obstore' in sys.modules, 'adapters.blobs_s3' in sys.modules)")
+    code = ("import sys; import adapters.blobs, adapters.offload, pipelines; a = 'adapters.blobs_s3' in sys.modules; "
+            "from adapters.blobs_s3 import S3BlobStore; S3BlobStore('bucket-1', region='eu-west-1'); "
+            "print(a, 'boto3' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_forked_child_uses_the_store_its_parent_used(store: S3BlobStore) -> None:
+    """An RQ work-horse is forked from a worker whose retention sweep may have used the store already."""
+    store.put("parent", A, b'"a"')  # the parent's client and connection pool now exist
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running pytest's teardown
+        code = 1
+        try:
+            store.put("child", B, b'"b"')
+            code = 0 if store.get("parent", A) == b'"a"' else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 30
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on its first S3 request")
+        time.sleep(0.05)
+    assert os.read(read, 1) == b"\x00"
+    os.close(read)
+    assert store.get("child", B) == b'"b"' and sorted(store.job_ids()) == ["child", "parent"]
