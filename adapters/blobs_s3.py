@@ -14,7 +14,7 @@ at a store's first request, so nothing else pays for it::
 Layout: ``<prefix>/job-<job id>/<name>``, one object per blob, the name the
 SHA-256 of its content (:func:`~pipelines.engine.blobs.blob_name`), so a job's
 blobs are one key prefix: ``delete_job`` lists it and deletes what it lists
-(bulk deletes), and the orphan sweep lists ``<prefix>/`` once.
+(bulk deletes), and the orphan sweep lists ``<prefix>/job-`` once.
 
 Credentials come from the constructor or boto3's standard chain
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
