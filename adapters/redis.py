@@ -31,16 +31,11 @@ lost finds its own token and reports success without writing again.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import json
-import logging
 import math
-import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,7 +45,20 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from adapters import redis_scripts
-from adapters.base import parse_cursor
+from adapters.redis_common import (
+    _FAILOVER_ERRORS,
+    _KEY_TYPES,
+    _LIVE_KEPT,
+    _check_url,
+    _finished_at,
+    _listed,
+    _mapped,
+    _redact,
+    _score,
+    _stale_message,
+    _text,
+    _ttl_ms,
+)
 from adapters.redis_keys import (
     IndexKeys,
     JobKeys,
@@ -62,14 +70,13 @@ from adapters.redis_keys import (
     layout_key,
     listing_keys,
 )
+from adapters.redis_listing import RedisIndexReads
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
     InvalidInputError,
     JobConflictError,
     StaleVersionError,
-    StateNotSerializableError,
-    StorageError,
     StorageUnavailableError,
 )
 from pipelines.engine.models import (
@@ -96,109 +103,9 @@ DEFAULT_PREFIX = "pr"
 #: The buckets a storage on a Redis Cluster client uses unless told otherwise: enough to spread
 #: over a few dozen masters, few enough that walking them all (the sweep, a listing) stays cheap.
 CLUSTER_BUCKETS = 64
-_BATCH = 200  # records fetched per round trip by list_jobs
-_log = logging.getLogger("pipelines")
-# A job in these statuses may still stream: its live stream is kept until it finishes.
-_LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
-# A job in these statuses is in the finished index, which retention reads.
-_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
-# What a Cluster raises while a master fails over: retried with backoff (redis-py retries without any).
-_FAILOVER_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ClusterDownError,
-                    redis.exceptions.TryAgainError, redis.exceptions.MovedError, redis.exceptions.SlotNotCoveredError)
-# The Redis type each key role must have (roles as the scripts name them).
-_KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
-              "events": "stream", "due": "zset", "jobs": "set", "live": "stream",
-              "finished": "zset", "inbox": "list", **dict.fromkeys(redis_scripts.INDEX_ROLES, "zset")}
 
 
-def _listed(record: JobRecord) -> list[str]:
-    """The scripts' ARGV placing ``record`` in the listing indexes: its status index, its updated_at."""
-    return [redis_scripts.index_position(record.status), _score(record.updated_at)]
-
-
-def _finished_at(record: JobRecord) -> str:
-    """The finished index's score for ``record``: its last update while finished, else '' (not indexed)."""
-    return _score(record.updated_at) if record.status in _FINISHED else ""
-
-
-def _text(value: Any) -> str:
-    # Works with clients made with or without decode_responses (RQ needs bytes).
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _score(due_at: float | None) -> str:
-    if due_at is None:
-        return ""
-    if math.isnan(due_at):
-        raise StateNotSerializableError("checkpoint due_at is NaN")
-    return repr(float(due_at))
-
-
-def _ttl_ms(ttl: float) -> str:
-    if not math.isfinite(ttl):
-        raise InvalidInputError(f"a lease ttl must be a finite number of seconds, got {ttl!r}")
-    # PX needs a positive integer; a ttl under 1 ms is a lease that is over at once.
-    return str(max(1, math.ceil(ttl * 1000)))
-
-
-@contextmanager
-def _mapped(what: str) -> Iterator[None]:
-    """Translate redis-py exceptions into phaserunner's at the adapter edge."""
-    try:
-        yield
-    except redis.exceptions.AuthenticationError as exc:
-        raise StorageError(f"Redis refused the credentials while {what}: {exc}") from exc
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise StorageUnavailableError(f"Redis is unreachable while {what} (retries exhausted): {exc}") from exc
-    except redis.exceptions.ResponseError as exc:
-        if str(exc).startswith("WRONGTYPE"):
-            # A key of the wrong type was written by hand or by other software.
-            raise CorruptRecordError(f"a key of the wrong Redis type while {what}: {exc}") from exc
-        raise StorageError(f"Redis failed while {what}: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise StorageError(f"Redis failed while {what}: {exc}") from exc
-
-
-def _redact(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        # Unparsable: mask whatever sits between "://" and "@".
-        return re.sub(r"://[^/@]*@", "://***@", url)
-    if password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
-
-
-def _check_url(url: object) -> str:
-    """Raise ConfigurationError naming what is wrong with a Redis URL (redis-py would guess instead)."""
-    if not isinstance(url, str) or not url:
-        raise ConfigurationError(f"a Redis URL must be a non-empty string, got {url!r}")
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # parses it: non-numeric or out of range raises ValueError
-    except ValueError as exc:
-        raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from None
-    shown = _redact(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigurationError(f"bad Redis URL {shown!r}: scheme must be redis://, rediss:// or unix://")
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise ConfigurationError(f"bad Redis URL {shown!r}: unix:// needs a socket path")
-        return url
-    if not parts.hostname:
-        raise ConfigurationError(f"bad Redis URL {shown!r}: no host")
-    if port == 0:
-        raise ConfigurationError(f"bad Redis URL {shown!r}: port 0")
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise ConfigurationError(f"bad Redis URL {shown!r}: database {db!r} is not a number")
-    return url
-
-
-class RedisStorage:
+class RedisStorage(RedisIndexReads):
     """The :class:`~adapters.base.Storage` port on Redis (standalone, Sentinel or Cluster; no modules).
 
     ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` or
@@ -423,23 +330,6 @@ class RedisStorage:
         )
 
     # --- reading -------------------------------------------------------------
-    def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None) -> JobRecord:
-        try:
-            rec = JobRecord.model_validate_json(data)
-        except ValidationError as exc:
-            raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
-        if rec.job_id != job_id:
-            raise CorruptRecordError(f"stored record of job {job_id!r} names job {rec.job_id!r}")
-        if rec.checkpoint is not None and journal and _text(jver) == str(rec.version):
-            try:
-                steps = {_text(k): json.loads(v) for k, v in zip(journal[::2], journal[1::2], strict=True)}
-            except ValueError as exc:
-                raise CorruptRecordError(f"stored journal of job {job_id!r} does not parse: {exc}") from exc
-            rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": steps})})
-        if control:
-            rec = rec.model_copy(update={"control": _text(control)})
-        return rec
-
     def _load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
         k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
         if owner:
@@ -514,180 +404,6 @@ class RedisStorage:
             return json.loads(line)
         except ValueError as exc:
             raise CorruptRecordError(f"a stored {what} of job {job_id!r} does not parse: {exc}") from exc
-
-    def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
-        """Running jobs with ``due_at <= now``, earliest first (ties by id), via ZRANGEBYSCORE."""
-        return self._earliest([ix.due for ix in self.layout.indexes], now, limit, "reading the due index")
-
-    def _earliest(self, keys: Sequence[str], until: float, limit: int, what: str) -> list[str]:
-        """The ``limit`` members scored at most ``until`` across ``keys``, lowest score first (ties by id).
-
-        One ZRANGEBYSCORE per key, pipelined: with buckets, each bucket's first
-        ``limit`` are merged, so the cost follows what is due, not what is stored.
-        """
-        if limit <= 0:
-            return []
-        with _mapped(what):
-            if len(keys) == 1:
-                return [_text(i) for i in self.client.zrangebyscore(keys[0], "-inf", repr(float(until)),
-                                                                    start=0, num=limit)]
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.zrangebyscore(key, "-inf", repr(float(until)), start=0, num=limit, withscores=True)
-            rows = [(float(score), _text(m)) for reply in pipe.execute() for m, score in reply]
-        return [m for _, m in sorted(rows)[:limit]]
-
-    # --- listing -----------------------------------------------------------
-    def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000,
-                  before: str | None = None) -> list[JobRecord]:
-        """Jobs (optionally in ``status``), newest ``updated_at`` first, read from the listing indexes.
-
-        ``before``: :func:`~adapters.base.page_cursor` of the previous page's
-        last job. Only the page's records are read (one ZRANGE, then batches).
-        While jobs written before the indexes existed are missing from them
-        (:meth:`unindexed`), every record is read instead and a warning names
-        ``pipelines reindex``.
-        """
-        cursor = parse_cursor(before)
-        if limit <= 0:
-            return []
-        if self._needs_scan():
-            return self._scan(status, cursor)[:limit]
-        position = 0 if status is None else list(JobStatus).index(status) + 1
-        size = min(limit, 1000)
-        # Each bucket's index newest first, merged: a page reads about `limit` entries per bucket at most.
-        rows = heapq.merge(*(self._index_rows(ix.listing[position], cursor, size) for ix in self.layout.indexes),
-                           reverse=True)
-        out: list[JobRecord] = []
-        for ids in _batched((job_id for _, job_id in rows), size):
-            out.extend(r for r in self._fetch(ids) if status is None or r.status is status)
-            if len(out) >= limit:
-                break
-        return out[:limit]
-
-    def count_jobs(self, status: JobStatus | None = None) -> int:
-        """How many jobs (in ``status``): ZCARD of a listing index (reads every record until :meth:`reindex`)."""
-        if self._needs_scan():
-            return len(self._scan(status, None))
-        position = 0 if status is None else list(JobStatus).index(status) + 1
-        with _mapped("counting jobs"):
-            pipe = self.client.pipeline(transaction=False)
-            for ix in self.layout.indexes:
-                pipe.zcard(ix.listing[position])
-            return sum(int(n) for n in pipe.execute())
-
-    def unindexed(self) -> int:
-        """About how many jobs are missing from the listing indexes (written before they existed): SCARD - ZCARD."""
-        with _mapped("reading the listing index"):
-            pipe = self.client.pipeline(transaction=False)
-            for ix in self.layout.indexes:
-                pipe.scard(ix.jobs)
-                pipe.zcard(ix.listing[0])
-            counts = [int(n) for n in pipe.execute()]
-        return max(0, sum(counts[::2]) - sum(counts[1::2]))
-
-    def _needs_scan(self) -> bool:
-        missing = self.unindexed()
-        if missing and not self.__dict__.get("_warned"):
-            self.__dict__["_warned"] = True  # once per storage: a listing page would repeat it
-            _log.warning("%d jobs are not in the listing index (written before it existed): listings read every "
-                         "record until `pipelines reindex --app MODULE:APP` (RedisStorage.reindex) runs", missing)
-        return missing > 0
-
-    def _index_rows(self, key: str, cursor: tuple[float, str] | None, size: int) -> Iterator[tuple[float, str]]:
-        """(score, id) of index ``key`` newest first, after ``cursor``, read ``size`` per round trip."""
-        top, offset = ("+inf" if cursor is None else repr(cursor[0])), 0
-        while True:
-            with _mapped("reading the listing index"):
-                rows: list[Any] = self.client.zrevrangebyscore(key, top, "-inf", start=offset, num=size,
-                                                               withscores=True)
-            offset += len(rows)
-            # Same-score entries come in reverse id order: those at or above the cursor's id were listed.
-            for m, score in rows:
-                row = (float(score), _text(m))
-                if cursor is None or row < cursor:
-                    yield row
-            if len(rows) < size:
-                return
-
-    def _scan(self, status: JobStatus | None, cursor: tuple[float, str] | None) -> list[JobRecord]:
-        """Every record (in ``status``, after ``cursor``), newest first: the listing without its index."""
-        with _mapped("listing jobs"):
-            ids = [_text(i) for ix in self.layout.indexes for i in self.client.sscan_iter(ix.jobs, count=1000)]
-        found = [r for r in self._fetch(ids) if (status is None or r.status is status)
-                 and (cursor is None or (r.updated_at, r.job_id) < cursor)]
-        return sorted(found, key=lambda r: (r.updated_at, r.job_id), reverse=True)
-
-    def _fetch(self, ids: Sequence[str]) -> list[JobRecord]:
-        """The records of ``ids`` in that order, ``_BATCH`` per round trip; gone or unreadable ones skipped."""
-        out: list[JobRecord] = []
-        for i in range(0, len(ids), _BATCH):
-            batch = ids[i : i + _BATCH]
-            with _mapped("listing jobs"):
-                pipe = self.client.pipeline(transaction=False)
-                for job_id in batch:
-                    k = self.keys(job_id)
-                    pipe.hmget(k.record, ["data", "jver", "control"])
-                    pipe.hgetall(k.journal)
-                replies = pipe.execute()
-            for n, job_id in enumerate(batch):
-                (data, jver, control), journal = replies[2 * n], replies[2 * n + 1]
-                if data is None:
-                    continue  # deleted since the index was read
-                pairs = [x for kv in journal.items() for x in kv]
-                try:
-                    out.append(self._parse(job_id, data, "" if jver is None else jver, pairs, control))
-                except CorruptRecordError as exc:
-                    # A listing shows the rest; the bad one is named in the log.
-                    _log.error("job %s: unreadable record skipped: %s", job_id, exc)
-        return out
-
-    def reindex(self, *, batch: int = 500) -> int:
-        """Put every job in the listing indexes and drop entries of jobs gone; how many jobs were indexed.
-
-        For jobs written before the indexes existed (``pipelines reindex``).
-        Safe while workers run: a job is indexed only if its version is still
-        the one read (a commit since then indexed it itself). Run it once every
-        worker runs a version that maintains the indexes.
-        """
-        ids: set[str] = set()
-        with _mapped("reindexing jobs"):
-            for ix in self.layout.indexes:
-                found = _text(self.client.type(ix.listing[0]))
-                if found not in ("none", "zset"):  # ZSCAN would fail on it: named like the scripts' refusals
-                    raise CorruptRecordError(f"reindexing jobs: key {ix.listing[0]!r} (updated) is a Redis "
-                                             f"{found}, expected a zset (WRONGTYPE); nothing was written")
-                ids.update(_text(i) for i in self.client.sscan_iter(ix.jobs, count=1000))
-                ids.update(_text(m) for m, _ in self.client.zscan_iter(ix.listing[0], count=1000))
-        ordered, done = sorted(ids), 0
-        for i in range(0, len(ordered), max(1, batch)):
-            done += self._reindex_batch(ordered[i : i + max(1, batch)])
-        self.__dict__.pop("_warned", None)
-        return done
-
-    def _reindex_batch(self, ids: Sequence[str]) -> int:
-        with _mapped("reindexing jobs"):
-            pipe = self.client.pipeline(transaction=False)
-            for job_id in ids:
-                pipe.hmget(self.keys(job_id).record, ["data", "version"])
-            rows = pipe.execute()
-            # A cluster pipeline cannot carry EVALSHA, so there each script is its own round trip (a rare tool).
-            pipe = None if self.cluster else self.client.pipeline(transaction=False)
-            replies: list[Any] = []
-            for job_id, (data, version) in zip(ids, rows, strict=True):
-                try:
-                    place = [] if data is None else _listed(JobRecord.model_validate_json(data))
-                except ValidationError as exc:
-                    _log.error("job %s: unreadable record not indexed: %s", job_id, exc)
-                    continue
-                args = [job_id, "" if version is None else _text(version), *(place or ["0", "0"])]
-                keys = [self.keys(job_id).record, *self.layout.indexes_of(job_id).listing]
-                replies.append(self._reindex(keys=keys, args=args, client=pipe or self.client))
-            if pipe is not None:
-                replies = pipe.execute()
-        for job_id, reply in zip(ids, replies, strict=False):
-            self._check_types(job_id, reply, f"reindexing job {job_id!r}")
-        return sum(1 for r in replies if _text(r) == "ok")
 
     # --- writing -------------------------------------------------------------
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
@@ -850,15 +566,6 @@ class RedisStorage:
             raise StaleVersionError(_stale_message(job_id, _text(reply), f"delete expected version {if_version}"))
         return bool(reply)
 
-    def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
-        """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first.
-
-        Read from the finished index the commits keep; jobs that finished
-        before that index existed are not in it (``App.gc(scan=True)`` finds them).
-        """
-        return self._earliest([ix.finished for ix in self.layout.indexes], before, limit,
-                              "reading the finished index")
-
     def flow_store(self) -> Any:
         """The flow-control state on this Redis, under this prefix (a :class:`~adapters.redis_flow.RedisFlowStore`)."""
         from adapters.redis_flow import RedisFlowStore  # only apps with flow control load it
@@ -867,19 +574,3 @@ class RedisStorage:
         if store is None:
             store = self.__dict__["_flow"] = RedisFlowStore(self.client, prefix=self.prefix)
         return store
-
-
-def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
-    while batch := list(itertools.islice(items, size)):
-        yield batch
-
-
-def _stale_message(job_id: str, reply: str, what: str) -> str:
-    why = reply.removeprefix("stale:")
-    if why == "missing":
-        return f"job {job_id!r} no longer exists; {what}"
-    if why == "expired":
-        return f"job {job_id!r}: no worker holds its lease (this worker's lease expired); {what}"
-    if why == "leased":
-        return f"job {job_id!r} is leased by another worker; {what}"
-    return f"job {job_id!r} moved on ({why.replace(':', ' ')}); {what}"

@@ -22,7 +22,8 @@ from typing import Any
 
 import redis
 
-from adapters.redis import _mapped, check_prefix
+from adapters.redis_common import _mapped
+from adapters.redis_keys import check_prefix
 from pipelines.engine.errors import CorruptRecordError
 
 __all__ = ["ADJUST_RATE", "BLOCK_RATE", "RELEASE_SLOT", "TAKE_RATE", "TAKE_SLOT", "RedisFlowStore"]

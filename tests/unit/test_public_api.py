@@ -59,7 +59,8 @@ def test_every_library_type_in_a_public_signature_is_exported() -> None:
     allowed = {"Storage", "Scheduler", "BaseModel", "Any", "Sequence", "Mapping", "Iterable", "Callable",
                "Awaitable", "None", "Checkpoint", "Message", "JSONValue", "RunOptions", "AgentConfig", "T", "S",
                "PipelineSource", "PipelineFor", "Outcome", "InterruptPolicy", "ModelRequest", "ModelResponse",
-               "BaseException", "Literal", "Build", "AdvanceFn", "LogLevel", "PhaseFn", "PhaseOutput"}
+               "BaseException", "Literal", "Build", "AdvanceFn", "LogLevel", "PhaseFn", "PhaseOutput",
+               "Migrating"}  # what a turn migrates from: built by the runner, read by phases.view_migration
     missing: dict[str, set[str]] = {}
     for where, sig in _signatures():
         mentioned: set[str] = set()

@@ -1,0 +1,143 @@
+"""What the Redis adapter's modules share: value encoding, error mapping, URL checks.
+
+Private to :mod:`adapters.redis` and its helpers (:mod:`adapters.redis_listing`,
+:mod:`adapters.redis_flow`); nothing here is public API.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from adapters import redis_scripts
+from pipelines.engine.errors import (
+    ConfigurationError,
+    CorruptRecordError,
+    InvalidInputError,
+    StateNotSerializableError,
+    StorageError,
+    StorageUnavailableError,
+)
+from pipelines.engine.models import JobRecord, JobStatus
+
+# A job in these statuses may still stream: its live stream is kept until it finishes.
+_LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
+# A job in these statuses is in the finished index, which retention reads.
+_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+# What a Cluster raises while a master fails over: retried with backoff (redis-py retries without any).
+_FAILOVER_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ClusterDownError,
+                    redis.exceptions.TryAgainError, redis.exceptions.MovedError, redis.exceptions.SlotNotCoveredError)
+# The Redis type each key role must have (roles as the scripts name them).
+_KEY_TYPES = {"record": "hash", "messages": "list", "logs": "list", "journal": "hash", "lease": "string",
+              "events": "stream", "due": "zset", "jobs": "set", "live": "stream",
+              "finished": "zset", "inbox": "list", **dict.fromkeys(redis_scripts.INDEX_ROLES, "zset")}
+
+
+def _listed(record: JobRecord) -> list[str]:
+    """The scripts' ARGV placing ``record`` in the listing indexes: its status index, its updated_at."""
+    return [redis_scripts.index_position(record.status), _score(record.updated_at)]
+
+
+def _finished_at(record: JobRecord) -> str:
+    """The finished index's score for ``record``: its last update while finished, else '' (not indexed)."""
+    return _score(record.updated_at) if record.status in _FINISHED else ""
+
+
+def _text(value: Any) -> str:
+    # Works with clients made with or without decode_responses (RQ needs bytes).
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _score(due_at: float | None) -> str:
+    if due_at is None:
+        return ""
+    if math.isnan(due_at):
+        raise StateNotSerializableError("checkpoint due_at is NaN")
+    return repr(float(due_at))
+
+
+def _ttl_ms(ttl: float) -> str:
+    if not math.isfinite(ttl):
+        raise InvalidInputError(f"a lease ttl must be a finite number of seconds, got {ttl!r}")
+    # PX needs a positive integer; a ttl under 1 ms is a lease that is over at once.
+    return str(max(1, math.ceil(ttl * 1000)))
+
+
+@contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    """Translate redis-py exceptions into phaserunner's at the adapter edge."""
+    try:
+        yield
+    except redis.exceptions.AuthenticationError as exc:
+        raise StorageError(f"Redis refused the credentials while {what}: {exc}") from exc
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise StorageUnavailableError(f"Redis is unreachable while {what} (retries exhausted): {exc}") from exc
+    except redis.exceptions.ResponseError as exc:
+        if str(exc).startswith("WRONGTYPE"):
+            # A key of the wrong type was written by hand or by other software.
+            raise CorruptRecordError(f"a key of the wrong Redis type while {what}: {exc}") from exc
+        raise StorageError(f"Redis failed while {what}: {exc}") from exc
+    except redis.exceptions.RedisError as exc:
+        raise StorageError(f"Redis failed while {what}: {exc}") from exc
+
+
+def _redact(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        # Unparsable: mask whatever sits between "://" and "@".
+        return re.sub(r"://[^/@]*@", "://***@", url)
+    if password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _check_url(url: object) -> str:
+    """Raise ConfigurationError naming what is wrong with a Redis URL (redis-py would guess instead)."""
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f"a Redis URL must be a non-empty string, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # parses it: non-numeric or out of range raises ValueError
+    except ValueError as exc:
+        raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from None
+    shown = _redact(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigurationError(f"bad Redis URL {shown!r}: scheme must be redis://, rediss:// or unix://")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ConfigurationError(f"bad Redis URL {shown!r}: unix:// needs a socket path")
+        return url
+    if not parts.hostname:
+        raise ConfigurationError(f"bad Redis URL {shown!r}: no host")
+    if port == 0:
+        raise ConfigurationError(f"bad Redis URL {shown!r}: port 0")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ConfigurationError(f"bad Redis URL {shown!r}: database {db!r} is not a number")
+    return url
+
+
+def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
+    while batch := list(itertools.islice(items, size)):
+        yield batch
+
+
+def _stale_message(job_id: str, reply: str, what: str) -> str:
+    why = reply.removeprefix("stale:")
+    if why == "missing":
+        return f"job {job_id!r} no longer exists; {what}"
+    if why == "expired":
+        return f"job {job_id!r}: no worker holds its lease (this worker's lease expired); {what}"
+    if why == "leased":
+        return f"job {job_id!r} is leased by another worker; {what}"
+    return f"job {job_id!r} moved on ({why.replace(':', ' ')}); {what}"
