@@ -1,0 +1,167 @@
+"""Figure 11: worker start -> first turn committed (issue 16), with litellm really used.
+
+    python -m bench.startup_bench [--runs 3]
+
+The job is in the queue before the worker exists (what a replacement worker
+finds after a kill). The bench then starts ``python -m pipelines worker`` as
+users run it, on ``bench.startup_app:app`` (an agent whose model goes through
+litellm, streamed, to ``tests/fake_openai.py`` on 127.0.0.1 in this process,
+and a pipeline that calls no model), and times from just before ``Popen``:
+interpreter start, imports, app load and litellm's warm-up are all inside.
+
+- 11a/11c: the worker is registered with RQ (it is in its work loop, taking jobs);
+- 11b/11d: the agent job's first turn is committed (user, assistant with a tool
+  call, tool result: readable from Redis), forking worker / ``--simple``;
+- 11e: ``--simple``, the same app, a job whose first phase calls no model
+  (like a recovered turn whose model answer was journaled before the kill);
+- 11f: ``bench.apps:app`` (W1 on a scripted model: no litellm at all), forking
+  worker: the floor of the start path.
+
+Each figure is the median of ``--runs`` fresh worker processes on a private
+redis-server (one queue per run); nothing is asserted, a missed goal reads ``MISS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.procs import Children
+
+__all__ = ["main"]
+
+GOAL_S = 2.0  # issue 16: worker start -> first turn committed <= 2 s on 2 cores
+POLL_S = 0.01
+TIMEOUT_S = 60.0
+
+# One run's set-up, given the run's queue name: (app, app path, job committed?, worker environment).
+Setup = Callable[[str], tuple[Any, str, Callable[[], bool], dict[str, str]]]
+
+
+def _wait(what: str, ready: Callable[[], bool], proc: Any, kids: Children) -> float:
+    """Poll ``ready`` until true; the monotonic time it became true."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if ready():
+            return time.monotonic()
+        if proc.poll() is not None:
+            raise RuntimeError(f"the worker exited ({proc.returncode}) before {what}\n{kids.logs()}")
+        time.sleep(POLL_S)
+    raise RuntimeError(f"no {what} within {TIMEOUT_S:.0f} s\n{kids.logs()}")
+
+
+def _starts(kids: Children, name: str, runs: int, setup: Setup, simple: bool) -> tuple[list[float], list[float]]:
+    """``runs`` fresh workers, each with a job already queued: (seconds to registered, seconds to first commit)."""
+    from rq import Worker
+
+    registered: list[float] = []
+    committed: list[float] = []
+    for i in range(runs):
+        queue = f"startup-{name}-{i}"
+        app, app_path, done, env = setup(queue)
+        client = app.storage.client
+        args = ["-m", "pipelines", "worker", "--app", app_path, "--name", queue, "--log-level", "WARNING"]
+        started = time.monotonic()
+        proc = kids.python(queue, [*args, *(["--simple"] if simple else [])], **env)
+        try:
+            key = f"{Worker.redis_worker_namespace_prefix}{queue}"
+            registered.append(_wait("RQ registration", lambda: bool(client.exists(key)), proc, kids) - started)  # noqa: B023
+            committed.append(_wait("the first commit", done, proc, kids) - started)
+        finally:
+            kids.stop(proc)
+            # Nothing of this run left for the next worker's due-job sweep to hand it (a later turn of this job).
+            client.flushdb()
+            client.close()
+    return registered, committed
+
+
+def _agent_setup(url: str, fake_url: str) -> Setup:
+    from bench.startup_app import AGENT, APP_PATH, make_app
+
+    def setup(queue: str) -> tuple[Any, str, Callable[[], bool], dict[str, str]]:
+        app = make_app(url, fake_url, queue)
+        job_id = f"{queue}-job"
+        app.run_agent(AGENT, job_id=job_id, messages=["turns=3: add one"])
+        env = {"STARTUP_REDIS_URL": url, "STARTUP_QUEUE": queue, "FAKE_OPENAI_BASE": fake_url}
+        return app, APP_PATH, lambda: len(app.messages(job_id)) >= 3, env
+
+    return setup
+
+
+def _plain_setup(url: str, fake_url: str) -> Setup:
+    from bench.startup_app import APP_PATH, PLAIN, make_app
+
+    def setup(queue: str) -> tuple[Any, str, Callable[[], bool], dict[str, str]]:
+        app = make_app(url, fake_url, queue)
+        job_id = f"{queue}-job"
+        app.run_pipeline(PLAIN, job_id=job_id, initial_state={})
+
+        def done() -> bool:
+            view = app.get(job_id)
+            return view is not None and view.record.phases_done >= 1
+
+        env = {"STARTUP_REDIS_URL": url, "STARTUP_QUEUE": queue, "FAKE_OPENAI_BASE": fake_url}
+        return app, APP_PATH, done, env
+
+    return setup
+
+
+def _scripted_setup(url: str) -> Setup:
+    from bench import apps
+
+    def setup(queue: str) -> tuple[Any, str, Callable[[], bool], dict[str, str]]:
+        app = apps.build(url, queue=queue, turns=3)
+        job_id = f"{queue}-job"
+        app.run_agent(apps.PIPELINE, job_id=job_id, messages=["go"])
+        env = {"BENCH_REDIS_URL": url, "BENCH_QUEUE": queue, "BENCH_TURNS": "3"}
+        return app, apps.APP_PATH, lambda: len(app.messages(job_id)) >= 3, env
+
+    return setup
+
+
+def _line(key: str, what: str, values: list[float], goal: float | None = None) -> str:
+    med = statistics.median(values)
+    spread = f"({min(values):.2f} .. {max(values):.2f})"
+    verdict = f"   goal <= {goal:g} s: {'ok' if med <= goal else 'MISS'}" if goal is not None else ""
+    return f"{key:<4} {what:<66} median {med:5.2f} s {spread}{verdict}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print figure 11 (figures only; a missed goal reads MISS, nothing is asserted)."""
+    from tests.fake_openai import running, w1_reply
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=3, help="fresh worker processes per row (median)")
+    args = p.parse_args(argv)
+    kids = Children()
+    try:
+        try:
+            url = kids.redis()
+        except RuntimeError as exc:
+            print(f"figure 11: skipped ({exc})")
+            return 0
+        with running() as fake:
+            fake.script(w1_reply)  # type: ignore[arg-type]
+            agent, plain = _agent_setup(url, fake.url), _plain_setup(url, fake.url)
+            fork_reg, fork_first = _starts(kids, "fork", args.runs, agent, simple=False)
+            simple_reg, simple_first = _starts(kids, "simple", args.runs, agent, simple=True)
+            _, plain_first = _starts(kids, "plain", args.runs, plain, simple=True)
+        _, scripted_first = _starts(kids, "scripted", args.runs, _scripted_setup(url), simple=False)
+    finally:
+        kids.cleanup()
+    print(f"figure 11: worker start -> first commit, the job queued before the worker starts, median of {args.runs} "
+          "fresh worker processes")
+    print(_line("11a", "litellm agent, forking worker: start -> registered with RQ", fork_reg))
+    print(_line("11b", "litellm agent, forking worker: start -> first turn committed", fork_first, GOAL_S))
+    print(_line("11c", "litellm agent, --simple: start -> registered with RQ", simple_reg))
+    print(_line("11d", "litellm agent, --simple: start -> first turn committed", simple_first, GOAL_S))
+    print(_line("11e", "same app, --simple, a first phase that calls no model -> committed", plain_first, GOAL_S))
+    print(_line("11f", "scripted model (no litellm), forking worker -> first turn committed", scripted_first))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
