@@ -35,9 +35,10 @@ from tests.s3_server import ACCESS_KEY, SECRET_KEY
 BIG = 100 * 1024  # over the 64 KiB default threshold
 
 
-@pytest.fixture(params=["memory", "redis", "s3"])
+@pytest.fixture(params=["memory", "redis", "redis-cluster", "s3"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
-    """(inner storage, blob store): memory with a directory store, Redis with Redis blobs, memory with S3 blobs."""
+    """(inner storage, blob store): memory with a directory store, Redis (or a Redis Cluster) with Redis blobs,
+    memory with S3 blobs."""
     if request.param == "memory":
         yield MemoryStorage(), DirectoryBlobStore(tmp_path / "blobs")
         return
@@ -47,7 +48,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[An
                                            access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
         return
     prefix = f"bl{uuid.uuid4().hex[:8]}"
-    s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=prefix)
+    if request.param == "redis-cluster":
+        s = RedisStorage.from_url(request.getfixturevalue("redis_cluster_url"), prefix=prefix, cluster=True)
+    else:
+        s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=prefix)
     yield s, RedisBlobStore(s.client, prefix=prefix)
     s.client.close()
 
