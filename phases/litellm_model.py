@@ -1,8 +1,10 @@
 """``LiteLLMModel``: the model seam over litellm, with our own retry policy and no secret leaks.
 
 litellm is imported on first use, never at module import (it costs ~3 s and
-~200 MiB); an RQ worker calls :func:`warm` in its parent process so forked
-work-horses inherit the loaded module.
+~200 MiB). ``pipelines worker`` starts :func:`warm_in_background` once it is
+taking jobs, so the import is off the path to its first turn and forked
+work-horses still inherit the loaded module (a fork waits for the warm-up to
+end: see :func:`warm_in_background`).
 
 Retries are ours, not litellm's or the OpenAI SDK's (both are turned off: the
 SDK alone turned one 429 into 14 s of hidden retries). Transient failures
@@ -41,6 +43,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -56,7 +59,7 @@ from pipelines.engine.models import Message, Usage
 
 logger = logging.getLogger("pipelines")
 
-__all__ = ["BLOCK_REMOTE_MODELS_ENV", "LiteLLMModel", "warm"]
+__all__ = ["BLOCK_REMOTE_MODELS_ENV", "LiteLLMModel", "warm", "warm_in_background"]
 
 BLOCK_REMOTE_MODELS_ENV = "PIPELINES_BLOCK_REMOTE_MODELS"
 """When this environment variable is "1" (the test suite sets it), only loopback or mocked calls run."""
@@ -84,6 +87,9 @@ _litellm_module: Any = None
 def _litellm() -> Any:
     """The configured litellm module, imported on first use."""
     global _litellm_module
+    # A model call while the worker's warm-up runs waits for all of it: racing its offline calls for
+    # the GIL would slow both, and the call's socket reads would each wait out a switch interval.
+    _wait_for_warm_up()
     if _litellm_module is None:
         # Without these, import fetches the model price list (5 s timeout) and
         # the first Anthropic call fetches a beta-header list over the network.
@@ -115,6 +121,48 @@ def warm() -> None:
     except Exception:  # warming is an optimisation: never fail a worker's start over it
         logger.debug("litellm warm-up call failed", exc_info=True)
     _warm_stream()
+
+
+_warming: threading.Thread | None = None
+_warming_lock = threading.Lock()
+
+
+def warm_in_background() -> threading.Thread:
+    """Run :func:`warm` on a daemon thread, once per process; returns that thread.
+
+    Until it has finished, every ``os.fork()`` of this process (a work-horse,
+    RQ's scheduler process) first waits for it: a child forked while another
+    thread is inside ``import litellm`` inherits a half-imported litellm and
+    module locks owned by a thread that does not exist in the child, and
+    hangs at its first import of one of them. A model call on another thread
+    meanwhile waits for the whole warm-up, so litellm is imported once.
+    """
+    global _warming
+    with _warming_lock:
+        if _warming is None:
+            os.register_at_fork(before=_before_fork)
+            _warming = threading.Thread(target=_warm_quietly, name="pipelines-warm-litellm", daemon=True)
+            _warming.start()
+        return _warming
+
+
+def _warm_quietly() -> None:
+    try:
+        warm()
+    except Exception:  # warm() already swallows call failures; an import failure shows at the first real call
+        logger.debug("litellm warm-up failed", exc_info=True)
+
+
+def _wait_for_warm_up() -> None:
+    thread = _warming
+    # Never from the warm-up thread itself (it would wait for itself). join() releases the GIL.
+    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+        thread.join()
+
+
+def _before_fork() -> None:
+    # CPython takes the import lock only after the before-fork hooks, so the import can finish meanwhile.
+    _wait_for_warm_up()
 
 
 _stream_warmed = False

@@ -114,17 +114,22 @@ def _rq_scheduler(app: App) -> RQScheduler:
 
 
 # --- commands -----------------------------------------------------------------
-def _warm(app: App) -> None:
-    """Import litellm in the parent before forking, so each horse does not pay ~5 s."""
+def _warm_up(app: App) -> Callable[[], object] | None:
+    """What starts litellm's import in the background once the worker takes jobs (None: no agent needs it).
+
+    Imported synchronously before the work loop it cost ~3-5 s (up to 10 s on
+    a busy 2-core host) before a fresh worker took anything, even a turn that
+    never calls the model. A fork waits for it to end, so forked work-horses
+    still inherit the loaded module (phases.litellm_model.warm_in_background).
+    """
     if not any(agent.uses_litellm for agent in app.agents.values()):
-        return  # no agent calls litellm: forking a process that imported it would only cost
+        return None  # no agent calls litellm: forking a process that imported it would only cost
     try:
         module = importlib.import_module("phases.litellm_model")
     except ImportError:
-        return
-    warm = getattr(module, "warm", None)
-    if callable(warm):
-        warm()
+        return None
+    start = getattr(module, "warm_in_background", None)
+    return start if callable(start) else None
 
 
 def _sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:
@@ -158,13 +163,13 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
     scheduler = _rq_scheduler(app)
     use_app(app, path=args.app or os.environ.get(APP_ENV))
-    _warm(app)
     # Interactive first, then background (a share of takes keeps it from starving: adapters.rq_priority).
     names = [args.queue] if args.queue else scheduler.queue_names
     queues = [Queue(name, connection=scheduler.connection, serializer=JSONSerializer) for name in names]
     worker_class = PrioritySimpleWorker if args.simple else PriorityWorker
     worker = worker_class(queues, connection=scheduler.connection, name=args.name, serializer=JSONSerializer)
     worker.background_every = args.background_every
+    worker.warm_up = _warm_up(app)
     stop = threading.Event()
     if args.sweep_interval > 0:
         _sweeper(app, args.sweep_interval, args.sweep_grace, stop)

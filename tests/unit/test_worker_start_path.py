@@ -1,0 +1,66 @@
+"""A worker's start path does not import litellm (issue 16): it loads on the first model call instead.
+
+Behavioural, not timed: a fresh interpreter imports what ``pipelines worker``
+imports and loads apps whose agents name a litellm model (the test apps),
+builds their pipelines, and reports which heavy modules it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+START_PATH = """
+import json, sys
+import pipelines.cli, pipelines.worker, adapters.rq, adapters.rq_priority, rq, rq.serializers
+from pipelines.worker import load_app
+loaded = {}
+for path in ("tests.apps.stream_app:app", "bench.startup_app:app", "bench.apps:app"):
+    app = load_app(path)
+    for agent in app.agents.values():
+        agent.pipeline()  # builds the turn phase: resolve_model makes a LiteLLMModel for a model string
+    loaded[path] = sorted(app.agents)
+warm_up = pipelines.cli._warm_up(load_app("tests.apps.stream_app:app"))
+heavy = ("litellm", "openai", "tiktoken", "aiohttp", "starlette", "jinja2", "celery", "uvicorn")
+print(json.dumps({
+    "heavy": sorted({m.split(".")[0] for m in sys.modules} & set(heavy)),
+    "loaded": loaded,
+    "warm_up": getattr(warm_up, "__name__", None),
+}))
+"""
+
+
+def _run(code: str, **env: str) -> Any:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_worker_start_path_of_a_litellm_app_does_not_import_litellm() -> None:
+    # Nothing here connects: redis clients connect on their first command, the fake base is never called.
+    report = _run(START_PATH, REDIS_URL="redis://127.0.0.1:1/0", BENCH_REDIS_URL="redis://127.0.0.1:1/0",
+                  STARTUP_REDIS_URL="redis://127.0.0.1:1/0", STARTUP_QUEUE="q",
+                  FAKE_OPENAI_BASE="http://127.0.0.1:1/v1")
+    assert report["loaded"]["tests.apps.stream_app:app"] == ["streamer"]  # an agent on "openai/fake-model"
+    assert report["loaded"]["bench.startup_app:app"] == ["adder"]
+    assert report["heavy"] == []  # not litellm (nor openai, ...), and no web, template or celery module
+    assert report["warm_up"] == "warm_in_background"  # what the worker starts once it takes jobs
+
+
+def test_a_scripted_app_gets_no_litellm_warm_up() -> None:
+    code = ("import json, pipelines.cli\n"
+            "from adapters.memory import MemoryScheduler, MemoryStorage\n"
+            "from pipelines import Agent, App\n"
+            "from pipelines.testing import ScriptedModel\n"
+            "app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),\n"
+            "          agents=[Agent(name='a', model=ScriptedModel(['hi']))])\n"
+            "print(json.dumps(pipelines.cli._warm_up(app)))\n")
+    assert _run(code) is None
