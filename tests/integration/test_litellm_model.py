@@ -341,4 +341,7 @@ def test_warm_imports_litellm_and_runs_one_offline_completion(monkeypatch: pytes
 
     monkeypatch.setattr(litellm, "completion", spy)
     litellm_model.warm()
-    assert len(calls) == 1 and calls[0]["mock_response"] == "ok"  # offline: no request leaves the process
+    # One plain call, plus one streamed call the first time in a process (whether an earlier test did it
+    # depends on the order): all offline, no request leaves the process.
+    assert len([c for c in calls if not c.get("stream")]) == 1
+    assert calls and all(c["mock_response"] == "ok" for c in calls)
