@@ -16,9 +16,13 @@ from pipelines.testing import ScriptedModel
 pytestmark = pytest.mark.redis
 
 
-@pytest.fixture
-def store(redis_url: str) -> Iterator[RedisFlowStore]:
-    storage = RedisStorage.from_url(redis_url, prefix="fl")
+@pytest.fixture(params=["redis", "redis-cluster"])
+def store(request: pytest.FixtureRequest) -> Iterator[RedisFlowStore]:
+    # Every flow script touches one key, so it runs on a Redis Cluster as is.
+    if request.param == "redis-cluster":
+        storage = RedisStorage.from_url(request.getfixturevalue("redis_cluster_url"), prefix="fl", cluster=True)
+    else:
+        storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="fl")
     yield storage.flow_store()
     storage.client.close()
 
