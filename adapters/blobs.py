@@ -164,13 +164,29 @@ class RedisBlobStore:
         return None if value is None else bytes(value)
 
     def delete_job(self, job_id: str) -> int:
-        """Delete every blob the job's set names, and the set."""
+        """Delete every blob the job's set names, and the set, in one transaction.
+
+        The set is WATCHed while its names are read: a blob put in between
+        (a stale worker offloading a value) makes the transaction run again
+        with it, so no blob outlives its set unnamed (it would never be found).
+        """
         base = self._base(job_id)
-        names = [n.decode() if isinstance(n, bytes) else str(n) for n in self.client.hkeys(f"{base}:blobs")]
-        keys = [f"{base}:blob:{check_blob_name(n)}" for n in names]
-        removed = int(self.client.delete(*keys)) if keys else 0
-        self.client.delete(f"{base}:blobs")
+        removed = 0
+
+        def delete(pipe: Any) -> None:
+            nonlocal removed
+            names = [n.decode() if isinstance(n, bytes) else str(n) for n in pipe.hkeys(f"{base}:blobs")]
+            self._between_read_and_delete(job_id)
+            keys = [f"{base}:blob:{check_blob_name(n)}" for n in names]
+            pipe.multi()
+            pipe.delete(*keys, f"{base}:blobs")
+            removed = len(keys)
+
+        self.client.transaction(delete, f"{base}:blobs")
         return removed
+
+    def _between_read_and_delete(self, job_id: str) -> None:
+        """A seam for the tests: runs between reading the names and deleting them."""
 
     def job_ids(self, older_than: float = 0.0) -> Iterator[str]:
         """Jobs with blobs, none written in the last ``older_than`` seconds (``SCAN``: Redis is not blocked)."""

@@ -267,3 +267,28 @@ def test_offloader_refuses_a_reference_name_that_is_not_a_hash() -> None:
     off = Offloader(MemoryBlobStore())
     with pytest.raises(InvalidInputError, match="not a blob name"):
         off.unpack("j", {BLOB_KEY: {"name": "../../etc/passwd"}})
+
+
+@pytest.mark.parametrize("url_fixture", ["redis_url", "redis_cluster_url"])
+def test_a_blob_put_while_its_job_is_deleted_is_not_left_behind_unnamed(
+        url_fixture: str, request: pytest.FixtureRequest) -> None:
+    # A stale worker offloads a value between delete_job reading the job's blob names and deleting them:
+    # the WATCH makes the delete run again and take the new blob too (before, it leaked for ever).
+    storage = RedisStorage.from_url(request.getfixturevalue(url_fixture), prefix="race",
+                                    cluster=url_fixture == "redis_cluster_url")
+    blobs = RedisBlobStore(storage.client, prefix="race")
+    blobs.put("j", "sha256-" + "a" * 64, b"first")
+    late = "sha256-" + "b" * 64
+    calls: list[str] = []
+
+    def sneak(job_id: str) -> None:
+        calls.append(job_id)
+        if len(calls) == 1:
+            other = RedisBlobStore(storage.client, prefix="race")
+            other.put(job_id, late, b"late")
+
+    blobs._between_read_and_delete = sneak  # type: ignore[method-assign]
+    assert blobs.delete_job("j") == 2 and calls == ["j", "j"]  # the first attempt was retried
+    assert blobs.get("j", late) is None and list(blobs.job_ids()) == []
+    assert [k for k in storage.client.scan_iter(match="race:*")] == []
+    storage.client.close()
