@@ -32,10 +32,29 @@ Redis's own ``PX``, so workers' clocks never matter.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pipelines.engine.models import JobStatus
 
-__all__ = ["COMMIT", "CONTROL", "CREATE", "DELETE", "INDEX_ROLES", "LOAD", "PUBLISH", "RECORD_STEP", "REINDEX",
-           "RELEASE", "RENEW", "SEND", "index_position"]
+__all__ = ["COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "INDEX_ROLES", "LOAD", "PUBLISH",
+           "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND", "ArgLayout", "index_position"]
+
+
+class ArgLayout(NamedTuple):
+    """Where CREATE's and COMMIT's ARGV keep their parts (0-based, as the adapter builds the list).
+
+    ``fixed`` arguments come first; then ``ARGV[n_messages]`` messages, ``ARGV[n_logs]`` log lines
+    and the events up to the end. The bench's byte breakdown reads the same numbers.
+    """
+
+    data: int
+    n_messages: int
+    n_logs: int
+    fixed: int
+
+
+CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, fixed=10)
+COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, fixed=19)
 
 INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
 """The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by

@@ -378,13 +378,19 @@ class NoopScheduler:
 
 
 class ByteCounter:
-    """Wraps a redis-py client's ``execute_command`` and sorts the bytes of every argument sent."""
+    """Wraps a redis-py client's ``execute_command`` and sorts the bytes of every argument sent.
+
+    The ARGV layouts come from :mod:`adapters.redis_scripts` (its ``*_ARGS`` constants), so the
+    breakdown follows the scripts instead of going stale when they gain an argument.
+    """
 
     def __init__(self, storage: Any) -> None:
         self.by: dict[str, int] = {}
         client = storage.client
         names = {storage._commit.sha: "commit", storage._step.sha: "step", storage._create.sha: "create",
-                 storage._load_script.sha: "load", storage._release.sha: "release", storage._renew.sha: "renew"}
+                 storage._load_script.sha: "load", storage._release.sha: "release", storage._renew.sha: "renew",
+                 storage._publish.sha: "publish", storage._send.sha: "send", storage._control.sha: "control",
+                 storage._dropped.sha: "dropped", storage._delete.sha: "delete"}
         self._names = names
         inner = client.execute_command
 
@@ -398,6 +404,8 @@ class ByteCounter:
         self.by[what] = self.by.get(what, 0) + n
 
     def _count(self, args: tuple[Any, ...]) -> None:
+        from adapters import redis_scripts
+
         def size(a: Any) -> int:
             return len(a) if isinstance(a, bytes) else len(str(a).encode())
 
@@ -408,25 +416,28 @@ class ByteCounter:
         script = self._names.get(str(args[1]), "script")
         nkeys = int(args[2])
         argv = list(args[3 + nkeys:])
-        overhead = sum(map(size, args[: 3 + nkeys]))
+        # The command name, the script's SHA and its key count, and the key names.
+        self._add("script names and SHAs", sum(map(size, args[:3])))
+        self._add("key names", sum(map(size, args[3:3 + nkeys])))
         if script in ("commit", "create"):
-            # ARGV: ..., n_messages, n_logs, then messages, log lines, events (adapters/redis_scripts.py)
-            n_at = 11 if script == "commit" else 5
-            n, nl = int(argv[n_at]), int(argv[n_at + 1])
-            first = n_at + 2
-            data, msgs = argv[2], argv[first: first + n]
-            logs, events = argv[first + n: first + n + nl], argv[first + n + nl:]
-            self._add("record (state) JSON", size(data))
+            layout = redis_scripts.COMMIT_ARGS if script == "commit" else redis_scripts.CREATE_ARGS
+            fixed = layout.fixed
+            n, nl = int(argv[layout.n_messages]), int(argv[layout.n_logs])
+            msgs, logs, events = argv[fixed:fixed + n], argv[fixed + n:fixed + n + nl], argv[fixed + n + nl:]
+            self._add("record (state) JSON", size(argv[layout.data]))
             self._add("transcript messages", sum(map(size, msgs)))
             self._add("log entries", sum(map(size, logs)))
-            self._add("events", sum(map(size, events)))
-            rest = [a for i, a in enumerate(argv) if i != 2 and i < first]
-            self._add("keys, tokens, flags", overhead + sum(map(size, rest)))
+            self._add("events (durable log)", sum(map(size, events)))
+            rest = [a for i, a in enumerate(argv[:fixed]) if i != layout.data]
+            self._add(f"{script}: ids, tokens, versions, flags", sum(map(size, rest)))
         elif script == "step":
-            self._add("journal (model + tool steps)", size(argv[4]))
-            self._add("keys, tokens, flags", overhead + sum(map(size, argv[:4])))
+            self._add("journal (model + tool steps)", size(argv[-1]))
+            self._add("step: versions, owner, step keys", sum(map(size, argv[:-1])))
+        elif script == "publish":
+            self._add("live-stream parts (publish)", sum(map(size, argv[1:])))
+            self._add("publish: tokens", size(argv[0]))
         else:
-            self._add(f"{script} script (reads, lease)", overhead + sum(map(size, argv)))
+            self._add(f"{script}: arguments", sum(map(size, argv)))
 
 
 def long_job(url: str, turns: int, tag: str, count_bytes: bool) -> dict[str, Any]:
