@@ -7,10 +7,18 @@ publish of an attempt carries ``attempt_started``, so a client drops the text
 of an earlier attempt of the same turn (a crash re-run, a retried stream).
 A model that does not stream, or an answer replayed from the journal, sends
 its whole text once: every attempt's deltas add up to its answer's text.
+
+Batches are published by the thread that hands over the text whenever the
+window has ended or the batch is full. Text held back inside a window is
+published when the window ends by one flusher thread per process, started the
+first time it is needed: no thread per turn (a thread start costs more than a
+whole memory-adapter turn), and none at all for a model that does not stream.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from typing import Any
@@ -24,6 +32,8 @@ FLUSH_SECONDS = 0.03
 """A batch of text waits at most this long before it is published."""
 FLUSH_CHARS = 200
 """... or until it is this long."""
+
+_log = logging.getLogger(__name__)
 
 
 class DeltaSink:
@@ -42,7 +52,8 @@ class DeltaSink:
         self._pending = ""
         self._started = False
         self._last = 0.0  # the first text goes out at once
-        self._timer: threading.Timer | None = None
+        self._scheduled = False  # the flusher holds a deadline for this sink's pending text
+        self._failed: tuple[str, Exception] | None = None  # (attempt, error): a batch the flusher lost
         self._lock = threading.Lock()  # guards the pending text (the model's thread appends while we send)
         self._publishing = threading.Lock()  # one batch on the wire at a time, in the order they were taken
 
@@ -51,48 +62,66 @@ class DeltaSink:
             return
         with self._lock:
             self._pending += text
-            wait = self.flush_seconds - (time.monotonic() - self._last)
-            due = len(self._pending) >= self.flush_chars or wait <= 0
-            if not due and self._timer is None:
+            due = len(self._pending) >= self.flush_chars or time.monotonic() - self._last >= self.flush_seconds
+            if not due and not self._scheduled:
                 # Text that arrives inside the window goes out when the window ends, not when
                 # (if ever) the next piece arrives: a slow stream is never held back longer.
-                self._timer = threading.Timer(wait, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
+                self._scheduled = True
+                _flusher().schedule(self, self._last + self.flush_seconds)
         if due:
             self.flush()
 
     def flush(self) -> None:
         """Publish what is pending (with ``attempt_started`` first, once).
 
-        The publish happens under the lock: the trailing timer and the model's
+        The publish happens under the lock: the flusher thread and the model's
         thread may both flush, and two batches sent out of order would garble
         the text a client assembles.
         """
+        self._flush(held=False)
+
+    def flush_held(self) -> None:
+        """The flusher thread's flush: a failure is kept for :meth:`finish` to raise (no caller here to catch it)."""
+        try:
+            self._flush(held=True)
+        except Exception as exc:  # noqa: BLE001 - recorded by _flush; the turn decides at finish()
+            _log.warning("live stream: publishing held-back text of job %s failed: %s", self.ctx.job_id, exc)
+
+    def _flush(self, *, held: bool) -> None:
         with self._publishing:
             with self._lock:
-                if self._timer is not None:
-                    self._timer.cancel()
-                    self._timer = None
+                self._unschedule()
+                attempt = self.attempt
                 parts = self._parts(self._pending)
                 self.sent += self._pending
                 self._pending = ""
                 self._last = time.monotonic()
             if parts:
-                self.ctx.publish_parts(parts)
+                try:
+                    self.ctx.publish_parts(parts)
+                except Exception as exc:
+                    if held:
+                        # Recorded before _publishing is released: a finish() waiting for it sees the failure.
+                        self._failed = (attempt, exc)
+                    raise
 
     def restart(self) -> None:
         """A broken provider stream is tried again: drop what is pending and start a new attempt."""
         with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._unschedule()
             self._restarts += 1
             self.attempt = f"{self.ctx.attempt_id}.{self._restarts}"
             self._pending, self.sent, self._started = "", "", False
 
     def finish(self, full_text: str | None) -> None:
-        """End the attempt: flush, then send whatever of ``full_text`` the model did not stream."""
+        """End the attempt: flush, then send whatever of ``full_text`` the model did not stream.
+
+        Raises what made a batch published by the flusher thread fail: that
+        text is missing from this attempt, so the attempt must not be the
+        one that commits. The turn runs again (a storage outage is a
+        ``RetryLater``) from its journaled answer, as a new attempt that sends
+        the whole text, and clients drop this one's.
+        """
         self.flush()
         text = full_text or ""
         rest = text[len(self.sent):] if text.startswith(self.sent) else ""
@@ -101,6 +130,14 @@ class DeltaSink:
         self.flush()
         if not self._started:
             self.ctx.publish_parts(self._parts(""))  # an attempt with no text still says it started
+        if self._failed is not None and self._failed[0] == self.attempt:  # an abandoned attempt's loss is moot
+            raise self._failed[1]
+
+    def _unschedule(self) -> None:
+        # Under self._lock. Skips the flusher's lock in the common case: nothing was held back.
+        if self._scheduled:
+            self._scheduled = False
+            _flusher().cancel(self)
 
     def _parts(self, text: str) -> list[Event]:
         parts = []
@@ -110,3 +147,74 @@ class DeltaSink:
         if text:
             parts.append(self.ctx.part("text_delta", turn=self.turn, text=text, attempt=self.attempt))
         return parts
+
+
+class _Flusher:
+    """One daemon thread that flushes each sink whose window ended with text still held back.
+
+    Lock order: a sink's own lock, then this one; the thread never takes a
+    sink's lock while holding this one (it flushes outside it), so the two
+    cannot deadlock.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._due: dict[DeltaSink, float] = {}
+        # When the thread wakes next: None while it waits for work, 0.0 while it is
+        # flushing (it looks at the deadlines again before it sleeps).
+        self._wake_at: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, sink: DeltaSink, at: float) -> None:
+        with self._cond:
+            self._due[sink] = at
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="phaserunner-delta-flusher", daemon=True)
+                self._thread.start()
+            # Wake the thread only when it would sleep past this deadline: a busy worker's turns
+            # mostly cancel their deadline before it comes, and cost the thread nothing.
+            if self._wake_at is None or at < self._wake_at:
+                self._cond.notify()
+
+    def cancel(self, sink: DeltaSink) -> None:
+        with self._cond:
+            self._due.pop(sink, None)  # no wake-up: the thread finds nothing due and sleeps on
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [s for s, at in self._due.items() if at <= now]
+                if not due:
+                    self._wake_at = min(self._due.values(), default=None)
+                    self._cond.wait(None if self._wake_at is None else self._wake_at - now)
+                    continue
+                for sink in due:
+                    del self._due[sink]
+                self._wake_at = 0.0
+            for sink in due:
+                sink.flush_held()
+
+
+_FLUSHER: _Flusher | None = None
+_FLUSHER_LOCK = threading.Lock()
+
+
+def _flusher() -> _Flusher:
+    global _FLUSHER
+    if _FLUSHER is None:
+        with _FLUSHER_LOCK:
+            if _FLUSHER is None:
+                _FLUSHER = _Flusher()
+    return _FLUSHER
+
+
+def _after_fork() -> None:
+    # A forked child (RQ's forking worker) has no flusher thread and maybe a lock held at fork
+    # time: it starts its own, from scratch, the first time it needs one.
+    global _FLUSHER, _FLUSHER_LOCK
+    _FLUSHER, _FLUSHER_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)

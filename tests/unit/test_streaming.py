@@ -172,3 +172,108 @@ def test_batches_reach_the_stream_in_the_order_they_were_taken_whatever_thread_f
             _time.sleep(0.001)  # let the trailing timer fire between pieces
     sink.finish(text)
     assert "".join(ctx.published) == text
+
+
+def test_text_held_back_in_a_window_goes_out_when_the_window_ends_without_another_piece() -> None:
+    from phases.streaming import DeltaSink
+
+    published: list[str] = []
+    sent = threading.Event()
+
+    class Ctx:
+        attempt_id = "a1"
+        job_id = "j"
+
+        def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Any:
+            return (type_, data.get("text", ""))
+
+        def publish_parts(self, parts: list[Any]) -> None:
+            published.extend(text for kind, text in parts if kind == "text_delta")
+            if "".join(published) == "ab":
+                sent.set()
+
+    sink = DeltaSink(Ctx(), 1, flush_seconds=0.02)  # type: ignore[arg-type]
+    sink("a")  # the first text goes out at once
+    sink("b")  # inside the window: held back, and no further piece comes (a slow stream)
+    assert published == ["a"]
+    assert sent.wait(5), "held-back text was never published"
+    sink.finish("ab")
+    assert "".join(published) == "ab"
+
+
+def test_turns_start_no_thread_each_and_a_model_that_does_not_stream_starts_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from phases import streaming
+    from phases.model import ModelRequest, ModelResponse
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    monkeypatch.setattr(streaming, "_FLUSHER", None)  # as in a fresh process
+
+    class Plain:
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            return ModelResponse(message={"role": "assistant", "content": LONG}, finish_reason="stop")
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="plain", model=Plain())])
+    for j in range(5):
+        app.run_agent("plain", job_id=f"p{j}", messages=["hi"])
+    app.drain()
+    assert started == [] and streaming._FLUSHER is None
+    assert turn_texts(list(app.stream("p0"))) == {1: LONG}  # sent whole, once
+
+    turns = [reply(LONG, call("lookup", order=str(i))) for i in range(20)] + ["done"]
+    app = App(storage=storage, scheduler=scheduler,
+              agents=[Agent(name="a", model=ScriptedModel(turns), tools=[lookup], max_turns=30)])
+    app.run_agent("a", job_id="j", messages=["go"])
+    app.drain()
+    # 21 streamed turns: at most the one flusher thread of the process was started.
+    assert started in ([], ["phaserunner-delta-flusher"])
+    assert turn_texts(list(app.stream("j"))) == assistant_texts(app)
+
+
+def test_held_back_text_the_flusher_could_not_publish_fails_the_attempt_and_the_retry_sends_it_whole() -> None:
+    from adapters.memory import MemoryStorage
+    from phases.model import ModelRequest, ModelResponse
+    from pipelines.engine.errors import StorageUnavailableError
+
+    held_out = threading.Event()
+    calls: list[int] = []
+
+    class Outage(MemoryStorage):
+        failures = 1
+
+        def publish(self, job_id: str, parts: Any) -> None:
+            # The flusher thread's publish of the held-back "b" meets a storage outage.
+            if threading.current_thread().name == "phaserunner-delta-flusher" and self.failures:
+                self.failures -= 1
+                held_out.set()
+                raise StorageUnavailableError("redis is restarting")
+            super().publish(job_id, parts)
+
+    class Slow:
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            calls.append(1)
+            assert request.on_delta is not None
+            request.on_delta("a")  # goes out at once
+            request.on_delta("b")  # held back; no more text comes for a while
+            assert held_out.wait(5)
+            request.on_delta("c")
+            return ModelResponse(message={"role": "assistant", "content": "abc"}, finish_reason="stop")
+
+    _, scheduler, clock = memory()
+    storage = Outage(clock=clock)
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=Slow())])
+    app.run_agent("a", job_id="j", messages=["hi"])
+    app.drain()  # the attempt whose stream lacks "b" does not commit; the turn runs again (RetryLater)
+    assert app.get("j").status.value == "complete" and len(calls) == 1  # the journaled answer was reused (I5)
+    parts = list(app.stream("j"))
+    assert [p.type for p in parts if p.type in ("attempt_started", "turn_committed")] == [
+        "attempt_started", "attempt_started", "turn_committed"]
+    assert turn_texts(parts) == {1: "abc"} == assistant_texts(app)
