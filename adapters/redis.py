@@ -3,7 +3,7 @@
 Key layout (every name is built by :mod:`adapters.redis_keys`, nowhere
 else; on Redis Cluster the same keys are bucketed, see there)::
 
-    <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver
+    <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver, hist (turn history, one mark a line)
     <prefix>:{<job>}:messages  list  one JSON message per entry (append-only)
     <prefix>:{<job>}:logs      list  one JSON log entry per entry
     <prefix>:{<job>}:journal   hash  step key -> JSON result, valid while jver == version
@@ -31,12 +31,13 @@ lost finds its own token and reports success without writing again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import redis
@@ -50,8 +51,10 @@ from adapters.redis_common import (
     _KEY_TYPES,
     _LIVE_KEPT,
     _check_url,
+    _dump_parts,
     _finished_at,
     _listed,
+    _load_part,
     _mapped,
     _redact,
     _score,
@@ -88,9 +91,9 @@ from pipelines.engine.models import (
     JSONValue,
     LogEntry,
     Message,
+    TurnMark,
     Usage,
     check_messages,
-    dump_events,
     dump_json,
     dump_logs,
     dump_record,
@@ -103,6 +106,20 @@ DEFAULT_PREFIX = "pr"
 #: The buckets a storage on a Redis Cluster client uses unless told otherwise: enough to spread
 #: over a few dozen masters, few enough that walking them all (the sweep, a listing) stays cheap.
 CLUSTER_BUCKETS = 64
+# How many jobs' stored histories a storage remembers (one per job a worker is running, usually).
+_BASES_KEPT = 1024
+
+
+class _Base(NamedTuple):
+    """The turn history a job's record hash holds, as the commit (or create) with ``token`` wrote it.
+
+    A commit that keeps a prefix of it sends only the marks it adds and how many it drops: the
+    history changes by one mark a turn but holds up to HISTORY_LIMIT of them.
+    """
+
+    token: str
+    marks: list[TurnMark]
+    lines: list[str]
 
 
 class RedisStorage(RedisIndexReads):
@@ -144,6 +161,7 @@ class RedisStorage(RedisIndexReads):
                                      "slot than the job's keys (CROSSSLOT)")
         self.layout = KeyLayout(self.prefix, buckets)
         self._layout_checked = False
+        self._bases: dict[str, _Base] = {}
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
         for name, value in (("replica_timeout", replica_timeout), ("failover_timeout", failover_timeout)):
@@ -340,12 +358,41 @@ class RedisStorage(RedisIndexReads):
         self._check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
             return None
-        record = self._parse(job_id, reply[0], reply[1], reply[2], reply[3])
+        hist = reply[7] if len(reply) > 7 else None
+        record = self._parse(job_id, reply[0], reply[1], reply[2], reply[3], hist)
+        if owner and hist is not None:
+            # A worker commits next: remember what the record hash holds, so that commit sends a delta.
+            self._remember(job_id, _text(reply[6]), record.history, _lines(hist))
         waiting = int(_text(reply[4]) or 0)
         update: dict[str, Any] = {"inbox": waiting} if waiting else {}
         if len(reply) > 5 and reply[5]:
             update["dropped"] = Usage.model_validate_json(reply[5])
         return record.model_copy(update=update) if update else record
+
+    def _remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str]) -> None:
+        self._bases.pop(job_id, None)
+        if len(self._bases) >= _BASES_KEPT:
+            # Another thread may change the dict meanwhile: this is a bound, not an exact LRU.
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del self._bases[next(iter(self._bases))]  # the job remembered longest ago
+        self._bases[job_id] = _Base(token, list(marks), lines)
+
+    def _history(self, job_id: str, marks: list[TurnMark]) -> tuple[list[str], str, int, int]:
+        """The history's lines, and the commit's history arguments: base token, marks dropped, first added.
+
+        The engine builds each history from the last one (drop from the front, append), so the
+        marks kept are the very objects remembered; anything else is sent whole (base '').
+        """
+        base = self._bases.get(job_id)
+        if base is not None and marks and base.marks:
+            first = marks[0]
+            drop = next((i for i, m in enumerate(base.marks) if m is first), -1)
+            kept = len(base.marks) - drop
+            if drop >= 0 and kept <= len(marks) and all(a is b for a, b in zip(marks, base.marks[drop:],
+                                                                                   strict=False)):
+                lines = base.lines[drop:] + [_mark_line(m) for m in marks[kept:]]
+                return lines, base.token, drop, kept
+        return [_mark_line(m) for m in marks], "", 0, 0
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, or ``None`` (one round trip).
@@ -393,8 +440,8 @@ class RedisStorage(RedisIndexReads):
     def _event(job_id: str, entry_id: Any, fields: Any) -> Event:
         raw = (fields or {}).get(b"e") or (fields or {}).get("e") or ""
         try:
-            event = Event.model_validate_json(raw)
-        except ValidationError as exc:
+            event = _load_part(raw)
+        except (ValidationError, ValueError) as exc:
             raise CorruptRecordError(f"a stored event of job {job_id!r} does not parse: {exc}") from exc
         return event.model_copy(update={"id": _text(entry_id)})
 
@@ -411,20 +458,22 @@ class RedisStorage(RedisIndexReads):
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         job_id = record.job_id
         keys = self._all_keys(job_id)
-        data = dump_record(record, f"the record of job {job_id!r}")
+        data = _dump_data(record)
+        marks = [_mark_line(m) for m in record.history]
         msgs = [dump_json(m, "a transcript message") for m in messages]
         lines = dump_logs(logs)
-        event_lines = dump_events(events)
+        event_lines = _dump_parts(events)
         cp = record.checkpoint
         due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
         self._check_layout(job_id)
         args = [job_id, token, data, str(record.version), due, len(msgs), len(lines), _finished_at(record),
-                *_listed(record), *msgs, *lines, *event_lines]
+                *_listed(record), "\n".join(marks), *msgs, *lines, *event_lines]
         reply = self._run(self._create, keys, args, f"creating job {job_id!r}")
         self._check_types(job_id, reply, f"creating job {job_id!r}")
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
+        self._remember(job_id, token, record.history, marks)
 
     def commit(self, commit: Commit) -> CommitReply:
         """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token.
@@ -435,10 +484,11 @@ class RedisStorage(RedisIndexReads):
         job_id = commit.job_id
         keys = self._all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
-        data = dump_record(commit.record, f"the record of job {job_id!r}")
+        data = _dump_data(commit.record)
+        marks, base, drop, kept = self._history(job_id, commit.record.history)
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         lines = dump_logs(commit.logs)
-        event_lines = dump_events(commit.events)
+        event_lines = _dump_parts(commit.events)
         owner = commit.owner
         args: list[str | int] = [
             job_id, commit.token, data, str(commit.expected_version), str(commit.record.version),
@@ -448,12 +498,19 @@ class RedisStorage(RedisIndexReads):
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
-            *msgs, *lines, *event_lines,
+            base, str(drop), "\n".join(marks[kept:]), *msgs, *lines, *event_lines,
         ]
+        at = redis_scripts.COMMIT_ARGS.history
+        self._bases.pop(job_id, None)  # the stored history is unknown until this commit's reply
         reply = _text(self._run(self._commit, keys, args, f"committing job {job_id!r}"))
+        if reply == "rebase":
+            # The record hash is not the one the delta was computed from (recreated meanwhile?): send it whole.
+            args[at:at + 3] = ["", "0", "\n".join(marks)]
+            reply = _text(self._run(self._commit, keys, args, f"committing job {job_id!r}"))
         self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
+        self._remember(job_id, commit.token, commit.record.history, marks)
         _, pending, waiting = reply.split(":", 2)
         return CommitReply(pending or None, int(waiting or 0))
 
@@ -482,7 +539,7 @@ class RedisStorage(RedisIndexReads):
         if not parts:
             return
         k = self.keys(job_id)
-        lines = dump_events(parts)
+        lines = _dump_parts(parts)
         reply = self._run(self._publish, [k.record, k.live], [uuid.uuid4().hex, *lines],
                           f"publishing to the live stream of job {job_id!r}")
         self._check_types(job_id, reply, f"publishing to the live stream of job {job_id!r}")
@@ -574,3 +631,19 @@ class RedisStorage(RedisIndexReads):
         if store is None:
             store = self.__dict__["_flow"] = RedisFlowStore(self.client, prefix=self.prefix)
         return store
+
+
+def _dump_data(record: JobRecord) -> str:
+    """The record's ``data`` field: its JSON without the turn history (kept in ``hist``, one mark a line)."""
+    what = f"the record of job {record.job_id!r}"
+    return dump_record(record.model_copy(update={"history": []}) if record.history else record, what)
+
+
+def _mark_line(mark: TurnMark) -> str:
+    # dump_json escapes every newline inside strings, so a mark is always one line.
+    return dump_json(mark.model_dump(), "a turn mark of the record's history")
+
+
+def _lines(hist: Any) -> list[str]:
+    text = _text(hist)
+    return text.split("\n") if text else []

@@ -7,9 +7,10 @@ Private to :mod:`adapters.redis` and its helpers (:mod:`adapters.redis_listing`,
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,7 +26,7 @@ from pipelines.engine.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.engine.models import JobRecord, JobStatus
+from pipelines.engine.models import Event, JobRecord, JobStatus, check_size, to_json_value
 
 # A job in these statuses may still stream: its live stream is kept until it finishes.
 _LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
@@ -141,3 +142,60 @@ def _stale_message(job_id: str, reply: str, what: str) -> str:
     if why == "leased":
         return f"job {job_id!r} is leased by another worker; {what}"
     return f"job {job_id!r} moved on ({why.replace(':', ' ')}); {what}"
+
+
+# --- the stream entries' encoding ------------------------------------------------------------------
+# An event or live part is stored as one stream entry, field 'e'. Versions before the compact
+# encoding wrote the event's JSON object ({"timestamp":..,"type":..}); now it is a JSON array
+# [timestamp, type, turn, phase, data], trailing defaults left out, with a known type written as
+# its number in _EVENT_TYPES: the field names and type strings were ~40% of a turn's events, and
+# every event is kept twice (the durable log and the live stream). Readers tell the two apart by
+# the first character. _EVENT_TYPES is append-only: a number, once written, names its type forever.
+_EVENT_TYPES = ("turn_started", "model_response", "tool_call", "tool_result", "turn_committed", "attempt_started",
+                "text_delta", "job_started", "job_finished", "job_failed", "job_cancelled", "job_paused",
+                "job_resumed", "job_retried", "job_continued", "job_waiting", "approval_requested",
+                "retry_scheduled", "job_forked", "children_finished", "tool_result_recorded")
+_EVENT_CODES = {t: i for i, t in enumerate(_EVENT_TYPES)}
+
+
+def _dump_parts(events: Sequence[Event]) -> list[str]:
+    """Events as the stream entries store them (compact arrays), checked like every stored value.
+
+    Raises StateNotSerializableError / ValueTooLargeError naming the event, before anything is written.
+    """
+    out = []
+    for e in events:
+        what = f"event {e.type!r}"
+        row: list[Any] = [e.timestamp, _EVENT_CODES.get(e.type, e.type), e.turn, e.phase]
+        # The data gets the whole depth it has inside an event's JSON object, as before.
+        data = to_json_value(e.data, what=f"{what}: data") if e.data else None
+        head = to_json_value(row, what=what)
+        assert isinstance(head, list)
+        row = [*head, data] if data else head
+        while len(row) > 2 and row[-1] is None:
+            row.pop()
+        try:
+            text = json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        except ValueError as exc:  # to_json_value refused what JSON cannot carry; a safety net
+            raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
+        out.append(check_size(text, what))
+    return out
+
+
+def _load_part(raw: bytes | str) -> Event:
+    """One stream entry's event, in either encoding; ValueError (or pydantic's) if it does not parse."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    if not text.startswith("["):
+        return Event.model_validate_json(text)  # written before the compact encoding
+    row = json.loads(text)
+    if not isinstance(row, list) or not 2 <= len(row) <= 5:
+        raise ValueError(f"a stored event is a list of {len(row) if isinstance(row, list) else '?'} items")
+    kind = row[1]
+    if isinstance(kind, int) and not isinstance(kind, bool):
+        if not 0 <= kind < len(_EVENT_TYPES):
+            raise ValueError(f"a stored event has the unknown type number {kind} (written by a newer version?)")
+        kind = _EVENT_TYPES[kind]
+    fields = dict(zip(("timestamp", "type", "turn", "phase", "data"), [row[0], kind, *row[2:]], strict=False))
+    if fields.get("data") is None:
+        fields.pop("data", None)
+    return Event.model_validate(fields)

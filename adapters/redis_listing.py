@@ -40,7 +40,12 @@ class RedisIndexReads:
 
         def _check_types(self, job_id: str, reply: Any, what: str) -> None: ...
 
-    def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None) -> JobRecord:
+    def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None,
+               hist: Any = None) -> JobRecord:
+        if hist:
+            # The turn history lives in its own field, one mark per line; 'data' has none of its own.
+            data = _text(data).rstrip()
+            data = f'{data[:-1]},"history":[{",".join(_text(hist).split(chr(10)))}]}}' if data else data
         try:
             rec = JobRecord.model_validate_json(data)
         except ValidationError as exc:
@@ -169,16 +174,16 @@ class RedisIndexReads:
                 pipe = self.client.pipeline(transaction=False)
                 for job_id in batch:
                     k = self.keys(job_id)
-                    pipe.hmget(k.record, ["data", "jver", "control"])
+                    pipe.hmget(k.record, ["data", "jver", "control", "hist"])
                     pipe.hgetall(k.journal)
                 replies = pipe.execute()
             for n, job_id in enumerate(batch):
-                (data, jver, control), journal = replies[2 * n], replies[2 * n + 1]
+                (data, jver, control, hist), journal = replies[2 * n], replies[2 * n + 1]
                 if data is None:
                     continue  # deleted since the index was read
                 pairs = [x for kv in journal.items() for x in kv]
                 try:
-                    out.append(self._parse(job_id, data, "" if jver is None else jver, pairs, control))
+                    out.append(self._parse(job_id, data, "" if jver is None else jver, pairs, control, hist))
                 except CorruptRecordError as exc:
                     # A listing shows the rest; the bad one is named in the log.
                     _log.error("job %s: unreadable record skipped: %s", job_id, exc)

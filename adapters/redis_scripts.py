@@ -21,8 +21,15 @@ deletes (CREATE's leftovers of a dead job, DELETE's job keys) are not
 checked: that is how a corrupt job can still be deleted.
 
 Hash fields of ``<prefix>:{<job>}:record``: ``data`` (the record JSON),
-``version`` (decimal), ``token`` (the last commit's token) and ``jver`` (the
-version the journal was written under; absent until the first commit).
+``version`` (decimal), ``token`` (the last commit's token), ``jver`` (the
+version the journal was written under; absent until the first commit) and
+``hist`` (the record's turn history, one mark's JSON per line, oldest first;
+``data`` then has no ``history``). A record written before ``hist`` existed
+keeps its history inside ``data`` and has no ``hist`` until its next commit.
+Each commit sends only the marks it adds and how many it drops from the
+front, relative to the history the commit with a given token wrote (the
+adapter remembers it); a record whose ``token`` is another replies ``rebase``
+and the adapter sends the whole history instead.
 
 Conventions: ``KEYS`` are always passed in full (hash-tagged per job); an
 optional owner travels as a flag plus a value, so an empty-string owner is
@@ -43,18 +50,20 @@ __all__ = ["COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE"
 class ArgLayout(NamedTuple):
     """Where CREATE's and COMMIT's ARGV keep their parts (0-based, as the adapter builds the list).
 
-    ``fixed`` arguments come first; then ``ARGV[n_messages]`` messages, ``ARGV[n_logs]`` log lines
-    and the events up to the end. The bench's byte breakdown reads the same numbers.
+    ``fixed`` arguments come first, the turn history's from ``history`` to ``fixed``; then
+    ``ARGV[n_messages]`` messages, ``ARGV[n_logs]`` log lines and the events up to the end. The
+    bench's byte breakdown reads the same numbers.
     """
 
     data: int
     n_messages: int
     n_logs: int
+    history: int
     fixed: int
 
 
-CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, fixed=10)
-COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, fixed=19)
+CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, history=10, fixed=11)
+COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=22)
 
 INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
 """The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by
@@ -102,9 +111,33 @@ local function index_job(job_id, pos, score)
 end
 """
 
+# The record's turn history (field 'hist', one mark per line: JSON text never holds a raw newline).
+# base '' = the whole history is add; else drop `drop` marks from the front of the stored one, then
+# append add (the caller checked that the stored one is the one the commit with token base wrote).
+_HIST_FN = """
+local function set_history(base, drop, add)
+  local h = ''
+  if base ~= '' then
+    h = redis.call('HGET', KEYS[1], 'hist') or ''
+    local from = 1
+    for _ = 1, tonumber(drop) do
+      local nl = string.find(h, '\\n', from, true)
+      if not nl then from = #h + 1; break end
+      from = nl + 1
+    end
+    h = string.sub(h, from)
+  end
+  if add ~= '' then
+    if h ~= '' then h = h .. '\\n' .. add else h = add end
+  end
+  -- Kept even when empty: a present field says 'data' has no history of its own.
+  redis.call('HSET', KEYS[1], 'hist', h)
+end
+"""
+
 # RPUSH of many values at once, in chunks: unpack() of a huge range would hit
 # Lua's C-stack limit (~8000 values).
-_PUSH_FN = _INDEX_FN + """
+_PUSH_FN = _INDEX_FN + _HIST_FN + """
 local function push(key, from, to)
   local i = from
   while i <= to do
@@ -126,7 +159,7 @@ end
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
-#       finished_at ('' = not finished), status index position, updated_at,
+#       finished_at ('' = not finished), status index position, updated_at, history (marks, one per line),
 #       then the messages, the log lines, the events.
 CREATE = _PUSH_FN + """
 -- KEYS[2..6] are only DEL'd before being written, so their type cannot fail.
@@ -141,10 +174,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
+set_history('', 0, ARGV[11])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
-push(KEYS[2], 11, 10 + n)
-push(KEYS[3], 11 + n, 10 + n + nl)
-add_events(KEYS[6], KEYS[9], 11 + n + nl)
+push(KEYS[2], 12, 11 + n)
+push(KEYS[3], 12 + n, 11 + n + nl)
+add_events(KEYS[6], KEYS[9], 12 + n + nl)
 redis.call('SADD', KEYS[8], ARGV[1])
 index_job(ARGV[1], tonumber(ARGV[9]), ARGV[10])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
@@ -158,9 +192,11 @@ return 'ok'
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
 #       finished_at ('' = not finished: remove), inbox_taken, status index position, updated_at,
+#       history base token ('' = the whole history follows), marks dropped from its front, marks added,
 #       then the messages, the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
-# 'stale:<why>'; 'corrupt:<role>:<type>'.
+# 'stale:<why>'; 'corrupt:<role>:<type>'; 'rebase' (the history base is not the stored record's:
+# nothing written, send the whole history).
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
 # leased (another owner holds it).
 COMMIT = _PUSH_FN + """
@@ -187,18 +223,21 @@ local holder = redis.call('GET', KEYS[5])
 -- version numbers alone could match again).
 if ARGV[6] == '1' and not holder then return 'stale:expired' end
 if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
+-- A history delta applies only to the history it was computed from: the one the base commit wrote.
+if ARGV[20] ~= '' and cur[2] ~= ARGV[20] then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5])
+set_history(ARGV[20], ARGV[21], ARGV[22])
 if ARGV[8] ~= '' then
   local n = tonumber(ARGV[8])
   -- LTRIM 0 -1 would keep everything, so cutting to zero is a DEL.
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-push(KEYS[2], 20, 19 + n)
-push(KEYS[3], 20 + n, 19 + n + nl)
-add_events(KEYS[6], KEYS[9], 20 + n + nl)
+push(KEYS[2], 23, 22 + n)
+push(KEYS[3], 23 + n, 22 + n + nl)
+add_events(KEYS[6], KEYS[9], 23 + n + nl)
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19])
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
@@ -252,7 +291,7 @@ return 'ok'
 # KEYS: record, journal, lease, due, jobs
 # ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id
 # Reply: nil (unknown job, or leased by someone else), 'corrupt:<role>:<type>',
-# else {data, jver, journal pairs}.
+# else {data, jver, journal pairs, control, inbox, dropped, token, hist (nil: history inside data)}.
 LOAD = _TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
 -- A read-only load never touches the lease, so only taking it checks its type.
@@ -273,9 +312,10 @@ if ARGV[2] ~= '' then
   if holder and holder ~= ARGV[1] then return false end
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 end
-local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped')
+local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'hist')
 -- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
-return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or ''}
+return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or '',
+        rec[6] or '', rec[7]}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms

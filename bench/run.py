@@ -428,7 +428,8 @@ class ByteCounter:
             self._add("transcript messages", sum(map(size, msgs)))
             self._add("log entries", sum(map(size, logs)))
             self._add("events (durable log)", sum(map(size, events)))
-            rest = [a for i, a in enumerate(argv[:fixed]) if i != layout.data]
+            self._add("record: turn history (base, dropped, new marks)", sum(map(size, argv[layout.history:fixed])))
+            rest = [a for i, a in enumerate(argv[:layout.history]) if i != layout.data]
             self._add(f"{script}: ids, tokens, versions, flags", sum(map(size, rest)))
         elif script == "step":
             self._add("journal (model + tool steps)", size(argv[-1]))
