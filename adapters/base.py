@@ -82,6 +82,7 @@ __all__ = [
     "LeaseStore",
     "LiveStore",
     "Scheduler",
+    "StepPublisher",
     "Storage",
     "page_cursor",
     "parse_cursor",
@@ -247,6 +248,21 @@ class CountingIndex(Protocol):
 
     def reindex(self) -> int:
         """Put jobs written before the listing indexes existed into them; how many were (re)indexed."""
+        ...
+
+
+@runtime_checkable
+class StepPublisher(Protocol):
+    """A storage that journals a step and publishes live-stream parts in one write (a capability).
+
+    The agent turn journals the model's answer with the last of its streamed
+    text this way: one round trip instead of two. A storage without it gets
+    ``record_step`` then ``publish``.
+    """
+
+    def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                parts: Sequence[Event]) -> None:
+        """``record_step``, then ``publish(parts)`` only if the step was journaled; a re-sent call publishes once."""
         ...
 
 

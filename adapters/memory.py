@@ -287,6 +287,12 @@ class MemoryStorage:
             job.control = request
             return True
 
+    def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                parts: Sequence[Event]) -> None:
+        """Journal a step, then publish ``parts`` to the live stream (only if the step was journaled)."""
+        self.record_step(job_id, version=version, owner=owner, key=key, value=value)
+        self.publish(job_id, parts)
+
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         text = dump_json(value, f"result of step {key!r}")
         with self._lock:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from adapters.base import Storage
+from adapters.base import StepPublisher, Storage
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
@@ -71,6 +71,17 @@ class OffloadingStorage:
         """Journal a step result, a large one as a reference."""
         stored = self.offloader.pack(job_id, value, f"result of step {key!r}")
         self.inner.record_step(job_id, version=version, owner=owner, key=key, value=stored)
+
+    def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                parts: Sequence[Event]) -> None:
+        """Journal a step result (a large one as a reference) and publish ``parts`` with it."""
+        stored = self.offloader.pack(job_id, value, f"result of step {key!r}")
+        if isinstance(self.inner, StepPublisher):
+            self.inner.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=stored,
+                                               parts=parts)
+        else:
+            self.inner.record_step(job_id, version=version, owner=owner, key=key, value=stored)
+            self.inner.publish(job_id, parts)
 
     def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
         """Send messages to the job's inbox, large ones as references."""

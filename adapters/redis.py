@@ -588,11 +588,21 @@ class RedisStorage(RedisIndexReads):
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal one step result under ``version``; fenced like ``commit``."""
+        self.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=())
+
+    def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                parts: Sequence[Event]) -> None:
+        """Journal one step result and append ``parts`` to the live stream, in one script (one round trip).
+
+        The parts are published only if the step is journaled (same fence); a
+        call redis-py re-sends after a lost reply publishes them once.
+        """
         k = self.keys(job_id)
         text = dump_json(value, f"result of step {key!r}")
-        args = [str(version), "0" if owner is None else "1", owner or "", key, text]
-        reply = _text(self._run(self._step, [k.record, k.journal, k.lease], args,
-                                f"journaling step {key!r} of job {job_id!r}"))
+        lines = _dump_parts(parts)
+        args = [str(version), "0" if owner is None else "1", owner or "", key, text, *lines]
+        keys = [k.record, k.journal, k.lease, k.live] if lines else [k.record, k.journal, k.lease]
+        reply = _text(self._run(self._step, keys, args, f"journaling step {key!r} of job {job_id!r}"))
         self._check_types(job_id, reply, f"journaling step {key!r} of job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"step {key!r} at version {version} not recorded"))

@@ -268,10 +268,15 @@ if ARGV[14] == '1' then redis.call('HDEL', KEYS[1], 'control') end
 return reply('ok')
 """
 
-# KEYS: record, journal, lease
-# ARGV: version, has_owner, owner, key, value
+# KEYS: record, journal, lease, live
+# ARGV: version, has_owner, owner, key, value, then live-stream parts to publish with it (optional)
+# The parts go out only if the step is journaled (same fence). A re-sent call (its reply
+# was lost) finds its own value already journaled under the key and publishes nothing
+# again: a step key is journaled once per attempt, so the same key holding the same value
+# at this version is that call.
 RECORD_STEP = _TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash', KEYS[3], 'lease', 'string'})
+if not bad and #ARGV > 5 then bad = wrong_type({KEYS[4], 'live', 'stream'}) end
 if bad then return bad end
 local cur = redis.call('HMGET', KEYS[1], 'version', 'jver')
 if not cur[1] then return 'stale:missing' end
@@ -283,8 +288,11 @@ if cur[2] ~= ARGV[1] then
   -- The journal belongs to an older version: start a fresh one for this one.
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[1], 'jver', ARGV[1])
+elseif #ARGV > 5 and redis.call('HGET', KEYS[2], ARGV[4]) == ARGV[5] then
+  return 'ok'
 end
 redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+for i = 6, #ARGV do redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
 return 'ok'
 """
 

@@ -46,7 +46,7 @@ from phases.view_migration import ViewMigration, migrate_view
 from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, StaleVersionError, TransientModelError
-from pipelines.engine.models import Message, Usage
+from pipelines.engine.models import JSONValue, Message, Usage
 from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseContext, RetryLater
 
 __all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
@@ -240,7 +240,9 @@ class AgentTurn:
         # model's view, which compaction shortens: the id check sees every earlier message.
         whole = _TRANSCRIPT.set(past)
         try:
-            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn))
+            # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
+            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn),
+                           publish=None if sink is None else lambda value: sink.final_parts(_content_of(value)))
         except StaleVersionError as exc:
             # Fenced off after the model answered: the answer is lost to this attempt, its cost is not.
             if isinstance(exc.unrecorded, dict):
@@ -389,6 +391,13 @@ def _parse(schema: type[BaseModel], text: Any) -> BaseModel | None:
         return None
 
 
+def _content_of(answer: JSONValue) -> str | None:
+    """The text of a journaled model answer (a ``ModelResponse`` in JSON form), if it has one."""
+    message = answer.get("message") if isinstance(answer, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else None
+
+
 class _HistoryCache:
     """The transcript of recently advanced jobs, so a worker that runs a job's next turn reads no history.
 
@@ -443,8 +452,6 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
     with telemetry.model_span(None) as current, flow_limits.limited_call(model, messages) as settle:
         response = resolve(model.complete(request))
-        if ctx.on_delta is not None:
-            ctx.on_delta.flush()  # the last text goes out now, not after the answer is journaled
         if not isinstance(response, ModelResponse):
             response = ModelResponse.model_validate(response)
         settle(response.usage.total_tokens)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from adapters.base import StepPublisher
 from pipelines.engine import versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
@@ -413,13 +414,20 @@ class PhaseContext(Generic[S]):
         self._version = self._saver(state)
         self.checkpoint = self.checkpoint.model_copy(update={"state": state})
 
-    def step(self, key: str, fn: Callable[[], T | Awaitable[T]]) -> JSONValue:
+    def step(self, key: str, fn: Callable[[], T | Awaitable[T]], *,
+             publish: Callable[[JSONValue], Sequence[Event]] | None = None) -> JSONValue:
         """Run ``fn`` once per phase attempt and journal its result under ``key``.
 
         On a re-run after a crash the journaled result is returned and ``fn``
         is not called. The value returned is always the JSON form of ``fn``'s
         result (a pydantic model comes back as a dict), on the first run and
         on a replay alike. ``fn`` may be ``async def``.
+
+        ``publish(value)``, called only when ``fn`` ran, returns live-stream
+        parts (see :meth:`part`) that go out with the journal write, in the
+        same round trip where the storage can (the agent turn sends the last of
+        its streamed text this way); they are published only if the step is
+        journaled.
         """
         if not isinstance(key, str) or not key:
             raise InvalidInputError(f"step key must be a non-empty string, got {key!r}")
@@ -428,7 +436,7 @@ class PhaseContext(Generic[S]):
                 return self._journal[key]
         value = to_json_value(resolve(fn()), what=f"result of step {key!r}")
         try:
-            self.record(key, value)
+            self.record(key, value, parts=publish(value) if publish is not None else ())
         except StaleVersionError as exc:
             exc.unrecorded = value  # computed (maybe paid for) but fenced off: the caller may still count it
             raise
@@ -453,9 +461,20 @@ class PhaseContext(Generic[S]):
                 return True, self._journal[key]
         return False, None
 
-    def record(self, key: str, value: JSONValue) -> None:
-        """Journal ``value`` under ``key`` now (fenced: a stale worker gets ``StaleVersionError``)."""
-        self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
+    def record(self, key: str, value: JSONValue, *, parts: Sequence[Event] = ()) -> None:
+        """Journal ``value`` under ``key`` now (fenced: a stale worker gets ``StaleVersionError``).
+
+        ``parts`` are published to the live stream once the value is journaled
+        (in the same write when the storage is a :class:`~adapters.base.StepPublisher`).
+        """
+        if not parts:
+            self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
+        elif isinstance(self._storage, StepPublisher):
+            self._storage.record_step_and_publish(self.job_id, version=self.version, owner=self._owner, key=key,
+                                                  value=value, parts=parts)
+        else:
+            self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
+            self._storage.publish(self.job_id, parts)
         with self._lock:
             self._journal[key] = value
 

@@ -183,6 +183,37 @@ def test_journal_is_fenced_and_cleared_by_a_commit(storage: Storage) -> None:
     assert got is not None and got.checkpoint is not None and got.checkpoint.journal == {}
 
 
+def test_a_step_journaled_with_live_parts_publishes_them_only_if_it_is_journaled(storage: Storage) -> None:
+    from adapters.base import StepPublisher
+    from pipelines.engine.models import Event
+
+    assert isinstance(storage, StepPublisher)
+    rec = record()
+    storage.create_job(rec)
+    storage.acquire_lease("job-1", "w1", 30)
+    parts = [Event(timestamp=1.0, type="attempt_started", turn=1, data={"attempt": "a1"}),
+             Event(timestamp=1.5, type="text_delta", turn=1, data={"attempt": "a1", "text": "héllo"})]
+    storage.record_step_and_publish("job-1", version=1, owner="w1", key="model", value={"text": "héllo"},
+                                    parts=parts)
+    got = storage.get_job("job-1")
+    assert got is not None and got.checkpoint is not None and got.checkpoint.journal == {"model": {"text": "héllo"}}
+    live = storage.read_live("job-1")
+    assert [(p.type, p.data) for p in live] == [(p.type, p.data) for p in parts]
+    # Fenced like record_step: a stale version or another owner journals nothing and publishes nothing.
+    for version, owner in ((0, "w1"), (1, "w2")):
+        with pytest.raises(StaleVersionError):
+            storage.record_step_and_publish("job-1", version=version, owner=owner, key="tool:x", value=1,
+                                            parts=[Event(timestamp=2.0, type="text_delta", turn=1, data={"text": "x"})])
+    assert len(storage.read_live("job-1")) == len(parts)
+    got = storage.get_job("job-1")
+    assert got is not None and got.checkpoint is not None and "tool:x" not in got.checkpoint.journal
+    # No parts: exactly record_step.
+    storage.record_step_and_publish("job-1", version=1, owner="w1", key="tool:c1", value=[1], parts=[])
+    got = storage.get_job("job-1")
+    assert got is not None and got.checkpoint is not None and got.checkpoint.journal["tool:c1"] == [1]
+    assert len(storage.read_live("job-1")) == len(parts)
+
+
 def test_journal_survives_a_commit_that_keeps_it(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)

@@ -169,3 +169,28 @@ def test_a_re_sent_send_is_recognised_even_after_another_caller_sent_in_between(
     send(keys=[k.record, k.inbox], args=["tok-a", '{"role": "user", "content": "from A"}'])  # A's retry
     assert [m["content"] for m in store.inbox("r", 10)] == ["from A", "from B"]
     store.client.close()
+
+
+def test_a_step_journaled_with_parts_re_sent_after_a_lost_reply_publishes_them_once(redis_url: str) -> None:
+    """The journal write that carries the answer's last text: a re-sent call finds its own value journaled."""
+    from adapters import redis_scripts
+    from pipelines.engine.models import Event
+
+    store = RedisStorage.from_url(redis_url, prefix="resend3")
+    app = App(storage=store, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=ScriptedModel(answer),
+                                                                         tools=[lookup])])
+    app.run_agent("a", job_id="r", messages=["hi"])
+    assert store.acquire_lease("r", "w1", 30) is not None
+    k = store.keys("r")
+    step = store.client.register_script(redis_scripts.RECORD_STEP)
+    version = str(app.get("r").record.version)
+    line = Event(timestamp=1.0, type="text_delta", turn=1, data={"text": "x"}).model_dump_json()
+    before = store.client.xlen(k.live)
+    for _ in range(2):  # the call, then redis-py's re-send of it
+        assert step(keys=[k.record, k.journal, k.lease, k.live],
+                    args=[version, "1", "w1", "model", '{"a":1}', line]) == b"ok"
+    assert store.client.xlen(k.live) == before + 1
+    # Another value under the key is not a re-send: it is journaled and its parts go out.
+    step(keys=[k.record, k.journal, k.lease, k.live], args=[version, "1", "w1", "model", '{"a":2}', line])
+    assert store.client.xlen(k.live) == before + 2 and store.client.hget(k.journal, "model") == b'{"a":2}'
+    store.client.close()

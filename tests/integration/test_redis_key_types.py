@@ -88,6 +88,9 @@ SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]
                 *LISTING)),
     "RECORD_STEP": (running_job, lambda s: s.record_step(JOB, version=1, owner="w1", key="tool:1", value=1),
                     ("record", "journal", "lease")),
+    "RECORD_STEP(with parts)": (running_job, lambda s: s.record_step_and_publish(
+        JOB, version=1, owner="w1", key="tool:1", value=1,
+        parts=[Event(timestamp=1.0, type="text_delta", data={"text": "x"})]), ("record", "journal", "lease", "live")),
     "LOAD(acquire_lease)": (running_job, lambda s: s.acquire_lease(JOB, "w1", 30), ("record", "journal", "lease")),
     "LOAD(get_job)": (running_job, lambda s: s.get_job(JOB), ("record", "journal")),
     "LOAD(unknown job)": (record_deleted_by_hand, lambda s: s.get_job(JOB), ("due", "jobs")),

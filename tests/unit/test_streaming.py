@@ -13,7 +13,7 @@ from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import Crash, memory
 
-LONG = "The order A-1 shipped yesterday with DHL; it should arrive within two to three working days. " * 3
+LONG = "The order A-1 shipped yesterday with DHL; it should arrive within two to three working days. " * 12
 
 
 @tool
@@ -128,7 +128,7 @@ def test_a_retried_provider_stream_starts_a_new_attempt_and_the_broken_text_is_d
     class BreaksOnce:
         def complete(self, request: ModelRequest) -> ModelResponse:
             assert request.on_delta is not None and request.on_restart is not None and request.stream_retries == 2
-            request.on_delta(LONG[:250])  # published (over 200 chars), then the provider's stream breaks ...
+            request.on_delta(LONG[:1050])  # published (over FLUSH_CHARS), then the provider's stream breaks ...
             request.on_restart()  # ... and the model tries again as the same call
             request.on_delta(LONG)
             return ModelResponse(message={"role": "assistant", "content": LONG}, finish_reason="stop",
@@ -192,8 +192,8 @@ def test_text_held_back_in_a_window_goes_out_when_the_window_ends_without_anothe
             if "".join(published) == "ab":
                 sent.set()
 
-    sink = DeltaSink(Ctx(), 1, flush_seconds=0.02)  # type: ignore[arg-type]
-    sink("a")  # the first text goes out at once
+    sink = DeltaSink(Ctx(), 1, flush_seconds=0.02, first_flush_seconds=0)  # type: ignore[arg-type]
+    sink("a")  # the first text goes out at once (no first window)
     sink("b")  # inside the window: held back, and no further piece comes (a slow stream)
     assert published == ["a"]
     assert sent.wait(5), "held-back text was never published"
@@ -238,8 +238,12 @@ def test_turns_start_no_thread_each_and_a_model_that_does_not_stream_starts_none
     assert turn_texts(list(app.stream("j"))) == assistant_texts(app)
 
 
-def test_held_back_text_the_flusher_could_not_publish_fails_the_attempt_and_the_retry_sends_it_whole() -> None:
+def test_held_back_text_the_flusher_could_not_publish_fails_the_attempt_and_the_retry_sends_it_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from adapters.memory import MemoryStorage
+    from phases import streaming
+
+    monkeypatch.setattr(streaming, "FIRST_FLUSH_SECONDS", 0.0)  # "a" goes out at once, "b" is held back
     from phases.model import ModelRequest, ModelResponse
     from pipelines.engine.errors import StorageUnavailableError
 
@@ -277,3 +281,105 @@ def test_held_back_text_the_flusher_could_not_publish_fails_the_attempt_and_the_
     assert [p.type for p in parts if p.type in ("attempt_started", "turn_committed")] == [
         "attempt_started", "attempt_started", "turn_committed"]
     assert turn_texts(parts) == {1: "abc"} == assistant_texts(app)
+
+
+def test_the_first_text_waits_the_first_window_and_goes_out_without_another_piece() -> None:
+    from phases.streaming import DeltaSink
+
+    published: list[str] = []
+    sent = threading.Event()
+
+    class Ctx:
+        attempt_id = "a1"
+        job_id = "j"
+
+        def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Any:
+            return (type_, data.get("text", ""))
+
+        def publish_parts(self, parts: list[Any]) -> None:
+            published.extend(text for kind, text in parts if kind == "text_delta")
+            sent.set()
+
+    sink = DeltaSink(Ctx(), 1, first_flush_seconds=0.02)  # type: ignore[arg-type]
+    sink("a")
+    assert published == []  # held for the first window ...
+    assert sent.wait(5), "the first text was never published"
+    assert published == ["a"]  # ... and sent when it ended, with no further piece
+    assert sink.final_parts("ab") and sink.sent == "ab"
+    sink.finish("ab")  # nothing left to send
+    assert published == ["a"]
+
+
+class _Counting:
+    """Counts the storage writes a turn's text takes (memory adapters)."""
+
+    def __init__(self) -> None:
+        from adapters.memory import MemoryStorage
+
+        counts = self.counts = {"publish": 0, "with_step": 0}
+
+        class Storage(MemoryStorage):
+            def publish(self, job_id: str, parts: Any) -> None:
+                counts["publish"] += 1
+                super().publish(job_id, parts)
+
+            def record_step_and_publish(self, job_id: str, **kw: Any) -> None:
+                counts["with_step"] += 1
+                counts["publish"] -= 1  # MemoryStorage publishes through publish(): counted here instead
+                super().record_step_and_publish(job_id, **kw)
+
+        self.storage_class = Storage
+
+
+def test_an_answer_complete_within_the_first_window_goes_out_with_its_journal_write() -> None:
+    counting = _Counting()
+    _, scheduler, clock = memory()
+    storage = counting.storage_class(clock=clock)
+    app = App(storage=storage, scheduler=scheduler,
+              agents=[Agent(name="a", model=ScriptedModel([reply("Let me look.", call("lookup", order="A-1")), LONG]),
+                            tools=[lookup])])
+    app.run_agent("a", job_id="j", messages=["where is A-1?"])
+    app.drain()
+    # Turn 1's short text: no publish of its own, it rides with the answer's journal write. Turn 2's
+    # long text passes the batch size on the way (published as it streams), its tail rides along.
+    assert counting.counts["with_step"] == 2
+    parts = list(app.stream("j"))
+    assert turn_texts(parts) == assistant_texts(app)
+    starts = [p for p in parts if p.type == "attempt_started"]
+    assert [p.turn for p in starts] == [1, 2]
+
+
+def test_a_storage_without_the_capability_gets_the_journal_write_then_the_publish() -> None:
+    from adapters.base import StepPublisher
+    from adapters.memory import MemoryStorage
+
+    calls: list[str] = []
+
+    class Plain:
+        """Delegates everything to a MemoryStorage but record_step_and_publish (an older storage)."""
+
+        def __init__(self, inner: MemoryStorage) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "record_step_and_publish":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+        def record_step(self, job_id: str, **kw: Any) -> None:
+            calls.append(f"step:{kw['key']}")
+            self._inner.record_step(job_id, **kw)
+
+        def publish(self, job_id: str, parts: Any) -> None:
+            calls.append("publish")
+            self._inner.publish(job_id, parts)
+
+    _, scheduler, clock = memory()
+    inner = MemoryStorage(clock=clock)
+    storage = Plain(inner)
+    assert not isinstance(storage, StepPublisher)
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=ScriptedModel(["hello"]))])  # type: ignore[arg-type]
+    app.run_agent("a", job_id="j", messages=["hi"])
+    app.drain()
+    assert calls[calls.index("step:model") + 1] == "publish"
+    assert turn_texts(list(app.stream("j"))) == {1: "hello"} == assistant_texts(app)
