@@ -432,8 +432,10 @@ class ByteCounter:
             rest = [a for i, a in enumerate(argv[:layout.history]) if i != layout.data]
             self._add(f"{script}: ids, tokens, versions, flags", sum(map(size, rest)))
         elif script == "step":
-            self._add("journal (model + tool steps)", size(argv[-1]))
-            self._add("step: versions, owner, step keys", sum(map(size, argv[:-1])))
+            # ARGV: version, has_owner, owner, key, value, then the live-stream parts sent with it.
+            self._add("journal (model + tool steps)", size(argv[4]))
+            self._add("step: versions, owner, step keys", sum(map(size, argv[:4])))
+            self._add("live-stream parts (with the journal write)", sum(map(size, argv[5:])))
         elif script == "publish":
             self._add("live-stream parts (publish)", sum(map(size, argv[1:])))
             self._add("publish: tokens", size(argv[0]))
