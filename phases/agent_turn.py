@@ -332,8 +332,9 @@ def _decide(ctx: PhaseContext[Any], cfg: AgentConfig, info: TurnInfo, truncated:
 
 def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse, results: list[Message]) -> None:
     # Small on purpose: the transcript already holds arguments and results;
-    # events say what happened, in order, with the turn number.
-    ctx.emit("turn_started", turn=turn)
+    # events say what happened, in order, with the turn number. They are built
+    # once the turn's work is done; turn_started keeps the time the turn began.
+    ctx.emit_at(ctx.started_at, "turn_started", turn=turn)
     usage = response.usage
     ctx.emit("model_response", turn=turn, finish_reason=response.finish_reason, tool_calls=len(response.tool_calls),
              prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd)

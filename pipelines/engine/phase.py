@@ -294,6 +294,8 @@ class PhaseContext(Generic[S]):
         self._owner = owner
         self._clock = clock
         self._saver = saver
+        #: When this run of the phase started (the scheduler's clock): an agent turn's ``turn_started``.
+        self.started_at = clock()
         # What a person supplied (approvals, recorded outcomes) reads like any
         # journaled step; a step the phase itself journaled wins.
         self._journal: dict[str, JSONValue] = {**checkpoint.inputs, **checkpoint.journal}
@@ -341,7 +343,11 @@ class PhaseContext(Generic[S]):
 
     def emit(self, type_: str, *, turn: int | None = None, **data: Any) -> None:
         """Add an event to the job's event log; it is stored with this phase's commit (if it moves on)."""
-        event = Event(timestamp=self._clock(), type=type_, turn=turn, phase=self.phase,
+        self.emit_at(self._clock(), type_, turn=turn, **data)
+
+    def emit_at(self, timestamp: float, type_: str, *, turn: int | None = None, **data: Any) -> None:
+        """:meth:`emit` an event of something that happened at ``timestamp`` (the scheduler's clock), earlier."""
+        event = Event(timestamp=timestamp, type=type_, turn=turn, phase=self.phase,
                       data=to_json_value(data, what=f"data of event {type_!r}"))
         with self._lock:
             self._buffer.events.append(event)

@@ -107,3 +107,22 @@ def test_a_failing_hook_does_not_affect_the_job() -> None:
     finally:
         unsubscribe()
     assert storage.get_job("b").status == "complete"  # type: ignore[union-attr]
+
+
+def test_turn_started_carries_the_time_the_turn_began_not_when_its_events_were_built() -> None:
+    storage, scheduler, clock = memory()
+
+    class Slow(ScriptedModel):
+        def complete(self, request: Any) -> Any:
+            clock.advance(7.0)  # the model takes 7 s (virtual)
+            return super().complete(request)
+
+    model = Slow([reply(None, {**call("add", a=1, b=2), "id": "c1"}), "3"])
+    agent = Agent(model=model, tools=[add])
+    agent.run(job_id="t", messages=["1+2?"], storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    events = {(e.type, e.turn): e.timestamp for e in storage.events("t")}
+    for turn in (1, 2):
+        started, answered = events[("turn_started", turn)], events[("model_response", turn)]
+        assert answered - started == pytest.approx(7.0)  # the turn began before the model's 7 s, not after
+    assert events[("turn_started", 2)] >= events[("turn_committed", 1)]  # still in order across turns
