@@ -262,19 +262,19 @@ def rq_jobs(sz: Sizes, worker: str) -> int:
     return sz.rq_jobs if worker == "simple" else sz.rq_fork_jobs
 
 
-def ours_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]:
+def ours_rq(url: str, kids: Children, sz: Sizes, worker: str, shape: tuple[int, int] | None = None) -> list[float]:
     from bench import apps
     from pipelines import JobStatus
 
-    n_jobs, n_turns = rq_jobs(sz, worker), sz.rq_turns
-    queue = f"ours-{worker}"
+    n_jobs, n_turns = shape or (rq_jobs(sz, worker), sz.rq_turns)
+    queue = f"ours-{worker}-{n_jobs}x{n_turns}"
     app = apps.build(url, queue=queue, turns=n_turns)
     agent = app.agents[apps.PIPELINE]
     conn = app.storage.client  # type: ignore[attr-defined]
     due_key = app.storage.due_key  # type: ignore[attr-defined]
     env = {"BENCH_REDIS_URL": url, "BENCH_QUEUE": queue, "BENCH_TURNS": str(n_turns)}
-    procs = [kids.python(f"ours-{worker}-{i}", ["-m", "pipelines", "worker", "--app", apps.APP_PATH, "--name",
-                                                f"ours-{worker}-{i}", "--log-level", "WARNING",
+    procs = [kids.python(f"{queue}-{i}", ["-m", "pipelines", "worker", "--app", apps.APP_PATH, "--name",
+                                          f"{queue}-{i}", "--log-level", "WARNING",
                                                 *(["--simple"] if worker == "simple" else [])], **env)
              for i in range(2)]
     rates = []
@@ -299,25 +299,26 @@ def ours_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]:
         for p in procs:
             kids.stop(p)
     swept = sum(log.read_text(errors="replace").count("sweep: re-enqueued")
-                for log in kids.dir.glob(f"ours-{worker}-*.log"))
+                for log in kids.dir.glob(f"{queue}-*.log"))
     if swept:
         kids.notes.append(f"{worker} workers: the sweep re-enqueued overdue jobs {swept} time(s) during figure 3")
     return rates
 
 
-def baseline_rq(url: str, kids: Children, sz: Sizes, worker: str) -> list[float]:
+def baseline_rq(url: str, kids: Children, sz: Sizes, worker: str,
+                shape: tuple[int, int] | None = None) -> list[float]:
     import redis
     from rq import Queue
     from rq.serializers import JSONSerializer
 
     from bench import baseline_rq as base
 
-    n_jobs, n_turns = rq_jobs(sz, worker), sz.rq_turns
-    queue = f"base-{worker}"
+    n_jobs, n_turns = shape or (rq_jobs(sz, worker), sz.rq_turns)
+    queue = f"base-{worker}-{n_jobs}x{n_turns}"
     conn = redis.Redis.from_url(url)
     q = Queue(queue, connection=conn, serializer=JSONSerializer)
-    procs = [kids.python(f"base-{worker}-{i}", ["-m", "bench.baseline_rq", "--url", url, "--queue", queue,
-                                                "--name", f"base-{worker}-{i}",
+    procs = [kids.python(f"{queue}-{i}", ["-m", "bench.baseline_rq", "--url", url, "--queue", queue,
+                                          "--name", f"{queue}-{i}",
                                                 *(["--simple"] if worker == "simple" else [])])
              for i in range(2)]
     rates = []
@@ -354,6 +355,18 @@ def fig3(rep: Report, sz: Sizes, url: str, kids: Children) -> None:
         rep.add("3" + nxt, f"bare RQ chaining, 2 x {cls}", base, "turns/s")
         rep.ratio("3" + chr(ord(nxt) + 1), f"phaserunner / bare RQ ({cls})", ours, base, ">= 1.0",
                   lambda v: v >= 1.0)
+    # With a backlog (above: 200 jobs on 2 workers) continue_for hands each job back after every
+    # turn, because other work waits (issue 15: a new conversation never waits behind a busy
+    # one), so every turn goes through the queue. With no backlog (a job per worker) it keeps
+    # the lease and runs the next turn at once: what continue_for is worth when workers are free.
+    shape = (2, sz.rq_turns * 5)
+    say(f"figure 3: 2 RQ SimpleWorker processes, no backlog: {shape[0]} jobs x {shape[1]} turns, {sz.runs} runs each")
+    ours = ours_rq(url, kids, sz, "simple", shape)
+    base = baseline_rq(url, kids, sz, "simple", shape)
+    rep.add("3g", f"phaserunner on Redis, 2 x SimpleWorker, no backlog ({shape[0]}x{shape[1]})", ours, "turns/s")
+    rep.add("3h", "bare RQ chaining, 2 x SimpleWorker, no backlog", base, "turns/s")
+    rep.ratio("3i", "phaserunner / bare RQ, no backlog (continue_for at work)", ours, base, ">= 3.0",
+              lambda v: v >= 3.0)
 
 
 # --- figure 4: one long job on Redis: bytes written, late vs early turns -------
