@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 import uuid
@@ -45,9 +46,10 @@ from pydantic import ValidationError
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from adapters import redis_scripts
+from adapters import redis_archive, redis_scripts
 from adapters.redis_common import (
     _FAILOVER_ERRORS,
+    _FINISHED,
     _KEY_TYPES,
     _LIVE_KEPT,
     _check_url,
@@ -79,6 +81,7 @@ from pipelines.engine.errors import (
     CorruptRecordError,
     InvalidInputError,
     JobConflictError,
+    PipelineError,
     StaleVersionError,
     StorageUnavailableError,
 )
@@ -103,6 +106,7 @@ __all__ = ["CLUSTER_BUCKETS", "DEFAULT_PREFIX", "JobKeys", "RedisStorage", "chec
            "index_keys", "job_keys", "listing_keys"]
 
 DEFAULT_PREFIX = "pr"
+_log = logging.getLogger("pipelines")
 #: The buckets a storage on a Redis Cluster client uses unless told otherwise: enough to spread
 #: over a few dozen masters, few enough that walking them all (the sweep, a listing) stays cheap.
 CLUSTER_BUCKETS = 64
@@ -150,7 +154,7 @@ class RedisStorage(RedisIndexReads):
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,
-                 replica_timeout: float = 1.0, failover_timeout: float = 15.0) -> None:
+                 replica_timeout: float = 1.0, failover_timeout: float = 15.0, archive_events: bool = True) -> None:
         self.client: Any = client  # redis.Redis or redis.RedisCluster: the calls used here are on both
         self.prefix = check_prefix(prefix)
         self.cluster = isinstance(client, redis.RedisCluster)
@@ -191,6 +195,10 @@ class RedisStorage(RedisIndexReads):
         self._send = client.register_script(redis_scripts.SEND)
         self._dropped = client.register_script(redis_scripts.DROPPED)
         self._reindex = client.register_script(redis_scripts.REINDEX)
+        self._archive = client.register_script(redis_scripts.ARCHIVE)
+        self._events = client.register_script(redis_scripts.EVENTS)
+        #: Whether a commit that finishes a job archives its events (see adapters.redis_archive).
+        self.archive_finished = archive_events
 
     @classmethod
     def from_url(
@@ -207,6 +215,7 @@ class RedisStorage(RedisIndexReads):
         cluster: bool = False,
         buckets: int | None = None,
         replicas: int = 0,
+        archive_events: bool = True,
     ) -> RedisStorage:
         """Connect lazily to ``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS).
 
@@ -239,7 +248,8 @@ class RedisStorage(RedisIndexReads):
             raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
         except redis.exceptions.RedisError as exc:  # a cluster client reads the slot map when it is made
             raise StorageUnavailableError(f"Redis Cluster at {_redact(url)!r} is unreachable: {exc}") from exc
-        return cls(client, prefix=prefix, live_ttl=live_ttl, buckets=buckets, replicas=replicas)
+        return cls(client, prefix=prefix, live_ttl=live_ttl, buckets=buckets, replicas=replicas,
+                   archive_events=archive_events)
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of ``job_id`` (validated)."""
@@ -428,17 +438,73 @@ class RedisStorage(RedisIndexReads):
             raise CorruptRecordError(f"a stored log entry of job {job_id!r} does not parse: {exc}") from exc
 
     def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
-        """Events after the cursor ``after`` (a stream id), read with one XRANGE."""
+        """Events after the cursor ``after`` (a stream id): the archived ones, then the stream's (one script)."""
         if limit <= 0:
             return []
+        if after:
+            try:
+                redis_archive.entry_key(after)
+            except ValueError:
+                raise InvalidInputError(f"event cursor {after!r} is not a stream id (<ms>-<seq>)") from None
         start = "-" if not after else f"({after}"  # "(" makes the start exclusive (Redis >= 6.2)
-        with _mapped(f"reading the events of job {job_id!r}"):
-            entries = self.client.xrange(self.keys(job_id).events, start, "+", count=limit)
-        return [self._event(job_id, entry_id, fields) for entry_id, fields in entries or []]
+        k = self.keys(job_id)
+        what = f"reading the events of job {job_id!r}"
+        reply = self._run(self._events, [k.record, k.events], [start, str(limit)], what, write=False)
+        self._check_types(job_id, reply, what)
+        blob, entries = reply
+        stream = [(_text(entry_id), self._entry(fields)) for entry_id, fields in entries]
+        try:
+            archived = redis_archive.unpack(_text(blob)) if blob else []
+        except ValueError as exc:
+            raise CorruptRecordError(f"the archived events of job {job_id!r}: {exc}") from exc
+        return [self._event(job_id, entry_id, raw) for entry_id, raw in redis_archive.merge(archived, stream, after,
+                                                                                          limit)]
+
+    def archive_events(self, job_id: str) -> bool:
+        """Move a finished job's events from its stream into one compressed field (see :mod:`adapters.redis_archive`).
+
+        ``True`` if they moved; ``False`` if there was nothing to move, the job
+        is not finished, or it moved on meanwhile (nothing written; try again
+        later). Readers see the same events with the same ids either way.
+        """
+        k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
+        what = f"archiving the events of job {job_id!r}"
+        reply = self._run(self._events, [k.record, k.events], ["-", ""], what, write=False)
+        self._check_types(job_id, reply, what)
+        blob, entries = reply
+        if not entries:
+            return False
+        stream = [(_text(entry_id), self._entry(fields)) for entry_id, fields in entries]
+        old = _text(blob) if blob else ""
+        try:
+            archived = redis_archive.unpack(old)
+        except ValueError as exc:
+            raise CorruptRecordError(f"the archived events of job {job_id!r}: {exc}") from exc
+        new = redis_archive.pack([*archived, *stream])
+        done = _text(self._run(self._archive, [k.record, k.events, ix.finished],
+                               [job_id, stream[-1][0], str(len(old)), new], what))
+        self._check_types(job_id, done, what)
+        return done == "ok"
+
+    def _archive_quietly(self, job_id: str) -> None:
+        # After a commit that finished the job: the commit stands whatever happens here; a job left
+        # unarchived still reads the same and is archived by a later call.
+        try:
+            self.archive_events(job_id)
+        except PipelineError as exc:
+            _log.warning("job %s: its events stay in their stream (archiving failed: %s)", job_id, exc)
 
     @staticmethod
-    def _event(job_id: str, entry_id: Any, fields: Any) -> Event:
+    def _entry(fields: Any) -> str:
+        if isinstance(fields, list):  # from a script: [field, value, ...]
+            fields = dict(zip(fields[::2], fields[1::2], strict=False))
         raw = (fields or {}).get(b"e") or (fields or {}).get("e") or ""
+        return _text(raw)
+
+    @staticmethod
+    def _event(job_id: str, entry_id: Any, raw: Any) -> Event:
+        if not isinstance(raw, str | bytes):
+            raw = RedisStorage._entry(raw)
         try:
             event = _load_part(raw)
         except (ValidationError, ValueError) as exc:
@@ -511,6 +577,8 @@ class RedisStorage(RedisIndexReads):
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
         self._remember(job_id, commit.token, commit.record.history, marks)
+        if self.archive_finished and commit.record.status in _FINISHED:
+            self._archive_quietly(job_id)
         _, pending, waiting = reply.split(":", 2)
         return CommitReply(pending or None, int(waiting or 0))
 

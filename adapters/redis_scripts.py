@@ -43,8 +43,8 @@ from typing import NamedTuple
 
 from pipelines.engine.models import JobStatus
 
-__all__ = ["COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "INDEX_ROLES", "LOAD", "PUBLISH",
-           "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND", "ArgLayout", "index_position"]
+__all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "EVENTS", "INDEX_ROLES",
+           "LOAD", "PUBLISH", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND", "ArgLayout", "index_position"]
 
 
 class ArgLayout(NamedTuple):
@@ -429,6 +429,36 @@ if seen('publish_tokens', ARGV[1]) then return 1 end
 for i = 2, #ARGV do redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
 remember('publish_tokens', ARGV[1])
 return 1
+"""
+
+# KEYS: record, events, finished; ARGV: job_id, the newest stream entry id the archive holds,
+# the length of the archive field it extends ('0': none), the new archive
+# Reply: 'ok', 'missing' (no record), 'running' (not finished: new events may come at any time),
+# 'moved' (the stream or the archive changed since they were read: nothing written),
+# 'corrupt:<role>:<type>'. See adapters.redis_archive.
+ARCHIVE = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'events', 'stream', KEYS[3], 'finished', 'zset'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
+if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 'running' end
+local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #newest == 0 or newest[1][1] ~= ARGV[2] then return 'moved' end
+if redis.call('HSTRLEN', KEYS[1], 'evz') ~= tonumber(ARGV[3]) then return 'moved' end
+redis.call('HSET', KEYS[1], 'evz', ARGV[4])
+-- Emptied, not deleted: the stream keeps its last id, so later events still sort after these.
+redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
+return 'ok'
+"""
+
+# KEYS: record, events; ARGV: first id (XRANGE syntax), count ('' = all)
+# Reply: {archive ('' = none), stream entries}, or 'corrupt:<role>:<type>'. Read-only.
+EVENTS = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'events', 'stream'})
+if bad then return bad end
+local entries
+if ARGV[2] == '' then entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+')
+else entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2]) end
+return {redis.call('HGET', KEYS[1], 'evz') or '', entries}
 """
 
 # KEYS: record, inbox; ARGV: token, then the messages (JSON lines)

@@ -55,6 +55,17 @@ def running_job(storage: RedisStorage) -> None:
     storage.record_step(JOB, version=1, owner="w1", key="model", value={"ok": True})
 
 
+def finished_job(storage: RedisStorage) -> None:
+    """Job 1 finished with its events still in their stream (a storage that does not archive wrote it)."""
+    plain = RedisStorage(storage.client, prefix=storage.prefix, archive_events=False)
+    running_job(plain)
+    rec = plain.get_job(JOB)
+    assert rec is not None
+    done = rec.model_copy(update={"status": JobStatus.COMPLETE, "checkpoint": None, "version": rec.version + 1})
+    plain.commit(Commit(job_id=JOB, expected_version=rec.version, owner="w1", token=uuid.uuid4().hex, record=done,
+                        events=[Event(timestamp=2.0, type="job_finished")]))
+
+
 def only_other_job(storage: RedisStorage) -> None:
     storage.create_job(record("other"))
 
@@ -91,6 +102,8 @@ SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]
     "RECORD_STEP(with parts)": (running_job, lambda s: s.record_step_and_publish(
         JOB, version=1, owner="w1", key="tool:1", value=1,
         parts=[Event(timestamp=1.0, type="text_delta", data={"text": "x"})]), ("record", "journal", "lease", "live")),
+    "EVENTS": (running_job, lambda s: s.events(JOB), ("record", "events")),
+    "ARCHIVE": (finished_job, lambda s: s.archive_events(JOB), ("record", "events", "finished")),
     "LOAD(acquire_lease)": (running_job, lambda s: s.acquire_lease(JOB, "w1", 30), ("record", "journal", "lease")),
     "LOAD(get_job)": (running_job, lambda s: s.get_job(JOB), ("record", "journal")),
     "LOAD(unknown job)": (record_deleted_by_hand, lambda s: s.get_job(JOB), ("due", "jobs")),
