@@ -262,6 +262,16 @@ def rq_jobs(sz: Sizes, worker: str) -> int:
     return sz.rq_jobs if worker == "simple" else sz.rq_fork_jobs
 
 
+#: Redis server CPU (us) per turn of each figure-3 run, by (side, worker, jobs x turns): for capacity planning.
+SERVER_CPU: dict[tuple[str, str, str], list[float]] = {}
+
+
+def _server_cpu(conn: Any) -> float:
+    """The Redis server's CPU time so far (seconds, user + sys): the queue's and the storage's work alike."""
+    cpu = conn.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def ours_rq(url: str, kids: Children, sz: Sizes, worker: str, shape: tuple[int, int] | None = None) -> list[float]:
     from bench import apps
     from pipelines import JobStatus
@@ -275,7 +285,7 @@ def ours_rq(url: str, kids: Children, sz: Sizes, worker: str, shape: tuple[int, 
     env = {"BENCH_REDIS_URL": url, "BENCH_QUEUE": queue, "BENCH_TURNS": str(n_turns)}
     procs = [kids.python(f"{queue}-{i}", ["-m", "pipelines", "worker", "--app", apps.APP_PATH, "--name",
                                           f"{queue}-{i}", "--log-level", "WARNING",
-                                                *(["--simple"] if worker == "simple" else [])], **env)
+                                          *(["--simple"] if worker == "simple" else [])], **env)
              for i in range(2)]
     rates = []
     try:
@@ -283,11 +293,15 @@ def ours_rq(url: str, kids: Children, sz: Sizes, worker: str, shape: tuple[int, 
         for r in range(sz.runs + 1):  # run 0 warms the workers up and is not counted
             jobs = n_jobs if r else 4
             ids = [f"{worker}{r}-{j}" for j in range(jobs)]
+            cpu = _server_cpu(conn)
             with timed() as t:
                 for job_id in ids:
                     agent.run(job_id=job_id, messages=[w1.USER], storage=app.storage,  # type: ignore[attr-defined]
                               scheduler=app.scheduler)
                 _poll(f"{jobs} W1 jobs on {worker} workers", lambda: conn.zcard(due_key) == 0, kids)
+            if r:
+                SERVER_CPU.setdefault(("ours", worker, f"{n_jobs}x{n_turns}"), []).append(
+                    (_server_cpu(conn) - cpu) * 1e6 / (jobs * n_turns))
             for job_id in ids:
                 rec = app.storage.get_job(job_id)
                 if rec is None or rec.status is not JobStatus.COMPLETE:
@@ -319,7 +333,7 @@ def baseline_rq(url: str, kids: Children, sz: Sizes, worker: str,
     q = Queue(queue, connection=conn, serializer=JSONSerializer)
     procs = [kids.python(f"{queue}-{i}", ["-m", "bench.baseline_rq", "--url", url, "--queue", queue,
                                           "--name", f"{queue}-{i}",
-                                                *(["--simple"] if worker == "simple" else [])])
+                                          *(["--simple"] if worker == "simple" else [])])
              for i in range(2)]
     rates = []
     try:
@@ -327,11 +341,15 @@ def baseline_rq(url: str, kids: Children, sz: Sizes, worker: str,
         for r in range(sz.runs + 1):
             jobs = n_jobs if r else 4
             conn.delete(base.DONE_KEY)
+            cpu = _server_cpu(conn)
             with timed() as t:
                 for j in range(jobs):
                     base.enqueue(q, f"b{worker}{r}-{j}", 0, n_turns)
                 _poll(f"{jobs} baseline jobs on {worker} workers",
                       lambda jobs=jobs: int(conn.get(base.DONE_KEY) or 0) >= jobs, kids)
+            if r:
+                SERVER_CPU.setdefault(("bare", worker, f"{n_jobs}x{n_turns}"), []).append(
+                    (_server_cpu(conn) - cpu) * 1e6 / (jobs * n_turns))
             if r:
                 rates.append(jobs * n_turns / t[0])
     finally:
@@ -355,6 +373,12 @@ def fig3(rep: Report, sz: Sizes, url: str, kids: Children) -> None:
         rep.add("3" + nxt, f"bare RQ chaining, 2 x {cls}", base, "turns/s")
         rep.ratio("3" + chr(ord(nxt) + 1), f"phaserunner / bare RQ ({cls})", ours, base, ">= 1.0",
                   lambda v: v >= 1.0)
+        if worker == "simple":
+            shape = f"{n_jobs}x{n_turns}"
+            rep.add("3j", "Redis server CPU per turn, phaserunner (storage + its RQ queue)",
+                    SERVER_CPU[("ours", worker, shape)], "us/turn", fmt="{:,.0f}")
+            rep.add("3k", "Redis server CPU per turn, bare RQ chaining", SERVER_CPU[("bare", worker, shape)],
+                    "us/turn", fmt="{:,.0f}")
     # With a backlog (above: 200 jobs on 2 workers) continue_for hands each job back after every
     # turn, because other work waits (issue 15: a new conversation never waits behind a busy
     # one), so every turn goes through the queue. With no backlog (a job per worker) it keeps
