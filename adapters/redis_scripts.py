@@ -20,7 +20,10 @@ always come last in ``KEYS``. Plain ``DEL`` works on every type, so the keys a s
 deletes (CREATE's leftovers of a dead job, DELETE's job keys) are not
 checked: that is how a corrupt job can still be deleted.
 
-Hash fields of ``<prefix>:{<job>}:record``: ``data`` (the record JSON),
+Hash fields of ``<prefix>:{<job>}:record``: ``st`` (the place of the job's
+status among the status indexes, so a commit touches only the index it
+leaves and the one it enters; absent on records written before it, whose
+next commit touches them all), ``data`` (the record JSON),
 ``version`` (decimal), ``token`` (the last commit's token), ``jver`` (the
 version the journal was written under; absent until the first commit) and
 ``hist`` (the record's turn history, one mark's JSON per line, oldest first;
@@ -91,21 +94,27 @@ end
 # every job by updated_at, the next ones one status each.
 _INDEX_FN = _TYPES_FN + """
 local INDEX_ROLES = {""" + ", ".join(f"'{r}'" for r in INDEX_ROLES) + """}
-local function index_checks()
+-- old: the status index the job is in now (the record's 'st'), or nil when not known (a record
+-- written before 'st' existed, a delete, a reindex): then every status index is touched.
+-- pos: the status index it goes in (0: none). Checks the type of each index it would write.
+local function index_checks(old, pos)
   local checks, first = {}, #KEYS - #INDEX_ROLES
   for i = 1, #INDEX_ROLES do
-    checks[#checks + 1] = KEYS[first + i]
-    checks[#checks + 1] = INDEX_ROLES[i]
-    checks[#checks + 1] = 'zset'
+    if old == nil or i == 1 or i == old + 1 or i == pos + 1 then
+      checks[#checks + 1] = KEYS[first + i]
+      checks[#checks + 1] = INDEX_ROLES[i]
+      checks[#checks + 1] = 'zset'
+    end
   end
   return wrong_type(checks)
 end
--- Puts job_id in the status index number pos (0: in none, and out of the all-jobs index).
-local function index_job(job_id, pos, score)
+-- Puts job_id in the status index number pos (0: in none, and out of the all-jobs index), out of
+-- the one it was in (old; nil: out of every other).
+local function index_job(job_id, pos, score, old)
   local first = #KEYS - #INDEX_ROLES + 1
   for i = 1, #INDEX_ROLES - 1 do
     if i == pos then redis.call('ZADD', KEYS[first + i], score, job_id)
-    else redis.call('ZREM', KEYS[first + i], job_id) end
+    elseif old == nil or i == old then redis.call('ZREM', KEYS[first + i], job_id) end
   end
   if pos > 0 then redis.call('ZADD', KEYS[first], score, job_id) else redis.call('ZREM', KEYS[first], job_id) end
 end
@@ -173,7 +182,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return 'exists'
 end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
-redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2])
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2], 'st', ARGV[9])
 set_history('', 0, ARGV[11])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 12, 11 + n)
@@ -204,7 +213,12 @@ local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', 
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
                         KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset',
                         KEYS[11], 'inbox', 'list'})
-if not bad then bad = index_checks() end
+-- The status index the job is in ('st', beside the record): only it and the new one are touched.
+local was = nil
+if not bad then
+  was = tonumber(redis.call('HGET', KEYS[1], 'st') or '')
+  bad = index_checks(was, tonumber(ARGV[18]))
+end
 if bad then return bad end
 -- What a worker keeping the lease must know after a commit: a pending pause or
 -- cancel, and how many messages wait in the inbox.
@@ -227,7 +241,7 @@ if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
 if ARGV[20] ~= '' and cur[2] ~= ARGV[20] then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
-redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5])
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5], 'st', ARGV[18])
 set_history(ARGV[20], ARGV[21], ARGV[22])
 if ARGV[8] ~= '' then
   local n = tonumber(ARGV[8])
@@ -239,7 +253,7 @@ push(KEYS[2], 23, 22 + n)
 push(KEYS[3], 23 + n, 22 + n + nl)
 add_events(KEYS[6], KEYS[9], 23 + n + nl)
 -- The listing indexes move with the status, in the same commit (one status index at a time).
-index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19])
+index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
 local took = tonumber(ARGV[17])
 if took > 0 then
@@ -384,6 +398,8 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 'moved' end
 index_job(ARGV[1], tonumber(ARGV[3]), ARGV[4])
+-- From now on the job's commits touch only the index it is in and the one it moves to.
+redis.call('HSET', KEYS[1], 'st', ARGV[3])
 return 'ok'
 """
 

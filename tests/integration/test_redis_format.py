@@ -164,3 +164,21 @@ def test_an_event_of_a_type_the_table_does_not_know_and_odd_values_round_trip(ap
     storage.publish("e2", parts)
     got = storage.read_live("e2")[-3:]
     assert [e.model_copy(update={"id": ""}) for e in got] == parts
+
+
+def test_a_record_without_its_status_place_is_moved_out_of_every_other_index_and_gets_one(
+        app: App, r: redis.Redis) -> None:
+    from adapters.redis_scripts import INDEX_ROLES, index_position
+    from pipelines import JobStatus
+
+    app.run_agent("a", job_id="s1", messages=["count"])
+    storage = _storage(app)
+    key = storage.keys("s1").record
+    assert r.hget(key, "st") == index_position(JobStatus.RUNNING).encode()
+    r.hdel(key, "st")  # as a record written before 'st' existed
+    listing = dict(zip(INDEX_ROLES, storage.listing_keys, strict=True))
+    r.zadd(listing["status_paused"], {"s1": 1.0})  # even a stray entry goes: every index is touched once
+    _advance(app, "s1", TURNS + 2)
+    assert app.get("s1").status is JobStatus.COMPLETE
+    where = [role for role, k in listing.items() if role != "updated" and r.zscore(k, "s1") is not None]
+    assert where == ["status_complete"] and r.hget(key, "st") == index_position(JobStatus.COMPLETE).encode()

@@ -55,6 +55,11 @@ def running_job(storage: RedisStorage) -> None:
     storage.record_step(JOB, version=1, owner="w1", key="model", value={"ok": True})
 
 
+def running_job_before_st(storage: RedisStorage) -> None:
+    running_job(storage)
+    storage.client.hdel(storage.keys(JOB).record, "st")
+
+
 def finished_job(storage: RedisStorage) -> None:
     """Job 1 finished with its events still in their stream (a storage that does not archive wrote it)."""
     plain = RedisStorage(storage.client, prefix=storage.prefix, archive_events=False)
@@ -94,9 +99,12 @@ Action = Callable[[RedisStorage], Any]
 # script -> (setup, action, the key roles the script checks)
 SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]]] = {
     "CREATE": (only_other_job, lambda s: s.create_job(record()), ("record", "due", "jobs", "finished", *LISTING)),
+    # A commit touches the status index the job is in (the record's 'st') and the one it enters; a
+    # record written before 'st' existed has every index touched, so checked.
     "COMMIT": (running_job, lambda s: s.commit(COMMITS[s]),
                ("record", "messages", "logs", "journal", "lease", "events", "due", "live", "finished", "inbox",
-                *LISTING)),
+                "updated", "status_running")),
+    "COMMIT(record before st)": (running_job_before_st, lambda s: s.commit(COMMITS[s]), LISTING),
     "RECORD_STEP": (running_job, lambda s: s.record_step(JOB, version=1, owner="w1", key="tool:1", value=1),
                     ("record", "journal", "lease")),
     "RECORD_STEP(with parts)": (running_job, lambda s: s.record_step_and_publish(
@@ -176,7 +184,7 @@ def test_a_key_of_the_wrong_type_is_reported_and_nothing_is_written(
 ) -> None:
     setup, action, _ = SCRIPTS[script]
     setup(storage)
-    if script == "COMMIT":
+    if script.startswith("COMMIT"):
         COMMITS[storage] = a_commit(storage)
     key = key_of(storage, role)
     r.delete(key)
@@ -262,3 +270,18 @@ def test_a_flow_key_of_the_wrong_type_is_reported_and_nothing_is_written(
     message = str(caught.value)
     assert repr(key) in message and f"is a Redis {wrong}" in message and "nothing was written" in message
     assert snapshot(r) == before
+
+
+def test_a_commit_leaves_a_status_index_it_does_not_write_alone(storage: RedisStorage, r: redis.Redis) -> None:
+    """Running to running: the idle index is neither written nor checked, whatever it holds."""
+    running_job(storage)
+    commit = a_commit(storage)
+    idle = key_of(storage, "status_idle")
+    r.delete(idle)
+    PLANT["string"](r, idle)
+    storage.commit(commit)
+    assert r.get(idle) == b"planted"
+    rec = storage.get_job(JOB)
+    assert rec is not None and rec.version == commit.record.version
+    listing = storage.listing_keys
+    assert r.zscore(listing[INDEX_ROLES.index("status_running")], JOB) is not None
