@@ -61,7 +61,7 @@ if str(ROOT) not in sys.path:
 
 from bench import w1  # noqa: E402
 from bench.baseline_rq import RQ_OPTIONS  # noqa: E402
-from bench.run import NoopScheduler, Report, check_transcript, machine, say  # noqa: E402  (sets litellm env)
+from bench.run import NoopScheduler, Report, check_transcript, say  # noqa: E402  (sets litellm env)
 
 TITLE = "phaserunner latency figures (issue 16)"
 BARE_FUNC = "bench.latency_bench.bare_turn"
@@ -536,14 +536,10 @@ def main(argv: list[str] | None = None) -> int:
         _conns.clear()
         rep.notes.extend(kids.notes)
         kids.cleanup()
-    print(f"\n{TITLE} ({'quick' if args.quick else 'full'}; figure 12: {sz.runs} runs x {sz.jobs} "
-          f"(fork: {sz.fork_jobs}) jobs x {sz.turns} turns per side, p50/p99 per run; "
-          f"figure 13: {sz.long_runs} runs of {sz.long_turns} turns; "
-          f"median over runs, spread min-max; {time.perf_counter() - started:.0f} s)")
-    print(f"machine: {machine()}")
-    print(rep.table())
-    for note in rep.notes:
-        print(f"note: {note}")
+    rep.show(f"{TITLE} ({'quick' if args.quick else 'full'}; figure 12: {sz.runs} runs x {sz.jobs} "
+              f"(fork: {sz.fork_jobs}) jobs x {sz.turns} turns per side, p50/p99 per run; "
+              f"figure 13: {sz.long_runs} runs of {sz.long_turns} turns; "
+              f"median over runs, spread min-max; {time.perf_counter() - started:.0f} s)")
     return 0
 
 

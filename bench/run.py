@@ -92,6 +92,14 @@ class Report:
         out = [line(cells[0]), sep, *(line(c) for c in cells[1:])]
         return "\n".join(out)
 
+    def show(self, heading: str) -> None:
+        """The run's heading line, the machine, the table and the notes, as every bench prints them."""
+        print(f"\n{heading}")
+        print(f"machine: {machine()}")
+        print(self.table())
+        for note in self.notes:
+            print(f"note: {note}")
+
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -668,12 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     if "5" in only:
         fig5(rep, sz)
     mode = "quick" if args.quick else "full"
-    print(f"\n{TITLE} ({mode}; W1; median of >= {sz.runs} runs, spread min-max; "
-          f"{time.perf_counter() - started:.0f} s)")
-    print(f"machine: {machine()}")
-    print(rep.table())
-    for note in rep.notes:
-        print(f"note: {note}")
+    rep.show(f"{TITLE} ({mode}; W1; median of >= {sz.runs} runs, spread min-max; "
+              f"{time.perf_counter() - started:.0f} s)")
     return 0
 
 

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.run import NoopScheduler, Report, check_transcript, machine, say, timed  # noqa: E402  (sets litellm env)
+from bench.run import NoopScheduler, Report, check_transcript, say, timed  # noqa: E402  (sets litellm env)
 
 TITLE = "phaserunner scale figures (issue 16)"
 SEED_BATCH = 1000
@@ -446,12 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         rep.notes.extend(kids.notes)
         kids.cleanup()
-    print(f"\n{TITLE} ({'quick' if args.quick else 'full'}; figure 9 median of {sz.runs} runs, figure 10 "
-          f"{sz.cap_runs} runs of {sz.jobs} x {sz.turns} turns; spread min-max; {time.perf_counter() - started:.0f} s)")
-    print(f"machine: {machine()}")
-    print(rep.table())
-    for note in rep.notes:
-        print(f"note: {note}")
+    rep.show(f"{TITLE} ({'quick' if args.quick else 'full'}; figure 9 median of {sz.runs} runs, figure 10 "
+              f"{sz.cap_runs} runs of {sz.jobs} x {sz.turns} turns; spread min-max; "
+              f"{time.perf_counter() - started:.0f} s)")
     return 0
 
 

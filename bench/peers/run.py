@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import w1  # noqa: E402
-from bench.run import Report, machine, memory_run, say  # noqa: E402
+from bench.run import Report, memory_run, say  # noqa: E402
 
 NODE_DIR = HERE / "node"
 VENV = HERE / ".venv"
@@ -195,12 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()) + " turns/s")
     rep = report(a, rates, info, notes)
     rounds = f"{a.runs} round{'s' if a.runs != 1 else ''}"
-    print(f"\nphaserunner next to its peers (W1 {a.jobs} jobs x {a.turns} turns; median of {rounds}, "
-          f"spread min-max; {time.perf_counter() - started:.0f} s)")
-    print(f"machine: {machine()}")
-    print(rep.table())
-    for note in rep.notes:
-        print(f"note: {note}")
+    rep.show(f"phaserunner next to its peers (W1 {a.jobs} jobs x {a.turns} turns; median of {rounds}, "
+              f"spread min-max; {time.perf_counter() - started:.0f} s)")
     return 0
 
 
