@@ -32,6 +32,7 @@ from pipelines.engine.models import (
     JobRecord,
     JobStatus,
     LogEntry,
+    TurnMark,
     dump_json,
     dump_record,
     to_json_value,
@@ -235,6 +236,22 @@ def test_a_record_field_that_pydantic_would_write_as_null_is_refused() -> None:
     with pytest.raises(StateNotSerializableError, match=r"error contains a lone surrogate"):
         commit_with(storage, "j", record=rec.model_copy(update={"version": 2, "error": "tool said \ud800"}))
     assert snapshot(storage) == before
+
+
+def test_a_bad_value_in_the_turn_history_is_named_by_its_place_and_fields_never_written_are_not_checked() -> None:
+    storage = MemoryStorage()
+    start(storage)
+    before = snapshot(storage)
+    rec = storage.get_job("j")
+    assert rec is not None
+    marks = [TurnMark(phases_done=0, state={"ok": 1}), TurnMark(phases_done=1, state={"n": ("a", "tuple")})]
+    with pytest.raises(StateNotSerializableError, match=r"the record of job 'j': history\[1\]\.state does not "):
+        commit_with(storage, "j", record=rec.model_copy(update={"version": 2, "history": marks}))
+    assert snapshot(storage) == before
+    # ``dropped`` and ``control`` live beside the record (exclude=True): they are not written, so not refused.
+    odd = rec.model_copy(update={"version": 2, "dropped": rec.dropped.model_copy(update={"cost_usd": math.nan})})
+    commit_with(storage, "j", record=odd)
+    assert storage.get_job("j") is not None and storage.get_job("j").dropped.cost_usd == 0.0  # type: ignore[union-attr]
 
 
 def test_a_step_result_at_the_depth_limit_still_reads_back_inside_the_record() -> None:
