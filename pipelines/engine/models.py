@@ -687,7 +687,7 @@ def dump_events(events: Sequence[Event]) -> list[str]:
     return [_event_json(e) for e in events]
 
 
-_NO_ID: Final = frozenset({"id"})
+_NO_ID: Final[set[str]] = {"id"}
 
 
 def _event_json(e: Event) -> str:
