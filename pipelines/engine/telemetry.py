@@ -57,6 +57,12 @@ class _Otel:
         # Providers that record nothing: while the global one is one of these, spans (metrics) are skipped.
         self.idle_tracers: tuple[type, ...] = ()
         self.idle_meters: tuple[type, ...] = ()
+        # The hot path's shortcut: while the API's own global is None and no environment variable named
+        # a provider when this was looked up (reset() looks again), none is set; the public lookup reads
+        # os.environ on every call. Where the API keeps its global elsewhere, the public lookup decides.
+        self.meters: Any = None
+        self.env_tracers = os.environ.get("OTEL_PYTHON_TRACER_PROVIDER")
+        self.env_meters = os.environ.get("OTEL_PYTHON_METER_PROVIDER")
         if os.environ.get(ENV, "1") == "0":
             return
         try:
@@ -67,9 +73,10 @@ class _Otel:
             self.trace = None
             return
         self.metrics = metrics
+        self.meters = importlib.import_module("opentelemetry.metrics._internal")
         self.idle_tracers = (self.trace.ProxyTracerProvider, self.trace.NoOpTracerProvider)
         # The API's stand-in until a meter provider is set has no public name; without it, metrics are always built.
-        proxy = getattr(importlib.import_module("opentelemetry.metrics._internal"), "_ProxyMeterProvider", None)
+        proxy = getattr(self.meters, "_ProxyMeterProvider", None)
         self.idle_meters = (metrics.NoOpMeterProvider,) if proxy is None else (proxy, metrics.NoOpMeterProvider)
         meter = metrics.get_meter(_NAME)
         self.instruments = {
@@ -83,14 +90,17 @@ class _Otel:
             "backlog": meter.create_gauge("phaserunner.due_backlog", description="jobs due and not advanced"),
         }
 
-
     def tracing(self) -> bool:
         """Whether a span would be recorded: the API is there and a real tracer provider is set (now)."""
-        return self.trace is not None and not isinstance(self.trace.get_tracer_provider(), self.idle_tracers)
+        if self.trace is None or (self.env_tracers is None and getattr(self.trace, "_TRACER_PROVIDER", 0) is None):
+            return False
+        return not isinstance(self.trace.get_tracer_provider(), self.idle_tracers)
 
     def metering(self) -> bool:
         """Whether a metric would be recorded: the API is there and a real meter provider is set (now)."""
-        return self.trace is not None and not isinstance(self.metrics.get_meter_provider(), self.idle_meters)
+        if self.trace is None or (self.env_meters is None and getattr(self.meters, "_METER_PROVIDER", 0) is None):
+            return False
+        return not isinstance(self.metrics.get_meter_provider(), self.idle_meters)
 
 
 _otel: _Otel | None = None
