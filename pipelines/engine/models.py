@@ -395,7 +395,9 @@ _EVENT_FIELDS: Final = frozenset(Event.model_fields)
 
 
 class Usage(BaseModel):
-    """Model usage accumulated over a job's life, retries included."""
+    """Model usage accumulated over a job's life, retries included (frozen: sums share their operands)."""
+
+    model_config = ConfigDict(frozen=True)
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -408,6 +410,11 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
+        # Most sums add nothing (a turn's usage to a record, nothing dropped): frozen, so either side serves.
+        if _nothing(other):
+            return self
+        if _nothing(self):
+            return other
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
@@ -415,6 +422,11 @@ class Usage(BaseModel):
             model_calls=self.model_calls + other.model_calls,
             unknown_cost_calls=self.unknown_cost_calls + other.unknown_cost_calls,
         )
+
+
+def _nothing(usage: Usage) -> bool:
+    return not (usage.prompt_tokens or usage.completion_tokens or usage.cost_usd or usage.model_calls
+                or usage.unknown_cost_calls)
 
 
 class Checkpoint(BaseModel, Generic[S]):

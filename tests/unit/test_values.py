@@ -324,3 +324,16 @@ def test_a_plain_value_is_returned_as_is_and_a_converted_one_is_plain() -> None:
     value = {"a": [1, 2.5, "x", None, True]}
     assert to_json_value(value) is value
     assert to_json_value({"a": [Mode.FAST]}) == {"a": ["fast"]}
+
+
+def test_usage_is_frozen_so_a_sum_that_shares_an_operand_cannot_change_it() -> None:
+    from pydantic import ValidationError
+
+    from pipelines.engine.models import Usage
+
+    paid = Usage(prompt_tokens=3, completion_tokens=2, model_calls=1, cost_usd=0.5)
+    total = paid + Usage()  # adding nothing hands back the same object
+    with pytest.raises(ValidationError):
+        total.prompt_tokens = 100
+    assert paid.prompt_tokens == 3 and (Usage() + paid) == paid
+    assert paid + paid == Usage(prompt_tokens=6, completion_tokens=4, model_calls=2, cost_usd=1.0)
