@@ -96,9 +96,10 @@ def _phase_of(rec: JobRecord) -> str | None:
     return rec.checkpoint.next_phase if rec.checkpoint is not None else None
 
 
-def _moved(rec: JobRecord, token: str, now: float, cp: Checkpoint[Any] | None, **fields: Any) -> JobRecord:
-    """``rec`` one version on, with ``cp`` stamped by this commit's token."""
-    if cp is not None:
+def _moved(rec: JobRecord, token: str, now: float, cp: Checkpoint[Any] | None, *, stamped: bool = False,
+           **fields: Any) -> JobRecord:
+    """``rec`` one version on, with ``cp`` stamped by this commit's token (``stamped``: built so already)."""
+    if cp is not None and not stamped:
         cp = cp.model_copy(update={"commit_id": token, "updated_at": now, "journal": {}})
     return rec.model_copy(update={**fields, "checkpoint": cp, "version": rec.version + 1, "updated_at": now})
 
@@ -237,10 +238,10 @@ def _on_next(rec: JobRecord, outcome: Next, out: PhaseOutput, owner: str, now: f
     token = new_token()
     tlen = rec.transcript_len + len(out.messages)
     cp = _Checkpoint(next_phase=outcome.next_phase, state=outcome.state, due_at=now + outcome.delay,
-                         created_at=now)
+                     created_at=now, updated_at=now, commit_id=token)
     history = _marked(rec.history, phases_done=rec.phases_done + 1, transcript_len=tlen,
                       next_phase=outcome.next_phase, state=outcome.state, code_version=rec.code_version)
-    new = _moved(rec, token, now, cp, transcript_len=tlen, usage=rec.usage + out.usage,
+    new = _moved(rec, token, now, cp, stamped=True, transcript_len=tlen, usage=rec.usage + out.usage,
                  phases_done=rec.phases_done + 1, history=history)
     # The lease is kept only to run the next phase at once (the runner's continue_for).
     return _commit(rec, new, token, owner=owner, messages=out.messages, logs=out.logs, events=out.events,
