@@ -637,27 +637,31 @@ def _scan(model: BaseModel) -> None:
 
 
 def _scan_field(value: Any, name: str) -> None:
+    joint = "."
     try:
         if isinstance(value, BaseModel):
-            _scan_model(value, ".")
+            _scan(value)
         elif type(value) is list and isinstance(value[0], BaseModel) and all(isinstance(v, BaseModel) for v in value):
-            for i, item in enumerate(value):  # the record's turn history
-                _scan_model(item, f"[{i}].")
+            for item in value:  # the record's turn history
+                _scan(item)
         else:
+            joint = ""
             room = MAX_VALUE_DEPTH + 1 if name in _ENTRY_FIELDS else MAX_VALUE_DEPTH
             if not _plain(value, room):
                 _convert(value, room)
     except _RefusedError as exc:
-        exc.args = (*exc.args, name)
+        if joint and type(value) is list:  # which item: looked up only now that one was refused
+            joint = f"[{next(i for i, v in enumerate(value) if _refuses(v))}]."
+        exc.args = (*exc.args, joint, name) if joint else (*exc.args, name)
         raise
 
 
-def _scan_model(model: BaseModel, joint: str) -> None:
+def _refuses(model: BaseModel) -> bool:
     try:
         _scan(model)
-    except _RefusedError as exc:
-        exc.args = (*exc.args, joint)
-        raise
+    except _RefusedError:
+        return True
+    return False
 
 
 def _model_json(model: BaseModel, what: str, **options: Any) -> str:
