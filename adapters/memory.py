@@ -105,6 +105,7 @@ class MemoryStorage:
         # The listing indexes: job id -> updated_at, per status (the "all jobs" one is self._updated).
         self._updated: dict[str, float] = {}
         self._by_status: dict[JobStatus, dict[str, float]] = {s: {} for s in JobStatus}
+        self._status: dict[str, JobStatus] = {}  # which of _by_status holds each job (a commit moves it from there)
         self._lock = threading.RLock()
         self._published = threading.Condition(self._lock)  # wakes readers following a live stream
         self._clock = clock or time.monotonic
@@ -162,11 +163,12 @@ class MemoryStorage:
 
     def _set_listed(self, job_id: str, record: JobRecord | None) -> None:
         """Move ``job_id`` to ``record``'s status index (out of all of them for ``None``); under the lock."""
-        for status, index in self._by_status.items():
-            if record is not None and status is record.status:
-                index[job_id] = record.updated_at
-            else:
-                index.pop(job_id, None)
+        was = self._status.pop(job_id, None)
+        if was is not None and (record is None or was is not record.status):
+            self._by_status[was].pop(job_id, None)
+        if record is not None:
+            self._by_status[record.status][job_id] = record.updated_at
+            self._status[job_id] = record.status
         if record is None:
             self._updated.pop(job_id, None)
         else:
@@ -398,8 +400,10 @@ class MemoryStorage:
     def reindex(self) -> int:
         """Rebuild the listing indexes from the records (they never lag here); how many jobs were indexed."""
         with self._lock:
-            for job_id in list(self._updated):
-                self._set_listed(job_id, None)
+            self._updated.clear()
+            self._status.clear()
+            for index in self._by_status.values():
+                index.clear()
             for job_id, job in self._jobs.items():
                 rec = self._readable(job_id, job)
                 if rec is not None:

@@ -160,7 +160,8 @@ class DeltaSink:
         rest = text[len(self.sent):] if text.startswith(self.sent) else ""
         with self._lock:
             self._pending = rest
-        self.flush()
+        if rest:  # the flush above already waited for any batch in flight; nothing new: nothing to send
+            self.flush()
         if not self._started:
             self.ctx.publish_parts(self._parts(""))  # an attempt with no text still says it started
         if self._failed is not None and self._failed[0] == self.attempt:  # an abandoned attempt's loss is moot

@@ -15,6 +15,7 @@ from enum import Enum, StrEnum
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic_core import to_json as _to_json
 
 from pipelines.engine.errors import InvalidJobIdError, StateNotSerializableError, ValueTooLargeError
 
@@ -108,10 +109,21 @@ def dump_json(value: Any, what: str) -> str:
     """
     plain = to_json_value(value, what=what)
     try:
-        text = json.dumps(plain, allow_nan=False, separators=(",", ":"))
+        text = _encode(plain)
     except ValueError as exc:  # sys.set_int_max_str_digits() lowered after import
         raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
     return check_size(text, what)
+
+
+def _encode(plain: Any) -> str:
+    """Compact JSON text of ``plain`` (data :func:`to_json_value` returned), for storage."""
+    limit = sys.get_int_max_str_digits()
+    if 0 < limit < MAX_INT_DIGITS:
+        # Lowered after import: json.dumps applies the new limit (ValueError), so no reader fails later.
+        return json.dumps(plain, allow_nan=False, separators=(",", ":"))
+    # pydantic-core's encoder: several times json.dumps on plain data, the same compact text
+    # except that non-ASCII stays UTF-8 instead of \u escapes (it reads back the same).
+    return _to_json(plain).decode()
 
 
 def check_messages(messages: Sequence[Any], what: str) -> list[Message]:
@@ -379,8 +391,13 @@ class Event(BaseModel):
     data: dict[str, JSONValue] = Field(default_factory=dict)
 
 
+_EVENT_FIELDS: Final = frozenset(Event.model_fields)
+
+
 class Usage(BaseModel):
-    """Model usage accumulated over a job's life, retries included."""
+    """Model usage accumulated over a job's life, retries included (frozen: sums share their operands)."""
+
+    model_config = ConfigDict(frozen=True)
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -393,6 +410,11 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
+        # Most sums add nothing (a turn's usage to a record, nothing dropped): frozen, so either side serves.
+        if _nothing(other):
+            return self
+        if _nothing(self):
+            return other
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
@@ -400,6 +422,11 @@ class Usage(BaseModel):
             model_calls=self.model_calls + other.model_calls,
             unknown_cost_calls=self.unknown_cost_calls + other.unknown_cost_calls,
         )
+
+
+def _nothing(usage: Usage) -> bool:
+    return not (usage.prompt_tokens or usage.completion_tokens or usage.cost_usd or usage.model_calls
+                or usage.unknown_cost_calls)
 
 
 class Checkpoint(BaseModel, Generic[S]):
@@ -569,10 +596,30 @@ class Commit(BaseModel):
 _ENTRY_FIELDS: Final = frozenset({"journal", "inputs"})
 
 
-def _check_fields(model: BaseModel, what: str, where: str = "") -> None:
-    """Check every field of ``model`` (and of the models in it) by the rules of :func:`to_json_value`."""
+def _check_fields(model: BaseModel, what: str) -> None:
+    """Check every stored field of ``model`` (and of the models in it) by the rules of :func:`to_json_value`."""
+    try:
+        _scan(model)
+    except _RefusedError as exc:
+        raise StateNotSerializableError(f"{what}: {''.join(reversed(exc.args[1:]))} {exc.args[0]}") from None
+
+
+def _excluded(cls: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` that are never written (``Field(exclude=True)``): nothing to check there."""
+    names = _EXCLUDED.get(cls)
+    if names is None:
+        names = _EXCLUDED[cls] = frozenset(n for n, f in cls.model_fields.items() if f.exclude)
+    return names
+
+
+_EXCLUDED: dict[type[BaseModel], frozenset[str]] = {}
+
+
+def _scan(model: BaseModel) -> None:
     # Most fields are short ASCII strings, ints, floats or None: settled inline here, since a
-    # call per field would cost more than the dump itself; the rest goes to _check_field.
+    # call per field would cost more than the dump itself. The path of a refused value is built
+    # only on the way out of a failure (exc.args[1:], innermost first), never on the hot path.
+    skip = _excluded(type(model))
     for name, value in model.__dict__.items():
         t = type(value)
         if t is str:
@@ -585,24 +632,36 @@ def _check_fields(model: BaseModel, what: str, where: str = "") -> None:
             ok = not value
         else:
             ok = value is None or t is bool or (isinstance(value, Enum) and type(value.value) in _ENUM_VALUE_TYPES)
-        if not ok:
-            _check_field(value, what, where, name)
+        if not ok and name not in skip:
+            _scan_field(value, name)
 
 
-def _check_field(value: Any, what: str, where: str, name: str) -> None:
-    if isinstance(value, BaseModel):
-        _check_fields(value, what, f"{where}{name}.")
-        return
-    if type(value) is list and all(isinstance(v, BaseModel) for v in value):  # the record's turn history
-        for i, item in enumerate(value):
-            _check_fields(item, what, f"{where}{name}[{i}].")
-        return
-    room = MAX_VALUE_DEPTH + 1 if name in _ENTRY_FIELDS else MAX_VALUE_DEPTH
+def _scan_field(value: Any, name: str) -> None:
+    joint = "."
     try:
-        if not _plain(value, room):
-            _convert(value, room)
+        if isinstance(value, BaseModel):
+            _scan(value)
+        elif type(value) is list and isinstance(value[0], BaseModel) and all(isinstance(v, BaseModel) for v in value):
+            for item in value:  # the record's turn history
+                _scan(item)
+        else:
+            joint = ""
+            room = MAX_VALUE_DEPTH + 1 if name in _ENTRY_FIELDS else MAX_VALUE_DEPTH
+            if not _plain(value, room):
+                _convert(value, room)
     except _RefusedError as exc:
-        raise StateNotSerializableError(f"{what}: {where}{name} {exc}") from None
+        if joint and type(value) is list:  # which item: looked up only now that one was refused
+            joint = f"[{next(i for i, v in enumerate(value) if _refuses(v))}]."
+        exc.args = (*exc.args, joint, name) if joint else (*exc.args, name)
+        raise
+
+
+def _refuses(model: BaseModel) -> bool:
+    try:
+        _scan(model)
+    except _RefusedError:
+        return True
+    return False
 
 
 def _model_json(model: BaseModel, what: str, **options: Any) -> str:
@@ -641,4 +700,26 @@ def dump_logs(entries: Sequence[LogEntry]) -> list[str]:
 
 def dump_events(events: Sequence[Event]) -> list[str]:
     """Events as the JSON lines storage keeps: no ``id`` (storage assigns it) and no default fields."""
-    return [_model_json(e, f"event {e.type!r}", exclude={"id"}, exclude_defaults=True) for e in events]
+    return [_event_json(e) for e in events]
+
+
+_NO_ID: Final[set[str]] = {"id"}
+
+
+def _event_json(e: Event) -> str:
+    # The hot path (several events a turn, and every live-stream part): the same checks as
+    # _model_json, inlined for the fields an event has; anything unusual takes the general path,
+    # which says what is wrong.
+    f = e.__dict__
+    ts, turn, phase, kind, data = f["timestamp"], f["turn"], f["phase"], f["type"], f["data"]
+    try:
+        usual = (type(ts) is float and _isfinite(ts) and type(kind) is str and kind.isascii()
+                 and (turn is None or (type(turn) is int and -_INT_BOUND < turn < _INT_BOUND))
+                 and (phase is None or (type(phase) is str and phase.isascii()))
+                 and (not data or (type(data) is dict and _plain_dict(data, MAX_VALUE_DEPTH))))
+    except _RefusedError:
+        usual = False
+    if not usual or len(f) != len(_EVENT_FIELDS):
+        return _model_json(e, f"event {e.type!r}", exclude=_NO_ID, exclude_defaults=True)
+    text = e.model_dump_json(exclude=_NO_ID, exclude_defaults=True)
+    return text if len(text) * 4 <= MAX_VALUE_BYTES else check_size(text, f"event {kind!r}")

@@ -437,8 +437,9 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
     if phase is None:
         return Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pipeline.by_name)}")
     try:
-        ctx.checkpoint = cp.model_copy(update={"state": _validate_state(phase, cp.state,
-                                                                         pipeline.state_model_of(phase))})
+        state = _validate_state(phase, cp.state, pipeline.state_model_of(phase))
+        if state is not cp.state:  # no state model: the checkpoint already holds what the phase sees
+            ctx.checkpoint = cp.model_copy(update={"state": state})
         outcome = resolve(phase.run(ctx))
     except StaleVersionError:
         raise

@@ -11,8 +11,11 @@ turn and model latency, tokens, cost, retries, failures, the due backlog.
 
 Without the package (or with ``PIPELINES_OTEL=0``) every function here is a
 no-op that costs one attribute check: nothing is recorded, nothing imported.
-Configure the SDK (exporters, sampling) in your app module as usual; the
-library only uses the API.
+With the API but no SDK provider set (no tracer provider, or no meter
+provider), spans (or metrics) cost one provider lookup: the API's no-op
+objects would record nothing, so they are not built. Configure the SDK
+(exporters, sampling) in your app module as usual, before or after the
+library's first turn; the library only uses the API.
 """
 
 from __future__ import annotations
@@ -49,7 +52,17 @@ class _Otel:
     def __init__(self) -> None:
         self.trace: Any = None
         self.propagate: Any = None
+        self.metrics: Any = None
         self.instruments: dict[str, Any] = {}
+        # Providers that record nothing: while the global one is one of these, spans (metrics) are skipped.
+        self.idle_tracers: tuple[type, ...] = ()
+        self.idle_meters: tuple[type, ...] = ()
+        # The hot path's shortcut: while the API's own global is None and no environment variable named
+        # a provider when this was looked up (reset() looks again), none is set; the public lookup reads
+        # os.environ on every call. Where the API keeps its global elsewhere, the public lookup decides.
+        self.meters: Any = None
+        self.env_tracers = os.environ.get("OTEL_PYTHON_TRACER_PROVIDER")
+        self.env_meters = os.environ.get("OTEL_PYTHON_METER_PROVIDER")
         if os.environ.get(ENV, "1") == "0":
             return
         try:
@@ -59,6 +72,12 @@ class _Otel:
         except ImportError:
             self.trace = None
             return
+        self.metrics = metrics
+        self.meters = importlib.import_module("opentelemetry.metrics._internal")
+        self.idle_tracers = (self.trace.ProxyTracerProvider, self.trace.NoOpTracerProvider)
+        # The API's stand-in until a meter provider is set has no public name; without it, metrics are always built.
+        proxy = getattr(self.meters, "_ProxyMeterProvider", None)
+        self.idle_meters = (metrics.NoOpMeterProvider,) if proxy is None else (proxy, metrics.NoOpMeterProvider)
         meter = metrics.get_meter(_NAME)
         self.instruments = {
             "turns": meter.create_counter("phaserunner.turns", description="phases (agent turns) run"),
@@ -71,8 +90,21 @@ class _Otel:
             "backlog": meter.create_gauge("phaserunner.due_backlog", description="jobs due and not advanced"),
         }
 
+    def tracing(self) -> bool:
+        """Whether a span would be recorded: the API is there and a real tracer provider is set (now)."""
+        if self.trace is None or (self.env_tracers is None and getattr(self.trace, "_TRACER_PROVIDER", 0) is None):
+            return False
+        return not isinstance(self.trace.get_tracer_provider(), self.idle_tracers)
+
+    def metering(self) -> bool:
+        """Whether a metric would be recorded: the API is there and a real meter provider is set (now)."""
+        if self.trace is None or (self.env_meters is None and getattr(self.meters, "_METER_PROVIDER", 0) is None):
+            return False
+        return not isinstance(self.metrics.get_meter_provider(), self.idle_meters)
+
 
 _otel: _Otel | None = None
+_NO_SPAN = contextlib.nullcontext()  # reusable: it holds no state
 
 
 def _get() -> _Otel:
@@ -111,7 +143,7 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, parent: Mapp
          kind: str = "INTERNAL") -> Iterator[Any]:
     """A span (a child of ``parent``, a stored W3C context, when given); yields ``None`` when off."""
     otel = _get()
-    if otel.trace is None:
+    if otel.trace is None or (not parent and not otel.tracing()):
         yield None
         return
     ctx = otel.propagate.extract(dict(parent)) if parent else None
@@ -121,9 +153,21 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, parent: Mapp
         yield current
 
 
+def _idle(parent: Mapping[str, str] | None) -> bool:
+    """Whether a span here would record nothing and carry no context: then none is made (the hot path).
+
+    A stored ``parent`` context still gets its (non-recording) span when no
+    provider is set, so calls made inside it propagate the job's trace id.
+    """
+    otel = _get()
+    return otel.trace is None or (not parent and not otel.tracing())
+
+
 def turn_span(job_id: str, pipeline: str, phase: str, *, trace: Mapping[str, str] | None, due_at: float,
               now: float, attempt: int) -> contextlib.AbstractContextManager[Any]:
     """The span of one phase run, in the job's trace, with its queue lag (due → started)."""
+    if _idle(trace):
+        return _NO_SPAN
     return span(f"turn {pipeline}", {
         "phaserunner.job_id": job_id, "phaserunner.pipeline": pipeline, "phaserunner.phase": phase,
         "phaserunner.attempt": attempt, "phaserunner.queue_lag_s": max(0.0, now - due_at),
@@ -132,12 +176,16 @@ def turn_span(job_id: str, pipeline: str, phase: str, *, trace: Mapping[str, str
 
 def model_span(model: str | None) -> contextlib.AbstractContextManager[Any]:
     """A GenAI ``chat`` span around one model call (its attributes are completed by :func:`record_model`)."""
+    if _idle(None):
+        return _NO_SPAN
     return span(f"chat {model or 'model'}", {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""},
                 kind="CLIENT")
 
 
 def tool_span(name: str, call_id: str) -> contextlib.AbstractContextManager[Any]:
     """A GenAI ``execute_tool`` span around one tool call."""
+    if _idle(None):
+        return _NO_SPAN
     return span(f"execute_tool {name}", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
                                          "gen_ai.tool.call.id": call_id})
 
@@ -148,12 +196,14 @@ def record_model(current: Any, *, model: str | None, input_tokens: int, output_t
     otel = _get()
     if otel.trace is None:
         return
-    attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""}
     if current is not None:
         current.set_attribute("gen_ai.usage.input_tokens", input_tokens)
         current.set_attribute("gen_ai.usage.output_tokens", output_tokens)
         if finish_reason:
             current.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+    if not otel.metering():
+        return
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""}
     otel.instruments["model_time"].record(time.monotonic() - started, attrs)
     otel.instruments["tokens"].record(input_tokens, {**attrs, "gen_ai.token.type": "input"})
     otel.instruments["tokens"].record(output_tokens, {**attrs, "gen_ai.token.type": "output"})
@@ -168,6 +218,8 @@ def record_turn(current: Any, *, pipeline: str, result: str, seconds: float) -> 
         return
     if current is not None:
         current.set_attribute("phaserunner.result", result)
+    if not otel.metering():
+        return
     attrs = {"phaserunner.pipeline": pipeline, "phaserunner.result": result}
     otel.instruments["turns"].add(1, attrs)
     otel.instruments["turn_time"].record(seconds, attrs)
@@ -180,5 +232,5 @@ def record_turn(current: Any, *, pipeline: str, result: str, seconds: float) -> 
 def record_backlog(due: int) -> None:
     """The number of jobs the sweep found due (and not advanced by the queue)."""
     otel = _get()
-    if otel.trace is not None:
+    if otel.metering():
         otel.instruments["backlog"].set(due)

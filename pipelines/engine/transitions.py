@@ -14,9 +14,10 @@ loaded and ``now``, so each transition is tested as a plain function.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from pydantic_core import from_json
 
 from pipelines.engine import flow
 from pipelines.engine.errors import InvalidInputError, JobConflictError
@@ -34,7 +35,7 @@ from pipelines.engine.models import (
     Message,
     TurnMark,
     Usage,
-    to_json_value,
+    dump_json,
 )
 from pipelines.engine.phase import Done, Fail, Next, PhaseOutput, RetryLater, WaitForInput
 from pipelines.engine.tokens import new_token
@@ -84,6 +85,8 @@ HISTORY_BYTES = 256 * 1024
 keeps fewer turns; a state larger than this keeps none), so the record stays far below the size limit."""
 
 
+_Checkpoint = Checkpoint[Any]  # resolved once: indexing the generic costs a cache lookup per call
+
 # --- building blocks ---------------------------------------------------------------
 def _log(now: float, phase: str | None, message: str, level: LogLevel = "info") -> LogEntry:
     return LogEntry(timestamp=now, phase=phase, level=level, message=message)
@@ -93,9 +96,10 @@ def _phase_of(rec: JobRecord) -> str | None:
     return rec.checkpoint.next_phase if rec.checkpoint is not None else None
 
 
-def _moved(rec: JobRecord, token: str, now: float, cp: Checkpoint[Any] | None, **fields: Any) -> JobRecord:
-    """``rec`` one version on, with ``cp`` stamped by this commit's token."""
-    if cp is not None:
+def _moved(rec: JobRecord, token: str, now: float, cp: Checkpoint[Any] | None, *, stamped: bool = False,
+           **fields: Any) -> JobRecord:
+    """``rec`` one version on, with ``cp`` stamped by this commit's token (``stamped``: built so already)."""
+    if cp is not None and not stamped:
         cp = cp.model_copy(update={"commit_id": token, "updated_at": now, "journal": {}})
     return rec.model_copy(update={**fields, "checkpoint": cp, "version": rec.version + 1, "updated_at": now})
 
@@ -113,7 +117,7 @@ def _commit(rec: JobRecord, new: JobRecord, token: str, *, owner: str | None = N
 
 
 def _fresh(phase: str, state: Any, now: float) -> Checkpoint[Any]:
-    return Checkpoint[Any](next_phase=phase, state=state, due_at=now, created_at=now, updated_at=now)
+    return _Checkpoint(next_phase=phase, state=state, due_at=now, created_at=now, updated_at=now)
 
 
 def _running() -> dict[str, Any]:
@@ -124,12 +128,14 @@ def _marked(history: Sequence[TurnMark], *, phases_done: int, transcript_len: in
             state: Any, code_version: str | None = None) -> list[TurnMark]:
     """``history`` with this turn's checkpoint appended, cut to the newest that fit both bounds."""
     try:
-        plain = to_json_value(state, what="state")
-        size = len(json.dumps(plain, separators=(",", ":")))
+        text = dump_json(state, "state")
     except (InvalidInputError, ValueError):
         return list(history)  # the commit itself refuses this state and says why; no mark for it
+    # The mark keeps its own copy, read back from its JSON: the phase's state object lives on (the
+    # next turn's ctx.state, under continue_for), and changing it in place must not change this turn's mark.
     kept = [*history, TurnMark(phases_done=phases_done, transcript_len=transcript_len, next_phase=next_phase,
-                               state=plain, size=size, code_version=code_version)][-HISTORY_LIMIT:]
+                               state=from_json(text), size=len(text) if text.isascii() else len(text.encode()),
+                               code_version=code_version)][-HISTORY_LIMIT:]
     total = sum(m.size for m in kept)
     while kept and total > HISTORY_BYTES:
         total -= kept.pop(0).size
@@ -231,11 +237,11 @@ def _on_next(rec: JobRecord, outcome: Next, out: PhaseOutput, owner: str, now: f
     assert rec.checkpoint is not None
     token = new_token()
     tlen = rec.transcript_len + len(out.messages)
-    cp = Checkpoint[Any](next_phase=outcome.next_phase, state=outcome.state, due_at=now + outcome.delay,
-                         created_at=now)
+    cp = _Checkpoint(next_phase=outcome.next_phase, state=outcome.state, due_at=now + outcome.delay,
+                     created_at=now, updated_at=now, commit_id=token)
     history = _marked(rec.history, phases_done=rec.phases_done + 1, transcript_len=tlen,
                       next_phase=outcome.next_phase, state=outcome.state, code_version=rec.code_version)
-    new = _moved(rec, token, now, cp, transcript_len=tlen, usage=rec.usage + out.usage,
+    new = _moved(rec, token, now, cp, stamped=True, transcript_len=tlen, usage=rec.usage + out.usage,
                  phases_done=rec.phases_done + 1, history=history)
     # The lease is kept only to run the next phase at once (the runner's continue_for).
     return _commit(rec, new, token, owner=owner, messages=out.messages, logs=out.logs, events=out.events,

@@ -535,6 +535,24 @@ def test_continue_for_runs_due_phases_inline_under_one_lease_then_hands_back() -
     assert seen == [0, 1, 2, 3, 4, 5] and storage.get_job("job-1").result == 5  # type: ignore[union-attr]
 
 
+def test_a_phase_changing_its_state_in_place_leaves_the_earlier_turns_checkpoints_as_committed() -> None:
+    from pipelines import App
+
+    storage, scheduler, _ = memory()
+
+    def step(ctx: PhaseContext[Any]) -> Next | Done:
+        ctx.state["items"].append(len(ctx.state["items"]))  # the same object, turn after turn (continue_for)
+        return Next("step", state=ctx.state) if len(ctx.state["items"]) < 3 else Done(result=ctx.state)
+
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("step", step)]}, continue_for=60.0)
+    app.run_pipeline("p", job_id="job-1", initial_state={"items": []})
+    scheduler.drain()
+    job = storage.get_job("job-1")
+    assert job is not None and job.result == {"items": [0, 1, 2]}
+    # A fork at each turn starts from the state that turn committed, not from what the phase did later.
+    assert [m.state for m in job.history] == [{"items": []}, {"items": [0]}, {"items": [0, 1]}, {"items": [0, 1, 2]}]
+
+
 def test_without_continue_for_each_advance_runs_one_phase() -> None:
     from pipelines import App
 

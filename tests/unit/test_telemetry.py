@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,3 +102,46 @@ def test_off_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         monkeypatch.delenv(telemetry.ENV)
         telemetry.reset()
+
+
+# Run in a fresh process: the global providers can be set only once per process, and here they must start unset.
+_LATE_PROVIDER = r'''
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from pipelines.engine import telemetry
+from tests.unit.test_telemetry import run_agent_job
+
+assert telemetry.enabled()  # the API is installed: only the providers are missing
+first = run_agent_job("before")
+assert first.get("before").record.trace == {}, first.get("before").record.trace  # nothing to carry
+exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+run_agent_job("after")  # no telemetry.reset(): providers set after the first turns are picked up as they are
+names = sorted(s.name for s in exporter.get_finished_spans())
+assert names.count("turn support") == 2 and names.count("chat scripted") == 2, names
+assert names.count("execute_tool lookup") == 2, names
+assert all(s.attributes.get("phaserunner.job_id", "after") == "after" for s in exporter.get_finished_spans())
+turns = [m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+         if m.name == "phaserunner.turns"]
+assert sum(p.value for p in turns[0].data.data_points) == 2, turns
+print("ok")
+'''
+
+
+def test_no_provider_records_nothing_and_a_provider_set_later_is_used_from_its_next_turn() -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.pop(telemetry.ENV, None)
+    out = subprocess.run([sys.executable, "-c", _LATE_PROVIDER], capture_output=True, text=True, timeout=60, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

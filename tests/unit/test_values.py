@@ -32,6 +32,7 @@ from pipelines.engine.models import (
     JobRecord,
     JobStatus,
     LogEntry,
+    TurnMark,
     dump_json,
     dump_record,
     to_json_value,
@@ -237,6 +238,22 @@ def test_a_record_field_that_pydantic_would_write_as_null_is_refused() -> None:
     assert snapshot(storage) == before
 
 
+def test_a_bad_value_in_the_turn_history_is_named_by_its_place_and_fields_never_written_are_not_checked() -> None:
+    storage = MemoryStorage()
+    start(storage)
+    before = snapshot(storage)
+    rec = storage.get_job("j")
+    assert rec is not None
+    marks = [TurnMark(phases_done=0, state={"ok": 1}), TurnMark(phases_done=1, state={"n": ("a", "tuple")})]
+    with pytest.raises(StateNotSerializableError, match=r"the record of job 'j': history\[1\]\.state does not "):
+        commit_with(storage, "j", record=rec.model_copy(update={"version": 2, "history": marks}))
+    assert snapshot(storage) == before
+    # ``dropped`` and ``control`` live beside the record (exclude=True): they are not written, so not refused.
+    odd = rec.model_copy(update={"version": 2, "dropped": rec.dropped.model_copy(update={"cost_usd": math.nan})})
+    commit_with(storage, "j", record=odd)
+    assert storage.get_job("j") is not None and storage.get_job("j").dropped.cost_usd == 0.0  # type: ignore[union-attr]
+
+
 def test_a_step_result_at_the_depth_limit_still_reads_back_inside_the_record() -> None:
     # The deepest place a value sits: record -> checkpoint -> journal -> step result.
     storage = MemoryStorage()
@@ -307,3 +324,16 @@ def test_a_plain_value_is_returned_as_is_and_a_converted_one_is_plain() -> None:
     value = {"a": [1, 2.5, "x", None, True]}
     assert to_json_value(value) is value
     assert to_json_value({"a": [Mode.FAST]}) == {"a": ["fast"]}
+
+
+def test_usage_is_frozen_so_a_sum_that_shares_an_operand_cannot_change_it() -> None:
+    from pydantic import ValidationError
+
+    from pipelines.engine.models import Usage
+
+    paid = Usage(prompt_tokens=3, completion_tokens=2, model_calls=1, cost_usd=0.5)
+    total = paid + Usage()  # adding nothing hands back the same object
+    with pytest.raises(ValidationError):
+        total.prompt_tokens = 100
+    assert paid.prompt_tokens == 3 and (Usage() + paid) == paid
+    assert paid + paid == Usage(prompt_tokens=6, completion_tokens=4, model_calls=2, cost_usd=1.0)
