@@ -455,6 +455,11 @@ class Checkpoint(BaseModel, Generic[S]):
     # The token of the commit that wrote this checkpoint: unique per commit,
     # so a worker can tell "this is exactly the state I committed" (caches).
     commit_id: str = ""
+    # Random, drawn when the job is created and by every commit that truncates its transcript, and
+    # carried by every other commit: while it stays the same the transcript only grows, so a worker
+    # holding its first k messages under this epoch reads only the rest (phases.agent_turn's cache).
+    # "" (a record from before it was kept): unknown, nothing is assumed.
+    transcript_epoch: str = ""
 
 
 class TurnMark(BaseModel):

@@ -14,6 +14,7 @@ loaded and ``now``, so each transition is tested as a plain function.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -110,14 +111,26 @@ def _commit(rec: JobRecord, new: JobRecord, token: str, *, owner: str | None = N
             clear_control: bool = False, take_inbox: int = 0) -> Commit:
     if clear_control:
         new = new.model_copy(update={"control": None})  # the record returned says what storage now holds
+    if truncate_to is not None and new.checkpoint is not None:
+        # Whatever a worker holds of the transcript may be gone: it must not read on from it.
+        new = new.model_copy(update={"checkpoint": new.checkpoint.model_copy(
+            update={"transcript_epoch": _new_epoch()})})
     return Commit(job_id=rec.job_id, expected_version=rec.version, owner=owner, token=token, record=new,
                   append_messages=list(messages), truncate_messages_to=truncate_to, logs=list(logs),
                   events=list(events), keep_journal=keep_journal, release_lease=release_lease,
                   clear_control=clear_control, take_inbox=take_inbox)
 
 
+def _new_epoch() -> str:
+    """A transcript epoch (``Checkpoint.transcript_epoch``): random, so a job re-created under the same id
+    never gets its predecessor's, whichever process creates it."""
+    return os.urandom(8).hex()
+
+
 def _fresh(phase: str, state: Any, now: float) -> Checkpoint[Any]:
-    return _Checkpoint(next_phase=phase, state=state, due_at=now, created_at=now, updated_at=now)
+    # A new epoch: a fresh checkpoint starts a job, a fork, a continued run or a truncating retry.
+    return _Checkpoint(next_phase=phase, state=state, due_at=now, created_at=now, updated_at=now,
+                       transcript_epoch=_new_epoch())
 
 
 def _running() -> dict[str, Any]:
@@ -237,8 +250,10 @@ def _on_next(rec: JobRecord, outcome: Next, out: PhaseOutput, owner: str, now: f
     assert rec.checkpoint is not None
     token = new_token()
     tlen = rec.transcript_len + len(out.messages)
+    # The transcript only grows here: same epoch (a record from before epochs gets one from this commit on).
     cp = _Checkpoint(next_phase=outcome.next_phase, state=outcome.state, due_at=now + outcome.delay,
-                     created_at=now, updated_at=now, commit_id=token)
+                     created_at=now, updated_at=now, commit_id=token,
+                     transcript_epoch=rec.checkpoint.transcript_epoch or _new_epoch())
     history = _marked(rec.history, phases_done=rec.phases_done + 1, transcript_len=tlen,
                       next_phase=outcome.next_phase, state=outcome.state, code_version=rec.code_version)
     new = _moved(rec, token, now, cp, stamped=True, transcript_len=tlen, usage=rec.usage + out.usage,
