@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -34,12 +32,13 @@ from phases import agent_run, flow_limits, journal
 from phases.agent_config import AgentConfig
 from phases.callbacks import fire
 from phases.compaction import estimate_tokens, find_cut, marker, summary_request
+from phases.history_cache import HistoryCache
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
 from phases.stop import TurnInfo, should_stop
 from phases.streaming import DeltaSink
 from phases.titles import start_title
-from phases.tool_calls import normalise_tool_calls
+from phases.tool_calls import call_ids, normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, bind_run_context
 from phases.view_migration import ViewMigration, migrate_view
@@ -53,9 +52,8 @@ __all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "
 
 TURN_PHASE = "turn"
 
-# The whole committed transcript of the turn being answered (see AgentTurn.answer).
-_TRANSCRIPT: ContextVar[list[Message] | None] = ContextVar("pipelines_turn_transcript", default=None)
-
+# The tool call ids of the whole transcript of the turn being answered (see AgentTurn.answer).
+_CALL_IDS: ContextVar[frozenset[str] | None] = ContextVar("pipelines_turn_call_ids", default=None)
 
 
 class AgentState(BaseModel):
@@ -141,7 +139,7 @@ class AgentTurn:
         # The system prompt is no longer a fixed prefix: a conversation's pinned
         # prompt (or the run's current one) is chosen per turn (phases.conversation).
         self.prefix: list[Message] = []
-        self.history = _HistoryCache()
+        self.history = HistoryCache()
 
     def _model(self, spec: str | Model, params: Mapping[str, Any] | None) -> tuple[Model, dict[str, Any]]:
         """The model to call and the params it gets with each request."""
@@ -176,9 +174,10 @@ class AgentTurn:
     def __call__(self, ctx: PhaseContext[Any]) -> Next | Done | Fail:
         cfg = agent_run.resolve_run(ctx, self.config.for_run(ctx.options, self.schemas))
         state = AgentState.model_validate(ctx.state or {})
+        held = self.history.get(ctx)
         # Before anything reads the view: the first turn a newer version runs upgrades it, in this commit
         # (whatever the turn's outcome that appends its messages, a budget stop included).
-        past = migrate_view(ctx, self.view_migrations, self.history.get(ctx))
+        past = migrate_view(ctx, self.view_migrations, held.messages)
         over = _over_budget(ctx.job_usage, cfg)
         if over:
             ctx.log(f"budget reached before turn {state.turn + 1}: {over}", "warn")
@@ -194,14 +193,16 @@ class AgentTurn:
         if sent:
             ctx.append_messages(sent)
             past = [*past, *sent]
+        # Each step above only appended to what the cache held: its ids plus those of the appended messages.
+        ids = (held.ids | call_ids(past[len(held.messages):])) if len(past) > len(held.messages) else held.ids
         fire(ctx, agent_run.callbacks_of(cfg), "on_turn_start", turn=state.turn + 1, context=agent_run.context_of(ctx))
         # Tools read the run's context from their ToolContext while this turn runs.
         unbind = bind_run_context(ctx.job_id, agent_run.context_of(ctx), agent_run.tool_contexts(ctx, cfg))
         try:
-            answer = self.answer(ctx, cfg, past, state.turn)
+            answer = self.answer(ctx, cfg, past, state.turn, ids)
             if isinstance(answer, Fail):
                 return agent_run.ended(ctx, cfg, answer, ctx.job_usage, state.turn)
-            return self.finish_turn(ctx, cfg, past, state, answer)
+            return self.finish_turn(ctx, cfg, past, state, answer, ids)
         finally:
             unbind()
 
@@ -227,10 +228,11 @@ class AgentTurn:
         ctx.emit("compacted", turn=turn + 1, upto=int(raw["cut"]))
         return [*past, note]
 
-    def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message],
-               turn: int) -> ModelResponse | Fail:
+    def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], turn: int,
+               ids: frozenset[str] | None = None) -> ModelResponse | Fail:
         """The model's answer for this turn: journaled, so a re-run reuses it (I5).
 
+        ``ids``: the tool call ids in ``past`` (computed from it when not given).
         With ``stream`` on, its text goes to the job's live stream as it
         arrives (a replayed answer is sent whole): see :mod:`phases.streaming`.
         """
@@ -238,7 +240,7 @@ class AgentTurn:
         ctx.on_delta = sink
         # Call ids must be unique in the whole transcript (idempotency keys, child jobs), not only in the
         # model's view, which compaction shortens: the id check sees every earlier message.
-        whole = _TRANSCRIPT.set(past)
+        whole = _CALL_IDS.set(frozenset(call_ids(past)) if ids is None else ids)
         try:
             # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
             raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn),
@@ -257,7 +259,7 @@ class AgentTurn:
             return Fail(f"model error: {exc}")
         finally:
             ctx.on_delta = None
-            _TRANSCRIPT.reset(whole)
+            _CALL_IDS.reset(whole)
         response = ModelResponse.model_validate(raw)
         ctx.add_usage(response.usage, key=journal.MODEL)
         if sink is not None:
@@ -277,7 +279,7 @@ class AgentTurn:
         return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout)
 
     def finish_turn(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], state: AgentState,
-                    response: ModelResponse) -> Next | Done | Fail:
+                    response: ModelResponse, ids: frozenset[str] | None = None) -> Next | Done | Fail:
         message = response.message
         results = agent_run.run_turn_calls(ctx, cfg, response, state.turn)
         new_messages = [message, *results]
@@ -302,7 +304,8 @@ class AgentTurn:
         if isinstance(outcome, Done) and cfg.title_agent is not None:
             start_title(ctx, cfg.title_agent, [*past, *new_messages])
         if isinstance(outcome, Next):
-            self.history.remember_after_commit(ctx, [*past, *new_messages])
+            before = frozenset(call_ids(past)) if ids is None else ids
+            self.history.remember_after_commit(ctx, [*past, *new_messages], before | call_ids(new_messages))
         else:
             self.history.forget(ctx.job_id)
         return outcome
@@ -399,49 +402,6 @@ def _content_of(answer: JSONValue) -> str | None:
     return content if isinstance(content, str) else None
 
 
-class _HistoryCache:
-    """The transcript of recently advanced jobs, so a worker that runs a job's next turn reads no history.
-
-    An entry is valid only for the exact checkpoint its turn committed
-    (``commit_id``); any other writer, a retry or a truncation misses it and
-    the transcript is read from storage. Bounded by jobs and by messages held
-    in all (least recently used out); a finished job's entry is dropped.
-    """
-
-    def __init__(self, size: int = 256, max_messages: int = 50_000) -> None:
-        self._entries: OrderedDict[str, tuple[str, list[Message]]] = OrderedDict()
-        self._size = size
-        self._max_messages = max_messages
-        self._held = 0
-        self._lock = threading.Lock()
-
-    def forget(self, job_id: str) -> None:
-        with self._lock:
-            old = self._entries.pop(job_id, None)
-            if old is not None:
-                self._held -= len(old[1])
-
-    def get(self, ctx: PhaseContext[Any]) -> list[Message]:
-        commit_id = ctx.checkpoint.commit_id
-        with self._lock:
-            hit = self._entries.get(ctx.job_id)
-        if hit is not None and commit_id and hit[0] == commit_id and len(hit[1]) == ctx.transcript_len:
-            return hit[1]
-        return ctx.messages()
-
-    def remember_after_commit(self, ctx: PhaseContext[Any], messages: list[Message]) -> None:
-        def put(cp: Any) -> None:
-            with self._lock:
-                old = self._entries.pop(ctx.job_id, None)
-                self._held += len(messages) - (len(old[1]) if old else 0)
-                self._entries[ctx.job_id] = (cp.commit_id, messages)
-                while self._entries and (len(self._entries) > self._size or self._held > self._max_messages):
-                    _, (_, dropped) = self._entries.popitem(last=False)
-                    self._held -= len(dropped)
-
-        ctx.on_commit(put)
-
-
 def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
                 params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None) -> ModelResponse:
     request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
@@ -468,7 +428,8 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     # Tool call ids key the journal and the idempotency key: fixed here (unique
     # in the transcript, every call well-formed) before the answer is journaled,
     # so a re-run replays the same ids and the model sees each call answered.
-    message = normalise_tool_calls(message, turn, _TRANSCRIPT.get() or messages)
+    ids = _CALL_IDS.get()
+    message = normalise_tool_calls(message, turn, messages if ids is None else (), taken=ids)
     return response.model_copy(update={"message": message})
 
 

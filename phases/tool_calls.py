@@ -21,19 +21,22 @@ already fixed answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 from pipelines.engine.models import Message
 
-__all__ = ["normalise_tool_calls"]
+__all__ = ["call_ids", "normalise_tool_calls"]
 
 
-def normalise_tool_calls(message: Message, turn: int, history: Iterable[Message] = ()) -> Message:
+def normalise_tool_calls(message: Message, turn: int, history: Iterable[Message] = (), *,
+                         taken: Set[str] | None = None) -> Message:
     """``message`` with its ``tool_calls`` well-formed and their ids unique in ``history`` + this answer.
 
-    Deterministic: the same answer after the same history gives the same ids.
-    A message without tool calls is returned as it is.
+    ``taken``: the ids ``history`` holds (``call_ids(history)``), when the
+    caller keeps them; then ``history`` is not read. Deterministic: the same
+    answer after the same history gives the same ids. A message without tool
+    calls is returned as it is.
     """
     raw = message.get("tool_calls")
     if not raw:
@@ -42,7 +45,7 @@ def normalise_tool_calls(message: Message, turn: int, history: Iterable[Message]
     items = list(raw) if isinstance(raw, list | tuple) else [raw]
     calls = [_well_formed(item) for item in items]
     ids = _unique_ids([item.get("id") if isinstance(item, Mapping) else None for item in items],
-                      turn, _ids_in(history))
+                      turn, call_ids(history) if taken is None else taken)
     for call, call_id in zip(calls, ids, strict=True):
         call["id"] = call_id
     return {**message, "tool_calls": calls}
@@ -78,13 +81,14 @@ def _json_text(value: Any) -> str:
         return json.dumps(repr(value), ensure_ascii=False)
 
 
-def _ids_in(history: Iterable[Message]) -> set[str]:
-    # Runs every turn over the whole transcript: plain type checks, one comprehension.
-    return {c["id"] for m in history if type(m) is dict and type(calls := m.get("tool_calls")) is list
+def call_ids(messages: Iterable[Message]) -> set[str]:
+    """The tool call ids ``messages`` hold (what a new call's id must not repeat)."""
+    # Plain type checks, one comprehension: the agent turn runs it over each turn's new messages.
+    return {c["id"] for m in messages if type(m) is dict and type(calls := m.get("tool_calls")) is list
             for c in calls if type(c) is dict and type(c.get("id")) is str}
 
 
-def _unique_ids(given: list[Any], turn: int, earlier: set[str]) -> list[str]:
+def _unique_ids(given: list[Any], turn: int, earlier: Set[str]) -> list[str]:
     """Keep each usable id the first time it appears; give every other call a fresh one."""
     kept: list[str | None] = []
     taken = set(earlier)

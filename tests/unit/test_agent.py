@@ -399,9 +399,9 @@ def test_a_worker_that_runs_the_next_turn_reads_no_history_but_never_a_stale_one
 
 
 def test_the_history_cache_is_bounded_by_messages_and_drops_finished_jobs() -> None:
-    from phases.agent_turn import _HistoryCache
+    from phases.history_cache import HistoryCache
 
-    cache = _HistoryCache(size=10, max_messages=5)
+    cache = HistoryCache(size=10, max_messages=5)
     hooks: list[Any] = []
 
     class Ctx:
@@ -413,9 +413,10 @@ def test_the_history_cache_is_bounded_by_messages_and_drops_finished_jobs() -> N
 
     class Cp:
         commit_id = "c"
+        transcript_epoch = "e"
 
     for job in ("a", "b", "c"):
-        cache.remember_after_commit(Ctx(job), [{"role": "user", "content": job}] * 2)  # type: ignore[arg-type]
+        cache.remember_after_commit(Ctx(job), [{"role": "user", "content": job}] * 2, frozenset())  # type: ignore[arg-type]
         hooks.pop()(Cp())
     assert list(cache._entries) == ["b", "c"] and cache._held == 4  # "a" went: 6 messages > 5
     cache.forget("b")
