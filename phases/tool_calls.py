@@ -91,9 +91,10 @@ def call_ids(messages: Iterable[Message]) -> set[str]:
 def _unique_ids(given: list[Any], turn: int, earlier: Set[str]) -> list[str]:
     """Keep each usable id the first time it appears; give every other call a fresh one."""
     kept: list[str | None] = []
-    taken = set(earlier)
+    # This answer's ids beside the transcript's: ``earlier`` is the whole transcript's set, not copied per turn.
+    taken: set[str] = set()
     for cid in given:
-        ok = isinstance(cid, str) and cid != "" and cid not in taken
+        ok = isinstance(cid, str) and cid != "" and cid not in earlier and cid not in taken
         kept.append(cid if ok else None)
         if ok:
             taken.add(cid)
@@ -104,7 +105,7 @@ def _unique_ids(given: list[Any], turn: int, earlier: Set[str]) -> list[str]:
         if cid is None:
             base = orig if isinstance(orig, str) and orig else f"call_{turn}_{i}"
             cid, n = base, 1
-            while cid in taken:
+            while cid in earlier or cid in taken:
                 n += 1
                 cid = f"{base}_{n}"
             taken.add(cid)
