@@ -7,14 +7,14 @@ options (``context`` included): providers and hooks must be deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from phases import conversation, journal
 from phases.agent_config import AgentConfig
 from phases.callbacks import CALLBACKS, fire
-from phases.compaction import compacted_view
+from phases.compaction import MARKER_KEY, compacted_view
 from phases.model import ModelResponse
 from phases.run_input import tool_context_of
 from phases.tool_runner import run_tools, tool_message
@@ -25,8 +25,8 @@ from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext
 
 Outcome = TypeVar("Outcome", Next, Done, Fail, Next | Done | Fail)
 
-__all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "first_turn", "resolve_run",
-           "run_turn_calls", "tool_contexts", "turn_ended", "turn_messages"]
+__all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "extended_view", "first_turn",
+           "resolve_run", "run_turn_calls", "tool_contexts", "turn_ended", "turn_messages", "view_key"]
 
 TOOLS_KEY = journal.TOOLS_NAMES
 """Journal key: the tool names a provider returned for this turn (a re-run must get the same)."""
@@ -99,6 +99,30 @@ def turn_messages(cfg: AgentConfig, past: list[Message]) -> list[Message]:
     view = conversation.model_messages(compacted_view(past), system=cfg.system,
                                        conflict=conversation.check_conflict_mode(cfg.system_prompt_conflict))
     return _previewed(view, cfg.tmap)
+
+
+def view_key(cfg: AgentConfig) -> Hashable | None:
+    """What :func:`turn_messages` reads of ``cfg``; ``None`` when a view of it cannot be extended (previews).
+
+    Two configurations with the same key build the same view of the same
+    transcript, so a view kept from an earlier turn is valid for this one.
+    """
+    if any(t.preview for t in cfg.tmap.values()):
+        return None  # a preview depends on which call a result answers, anywhere in the view
+    return (cfg.system, cfg.system_prompt_conflict)
+
+
+def extended_view(view: list[Message], new: Sequence[Message]) -> list[Message] | None:
+    """``view`` (the model view of a transcript) + ``new``, when that is the view of the transcript + ``new``.
+
+    True when no message of ``new`` is a marker or a system message (and the
+    tools have no previews, see :func:`view_key`): appending then leaves the
+    latest marker, the pin and every earlier message where they were, and
+    each new message shows as it is. Otherwise ``None``: build it whole.
+    """
+    if any(MARKER_KEY in m or m.get("role") == "system" for m in new):
+        return None
+    return [*view, *new]
 
 
 def _previewed(view: list[Message], tmap: Mapping[str, Tool]) -> list[Message]:

@@ -32,7 +32,7 @@ from phases import agent_run, flow_limits, journal
 from phases.agent_config import AgentConfig
 from phases.callbacks import fire
 from phases.compaction import estimate_tokens, find_cut, marker, summary_request
-from phases.history_cache import HistoryCache
+from phases.history_cache import Held, HistoryCache, View
 from phases.model import Model, ModelRequest, ModelResponse
 from phases.observe import notify
 from phases.stop import TurnInfo, should_stop
@@ -149,9 +149,10 @@ class AgentTurn:
         return model, ({} if isinstance(spec, str) else dict(params or {}))
 
     def call_model(self, ctx: PhaseContext[Any], cfg: AgentConfig, messages: list[Message],
-                   turn: int) -> ModelResponse:
+                   turn: int, view: View | None = None) -> ModelResponse:
         tmap = cfg.tmap  # the run's tools: a provider's, or prepare_call's choice
-        messages = agent_run.turn_messages(cfg, messages)
+        # ``view``: the model view of ``messages``, already built; a copy goes out (a model may change its list).
+        messages = list(view.messages) if view is not None else agent_run.turn_messages(cfg, messages)
         schema = None if tmap else cfg.output_schema
         if cfg.prepare_turn is None:
             model, params = self._model(cfg.model, cfg.model_params)
@@ -199,12 +200,28 @@ class AgentTurn:
         # Tools read the run's context from their ToolContext while this turn runs.
         unbind = bind_run_context(ctx.job_id, agent_run.context_of(ctx), agent_run.tool_contexts(ctx, cfg))
         try:
-            answer = self.answer(ctx, cfg, past, state.turn, ids)
+            view = self.view_of(cfg, held, past)
+            answer = self.answer(ctx, cfg, past, state.turn, ids, view)
             if isinstance(answer, Fail):
                 return agent_run.ended(ctx, cfg, answer, ctx.job_usage, state.turn)
-            return self.finish_turn(ctx, cfg, past, state, answer, ids)
+            return self.finish_turn(ctx, cfg, past, state, answer, ids, view)
         finally:
             unbind()
+
+    def view_of(self, cfg: AgentConfig, held: Held, past: list[Message]) -> View | None:
+        """The model view of ``past``: the cached one extended by what was appended since, when it can be.
+
+        ``None`` when no view of this configuration can be kept (tool previews): the model call builds it.
+        """
+        key = None if self.prefix else agent_run.view_key(cfg)
+        if key is None:
+            return None
+        if held.view is not None and held.view.key == key:
+            extra = past[len(held.messages):]
+            grown = agent_run.extended_view(held.view.messages, extra) if extra else held.view.messages
+            if grown is not None:
+                return View(key, grown)
+        return View(key, agent_run.turn_messages(cfg, past))
 
     def compact(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], turn: int) -> list[Message]:
         """Summarise older turns when the model view is too large (see :mod:`phases.compaction`); journaled."""
@@ -229,10 +246,11 @@ class AgentTurn:
         return [*past, note]
 
     def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], turn: int,
-               ids: frozenset[str] | None = None) -> ModelResponse | Fail:
+               ids: frozenset[str] | None = None, view: View | None = None) -> ModelResponse | Fail:
         """The model's answer for this turn: journaled, so a re-run reuses it (I5).
 
-        ``ids``: the tool call ids in ``past`` (computed from it when not given).
+        ``ids``: the tool call ids in ``past`` (computed from it when not given); ``view``: its model view
+        (:meth:`view_of`; built by the call when not given).
         With ``stream`` on, its text goes to the job's live stream as it
         arrives (a replayed answer is sent whole): see :mod:`phases.streaming`.
         """
@@ -243,7 +261,7 @@ class AgentTurn:
         whole = _CALL_IDS.set(frozenset(call_ids(past)) if ids is None else ids)
         try:
             # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
-            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn),
+            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn, view),
                            publish=None if sink is None else lambda value: sink.final_parts(_content_of(value)))
         except StaleVersionError as exc:
             # Fenced off after the model answered: the answer is lost to this attempt, its cost is not.
@@ -279,7 +297,8 @@ class AgentTurn:
         return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout)
 
     def finish_turn(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], state: AgentState,
-                    response: ModelResponse, ids: frozenset[str] | None = None) -> Next | Done | Fail:
+                    response: ModelResponse, ids: frozenset[str] | None = None,
+                    view: View | None = None) -> Next | Done | Fail:
         message = response.message
         results = agent_run.run_turn_calls(ctx, cfg, response, state.turn)
         new_messages = [message, *results]
@@ -305,7 +324,9 @@ class AgentTurn:
             start_title(ctx, cfg.title_agent, [*past, *new_messages])
         if isinstance(outcome, Next):
             before = frozenset(call_ids(past)) if ids is None else ids
-            self.history.remember_after_commit(ctx, [*past, *new_messages], before | call_ids(new_messages))
+            after = None if view is None else agent_run.extended_view(view.messages, new_messages)
+            self.history.remember_after_commit(ctx, [*past, *new_messages], before | call_ids(new_messages),
+                                               None if view is None or after is None else View(view.key, after))
         else:
             self.history.forget(ctx.job_id)
         return outcome

@@ -25,32 +25,54 @@ is told by the checkpoint's ``transcript_epoch``
 
 Each entry also keeps the tool call ids its messages hold, so the turn's
 id-uniqueness check (:func:`phases.tool_calls.normalise_tool_calls`) looks
-only at the messages added since. Bounded by jobs and by messages held in all
-(least recently used out); a finished job's entry is dropped.
+only at the messages added since, and the model view of its messages when the
+turn built one, extended as messages are added while
+:func:`phases.agent_run.extended_view` allows. Bounded by jobs and by
+messages held in all (least recently used out); a finished job's entry is
+dropped.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from phases.agent_run import extended_view
 from phases.tool_calls import call_ids
 from pipelines.engine.models import Checkpoint, Message
 from pipelines.engine.phase import PhaseContext
 
-__all__ = ["Held", "HistoryCache"]
+__all__ = ["Held", "HistoryCache", "View"]
+
+
+@dataclass(frozen=True)
+class View:
+    """The model view of a transcript (:func:`phases.agent_run.turn_messages`) for configurations of ``key``."""
+
+    key: Hashable
+    messages: list[Message]
 
 
 @dataclass(frozen=True)
 class Held:
-    """A job's committed transcript as of one checkpoint, and the tool call ids in it. Never modified."""
+    """A job's committed transcript as of one checkpoint, the tool call ids in it, maybe its view. Never modified."""
 
     messages: list[Message]
     ids: frozenset[str]
     epoch: str = ""
     commit_id: str = ""
+    view: View | None = None
+
+    def extended(self, new: list[Message], epoch: str, commit_id: str) -> Held:
+        """This transcript with ``new`` appended (the view too, when it extends)."""
+        view = self.view
+        if view is not None:
+            grown = extended_view(view.messages, new)
+            view = None if grown is None else View(view.key, grown)
+        return Held([*self.messages, *new], self.ids | call_ids(new), epoch, commit_id, view)
 
 
 class HistoryCache:
@@ -83,18 +105,19 @@ class HistoryCache:
                     return hit
                 new = ctx.messages(k)
                 if len(new) == n - k:  # else storage disagrees with the record: trust neither, read all
-                    return self._put(ctx.job_id, Held([*hit.messages, *new], hit.ids | call_ids(new),
-                                                      cp.transcript_epoch, cp.commit_id))
+                    return self._put(ctx.job_id, hit.extended(new, cp.transcript_epoch, cp.commit_id))
         messages = ctx.messages()
         held = Held(messages, frozenset(call_ids(messages)), cp.transcript_epoch, cp.commit_id)
         # A read shorter than the record says is not "the transcript under this epoch": used, not kept.
         return self._put(ctx.job_id, held) if len(messages) == n else held
 
-    def remember_after_commit(self, ctx: PhaseContext[Any], messages: list[Message], ids: frozenset[str]) -> None:
-        """Hold ``messages`` (the whole transcript this turn commits, ``ids`` its call ids) once the commit lands."""
+    def remember_after_commit(self, ctx: PhaseContext[Any], messages: list[Message], ids: frozenset[str],
+                              view: View | None = None) -> None:
+        """Hold ``messages`` (the whole transcript this turn commits, ``ids`` its call ids, ``view`` its model
+        view if known) once the commit lands."""
 
         def put(cp: Checkpoint[Any]) -> None:
-            self._put(ctx.job_id, Held(messages, ids, cp.transcript_epoch, cp.commit_id))
+            self._put(ctx.job_id, Held(messages, ids, cp.transcript_epoch, cp.commit_id, view))
 
         ctx.on_commit(put)
 

@@ -19,6 +19,7 @@ import pytest
 
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.redis import RedisStorage
+from phases import agent_run
 from phases.compaction import MARKER_KEY, Compaction
 from phases.history_cache import HistoryCache
 from pipelines import Agent, App, tool
@@ -133,11 +134,21 @@ def assert_model_saw_the_stored_transcript(workers: list[Worker], job_id: str, s
         assert messages == stored[:len(messages)]
 
 
-def test_two_workers_alternating_read_only_the_other_workers_turn_and_the_model_sees_it_all(store: Store) -> None:
+def test_two_workers_alternating_read_only_the_other_workers_turn_and_the_model_sees_it_all(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = VirtualClock(start=1_000_000.0)
     a, b = Worker(store, clock, last=10), Worker(store, clock, last=10)
+    views: list[int] = []
+    whole = agent_run.turn_messages
+
+    def counted(cfg: Any, past: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        views.append(len(past))
+        return whole(cfg, past)
+
+    monkeypatch.setattr(agent_run, "turn_messages", counted)
     a.app.run_agent("bot", job_id="j", messages=["count"])
     assert alternate([a, b], "j") == 11
+    assert views == [2, 4]  # the model view is built whole once per worker, then extended by what it reads
     stored = a.stored("j")
     assert len(stored) == 2 + 2 * 10 + 1
     # Each worker reads the whole transcript once (its first turn), then only the other worker's last turn.

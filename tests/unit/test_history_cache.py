@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 
+from phases.agent_config import AgentConfig
+from phases.agent_run import extended_view, turn_messages, view_key
+from phases.compaction import MARKER_KEY, marker, view_marker
 from phases.history_cache import HistoryCache
 from phases.tool_calls import call_ids, normalise_tool_calls
+from pipelines import tool
 from pipelines.engine.models import Checkpoint
+from pipelines.testing import ScriptedModel
 
 
 # --- the cache's rules, on a stand-in phase context -----------------------------------------------------
@@ -157,3 +162,44 @@ def reference_ids(given: list[Any], turn: int, earlier: set[str]) -> list[str]:
         out.append(cid)
     return out
 
+
+
+# --- the model view: extended by appended messages exactly when that is the view of the longer transcript ----
+def random_transcript(rng: random.Random, n: int, start: int = 0) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(start, start + n):
+        kind = rng.random()
+        if kind < 0.1:
+            out.append({"role": "system", "content": f"s{i}"})
+        elif kind < 0.17:
+            out.append(marker(f"summary {i}", rng.randint(0, i)))
+        elif kind < 0.22:
+            out.append(view_marker([{"role": "system", "content": f"v{i}"}, {"role": "user", "content": "x"}],
+                                   upto=rng.randint(0, i), version=str(i)))
+        else:
+            out.append({"role": rng.choice(["user", "assistant", "tool"]), "content": f"m{i}"})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_an_extended_view_is_the_view_of_the_longer_transcript(seed: int) -> None:
+    rng = random.Random(seed)
+    cfg = AgentConfig(model=ScriptedModel([]), system=rng.choice([None, "now", "s0"]),
+                      system_prompt_conflict=rng.choice(["keep", "use-current"]))
+    past = random_transcript(rng, rng.randint(0, 12))
+    new = random_transcript(rng, rng.randint(0, 4), start=len(past))
+    grown = extended_view(turn_messages(cfg, past), new)
+    plain = [m for m in new if m["role"] != "system" and MARKER_KEY not in m]
+    assert (grown is None) == (plain != new)  # refused exactly when a marker or a system message is appended
+    if grown is not None:
+        assert grown == turn_messages(cfg, [*past, *new])
+
+
+def test_no_view_is_kept_for_tools_with_previews() -> None:
+    @tool(preview=10)
+    def long(text: str) -> str:
+        """Long results."""
+        return text
+
+    assert view_key(AgentConfig(model=ScriptedModel([]), tools=[long])) is None
+    assert view_key(AgentConfig(model=ScriptedModel([]), system="s")) == ("s", "keep")
