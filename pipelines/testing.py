@@ -8,6 +8,7 @@ in ``calls``, so a test can count model calls per turn.
 from __future__ import annotations
 
 import json
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,6 +72,9 @@ class ScriptedModel:
         self._next = 0
         self._lock = threading.Lock()
         self.calls: list[ModelRequest] = []
+        # Per job: the last request's messages and their prompt size, so an agent turn's request that
+        # extends them measures only what it adds (the usage reported grows with the history; its cost need not).
+        self._sized: dict[str, tuple[list[Message], int]] = {}
 
     def __repr__(self) -> str:
         return "ScriptedModel()"
@@ -106,13 +110,42 @@ class ScriptedModel:
                     raise IndexError(f"ScriptedModel ran out of turns after {len(self._script)}")
                 turn = self._script[self._next]
                 self._next += 1
-        response = _response(turn, request)
+        response = _response(turn, request, self._prompt_chars(request))
         if request.on_delta is not None:
             _stream(response, request.on_delta)
         return response
 
+    def _prompt_chars(self, request: ModelRequest) -> int:
+        """The characters of the request's message contents (the usage estimate's prompt size)."""
+        messages, job_id = request.messages, request.job_id
+        if not job_id:
+            return _chars(messages)  # not an agent turn's request: nothing says its messages are never edited
+        with self._lock:
+            before = self._sized.get(job_id)
+        k = 0 if before is None else len(before[0])
+        # An agent turn sends its transcript's messages, which nothing edits in place (the turn's cache relies
+        # on it too): the very same objects in front sum as they did. Equal but distinct ones are summed
+        # again (1 == 1.0, yet "1" != "1.0").
+        if before is not None and k <= len(messages) and all(map(operator.is_, messages, before[0])):
+            chars = before[1] + _chars(messages[k:])
+        else:
+            chars = _chars(messages)
+        with self._lock:
+            self._sized.pop(job_id, None)
+            while len(self._sized) >= _SIZED_JOBS:
+                self._sized.pop(next(iter(self._sized)))
+            self._sized[job_id] = (list(messages), chars)
+        return chars
 
-def _response(turn: Reply, request: ModelRequest) -> ModelResponse:
+
+_SIZED_JOBS = 256  # jobs whose last request a ScriptedModel keeps for the prompt estimate
+
+
+def _chars(messages: Sequence[Message]) -> int:
+    return sum(len(str(m.get("content") or "")) for m in messages)
+
+
+def _response(turn: Reply, request: ModelRequest, prompt_chars: int | None = None) -> ModelResponse:
     if isinstance(turn, ModelResponse):
         return turn
     msg: Message = {"role": "assistant", "content": turn} if isinstance(turn, str) else dict(turn)
@@ -131,7 +164,8 @@ def _response(turn: Reply, request: ModelRequest) -> ModelResponse:
                 taken.add(c["id"])
             fixed.append(c)
         msg["tool_calls"] = fixed
-    prompt_chars = sum(len(str(m.get("content") or "")) for m in request.messages)
+    if prompt_chars is None:
+        prompt_chars = _chars(request.messages)
     usage = Usage(prompt_tokens=prompt_chars // 4 + 1, completion_tokens=len(str(msg.get("content") or "")) // 4 + 1,
                   model_calls=1)
     return ModelResponse(message=msg, finish_reason=finish or ("tool_calls" if calls else "stop"), usage=usage,
