@@ -115,10 +115,11 @@ def view_key(cfg: AgentConfig) -> Hashable | None:
 def extended_view(view: list[Message], new: Sequence[Message]) -> list[Message] | None:
     """``view`` (the model view of a transcript) + ``new``, when that is the view of the transcript + ``new``.
 
-    True when no message of ``new`` is a marker or a system message (and the
-    tools have no previews, see :func:`view_key`): appending then leaves the
-    latest marker, the pin and every earlier message where they were, and
-    each new message shows as it is. Otherwise ``None``: build it whole.
+    That holds when no message of ``new`` is a marker or a system message
+    (and the tools have no previews, see :func:`view_key`): appending then
+    leaves the latest marker, the pin and every earlier message where they
+    were, and each new message shows as it is. Otherwise ``None``: build the
+    view whole.
     """
     if any(MARKER_KEY in m or m.get("role") == "system" for m in new):
         return None

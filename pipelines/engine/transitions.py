@@ -5,8 +5,11 @@ resume, cancel and the inputs a person supplies (approvals, recorded tool
 outcomes) are all built here and nowhere else, so they agree on what a
 commit carries: the version moves by one, one token per commit (which is
 also the new checkpoint's ``commit_id``), every transition emits its event
-and its log line. :func:`apply` is the one function that writes a commit,
-publishes its events and schedules the next advance.
+and its log line, and the checkpoint's ``transcript_epoch`` is drawn anew by
+every creation and every commit that truncates the transcript (also by a run
+that starts afresh), never carried across one: workers' transcript caches rely
+on it. :func:`apply` is the one function that writes a commit, publishes its
+events and schedules the next advance.
 
 Nothing here reads storage or the clock: callers pass the record they
 loaded and ``now``, so each transition is tested as a plain function.
