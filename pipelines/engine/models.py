@@ -552,6 +552,10 @@ class JobRecord(BaseModel):
     at_turn: int | None = None
     # The version of the pipeline or agent that last wrote the job (see pipelines.engine.versions).
     code_version: str | None = None
+    # The version that started the current run (created or continued it): a "full" retry restarts
+    # from that run's start, written by it, so the job is that version's again and the next turn
+    # migrates its state and model view like any older job's.
+    run_code_version: str | None = None
     # Child runs (an agent or pipeline used as a tool, see pipelines.engine.children): a child names
     # its parent job and the tool call it answers; a parent lists the children it started.
     parent_job: str | None = None

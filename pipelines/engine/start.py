@@ -121,7 +121,7 @@ def start_job(
         # A new job or a new run's fresh state is this code's: marked with its version, so an older
         # worker leaves it alone (a retry keeps the stored mark: its state may await a migration).
         commit = commit.model_copy(update={"record": versions.stamp(commit.record, pipeline.version,
-                                                                    new=commit.expected_version == 0)})
+                                                                    new=commit.expected_version == 0, run=True)})
     try:
         transitions.apply(storage, scheduler, commit)
     except StaleVersionError as exc:

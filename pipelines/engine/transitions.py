@@ -217,8 +217,11 @@ def retry_full(rec: JobRecord, *, first: str, state: JSONValue, now: float) -> C
     base = rec.base_transcript_len
     # Turns past the cut are gone from the transcript: a fork must not start from them.
     history = [m for m in rec.history if m.transcript_len <= base]
+    # The transcript and state go back to the run's start, as the version that started it wrote them
+    # (or that wrote the last turn kept): a newer worker migrates them again, view included.
+    version = rec.run_code_version or (history[-1].code_version if history else None) or rec.code_version
     new = _moved(rec, token, now, _fresh(first, restart_state, now), **_running(), result=None,
-                 transcript_len=base, history=history)
+                 transcript_len=base, history=history, code_version=version)
     return _commit(rec, new, token, truncate_to=base, keep_journal=False, clear_control=True,
                    logs=[_log(now, first, "job retried (full)")],
                    events=[make_event("job_retried", now, phase=first, mode="full")])

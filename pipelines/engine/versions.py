@@ -101,15 +101,18 @@ def check_migrations(migrations: object, version: str | None, *, of: str = "the 
     return dict(sorted(checked.items(), key=lambda kv: version_key(kv[0])))
 
 
-def stamp(record: JobRecord, version: str | None, *, new: bool = False) -> JobRecord:
+def stamp(record: JobRecord, version: str | None, *, new: bool = False, run: bool = False) -> JobRecord:
     """``record`` marked as written by ``version`` (unchanged when the pipeline has none).
 
-    ``new``: a job or run this code just started; its latest turn mark (where a fork at that turn
-    starts) is this version's too.
+    ``new``: a job this code just created; its latest turn mark (where a fork at that turn
+    starts) is this version's too. ``run`` (implied by ``new``): a run this code just started
+    (created or continued), which a full retry goes back to.
     """
     if version is None:
         return record
     update: dict[str, Any] = {"code_version": version}
+    if new or run:
+        update["run_code_version"] = version
     if new and record.history:
         update["history"] = [*record.history[:-1], record.history[-1].model_copy(update={"code_version": version})]
     return record.model_copy(update=update)

@@ -203,3 +203,25 @@ def test_the_view_is_rebuilt_from_markers_and_a_later_compaction_keeps_the_new_p
 def test_bad_view_migrations_are_refused_at_definition(options: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
         Agent(name="bot", model=ScriptedModel(answer), **options)
+
+
+def test_a_full_retry_after_the_migration_migrates_the_restarted_run_again(storage: Any) -> None:
+    """The run's start (v1's transcript and state) comes back with a full retry: v1's, so migrated again."""
+    upgrades.clear()
+    clock = VirtualClock(start=1_000_000.0)
+    before = old_job(storage, clock)
+    new, model = app_of(storage, "2", clock, view_migrations={"1": upgrade})
+    assert new.advance("j") is AdvanceResult.ADVANCED  # v2 migrates the view, stamps the job v2
+    assert storage.get_job("j").code_version == "2" and len(upgrades) == 1
+    sched(new).drop_all()
+    new.cancel("j")
+    new.retry("j", mode="full")  # back to the run's start: the transcript v1 wrote, its state
+    rec = storage.get_job("j")
+    assert rec.code_version == "1" and rec.run_code_version == "1"
+    assert new.messages("j") == before[:rec.base_transcript_len]
+    sched(new).drain()
+    assert new.get("j").status is JobStatus.COMPLETE
+    assert len(upgrades) == 2  # the restarted run was migrated again, from v1's view
+    seen = model.calls[-1].messages
+    assert seen[0] == {"role": "system", "content": "You are v2."}
+    assert storage.get_job("j").code_version == "2"
