@@ -110,8 +110,10 @@ _log = logging.getLogger("pipelines")
 #: The buckets a storage on a Redis Cluster client uses unless told otherwise: enough to spread
 #: over a few dozen masters, few enough that walking them all (the sweep, a listing) stays cheap.
 CLUSTER_BUCKETS = 64
-# How many jobs' stored histories a storage remembers (one per job a worker is running, usually).
+# How many jobs' stored histories a storage remembers, and how many bytes of their lines at most
+# (one per job a worker is running, usually: a history holds up to HISTORY_BYTES of state).
 _BASES_KEPT = 1024
+_BASES_BYTES = 32 << 20
 
 
 class _Base(NamedTuple):
@@ -124,6 +126,7 @@ class _Base(NamedTuple):
     token: str
     marks: list[TurnMark]
     lines: list[str]
+    size: int  # bytes of lines, for the bound
 
 
 class RedisStorage(RedisIndexReads):
@@ -166,6 +169,7 @@ class RedisStorage(RedisIndexReads):
         self.layout = KeyLayout(self.prefix, buckets)
         self._layout_checked = False
         self._bases: dict[str, _Base] = {}
+        self._bases_bytes = 0
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
         for name, value in (("replica_timeout", replica_timeout), ("failover_timeout", failover_timeout)):
@@ -334,6 +338,11 @@ class RedisStorage(RedisIndexReads):
             return
         key, mine = layout_key(self.prefix), self.layout.description
         with _mapped(f"checking the key layout before writing job {job_id!r}"):
+            if self.layout.buckets and self.client.get(key) is None and self.client.exists(index_keys(self.prefix)[1]):
+                raise ConfigurationError(
+                    f"prefix {self.prefix!r} holds jobs written without buckets (its {index_keys(self.prefix)[1]!r} "
+                    f"index); a storage with buckets={self.layout.buckets} would never find them: keep buckets=0 "
+                    "for this prefix, or use a new prefix")
             stored = self.client.set(key, mine, nx=True, get=True)
         if stored is not None and _text(stored) != mine:
             raise ConfigurationError(
@@ -341,6 +350,23 @@ class RedisStorage(RedisIndexReads):
                 f"{mine}: every process on one prefix must use the same buckets (a job would be looked up in "
                 "the wrong bucket)"
             )
+        self._layout_checked = True
+
+    def _check_read_layout(self) -> None:
+        """Before the first index read: refuse a prefix whose recorded layout is another (its indexes would read empty).
+
+        Nothing recorded yet (no job written through a storage with the guard) reads what is there.
+        """
+        if self._layout_checked:
+            return
+        with _mapped("checking the key layout before reading the indexes"):
+            stored = self.client.get(layout_key(self.prefix))
+        if stored is None:
+            return
+        if _text(stored) != self.layout.description:
+            raise ConfigurationError(
+                f"the jobs under prefix {self.prefix!r} were written with {_text(stored)}, this storage uses "
+                f"{self.layout.description}: its index reads (the sweep, listings, gc) would find none of them")
         self._layout_checked = True
 
     def _check_types(self, job_id: str, reply: Any, what: str) -> None:
@@ -380,12 +406,21 @@ class RedisStorage(RedisIndexReads):
         return record.model_copy(update=update) if update else record
 
     def _remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str]) -> None:
-        self._bases.pop(job_id, None)
-        if len(self._bases) >= _BASES_KEPT:
+        self._forget_base(job_id)
+        if not token:
+            return  # a hand-made record without a token: its next commit sends the history whole
+        size = sum(map(len, lines))
+        while self._bases and (len(self._bases) >= _BASES_KEPT or self._bases_bytes + size > _BASES_BYTES):
             # Another thread may change the dict meanwhile: this is a bound, not an exact LRU.
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):
-                del self._bases[next(iter(self._bases))]  # the job remembered longest ago
-        self._bases[job_id] = _Base(token, list(marks), lines)
+                self._forget_base(next(iter(self._bases)))  # the job remembered longest ago
+        self._bases[job_id] = _Base(token, list(marks), lines, size)
+        self._bases_bytes += size
+
+    def _forget_base(self, job_id: str) -> None:
+        old = self._bases.pop(job_id, None)
+        if old is not None:
+            self._bases_bytes -= old.size
 
     def _history(self, job_id: str, marks: list[TurnMark]) -> tuple[list[str], str, int, int]:
         """The history's lines, and the commit's history arguments: base token, marks dropped, first added.
@@ -449,7 +484,7 @@ class RedisStorage(RedisIndexReads):
         start = "-" if not after else f"({after}"  # "(" makes the start exclusive (Redis >= 6.2)
         k = self.keys(job_id)
         what = f"reading the events of job {job_id!r}"
-        reply = self._run(self._events, [k.record, k.events], [start, str(limit)], what, write=False)
+        reply = self._run(self._events, [k.record, k.events], [start, str(limit), after or ""], what, write=False)
         self._check_types(job_id, reply, what)
         blob, entries = reply
         stream = [(_text(entry_id), self._entry(fields)) for entry_id, fields in entries]
@@ -469,7 +504,7 @@ class RedisStorage(RedisIndexReads):
         """
         k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
         what = f"archiving the events of job {job_id!r}"
-        reply = self._run(self._events, [k.record, k.events], ["-", ""], what, write=False)
+        reply = self._run(self._events, [k.record, k.events], ["-", "", ""], what, write=False)
         self._check_types(job_id, reply, what)
         blob, entries = reply
         if not entries:
@@ -539,7 +574,6 @@ class RedisStorage(RedisIndexReads):
         self._check_types(job_id, reply, f"creating job {job_id!r}")
         if _text(reply) == "exists":
             raise JobConflictError(f"job {job_id!r} already exists")
-        self._remember(job_id, token, record.history, marks)
 
     def commit(self, commit: Commit) -> CommitReply:
         """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token.
@@ -567,7 +601,7 @@ class RedisStorage(RedisIndexReads):
             base, str(drop), "\n".join(marks[kept:]), *msgs, *lines, *event_lines,
         ]
         at = redis_scripts.COMMIT_ARGS.history
-        self._bases.pop(job_id, None)  # the stored history is unknown until this commit's reply
+        self._forget_base(job_id)  # the stored history is unknown until this commit's reply
         reply = _text(self._run(self._commit, keys, args, f"committing job {job_id!r}"))
         if reply == "rebase":
             # The record hash is not the one the delta was computed from (recreated meanwhile?): send it whole.
@@ -576,7 +610,9 @@ class RedisStorage(RedisIndexReads):
         self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
-        self._remember(job_id, commit.token, commit.record.history, marks)
+        if not commit.release_lease and commit.record.status is JobStatus.RUNNING:
+            # The same worker commits the job's next turn without loading it (continue_for): a delta.
+            self._remember(job_id, commit.token, commit.record.history, marks)
         if self.archive_finished and commit.record.status in _FINISHED:
             self._archive_quietly(job_id)
         _, pending, waiting = reply.split(":", 2)

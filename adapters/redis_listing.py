@@ -40,6 +40,8 @@ class RedisIndexReads:
 
         def _check_types(self, job_id: str, reply: Any, what: str) -> None: ...
 
+        def _check_read_layout(self) -> None: ...
+
     def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None,
                hist: Any = None) -> JobRecord:
         if hist:
@@ -74,6 +76,7 @@ class RedisIndexReads:
         """
         if limit <= 0:
             return []
+        self._check_read_layout()
         with _mapped(what):
             if len(keys) == 1:
                 return [_text(i) for i in self.client.zrangebyscore(keys[0], "-inf", repr(float(until)),
@@ -134,6 +137,7 @@ class RedisIndexReads:
         return max(0, sum(counts[::2]) - sum(counts[1::2]))
 
     def _needs_scan(self) -> bool:
+        self._check_read_layout()
         missing = self.unindexed()
         if missing and not self.__dict__.get("_warned"):
             self.__dict__["_warned"] = True  # once per storage: a listing page would repeat it
@@ -221,6 +225,7 @@ class RedisIndexReads:
             # A cluster pipeline cannot carry EVALSHA, so there each script is its own round trip (a rare tool).
             pipe = None if self.cluster else self.client.pipeline(transaction=False)
             replies: list[Any] = []
+            sent: list[str] = []  # the jobs whose script was run, in the order of replies
             for job_id, (data, version) in zip(ids, rows, strict=True):
                 try:
                     place = [] if data is None else _listed(JobRecord.model_validate_json(data))
@@ -230,9 +235,10 @@ class RedisIndexReads:
                 args = [job_id, "" if version is None else _text(version), *(place or ["0", "0"])]
                 keys = [self.keys(job_id).record, *self.layout.indexes_of(job_id).listing]
                 replies.append(self._reindex(keys=keys, args=args, client=pipe or self.client))
+                sent.append(job_id)
             if pipe is not None:
                 replies = pipe.execute()
-        for job_id, reply in zip(ids, replies, strict=False):
+        for job_id, reply in zip(sent, replies, strict=True):
             self._check_types(job_id, reply, f"reindexing job {job_id!r}")
         return sum(1 for r in replies if _text(r) == "ok")
 

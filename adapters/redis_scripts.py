@@ -20,10 +20,10 @@ always come last in ``KEYS``. Plain ``DEL`` works on every type, so the keys a s
 deletes (CREATE's leftovers of a dead job, DELETE's job keys) are not
 checked: that is how a corrupt job can still be deleted.
 
-Hash fields of ``<prefix>:{<job>}:record``: ``st`` (the place of the job's
-status among the status indexes, so a commit touches only the index it
-leaves and the one it enters; absent on records written before it, whose
-next commit touches them all), ``data`` (the record JSON),
+Hash fields of ``<prefix>:{<job>}:record``: ``st`` (the job's status, so a
+commit touches only the status index it leaves and the one it enters; absent
+on records written before it, whose next commit touches them all), ``data``
+(the record JSON),
 ``version`` (decimal), ``token`` (the last commit's token), ``jver`` (the
 version the journal was written under; absent until the first commit) and
 ``hist`` (the record's turn history, one mark's JSON per line, oldest first;
@@ -94,6 +94,18 @@ end
 # every job by updated_at, the next ones one status each.
 _INDEX_FN = _TYPES_FN + """
 local INDEX_ROLES = {""" + ", ".join(f"'{r}'" for r in INDEX_ROLES) + """}
+-- A status's name (what 'st' beside the record holds) and its place among the status indexes, both
+-- ways: the place is this code's order of JobStatus, the name is what stays true if that order changes.
+local STATUS_AT = {""" + ", ".join(f"'{s.value}'" for s in JobStatus) + """}
+local STATUS_PLACE = {}
+for i, name in ipairs(STATUS_AT) do STATUS_PLACE[name] = i end
+local function status_place(key)
+  local name = redis.call('HGET', key, 'st')
+  return name and STATUS_PLACE[name] or nil
+end
+local function status_name(place)
+  return STATUS_AT[tonumber(place)] or ''
+end
 -- old: the status index the job is in now (the record's 'st'), or nil when not known (a record
 -- written before 'st' existed, a delete, a reindex): then every status index is touched.
 -- pos: the status index it goes in (0: none). Checks the type of each index it would write.
@@ -182,7 +194,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return 'exists'
 end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
-redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2], 'st', ARGV[9])
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[4], 'token', ARGV[2], 'st', status_name(ARGV[9]))
 set_history('', 0, ARGV[11])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 12, 11 + n)
@@ -216,7 +228,7 @@ local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', 
 -- The status index the job is in ('st', beside the record): only it and the new one are touched.
 local was = nil
 if not bad then
-  was = tonumber(redis.call('HGET', KEYS[1], 'st') or '')
+  was = status_place(KEYS[1])
   bad = index_checks(was, tonumber(ARGV[18]))
 end
 if bad then return bad end
@@ -241,7 +253,8 @@ if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
 if ARGV[20] ~= '' and cur[2] ~= ARGV[20] then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
-redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5], 'st', ARGV[18])
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5],
+           'st', status_name(ARGV[18]))
 set_history(ARGV[20], ARGV[21], ARGV[22])
 if ARGV[8] ~= '' then
   local n = tonumber(ARGV[8])
@@ -399,7 +412,7 @@ end
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 'moved' end
 index_job(ARGV[1], tonumber(ARGV[3]), ARGV[4])
 -- From now on the job's commits touch only the index it is in and the one it moves to.
-redis.call('HSET', KEYS[1], 'st', ARGV[3])
+redis.call('HSET', KEYS[1], 'st', status_name(ARGV[3]))
 return 'ok'
 """
 
@@ -460,21 +473,35 @@ if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 'running' end
 local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
 if #newest == 0 or newest[1][1] ~= ARGV[2] then return 'moved' end
 if redis.call('HSTRLEN', KEYS[1], 'evz') ~= tonumber(ARGV[3]) then return 'moved' end
-redis.call('HSET', KEYS[1], 'evz', ARGV[4])
+redis.call('HSET', KEYS[1], 'evz', ARGV[4], 'evz_last', ARGV[2])
 -- Emptied, not deleted: the stream keeps its last id, so later events still sort after these.
 redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
 return 'ok'
 """
 
-# KEYS: record, events; ARGV: first id (XRANGE syntax), count ('' = all)
-# Reply: {archive ('' = none), stream entries}, or 'corrupt:<role>:<type>'. Read-only.
+# KEYS: record, events; ARGV: first id (XRANGE syntax), count ('' = all), the reader's cursor ('' = none)
+# Reply: {archive ('' = none, or none after the cursor), stream entries}, or 'corrupt:<role>:<type>'. Read-only.
 EVENTS = _TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'events', 'stream'})
 if bad then return bad end
 local entries
 if ARGV[2] == '' then entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+')
 else entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2]) end
-return {redis.call('HGET', KEYS[1], 'evz') or '', entries}
+-- A reader already past the archive's newest entry gets none of it (a follower polling a finished job).
+local function id_parts(id)
+  local ms, seq = string.match(id, '^(%d+)-?(%d*)$')
+  return tonumber(ms), tonumber(seq) or 0
+end
+local archive = ''
+local last = redis.call('HGET', KEYS[1], 'evz_last')
+local past = false
+if last and ARGV[3] ~= '' then
+  local cms, cseq = id_parts(ARGV[3])
+  local lms, lseq = id_parts(last)
+  past = cms ~= nil and lms ~= nil and (cms > lms or (cms == lms and cseq >= lseq))
+end
+if not past then archive = redis.call('HGET', KEYS[1], 'evz') or '' end
+return {archive, entries}
 """
 
 # KEYS: record, inbox; ARGV: token, then the messages (JSON lines)

@@ -164,3 +164,20 @@ def test_pack_and_unpack_round_trip_and_merge_orders_by_id() -> None:
     assert redis_archive.merge(entries, stream, "2-5", 1) == [entries[2]]  # 12-0 > 2-5: numbers, not text
     with pytest.raises(ValueError):
         redis_archive.unpack("eJwLSS0uUShJLS4BAB9SBDw=")  # zlib text without an id column
+
+
+def test_a_reader_past_the_archive_is_not_sent_it(storage: RedisStorage) -> None:
+    app = _app(storage)
+    _run(app, "j8", "count")
+    events = storage.events("j8")
+    k = storage.keys("j8")
+    last = events[-1].id
+
+    def script_reply(cursor: str) -> Any:
+        start = f"({cursor}" if cursor else "-"
+        return storage._run(storage._events, [k.record, k.events], [start, "10", cursor], "test", write=False)
+
+    assert script_reply(last)[0] in (b"", "")  # a follower at the end: nothing of the archive travels
+    assert script_reply(events[-2].id)[0]  # one before its end: the archive is needed, and sent
+    assert script_reply("")[0]
+    assert storage.events("j8", after=last) == [] and storage.events("j8", after=events[-2].id) == events[-1:]

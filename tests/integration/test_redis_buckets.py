@@ -99,3 +99,30 @@ def test_a_pipeline_runs_to_the_end_on_the_bucketed_layout(storage: RedisStorage
     assert len(storage.finished_jobs(1e12)) == 12
     app.delete("run-0")
     assert storage.get_job("run-0") is None and storage.count_jobs() == 11 and len(storage.finished_jobs(1e12)) == 11
+
+
+def test_a_reader_with_another_layout_is_refused_not_shown_empty_indexes(redis_url: str,
+                                                                        storage: RedisStorage) -> None:
+    storage.create_job(JobRecord(job_id="a", status=JobStatus.IDLE))
+    other = RedisStorage.from_url(redis_url, prefix="bk", buckets=0)
+    # The sweep (due jobs), listings, counts and gc of another layout would silently find nothing.
+    for read in (lambda: other.due_jobs(1e12), lambda: other.list_jobs(), lambda: other.count_jobs(),
+                 lambda: other.finished_jobs(1e12)):
+        with pytest.raises(ConfigurationError, match="written with buckets=8, this storage uses buckets=0"):
+            read()
+    other.client.close()
+    assert [r.job_id for r in storage.list_jobs()] == ["a"]  # the right layout reads them
+
+
+def test_a_bucketed_layout_is_not_recorded_over_jobs_written_without_buckets(redis_url: str) -> None:
+    flat = RedisStorage.from_url(redis_url, prefix="old")
+    flat.client.delete(layout_key("old"))  # as written before the layout was recorded
+    flat.create_job(JobRecord(job_id="a", status=JobStatus.IDLE))
+    flat.client.delete(layout_key("old"))
+    bucketed = RedisStorage.from_url(redis_url, prefix="old", buckets=8)
+    with pytest.raises(ConfigurationError, match="holds jobs written without buckets"):
+        bucketed.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
+    assert bucketed.client.get(layout_key("old")) is None and flat.get_job("b") is None
+    assert flat.get_job("a") is not None
+    flat.client.close()
+    bucketed.client.close()

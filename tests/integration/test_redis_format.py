@@ -168,17 +168,33 @@ def test_an_event_of_a_type_the_table_does_not_know_and_odd_values_round_trip(ap
 
 def test_a_record_without_its_status_place_is_moved_out_of_every_other_index_and_gets_one(
         app: App, r: redis.Redis) -> None:
-    from adapters.redis_scripts import INDEX_ROLES, index_position
+    from adapters.redis_scripts import INDEX_ROLES
     from pipelines import JobStatus
 
     app.run_agent("a", job_id="s1", messages=["count"])
     storage = _storage(app)
     key = storage.keys("s1").record
-    assert r.hget(key, "st") == index_position(JobStatus.RUNNING).encode()
+    assert r.hget(key, "st") == b"running"
     r.hdel(key, "st")  # as a record written before 'st' existed
     listing = dict(zip(INDEX_ROLES, storage.listing_keys, strict=True))
     r.zadd(listing["status_paused"], {"s1": 1.0})  # even a stray entry goes: every index is touched once
     _advance(app, "s1", TURNS + 2)
     assert app.get("s1").status is JobStatus.COMPLETE
+    # A name this code does not know (another version's status): every index is touched, as without 'st'.
+    r.hset(key, "st", "some_future_status")
+    r.zadd(listing["status_error"], {"s1": 1.0})
+    app.send("s1", ["again"])
+    _advance(app, "s1", TURNS + 2)
     where = [role for role, k in listing.items() if role != "updated" and r.zscore(k, "s1") is not None]
-    assert where == ["status_complete"] and r.hget(key, "st") == index_position(JobStatus.COMPLETE).encode()
+    assert where == ["status_complete"] and r.hget(key, "st") == b"complete"
+
+
+def test_the_history_base_is_kept_only_while_the_worker_keeps_the_lease(app: App) -> None:
+    storage = _storage(app)
+    app.run_agent("a", job_id="b1", messages=["count"])
+    assert "b1" not in storage._bases  # a create: the next turn's load remembers it
+    app.advance("b1")  # a turn through the queue: the lease is released with the commit
+    assert "b1" not in storage._bases and storage._bases_bytes == sum(b.size for b in storage._bases.values())
+    kept = App(storage=storage, scheduler=MemoryScheduler(), agents=[_agent()], continue_for=30)
+    kept.advance("b1")  # under continue_for: every later turn commits from the remembered base
+    assert kept.get("b1").status.value == "complete" and "b1" not in storage._bases
