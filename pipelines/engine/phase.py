@@ -12,13 +12,14 @@ import math
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from adapters.base import StepPublisher
 from pipelines.engine import versions
 from pipelines.engine._aio import resolve
+from pipelines.engine.capabilities import declares
 from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
 from pipelines.engine.models import (
     Checkpoint,
@@ -475,7 +476,7 @@ class PhaseContext(Generic[S]):
         """
         if not parts:
             self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
-        elif _publishes_with_steps(self._storage):
+        elif declares(self._storage, StepPublisher, "record_step_and_publish"):  # type: ignore[type-abstract]
             self._storage.record_step_and_publish(self.job_id, version=self.version, owner=self._owner, key=key,
                                                   value=value, parts=parts)
         else:
@@ -508,20 +509,6 @@ class PhaseContext(Generic[S]):
             except Exception:
                 logging.getLogger("pipelines").warning("job %s: on_commit callback failed", self.job_id,
                                                        exc_info=True)
-
-
-_STEP_PUBLISHERS: dict[type, bool] = {}  # classes that define record_step_and_publish
-
-
-def _publishes_with_steps(storage: object) -> TypeGuard[StepPublisher]:
-    """Whether ``storage`` is a :class:`~adapters.base.StepPublisher`, by type (a protocol check costs ~10 us)."""
-    kind = type(storage)
-    if kind in _STEP_PUBLISHERS:
-        return True
-    if hasattr(kind, "record_step_and_publish"):
-        _STEP_PUBLISHERS[kind] = True
-        return True
-    return isinstance(storage, StepPublisher)  # an instance may still delegate it (a __getattr__ wrapper)
 
 
 def validate_state(phase: Phase, state: Any, model: type[BaseModel] | None = None) -> Any:

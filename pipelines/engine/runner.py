@@ -23,13 +23,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any, TypeGuard
+from typing import Any
 
 from pydantic import BaseModel
 
 from adapters.base import Backlog, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions
 from pipelines.engine._aio import resolve
+from pipelines.engine.capabilities import declares
 from pipelines.engine.errors import (
     CorruptRecordError,
     InvalidInputError,
@@ -279,7 +280,7 @@ class _Turn:
         would be, so it is older work; a new conversation never waits behind
         a busy one.
         """
-        if not _is_backlog(self.scheduler):
+        if not declares(self.scheduler, Backlog, "work_waiting"):  # type: ignore[type-abstract]
             return False
         try:
             return self.scheduler.work_waiting()
@@ -378,20 +379,6 @@ class _Turn:
             kept = transitions.PhaseOutput(usage=out.usage, usage_keys=out.usage_keys)
             commit = transitions.after_phase(rec, failed, kept, owner=self.owner, now=now)
             return commit, transitions.apply(self.storage, self.scheduler, commit)
-
-
-_BACKLOGS: dict[type, bool] = {}  # classes that define work_waiting
-
-
-def _is_backlog(scheduler: object) -> TypeGuard[Backlog]:
-    """Whether ``scheduler`` can tell if work waits (:class:`Backlog`), by type: a protocol check costs ~10 us."""
-    kind = type(scheduler)
-    if kind in _BACKLOGS:
-        return True
-    if hasattr(kind, "work_waiting"):
-        _BACKLOGS[kind] = True
-        return True
-    return isinstance(scheduler, Backlog)  # an instance may still delegate it (a __getattr__ wrapper)
 
 
 def _continue_with_inbox(done: JobRecord, storage: Storage, scheduler: Scheduler, waiting: int) -> None:

@@ -174,25 +174,32 @@ def test_batches_reach_the_stream_in_the_order_they_were_taken_whatever_thread_f
     assert "".join(ctx.published) == text
 
 
+class _TextCtx:
+    """A phase context for a DeltaSink alone: records the published text; ``sent`` is set once it reads ``until``."""
+
+    attempt_id = "a1"
+    job_id = "j"
+
+    def __init__(self, until: str | None = None) -> None:
+        self.published: list[str] = []
+        self.sent = threading.Event()
+        self.until = until
+
+    def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Any:
+        return (type_, data.get("text", ""))
+
+    def publish_parts(self, parts: list[Any]) -> None:
+        self.published.extend(text for kind, text in parts if kind == "text_delta")
+        if self.until is None or "".join(self.published) == self.until:
+            self.sent.set()
+
+
 def test_text_held_back_in_a_window_goes_out_when_the_window_ends_without_another_piece() -> None:
     from phases.streaming import DeltaSink
 
-    published: list[str] = []
-    sent = threading.Event()
-
-    class Ctx:
-        attempt_id = "a1"
-        job_id = "j"
-
-        def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Any:
-            return (type_, data.get("text", ""))
-
-        def publish_parts(self, parts: list[Any]) -> None:
-            published.extend(text for kind, text in parts if kind == "text_delta")
-            if "".join(published) == "ab":
-                sent.set()
-
-    sink = DeltaSink(Ctx(), 1, flush_seconds=0.02, first_flush_seconds=0)  # type: ignore[arg-type]
+    ctx = _TextCtx(until="ab")
+    published, sent = ctx.published, ctx.sent
+    sink = DeltaSink(ctx, 1, flush_seconds=0.02, first_flush_seconds=0)  # type: ignore[arg-type]
     sink("a")  # the first text goes out at once (no first window)
     sink("b")  # inside the window: held back, and no further piece comes (a slow stream)
     assert published == ["a"]
@@ -286,21 +293,9 @@ def test_held_back_text_the_flusher_could_not_publish_fails_the_attempt_and_the_
 def test_the_first_text_waits_the_first_window_and_goes_out_without_another_piece() -> None:
     from phases.streaming import DeltaSink
 
-    published: list[str] = []
-    sent = threading.Event()
-
-    class Ctx:
-        attempt_id = "a1"
-        job_id = "j"
-
-        def part(self, type_: str, *, turn: int | None = None, **data: Any) -> Any:
-            return (type_, data.get("text", ""))
-
-        def publish_parts(self, parts: list[Any]) -> None:
-            published.extend(text for kind, text in parts if kind == "text_delta")
-            sent.set()
-
-    sink = DeltaSink(Ctx(), 1, first_flush_seconds=0.02)  # type: ignore[arg-type]
+    ctx = _TextCtx()
+    published, sent = ctx.published, ctx.sent
+    sink = DeltaSink(ctx, 1, first_flush_seconds=0.02)  # type: ignore[arg-type]
     sink("a")
     assert published == []  # held for the first window ...
     assert sent.wait(5), "the first text was never published"
