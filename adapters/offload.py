@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from adapters.base import StepPublisher, Storage
+from adapters.base import Storage
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
+from pipelines.engine.capabilities import record_step_with_parts
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
@@ -76,12 +77,7 @@ class OffloadingStorage:
                                 parts: Sequence[Event]) -> None:
         """Journal a step result (a large one as a reference) and publish ``parts`` with it."""
         stored = self.offloader.pack(job_id, value, f"result of step {key!r}")
-        if isinstance(self.inner, StepPublisher):
-            self.inner.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=stored,
-                                               parts=parts)
-        else:
-            self.inner.record_step(job_id, version=version, owner=owner, key=key, value=stored)
-            self.inner.publish(job_id, parts)
+        record_step_with_parts(self.inner, job_id, version=version, owner=owner, key=key, value=stored, parts=parts)
 
     def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
         """Send messages to the job's inbox, large ones as references."""

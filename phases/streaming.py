@@ -155,15 +155,9 @@ class DeltaSink:
         ``RetryLater``) from its journaled answer, as a new attempt that sends
         the whole text, and clients drop this one's.
         """
-        self.flush()
-        text = full_text or ""
-        rest = text[len(self.sent):] if text.startswith(self.sent) else ""
-        with self._lock:
-            self._pending = rest
-        if rest:  # the flush above already waited for any batch in flight; nothing new: nothing to send
-            self.flush()
-        if not self._started:
-            self.ctx.publish_parts(self._parts(""))  # an attempt with no text still says it started
+        parts = self.final_parts(full_text)  # an attempt with no text still says it started
+        if parts:
+            self.ctx.publish_parts(parts)
         if self._failed is not None and self._failed[0] == self.attempt:  # an abandoned attempt's loss is moot
             raise self._failed[1]
 

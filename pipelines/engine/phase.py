@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from adapters.base import StepPublisher
 from pipelines.engine import versions
 from pipelines.engine._aio import resolve
-from pipelines.engine.capabilities import declares
+from pipelines.engine.capabilities import record_step_with_parts
 from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
 from pipelines.engine.models import (
     Checkpoint,
@@ -474,14 +473,8 @@ class PhaseContext(Generic[S]):
         ``parts`` are published to the live stream once the value is journaled
         (in the same write when the storage is a :class:`~adapters.base.StepPublisher`).
         """
-        if not parts:
-            self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
-        elif declares(self._storage, StepPublisher, "record_step_and_publish"):  # type: ignore[type-abstract]
-            self._storage.record_step_and_publish(self.job_id, version=self.version, owner=self._owner, key=key,
-                                                  value=value, parts=parts)
-        else:
-            self._storage.record_step(self.job_id, version=self.version, owner=self._owner, key=key, value=value)
-            self._storage.publish(self.job_id, parts)
+        record_step_with_parts(self._storage, self.job_id, version=self.version, owner=self._owner, key=key,
+                               value=value, parts=parts)
         with self._lock:
             self._journal[key] = value
 
