@@ -10,6 +10,7 @@ given per run is refused with the list of what is allowed.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -158,16 +159,28 @@ class AgentConfig:
         """This config with a job's stored :class:`RunOptions` applied (what a worker runs)."""
         if not options:
             return self
+        # Every turn of a run asks again with the same options: the answer is kept, by their JSON text
+        # (the config is frozen, and a schema registry does not change under a running worker).
+        cache: dict[str, AgentConfig] = self.__dict__.setdefault("_for_run", {})
+        key = json.dumps(options, sort_keys=True, default=repr)
+        found = cache.get(key)
+        if found is not None:
+            return found
         # Keys with a leading "_" are the library's own notes on the run, not options.
         opts = RunOptions.model_validate({k: v for k, v in options.items() if not k.startswith("_")})
         changes: dict[str, Any] = {k: v for k, v in opts.model_dump(exclude_none=True).items()
                                    if k in _CONFIG_FIELDS and k != "output_schema"}
         if opts.output_schema is not None:
             changes["output_schema"] = _schema(opts.output_schema, schemas)
-        return replace(self, **changes)
+        config = replace(self, **changes) if changes else self
+        if len(cache) >= _FOR_RUN_KEPT:
+            cache.clear()
+        cache[key] = config
+        return config
 
 
 _CONFIG_FIELDS = frozenset(AgentConfig.__dataclass_fields__)
+_FOR_RUN_KEPT = 256  # distinct runs' options a worker keeps the resolved config of
 
 
 def _schema(name: str, schemas: Mapping[str, type[BaseModel]]) -> type[BaseModel]:

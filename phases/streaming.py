@@ -203,6 +203,9 @@ class _Flusher:
             # mostly cancel their deadline before it comes, and cost the thread nothing.
             if self._wake_at is None or at < self._wake_at:
                 self._cond.notify()
+                # Taken as the thread's next wake-up until it runs and looks for itself: it may not get the
+                # GIL before the next turn schedules, which then need not wake it again.
+                self._wake_at = at
 
     def cancel(self, sink: DeltaSink) -> None:
         with self._cond:

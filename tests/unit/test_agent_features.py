@@ -159,3 +159,26 @@ def test_bad_feature_options_are_rejected(kw: dict[str, Any]) -> None:
 
 def test_model_objects_see_the_response_format_field() -> None:
     assert ModelRequest(messages=[]).response_format is None
+
+
+def test_a_runs_options_resolve_to_one_config_per_distinct_options_and_bad_ones_fail_every_time() -> None:
+    import pydantic
+
+    from phases.agent_config import AgentConfig
+
+    @tool
+    def ping(x: int) -> int:
+        """Echo."""
+        return x
+
+    cfg = AgentConfig(model=ScriptedModel([]), tools=[ping], max_turns=5)
+    tagged = cfg.for_run({"tags": ["a"]}, {})
+    # Options that change no field leave the agent's own config, with its tool map (and schemas) as built.
+    assert tagged is cfg and tagged.tmap is cfg.tmap
+    longer = cfg.for_run({"max_turns": 9, "tags": ["a"]}, {})
+    assert longer.max_turns == 9 and cfg.max_turns == 5
+    assert cfg.for_run({"tags": ["a"], "max_turns": 9}, {}) is longer  # the same options, in another order
+    assert cfg.for_run({"max_turns": 3}, {}).max_turns == 3
+    for _ in range(2):  # an error is not remembered as an answer
+        with pytest.raises(pydantic.ValidationError, match="max_turns"):
+            cfg.for_run({"max_turns": 0}, {})

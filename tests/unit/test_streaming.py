@@ -245,6 +245,27 @@ def test_turns_start_no_thread_each_and_a_model_that_does_not_stream_starts_none
     assert turn_texts(list(app.stream("j"))) == assistant_texts(app)
 
 
+def test_the_flusher_is_woken_once_for_turns_whose_deadlines_come_after_the_one_it_waits_for() -> None:
+    from phases import streaming
+
+    flusher = streaming._Flusher()
+    flusher._thread = threading.Thread(target=lambda: None)  # taken as running, but never takes the lock: no race
+    notified: list[float] = []
+    real_notify = flusher._cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        notified.append(flusher._wake_at or 0.0)
+        real_notify(n)
+
+    flusher._cond.notify = counting_notify  # type: ignore[method-assign]
+    a, b, c = (streaming.DeltaSink(_TextCtx(until="x"), 1) for _ in range(3))  # type: ignore[arg-type]
+    flusher.schedule(a, 10.0)  # the thread waits for no work: woken
+    flusher.schedule(b, 10.5)  # later than the wake-up it was given: not woken again before it runs
+    assert len(notified) == 1
+    flusher.schedule(c, 9.0)  # earlier: woken, or it would sleep past c's deadline
+    assert len(notified) == 2 and flusher._wake_at == 9.0
+
+
 def test_held_back_text_the_flusher_could_not_publish_fails_the_attempt_and_the_retry_sends_it_whole(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from adapters.memory import MemoryStorage
