@@ -63,6 +63,8 @@ from adapters.redis_common import (
     _stale_message,
     _text,
     _ttl_ms,
+    driver_info,
+    settle_driver_info,
 )
 from adapters.redis_keys import (
     IndexKeys,
@@ -159,6 +161,7 @@ class RedisStorage(RedisIndexReads):
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,
                  replica_timeout: float = 1.0, failover_timeout: float = 15.0, archive_events: bool = True) -> None:
         self.client: Any = client  # redis.Redis or redis.RedisCluster: the calls used here are on both
+        settle_driver_info(client)  # before a forking worker forks: no horse looks redis-py's version up again
         self.prefix = check_prefix(prefix)
         self.cluster = isinstance(client, redis.RedisCluster)
         if buckets is None:
@@ -244,10 +247,10 @@ class RedisStorage(RedisIndexReads):
                     raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: a Redis Cluster has only database 0")
                 # The cluster client retries a command on another node after a failover (MOVED, a dead node).
                 client = redis.RedisCluster.from_url(url, retry=retry, socket_timeout=socket_timeout,
-                                                     socket_connect_timeout=connect_timeout)
+                                                     socket_connect_timeout=connect_timeout, **_driver_options())
             else:
                 client = redis.Redis.from_url(url, retry=retry, socket_timeout=socket_timeout,
-                                              socket_connect_timeout=connect_timeout)
+                                              socket_connect_timeout=connect_timeout, **_driver_options())
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
         except redis.exceptions.RedisError as exc:  # a cluster client reads the slot map when it is made
@@ -745,6 +748,11 @@ class RedisStorage(RedisIndexReads):
         if store is None:
             store = self.__dict__["_flow"] = RedisFlowStore(self.client, prefix=self.prefix)
         return store
+
+
+def _driver_options() -> dict[str, Any]:
+    info = driver_info()
+    return {} if info is None else {"driver_info": info}
 
 
 def _dump_data(record: JobRecord) -> str:

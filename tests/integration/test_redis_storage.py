@@ -443,3 +443,36 @@ def test_the_test_server_moves_off_a_port_taken_before_it_starts_but_a_restart_n
                 server.start()  # clients hold the URL: a restart keeps its port or fails
         finally:
             server.cleanup()
+
+
+def test_new_connections_do_not_look_up_redis_pys_version_and_still_say_who_they_are(
+        redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import redis.driver_info
+
+    from adapters import redis_common
+
+    redis_common.driver_info()  # looked up once per process (before a worker forks)
+    looked_up: list[int] = []
+    real = redis.utils.get_lib_version
+
+    def counting() -> str:
+        looked_up.append(1)
+        return str(real())
+
+    monkeypatch.setattr(redis.utils, "get_lib_version", counting)
+    from_url = RedisStorage.from_url(redis_url)
+    own = redis.Redis.from_url(redis_url)  # a client the user built: told once when the storage takes it
+    taken = RedisStorage(own)
+    for storage in (from_url, taken):
+        pool = storage.client.connection_pool
+        pool.disconnect()  # as in a forked work-horse: the next command makes a new connection
+        assert storage.client.ping()
+        conn = pool.get_connection()
+        try:  # what CLIENT SETINFO sends (Redis >= 7.2 shows it in CLIENT INFO; 7.0 ignores it)
+            assert (conn.driver_info.formatted_name, conn.driver_info.lib_version) == ("redis-py", real())
+        finally:
+            pool.release(conn)
+    assert looked_up == []
+    named = redis.Redis.from_url(redis_url, driver_info=redis.driver_info.DriverInfo(name="mine", lib_version="1"))
+    RedisStorage(named)  # a client built with its own driver info keeps it
+    assert named.connection_pool.connection_kwargs["driver_info"].formatted_name == "mine"
