@@ -235,4 +235,3 @@ def settle_driver_info(client: Any) -> None:
         return
     if not any(key in kwargs for key in ("driver_info", "lib_name", "lib_version")):
         kwargs["driver_info"] = info
-

@@ -250,11 +250,11 @@ def test_the_flusher_is_woken_once_for_turns_whose_deadlines_come_after_the_one_
 
     flusher = streaming._Flusher()
     flusher._thread = threading.Thread(target=lambda: None)  # taken as running, but never takes the lock: no race
-    notified: list[float] = []
+    notified: list[int] = []
     real_notify = flusher._cond.notify
 
     def counting_notify(n: int = 1) -> None:
-        notified.append(flusher._wake_at or 0.0)
+        notified.append(n)
         real_notify(n)
 
     flusher._cond.notify = counting_notify  # type: ignore[method-assign]
