@@ -182,3 +182,34 @@ def test_a_runs_options_resolve_to_one_config_per_distinct_options_and_bad_ones_
     for _ in range(2):  # an error is not remembered as an answer
         with pytest.raises(pydantic.ValidationError, match="max_turns"):
             cfg.for_run({"max_turns": 0}, {})
+
+
+def test_a_run_whose_options_rebuild_the_config_does_not_rebuild_the_tool_schemas_each_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from phases.tools import Tool
+
+    @tool
+    def ping(x: int) -> int:
+        """Echo."""
+        return x
+
+    from pipelines import App
+
+    storage, scheduler, _ = memory()
+    turns = [reply("", call("ping", x=i)) for i in range(3)] + ["done"]
+    app = App(storage=storage, scheduler=scheduler,
+              agents=[Agent(name="a", model=ScriptedModel(turns), tools=[ping], max_turns=5)])
+    built: list[str] = []
+    real = Tool.schema
+
+    def counting(self: Tool) -> dict[str, Any]:
+        built.append(self.name)
+        return real(self)
+
+    monkeypatch.setattr(Tool, "schema", counting)
+    app.run_agent("a", job_id="j", messages=["go"], max_turns=8)  # an option that changes the config
+    app.drain()
+    job = storage.get_job("j")
+    assert job is not None and job.status is JobStatus.COMPLETE and job.phases_done == 4
+    assert job.options.get("max_turns") == 8
+    assert built == []  # the agent's schemas, built with it, served every one of the 4 turns
