@@ -246,11 +246,12 @@ class RedisStorage(RedisIndexReads):
                 if urlsplit(url).path.strip("/") not in ("", "0"):
                     raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: a Redis Cluster has only database 0")
                 # The cluster client retries a command on another node after a failover (MOVED, a dead node).
+                # Its nodes' clients are made inside it: the driver info goes in here, not in __init__.
                 client = redis.RedisCluster.from_url(url, retry=retry, socket_timeout=socket_timeout,
                                                      socket_connect_timeout=connect_timeout, **_driver_options())
-            else:
+            else:  # its connections get redis-py's driver info in __init__ (settle_driver_info)
                 client = redis.Redis.from_url(url, retry=retry, socket_timeout=socket_timeout,
-                                              socket_connect_timeout=connect_timeout, **_driver_options())
+                                              socket_connect_timeout=connect_timeout)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
         except redis.exceptions.RedisError as exc:  # a cluster client reads the slot map when it is made

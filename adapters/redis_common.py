@@ -6,6 +6,7 @@ Private to :mod:`adapters.redis` and its helpers (:mod:`adapters.redis_listing`,
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -207,16 +208,10 @@ def _load_part(raw: bytes | str) -> Event:
     return Event.model_validate(fields)
 
 
-_DRIVER_INFO: list[Any] = []
-
-
+@functools.cache
 def driver_info() -> Any:
     """redis-py's own driver name and version, looked up once per process (``None`` before redis-py 7)."""
-    if DriverInfo is None:
-        return None
-    if not _DRIVER_INFO:
-        _DRIVER_INFO.append(DriverInfo())  # reads the installed package's metadata: once, here
-    return _DRIVER_INFO[0]
+    return None if DriverInfo is None else DriverInfo()  # reads the installed package's metadata: once, here
 
 
 def settle_driver_info(client: Any) -> None:

@@ -157,8 +157,7 @@ class AgentTurn:
         if cfg.prepare_turn is None:
             model, params = self._model(cfg.model, cfg.model_params)
             # A run's options may rebuild the config (and its tool map) around the same tools: same schemas.
-            same = tmap is self.tmap or tmap == self.tmap
-            schemas = self.tool_schemas if same else [t.schema() for t in tmap.values()]
+            schemas = self.tool_schemas if tmap == self.tmap else [t.schema() for t in tmap.values()]
             return _call_model(model, ctx, messages, schemas, params, turn, schema)
         plan = TurnPlan(job_id=ctx.job_id, turn=turn, model=cfg.model, params=dict(cfg.model_params or {}),
                         # A deep copy: the hook may edit messages in place without touching
