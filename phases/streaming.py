@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any
 
+from pipelines.engine._daemon import Daemon, start_daemon
 from pipelines.engine.models import Event
 from pipelines.engine.phase import PhaseContext
 
@@ -191,14 +192,13 @@ class _Flusher:
         # When the thread wakes next: None while it waits for work, 0.0 while it is
         # flushing (it looks at the deadlines again before it sleeps).
         self._wake_at: float | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: Daemon | None = None
 
     def schedule(self, sink: DeltaSink, at: float) -> None:
         with self._cond:
             self._due[sink] = at
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="phaserunner-delta-flusher", daemon=True)
-                self._thread.start()
+                self._thread = start_daemon(self._run, "phaserunner-delta-flusher")
             # Wake the thread only when it would sleep past this deadline: a busy worker's turns
             # mostly cancel their deadline before it comes, and cost the thread nothing.
             if self._wake_at is None or at < self._wake_at:

@@ -9,6 +9,7 @@ import threading
 import time
 
 from adapters.base import Storage
+from pipelines.engine._daemon import Daemon, start_daemon
 from pipelines.engine.errors import InvalidInputError, PipelineError
 
 __all__ = ["LEASE_KEEPER", "LeaseKeeper", "check_lease_seconds"]
@@ -34,7 +35,7 @@ class LeaseKeeper:
         self._leases: dict[int, tuple[Storage, str, str, float, float]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Daemon | None = None
         self._ids = iter(range(1 << 62))
 
     def reset_after_fork(self) -> None:
@@ -50,8 +51,7 @@ class LeaseKeeper:
             key = next(self._ids)
             self._leases[key] = (storage, job_id, owner, ttl, time.monotonic())
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="pipelines-lease-keeper", daemon=True)
-                self._thread.start()
+                self._thread = start_daemon(self._run, "pipelines-lease-keeper")
         return key
 
     def drop(self, key: int) -> None:

@@ -214,13 +214,13 @@ def test_turns_start_no_thread_each_and_a_model_that_does_not_stream_starts_none
     from phases.model import ModelRequest, ModelResponse
 
     started: list[str] = []
-    real_start = threading.Thread.start
+    real_start = streaming.start_daemon
 
-    def counting_start(self: threading.Thread) -> None:
-        started.append(self.name)
-        real_start(self)
+    def counting_start(target: Any, name: str) -> Any:
+        started.append(name)
+        return real_start(target, name)
 
-    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    monkeypatch.setattr(streaming, "start_daemon", counting_start)
     monkeypatch.setattr(streaming, "_FLUSHER", None)  # as in a fresh process
 
     class Plain:
