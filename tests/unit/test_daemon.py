@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.engine import _daemon, leases
+from pipelines.engine import leases
 from pipelines.engine._daemon import start_daemon
 
 
@@ -83,7 +83,3 @@ def test_the_lease_keeper_starts_one_loop_and_a_new_one_only_after_it_died(monke
     keeper.drop(a)
     keeper.hold(object(), "j3", "o3", 30.0)  # type: ignore[arg-type]
     assert started == ["pipelines-lease-keeper"] * 2
-
-
-def test_the_module_exports_what_the_engine_uses() -> None:
-    assert _daemon.__all__ == ["Daemon", "start_daemon"]
