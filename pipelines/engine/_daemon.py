@@ -28,10 +28,9 @@ logger = logging.getLogger("pipelines")
 class Daemon:
     """A handle on a loop started by :func:`start_daemon`: whether it still runs."""
 
-    __slots__ = ("alive", "name")
+    __slots__ = ("alive",)
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         # True from the start: the loop counts as running before it is first scheduled, so a
         # second caller does not start another one meanwhile.
         self.alive = True
@@ -42,7 +41,7 @@ class Daemon:
 
 def start_daemon(target: Callable[[], object], name: str) -> Daemon:
     """Run ``target`` on a new daemon thread called ``name``; return without waiting for it to start."""
-    handle = Daemon(name)
+    handle = Daemon()
 
     def run() -> None:
         threading.current_thread().name = name

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pipelines.engine import leases
-from pipelines.engine._daemon import start_daemon
+from pipelines.engine._daemon import Daemon, start_daemon
 
 
 def test_the_caller_goes_on_before_the_new_thread_has_run() -> None:
@@ -59,19 +59,11 @@ def test_the_thread_runs_under_its_name_and_an_error_that_ends_it_is_logged(capl
 
 def test_the_lease_keeper_starts_one_loop_and_a_new_one_only_after_it_died(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[str] = []
+    handles: list[Daemon] = []
 
-    class Handle:
-        def __init__(self) -> None:
-            self.alive = True
-
-        def is_alive(self) -> bool:
-            return self.alive
-
-    handles: list[Handle] = []
-
-    def fake_start(target: Any, name: str) -> Handle:
+    def fake_start(target: Any, name: str) -> Daemon:  # a handle, no thread
         started.append(name)
-        handles.append(Handle())
+        handles.append(Daemon())
         return handles[-1]
 
     monkeypatch.setattr(leases, "start_daemon", fake_start)

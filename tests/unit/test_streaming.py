@@ -249,7 +249,7 @@ def test_the_flusher_is_woken_once_for_turns_whose_deadlines_come_after_the_one_
     from phases import streaming
 
     flusher = streaming._Flusher()
-    flusher._thread = threading.Thread(target=lambda: None)  # taken as running, but never takes the lock: no race
+    flusher._thread = streaming.Daemon()  # taken as running, but no thread takes the lock: no race
     notified: list[int] = []
     real_notify = flusher._cond.notify
 
