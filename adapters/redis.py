@@ -78,6 +78,7 @@ from adapters.redis_keys import (
     listing_keys,
 )
 from adapters.redis_listing import RedisIndexReads
+from adapters.redis_refs import JournalValues
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -173,6 +174,8 @@ class RedisStorage(RedisIndexReads):
         self._layout_checked = False
         self._bases: dict[str, _Base] = {}
         self._bases_bytes = 0
+        # What each job's journal holds, so a commit sends a journaled message as a reference.
+        self._steps = JournalValues(jobs=_BASES_KEPT, max_bytes=_BASES_BYTES)
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
         for name, value in (("replica_timeout", replica_timeout), ("failover_timeout", failover_timeout)):
@@ -403,6 +406,8 @@ class RedisStorage(RedisIndexReads):
         if owner and hist is not None:
             # A worker commits next: remember what the record hash holds, so that commit sends a delta.
             self._remember(job_id, _text(reply[6]), record.history, _lines(hist))
+        if owner:
+            self._remember_journal(job_id, record, reply[1], reply[2])
         waiting = int(_text(reply[4]) or 0)
         update: dict[str, Any] = {"inbox": waiting} if waiting else {}
         if len(reply) > 5 and reply[5]:
@@ -420,6 +425,13 @@ class RedisStorage(RedisIndexReads):
                 self._forget_base(next(iter(self._bases)))  # the job remembered longest ago
         self._bases[job_id] = _Base(token, list(marks), lines, size)
         self._bases_bytes += size
+
+    def _remember_journal(self, job_id: str, record: JobRecord, jver: Any, pairs: Sequence[Any]) -> None:
+        if pairs and _text(jver) == str(record.version):
+            self._steps.reset(job_id, record.version, {_text(k): v for k, v in zip(pairs[::2], pairs[1::2],
+                                                                                   strict=True)})
+        else:
+            self._steps.forget(job_id)
 
     def _forget_base(self, job_id: str) -> None:
         old = self._bases.pop(job_id, None)
@@ -591,6 +603,8 @@ class RedisStorage(RedisIndexReads):
         data = _dump_data(commit.record)
         marks, base, drop, kept = self._history(job_id, commit.record.history)
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
+        # A message the journal already holds (the model's answer) is sent as a slice of it.
+        sent = self._steps.refer(job_id, msgs) if msgs else None
         lines = dump_logs(commit.logs)
         event_lines = _dump_parts(commit.events)
         owner = commit.owner
@@ -602,14 +616,17 @@ class RedisStorage(RedisIndexReads):
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
-            base, str(drop), "\n".join(marks[kept:]), *msgs, *lines, *event_lines,
+            base, str(drop), "\n".join(marks[kept:]), *(sent or msgs), *lines, *event_lines,
         ]
-        at = redis_scripts.COMMIT_ARGS.history
+        at, first = redis_scripts.COMMIT_ARGS.history, redis_scripts.COMMIT_ARGS.fixed
         self._forget_base(job_id)  # the stored history is unknown until this commit's reply
+        self._steps.forget(job_id)  # the commit ends the journal (the next load remembers a kept one)
         reply = _text(self._run(self._commit, keys, args, f"committing job {job_id!r}"))
         if reply == "rebase":
-            # The record hash is not the one the delta was computed from (recreated meanwhile?): send it whole.
+            # The record hash is not the one the delta was computed from (recreated meanwhile?), or the
+            # journal does not hold a message sent by reference: send both whole.
             args[at:at + 3] = ["", "0", "\n".join(marks)]
+            args[first:first + len(msgs)] = msgs
             reply = _text(self._run(self._commit, keys, args, f"committing job {job_id!r}"))
         self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
@@ -713,7 +730,9 @@ class RedisStorage(RedisIndexReads):
         reply = _text(self._run(self._step, keys, args, f"journaling step {key!r} of job {job_id!r}"))
         self._check_types(job_id, reply, f"journaling step {key!r} of job {job_id!r}")
         if reply.startswith("stale:"):
+            self._steps.forget(job_id)
             raise StaleVersionError(_stale_message(job_id, reply, f"step {key!r} at version {version} not recorded"))
+        self._steps.remember(job_id, version, key, text)
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         reply = self._run(self._renew, [self.keys(job_id).lease], [owner, _ttl_ms(ttl)],

@@ -32,7 +32,9 @@ keeps its history inside ``data`` and has no ``hist`` until its next commit.
 Each commit sends only the marks it adds and how many it drops from the
 front, relative to the history the commit with a given token wrote (the
 adapter remembers it); a record whose ``token`` is another replies ``rebase``
-and the adapter sends the whole history instead.
+and the adapter sends the whole history instead. Likewise a transcript message
+the journal already holds (the model's answer) travels as a checked slice of
+the journaled value (:mod:`adapters.redis_refs`), and ``rebase`` asks for it whole.
 
 Conventions: ``KEYS`` are always passed in full (hash-tagged per job); an
 optional owner travels as a flag plus a value, so an empty-string owner is
@@ -208,19 +210,49 @@ if ARGV[8] ~= '' then redis.call('ZADD', KEYS[10], ARGV[8], ARGV[1]) end
 return 'ok'
 """
 
+# A message ARGV '=<start> <length> <sha1 prefix> <step key>' is that slice of the journaled step value
+# (adapters.redis_refs): resolved before anything is written; nil when one does not match (reply 'rebase').
+_RESOLVE_FN = """
+local function resolve(journal, from, to)
+  local out = {}
+  for i = from, to do
+    local m = ARGV[i]
+    if string.byte(m, 1) == 61 then
+      local s, n, h, key = string.match(m, '^=(%d+) (%d+) (%x+) (.*)$')
+      if not s or #h ~= 16 then return nil end
+      local v = redis.call('HGET', journal, key)
+      if not v then return nil end
+      s, n = tonumber(s), tonumber(n)
+      m = string.sub(v, s, s + n - 1)
+      if #m ~= n or string.sub(redis.sha1hex(m), 1, 16) ~= h then return nil end
+    end
+    out[#out + 1] = m
+  end
+  return out
+end
+local function push_all(key, list)
+  local i = 1
+  while i <= #list do
+    local j = math.min(i + 999, #list)
+    redis.call('RPUSH', key, unpack(list, i, j))
+    i = j + 1
+  end
+end
+"""
+
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
 #       finished_at ('' = not finished: remove), inbox_taken, status index position, updated_at,
 #       history base token ('' = the whole history follows), marks dropped from its front, marks added,
-#       then the messages, the log lines, the events.
+#       then the messages (each JSON text or a reference into the journal), the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
-# 'stale:<why>'; 'corrupt:<role>:<type>'; 'rebase' (the history base is not the stored record's:
-# nothing written, send the whole history).
+# 'stale:<why>'; 'corrupt:<role>:<type>'; 'rebase' (the history base is not the stored record's, or a
+# message reference does not match the journal: nothing written, send the history and messages whole).
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
 # leased (another owner holds it).
-COMMIT = _PUSH_FN + """
+COMMIT = _PUSH_FN + _RESOLVE_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', KEYS[3], 'logs', 'list',
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
                         KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset',
@@ -251,6 +283,9 @@ if ARGV[6] == '1' and not holder then return 'stale:expired' end
 if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
 -- A history delta applies only to the history it was computed from: the one the base commit wrote.
 if ARGV[20] ~= '' and cur[2] ~= ARGV[20] then return 'rebase' end
+local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
+local messages = resolve(KEYS[4], 23, 22 + n)
+if not messages then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5],
@@ -261,8 +296,7 @@ if ARGV[8] ~= '' then
   -- LTRIM 0 -1 would keep everything, so cutting to zero is a DEL.
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
-local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-push(KEYS[2], 23, 22 + n)
+push_all(KEYS[2], messages)
 push(KEYS[3], 23 + n, 22 + n + nl)
 add_events(KEYS[6], KEYS[9], 23 + n + nl)
 -- The listing indexes move with the status, in the same commit (one status index at a time).

@@ -470,7 +470,7 @@ class ByteCounter:
             n, nl = int(argv[layout.n_messages]), int(argv[layout.n_logs])
             msgs, logs, events = argv[fixed:fixed + n], argv[fixed + n:fixed + n + nl], argv[fixed + n + nl:]
             self._add("record (state) JSON", size(argv[layout.data]))
-            self._add("transcript messages", sum(map(size, msgs)))
+            self._add("transcript messages (a journaled one as a reference)", sum(map(size, msgs)))
             self._add("log entries", sum(map(size, logs)))
             self._add("events (durable log)", sum(map(size, events)))
             self._add("record: turn history (base, dropped, new marks)", sum(map(size, argv[layout.history:fixed])))

@@ -1,0 +1,157 @@
+"""A commit sends a message the journal already holds (the model's answer) as a reference, on a real Redis.
+
+The commit script cuts the message out of the journaled value and checks it;
+whenever the journal does not hold it (changed or deleted behind the
+adapter's back), nothing is written and the adapter sends it whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.memory import MemoryScheduler
+from adapters.redis import RedisStorage
+from pipelines import Agent, App, tool
+from pipelines.crash_harness import SimulatedCrash
+from pipelines.testing import ScriptedModel, call, reply
+
+pytestmark = pytest.mark.redis
+
+# Long enough to be sent by reference; non-ASCII, so offsets must count bytes, not characters.
+TEXT = "Thinking it over - naïve arithmetic is risky, so I ask the adder tool for the next value. Étape {n}."
+crash_next = {"on": False}
+
+
+@tool
+def add(a: int, b: int) -> dict[str, int]:
+    """Add two numbers."""
+    if crash_next["on"]:
+        crash_next["on"] = False
+        raise SimulatedCrash("killed while the tool ran")
+    return {"sum": a + b}
+
+
+def _answer(msgs: list[dict[str, Any]]) -> Any:
+    done = sum(1 for m in msgs if m["role"] == "assistant")
+    return "done" if done >= 3 else reply(TEXT.format(n=done), call("add", a=done, b=1))
+
+
+def _app(storage: RedisStorage) -> App:
+    return App(storage=storage, scheduler=MemoryScheduler(),
+               agents=[Agent(name="a", model=ScriptedModel(_answer), tools=[add], max_turns=10)])
+
+
+class Commits:
+    """The message arguments of every COMMIT script call the storage sends."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        self.sent: list[list[str]] = []
+        inner = storage.client.execute_command
+        sha = storage._commit.sha
+
+        def spy(*args: Any, **options: Any) -> Any:
+            got = inner(*args, **options)  # a first EVALSHA answered NOSCRIPT raises: not counted
+            if len(args) > 1 and str(args[0]).upper() == "EVALSHA" and args[1] == sha:
+                argv = [a.decode() if isinstance(a, bytes) else str(a) for a in args[3 + int(args[2]):]]
+                n = int(argv[11])
+                self.sent.append(argv[22:22 + n])
+            return got
+
+        storage.client.execute_command = spy
+
+
+@pytest.fixture
+def storage(redis_url: str) -> Iterator[RedisStorage]:
+    s = RedisStorage.from_url(redis_url, prefix="refs")
+    yield s
+    s.client.close()
+
+
+def _transcript(r: redis.Redis, storage: RedisStorage, job_id: str) -> list[bytes]:
+    return list(r.lrange(storage.keys(job_id).messages, 0, -1))
+
+
+def _expected(redis_url: str, job_id: str) -> list[bytes]:
+    """The transcript of the same job written with every message sent whole."""
+    other = RedisStorage.from_url(redis_url, prefix="whole")
+    other._steps.refer = lambda job_id, messages: None  # type: ignore[method-assign]
+    app = _app(other)
+    app.run_agent("a", job_id=job_id, messages=["count"])
+    app.scheduler.drain()  # type: ignore[attr-defined]
+    out = list(other.client.lrange(other.keys(job_id).messages, 0, -1))
+    other.client.close()
+    return out
+
+
+def test_the_model_answer_is_sent_once_and_the_transcript_is_the_same(
+        storage: RedisStorage, r: redis.Redis, redis_url: str) -> None:
+    commits = Commits(storage)
+    app = _app(storage)
+    app.run_agent("a", job_id="j1", messages=["count"])
+    app.scheduler.drain()  # type: ignore[attr-defined]
+    assert app.get("j1").status.value == "complete"
+    # Each tool turn's assistant message went as a reference; the tool's short answer went whole.
+    turns = [m for m in commits.sent if m]
+    assert len(turns) == 4
+    for msgs in turns[:3]:
+        assert msgs[0].startswith("=") and "Thinking" not in msgs[0]
+        assert msgs[1].startswith('{"role":"tool"')
+    assert turns[3] == ['{"role":"assistant","content":"done"}']  # too short to be worth a reference
+    stored = _transcript(r, storage, "j1")
+    assert stored == _expected(redis_url, "j1")
+    assert "naïve" in stored[1].decode() and "Étape 0" in stored[1].decode()
+
+
+@pytest.mark.parametrize("tamper", ["changed", "deleted"])
+def test_a_journal_that_no_longer_holds_the_message_gets_it_whole(
+        storage: RedisStorage, r: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch, tamper: str) -> None:
+    commits = Commits(storage)
+    app = _app(storage)
+    app.run_agent("a", job_id="j2", messages=["count"])
+    journal = storage.keys("j2").journal
+    real = storage.commit
+
+    def behind_its_back(commit: Any) -> Any:
+        if r.hexists(journal, "model"):
+            if tamper == "deleted":
+                r.delete(journal)
+            else:  # the same length, one byte different: only the hash can tell
+                value = r.hget(journal, "model") or b""
+                r.hset(journal, "model", value.replace(b"Thinking", b"Thinkinh"))
+        return real(commit)
+
+    monkeypatch.setattr(storage, "commit", behind_its_back)
+    app.scheduler.drain()  # type: ignore[attr-defined]
+    assert app.get("j2").status.value == "complete"
+    # Every reference was refused (nothing written) and the same commit went again, whole.
+    refs = [i for i, msgs in enumerate(commits.sent) if msgs and msgs[0].startswith("=")]
+    assert len(refs) == 3
+    for i in refs:
+        assert commits.sent[i + 1][0].startswith('{"role":"assistant"') and "Thinking" in commits.sent[i + 1][0]
+    assert _transcript(r, storage, "j2") == _expected(redis_url, "j2")
+
+
+def test_a_recovered_turn_sends_the_answer_it_loaded_from_the_journal_by_reference(
+        storage: RedisStorage, r: redis.Redis, redis_url: str) -> None:
+    app = _app(storage)
+    app.run_agent("a", job_id="j3", messages=["count"])
+    crash_next["on"] = True
+    with pytest.raises(SimulatedCrash):
+        app.scheduler.drain()  # type: ignore[attr-defined]
+    assert r.hexists(storage.keys("j3").journal, "model")
+    r.delete(storage.keys("j3").lease)  # as if the dead worker's lease expired
+    # Another process: nothing remembered but what its load reads.
+    fresh = RedisStorage.from_url(redis_url, prefix="refs")
+    commits = Commits(fresh)
+    app2 = _app(fresh)
+    app2.advance("j3")
+    assert commits.sent[0][0].startswith("=") and len(commits.sent) == 1
+    # The rest of the job, then the whole transcript against a clean run.
+    while app2.get("j3").status.value == "running":
+        app2.advance("j3")
+    assert _transcript(r, fresh, "j3") == _expected(redis_url, "j3")
+    fresh.client.close()

@@ -1,0 +1,64 @@
+"""``adapters.redis_refs.JournalValues``: which messages a commit may send as a reference into the journal."""
+
+from __future__ import annotations
+
+import hashlib
+
+from adapters.redis_refs import REF_MIN_BYTES, JournalValues
+
+MSG = '{"role":"assistant","content":"' + "é" * 20 + "x" * REF_MIN_BYTES + '"}'
+VALUE = '{"message":' + MSG + ',"finish_reason":"stop"}'
+
+
+def _slice(value: str, ref: str) -> bytes:
+    start, length, digest, key = ref[1:].split(" ", 3)
+    assert key == "model"
+    got = value.encode()[int(start) - 1:int(start) - 1 + int(length)]
+    assert hashlib.sha1(got).hexdigest()[:16] == digest
+    return got
+
+
+def test_a_message_held_by_a_journaled_value_becomes_a_byte_exact_reference() -> None:
+    steps = JournalValues()
+    steps.remember("j", 3, "model", VALUE)
+    short = '{"role":"tool","content":"1"}'
+    sent = steps.refer("j", [MSG, short])
+    assert sent is not None and sent[0].startswith("=") and sent[1] == short
+    # Offsets count UTF-8 bytes (what Lua's string.sub counts), not characters.
+    assert _slice(VALUE, sent[0]) == MSG.encode()
+
+
+def test_nothing_to_refer_to_gives_none() -> None:
+    steps = JournalValues()
+    assert steps.refer("j", [MSG]) is None  # nothing journaled
+    steps.remember("j", 3, "model", '{"other":1}')
+    assert steps.refer("j", [MSG]) is None  # not held by any value
+    steps.remember("j", 3, "model", VALUE)
+    assert steps.refer("other-job", [MSG]) is None
+
+
+def test_a_step_of_another_version_starts_the_set_anew_and_forget_drops_it() -> None:
+    steps = JournalValues()
+    steps.remember("j", 3, "model", VALUE)
+    steps.remember("j", 3, "tool:c1", "{}")
+    steps.remember("j", 4, "tool:c2", "{}")  # the journal of version 4 no longer holds 'model'
+    assert steps.refer("j", [MSG]) is None
+    steps.reset("j", 4, {"model": VALUE.encode()})
+    assert steps.refer("j", [MSG]) is not None
+    steps.forget("j")
+    assert steps.refer("j", [MSG]) is None and steps.held_bytes == 0
+
+
+def test_what_is_kept_is_bounded_oldest_job_first() -> None:
+    steps = JournalValues(jobs=2, max_bytes=10 * len(VALUE))
+    for job in ("a", "b", "c"):
+        steps.remember(job, 1, "model", VALUE)
+    assert steps.refer("a", [MSG]) is None
+    assert steps.refer("b", [MSG]) is not None and steps.refer("c", [MSG]) is not None
+    size = len("model") + len(VALUE.encode())  # what one job's set holds: keys and values, in bytes
+    small = JournalValues(max_bytes=size + 10)
+    small.remember("a", 1, "model", VALUE)
+    small.remember("b", 1, "model", VALUE)  # over the byte bound: "a" goes
+    assert small.refer("a", [MSG]) is None and small.refer("b", [MSG]) is not None
+    small.remember("c", 1, "model", VALUE * 2)  # larger than the whole bound: not kept at all
+    assert small.refer("c", [MSG]) is None and small.held_bytes == size
