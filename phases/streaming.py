@@ -197,8 +197,12 @@ class _Flusher:
     def schedule(self, sink: DeltaSink, at: float) -> None:
         with self._cond:
             self._due[sink] = at
-            if self._thread is None:
+            if self._thread is None or not self._thread.alive:
+                # The first time, or the loop ended (only something no `except Exception` stops does
+                # that, a flush is otherwise caught): without a new one no held-back text would go out
+                # before its turn's end, for the rest of the process.
                 self._thread = start_daemon(self._run, "phaserunner-delta-flusher")
+                self._wake_at = None
             # Wake the thread only when it would sleep past this deadline: a busy worker's turns
             # mostly cancel their deadline before it comes, and cost the thread nothing.
             if self._wake_at is None or at < self._wake_at:

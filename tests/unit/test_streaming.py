@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -264,6 +265,32 @@ def test_the_flusher_is_woken_once_for_turns_whose_deadlines_come_after_the_one_
     assert len(notified) == 1
     flusher.schedule(c, 9.0)  # earlier: woken, or it would sleep past c's deadline
     assert len(notified) == 2 and flusher._wake_at == 9.0
+
+
+def test_a_flusher_loop_that_ended_is_started_again_by_the_next_schedule() -> None:
+    from phases import streaming
+
+    flusher = streaming._Flusher()
+    flushed = threading.Event()
+
+    class Killer:
+        def flush_held(self) -> None:
+            raise SystemExit  # what no `except Exception` stops: the loop ends with it
+
+    class Sink:
+        def flush_held(self) -> None:
+            flushed.set()
+
+    flusher.schedule(Killer(), 0.0)  # type: ignore[arg-type]
+    first = flusher._thread
+    assert first is not None
+    deadline = time.monotonic() + 5
+    while first.alive and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not first.alive
+    flusher.schedule(Sink(), 0.0)  # type: ignore[arg-type]
+    assert flusher._thread is not first
+    assert flushed.wait(5), "no loop flushed the next sink"
 
 
 def test_held_back_text_the_flusher_could_not_publish_fails_the_attempt_and_the_retry_sends_it_whole(
