@@ -14,15 +14,20 @@ either differs or the value is gone; the adapter then sends the message
 whole. So a reference only ever saves bytes: what is remembered here may be
 out of date without a wrong message being stored. A transcript message is
 JSON text and always starts with ``{``, never ``=``.
+
+Live-stream parts sent with a journal write get the same treatment against
+the value journaled in that very call (:func:`slice_parts`): the streamed text
+of a model's answer is inside the answer.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Sequence
 
-__all__ = ["REF_MIN_BYTES", "JournalValues"]
+__all__ = ["REF_MIN_BYTES", "JournalValues", "slice_parts"]
 
 #: A message shorter than this goes whole: a reference is ~30 bytes plus the step key.
 REF_MIN_BYTES = 96
@@ -97,6 +102,40 @@ class JournalValues:
     def _drop(self, job_id: str) -> None:
         if self._jobs.pop(job_id, None) is not None:
             self._bytes -= self._sizes.pop(job_id)
+
+
+# A JSON string literal, quotes included (escapes kept as they are).
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
+    """Live-stream parts sent with a journal write, each long string it shares with ``value`` cut out.
+
+    The text a model streamed is inside its journaled answer too. A part
+    holding a string literal of :data:`REF_MIN_BYTES` or more that ``value``
+    holds byte for byte goes as ``=<prefix length> <start> <length>\n<prefix><suffix>``
+    (bytes; ``start`` 1-based in ``value``), which the step script puts back
+    together from the value sent in the same call: nothing can be stale.
+    ``None`` when no part has such a string.
+    """
+    out: list[str] = []
+    found = False
+    data = value.encode()
+    for line in lines:
+        raw = line.encode()
+        cut = None
+        if len(raw) >= REF_MIN_BYTES:
+            for m in _STRING.finditer(raw):
+                if m.end() - m.start() >= REF_MIN_BYTES and (at := data.find(m.group())) >= 0:
+                    cut = (m.start(), m.end(), at)
+                    break
+        if cut is None:
+            out.append(line)
+            continue
+        found = True
+        a, b, at = cut
+        out.append(f"={a} {at + 1} {b - a}\n" + (raw[:a] + raw[b:]).decode())
+    return out if found else None
 
 
 def _reference(text: str, values: list[tuple[str, bytes]]) -> str | None:

@@ -330,7 +330,9 @@ return reply('ok')
 """
 
 # KEYS: record, journal, lease, live
-# ARGV: version, has_owner, owner, key, value, then live-stream parts to publish with it (optional)
+# ARGV: version, has_owner, owner, key, value, then live-stream parts to publish with it (optional);
+# a part '=<prefix length> <start> <length>\n<prefix><suffix>' has that slice of the value between
+# prefix and suffix (adapters.redis_refs.slice_parts). Reply 'badpart' (nothing written) if one does not parse.
 # The parts go out only if the step is journaled (same fence). A re-sent call (its reply
 # was lost) finds its own value already journaled under the key and publishes nothing
 # again: a step key is journaled once per attempt, so the same key holding the same value
@@ -345,6 +347,17 @@ if cur[1] ~= ARGV[1] then return 'stale:version:' .. cur[1] end
 local holder = redis.call('GET', KEYS[3])
 if ARGV[2] == '1' and not holder then return 'stale:expired' end
 if ARGV[2] == '1' and holder ~= ARGV[3] then return 'stale:leased' end
+local parts = {}
+for i = 6, #ARGV do
+  local m = ARGV[i]
+  if string.byte(m, 1) == 61 then
+    local pl, s, n, rest = string.match(m, '^=(%d+) (%d+) (%d+)\\n(.*)$')
+    if not pl or tonumber(pl) > #rest or tonumber(s) + tonumber(n) - 1 > #ARGV[5] then return 'badpart' end
+    pl, s = tonumber(pl), tonumber(s)
+    m = string.sub(rest, 1, pl) .. string.sub(ARGV[5], s, s + tonumber(n) - 1) .. string.sub(rest, pl + 1)
+  end
+  parts[#parts + 1] = m
+end
 if cur[2] ~= ARGV[1] then
   -- The journal belongs to an older version: start a fresh one for this one.
   redis.call('DEL', KEYS[2])
@@ -353,7 +366,7 @@ elseif #ARGV > 5 and redis.call('HGET', KEYS[2], ARGV[4]) == ARGV[5] then
   return 'ok'
 end
 redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
-for i = 6, #ARGV do redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 'e', ARGV[i]) end
+for _, part in ipairs(parts) do redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 'e', part) end
 return 'ok'
 """
 

@@ -2,7 +2,9 @@
 
 The commit script cuts the message out of the journaled value and checks it;
 whenever the journal does not hold it (changed or deleted behind the
-adapter's back), nothing is written and the adapter sends it whole.
+adapter's back), nothing is written and the adapter sends it whole. The
+live-stream parts sent with a journal write have the text they share with the
+journaled value cut out, and the step script puts them back together.
 """
 
 from __future__ import annotations
@@ -155,3 +157,56 @@ def test_a_recovered_turn_sends_the_answer_it_loaded_from_the_journal_by_referen
         app2.advance("j3")
     assert _transcript(r, fresh, "j3") == _expected(redis_url, "j3")
     fresh.client.close()
+
+
+def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
+        storage: RedisStorage, r: redis.Redis) -> None:
+    from adapters.redis_common import _dump_parts
+    from pipelines.engine.models import Event
+
+    app = _app(storage)
+    app.run_agent("a", job_id="j4", messages=["count"])
+    rec = storage.get_job("j4")
+    assert rec is not None
+    text = TEXT.format(n=7) + ' with "quotes", a \\ and a\nnewline'
+    value = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    parts = [Event(timestamp=1.5, type="text_delta", turn=1, phase="turn", data={"attempt": "a1", "text": text}),
+             Event(timestamp=1.6, type="text_delta", turn=1, phase="turn",
+                   data={"attempt": "a1", "text": "not in the value " * 8}),
+             Event(timestamp=1.7, type="attempt_started", turn=1, phase="turn", data={"attempt": "a1"})]
+    sent: list[list[str]] = []
+    inner = storage.client.execute_command
+
+    def spy(*args: Any, **options: Any) -> Any:
+        if len(args) > 1 and args[1] == storage._step.sha:
+            sent.append([a.decode() if isinstance(a, bytes) else str(a) for a in args[3 + int(args[2]) + 5:]])
+        return inner(*args, **options)
+
+    storage.client.execute_command = spy  # type: ignore[method-assign]
+    before = r.xlen(storage.keys("j4").live)
+    storage.record_step_and_publish("j4", version=rec.version, owner=None, key="model", value=value, parts=parts)
+    # The first part's text went as a slice of the value; the others whole.
+    assert sent[-1][0].startswith("=") and "quotes" not in sent[-1][0]
+    assert sent[-1][1:] == _dump_parts(parts)[1:]
+    stored = [fields[b"e"].decode() for _, fields in r.xrange(storage.keys("j4").live)][before:]
+    assert stored == _dump_parts(parts)
+    assert [p.data for p in storage.read_live("j4")][-3:] == [p.data for p in parts]
+
+
+def test_a_slice_the_step_script_cannot_put_back_together_writes_nothing(
+        storage: RedisStorage, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    from adapters import redis as redis_adapter
+    from pipelines.engine.errors import StorageError
+    from pipelines.engine.models import Event
+
+    app = _app(storage)
+    app.run_agent("a", job_id="j5", messages=["count"])
+    rec = storage.get_job("j5")
+    assert rec is not None
+    monkeypatch.setattr(redis_adapter, "slice_parts", lambda value, lines: ["=3 1 99999\n[]"])  # past the value
+    part = Event(timestamp=1.5, type="text_delta", turn=1, phase="turn", data={"attempt": "a1", "text": "x"})
+    live = r.xlen(storage.keys("j5").live)
+    with pytest.raises(StorageError, match="nothing was written"):
+        storage.record_step_and_publish("j5", version=rec.version, owner=None, key="model", value={"a": 1},
+                                        parts=[part])
+    assert not r.hexists(storage.keys("j5").journal, "model") and r.xlen(storage.keys("j5").live) == live

@@ -1,4 +1,4 @@
-"""``adapters.redis_refs.JournalValues``: which messages a commit may send as a reference into the journal."""
+"""``adapters.redis_refs``: which messages a commit sends as references into the journal, which parts as slices."""
 
 from __future__ import annotations
 
@@ -62,3 +62,22 @@ def test_what_is_kept_is_bounded_oldest_job_first() -> None:
     assert small.refer("a", [MSG]) is None and small.refer("b", [MSG]) is not None
     small.remember("c", 1, "model", VALUE * 2)  # larger than the whole bound: not kept at all
     assert small.refer("c", [MSG]) is None and small.held_bytes == size
+
+
+def test_a_part_sharing_a_long_string_with_the_value_is_cut_where_the_value_holds_it() -> None:
+    from adapters.redis_refs import slice_parts
+
+    text = '"' + "é" * 10 + 'y\\"' + "z" * REF_MIN_BYTES + '"'  # a JSON string literal with an escaped quote
+    value = '{"message":{"content":' + text + "}}"
+    line = '[1.5,6,1,"turn",{"attempt":"a1","text":' + text + "}]"
+    other = '[1.5,6,1,"turn",{"text":"' + "q" * REF_MIN_BYTES + '"}]'
+    short = '[1.5,5,1,"turn"]'
+    sent = slice_parts(value, [line, other, short])
+    assert sent is not None and sent[1:] == [other, short]
+    head, rest = sent[0].split("\n", 1)
+    prefix_len, start, length = (int(x) for x in head[1:].split(" "))
+    raw, data = rest.encode(), value.encode()
+    # Put back together as the step script does, in bytes: the line as it was built.
+    rebuilt = raw[:prefix_len] + data[start - 1:start - 1 + length] + raw[prefix_len:]
+    assert rebuilt == line.encode()
+    assert slice_parts(value, [other, short]) is None
