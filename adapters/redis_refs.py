@@ -105,7 +105,7 @@ class JournalValues:
 
 
 # A JSON string literal, quotes included (escapes kept as they are).
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: no alternation per character
 
 
 def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
@@ -113,20 +113,18 @@ def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
 
     The text a model streamed is inside its journaled answer too. A part
     holding a string literal of :data:`REF_MIN_BYTES` or more that ``value``
-    holds byte for byte goes as ``=<prefix length> <start> <length>\n<prefix><suffix>``
-    (bytes; ``start`` 1-based in ``value``), which the step script puts back
+    holds as it is goes as ``=<prefix length> <start> <length>\\n<prefix><suffix>``
+    (in bytes, ``start`` 1-based in ``value``), which the step script puts back
     together from the value sent in the same call: nothing can be stale.
     ``None`` when no part has such a string.
     """
     out: list[str] = []
     found = False
-    data = value.encode()
     for line in lines:
-        raw = line.encode()
         cut = None
-        if len(raw) >= REF_MIN_BYTES:
-            for m in _STRING.finditer(raw):
-                if m.end() - m.start() >= REF_MIN_BYTES and (at := data.find(m.group())) >= 0:
+        if len(line) >= REF_MIN_BYTES:
+            for m in _STRING.finditer(line):
+                if m.end() - m.start() >= REF_MIN_BYTES and (at := value.find(m.group())) >= 0:
                     cut = (m.start(), m.end(), at)
                     break
         if cut is None:
@@ -134,7 +132,9 @@ def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
             continue
         found = True
         a, b, at = cut
-        out.append(f"={a} {at + 1} {b - a}\n" + (raw[:a] + raw[b:]).decode())
+        # Lua counts bytes: the offsets of UTF-8 text, not of characters.
+        start, size, lead = len(value[:at].encode()) + 1, len(line[a:b].encode()), len(line[:a].encode())
+        out.append(f"={lead} {start} {size}\n{line[:a]}{line[b:]}")
     return out if found else None
 
 
