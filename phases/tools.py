@@ -46,6 +46,8 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-style APIs accept as a
 _FROM_RUN: Any = object()  # "not given": the run's bound values are looked up
 _RUN_CONTEXT: dict[str, tuple[JSONValue, dict[str, Any]]] = {}
 _RUN_CONTEXT_LOCK = threading.Lock()
+# json.dumps with an option builds a new encoder per call: one shared for every tool result.
+_RESULT_JSON = json.JSONEncoder(ensure_ascii=False)
 
 
 def bind_run_context(job_id: str, context: JSONValue, tool_contexts: dict[str, Any]) -> Callable[[], None]:
@@ -401,4 +403,4 @@ def result_content(value: Any) -> str:
     if isinstance(value, str):
         return value
     data: JSONValue = to_json_value(value, what="tool result")
-    return json.dumps(data, ensure_ascii=False)
+    return _RESULT_JSON.encode(data)

@@ -43,6 +43,7 @@ __all__ = [
     "dump_events",
     "dump_logs",
     "dump_record",
+    "encode_plain",
     "to_json_value",
     "validate_job_id",
 ]
@@ -109,14 +110,14 @@ def dump_json(value: Any, what: str) -> str:
     """
     plain = to_json_value(value, what=what)
     try:
-        text = _encode(plain)
+        text = encode_plain(plain)
     except ValueError as exc:  # sys.set_int_max_str_digits() lowered after import
         raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
     return check_size(text, what)
 
 
-def _encode(plain: Any) -> str:
-    """Compact JSON text of ``plain`` (data :func:`to_json_value` returned), for storage."""
+def encode_plain(plain: Any) -> str:
+    """Compact JSON text of ``plain``, data :func:`to_json_value` returned (checked already), for storage."""
     limit = sys.get_int_max_str_digits()
     if 0 < limit < MAX_INT_DIGITS:
         # Lowered after import: json.dumps applies the new limit (ValueError), so no reader fails later.

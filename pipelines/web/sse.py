@@ -206,9 +206,13 @@ def _comparable(a: str, b: str) -> bool:
     return a.count("-") == b.count("-")
 
 
+# json.dumps with options builds a new encoder per call; one for every part of every stream.
+_PART_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def _event(data: Any, event_id: str | None = None) -> str:
     head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}data: {json.dumps(data, separators=(',', ':'), default=str)}\n\n"
+    return f"{head}data: {_PART_JSON.encode(data)}\n\n"
 
 
 class _Emitter:
