@@ -429,8 +429,10 @@ class RedisStorage(RedisIndexReads):
 
     def _remember_journal(self, job_id: str, record: JobRecord, jver: Any, pairs: Sequence[Any]) -> None:
         if pairs and _text(jver) == str(record.version):
-            self._steps.reset(job_id, record.version, {_text(k): v for k, v in zip(pairs[::2], pairs[1::2],
-                                                                                   strict=True)})
+            # Bytes as Redis holds them (a client made with decode_responses hands back str).
+            values = {_text(k): v if isinstance(v, bytes) else str(v).encode()
+                      for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
+            self._steps.reset(job_id, record.version, values)
         else:
             self._steps.forget(job_id)
 

@@ -137,8 +137,9 @@ def test_a_journal_that_no_longer_holds_the_message_gets_it_whole(
     assert _transcript(r, storage, "j2") == _expected(redis_url, "j2")
 
 
+@pytest.mark.parametrize("decode", [False, True], ids=["bytes", "decode_responses"])
 def test_a_recovered_turn_sends_the_answer_it_loaded_from_the_journal_by_reference(
-        storage: RedisStorage, r: redis.Redis, redis_url: str) -> None:
+        storage: RedisStorage, r: redis.Redis, redis_url: str, decode: bool) -> None:
     app = _app(storage)
     app.run_agent("a", job_id="j3", messages=["count"])
     crash_next["on"] = True
@@ -147,7 +148,7 @@ def test_a_recovered_turn_sends_the_answer_it_loaded_from_the_journal_by_referen
     assert r.hexists(storage.keys("j3").journal, "model")
     r.delete(storage.keys("j3").lease)  # as if the dead worker's lease expired
     # Another process: nothing remembered but what its load reads.
-    fresh = RedisStorage.from_url(redis_url, prefix="refs")
+    fresh = RedisStorage(redis.Redis.from_url(redis_url, decode_responses=decode), prefix="refs")
     commits = Commits(fresh)
     app2 = _app(fresh)
     app2.advance("j3")
