@@ -112,7 +112,7 @@ def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
     """Live-stream parts sent with a journal write, each long string it shares with ``value`` cut out.
 
     The text a model streamed is inside its journaled answer too. A part
-    holding a string literal of :data:`REF_MIN_BYTES` or more that ``value``
+    holding a string literal whose text (:data:`REF_MIN_BYTES` or more) ``value``
     holds as it is goes as ``=<prefix length> <start> <length>\\n<prefix><suffix>``
     (in bytes, ``start`` 1-based in ``value``), which the step script puts back
     together from the value sent in the same call: nothing can be stale.
@@ -124,8 +124,11 @@ def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
         cut = None
         if len(line) >= REF_MIN_BYTES:
             for m in _STRING.finditer(line):
-                if m.end() - m.start() >= REF_MIN_BYTES and (at := value.find(m.group())) >= 0:
-                    cut = (m.start(), m.end(), at)
+                # Inside the quotes: the streamed tail of an answer is the end of its content string,
+                # and escaping goes character by character, so its text is that string's end too.
+                inner = m.group()[1:-1]
+                if len(inner) >= REF_MIN_BYTES and (at := value.find(inner)) >= 0:
+                    cut = (m.start() + 1, m.end() - 1, at)
                     break
         if cut is None:
             out.append(line)

@@ -81,3 +81,21 @@ def test_a_part_sharing_a_long_string_with_the_value_is_cut_where_the_value_hold
     rebuilt = raw[:prefix_len] + data[start - 1:start - 1 + length] + raw[prefix_len:]
     assert rebuilt == line.encode()
     assert slice_parts(value, [other, short]) is None
+
+
+def test_the_streamed_tail_of_an_answer_is_cut_too() -> None:
+    import json
+
+    from adapters.redis_refs import slice_parts
+
+    content = "head of the answer, already streamed. " + 'tail \\ with "escapes" and é ' * 8
+    value = json.dumps({"message": {"content": content}}, ensure_ascii=False, separators=(",", ":"))
+    tail = content[38:]  # what the last part holds: the content after what went out before
+    line = json.dumps([1.5, 6, 1, "turn", {"text": tail}], ensure_ascii=False, separators=(",", ":"))
+    sent = slice_parts(value, [line])
+    assert sent is not None
+    head, rest = sent[0].split("\n", 1)
+    prefix_len, start, length = (int(x) for x in head[1:].split(" "))
+    raw, data = rest.encode(), value.encode()
+    assert raw[:prefix_len] + data[start - 1:start - 1 + length] + raw[prefix_len:] == line.encode()
+    assert length == len(json.dumps(tail, ensure_ascii=False)[1:-1].encode())  # the escaped tail, in bytes
