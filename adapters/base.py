@@ -73,6 +73,7 @@ __all__ = [
     "CountingIndex",
     "FlowCapable",
     "Backlog",
+    "BacklogProbe",
     "FlowStore",
     "HistoryStore",
     "InProcessScheduler",
@@ -331,6 +332,20 @@ class Backlog(Protocol):
 
     def work_waiting(self, priority: str | None = None) -> bool:
         """Whether an advance of ``priority`` (or a higher one) is queued and due now."""
+        ...
+
+
+@runtime_checkable
+class BacklogProbe(Protocol):
+    """A :class:`Backlog` that can ask without waiting for the answer (optional; RQ has it).
+
+    The runner asks before it runs a phase under ``continue_for`` and reads
+    the answer when it commits that phase, so the question's round trip
+    overlaps the phase instead of delaying it.
+    """
+
+    def probe_work_waiting(self, priority: str | None = None) -> Callable[[], bool]:
+        """``work_waiting(priority)`` asked now; the returned function gives its answer (call it in every case)."""
         ...
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -54,6 +54,7 @@ from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
 from adapters.redis import DEFAULT_PREFIX, check_prefix
+from adapters.redis_pending import PendingReplies
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
 
@@ -257,13 +258,25 @@ class RQScheduler:
 
     def work_waiting(self, priority: str | None = None) -> bool:
         """Whether an advance of ``priority`` or a higher one waits in its queue (one round trip)."""
+        return self.probe_work_waiting(priority)()
+
+    def probe_work_waiting(self, priority: str | None = None) -> Callable[[], bool]:
+        """:meth:`work_waiting` asked now, answered when the returned function is called.
+
+        The ``LLEN`` commands are written at once and their replies read by the call,
+        so the round trip overlaps whatever the caller does in between (the
+        runner: the phase it then commits). Call it in every case; until then
+        the question holds one of the connection pool's connections.
+        """
         wanted = self._queue_for(priority)
         queues = list(self.queues.values())
-        with _redis_errors("reading queue lengths"):
-            pipe = self.connection.pipeline(transaction=False)
-            for queue in queues[: queues.index(wanted) + 1]:
-                pipe.llen(queue.key)
-            return any(int(n) > 0 for n in pipe.execute())
+        pending = PendingReplies(self.connection, [("LLEN", q.key) for q in queues[: queues.index(wanted) + 1]])
+
+        def answer() -> bool:
+            with _redis_errors("reading queue lengths"):
+                return any(int(n) > 0 for n in pending.replies())
+
+        return answer
 
     def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
                 priority: str | None = None) -> None:

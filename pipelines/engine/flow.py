@@ -135,6 +135,14 @@ class _PriorityScheduler:
         waiting = getattr(self.inner, "work_waiting", None)
         return bool(waiting(priority or self.priority)) if callable(waiting) else False
 
+    def probe_work_waiting(self, priority: str | None = None) -> Callable[[], bool]:
+        probe = getattr(self.inner, "probe_work_waiting", None)
+        if callable(probe):
+            answer: Callable[[], bool] = probe(priority or self.priority)
+            return answer
+        waiting = self.work_waiting(priority)  # the inner scheduler cannot defer the question: asked now
+        return lambda: waiting
+
 
 def with_priority(scheduler: Scheduler, priority: str) -> Scheduler:
     """``scheduler`` sending advances with ``priority``: itself for the default (interactive) one."""

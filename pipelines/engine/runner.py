@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from adapters.base import Backlog, Scheduler, Storage
+from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.capabilities import declares
@@ -220,12 +220,15 @@ class _Turn:
             # rather than drop a message that nothing would send again.
             if cp.due_at > now + self.scheduler.precision:
                 return AdvanceResult.NOT_DUE
-            keep = self.deadline is not None and time.monotonic() < self.deadline and not self.work_waiting()
-            pipeline = pipeline_for(record)
-            admitted = self.admit(record, pipeline)
-            if isinstance(admitted, AdvanceResult):
-                return admitted
-            result, commit, reply = self.run_gated(admitted, pipeline, keep)
+            keep = self.keep_lease()
+            try:
+                pipeline = pipeline_for(record)
+                admitted = self.admit(record, pipeline)
+                if isinstance(admitted, AdvanceResult):
+                    return admitted
+                result, commit, reply = self.run_gated(admitted, pipeline, keep)
+            finally:
+                keep()  # answered already, or the question lets its connection go
             if commit is None:
                 return result
             if result is AdvanceResult.COMPLETED and reply.inbox:
@@ -273,22 +276,29 @@ class _Turn:
         self.released = True
         return AdvanceResult.FAILED
 
-    def work_waiting(self) -> bool:
-        """Whether other work of this job's priority (or higher) waits: then ``continue_for`` hands the job back.
+    def keep_lease(self) -> Callable[[], bool]:
+        """Whether the phase about to run keeps the job's lease after its commit (``continue_for``).
 
-        Anything waiting in the queue was sent before this job's next turn
-        would be, so it is older work; a new conversation never waits behind
-        a busy one.
+        It keeps it while the deadline is ahead and no other work of this
+        job's priority (or higher) waits: anything waiting in the queue was
+        sent before this job's next turn would be, so it is older work; a new
+        conversation never waits behind a busy one. The queue is asked now and
+        its answer read at the commit (a :class:`~adapters.base.BacklogProbe`
+        sends the question and goes on), so the round trip overlaps the phase.
         """
+        if self.deadline is None or time.monotonic() >= self.deadline:
+            return _NEVER
         if not declares(self.scheduler, Backlog, "work_waiting"):  # type: ignore[type-abstract]
-            return False
+            return _ALWAYS
         try:
-            return self.scheduler.work_waiting()
+            if declares(self.scheduler, BacklogProbe, "probe_work_waiting"):  # type: ignore[type-abstract]
+                return _Keep(self.scheduler.probe_work_waiting())
+            return _NEVER if self.scheduler.work_waiting() else _ALWAYS
         except PipelineError:
-            return True  # cannot tell: the fair choice is to go back to the queue
+            return _NEVER  # cannot tell: the fair choice is to go back to the queue
 
     def run_gated(self, record: JobRecord, pipeline: Pipeline,
-                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, CommitReply]:
+                  keep_lease: Callable[[], bool]) -> tuple[AdvanceResult, Commit | None, CommitReply]:
         """``run_phase`` inside a concurrency slot of the run's key (when the App limits it)."""
         if self.flow is None:
             return self.run_phase(record, pipeline, keep_lease)
@@ -326,7 +336,7 @@ class _Turn:
         return result
 
     def run_phase(self, record: JobRecord, pipeline: Pipeline,
-                  keep_lease: bool) -> tuple[AdvanceResult, Commit | None, CommitReply]:
+                  keep_lease: Callable[[], bool]) -> tuple[AdvanceResult, Commit | None, CommitReply]:
         """Run the phase and commit, in a span of the job's trace (when OpenTelemetry is on)."""
         cp = record.checkpoint
         assert cp is not None
@@ -339,7 +349,7 @@ class _Turn:
         return outcome
 
     def run_phase_in_span(self, record: JobRecord, pipeline: Pipeline,
-                          keep_lease: bool) -> tuple[AdvanceResult, Commit | None, CommitReply]:
+                          keep_lease: Callable[[], bool]) -> tuple[AdvanceResult, Commit | None, CommitReply]:
         """Run the phase and commit; ``(result, None, None)`` when fenced off."""
         job_id = record.job_id
         saver = _Saver(record, self.storage, self.scheduler, self.owner)
@@ -365,10 +375,10 @@ class _Turn:
         return result, commit, reply
 
     def commit(self, rec: JobRecord, ctx: PhaseContext[Any], outcome: transitions.Outcome,
-               keep_lease: bool) -> tuple[Commit, CommitReply]:
+               keep_lease: Callable[[], bool]) -> tuple[Commit, CommitReply]:
         out = ctx.take_output()
         now = self.scheduler.now()
-        commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now, keep_lease=keep_lease)
+        commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now, keep_lease=keep_lease())
         try:
             return commit, transitions.apply(self.storage, self.scheduler, commit)
         except InvalidInputError as exc:
@@ -379,6 +389,35 @@ class _Turn:
             kept = transitions.PhaseOutput(usage=out.usage, usage_keys=out.usage_keys)
             commit = transitions.after_phase(rec, failed, kept, owner=self.owner, now=now)
             return commit, transitions.apply(self.storage, self.scheduler, commit)
+
+
+def _never() -> bool:
+    return False
+
+
+def _always() -> bool:
+    return True
+
+
+_NEVER: Callable[[], bool] = _never
+_ALWAYS: Callable[[], bool] = _always
+
+
+class _Keep:
+    """The answer of a :class:`~adapters.base.BacklogProbe`, read once: keep the lease unless work waits."""
+
+    def __init__(self, work_waiting: Callable[[], bool]) -> None:
+        self._work_waiting: Callable[[], bool] | None = work_waiting
+        self._keep = False
+
+    def __call__(self) -> bool:
+        ask, self._work_waiting = self._work_waiting, None
+        if ask is not None:
+            try:
+                self._keep = not ask()
+            except PipelineError:
+                self._keep = False  # cannot tell: the fair choice is to go back to the queue
+        return self._keep
 
 
 def _continue_with_inbox(done: JobRecord, storage: Storage, scheduler: Scheduler, waiting: int) -> None:

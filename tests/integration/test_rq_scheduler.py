@@ -22,7 +22,7 @@ from adapters.redis import DEFAULT_PREFIX
 from adapters.rq import ADVANCE_FUNC, RQScheduler, decode_rq_job_id, parse_rq_job_id, rq_job_id
 from pipelines import JobStatus, worker
 from pipelines.app import App
-from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageUnavailableError
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.worker import advance_job
 from tests.redis_server import free_port
 
@@ -242,6 +242,83 @@ def test_advance_job_falls_back_to_the_worker_app_then_the_environment(
     worker.use_app(app)
     app.run_pipeline("multi", job_id="w1", initial_state={"n": 0})
     assert advance_job("w1", 1) == "advanced"
+
+
+# --- continue_for's question: is other work waiting? ---------------------------------------
+def in_use(client: redis.Redis) -> int:
+    return len(client.connection_pool._in_use_connections)  # type: ignore[attr-defined]
+
+
+def wait_until_redis_ran_llen(client: redis.Redis) -> None:
+    """Until a connection's last command, as the server lists it, is the question's LLEN."""
+    deadline = time.monotonic() + 5
+    while not any(c["cmd"] == "llen" for c in client.client_list()):
+        assert time.monotonic() < deadline, "the question never reached Redis"
+        time.sleep(0.001)
+
+
+def test_work_waiting_counts_the_queues_of_the_priority_and_those_above_it(scheduler: RQScheduler) -> None:
+    assert not scheduler.work_waiting() and not scheduler.work_waiting("background")
+    scheduler.schedule_advance("b", version=1, priority="background")
+    assert not scheduler.work_waiting("interactive") and scheduler.work_waiting("background")
+    scheduler.schedule_advance("i", version=1)
+    assert scheduler.work_waiting() and scheduler.work_waiting("background")
+
+
+def test_the_question_is_sent_when_asked_and_its_reply_read_when_answered(client: redis.Redis,
+                                                                          scheduler: RQScheduler) -> None:
+    answer = scheduler.probe_work_waiting()
+    assert in_use(client) == 1  # its connection is held until the reply is read
+    wait_until_redis_ran_llen(client)  # sent at once: the server has run it, nobody has read the reply
+    scheduler.schedule_advance("later", version=1)  # on another connection of the pool, meanwhile
+    assert answer() is False  # Redis counted the queue when it was asked, before the advance was sent
+    assert in_use(client) == 0  # and the connection went back in step: it serves the next question
+    assert scheduler.probe_work_waiting()() is True
+
+
+def test_a_question_whose_reply_is_an_error_fails_and_leaves_no_half_read_connection(
+        client: redis.Redis, scheduler: RQScheduler) -> None:
+    client.set(scheduler.queue.key, "not a list")  # the first of the background question's two LLENs fails
+    answer = scheduler.probe_work_waiting("background")
+    with pytest.raises(StorageError, match=r"reading queue lengths.*WRONGTYPE"):
+        answer()
+    assert in_use(client) == 0
+    client.delete(scheduler.queue.key)
+    scheduler.schedule_advance("j", version=1)
+    # Read on a connection still holding the second LLEN's reply (0), this would say False.
+    assert scheduler.work_waiting()
+
+
+def test_a_question_to_an_unreachable_redis_is_unavailable_when_answered() -> None:
+    dead = redis.Redis(host="127.0.0.1", port=free_port(), retry=Retry(NoBackoff(), 0), socket_connect_timeout=0.5)
+    answer = RQScheduler(dead).probe_work_waiting()  # asking never raises: the answer says what went wrong
+    with pytest.raises(StorageUnavailableError, match="Redis unreachable"):
+        answer()
+
+
+def test_a_turn_that_raises_under_continue_for_gives_its_question_s_connection_back(redis_url: str) -> None:
+    from adapters.redis import RedisStorage
+    from pipelines import Next, Phase
+
+    client = redis.Redis.from_url(redis_url)
+    storage = RedisStorage(client, prefix="probe-raise")
+    scheduler = RQScheduler.for_storage(storage, queue="q-probe")
+    turns: list[int] = []
+
+    def step(ctx: Any) -> Next:
+        turns.append(ctx.state)
+        if ctx.state == 1:
+            raise KeyboardInterrupt  # not an error the runner turns into data: it leaves advance_phase
+        return Next("step", state=ctx.state + 1)
+
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("step", step)]}, continue_for=60.0)
+    app.run_pipeline("p", job_id="j", initial_state=0)
+    scheduler.queue.empty()  # the job's own advance, taken by this call: no other work waits
+    with pytest.raises(KeyboardInterrupt):
+        app.try_advance("j")
+    assert turns == [0, 1]  # the first turn kept the lease (nothing waited) and the second ran in the same call
+    assert in_use(client) == 0
+    client.close()
 
 
 # --- errors at the edge -------------------------------------------------------------

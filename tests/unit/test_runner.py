@@ -17,6 +17,7 @@ from pipelines.engine.errors import (
     JobConflictError,
     StaleVersionError,
     StateNotSerializableError,
+    StorageUnavailableError,
 )
 from pipelines.engine.models import Commit
 from pipelines.engine.runner import AdvanceResult, try_advance
@@ -551,6 +552,78 @@ def test_a_phase_changing_its_state_in_place_leaves_the_earlier_turns_checkpoint
     assert job is not None and job.result == {"items": [0, 1, 2]}
     # A fork at each turn starts from the state that turn committed, not from what the phase did later.
     assert [m.state for m in job.history] == [{"items": []}, {"items": [0]}, {"items": [0, 1]}, {"items": [0, 1, 2]}]
+
+
+class ProbingScheduler(MemoryScheduler):
+    """A memory scheduler that answers ``continue_for``'s question later, as RQ's does (a BacklogProbe)."""
+
+    def __init__(self, log: list[str], waiting: bool = False, fails: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log, self.waiting, self.fails = log, waiting, fails
+
+    def probe_work_waiting(self, priority: str | None = None) -> Any:
+        self.log.append("asked")
+
+        def answer() -> bool:
+            self.log.append("answered")
+            if self.fails:
+                raise StorageUnavailableError("queue unreachable")
+            return self.waiting
+
+        return answer
+
+
+def probing_app(log: list[str], step: Any, **kwargs: Any) -> tuple[Any, MemoryStorage, ProbingScheduler]:
+    from pipelines import App
+
+    storage, _, clock = memory()
+    scheduler = ProbingScheduler(log, clock=clock, **kwargs)
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("step", step)]}, continue_for=60.0)
+    return app, storage, scheduler
+
+
+def test_continue_for_asks_the_queue_before_the_phase_and_reads_the_answer_at_its_commit() -> None:
+    log: list[str] = []
+
+    def step(ctx: PhaseContext[Any]) -> Next | Done:
+        log.append(f"phase {ctx.state}")
+        return Next("step", state=ctx.state + 1) if ctx.state < 2 else Done()
+
+    app, storage, scheduler = probing_app(log, step)
+    app.run_pipeline("p", job_id="job-1", initial_state=0)
+    assert scheduler.run_next()
+    # One question per phase, its round trip overlapping the phase; nothing waited, so one message ran all three.
+    assert log == ["asked", "phase 0", "answered", "asked", "phase 1", "answered", "asked", "phase 2", "answered"]
+    assert storage.get_job("job-1").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("answer", ["waiting", "unreachable"])
+def test_continue_for_hands_the_job_back_when_the_answer_is_work_waiting_or_none(answer: str) -> None:
+    log: list[str] = []
+
+    def step(ctx: PhaseContext[Any]) -> Next | Done:
+        log.append(f"phase {ctx.state}")
+        return Next("step", state=ctx.state + 1) if ctx.state < 2 else Done()
+
+    app, storage, scheduler = probing_app(log, step, waiting=answer == "waiting", fails=answer == "unreachable")
+    app.run_pipeline("p", job_id="job-1", initial_state=0)
+    assert scheduler.run_next()
+    assert log == ["asked", "phase 0", "answered"]
+    assert storage.lease_owner("job-1") is None and scheduler.pending() == 1  # released and queued again
+
+
+def test_a_question_asked_for_a_phase_that_raised_is_still_answered() -> None:
+    log: list[str] = []
+
+    def step(ctx: PhaseContext[Any]) -> Next:
+        log.append("phase")
+        raise Crash("the worker dies inside the phase")
+
+    app, _, scheduler = probing_app(log, step)
+    app.run_pipeline("p", job_id="job-1", initial_state=0)
+    with pytest.raises(Crash):
+        scheduler.run_next()
+    assert log == ["asked", "phase", "answered"]  # RQ's question holds a connection until it is answered
 
 
 def test_without_continue_for_each_advance_runs_one_phase() -> None:
