@@ -7,11 +7,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test lint typecheck pytest redis docs docs-check demo bench chaos format clean lock node-deps node-test bench-peers
 
-# Dependencies come from a hash-pinned lock (regenerate with `make lock`);
-# then the project itself, without letting pip resolve anything else.
+# Dependencies come from a hash-pinned lock (regenerate with `make lock`), installed exactly as written:
+# the lock is complete, so pip resolves nothing (--no-deps). Resolving would let a requirement with an extra
+# (litellm's `httpx[http2]`, where the lock holds `httpx==...` with extras stripped) pick the newest release
+# on the index and fail hash mode; `pip check` then proves the pinned set is consistent.
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --require-hashes -r requirements.lock
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(PY) -m pip check
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) .ci/check_site_packages.py
 	touch $(STAMP)
