@@ -83,9 +83,12 @@ class PipelineSource(Protocol):
         ...
 
 
-# The App an in-process scheduler is attached to, so the low-level functions
-# (run_pipeline(storage=, scheduler=)) reuse it instead of re-binding per call.
-_attached: weakref.WeakKeyDictionary[Any, App] = weakref.WeakKeyDictionary()
+# The App a scheduler belongs to, so the low-level functions (run_pipeline(storage=, scheduler=)) reuse it
+# instead of re-binding per call. Weak on both sides: an App holds its scheduler, so a strong value would keep
+# its key, and with it the App, its storage and every job a memory storage holds, alive for good. An
+# in-process scheduler keeps its App alive itself (attach holds app.advance); a queue scheduler's App lives as
+# long as its caller holds it.
+_attached: weakref.WeakKeyDictionary[Any, weakref.ref[App]] = weakref.WeakKeyDictionary()
 
 
 class App:
@@ -155,12 +158,13 @@ class App:
         if isinstance(scheduler, InProcessScheduler):
             # Attached once, here: nothing re-binds it per call.
             scheduler.attach(self.advance)
-        _attached[scheduler] = self
+        _attached[scheduler] = weakref.ref(self)
 
     @classmethod
     def for_adapters(cls, storage: Storage, scheduler: Scheduler) -> App:
         """The App already attached to ``scheduler`` with this ``storage``, else a new one (the low-level layer)."""
-        app = _attached.get(scheduler)
+        ref = _attached.get(scheduler)
+        app = None if ref is None else ref()
         if app is not None and app.storage is storage:
             return app
         return cls(storage=storage, scheduler=scheduler)

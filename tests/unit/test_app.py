@@ -240,3 +240,72 @@ def test_one_unreadable_due_record_never_stops_the_sweep_for_the_others() -> Non
     assert app.requeue_overdue(grace=1.0) == ["b-good"]
     results = dict(app.advance_due(grace=1.0))
     assert results["b-good"].value == "advanced" and results["a-bad"].value == "unknown"
+
+
+# --- an App does not outlive what refers to it ----------------------------------------------------
+
+
+class _QueueScheduler:
+    """A queue scheduler's shape (no ``attach``): the App it belongs to lives only as long as its caller holds it."""
+
+    precision = 0.001
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
+                         version: int | None = None, priority: str | None = None) -> None:
+        self.sent.append(job_id)
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
+        self.sent.append(job_id)
+
+    def now(self) -> float:
+        import time
+
+        return time.time()
+
+
+def test_an_app_dropped_after_its_runs_is_freed_with_its_storage() -> None:
+    # The registry of Apps by scheduler held each App strongly; an App holds its scheduler, so the weak key
+    # never died: every App ever made, its storage and every job in it, stayed in memory for good.
+    import gc
+    import weakref
+
+    def run_one() -> tuple[weakref.ref[Any], weakref.ref[Any]]:
+        storage, scheduler, _ = memory()
+        agent = Agent(name="a", model=ScriptedModel(["hi"]))
+        agent.run(job_id="j", messages=["go"], storage=storage, scheduler=scheduler)
+        scheduler.drain()
+        assert storage.get_job("j").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+        return weakref.ref(storage), weakref.ref(App.for_adapters(storage, scheduler))
+
+    storage_ref, app_ref = run_one()
+    gc.collect()
+    assert storage_ref() is None and app_ref() is None
+
+
+def test_the_low_level_layer_finds_the_app_a_scheduler_belongs_to_while_it_lives() -> None:
+    import gc
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, continue_for=5.0)
+    assert App.for_adapters(storage, scheduler) is app
+    del app
+    gc.collect()
+    # An in-process scheduler keeps its App alive itself: its settings are not lost behind the caller's back.
+    app = App.for_adapters(storage, scheduler)
+    assert app.continue_for == 5.0
+    assert App.for_adapters(MemoryStorage(), scheduler) is not app  # another storage: not that App
+
+    queue = _QueueScheduler()
+    held = App(storage=storage, scheduler=queue, continue_for=5.0)  # type: ignore[arg-type]
+    assert App.for_adapters(storage, queue) is held  # type: ignore[arg-type]
+    del held
+    gc.collect()
+    assert App.for_adapters(storage, queue).continue_for == 0.0  # type: ignore[arg-type]  # a new App
+    # ... and the low-level layer still writes and enqueues through it.
+    Agent(name="a", model=ScriptedModel(["hi"])).run(job_id="q", messages=["go"], storage=storage,
+                                                    scheduler=queue)  # type: ignore[arg-type]
+    assert queue.sent == ["q"] and storage.get_job("q") is not None
