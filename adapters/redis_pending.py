@@ -4,12 +4,14 @@ redis-py's sync client waits for every reply. The runner asks the queue
 whether other work waits before it runs a phase under ``continue_for``, and
 needs the answer only when it commits that phase: sending the ``LLEN`` commands
 first and reading their replies at the commit takes that round trip off the
-turn's path (one of the five in the span figure 12 of ``make bench`` times).
+turn's path (figure 12 of ``make bench`` times that span).
 
 The connection is taken out of the client's pool between the two halves, so
 no other command is written on it and no other caller reads its replies. A
 connection whose replies were not all read (an error, an interrupt) is
-disconnected before it goes back: it could not be trusted to be in step.
+disconnected before it goes back: it could not be trusted to be in step. A
+pool with a small budget is never borrowed from (:func:`can_lend`): the
+caller asks and waits instead.
 """
 
 from __future__ import annotations
@@ -19,7 +21,26 @@ from typing import Any
 
 import redis
 
-__all__ = ["PendingReplies"]
+__all__ = ["LEND_MIN_CONNECTIONS", "PendingReplies", "can_lend"]
+
+LEND_MIN_CONNECTIONS = 16
+"""A pool capped below this many connections is a budget someone sized: nothing is held out of it for a phase."""
+
+
+def can_lend(client: redis.Redis) -> bool:
+    """Whether a connection may be held out of ``client``'s pool while a phase runs.
+
+    Not from a ``BlockingConnectionPool``, nor from a pool capped below
+    :data:`LEND_MIN_CONNECTIONS`: the phase's own writes need connections from
+    the same pool, and one held by a question would make them wait (a
+    blocking pool) or fail with "Too many connections" (a plain one).
+    redis-py's own pool allows 100 unless told otherwise.
+    """
+    pool = client.connection_pool
+    if isinstance(pool, redis.BlockingConnectionPool):
+        return False
+    limit = getattr(pool, "max_connections", None)
+    return isinstance(limit, int) and limit >= LEND_MIN_CONNECTIONS
 
 
 class PendingReplies:

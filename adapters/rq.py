@@ -54,7 +54,7 @@ from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
 from adapters.redis import DEFAULT_PREFIX, check_prefix
-from adapters.redis_pending import PendingReplies
+from adapters.redis_pending import PendingReplies, can_lend
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
 
@@ -266,11 +266,23 @@ class RQScheduler:
         The ``LLEN`` commands are written at once and their replies read by the call,
         so the round trip overlaps whatever the caller does in between (the
         runner: the phase it then commits). Call it in every case; until then
-        the question holds one of the connection pool's connections.
+        the question holds one of the connection pool's connections. A
+        blocking pool, or one capped below 16 connections, is asked and
+        answered here instead (:func:`adapters.redis_pending.can_lend`), and
+        an error is then raised here.
         """
         wanted = self._queue_for(priority)
         queues = list(self.queues.values())
-        pending = PendingReplies(self.connection, [("LLEN", q.key) for q in queues[: queues.index(wanted) + 1]])
+        keys = [q.key for q in queues[: queues.index(wanted) + 1]]
+        if not can_lend(self.connection):
+            # A small or blocking pool: the phase's own writes need its connections, so ask and wait now.
+            with _redis_errors("reading queue lengths"):
+                pipe = self.connection.pipeline(transaction=False)
+                for key in keys:
+                    pipe.llen(key)
+                waiting = any(int(n) > 0 for n in pipe.execute())
+            return lambda: waiting
+        pending = PendingReplies(self.connection, [("LLEN", key) for key in keys])
 
         def answer() -> bool:
             with _redis_errors("reading queue lengths"):

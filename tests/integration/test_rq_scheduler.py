@@ -296,6 +296,35 @@ def test_a_question_to_an_unreachable_redis_is_unavailable_when_answered() -> No
         answer()
 
 
+@pytest.mark.parametrize("pool", ["blocking", "small"])
+def test_a_pool_with_a_small_budget_is_asked_at_once_and_never_lends_a_connection(redis_url: str, pool: str) -> None:
+    # A worker sized its pool: the question must not hold a connection its phase's own writes need.
+    if pool == "blocking":
+        cp: redis.ConnectionPool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=0.2)
+    else:
+        cp = redis.ConnectionPool.from_url(redis_url, max_connections=1)
+    client = redis.Redis(connection_pool=cp)
+    scheduler = RQScheduler(client, queue=f"q-budget-{pool}")
+    answer = scheduler.probe_work_waiting()
+    # Answered already, nothing held: the pool's one connection is free for the phase (else the blocking pool
+    # waits 0.2 s and raises "No connection available", the small one raises "Too many connections").
+    assert client.ping()
+    scheduler.schedule_advance("later", version=1)
+    assert answer() is False  # the answer as it was when asked
+    assert scheduler.probe_work_waiting()() is True
+    scheduler.queue.empty()
+    client.close()
+
+
+def test_which_pools_lend_a_connection_for_the_length_of_a_phase() -> None:
+    from adapters.redis_pending import LEND_MIN_CONNECTIONS, can_lend
+
+    assert can_lend(redis.Redis())  # redis-py's default pool (100 connections)
+    assert can_lend(redis.Redis(max_connections=LEND_MIN_CONNECTIONS))
+    assert not can_lend(redis.Redis(max_connections=LEND_MIN_CONNECTIONS - 1))
+    assert not can_lend(redis.Redis(connection_pool=redis.BlockingConnectionPool(max_connections=100)))
+
+
 def test_a_turn_that_raises_under_continue_for_gives_its_question_s_connection_back(redis_url: str) -> None:
     from adapters.redis import RedisStorage
     from pipelines import Next, Phase
