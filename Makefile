@@ -10,12 +10,13 @@ STAMP  := $(VENV)/.installed
 # Dependencies come from a hash-pinned lock (regenerate with `make lock`), installed exactly as written:
 # the lock is complete, so pip resolves nothing (--no-deps). Resolving would let a requirement with an extra
 # (litellm's `httpx[http2]`, where the lock holds `httpx==...` with extras stripped) pick the newest release
-# on the index and fail hash mode; `pip check` then proves the pinned set is consistent.
+# on the index and fail hash mode; `pip check` then proves the pinned set, and the project's own requirements
+# against it, are consistent.
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements.lock
-	$(PY) -m pip check
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip check
 	$(PY) .ci/check_site_packages.py
 	touch $(STAMP)
 

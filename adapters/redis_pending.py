@@ -6,63 +6,64 @@ needs the answer only when it commits that phase: sending the ``LLEN`` commands
 first and reading their replies at the commit takes that round trip off the
 turn's path (figure 12 of ``make bench`` times that span).
 
-The connection is taken out of the client's pool between the two halves, so
-no other command is written on it and no other caller reads its replies. A
-connection whose replies were not all read (an error, an interrupt) is
-disconnected before it goes back: it could not be trusted to be in step. A
-pool with a small budget is never borrowed from (:func:`can_lend`): the
-caller asks and waits instead.
+The question goes on a connection of its own, one per thread and process,
+made like the client's pool makes its connections but never lent by it: a
+connection borrowed from the pool for the length of a phase would be one the
+phase's own writes could not have (a sized or blocking pool runs out), and a
+pool with client-side caching may read whatever waits on a connection it once
+used. A connection whose replies were not all read (an error, an interrupt) is
+disconnected, so it never answers a later question with an earlier reply; a
+question asked in a parent process is never read in a child that a phase
+forked, since both hold the socket.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 
-__all__ = ["LEND_MIN_CONNECTIONS", "PendingReplies", "can_lend"]
-
-LEND_MIN_CONNECTIONS = 16
-"""A pool capped below this many connections is a budget someone sized: nothing is held out of it for a phase."""
+__all__ = ["PendingReplies", "SideConnections"]
 
 
-def can_lend(client: redis.Redis) -> bool:
-    """Whether a connection may be held out of ``client``'s pool while a phase runs.
+class SideConnections:
+    """A client's connections kept beside its pool, one per thread and process, each for one question at a time."""
 
-    Not from a ``BlockingConnectionPool``, nor from a pool capped below
-    :data:`LEND_MIN_CONNECTIONS`: the phase's own writes need connections from
-    the same pool, and one held by a question would make them wait (a
-    blocking pool) or fail with "Too many connections" (a plain one).
-    redis-py's own pool allows 100 unless told otherwise.
-    """
-    pool = client.connection_pool
-    if isinstance(pool, redis.BlockingConnectionPool):
-        return False
-    limit = getattr(pool, "max_connections", None)
-    return isinstance(limit, int) and limit >= LEND_MIN_CONNECTIONS
+    def __init__(self, client: redis.Redis) -> None:
+        self._pool = client.connection_pool
+        self._local = threading.local()
+
+    def ask(self, commands: Sequence[tuple[Any, ...]]) -> PendingReplies | None:
+        """``commands`` sent now on this thread's connection; ``None`` when it waits on another question already."""
+        local, pid = self._local, os.getpid()
+        if getattr(local, "pid", None) != pid:
+            # New in this thread, or a connection made by the process this one was forked from: its socket is
+            # the parent's too, so it is left alone (redis-py closes it without a shutdown in a child).
+            local.pid, local.conn, local.busy = pid, self._pool.connection_class(**self._pool.connection_kwargs), False
+        if local.busy:
+            return None
+        local.busy = True
+        return PendingReplies(local.conn, commands, done=lambda: setattr(local, "busy", False))
 
 
 class PendingReplies:
-    """``commands`` written to Redis at construction; :meth:`replies` reads their replies (once).
+    """``commands`` written to Redis at construction on ``conn``; :meth:`replies` reads their replies (once).
 
-    ``client``: a ``redis.Redis`` (its connection pool is used). A failure to
-    send is kept and raised by :meth:`replies`, so the caller handles every
-    Redis error in one place. Call :meth:`replies` in every case: until then
-    the request holds one of the pool's connections.
+    A failure to send is kept and raised by :meth:`replies`, so the caller
+    handles every Redis error in one place. ``done`` runs once the connection
+    is free again (its replies read, or it was disconnected).
     """
 
-    def __init__(self, client: redis.Redis, commands: Sequence[tuple[Any, ...]]) -> None:
-        self._pool = client.connection_pool
-        self._count = len(commands)
+    def __init__(self, conn: Any, commands: Sequence[tuple[Any, ...]], *, done: Any = None) -> None:
         self._conn: Any = None
+        self._count = len(commands)
+        self._pid = os.getpid()
+        self._done = done
         self._replies: list[Any] | None = None
         self._error: redis.RedisError | None = None
-        try:
-            conn: Any = self._pool.get_connection()
-        except redis.RedisError as exc:
-            self._error = exc
-            return
         try:
             conn.send_packed_command(conn.pack_commands(commands))
         except BaseException as exc:
@@ -76,7 +77,10 @@ class PendingReplies:
     def replies(self) -> list[Any]:
         """The replies, in the order of the commands; the Redis error that stopped them, raised."""
         conn, self._conn = self._conn, None
-        if conn is not None:
+        if conn is not None and os.getpid() != self._pid:
+            # A child of the process that asked: the reply belongs to the parent, which may read it too.
+            self._error = redis.ConnectionError("the question was asked in another process")
+        elif conn is not None:
             try:
                 out = [conn.read_response() for _ in range(self._count)]
             except BaseException as exc:
@@ -85,13 +89,18 @@ class PendingReplies:
                     raise
                 self._error = exc
             else:
-                self._pool.release(conn)
                 self._replies = out
+                self._free()
         if self._error is not None:
             raise self._error
         assert self._replies is not None
         return self._replies
 
     def _drop(self, conn: Any) -> None:
-        conn.disconnect()
-        self._pool.release(conn)
+        conn.disconnect()  # the next question connects again (send_packed_command does)
+        self._free()
+
+    def _free(self) -> None:
+        done, self._done = self._done, None
+        if done is not None:
+            done()

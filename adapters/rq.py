@@ -54,7 +54,7 @@ from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
 from adapters.redis import DEFAULT_PREFIX, check_prefix
-from adapters.redis_pending import PendingReplies, can_lend
+from adapters.redis_pending import SideConnections
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
 
@@ -194,6 +194,7 @@ class RQScheduler:
             if not isinstance(value, int) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
         self.connection = connection
+        self._side = SideConnections(connection)  # where probe_work_waiting asks, beside the pool
         self.namespace = namespace
         self.queue_name = queue
         self.app = app
@@ -258,37 +259,43 @@ class RQScheduler:
 
     def work_waiting(self, priority: str | None = None) -> bool:
         """Whether an advance of ``priority`` or a higher one waits in its queue (one round trip)."""
-        return self.probe_work_waiting(priority)()
+        return self._waiting_now(self._queue_keys(priority))
 
     def probe_work_waiting(self, priority: str | None = None) -> Callable[[], bool]:
         """:meth:`work_waiting` asked now, answered when the returned function is called.
 
-        The ``LLEN`` commands are written at once and their replies read by the call,
-        so the round trip overlaps whatever the caller does in between (the
-        runner: the phase it then commits). Call it in every case; until then
-        the question holds one of the connection pool's connections. A
-        blocking pool, or one capped below 16 connections, is asked and
-        answered here instead (:func:`adapters.redis_pending.can_lend`), and
-        an error is then raised here.
+        The ``LLEN`` commands are written at once and their replies read by the
+        call, so the round trip overlaps whatever the caller does in between
+        (the runner: the phase it then commits). They go on a connection of
+        this thread's own, beside the client's pool
+        (:class:`adapters.redis_pending.SideConnections`), so nothing the caller
+        does meanwhile waits for a connection. Call it in every case; a
+        second question asked on a thread before the first is answered is
+        answered at once.
         """
-        wanted = self._queue_for(priority)
-        queues = list(self.queues.values())
-        keys = [q.key for q in queues[: queues.index(wanted) + 1]]
-        if not can_lend(self.connection):
-            # A small or blocking pool: the phase's own writes need its connections, so ask and wait now.
-            with _redis_errors("reading queue lengths"):
-                pipe = self.connection.pipeline(transaction=False)
-                for key in keys:
-                    pipe.llen(key)
-                waiting = any(int(n) > 0 for n in pipe.execute())
+        keys = self._queue_keys(priority)
+        pending = self._side.ask([("LLEN", key) for key in keys])
+        if pending is None:
+            waiting = self._waiting_now(keys)
             return lambda: waiting
-        pending = PendingReplies(self.connection, [("LLEN", key) for key in keys])
 
         def answer() -> bool:
             with _redis_errors("reading queue lengths"):
                 return any(int(n) > 0 for n in pending.replies())
 
         return answer
+
+    def _queue_keys(self, priority: str | None) -> list[str]:
+        """The keys of the queues of ``priority`` and those above it."""
+        queues = list(self.queues.values())
+        return [q.key for q in queues[: queues.index(self._queue_for(priority)) + 1]]
+
+    def _waiting_now(self, keys: list[str]) -> bool:
+        with _redis_errors("reading queue lengths"):
+            pipe = self.connection.pipeline(transaction=False)
+            for key in keys:
+                pipe.llen(key)
+            return any(int(n) > 0 for n in pipe.execute())
 
     def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
                 priority: str | None = None) -> None:

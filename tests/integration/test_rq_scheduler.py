@@ -265,15 +265,20 @@ def test_work_waiting_counts_the_queues_of_the_priority_and_those_above_it(sched
     assert scheduler.work_waiting() and scheduler.work_waiting("background")
 
 
+def connections(client: redis.Redis) -> int:
+    return len(client.client_list()) - 1  # without the one asking
+
+
 def test_the_question_is_sent_when_asked_and_its_reply_read_when_answered(client: redis.Redis,
                                                                           scheduler: RQScheduler) -> None:
     answer = scheduler.probe_work_waiting()
-    assert in_use(client) == 1  # its connection is held until the reply is read
+    assert in_use(client) == 0  # on a connection of its own: the pool lends none for the length of a phase
     wait_until_redis_ran_llen(client)  # sent at once: the server has run it, nobody has read the reply
-    scheduler.schedule_advance("later", version=1)  # on another connection of the pool, meanwhile
+    scheduler.schedule_advance("later", version=1)  # on the pool's connection, meanwhile
     assert answer() is False  # Redis counted the queue when it was asked, before the advance was sent
-    assert in_use(client) == 0  # and the connection went back in step: it serves the next question
-    assert scheduler.probe_work_waiting()() is True
+    before = connections(client)
+    assert scheduler.probe_work_waiting()() is True  # the same connection, in step, serves the next question
+    assert connections(client) == before
 
 
 def test_a_question_whose_reply_is_an_error_fails_and_leaves_no_half_read_connection(
@@ -282,11 +287,10 @@ def test_a_question_whose_reply_is_an_error_fails_and_leaves_no_half_read_connec
     answer = scheduler.probe_work_waiting("background")
     with pytest.raises(StorageError, match=r"reading queue lengths.*WRONGTYPE"):
         answer()
-    assert in_use(client) == 0
     client.delete(scheduler.queue.key)
     scheduler.schedule_advance("j", version=1)
     # Read on a connection still holding the second LLEN's reply (0), this would say False.
-    assert scheduler.work_waiting()
+    assert scheduler.probe_work_waiting()() is True
 
 
 def test_a_question_to_an_unreachable_redis_is_unavailable_when_answered() -> None:
@@ -297,7 +301,7 @@ def test_a_question_to_an_unreachable_redis_is_unavailable_when_answered() -> No
 
 
 @pytest.mark.parametrize("pool", ["blocking", "small"])
-def test_a_pool_with_a_small_budget_is_asked_at_once_and_never_lends_a_connection(redis_url: str, pool: str) -> None:
+def test_a_question_never_takes_a_connection_a_sized_pool_needs(redis_url: str, pool: str) -> None:
     # A worker sized its pool: the question must not hold a connection its phase's own writes need.
     if pool == "blocking":
         cp: redis.ConnectionPool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=0.2)
@@ -306,23 +310,57 @@ def test_a_pool_with_a_small_budget_is_asked_at_once_and_never_lends_a_connectio
     client = redis.Redis(connection_pool=cp)
     scheduler = RQScheduler(client, queue=f"q-budget-{pool}")
     answer = scheduler.probe_work_waiting()
-    # Answered already, nothing held: the pool's one connection is free for the phase (else the blocking pool
-    # waits 0.2 s and raises "No connection available", the small one raises "Too many connections").
-    assert client.ping()
+    wait_until_redis_ran_llen(client)
+    # The pool's one connection is free for the phase (were the question on it, the blocking pool would wait
+    # 0.2 s and raise "No connection available", the small one raise "Too many connections").
     scheduler.schedule_advance("later", version=1)
-    assert answer() is False  # the answer as it was when asked
+    assert answer() is False  # still answered as it was when asked
     assert scheduler.probe_work_waiting()() is True
     scheduler.queue.empty()
     client.close()
 
 
-def test_which_pools_lend_a_connection_for_the_length_of_a_phase() -> None:
-    from adapters.redis_pending import LEND_MIN_CONNECTIONS, can_lend
+def test_a_second_question_before_the_first_is_answered_is_answered_at_once(scheduler: RQScheduler) -> None:
+    first = scheduler.probe_work_waiting()
+    scheduler.schedule_advance("j", version=1)
+    second = scheduler.probe_work_waiting()  # this thread's connection waits on the first: asked on the pool's
+    # Answered in the other order: on one connection the second would read the first's reply.
+    assert second() is True and first() is False
 
-    assert can_lend(redis.Redis())  # redis-py's default pool (100 connections)
-    assert can_lend(redis.Redis(max_connections=LEND_MIN_CONNECTIONS))
-    assert not can_lend(redis.Redis(max_connections=LEND_MIN_CONNECTIONS - 1))
-    assert not can_lend(redis.Redis(connection_pool=redis.BlockingConnectionPool(max_connections=100)))
+
+def test_each_thread_asks_on_its_own_connection(scheduler: RQScheduler) -> None:
+    import threading
+
+    answers: dict[str, Any] = {}
+    asked = threading.Barrier(2)
+
+    def ask(name: str) -> None:
+        answer = scheduler.probe_work_waiting()
+        asked.wait(5)  # both questions pending at once
+        answers[name] = answer()
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert answers == {"a": False, "b": False}
+
+
+def test_a_question_asked_before_a_fork_is_not_read_in_the_child(monkeypatch: pytest.MonkeyPatch,
+                                                                  scheduler: RQScheduler) -> None:
+    import os
+
+    import adapters.redis_pending as pending
+
+    answer = scheduler.probe_work_waiting()
+    child = os.getpid() + 1
+    monkeypatch.setattr(pending.os, "getpid", lambda: child)  # from here on, this is a child the phase forked
+    # Both hold the socket: the child reading would take the parent's reply (and the parent would wait for ever).
+    with pytest.raises(StorageUnavailableError, match="asked in another process"):
+        answer()
+    scheduler.schedule_advance("j", version=1)
+    assert scheduler.probe_work_waiting()() is True  # the child asks on a connection of its own
 
 
 def test_a_turn_that_raises_under_continue_for_gives_its_question_s_connection_back(redis_url: str) -> None:
@@ -347,6 +385,9 @@ def test_a_turn_that_raises_under_continue_for_gives_its_question_s_connection_b
         app.try_advance("j")
     assert turns == [0, 1]  # the first turn kept the lease (nothing waited) and the second ran in the same call
     assert in_use(client) == 0
+    # The second turn's question was read on the way out: this thread's connection is free for the next one.
+    pending = scheduler._side.ask([("PING",)])
+    assert pending is not None and pending.replies() == [b"PONG"]
     client.close()
 
 
