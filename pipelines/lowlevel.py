@@ -4,7 +4,10 @@
 One calling convention: keyword-only, the adapters passed explicitly, a
 :class:`~pipelines.handle.RunHandle` returned. Each call goes through the App
 attached to the scheduler (``App.for_adapters``), so an App's settings
-(``lease_seconds``, ``continue_for``) are never replaced behind its back.
+(``lease_seconds``, ``continue_for``) are never replaced behind its back. An
+in-process scheduler keeps its App alive itself; with a queue scheduler the
+App is found while something holds it, and a call with none held gets a new
+App with the defaults.
 """
 
 from __future__ import annotations
