@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -57,7 +57,8 @@ class PendingReplies:
     is free again (its replies read, or it was disconnected).
     """
 
-    def __init__(self, conn: Any, commands: Sequence[tuple[Any, ...]], *, done: Any = None) -> None:
+    def __init__(self, conn: Any, commands: Sequence[tuple[Any, ...]], *,
+                 done: Callable[[], None] | None = None) -> None:
         self._conn: Any = None
         self._count = len(commands)
         self._pid = os.getpid()
