@@ -29,7 +29,9 @@ decoding is unambiguous; the version suffix is split off at the last ``-v``
 Delays use ``Queue.enqueue_in``: workers must run RQ's scheduler
 (``pipelines worker`` does; ``rq worker --with-scheduler`` otherwise). Its
 precision is about a second, declared as :attr:`RQScheduler.precision` so the
-runner accepts a message that arrives that much early.
+runner accepts a message that arrives that much early. A delayed advance that
+RQ's scheduler has not moved :data:`SCHEDULER_LATE` seconds after its time is
+taken as lost: the sweep's :meth:`RQScheduler.requeue` enqueues it again.
 
 Redis errors are translated here, at the edge: connection problems become
 :class:`~pipelines.engine.errors.StorageUnavailableError`, anything else
@@ -65,6 +67,7 @@ __all__ = [
     "ADVANCE_FUNC",
     "RQJobRef",
     "RQScheduler",
+    "SCHEDULER_LATE",
     "decode_rq_job_id",
     "parse_rq_job_id",
     "rq_job_id",
@@ -84,6 +87,16 @@ DEFAULT_FAILURE_TTL = 7 * 24 * 3600
 # same id again would only run it twice. Any other state (started, finished,
 # failed, ...) may be a message that is lost or done, so we enqueue again.
 _PENDING = {RQJobStatus.QUEUED, RQJobStatus.SCHEDULED, RQJobStatus.DEFERRED, RQJobStatus.CREATED}
+
+SCHEDULER_LATE = 5.0
+"""Seconds past its time after which a delayed advance still in RQ's scheduled registry counts as lost.
+
+RQ's scheduler is one process per queue (the holder of a lock) that moves due
+messages to the queue every second. An exception (a Redis restart) ends it, and
+RQ's workers only try to start another at their maintenance, every 10 minutes:
+meanwhile the registry holds due messages that nothing moves. One that late is
+taken out of the registry and enqueued again (the sweep's recovery of I7).
+"""
 
 _ENCODE = {"_": "__", ".": "_d", ":": "_c"}
 _DECODE = {v[1]: k for k, v in _ENCODE.items()}
@@ -357,7 +370,16 @@ class RQScheduler:
             # it "queued" in no queue. Only a message still in the queue waits.
             return self.connection.lpos(q.key, rq_id) is not None
         if status == RQJobStatus.SCHEDULED:
-            return self.connection.zscore(q.scheduled_job_registry.key, rq_id) is not None
+            registry = q.scheduled_job_registry.key
+            at = self.connection.zscore(registry, rq_id)
+            if at is None:
+                return False
+            if at > time.time() - SCHEDULER_LATE:
+                return True  # not yet due, or due a moment ago: RQ's scheduler moves it
+            # No scheduler moved it (see SCHEDULER_LATE): the caller enqueues it again now. Taken out of
+            # the registry first, so a scheduler started later does not deliver it a second time.
+            self.connection.zrem(registry, rq_id)
+            return False
         return status in _PENDING
 
     def fetch(self, rq_id: str) -> Job:

@@ -19,7 +19,14 @@ from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
 from adapters.redis import DEFAULT_PREFIX
-from adapters.rq import ADVANCE_FUNC, RQScheduler, decode_rq_job_id, parse_rq_job_id, rq_job_id
+from adapters.rq import (
+    ADVANCE_FUNC,
+    SCHEDULER_LATE,
+    RQScheduler,
+    decode_rq_job_id,
+    parse_rq_job_id,
+    rq_job_id,
+)
 from pipelines import JobStatus, worker
 from pipelines.app import App
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
@@ -420,3 +427,62 @@ def test_the_sweep_puts_a_lost_advance_at_the_front_of_the_queue(redis_url: str)
     assert storage.client.llen(scheduler.queue.key) == 4  # the fresh ones, still queued, were not sent twice
     head = storage.client.lindex(scheduler.queue.key, 0)
     assert head is not None and head.decode() == rq_job_id("lost", 1)
+
+
+# --- a delayed advance that RQ's scheduler never moved --------------------------------
+def _late(client: redis.Redis, scheduler: RQScheduler, rq_id: str, seconds: float) -> None:
+    """Make ``rq_id``'s time in the scheduled registry ``seconds`` ago (a scheduler that stopped then)."""
+    client.zadd(ScheduledJobRegistry(queue=scheduler.queue).key, {rq_id: time.time() - seconds})
+
+
+def test_a_delayed_advance_no_scheduler_moved_is_enqueued_again_and_leaves_the_registry(
+        client: redis.Redis, scheduler: RQScheduler) -> None:
+    # RQ's scheduler is one process that an exception (a Redis restart) ends, restarted by RQ only at
+    # its 10-minute maintenance: a due message can sit in the registry that long.
+    scheduler.schedule_advance("stuck", 30.0, version=2)
+    registry = ScheduledJobRegistry(queue=scheduler.queue)
+    _late(client, scheduler, "pr_nstuck-v2", SCHEDULER_LATE + 10)
+    scheduler.requeue("stuck", version=2)
+    assert scheduler.queue.get_job_ids() == ["pr_nstuck-v2"]
+    assert registry.get_job_ids() == []  # a scheduler started later does not deliver it again
+    assert scheduler.fetch("pr_nstuck-v2").get_status() == "queued"
+
+
+def test_a_delayed_advance_due_a_moment_ago_is_left_to_rq_s_scheduler(client: redis.Redis,
+                                                                      scheduler: RQScheduler) -> None:
+    scheduler.schedule_advance("soon", 30.0, version=1)
+    _late(client, scheduler, "pr_nsoon-v1", SCHEDULER_LATE / 2)
+    scheduler.requeue("soon", version=1)
+    scheduler.schedule_advance("soon", version=1)
+    assert scheduler.queue.count == 0
+    assert ScheduledJobRegistry(queue=scheduler.queue).get_job_ids() == ["pr_nsoon-v1"]
+
+
+def test_the_sweep_recovers_a_retry_whose_delayed_message_no_scheduler_moved(redis_url: str) -> None:
+    from adapters.redis import RedisStorage
+    from pipelines import Done, Phase, RetryLater
+
+    calls: list[int] = []
+
+    def flaky(ctx: Any) -> Done:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RetryLater(0.01, "the effect store is down")
+        return Done()
+
+    storage = RedisStorage.from_url(redis_url)
+    scheduler = RQScheduler(storage.client, queue="late")
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", flaky)]})
+    app.run_pipeline("p", job_id="retry")
+    worker.use_app(app)  # what `pipelines worker` does: the messages name no app path
+    try:
+        run_worker(app)  # the first attempt: RetryLater puts the next advance in the scheduled registry
+        (rq_id,) = ScheduledJobRegistry(queue=scheduler.queue).get_job_ids()
+        _late(storage.client, scheduler, rq_id, SCHEDULER_LATE + 10)  # and no RQ scheduler ever moves it
+        time.sleep(0.05)  # the retry is due (0.01 s after its commit)
+        assert app.requeue_overdue(grace=0) == ["retry"]
+        run_worker(app)
+    finally:
+        worker.forget_apps()
+    rec = storage.get_job("retry")
+    assert rec is not None and rec.status is JobStatus.COMPLETE and len(calls) == 2
