@@ -236,6 +236,7 @@ class EffectsCheck:
     missing: int = 0  # expected keys never applied
     repeated: int = 0  # keys applied more than once
     repeats_after_kill: int = 0  # ... whose earlier application's process was killed before the repeat
+    repeats_after_outage: int = 0  # ... whose earlier application was just before or during a Redis outage
     repeats_unexplained: int = 0
     extra_applications: int = 0  # applications beyond one per key
 
@@ -244,8 +245,22 @@ class EffectsCheck:
         return not (self.missing or self.repeated)
 
 
-def check_effects(client: redis.Redis, job_ids: list[str], turns: int, kills: Sequence[Kill] = ()) -> EffectsCheck:
-    """Count applications per idempotency key (``chaos:applied:<job>/<call id>``) and explain the repeats."""
+OUTAGE_LEAD = 5.0
+"""Seconds before a Redis outage in which an applied effect may still be repeated after it."""
+
+
+def check_effects(client: redis.Redis, job_ids: list[str], turns: int, kills: Sequence[Kill] = (),
+                  outages: Sequence[tuple[float, float]] = ()) -> EffectsCheck:
+    """Count applications per idempotency key (``chaos:applied:<job>/<call id>``) and explain the repeats.
+
+    A repeat is explained by a kill (the earlier application's process was
+    killed before the repeat) or by an outage ``(start, end)`` of the Redis that
+    holds both the effects and the journal: an effect applied just before it
+    (:data:`OUTAGE_LEAD`) or as it began, whose journal write (or whose own
+    reply) the outage lost, is applied again once Redis is back. That is the
+    retry tool's contract (``idempotent=True``: at least once); the reconcile
+    tool must never repeat, whatever explains it.
+    """
     out = EffectsCheck()
     log: dict[str, list[tuple[float, int]]] = {}
     for raw in client.lrange(chaos_app.APPLY_LOG, 0, -1):
@@ -266,13 +281,16 @@ def check_effects(client: redis.Redis, job_ids: list[str], turns: int, kills: Se
                 out.repeated += 1
                 out.extra_applications += n - 1
                 apps = sorted(log.get(key, []))
-                explained = all(
-                    prev[1] in killed and prev[0] <= killed[prev[1]] <= nxt[0]
-                    for prev, nxt in itertools.pairwise(apps))
-                if explained and len(apps) == n:
+                pairs = list(itertools.pairwise(apps))
+                by_kill = all(prev[1] in killed and prev[0] <= killed[prev[1]] <= nxt[0] for prev, nxt in pairs)
+                by_outage = all(any(start - OUTAGE_LEAD <= prev[0] <= end <= nxt[0] for start, end in outages)
+                                for prev, nxt in pairs)
+                if len(apps) != n or not (by_kill or by_outage):
+                    out.repeats_unexplained += 1
+                elif by_kill:
                     out.repeats_after_kill += 1
                 else:
-                    out.repeats_unexplained += 1
+                    out.repeats_after_outage += 1
     return out
 
 
