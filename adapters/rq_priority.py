@@ -11,26 +11,22 @@ taken as usual): background work gets at least one take in
 
 Both classes also run ``warm_up`` (``pipelines worker`` sets it to start
 litellm's import on a background thread) once they are taking jobs, never
-before (see :class:`_DeferredWarmUp`), and start RQ's scheduler again soon
-after it ended, where RQ waits for its 10-minute maintenance (see
-:class:`_SchedulerKeeper`).
+before (see :class:`_DeferredWarmUp`), and go on through a Redis outage
+(:mod:`adapters.rq_recovery`).
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from rq import Queue, SimpleWorker, Worker
+
+from adapters.rq_recovery import RidesOutOutages, SchedulerKeeper
 
 __all__ = ["DEFAULT_BACKGROUND_EVERY", "PrioritySimpleWorker", "PriorityWorker", "priority_order"]
 
 DEFAULT_BACKGROUND_EVERY = 5
-
-logger = logging.getLogger(__name__)
 
 
 def priority_order(queues: list[Queue], taken: Queue, streak: int, every: int) -> tuple[list[Queue], int]:
@@ -76,62 +72,9 @@ class _DeferredWarmUp:
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[misc]
 
 
-class _SchedulerKeeper:
-    """Mixin over an RQ worker: RQ's scheduler is started again within seconds of ending, not minutes.
-
-    RQ runs one scheduler per queue, a process forked by the worker that took
-    its lock, and it moves delayed messages (retries, timers, deferred turns) to
-    the queue every second. Any exception ends it, a Redis restart for one, and
-    RQ's workers only try to start another at their maintenance, every 10
-    minutes. So before each take (at most every ``scheduler_check_every``
-    seconds) a worker whose scheduler is not running tries to start one. The
-    lock of a scheduler that ended stays for a minute, but under its name,
-    which is its worker's too (a forked scheduler keeps its parent's): that
-    worker takes it back at once, any other once it expires. A worker that is
-    idle is waiting in the dequeue; meanwhile the sweep's recovery
-    (:data:`adapters.rq.SCHEDULER_LATE`) delivers what waits.
-    """
-
-    scheduler_check_every: float = 5.0
-    scheduler: Any
-    _keep_scheduler: bool = False
-    _scheduler_checked: float | None = None
-
-    def _start_scheduler(self, burst: bool = False, *args: Any, **kwargs: Any) -> None:
-        self._keep_scheduler = not burst  # a burst worker moves due messages once and starts no process
-        super()._start_scheduler(burst, *args, **kwargs)  # type: ignore[misc]
-
-    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        self.keep_scheduler()
-        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[misc]
-
-    def keep_scheduler(self) -> bool:
-        """Start RQ's scheduler if it is due a check and not running; whether this call started one."""
-        scheduler = getattr(self, "scheduler", None)
-        if not self._keep_scheduler or scheduler is None:
-            return False
-        now = time.monotonic()
-        if self._scheduler_checked is not None and now - self._scheduler_checked < self.scheduler_check_every:
-            return False
-        self._scheduler_checked = now
-        process = scheduler._process  # RQ keeps its scheduler process only here (private)
-        if process is not None and process.is_alive():
-            return False
-        if process is not None:
-            logger.warning("RQ's scheduler (pid %s) ended with exit code %s; starting another", process.pid,
-                           process.exitcode)
-        try:
-            scheduler.acquire_locks(auto_start=True)
-        except redis.RedisError as exc:
-            logger.warning("could not start RQ's scheduler: %s", exc)
-            return False
-        started = scheduler._process
-        return started is not None and started is not process and started.is_alive()
-
-
-class PriorityWorker(_SchedulerKeeper, _DeferredWarmUp, _PriorityOrder, Worker):
+class PriorityWorker(RidesOutOutages, SchedulerKeeper, _DeferredWarmUp, _PriorityOrder, Worker):
     """A forking RQ worker reading its queues in priority order with a background share."""
 
 
-class PrioritySimpleWorker(_SchedulerKeeper, _DeferredWarmUp, _PriorityOrder, SimpleWorker):
+class PrioritySimpleWorker(RidesOutOutages, SchedulerKeeper, _DeferredWarmUp, _PriorityOrder, SimpleWorker):
     """An in-process RQ worker reading its queues in priority order with a background share."""

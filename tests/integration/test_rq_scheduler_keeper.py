@@ -2,7 +2,7 @@
 
 RQ's scheduler is a forked process that any exception ends (a Redis restart),
 and RQ starts another only at its 10-minute maintenance; until then delayed
-advances wait in the scheduled registry (adapters.rq_priority._SchedulerKeeper).
+advances wait in the scheduled registry (adapters.rq_recovery.SchedulerKeeper).
 """
 
 from __future__ import annotations
