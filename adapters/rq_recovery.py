@@ -15,7 +15,9 @@ scheduler process it forked ends with the first one:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -36,8 +38,8 @@ class RidesOutOutages:
     """
 
     outage_pause: float = 1.0
-    name: str
     _stop_requested: bool
+    _horse_pid: int
 
     def execute_job(self, job: Any, queue: Any) -> None:
         try:
@@ -45,6 +47,14 @@ class RidesOutOutages:
         except redis.ConnectionError as exc:
             logger.warning("Redis unreachable while RQ recorded job %s (%s); if the advance is lost, the sweep "
                            "sends it again", job.id, exc)
+            self._reap_horse()
+
+    def _reap_horse(self) -> None:
+        """Wait for a forking worker's horse that RQ stopped watching when the error came: one turn at a time."""
+        pid, self._horse_pid = getattr(self, "_horse_pid", 0), 0
+        if pid:
+            with contextlib.suppress(ChildProcessError):  # RQ had reaped it already
+                os.waitpid(pid, 0)
 
     def check_for_suspension(self, burst: bool) -> None:
         try:
