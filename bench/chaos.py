@@ -125,17 +125,21 @@ def _worker_runs(client: redis.Redis) -> int:
     return total
 
 
-def _effect_rows(t: Table, scenario: str, client: redis.Redis, jobs: list[str], turns: int, kills: list[Any]) -> None:
+def _effect_rows(t: Table, scenario: str, client: redis.Redis, jobs: list[str], turns: int, kills: list[Any],
+                 outages: list[tuple[float, float]] | None = None) -> None:
     retry_jobs, recon_jobs = jobs[0::2], jobs[1::2]
-    r = check_effects(client, retry_jobs, turns, kills)
-    c = check_effects(client, recon_jobs, turns, kills)
+    r = check_effects(client, retry_jobs, turns, kills, outages or ())
+    c = check_effects(client, recon_jobs, turns, kills, outages or ())
     t.add(scenario, "tool effects applied (idempotency keys)", f"{r.keys + c.keys - r.missing - c.missing}"
           f"/{r.keys + c.keys}", "all", r.missing + c.missing == 0)
     t.add(scenario, "duplicate effects, reconcile tool (non-idempotent)", c.repeated, "0", c.repeated == 0)
     t.add(scenario, "duplicate effects, retry tool: interrupted mid-call", r.repeats_after_kill,
           "allowed by 'retry' (<= kills)", None)
-    t.add(scenario, "duplicate effects, retry tool: not explained by a kill", r.repeats_unexplained, "0",
-          r.repeats_unexplained == 0)
+    if outages:
+        t.add(scenario, "duplicate effects, retry tool: journal write lost to the outage", r.repeats_after_outage,
+              "allowed by 'retry'", None)
+    t.add(scenario, "duplicate effects, retry tool: not explained by a kill or an outage", r.repeats_unexplained,
+          "0", r.repeats_unexplained == 0)
 
 
 # --- scenarios -------------------------------------------------------------------
@@ -280,11 +284,12 @@ def scenario_redis(cfg: Config, server: W1Server, t: Table) -> None:
         while time.monotonic() < deadline and server.requests_for(jobs) < 0.4 * total:
             time.sleep(0.05)
         at = server.requests_for(jobs)
-        down = time.monotonic()
+        down, down_at = time.monotonic(), time.time()
         procs.stop_redis()
         time.sleep(1.0)
         procs.start_redis()
         outage = time.monotonic() - down
+        window = (down_at, time.time())
         say(f"{name}: redis-server restarted after {at}/{total} model calls; outage {outage:.1f}s")
         while time.monotonic() < deadline and not _all_done(app, client, jobs):
             time.sleep(0.5)
@@ -308,7 +313,7 @@ def scenario_redis(cfg: Config, server: W1Server, t: Table) -> None:
               "100%", jc.stream_mismatch == 0)
         extra = server.requests_for(jobs) - total
         t.add(name, "duplicate model calls", extra, f"<= turns in flight ({workers})", extra <= workers)
-        _effect_rows(t, name, client, jobs, cfg.turns, [])
+        _effect_rows(t, name, client, jobs, cfg.turns, [], [window])
         if jc.examples:
             t.notes.append(f"redis: {'; '.join(jc.examples)}")
         if died:
