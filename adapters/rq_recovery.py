@@ -29,11 +29,17 @@ __all__ = ["RidesOutOutages", "SchedulerKeeper"]
 logger = logging.getLogger(__name__)
 
 
+def _outage(exc: redis.ConnectionError) -> bool:
+    """A connection refused, dropped or still loading; redis-py files refused credentials there too."""
+    return not isinstance(exc, redis.AuthenticationError | redis.exceptions.AuthorizationError)
+
+
 class RidesOutOutages:
     """Mixin over an RQ worker: a ``redis.ConnectionError`` outside the dequeue no longer ends the worker.
 
     Timeouts still do (RQ's choice: a command that hangs is a broken
-    connection, and a fresh worker is the cure). ``outage_pause`` is the wait
+    connection, and a fresh worker is the cure), and so do refused
+    credentials, which redis-py raises as a ``ConnectionError`` too. ``outage_pause`` is the wait
     before the dequeue is tried again after it failed before its own retries.
     """
 
@@ -45,6 +51,8 @@ class RidesOutOutages:
         try:
             super().execute_job(job, queue)  # type: ignore[misc]
         except redis.ConnectionError as exc:
+            if not _outage(exc):
+                raise
             logger.warning("Redis unreachable while RQ recorded job %s (%s); if the advance is lost, the sweep "
                            "sends it again", job.id, exc)
             self._reap_horse()
@@ -60,12 +68,16 @@ class RidesOutOutages:
         try:
             super().check_for_suspension(burst)  # type: ignore[misc]
         except redis.ConnectionError as exc:
+            if not _outage(exc):
+                raise
             logger.warning("Redis unreachable while checking for suspension (%s); going on", exc)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         try:
             super().heartbeat(timeout, pipeline)  # type: ignore[misc]
         except redis.ConnectionError as exc:
+            if not _outage(exc):
+                raise
             logger.warning("Redis unreachable for the worker's heartbeat (%s); going on", exc)
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
@@ -75,6 +87,8 @@ class RidesOutOutages:
             try:
                 return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[misc]
             except redis.ConnectionError as exc:
+                if not _outage(exc):
+                    raise
                 if self._stop_requested:
                     raise StopRequested() from exc
                 logger.warning("Redis unreachable (%s); trying again in %.1fs", exc, self.outage_pause)

@@ -43,3 +43,21 @@ def test_a_worker_asked_to_stop_stops_instead_of_waiting_for_redis() -> None:
     with pytest.raises(StopRequested):
         worker.dequeue_job_and_maintain_ttl(None)
     assert worker.calls == 1
+
+
+class _Refused(_Flaky):
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        self.calls += 1
+        raise redis.AuthenticationError("invalid username-password pair")
+
+
+class _RefusedWorker(RidesOutOutages, _Refused):
+    outage_pause = 0.0
+    _stop_requested = False
+
+
+def test_refused_credentials_are_no_outage_and_end_the_worker() -> None:
+    worker = _RefusedWorker(fails=0)
+    with pytest.raises(redis.AuthenticationError):  # redis-py files it under ConnectionError
+        worker.dequeue_job_and_maintain_ttl(None)
+    assert worker.calls == 1
