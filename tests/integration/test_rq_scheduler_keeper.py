@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -22,24 +21,18 @@ from rq.serializers import JSONSerializer
 
 from adapters.rq import RQScheduler
 from adapters.rq_priority import PrioritySimpleWorker, PriorityWorker
+from tests.system.conftest import wait_for
 
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def make_worker(client: redis.Redis) -> Iterator[Any]:
+def make_worker(r: redis.Redis) -> Iterator[Any]:
     """Workers on queue "keep" that check their scheduler on every take; their scheduler processes end after."""
     made: list[Any] = []
 
     def make(cls: type[Any] = PrioritySimpleWorker) -> Any:
-        worker = cls([RQScheduler(client, queue="keep").queue], connection=client, serializer=JSONSerializer)
+        worker = cls([RQScheduler(r, queue="keep").queue], connection=r, serializer=JSONSerializer)
         worker.scheduler_check_every = 0.0
         made.append(worker)
         return worker
@@ -69,17 +62,8 @@ def _start(worker: Any, *, burst: bool = False) -> None:
         gc.collect()
 
 
-def _wait(check: Any, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 @pytest.mark.parametrize("cls", [PrioritySimpleWorker, PriorityWorker])
-def test_a_scheduler_that_ended_is_started_again_and_moves_due_advances(client: redis.Redis, make_worker: Any,
+def test_a_scheduler_that_ended_is_started_again_and_moves_due_advances(r: redis.Redis, make_worker: Any,
                                                                     cls: type[Any]) -> None:
     worker = make_worker(cls)
     _start(worker)
@@ -88,15 +72,15 @@ def test_a_scheduler_that_ended_is_started_again_and_moves_due_advances(client: 
     assert worker.keep_scheduler() is False  # running: nothing to do
     os.kill(first.pid, signal.SIGKILL)  # as an exception ends it, without releasing its lock
     first.join(10)
-    assert client.get("rq:scheduler-lock:keep") is not None  # the lock outlives it (a minute)
+    assert r.get("rq:scheduler-lock:keep") is not None  # the lock outlives it (a minute)
 
     assert worker.keep_scheduler() is True
     second = worker.scheduler._process
     assert second is not first and second.is_alive()
     # ... and it does the scheduler's work: a due delayed advance reaches the queue.
-    sched = RQScheduler(client, queue="keep")
+    sched = RQScheduler(r, queue="keep")
     sched.schedule_advance("later", 0.5, version=1)
-    _wait(lambda: sched.queue.get_job_ids() == ["pr_nlater-v1"], "the scheduler to move the advance")
+    wait_for("the scheduler to move the advance", lambda: sched.queue.get_job_ids() == ["pr_nlater-v1"], 15)
     assert ScheduledJobRegistry(queue=sched.queue).get_job_ids() == []
 
 
@@ -114,7 +98,7 @@ def test_a_scheduler_is_checked_at_most_every_scheduler_check_every_seconds(make
     assert worker.keep_scheduler() is True
 
 
-def test_a_scheduler_held_by_another_worker_is_not_started_twice(client: redis.Redis, make_worker: Any) -> None:
+def test_a_scheduler_held_by_another_worker_is_not_started_twice(r: redis.Redis, make_worker: Any) -> None:
     holder, other = make_worker(), make_worker()
     _start(holder)
     _start(other)
@@ -124,7 +108,7 @@ def test_a_scheduler_held_by_another_worker_is_not_started_twice(client: redis.R
     os.kill(holder.scheduler._process.pid, signal.SIGKILL)
     holder.scheduler._process.join(10)
     assert other.keep_scheduler() is False  # its lock stays (a minute) under the holder's name
-    client.delete("rq:scheduler-lock:keep")  # ... until it expires
+    r.delete("rq:scheduler-lock:keep")  # ... until it expires
     assert other.keep_scheduler() is True
     assert holder.keep_scheduler() is False  # now the other's
 
