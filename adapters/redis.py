@@ -78,6 +78,7 @@ from adapters.redis_keys import (
     listing_keys,
 )
 from adapters.redis_listing import RedisIndexReads
+from adapters.redis_live import RedisLiveReads
 from adapters.redis_refs import JournalValues, slice_parts
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -133,7 +134,7 @@ class _Base(NamedTuple):
     size: int  # bytes of lines, for the bound
 
 
-class RedisStorage(RedisIndexReads):
+class RedisStorage(RedisIndexReads, RedisLiveReads):
     """The :class:`~adapters.base.Storage` port on Redis (standalone, Sentinel or Cluster; no modules).
 
     ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` or
@@ -143,6 +144,10 @@ class RedisStorage(RedisIndexReads):
     needs a plain Redis). Connection failures that outlast the retries raise
     :class:`StorageUnavailableError`, other Redis errors :class:`StorageError`,
     and a stored record that does not parse :class:`CorruptRecordError`.
+
+    ``live_ttl``: how long a finished job's live stream (its last turn: the
+    stream keeps only the turn in flight, see :mod:`adapters.redis_live`)
+    stays after the job finished; readers then get its durable events.
 
     ``buckets``: how many hash-tagged buckets the indexes are split into
     (:mod:`adapters.redis_keys`). ``None`` means 0 (one global index, the
@@ -189,7 +194,7 @@ class RedisStorage(RedisIndexReads):
         self.failover_timeout = float(failover_timeout)
         if isinstance(live_ttl, bool) or not isinstance(live_ttl, int | float) or not 0 < live_ttl < math.inf:
             raise ConfigurationError(f"live_ttl must be a finite number of seconds > 0, got {live_ttl!r}")
-        #: How long a finished job's live stream is kept (its durable events stay with the job).
+        #: How long a finished job's live stream (its last turn) is kept; its durable events stay with the job.
         self.live_ttl = float(live_ttl)
         #: The longest single XREAD BLOCK; below the client's socket timeout.
         self.max_block = 5.0
@@ -208,6 +213,7 @@ class RedisStorage(RedisIndexReads):
         self._reindex = client.register_script(redis_scripts.REINDEX)
         self._archive = client.register_script(redis_scripts.ARCHIVE)
         self._events = client.register_script(redis_scripts.EVENTS)
+        self._read_live = client.register_script(redis_scripts.READ_LIVE)
         #: Whether a commit that finishes a job archives its events (see adapters.redis_archive).
         self.archive_finished = archive_events
 
@@ -671,31 +677,6 @@ class RedisStorage(RedisIndexReads):
         reply = self._run(self._publish, [k.record, k.live], [uuid.uuid4().hex, *lines],
                           f"publishing to the live stream of job {job_id!r}")
         self._check_types(job_id, reply, f"publishing to the live stream of job {job_id!r}")
-
-    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
-                  block: float | None = None) -> list[Event]:
-        """Parts after the cursor, waiting up to ``block`` seconds for one (``XREAD BLOCK``, no polling).
-
-        Once a finished job's live stream has expired, its durable events are
-        replayed instead: both streams get their ids from the server clock in
-        the same script, so a live cursor still places the reader correctly.
-        """
-        if limit <= 0:
-            return []
-        k = self.keys(job_id)
-        start = after or "0-0"
-        entries: Any
-        with _mapped(f"reading the live stream of job {job_id!r}"):
-            if block is not None and block > 0:
-                # Kept under the socket timeout, so a long wait is never mistaken for a dead server.
-                ms = max(1, int(min(block, self.max_block) * 1000))
-                reply: Any = self.client.xread({k.live: start}, count=limit, block=ms)
-                entries = reply[0][1] if reply else []  # RESP2: [[key, entries]]
-            else:
-                entries = self.client.xrange(k.live, f"({start}" if after else "-", "+", count=limit)
-            if not entries and not self.client.exists(k.live):
-                return self.events(job_id, after=after, limit=limit)
-        return [self._event(job_id, entry_id, fields) for entry_id, fields in entries]
 
     def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
         """Count usage of a fenced-off attempt (outside the version fence; a re-sent call counts once)."""

@@ -25,7 +25,9 @@ commit touches only the status index it leaves and the one it enters; absent
 on records written before it, whose next commit touches them all), ``data``
 (the record JSON),
 ``version`` (decimal), ``token`` (the last commit's token), ``jver`` (the
-version the journal was written under; absent until the first commit) and
+version the journal was written under; absent until the first commit),
+``lcut`` (the id of the last event the last commit wrote: where the next
+commit cuts the live stream; absent on records written before it) and
 ``hist`` (the record's turn history, one mark's JSON per line, oldest first;
 ``data`` then has no ``history``). A record written before ``hist`` existed
 keeps its history inside ``data`` and has no ``hist`` until its next commit.
@@ -49,7 +51,8 @@ from typing import NamedTuple
 from pipelines.engine.models import JobStatus
 
 __all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "EVENTS", "INDEX_ROLES",
-           "LOAD", "PUBLISH", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND", "ArgLayout", "index_position"]
+           "LOAD", "PUBLISH", "READ_LIVE", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND", "ArgLayout",
+           "index_position"]
 
 
 class ArgLayout(NamedTuple):
@@ -171,12 +174,34 @@ local function push(key, from, to)
 end
 -- Events go to the job's stream, one entry each; the stream id is the cursor.
 -- Each is mirrored into the live stream (bounded), where the worker's text
--- deltas go too, so a client follows one ordered stream of parts.
+-- deltas go too, so a client follows one ordered stream of parts. Both copies
+-- get the same id, so a live cursor names the same place in the durable stream
+-- (readers fill what the live stream no longer holds from there: see
+-- adapters.redis_live). The live stream's ids are drawn first: it holds every
+-- durable event's id and more, so its next id is above the durable stream's
+-- last too, unless it was made anew (expired or deleted) at or below that;
+-- then the durable stream's next id serves both. Returns the last id ('' = none).
 local function add_events(key, live, from)
+  local id = ''
   for i = from, #ARGV do
-    redis.call('XADD', key, '*', 'e', ARGV[i])
-    redis.call('XADD', live, 'MAXLEN', '~', '10000', '*', 'e', ARGV[i])
+    id = redis.call('XADD', live, 'MAXLEN', '~', '10000', '*', 'e', ARGV[i])
+    local done = redis.pcall('XADD', key, id, 'e', ARGV[i])
+    if type(done) == 'table' and done.err then
+      redis.call('XDEL', live, id)
+      id = redis.call('XADD', key, '*', 'e', ARGV[i])
+      redis.call('XADD', live, 'MAXLEN', '~', '10000', id, 'e', ARGV[i])
+    end
   end
+  return id
+end
+-- The live stream keeps the turn in flight, not the job's whole life: each
+-- commit drops the parts older than the previous commit's last event (their
+-- durable events stay; a reader behind that point reads those instead). 'lcut'
+-- beside the record is where the next commit cuts.
+local function cut_live(live, last)
+  local cut = redis.call('HGET', KEYS[1], 'lcut')
+  if cut and cut ~= '' then redis.call('XTRIM', live, 'MINID', cut) end
+  if last ~= '' then redis.call('HSET', KEYS[1], 'lcut', last) end
 end
 """
 
@@ -201,7 +226,8 @@ set_history('', 0, ARGV[11])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 12, 11 + n)
 push(KEYS[3], 12 + n, 11 + n + nl)
-add_events(KEYS[6], KEYS[9], 12 + n + nl)
+local last = add_events(KEYS[6], KEYS[9], 12 + n + nl)
+if last ~= '' then redis.call('HSET', KEYS[1], 'lcut', last) end
 redis.call('SADD', KEYS[8], ARGV[1])
 index_job(ARGV[1], tonumber(ARGV[9]), ARGV[10])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
@@ -298,7 +324,7 @@ if ARGV[8] ~= '' then
 end
 push_all(KEYS[2], messages)
 push(KEYS[3], 23 + n, 22 + n + nl)
-add_events(KEYS[6], KEYS[9], 23 + n + nl)
+cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 23 + n + nl))
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
@@ -549,6 +575,41 @@ if last and ARGV[3] ~= '' then
 end
 if not past then archive = redis.call('HGET', KEYS[1], 'evz') or '' end
 return {archive, entries}
+"""
+
+# KEYS: live; ARGV: the reader's cursor ('' = from the start), count
+# Reply: false (no live stream: it expired, or the job never had one), else {entries after the cursor, gap}:
+# gap is 1 when the stream was trimmed past the cursor, so durable events older than its first entry may
+# be missing from it (adapters.redis_live fills them in), else 0. Read-only.
+READ_LIVE = _TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'live', 'stream'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local entries
+if ARGV[1] == '' then entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', ARGV[2])
+else entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2]) end
+local function id_parts(id)
+  local ms, seq = string.match(id, '^(%d+)-?(%d*)$')
+  return tonumber(ms), tonumber(seq) or 0
+end
+local gap = 0
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+local behind = #first > 0 and ARGV[1] == ''
+if #first > 0 and ARGV[1] ~= '' then
+  local cms, cseq = id_parts(ARGV[1])
+  local fms, fseq = id_parts(first[1][1])
+  behind = cms < fms or (cms == fms and cseq < fseq)
+end
+if behind then
+  -- The reader is before the stream's first entry: was anything trimmed off its front?
+  local info = redis.call('XINFO', 'STREAM', KEYS[1])
+  local length, added = 0, 0
+  for i = 1, #info, 2 do
+    if info[i] == 'length' then length = info[i + 1] elseif info[i] == 'entries-added' then added = info[i + 1] end
+  end
+  if added > length then gap = 1 end
+end
+return {entries, gap}
 """
 
 # KEYS: record, inbox; ARGV: token, then the messages (JSON lines)

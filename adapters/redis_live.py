@@ -1,0 +1,95 @@
+"""Reading a job's live stream on Redis: the turn in flight, and what the stream no longer holds.
+
+The live stream (``<prefix>:{<job>}:live``) mirrors every durable event under
+the durable event's own id, with the worker's ephemeral parts
+(``attempt_started``, ``text_delta``) between them. It keeps the turn in
+flight, not the job's whole life: every commit trims the parts older than the
+previous commit's last event (``COMMIT`` in :mod:`adapters.redis_scripts`),
+so a running conversation holds about one turn of parts however long it gets,
+and a finished job's stream (its last turn) expires ``live_ttl`` after it
+finished.
+
+A reader whose cursor is older than the stream's first entry gets the durable
+events it would have missed (from the event stream or its archive, see
+:meth:`~adapters.redis.RedisStorage.events`), then the live parts: every
+committed event exactly once, in id order, from any cursor. The text deltas
+of turns committed before the last are gone; their transcript messages are
+the truth, and each turn's ``turn_committed`` names them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from adapters.redis_archive import entry_key
+from adapters.redis_common import _mapped
+from adapters.redis_keys import JobKeys
+from pipelines.engine.models import Event
+
+__all__ = ["RedisLiveReads", "behind_first"]
+
+
+def behind_first(durable: list[Event], live: list[Event], limit: int) -> list[Event]:
+    """The durable events older than the first live part, then the live parts; at most ``limit``.
+
+    Events are in both streams under one id, so the durable ones from the live
+    part on are dropped, not repeated.
+    """
+    if live:
+        first = entry_key(live[0].id)
+        durable = [e for e in durable if entry_key(e.id) < first]
+    return [*durable, *live][:max(0, limit)]
+
+
+class RedisLiveReads:
+    """Mixed into :class:`~adapters.redis.RedisStorage`: following a job's live stream."""
+
+    client: Any
+    max_block: float
+    _read_live: Any
+
+    if TYPE_CHECKING:
+        def keys(self, job_id: str) -> JobKeys: ...
+
+        def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]: ...
+
+        def _run(self, script: Any, keys: list[str], args: list[Any], what: str, *, write: bool = True) -> Any: ...
+
+        def _check_types(self, job_id: str, reply: Any, what: str) -> None: ...
+
+        @staticmethod
+        def _event(job_id: str, entry_id: Any, raw: Any) -> Event: ...
+
+    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                  block: float | None = None) -> list[Event]:
+        """Parts after the cursor, waiting up to ``block`` seconds for one (``XREAD BLOCK``, no polling).
+
+        Parts the live stream no longer holds (turns committed before the
+        last, or a finished job's whole stream once ``live_ttl`` ran out) are
+        read from the durable events instead: ids are shared, so any cursor
+        places the reader (see the module docstring).
+        """
+        if limit <= 0:
+            return []
+        if block is not None and block > 0:
+            live = self.keys(job_id).live
+            # Kept under the socket timeout, so a long wait is never mistaken for a dead server.
+            ms = max(1, int(min(block, self.max_block) * 1000))
+            with _mapped(f"reading the live stream of job {job_id!r}"):
+                # Only a wait: what arrived is read below, with anything trimmed past the cursor meanwhile.
+                arrived = self.client.xread({live: after or "0-0"}, count=1, block=ms)
+                if not arrived and self.client.exists(live):
+                    return []
+        return self._read_now(job_id, after, limit)
+
+    def _read_now(self, job_id: str, after: str | None, limit: int) -> list[Event]:
+        what = f"reading the live stream of job {job_id!r}"
+        reply = self._run(self._read_live, [self.keys(job_id).live], [after or "", str(limit)], what, write=False)
+        self._check_types(job_id, reply, what)
+        if reply is None:  # expired (a finished job) or never made: the durable events serve the reader
+            return self.events(job_id, after=after, limit=limit)
+        entries, gap = reply
+        live = [self._event(job_id, entry_id, fields) for entry_id, fields in entries]
+        if not int(gap):
+            return live
+        return behind_first(self.events(job_id, after=after, limit=limit), live, limit)
