@@ -409,10 +409,11 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
         if reply is None:
             return None
         hist = reply[7] if len(reply) > 7 else None
-        record = self._parse(job_id, reply[0], reply[1], reply[2], reply[3], hist)
+        lines = _lines(hist) if hist is not None else []
+        record = self._parse(job_id, reply[0], reply[1], reply[2], reply[3], hist, self._known_marks(job_id, lines))
         if owner and hist is not None:
             # A worker commits next: remember what the record hash holds, so that commit sends a delta.
-            self._remember(job_id, _text(reply[6]), record.history, _lines(hist))
+            self._remember(job_id, _text(reply[6]), record.history, lines)
         if owner:
             self._remember_journal(job_id, record, reply[1], reply[2])
         waiting = int(_text(reply[4]) or 0)
@@ -441,6 +442,28 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
             self._steps.reset(job_id, record.version, values)
         else:
             self._steps.forget(job_id)
+
+    def _known_marks(self, job_id: str, lines: list[str]) -> list[TurnMark] | None:
+        """The marks of ``lines`` where this storage parsed them before: the remembered history's tail, then the rest.
+
+        A history moves by a mark or two a turn but holds up to HISTORY_LIMIT of them, so a worker
+        that loaded or committed the job before parses only the marks added since (a late turn reads
+        like an early one). ``None``: nothing remembered matches; the record is parsed whole.
+        """
+        base = self._bases.get(job_id)
+        if base is None or not base.lines or not lines:
+            return None
+        try:
+            drop = base.lines.index(lines[0])
+        except ValueError:
+            return None
+        kept = len(base.lines) - drop
+        if kept > len(lines) or lines[:kept] != base.lines[drop:]:
+            return None
+        try:
+            return [*base.marks[drop:], *(TurnMark.model_validate_json(line) for line in lines[kept:])]
+        except ValidationError:
+            return None  # parsed whole, the record says what is wrong with it
 
     def _forget_base(self, job_id: str) -> None:
         old = self._bases.pop(job_id, None)
@@ -640,8 +663,9 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
         self._check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
-        if not commit.release_lease and commit.record.status is JobStatus.RUNNING:
+        if commit.record.status is JobStatus.RUNNING:
             # The same worker commits the job's next turn without loading it (continue_for): a delta.
+            # Its next load (the next queued turn) parses only the marks added since (_known_marks).
             self._remember(job_id, commit.token, commit.record.history, marks)
         if self.archive_finished and commit.record.status in _FINISHED:
             self._archive_quietly(job_id)

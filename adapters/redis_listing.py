@@ -19,7 +19,7 @@ from adapters.base import parse_cursor
 from adapters.redis_common import _batched, _listed, _mapped, _text
 from adapters.redis_keys import JobKeys, KeyLayout
 from pipelines.engine.errors import CorruptRecordError
-from pipelines.engine.models import JobRecord, JobStatus
+from pipelines.engine.models import JobRecord, JobStatus, TurnMark
 
 __all__ = ["RedisIndexReads"]
 
@@ -43,8 +43,9 @@ class RedisIndexReads:
         def _check_read_layout(self) -> None: ...
 
     def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None,
-               hist: Any = None) -> JobRecord:
-        if hist:
+               hist: Any = None, marks: list[TurnMark] | None = None) -> JobRecord:
+        """The stored record; ``marks``: its history (``hist``) already parsed, so only ``data`` is."""
+        if hist and marks is None:
             # The turn history lives in its own field, one mark per line; 'data' has none of its own.
             data = _text(data).rstrip()
             data = f'{data[:-1]},"history":[{",".join(_text(hist).split(chr(10)))}]}}' if data else data
@@ -52,6 +53,8 @@ class RedisIndexReads:
             rec = JobRecord.model_validate_json(data)
         except ValidationError as exc:
             raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
+        if hist and marks is not None:
+            rec = rec.model_copy(update={"history": marks})
         if rec.job_id != job_id:
             raise CorruptRecordError(f"stored record of job {job_id!r} names job {rec.job_id!r}")
         if rec.checkpoint is not None and journal and _text(jver) == str(rec.version):

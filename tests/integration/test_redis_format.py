@@ -189,12 +189,54 @@ def test_a_record_without_its_status_place_is_moved_out_of_every_other_index_and
     assert where == ["status_complete"] and r.hget(key, "st") == b"complete"
 
 
-def test_the_history_base_is_kept_only_while_the_worker_keeps_the_lease(app: App) -> None:
+def test_the_history_base_is_kept_while_the_job_runs_and_forgotten_when_it_finishes(app: App) -> None:
     storage = _storage(app)
     app.run_agent("a", job_id="b1", messages=["count"])
     assert "b1" not in storage._bases  # a create: the next turn's load remembers it
-    app.advance("b1")  # a turn through the queue: the lease is released with the commit
-    assert "b1" not in storage._bases and storage._bases_bytes == sum(b.size for b in storage._bases.values())
+    app.advance("b1")  # a turn through the queue: the lease is released with the commit, the history kept
+    assert storage._bases["b1"].token == storage.client.hget(storage.keys("b1").record, "token").decode()
+    assert storage._bases_bytes == sum(b.size for b in storage._bases.values())
     kept = App(storage=storage, scheduler=MemoryScheduler(), agents=[_agent()], continue_for=30)
     kept.advance("b1")  # under continue_for: every later turn commits from the remembered base
     assert kept.get("b1").status.value == "complete" and "b1" not in storage._bases
+
+
+def test_a_load_parses_only_the_marks_added_since_this_storage_last_saw_the_history(
+        app: App, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.engine.models import TurnMark
+
+    parsed: list[str] = []
+    plain = TurnMark.model_validate_json
+    monkeypatch.setattr(TurnMark, "model_validate_json", lambda line: parsed.append(line) or plain(line))
+    storage = _storage(app)
+    app.run_agent("a", job_id="k1", messages=["count"])
+    _advance(app, "k1", HISTORY_LIMIT + 3)  # the history is full: each commit drops a mark and adds one
+    parsed.clear()
+    app.advance("k1")  # a queued turn: its load finds the history this storage committed
+    assert parsed == []
+    # Another process moves the job on two turns: this storage parses only their two marks.
+    other = App(storage=RedisStorage.from_url(redis_url, prefix="fmt"), scheduler=MemoryScheduler(),
+                agents=[_agent()])
+    _advance(other, "k1", 2)
+    loaded = storage.acquire_lease("k1", "me", 30)
+    assert loaded is not None and len(parsed) == 2
+    storage.release_lease("k1", "me")
+    fresh = RedisStorage.from_url(redis_url, prefix="fmt").get_job("k1")
+    assert fresh is not None and loaded.history == fresh.history and len(loaded.history) == HISTORY_LIMIT
+    assert loaded.model_dump() == fresh.model_dump()
+
+
+def test_a_history_rewritten_elsewhere_is_parsed_whole_and_reads_the_same(app: App, redis_url: str) -> None:
+    storage = _storage(app)
+    app.run_agent("a", job_id="k2", messages=["count"])
+    _advance(app, "k2", 5)
+    assert storage.get_job("k2") is not None and "k2" in storage._bases
+    # A full retry elsewhere rewrites the job: its history starts again from the first turn.
+    other = App(storage=RedisStorage.from_url(redis_url, prefix="fmt"), scheduler=MemoryScheduler(),
+                agents=[_agent()])
+    other.cancel("k2")
+    other.retry("k2", mode="full")
+    _advance(other, "k2", 2)
+    mine, fresh = storage.get_job("k2"), RedisStorage.from_url(redis_url, prefix="fmt").get_job("k2")
+    assert mine is not None and fresh is not None
+    assert mine.history == fresh.history and mine.model_dump() == fresh.model_dump()
