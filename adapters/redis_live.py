@@ -19,14 +19,18 @@ the truth, and each turn's ``turn_committed`` names them.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from adapters.redis_archive import entry_key
 from adapters.redis_common import _mapped
 from adapters.redis_keys import JobKeys
+from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Event
 
 __all__ = ["RedisLiveReads", "behind_first"]
+
+_STREAM_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 
 
 def behind_first(durable: list[Event], live: list[Event], limit: int) -> list[Event]:
@@ -71,6 +75,8 @@ class RedisLiveReads:
         """
         if limit <= 0:
             return []
+        if after and not _STREAM_ID.fullmatch(after):
+            raise InvalidInputError(f"stream cursor {after!r:.60} is not a stream id (<ms>-<seq>)")
         if block is not None and block > 0:
             live = self.keys(job_id).live
             # Kept under the socket timeout, so a long wait is never mistaken for a dead server.

@@ -20,6 +20,7 @@ from adapters.redis import RedisStorage
 from adapters.redis_archive import entry_key
 from adapters.rq import RQScheduler
 from pipelines import Agent, App, tool
+from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Event
 from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
@@ -183,3 +184,10 @@ def test_a_blocking_read_from_a_trimmed_cursor_gets_what_a_plain_read_gets(app: 
     waited = storage.read_live("t8", after=early.id, block=1.0)
     assert waited == storage.read_live("t8", after=early.id)
     assert waited[0].type == "turn_started" and waited[0].turn == 1  # from the durable events: no delta of turn 1
+
+
+def test_a_malformed_cursor_given_to_the_storage_itself_is_a_clear_error(app: App) -> None:
+    app.run_agent("a", job_id="t9", messages=["check the orders"])
+    for bad in ("abc", "1-2-3", "-5", "1-x", "1_0-0", " 12"):
+        with pytest.raises(InvalidInputError, match="cursor"):
+            _storage(app).read_live("t9", after=bad)
