@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoScriptError
+
 from adapters.redis_archive import entry_key
 from adapters.redis_common import _mapped
 from adapters.redis_keys import JobKeys
@@ -49,6 +51,7 @@ class RedisLiveReads:
     """Mixed into :class:`~adapters.redis.RedisStorage`: following a job's live stream."""
 
     client: Any
+    cluster: bool
     max_block: float
     _read_live: Any
 
@@ -78,19 +81,35 @@ class RedisLiveReads:
         if after and not _STREAM_ID.fullmatch(after):
             raise InvalidInputError(f"stream cursor {after!r:.60} is not a stream id (<ms>-<seq>)")
         if block is not None and block > 0:
-            live = self.keys(job_id).live
+            live, what = self.keys(job_id).live, f"reading the live stream of job {job_id!r}"
             # Kept under the socket timeout, so a long wait is never mistaken for a dead server.
             ms = max(1, int(min(block, self.max_block) * 1000))
-            with _mapped(f"reading the live stream of job {job_id!r}"):
-                # Only a wait: what arrived is read below, with anything trimmed past the cursor meanwhile.
-                arrived = self.client.xread({live: after or "0-0"}, count=1, block=ms)
-                if not arrived and self.client.exists(live):
+            with _mapped(what):
+                # XREAD BLOCK is only the wait: what arrived is read by the script, which also sees a front
+                # trimmed past the cursor meanwhile. On one Redis both go in one round trip (the script runs
+                # once the wait ends); a Cluster's client sends them one after the other.
+                if not self.cluster:
+                    pipe = self.client.pipeline(transaction=False)
+                    pipe.xread({live: after or "0-0"}, count=1, block=ms)
+                    pipe.evalsha(self._read_live.sha, 1, live, after or "", str(limit))
+                    waited, reply = pipe.execute(raise_on_error=False)
+                    if isinstance(waited, Exception):
+                        raise waited
+                    if not isinstance(reply, NoScriptError):  # else: loaded and run by _read_now
+                        if isinstance(reply, Exception):
+                            raise reply
+                        return self._parts(job_id, after, limit, reply, what)
+                elif not self.client.xread({live: after or "0-0"}, count=1, block=ms) and self.client.exists(live):
                     return []
         return self._read_now(job_id, after, limit)
 
     def _read_now(self, job_id: str, after: str | None, limit: int) -> list[Event]:
         what = f"reading the live stream of job {job_id!r}"
         reply = self._run(self._read_live, [self.keys(job_id).live], [after or "", str(limit)], what, write=False)
+        return self._parts(job_id, after, limit, reply, what)
+
+    def _parts(self, job_id: str, after: str | None, limit: int, reply: Any, what: str) -> list[Event]:
+        """The parts a READ_LIVE reply holds, with the durable events it says the reader lacks."""
         self._check_types(job_id, reply, what)
         if reply is None:  # expired (a finished job) or never made: the durable events serve the reader
             return self.events(job_id, after=after, limit=limit)

@@ -33,6 +33,7 @@ FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 
 _CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 _WAIT = 5.0  # one blocking read at most this long, then the job's status is looked at again
+_PAGE = 1000  # parts a read returns at most (Storage.read_live's default limit)
 
 
 def _check_cursor(after: object) -> str | None:
@@ -62,8 +63,10 @@ def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
     cursor = _check_cursor(after)
     load_job(storage, job_id)
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    drained = False  # the last read returned all there was: reading again at once would find nothing
     while True:
-        parts = storage.read_live(job_id, after=cursor)
+        parts = [] if drained else storage.read_live(job_id, after=cursor)
+        drained = False
         if not parts:
             if not follow:
                 return
@@ -78,6 +81,10 @@ def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
             if not parts:
                 yield None  # a consumer that went away stops here, not after the next part
                 continue
+            # Less than a page is all that had arrived: next comes the finished check and a wait (which
+            # returns at once if more came meanwhile, so a storage with smaller pages loses nothing), not
+            # another read.
+            drained = len(parts) < _PAGE
         for part in parts:
             cursor = part.id
             yield part

@@ -24,7 +24,7 @@ from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Event
 from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
-from tests.streaming_helpers import committed_texts, run_to_the_end
+from tests.streaming_helpers import committed_texts, followed_texts_match, run_to_the_end
 
 pytestmark = pytest.mark.redis
 
@@ -91,8 +91,8 @@ def test_every_event_has_the_same_id_in_the_durable_and_the_live_stream(app: App
     followed = _follow_whole_run(app, "t2")
     durable = _storage(app).events("t2")
     assert [p for p in followed if p.type not in EPHEMERAL] == durable
-    # The follower saw every delta as it came, so it has every turn's text.
-    assert turn_texts(followed) == committed_texts(app, "t2")
+    # Each turn's text the follower read as it came (all of them, unless it fell a whole turn behind).
+    assert followed_texts_match(app, "t2", followed)
 
 
 def test_a_replay_from_the_start_gets_each_committed_event_once_and_the_last_turns_text(app: App) -> None:
@@ -191,3 +191,26 @@ def test_a_malformed_cursor_given_to_the_storage_itself_is_a_clear_error(app: Ap
     for bad in ("abc", "1-2-3", "-5", "1-x", "1_0-0", " 12"):
         with pytest.raises(InvalidInputError, match="cursor"):
             _storage(app).read_live("t9", after=bad)
+
+
+def test_a_blocking_read_after_the_servers_scripts_were_flushed_still_reads_and_waits(app: App, r: redis.Redis) -> None:
+    app.run_agent("a", job_id="t10", messages=["check the orders"])
+    app.advance("t10")
+    storage = _storage(app)
+    everything = storage.read_live("t10")
+    r.script_flush()  # a restarted Redis: EVALSHA answers NOSCRIPT until the script is loaded again
+    assert storage.read_live("t10", after=everything[2].id, block=1.0) == everything[3:]
+    r.script_flush()
+    started = time.monotonic()
+    assert storage.read_live("t10", after=everything[-1].id, block=0.3) == []  # nothing new: it waited
+    assert time.monotonic() - started >= 0.25
+
+
+def test_a_follower_never_a_whole_turn_behind_gets_every_turns_text(app: App) -> None:
+    app.run_agent("a", job_id="t11", messages=["check the orders"])
+    parts: list[Event] = []
+    while app.get("t11").status.value == "running":
+        app.advance("t11")  # one commit, then the follower reads what it brought: never two commits behind
+        parts.extend(app.stream("t11", after=parts[-1].id if parts else None, follow=False))
+    assert turn_texts(parts) == committed_texts(app, "t11") and len(committed_texts(app, "t11")) == TURNS
+    assert [p for p in parts if p.type not in EPHEMERAL] == _storage(app).events("t11")

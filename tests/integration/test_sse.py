@@ -30,7 +30,7 @@ from pipelines.engine.models import Event
 from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web import sse_response
-from tests.streaming_helpers import committed_texts, run_to_the_end
+from tests.streaming_helpers import committed_texts, followed_texts_match, run_to_the_end
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 TEXT = "Order A-1 left the warehouse yesterday and should arrive within two days. " * 4
@@ -149,7 +149,9 @@ def test_a_follower_receives_the_text_live_and_the_response_ends_with_the_job(ap
                 worker.start()  # the job runs only once the client is following it
     worker.join(10)
     assert parts[0].type == "job_started" and parts[-1].type == "job_finished"
-    assert turn_texts(parts) == committed_texts(app, "r2")
+    assert followed_texts_match(app, "r2", parts)
+    if isinstance(app.storage, MemoryStorage):  # it keeps every part: nothing is behind the stream's front
+        assert turn_texts(parts) == committed_texts(app, "r2")
 
 
 def test_bad_cursors_and_unknown_jobs_are_clear_http_errors_and_nothing_is_written(app: App) -> None:

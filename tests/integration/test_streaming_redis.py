@@ -13,9 +13,8 @@ from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError
-from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
-from tests.streaming_helpers import committed_texts, run_to_the_end
+from tests.streaming_helpers import followed_texts_match, run_to_the_end
 
 pytestmark = pytest.mark.redis
 
@@ -49,7 +48,8 @@ def test_a_follower_blocked_on_redis_receives_every_part_and_the_texts_match_the
     parts.extend(stream)
     worker.join(10)
     assert parts[-1].type == "job_finished"
-    assert turn_texts(parts) == committed_texts(app, "s1")
+    assert followed_texts_match(app, "s1", parts)
+    assert [p for p in parts if p.type not in ("attempt_started", "text_delta")] == app.storage.events("s1")
     assert [p.id for p in parts] == sorted({p.id for p in parts}, key=lambda i: tuple(map(int, i.split("-"))))
 
 
