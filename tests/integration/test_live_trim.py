@@ -214,3 +214,24 @@ def test_a_follower_never_a_whole_turn_behind_gets_every_turns_text(app: App) ->
         parts.extend(app.stream("t11", after=parts[-1].id if parts else None, follow=False))
     assert turn_texts(parts) == committed_texts(app, "t11") and len(committed_texts(app, "t11")) == TURNS
     assert [p for p in parts if p.type not in EPHEMERAL] == _storage(app).events("t11")
+
+
+def test_a_live_stream_written_before_ids_were_shared_replays_each_event_once_after_two_commits(
+        app: App, r: redis.Redis) -> None:
+    app.run_agent("a", job_id="t12", messages=["check the orders"])
+    app.advance("t12")
+    storage, k = _storage(app), _storage(app).keys("t12")
+    # As an earlier version wrote it: each event's live copy under an id of its own, and no cut beside the record.
+    entries = r.xrange(k.live)
+    r.delete(k.live)
+    r.hdel(k.record, "lcut")
+    for entry_id, fields in entries:
+        ms, _, seq = entry_id.decode().partition("-")
+        r.xadd(k.live, fields, id=f"{ms}-{int(seq) + 7}")
+    old = [p for p in storage.read_live("t12") if p.type not in EPHEMERAL]
+    assert [p.type for p in old] == [e.type for e in storage.events("t12")]
+    assert not {p.id for p in old} & {e.id for e in storage.events("t12")}  # no id shared
+    app.advance("t12")  # the first commit of this version: nothing to cut yet
+    app.advance("t12")  # cuts what the one before wrote and everything older
+    replay = [p for p in storage.read_live("t12") if p.type not in EPHEMERAL]
+    assert replay == storage.events("t12")
