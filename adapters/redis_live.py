@@ -93,6 +93,8 @@ class RedisLiveReads:
                     pipe.xread({live: after or "0-0"}, count=1, block=ms)
                     pipe.evalsha(self._read_live.sha, 1, live, after or "", str(limit))
                     waited, reply = pipe.execute(raise_on_error=False)
+                    if not isinstance(reply, Exception):
+                        self._check_types(job_id, reply, what)  # a key of another type, named (before XREAD's error)
                     if isinstance(waited, Exception):
                         raise waited
                     if not isinstance(reply, NoScriptError):  # else: loaded and run by _read_now

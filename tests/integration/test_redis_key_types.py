@@ -126,6 +126,8 @@ SCRIPTS: dict[str, tuple[Callable[[RedisStorage], None], Action, tuple[str, ...]
     "SEND": (running_job, lambda s: s.send(JOB, [{"role": "user", "content": "x"}]), ("record", "inbox")),
     "PUBLISH": (running_job, lambda s: s.publish(JOB, [Event(timestamp=1.0, type="text_delta", data={"text": "x"})]),
                 ("record", "live")),
+    "READ_LIVE": (running_job, lambda s: s.read_live(JOB), ("live",)),
+    "READ_LIVE(blocking)": (running_job, lambda s: s.read_live(JOB, block=0.05), ("live",)),
 }
 COMMITS: dict[RedisStorage, Commit] = {}  # the commit of each test, built before anything is planted
 
