@@ -81,8 +81,9 @@ def test_a_running_jobs_live_stream_holds_about_one_turn_whatever_its_length(app
         app.advance("t1")
         lengths.append(r.xlen(live))
     assert app.get("t1").status.value == "running"
-    # job_started, then 5 events and a text delta or two per turn: without the cut it would grow by one turn a turn.
-    assert max(lengths) == lengths[-1] == lengths[1] < 2 * lengths[0]
+    # About 7 parts a turn (attempt_started, a text delta or two: a slow machine may flush once more, 5 events),
+    # and the previous commit's last event: without the cut it would grow by one turn a turn (~36 by the end).
+    assert max(lengths) <= min(lengths) + 3 and lengths[-1] < 2 * lengths[0]
     assert r.hget(_storage(app).keys("t1").record, "lcut") == r.xrevrange(live, count=1)[0][0]
 
 
