@@ -226,8 +226,7 @@ set_history('', 0, ARGV[11])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 12, 11 + n)
 push(KEYS[3], 12 + n, 11 + n + nl)
-local last = add_events(KEYS[6], KEYS[9], 12 + n + nl)
-if last ~= '' then redis.call('HSET', KEYS[1], 'lcut', last) end
+cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 12 + n + nl))
 redis.call('SADD', KEYS[8], ARGV[1])
 index_job(ARGV[1], tonumber(ARGV[9]), ARGV[10])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
@@ -552,26 +551,34 @@ redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
 return 'ok'
 """
 
+# Two stream ids ('<ms>-<seq>') compared as numbers: -1, 0 or 1; nil when either does not parse.
+_ID_FN = """
+local function id_cmp(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-?(%d*)$')
+  local bms, bseq = string.match(b, '^(%d+)-?(%d*)$')
+  if not ams or not bms then return nil end
+  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq) or 0, tonumber(bms), tonumber(bseq) or 0
+  if ams ~= bms then return ams < bms and -1 or 1 end
+  if aseq ~= bseq then return aseq < bseq and -1 or 1 end
+  return 0
+end
+"""
+
 # KEYS: record, events; ARGV: first id (XRANGE syntax), count ('' = all), the reader's cursor ('' = none)
 # Reply: {archive ('' = none, or none after the cursor), stream entries}, or 'corrupt:<role>:<type>'. Read-only.
-EVENTS = _TYPES_FN + """
+EVENTS = _TYPES_FN + _ID_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'events', 'stream'})
 if bad then return bad end
 local entries
 if ARGV[2] == '' then entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+')
 else entries = redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2]) end
 -- A reader already past the archive's newest entry gets none of it (a follower polling a finished job).
-local function id_parts(id)
-  local ms, seq = string.match(id, '^(%d+)-?(%d*)$')
-  return tonumber(ms), tonumber(seq) or 0
-end
 local archive = ''
 local last = redis.call('HGET', KEYS[1], 'evz_last')
 local past = false
 if last and ARGV[3] ~= '' then
-  local cms, cseq = id_parts(ARGV[3])
-  local lms, lseq = id_parts(last)
-  past = cms ~= nil and lms ~= nil and (cms > lms or (cms == lms and cseq >= lseq))
+  local c = id_cmp(ARGV[3], last)
+  past = c ~= nil and c >= 0
 end
 if not past then archive = redis.call('HGET', KEYS[1], 'evz') or '' end
 return {archive, entries}
@@ -581,24 +588,19 @@ return {archive, entries}
 # Reply: false (no live stream: it expired, or the job never had one), else {entries after the cursor, gap}:
 # gap is 1 when the stream was trimmed past the cursor, so durable events older than its first entry may
 # be missing from it (adapters.redis_live fills them in), else 0. Read-only.
-READ_LIVE = _TYPES_FN + """
+READ_LIVE = _TYPES_FN + _ID_FN + """
 local bad = wrong_type({KEYS[1], 'live', 'stream'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local entries
 if ARGV[1] == '' then entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', ARGV[2])
 else entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2]) end
-local function id_parts(id)
-  local ms, seq = string.match(id, '^(%d+)-?(%d*)$')
-  return tonumber(ms), tonumber(seq) or 0
-end
 local gap = 0
 local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
 local behind = #first > 0 and ARGV[1] == ''
 if #first > 0 and ARGV[1] ~= '' then
-  local cms, cseq = id_parts(ARGV[1])
-  local fms, fseq = id_parts(first[1][1])
-  behind = cms < fms or (cms == fms and cseq < fseq)
+  local c = id_cmp(ARGV[1], first[1][1])
+  behind = c ~= nil and c < 0
 end
 if behind then
   -- The reader is before the stream's first entry: was anything trimmed off its front?
