@@ -28,6 +28,7 @@ from pipelines.engine.errors import (
     JobConflictError,
     StaleVersionError,
 )
+from pipelines.engine.events import check_cursor
 from pipelines.engine.models import (
     Commit,
     CommitReply,
@@ -49,6 +50,19 @@ from pipelines.engine.models import (
 __all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
 
 _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+
+
+def _position(after: str | None, what: str) -> int:
+    """The position a cursor names (ids here are 1-based positions in the log); 0 for none.
+
+    The shared check comes first, so memory refuses what Redis refuses, with the same error.
+    """
+    if check_cursor(after, what) is None:
+        return 0
+    assert after is not None
+    if "-" in after:
+        raise InvalidInputError(f"{what} {after!r} is not an id this storage gave out (a position, not <ms>-<seq>)")
+    return int(after)
 
 
 class VirtualClock:
@@ -259,9 +273,7 @@ class MemoryStorage:
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
                   block: float | None = None) -> list[Event]:
         """Parts after the cursor (ids are 1-based positions); waits up to ``block`` seconds (real time)."""
-        if after and not after.isdigit():
-            raise InvalidInputError(f"stream cursor {after!r} is not an id this storage gave out")
-        start = int(after) if after else 0
+        start = _position(after, "stream cursor")
         deadline = time.monotonic() + (block or 0.0)
         with self._lock:
             while True:
@@ -354,9 +366,7 @@ class MemoryStorage:
         return [LogEntry.model_validate_json(line) for line in lines]
 
     def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
-        if after and not after.isdigit():
-            raise InvalidInputError(f"event cursor {after!r} is not an id this storage gave out")
-        start = int(after) if after else 0  # ids are 1-based positions in the log
+        start = _position(after, "event cursor")
         with self._lock:
             job = self._jobs.get(job_id)
             lines = [] if job is None else job.events[start : start + max(0, limit)]

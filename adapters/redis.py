@@ -90,6 +90,7 @@ from pipelines.engine.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import (
     Commit,
     CommitReply,
@@ -522,13 +523,9 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
 
     def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
         """Events after the cursor ``after`` (a stream id): the archived ones, then the stream's (one script)."""
-        if limit <= 0:
-            return []
-        if after:
-            try:
-                redis_archive.entry_key(after)
-            except ValueError:
-                raise InvalidInputError(f"event cursor {after!r} is not a stream id (<ms>-<seq>)") from None
+        # Checked before the limit, so a bad cursor is refused whatever the limit.
+        if check_cursor(after, "event cursor") == LAST_CURSOR or limit <= 0:
+            return []  # nothing sorts after the largest id, and XRANGE refuses to start past it
         start = "-" if not after else f"({after}"  # "(" makes the start exclusive (Redis >= 6.2)
         k = self.keys(job_id)
         what = f"reading the events of job {job_id!r}"

@@ -19,7 +19,7 @@ the truth, and each turn's ``turn_committed`` names them.
 
 from __future__ import annotations
 
-import re
+import time
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError
@@ -27,12 +27,10 @@ from redis.exceptions import NoScriptError
 from adapters.redis_archive import entry_key
 from adapters.redis_common import _mapped
 from adapters.redis_keys import JobKeys
-from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import Event
 
 __all__ = ["RedisLiveReads", "behind_first"]
-
-_STREAM_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 
 
 def behind_first(durable: list[Event], live: list[Event], limit: int) -> list[Event]:
@@ -76,10 +74,13 @@ class RedisLiveReads:
         read from the durable events instead: ids are shared, so any cursor
         places the reader (see the module docstring).
         """
+        if check_cursor(after) == LAST_CURSOR:
+            # Nothing can come after the largest id, and XRANGE refuses to start past it: the wait a
+            # follower asked for, then nothing (returning at once would make its loop spin).
+            time.sleep(max(0.0, min(block or 0.0, self.max_block)))
+            return []
         if limit <= 0:
             return []
-        if after and not _STREAM_ID.fullmatch(after):
-            raise InvalidInputError(f"stream cursor {after!r:.60} is not a stream id (<ms>-<seq>)")
         if block is not None and block > 0:
             live, what = self.keys(job_id).live, f"reading the live stream of job {job_id!r}"
             # Kept under the socket timeout, so a long wait is never mistaken for a dead server.

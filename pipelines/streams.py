@@ -18,30 +18,20 @@ turn. The committed transcript (``app.messages``) stays the truth.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Iterator
 
 from adapters.base import Storage
 from pipelines.engine.control import load_job
-from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.events import check_cursor
 from pipelines.engine.models import Event, JobStatus
 
 __all__ = ["FINISHED", "afollow", "follow", "turn_texts"]
 
 FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 
-_CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 _WAIT = 5.0  # one blocking read at most this long, then the job's status is looked at again
 _PAGE = 1000  # parts a read returns at most (Storage.read_live's default limit)
-
-
-def _check_cursor(after: object) -> str | None:
-    if after is None or after == "":
-        return None
-    if not isinstance(after, str) or not _CURSOR.fullmatch(after):
-        raise InvalidInputError(f"stream cursor {after!r:.60} is not a part id this job's stream gave out")
-    return after
 
 
 def follow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
@@ -60,7 +50,7 @@ def follow(storage: Storage, job_id: str, *, after: str | None = None, follow: b
 def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
            timeout: float | None) -> Iterator[Event | None]:
     """The parts, with ``None`` after every blocking read that found nothing (a point to stop at)."""
-    cursor = _check_cursor(after)
+    cursor = check_cursor(after)
     load_job(storage, job_id)
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     drained = False  # the last read returned all there was: reading again at once would find nothing
@@ -102,7 +92,7 @@ async def afollow(storage: Storage, job_id: str, *, after: str | None = None, fo
     Closing the iterator (a client that disconnected) stops the reads after
     at most one blocking read of the storage.
     """
-    steps = _steps(storage, job_id, _check_cursor(after), follow, timeout)
+    steps = _steps(storage, job_id, check_cursor(after), follow, timeout)
     done = object()
     while True:
         part = await asyncio.to_thread(next, steps, done)

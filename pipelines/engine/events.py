@@ -9,19 +9,55 @@ the ``on_event`` hooks and to the stdlib logger ``pipelines.engine.events`` (INF
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Event
 
-__all__ = ["make_event", "on_event", "publish"]
+__all__ = ["LAST_CURSOR", "MAX_CURSOR_PART", "check_cursor", "make_event", "on_event", "publish"]
+
+MAX_CURSOR_PART = 2**64 - 1
+"""The largest number either part of a cursor holds: a Redis stream id's parts are unsigned 64-bit."""
+LAST_CURSOR = f"{MAX_CURSOR_PART}-{MAX_CURSOR_PART}"
+"""The largest stream id: nothing comes after it (and Redis refuses to read from past it)."""
+
+# [0-9], not \d or int(): those take other scripts' digits, signs, spaces and "1_0", none of which a
+# stream ever gave out.
+_CURSOR = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_DIGITS = len(str(MAX_CURSOR_PART))
 
 logger = logging.getLogger("pipelines.events")
 
 EventHook = Callable[[str, Event], None]
 _hooks: list[EventHook] = []
 _lock = threading.Lock()
+
+
+def check_cursor(after: object, what: str = "stream cursor") -> str | None:
+    """``after`` if it is a cursor (``<n>`` or ``<ms>-<seq>``), ``None`` for no cursor (``None`` or ``""``).
+
+    The one check of every cursor a reader passes in (``app.stream``,
+    ``storage.events`` and ``read_live`` on every backend, the SSE endpoint):
+    each part is ASCII digits, at most :data:`MAX_CURSOR_PART`. Anything else
+    raises :class:`~pipelines.errors.InvalidInputError` naming ``what`` and the
+    problem, before anything is read.
+    """
+    if after is None or after == "":
+        return None
+    if not isinstance(after, str):
+        raise InvalidInputError(f"{what} must be a string (a part id), got {type(after).__name__}")
+    match = _CURSOR.fullmatch(after)
+    if match is None:
+        raise InvalidInputError(f"{what} {after!r:.60} is not a part id: expected <n> or <ms>-<seq> in ASCII digits")
+    # The length is looked at first, so int() never parses a huge string.
+    too_big = [p for p in match.groups() if p is not None and (len(p) > _DIGITS or int(p) > MAX_CURSOR_PART)]
+    if too_big:
+        raise InvalidInputError(f"{what} {after!r:.60} is out of range: each part is at most "
+                                f"2**64-1 in at most 20 digits, got {too_big[0]:.30}")
+    return after
 
 
 def make_event(type_: str, now: float, *, turn: int | None = None, phase: str | None = None, **data: Any) -> Event:

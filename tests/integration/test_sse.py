@@ -26,6 +26,7 @@ from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
 from examples.chat.app import build_app
 from pipelines import Agent, App, tool
+from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Event
 from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
@@ -164,6 +165,9 @@ def test_bad_cursors_and_unknown_jobs_are_clear_http_errors_and_nothing_is_writt
         for url, headers, status, words in [
             ("/jobs/short/stream", {"Last-Event-ID": "not-a-cursor"}, 400, "cursor"),
             ("/jobs/short/stream?cursor=12x", {}, 400, "cursor"),
+            # Past 64 bits: Redis itself refuses the id, which was a StorageError and a 500.
+            ("/jobs/short/stream", {"Last-Event-ID": "18446744073709551616-0"}, 400, "is out of range"),
+            ("/jobs/short/stream?cursor=0-18446744073709551616&format=ai-sdk", {}, 400, "is out of range"),
             ("/jobs/short/stream", {"Last-Event-ID": far}, 400, "not a part id of job 'short'"),  # another job's
             ("/jobs/nope/stream", {}, 404, "not found"),
             ("/jobs/nope/stream?format=ai-sdk", {}, 404, "not found"),
@@ -173,6 +177,16 @@ def test_bad_cursors_and_unknown_jobs_are_clear_http_errors_and_nothing_is_writt
             assert r.headers["content-type"] == "application/json" and words in r.json()["error"]
     assert {j.job_id: j.record.checkpoint for j in app.jobs()} == before
     assert app.get("nope") is None
+
+
+@pytest.mark.parametrize("cursor", ["18446744073709551616-0", "18446744073709551616", "1_0-0", "\u0661"])
+def test_app_stream_refuses_a_cursor_past_64_bits_or_not_ascii_digits_alike_on_every_backend(
+        app: App, cursor: str) -> None:
+    app.run_agent("a", job_id="c", messages=["hi"])
+    with pytest.raises(InvalidInputError, match=r"stream cursor .* (is out of range|is not a part id)"):
+        list(app.stream("c", after=cursor, follow=False))
+    with pytest.raises(InvalidInputError, match=r"stream cursor .* (is out of range|is not a part id)"):
+        list(app.stream("c", after=cursor, timeout=0.01))
 
 
 class CountingStorage(MemoryStorage):
