@@ -19,16 +19,32 @@ the two writes: :meth:`OffloadingStorage.collect_orphans` removes those.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Storage
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
 from pipelines.engine.capabilities import record_step_with_parts
-from pipelines.engine.errors import ConfigurationError
+from pipelines.engine.errors import ConfigurationError, PipelineError
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
-__all__ = ["OffloadingStorage"]
+__all__ = ["OffloadingStorage", "OrphanSweep"]
+
+logger = logging.getLogger("pipelines")
+
+
+@dataclass(frozen=True)
+class OrphanSweep:
+    """What :meth:`OffloadingStorage.collect_orphans` did.
+
+    ``removed``: the jobs whose blobs it deleted; ``failed``: job id -> why
+    its blobs could not be deleted (each also logged; the sweep went on).
+    """
+
+    removed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class OffloadingStorage:
@@ -96,19 +112,25 @@ class OffloadingStorage:
         self.blobs.delete_job(job_id)
         return deleted
 
-    def collect_orphans(self, *, older_than: float = 3600.0) -> list[str]:
+    def collect_orphans(self, *, older_than: float = 3600.0) -> OrphanSweep:
         """Delete the blobs of jobs that do not exist (a crash between a blob and its job's create or delete).
 
         Only jobs whose blobs are all older than ``older_than`` seconds: a job
         being created right now has written its blobs but not yet its record.
-        Returns the job ids whose blobs were removed.
+        A job whose blobs cannot be deleted (a link planted in a directory
+        store, a folder it did not write) is logged and reported in
+        :attr:`OrphanSweep.failed`; the sweep goes on with the others.
         """
-        removed = []
+        sweep = OrphanSweep()
         for job_id in list(self.blobs.job_ids(older_than)):
-            if self.inner.get_job(job_id) is None:
-                self.blobs.delete_job(job_id)
-                removed.append(job_id)
-        return removed
+            try:
+                if self.inner.get_job(job_id) is None:
+                    self.blobs.delete_job(job_id)
+                    sweep.removed.append(job_id)
+            except PipelineError as exc:  # one undeletable job must not keep the sweep from every later one
+                logger.error("blob orphan sweep: cannot delete the blobs of job %s: %s", job_id, exc)
+                sweep.failed[job_id] = str(exc)
+        return sweep
 
     # --- reads: references resolved -----------------------------------------------------------
     def _resolved(self, record: JobRecord | None) -> JobRecord | None:

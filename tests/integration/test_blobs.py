@@ -208,8 +208,8 @@ def test_orphans_of_a_crash_between_blob_and_job_are_collected(backend: tuple[An
     app.run_agent("bot", job_id="live", messages=["read " + "l" * BIG])
     data = b'"orphan"'
     blobs.put("gone", blob_name(data), data)  # its create_job never landed (the process died)
-    assert wrapped.collect_orphans(older_than=3600) == []  # too recent: a create may be under way
-    assert wrapped.collect_orphans(older_than=0) == ["gone"]
+    assert wrapped.collect_orphans(older_than=3600).removed == []  # too recent: a create may be under way
+    assert wrapped.collect_orphans(older_than=0).removed == ["gone"]
     assert sorted(blobs.job_ids()) == ["live"]
 
 
@@ -228,7 +228,7 @@ def test_a_crash_between_the_job_delete_and_its_blobs_leaves_orphans_the_sweep_r
         app.delete("j")
     monkeypatch.undo()
     assert inner.get_job("j") is None and list(blobs.job_ids()) == ["j"]
-    assert wrapped.collect_orphans(older_than=0) == ["j"]
+    assert wrapped.collect_orphans(older_than=0).removed == ["j"]
     assert list(blobs.job_ids()) == []
 
 
@@ -255,7 +255,7 @@ def test_a_crash_at_every_boundary_offloads_the_same_blobs_once() -> None:
         if storage.get_job("c") is None:  # the crash came before create_job: the caller never got a job
             missing += 1
             assert set(blobs._blobs["c"]) <= written  # the initial message's blob, orphaned: the sweep's work
-            assert OffloadingStorage(storage, blobs).collect_orphans(older_than=0) == ["c"]
+            assert OffloadingStorage(storage, blobs).collect_orphans(older_than=0).removed == ["c"]
             continue
         held = {n for n in clean if blobs.get("c", n) is not None}
         assert held == clean  # every reference resolves, whatever the crash point
