@@ -403,11 +403,14 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
         k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
         if owner:
             self._check_layout(job_id)  # before a worker's first turn, not before every read
-        # A read unless it takes the lease (or drops an unknown id from the indexes, which may be lost).
-        reply = self._run(self._load_script, [k.record, k.journal, k.lease, ix.due, ix.jobs], [owner, ttl_ms, job_id],
-                          f"loading job {job_id!r}", write=bool(owner))
+        # A read unless it takes the lease (the leftovers of a job whose record is gone go in a write of their own).
+        reply = self._run(self._load_script, [k.record, k.journal, k.lease, ix.due, ix.jobs, ix.listing[0]],
+                          [owner, ttl_ms, job_id], f"loading job {job_id!r}", write=bool(owner))
         self._check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
+            return None
+        if isinstance(reply, bytes | str):  # 'gone': no record, but an index still names the job
+            self._delete_leftovers(job_id)
             return None
         hist = reply[7] if len(reply) > 7 else None
         lines = _lines(hist) if hist is not None else []
@@ -491,8 +494,10 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, or ``None`` (one round trip).
 
-        An unknown job's id is also dropped from the due index and the job
-        set (a record deleted by hand would otherwise stay "due" forever).
+        A job whose record is gone (deleted by hand, evicted) while an index
+        still names it loses its other keys and index entries here, logged
+        once: its records live and die together, and its due entry would
+        otherwise be reported unknown by every sweep.
         """
         return self._load(job_id)
 
@@ -769,6 +774,19 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
         if isinstance(reply, bytes | str) and _text(reply).startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, _text(reply), f"delete expected version {if_version}"))
         return bool(reply)
+
+    def _delete_leftovers(self, job_id: str) -> None:
+        """Delete what a job whose record is gone left (keys, index entries); a job created again is left alone."""
+        what = f"deleting the leftovers of job {job_id!r}, whose record is gone"
+        reply = self._run(self._delete, self._all_keys(job_id), [job_id, "", "gone"], what)
+        self._check_types(job_id, reply, what)
+        if isinstance(reply, bytes | str):
+            return  # 'present': created again since the load saw no record
+        due, keys, listed = (int(n) for n in reply)
+        if due or keys or listed:  # a second loader racing the first finds nothing left: said once
+            _log.warning("job %s: its record is gone (deleted outside the app, or evicted); removed %s%d leftover "
+                         "key(s) (events, live stream, logs, transcript, journal, inbox) and its index entries",
+                         job_id, "its due entry, " if due else "", keys)
 
     def flow_store(self) -> Any:
         """The flow-control state on this Redis, under this prefix (a :class:`~adapters.redis_flow.RedisFlowStore`)."""

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from adapters.base import INBOX_OPEN
 from pipelines.engine.models import JobStatus
 
 __all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "EVENTS", "INDEX_ROLES",
@@ -71,7 +72,7 @@ class ArgLayout(NamedTuple):
 
 
 CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, history=10, fixed=11)
-COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=22)
+COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=23)
 
 INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
 """The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by
@@ -271,8 +272,10 @@ end
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
 #       finished_at ('' = not finished: remove), inbox_taken, status index position, updated_at,
 #       history base token ('' = the whole history follows), marks dropped from its front, marks added,
+#       ends_run ('1': refused while the inbox holds more than inbox_taken),
 #       then the messages (each JSON text or a reference into the journal), the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
+# 'inbox:<inbox count>' (the commit ends the run past messages sent meanwhile: nothing written);
 # 'stale:<why>'; 'corrupt:<role>:<type>'; 'rebase' (the history base is not the stored record's, or a
 # message reference does not match the journal: nothing written, send the history and messages whole).
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
@@ -306,10 +309,16 @@ local holder = redis.call('GET', KEYS[5])
 -- version numbers alone could match again).
 if ARGV[6] == '1' and not holder then return 'stale:expired' end
 if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
+-- The inbox and the status are checked in the step that writes them: a run never completes past
+-- messages sent while its last turn ran (the runner then ends it and goes on with them in one commit).
+if ARGV[23] == '1' then
+  local waiting = tonumber(redis.call('HGET', KEYS[1], 'inbox') or '0')
+  if waiting > tonumber(ARGV[17]) then return 'inbox:' .. waiting end
+end
 -- A history delta applies only to the history it was computed from: the one the base commit wrote.
 if ARGV[20] ~= '' and cur[2] ~= ARGV[20] then return 'rebase' end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-local messages = resolve(KEYS[4], 23, 22 + n)
+local messages = resolve(KEYS[4], 24, 23 + n)
 if not messages then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
@@ -322,8 +331,8 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 push_all(KEYS[2], messages)
-push(KEYS[3], 23 + n, 22 + n + nl)
-cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 23 + n + nl))
+push(KEYS[3], 24 + n, 23 + n + nl)
+cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 24 + n + nl))
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
@@ -395,9 +404,10 @@ for _, part in ipairs(parts) do redis.call('XADD', KEYS[4], 'MAXLEN', '~', '1000
 return 'ok'
 """
 
-# KEYS: record, journal, lease, due, jobs
+# KEYS: record, journal, lease, due, jobs, updated (the listing index of every job)
 # ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id
-# Reply: nil (unknown job, or leased by someone else), 'corrupt:<role>:<type>',
+# Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
+# the job: see below), 'corrupt:<role>:<type>',
 # else {data, jver, journal pairs, control, inbox, dropped, token, hist (nil: history inside data)}.
 LOAD = _TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
@@ -405,13 +415,18 @@ local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
 if not bad and ARGV[2] ~= '' then bad = wrong_type({KEYS[3], 'lease', 'string'}) end
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  -- No record (deleted by hand?): drop the id from the indexes, or every
-  -- sweep would report it as unknown forever. CREATE writes the record and
-  -- the indexes together, so no live job can be caught half-created here.
-  bad = wrong_type({KEYS[4], 'due', 'zset', KEYS[5], 'jobs', 'set'})
+  -- No record, but an index still names the job: its record was deleted by
+  -- hand (or evicted) and its other keys are debris. 'gone' makes the adapter
+  -- delete them all with DELETE's 'gone' mode; else every sweep would report
+  -- the due entry as unknown forever. CREATE writes the record and the indexes
+  -- together, so no live job can be caught half-created here. Nothing is
+  -- written here: a plain unknown id (most loads of one) stays one read.
+  bad = wrong_type({KEYS[4], 'due', 'zset', KEYS[5], 'jobs', 'set', KEYS[6], 'updated', 'zset'})
   if bad then return bad end
-  redis.call('ZREM', KEYS[4], ARGV[3])
-  redis.call('SREM', KEYS[5], ARGV[3])
+  if redis.call('ZSCORE', KEYS[4], ARGV[3]) or redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 1
+      or redis.call('ZSCORE', KEYS[6], ARGV[3]) then
+    return 'gone'
+  end
   return false
 end
 if ARGV[2] ~= '' then
@@ -444,8 +459,11 @@ return 0
 """
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
-# ARGV: job_id, expected version ('' = whatever it is)
-# Reply: 1 deleted, 0 unknown job, 'stale:version:<stored>' (nothing deleted).
+# ARGV: job_id, expected version ('' = whatever it is), mode ('gone': only the leftovers of a job
+# whose record is gone)
+# Reply: 1 deleted, 0 unknown job, 'stale:version:<stored>' (nothing deleted); in 'gone' mode
+# 'present' (the record is there: nothing deleted) or {due entry removed 0/1, keys deleted,
+# other index entries removed}.
 # The job's own keys are only DEL'd (any type goes); the indexes are checked.
 # With an expected version the caller checked the job's status at that version:
 # it is deleted only if nothing committed since (a retry, a continued conversation).
@@ -454,17 +472,21 @@ local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set', KEYS[10]
 if not bad then bad = index_checks() end
 if bad then return bad end
 local existed = redis.call('EXISTS', KEYS[1])
+-- A job created again since LOAD saw its record gone is a live job: left alone.
+if ARGV[3] == 'gone' and existed == 1 then return 'present' end
 if ARGV[2] ~= '' and existed == 1 then
   bad = wrong_type({KEYS[1], 'record', 'hash'})
   if bad then return bad end
   local cur = redis.call('HGET', KEYS[1], 'version')
   if cur ~= ARGV[2] then return 'stale:version:' .. tostring(cur) end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
-redis.call('ZREM', KEYS[7], ARGV[1])
-redis.call('SREM', KEYS[8], ARGV[1])
-redis.call('ZREM', KEYS[10], ARGV[1])
+local keys = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], KEYS[11])
+local due = redis.call('ZREM', KEYS[7], ARGV[1])
+-- Counted for the 'gone' mode's reply: the all-jobs listing stands for the status ones (index_job's).
+local listed = redis.call('SREM', KEYS[8], ARGV[1]) + redis.call('ZREM', KEYS[10], ARGV[1])
+    + redis.call('ZREM', KEYS[#KEYS - #INDEX_ROLES + 1], ARGV[1])
 index_job(ARGV[1], 0, 0)
+if ARGV[3] == 'gone' then return {due, keys, listed} end
 return existed
 """
 
@@ -615,9 +637,11 @@ return {entries, gap}
 """
 
 # KEYS: record, inbox; ARGV: token, then the messages (JSON lines)
-# Reply: the inbox's new length, or -1 for an unknown job. Outside the version
+# Reply: the inbox's new length, -1 for an unknown job, 'closed:<status>' (nothing
+# appended) for a job whose status takes no messages. Outside the version
 # fence (a turn in flight still commits); the count lives in the record hash.
 SEND = _TYPES_FN + _TOKENS_FN + """
+local OPEN = {""" + ", ".join(f"['{s.value}'] = true" for s in INBOX_OPEN) + """}
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'inbox', 'list'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -625,6 +649,15 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if seen('send_tokens', ARGV[1]) then
   return tonumber(redis.call('HGET', KEYS[1], 'inbox') or '0')
 end
+-- The status is read in the step that appends: a run cannot end between the check and the
+-- append, so no message lands in an inbox that no turn will read. A record written before
+-- 'st' existed has its status only inside 'data' (absent there: the default, idle).
+local st = redis.call('HGET', KEYS[1], 'st')
+if not st then
+  local ok, rec = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'data') or '')
+  st = ok and type(rec) == 'table' and type(rec.status) == 'string' and rec.status or 'idle'
+end
+if not OPEN[st] then return 'closed:' .. st end
 for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 remember('send_tokens', ARGV[1])
 return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV - 1)
