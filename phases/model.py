@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from phases.tool_calls import check_tool_calls
 from pipelines.engine.models import Message, Usage
 
 __all__ = ["Model", "ModelRequest", "ModelResponse"]
@@ -56,8 +57,8 @@ class ModelResponse(BaseModel):
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
-        calls = self.message.get("tool_calls") or []
-        return list(calls)
+        """The answer's tool calls; ``PermanentModelError`` naming ``tool_calls`` if they are not a list."""
+        return check_tool_calls(self.message.get("tool_calls"))
 
 
 @runtime_checkable

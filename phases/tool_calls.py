@@ -7,7 +7,9 @@ assistant message carries the same ids, so the model always sees each call
 answered under its own id; a re-run after a crash replays the journaled,
 already fixed answer.
 
-* ``tool_calls`` given as one dict (not a list) becomes a list of one.
+* ``tool_calls`` that is not a list (one dict, a string, ...) is refused with
+  :class:`~pipelines.errors.PermanentModelError` naming it: a model adapter
+  that answers so is broken, and guessing what it meant would hide that.
 * A call that is not a dict, or whose ``function`` is not one, becomes a call
   naming no tool; its tool message is an error the model reads.
 * ``arguments`` that are not a string become their JSON text (a dict is
@@ -24,9 +26,24 @@ import json
 from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
+from pipelines.engine.errors import PermanentModelError
 from pipelines.engine.models import Message
 
-__all__ = ["call_ids", "normalise_tool_calls"]
+__all__ = ["call_ids", "check_tool_calls", "normalise_tool_calls"]
+
+
+def check_tool_calls(raw: Any) -> list[Any]:
+    """The calls of an answer's ``tool_calls`` (``None``: none); anything but a list raises, naming the field.
+
+    A dict or a string is not coerced: ``list()`` would make a dict its keys and a string its
+    characters, and wrapping one bare call hides the adapter bug that produced it.
+    """
+    if raw is None:
+        return []
+    if not isinstance(raw, list | tuple):
+        raise PermanentModelError(f"the model answered tool_calls as a {type(raw).__name__} ({raw!r:.80}); "
+                                  "expected a list of calls (OpenAI chat format), even for one call")
+    return list(raw)
 
 
 def normalise_tool_calls(message: Message, turn: int, history: Iterable[Message] = (), *,
@@ -36,13 +53,12 @@ def normalise_tool_calls(message: Message, turn: int, history: Iterable[Message]
     ``taken``: the ids ``history`` holds (``call_ids(history)``), when the
     caller keeps them; then ``history`` is not read. Deterministic: the same
     answer after the same history gives the same ids. A message without tool
-    calls is returned as it is.
+    calls is returned as it is; ``tool_calls`` that is not a list raises
+    :class:`~pipelines.errors.PermanentModelError` (see :func:`check_tool_calls`).
     """
-    raw = message.get("tool_calls")
-    if not raw:
+    items = check_tool_calls(message.get("tool_calls"))
+    if not items:
         return message
-    # One call given bare (a dict), or junk, becomes a list of one (junk gets an error).
-    items = list(raw) if isinstance(raw, list | tuple) else [raw]
     calls = [_well_formed(item) for item in items]
     ids = _unique_ids([item.get("id") if isinstance(item, Mapping) else None for item in items],
                       turn, call_ids(history) if taken is None else taken)

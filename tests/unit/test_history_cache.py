@@ -14,6 +14,7 @@ from phases.compaction import MARKER_KEY, marker, view_marker
 from phases.history_cache import HistoryCache
 from phases.tool_calls import call_ids, normalise_tool_calls
 from pipelines import tool
+from pipelines.engine.errors import PermanentModelError
 from pipelines.engine.models import Checkpoint
 from pipelines.testing import ScriptedModel
 
@@ -130,14 +131,17 @@ def test_normalising_against_kept_ids_equals_normalising_against_the_whole_histo
     if not isinstance(answer, dict) or not answer.get("tool_calls"):
         answer = {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}, {"id": "c"}, {"id": None}]}
     turn = rng.randint(0, 9)
+    if not isinstance(answer["tool_calls"], list):  # one call given bare: refused, never guessed at
+        with pytest.raises(PermanentModelError, match="tool_calls as a dict"):
+            normalise_tool_calls(answer, turn, history)
+        return
     whole = normalise_tool_calls(answer, turn, history)
     assert normalise_tool_calls(answer, turn, taken=kept) == whole
     assert normalise_tool_calls(answer, turn, [{"role": "assistant", "tool_calls": [{"id": "ignored"}]}],
                                 taken=kept) == whole  # given ids, the history is not read
     new = [c["id"] for c in whole.get("tool_calls") or []]
     assert len(set(new)) == len(new) and not set(new) & call_ids(history)
-    raw = answer["tool_calls"] if isinstance(answer["tool_calls"], list) else [answer["tool_calls"]]
-    given = [c.get("id") if isinstance(c, dict) else None for c in raw]
+    given = [c.get("id") if isinstance(c, dict) else None for c in answer["tool_calls"]]
     assert new == reference_ids(given, turn, call_ids(history))
 
 

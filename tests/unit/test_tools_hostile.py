@@ -14,10 +14,11 @@ import pytest
 
 from adapters.memory import MemoryStorage
 from phases.approvals import record_tool_result
+from phases.model import ModelResponse
 from phases.tool_runner import run_tools
 from phases.tools import tool_map
 from pipelines import Agent, JobStatus, Tool, ToolContext, run_pipeline, tool
-from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.errors import InvalidInputError, PermanentModelError
 from pipelines.engine.phase import Done, Phase, PhaseContext
 from pipelines.testing import ScriptedModel, SimulatedCrash, call, reply, transcript_problems
 from tests.unit.helpers import Crash, memory
@@ -128,8 +129,6 @@ def test_the_fixed_ids_are_journaled_so_a_rerun_after_a_crash_answers_the_same_i
 @pytest.mark.parametrize(
     ("tool_calls", "expected"),
     [
-        pytest.param({"function": {"name": "echo", "arguments": "{\"text\": 1}"}}, "invalid arguments",
-                     id="a-dict-not-a-list"),
         pytest.param(["echo"], "names no tool", id="call-not-a-dict"),
         pytest.param([5], "names no tool", id="call-is-a-number"),
         pytest.param([{"function": "echo"}], "names no tool", id="function-not-a-dict"),
@@ -145,6 +144,24 @@ def test_malformed_calls_become_errors_the_model_reads(tool_calls: Any, expected
     assert content.startswith("Error:") and expected in content
     assert seen_keys == []
     assert storage.get_job("j").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("tool_calls", [
+    pytest.param({"id": "c1", "function": {"name": "echo", "arguments": "{\"text\": \"A\"}"}}, id="one-dict"),
+    pytest.param("echo", id="a-string"),
+    pytest.param({}, id="an-empty-dict"),
+    pytest.param("", id="an-empty-string"),
+])
+def test_tool_calls_that_are_not_a_list_fail_the_job_naming_tool_calls_and_run_nothing(tool_calls: Any) -> None:
+    # Not coerced: list() makes a dict its keys and a string its characters, and wrapping one bare
+    # call hides the broken model adapter. The job ends as data (status error, a readable reason).
+    storage = run([{"role": "assistant", "content": None, "tool_calls": tool_calls}, "ok"], [echo])
+    job = storage.get_job("j")
+    assert job is not None and job.status is JobStatus.ERROR
+    assert "tool_calls as a " + type(tool_calls).__name__ in str(job.error) and "expected a list" in str(job.error)
+    assert seen_keys == [] and [m["role"] for m in storage.messages("j")] == ["user"]
+    with pytest.raises(PermanentModelError, match="tool_calls as a"):
+        _ = ModelResponse(message={"role": "assistant", "tool_calls": tool_calls}).tool_calls
 
 
 def test_arguments_given_as_an_object_are_stored_as_text_and_run() -> None:
