@@ -27,7 +27,7 @@ from typing import Any
 from adapters.base import Storage
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
 from pipelines.engine.capabilities import record_step_with_parts
-from pipelines.engine.errors import ConfigurationError, PipelineError
+from pipelines.engine.errors import ConfigurationError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
 __all__ = ["OffloadingStorage", "OrphanSweep"]
@@ -77,22 +77,44 @@ class OffloadingStorage:
         packed = self.offloader.pack_messages(record.job_id, messages, "a transcript message")
         self.inner.create_job(record, messages=packed, logs=logs, events=events)
 
+    def _check_lease(self, job_id: str, owner: str | None, what: str) -> None:
+        """Before a worker's blobs are written: refuse a write the storage would refuse for its lease anyway.
+
+        A worker whose job was deleted under it (or whose lease ran out) would
+        otherwise put its large values back under a job that is gone, where
+        only the orphan sweep would find them. One read, and only for a write
+        that has a blob; a delete landing between it and the put is the
+        sweep's (:meth:`collect_orphans`).
+        """
+        if owner is not None and self.inner.lease_owner(job_id) != owner:
+            raise StaleVersionError(f"job {job_id!r}: this worker no longer holds its lease (the job was deleted, "
+                                    f"or the lease expired); {what}, its large values not stored")
+
     def commit(self, commit: Commit) -> CommitReply:
         """Apply ``commit`` with its large appended messages offloaded (written before the commit)."""
         if commit.append_messages:
-            packed = self.offloader.pack_messages(commit.job_id, commit.append_messages, "a transcript message")
-            commit = commit.model_copy(update={"append_messages": packed})
+            encoded = self.offloader.encode_messages(commit.job_id, commit.append_messages, "a transcript message")
+            if any(data is not None for _, data in encoded):
+                self._check_lease(commit.job_id, commit.owner, f"commit expected {commit.expected_version}")
+            commit = commit.model_copy(update={"append_messages": self.offloader.put_blobs(commit.job_id, encoded)})
         return self.inner.commit(commit)
+
+    def _pack_step(self, job_id: str, version: int, owner: str | None, key: str, value: JSONValue) -> JSONValue:
+        stored, data = self.offloader.encode(job_id, value, f"result of step {key!r}")
+        if data is not None:
+            self._check_lease(job_id, owner, f"step {key!r} at version {version} not recorded")
+            self.offloader.put_blobs(job_id, [(stored, data)])
+        return stored
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal a step result, a large one as a reference."""
-        stored = self.offloader.pack(job_id, value, f"result of step {key!r}")
+        stored = self._pack_step(job_id, version, owner, key, value)
         self.inner.record_step(job_id, version=version, owner=owner, key=key, value=stored)
 
     def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
                                 parts: Sequence[Event]) -> None:
         """Journal a step result (a large one as a reference) and publish ``parts`` with it."""
-        stored = self.offloader.pack(job_id, value, f"result of step {key!r}")
+        stored = self._pack_step(job_id, version, owner, key, value)
         record_step_with_parts(self.inner, job_id, version=version, owner=owner, key=key, value=stored, parts=parts)
 
     def send(self, job_id: str, messages: Sequence[Message]) -> int | None:

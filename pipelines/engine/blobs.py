@@ -159,8 +159,15 @@ class Offloader:
 
         Every message is checked before any blob is written, so bad input writes nothing.
         """
+        return self.put_blobs(job_id, self.encode_messages(job_id, messages, what))
+
+    def encode_messages(self, job_id: str, messages: Any, what: str) -> list[tuple[JSONValue, bytes | None]]:
+        """:meth:`encode` of each message (each checked as a message first); nothing written."""
         checked = check_messages(list(messages), what)
-        encoded = [self.encode(job_id, m, what) for m in checked]
+        return [self.encode(job_id, m, what) for m in checked]
+
+    def put_blobs(self, job_id: str, encoded: list[tuple[JSONValue, bytes | None]]) -> list[JSONValue]:
+        """Write the blobs of :meth:`encode_messages`'s values; the values as storage keeps them."""
         for stored, data in encoded:
             if data is not None:
                 self.store.put(job_id, stored[BLOB_KEY]["name"], data)
