@@ -20,6 +20,30 @@ Waking is a compare-and-set on the parent's version (``children_done``): the
 children's outcomes go into the open checkpoint's inputs (``tool:<call id>``
 is the tool result the model reads, ``child:<call id>`` the structured
 outcome a phase reads) and their usage into the parent's, exactly once.
+
+Two rules hold every child run (issue 30):
+
+* **An invariant between two records is checked in the same atomic step that
+  writes** (child ownership, fork and rerun identity). A child's record names
+  its parent and call (``parent_job``, ``parent_call``), written by the create
+  that refuses a taken id and never changed after: ``start_child`` adopts a
+  job found under a child's id only if it names this parent and call (else
+  :class:`~pipelines.engine.errors.JobConflictError`, and the model reads
+  why), also when another worker's create won the race; the wake-up and the
+  family walks (cancel, resume) skip a job that does not name its parent. A
+  child its parent still waits for is not deleted (``App.delete`` refuses,
+  retention skips it: :func:`awaited_by`), and a child that is gone all the
+  same is read as failed, never as still running.
+* **Nothing recursive over a depth a user or a model controls; every fan-out
+  has a limit.** A family is at most :data:`MAX_DEPTH` (8) parents deep: a
+  job at that depth that asks for a child gets
+  :class:`~pipelines.engine.errors.InvalidInputError` from ``start_child``,
+  which a tool call hands to the model as its result ("Error: ...") and an
+  ``agent_phase`` fails its job with. One turn starts at most
+  :data:`MAX_CHILDREN_PER_TURN` (64) children: the child-starting calls of a
+  model's answer past that number are answered with an error result, without
+  a child. Every walk over a family (cancel, resume) is a loop over a queue,
+  never a recursion.
 """
 
 from __future__ import annotations
@@ -38,9 +62,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KIND",
+    "MAX_CHILDREN_PER_TURN",
+    "MAX_DEPTH",
+    "awaited_by",
     "child_job_id",
     "child_key",
     "content_of",
+    "fan_out_refused",
+    "owned",
     "ready_parents",
     "waits_for_children",
     "wake",
@@ -50,6 +79,18 @@ logger = logging.getLogger("pipelines")
 
 KIND = transitions.CHILDREN
 _PLAIN_CALL = JOB_ID_PATTERN  # a call id spelled with job id characters, and no ':' (checked below)
+
+MAX_DEPTH = 8
+"""How many parents deep a family of child runs may grow: a job this deep starts no child (module doc)."""
+MAX_CHILDREN_PER_TURN = 64
+"""How many child runs one turn may start; the model's further child calls get an error result."""
+
+
+def fan_out_refused(tool: str) -> str:
+    """The tool result of a child call past :data:`MAX_CHILDREN_PER_TURN` in one turn (no child started)."""
+    return (f"Error: tool {tool!r} was not run: this turn already starts {MAX_CHILDREN_PER_TURN} child runs, "
+            "the most one turn may start (pipelines.engine.children.MAX_CHILDREN_PER_TURN); call it again in a "
+            "later turn if it is still needed")
 
 
 def child_key(call_id: str) -> str:
@@ -90,14 +131,45 @@ def content_of(child: JobRecord) -> str:
     return f"Error: child job {child.job_id!r} failed: {child.error or 'unknown error'}"
 
 
+def owned(child: JobRecord, parent_job: str, call_id: str | None = None) -> bool:
+    """Whether ``child`` is the child run of ``parent_job`` (and of its call ``call_id``, when given)."""
+    return child.parent_job == parent_job and (call_id is None or child.parent_call == call_id)
+
+
+def awaited_by(child: JobRecord, storage: Storage) -> str | None:
+    """The parent still waiting for ``child``'s outcome (so ``child`` must not be deleted), or ``None``."""
+    if child.parent_job is None:
+        return None
+    parent = storage.get_job(child.parent_job)
+    if parent is None or not waits_for_children(parent):
+        return None
+    named = any(str(c["child"]) == child.job_id for c in _calls(parent))
+    return parent.job_id if named else None
+
+
+def _gone(child_id: str, why: str) -> JobRecord:
+    """What a parent reads for a child it cannot read any more: failed, with why (never "still running")."""
+    return JobRecord(job_id=child_id, status=JobStatus.ERROR, error=why)
+
+
 def _outcomes(record: JobRecord, storage: Storage) -> dict[str, JobRecord] | None:
-    """Each waited-for call's finished child, or ``None`` while any is still going (or missing)."""
+    """Each waited-for call's finished child, or ``None`` while any is still going.
+
+    A child that is gone (deleted) or that is not this parent's (another job
+    took its id) counts as failed: waiting for it would wait forever.
+    """
     found: dict[str, JobRecord] = {}
     for call in _calls(record):
-        child = storage.get_job(str(call["child"]))
-        if child is None or child.status not in transitions.FINISHED:
+        child_id, call_id = str(call["child"]), str(call["call_id"])
+        child = storage.get_job(child_id)
+        if child is None:
+            child = _gone(child_id, "it was deleted before its parent read its outcome")
+        elif not owned(child, record.job_id, call_id):
+            child = _gone(child_id, f"the job under its id is not this job's child (its parent is "
+                                    f"{child.parent_job!r}, call {child.parent_call!r})")
+        elif child.status not in transitions.FINISHED:
             return None
-        found[str(call["call_id"])] = child
+        found[call_id] = child
     return found
 
 

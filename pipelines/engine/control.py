@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from adapters.base import Scheduler, Storage
@@ -53,19 +54,24 @@ def pause_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: floa
     This call waits up to ``wait`` seconds for that; after it, the request stays
     stored and is applied when the turn commits. Raises
     :class:`JobConflictError` if the job is not running (or stopped running first).
+    A job waiting for child jobs stays waiting and its family pauses: every
+    running job below it, down through the children that wait in turn.
     """
 
     def build(record: JobRecord, owner: str | None) -> Commit:
         assert owner is not None
         return transitions.pause(record, owner=owner, now=scheduler.now())
 
-    record = load_job(storage, job_id)
-    if children.waits_for_children(record):
-        # No turn of its own to stop: the parent stays waiting and the children it waits for pause.
-        _each_child(record, storage, (JobStatus.RUNNING,),
-                    lambda child: pause_job(child, storage=storage, scheduler=scheduler, wait=wait))
-        return record
-    return _at_boundary(job_id, storage, scheduler, "pause", build, wait)
+    def one(job: str) -> JobRecord:
+        record = load_job(storage, job)
+        if children.waits_for_children(record):
+            return record  # no turn of its own to stop: the children it waits for pause
+        return _at_boundary(job, storage, scheduler, "pause", build, wait)
+
+    done = one(job_id)
+    if children.waits_for_children(done):
+        _each_descendant(done, storage, (JobStatus.RUNNING, JobStatus.WAITING), one)
+    return done
 
 
 def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: float = 30.0,
@@ -79,19 +85,21 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
     cancelled at once. A cancelled job is never advanced again except by an
     explicit retry, which resumes from the kept checkpoint.
     """
-    record = load_job(storage, job_id)
-    if force or record.status is not JobStatus.RUNNING:
-        # No turn in flight (or one to discard): a compare-and-set on the version.
-        commit = transitions.cancel(record, owner=None, now=scheduler.now(), forced=force)
-        done = _write(storage, scheduler, commit, "cancel")
-    else:
+    def one(job: str) -> JobRecord:
+        record = load_job(storage, job)
+        if force or record.status is not JobStatus.RUNNING:
+            # No turn in flight (or one to discard): a compare-and-set on the version.
+            commit = transitions.cancel(record, owner=None, now=scheduler.now(), forced=force)
+            return _write(storage, scheduler, commit, "cancel")
+
         def build(rec: JobRecord, owner: str | None) -> Commit:
             return transitions.cancel(rec, owner=owner, now=scheduler.now())
 
-        done = _at_boundary(job_id, storage, scheduler, "cancel", build, wait)
-    # A parent's cancel reaches the child jobs it started (and theirs, recursively).
-    _each_child(done, storage, transitions.ACTIVE,
-                lambda child: cancel_job(child, storage=storage, scheduler=scheduler, wait=wait, force=force))
+        return _at_boundary(job, storage, scheduler, "cancel", build, wait)
+
+    done = one(job_id)
+    # A parent's cancel reaches the child jobs it started, theirs, and so on down the family.
+    _each_descendant(done, storage, transitions.ACTIVE, one)
     return done
 
 
@@ -100,15 +108,18 @@ def resume_job(job_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRec
 
     A paused job has no turn in flight, so this is a compare-and-set on the
     version; a stale queued message holding the lease for a moment does not
-    get in the way.
+    get in the way. A job waiting for child jobs resumes its family: every
+    paused job below it, down through the children that wait in turn.
     """
-    record = load_job(storage, job_id)
-    resume_children = lambda child: resume_job(child, storage=storage, scheduler=scheduler)  # noqa: E731
-    if children.waits_for_children(record):
-        _each_child(record, storage, (JobStatus.PAUSED,), resume_children)
-        return record
-    done = _write(storage, scheduler, transitions.resume(record, now=scheduler.now()), "resume")
-    _each_child(done, storage, (JobStatus.PAUSED,), resume_children)
+
+    def one(job: str) -> JobRecord:
+        record = load_job(storage, job)
+        if children.waits_for_children(record):
+            return record  # no turn of its own: the paused children it waits for resume
+        return _write(storage, scheduler, transitions.resume(record, now=scheduler.now()), "resume")
+
+    done = one(job_id)
+    _each_descendant(done, storage, (JobStatus.PAUSED, JobStatus.WAITING), one)
     return done
 
 
@@ -201,7 +212,11 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
 
 
 def _family(record: JobRecord, storage: Storage, wanted: tuple[JobStatus, ...]) -> list[str]:
-    """The child jobs of ``record`` now in one of ``wanted`` (unknown or unreadable ones are left out)."""
+    """The child jobs of ``record`` now in one of ``wanted``.
+
+    Unknown or unreadable ones are left out, and so is a job under a child's
+    id that does not name ``record`` as its parent: another job's, never this one's to act on.
+    """
     found = []
     for child_id in record.children:
         try:
@@ -209,16 +224,28 @@ def _family(record: JobRecord, storage: Storage, wanted: tuple[JobStatus, ...]) 
         except PipelineError as exc:
             logger.error("job %s: cannot read child %s: %s", record.job_id, child_id, exc)
             continue
-        if child is not None and child.status in wanted:
+        if child is not None and child.status in wanted and children.owned(child, record.job_id):
             found.append(child_id)
     return found
 
 
-def _each_child(record: JobRecord, storage: Storage, wanted: tuple[JobStatus, ...],
-                act: Callable[[str], object]) -> None:
-    """Apply ``act`` to every child of ``record`` in ``wanted``; a child that moved on meanwhile is skipped."""
-    for child_id in _family(record, storage, wanted):
-        try:
-            act(child_id)
-        except (JobConflictError, JobNotFoundError) as exc:
-            logger.info("job %s: child %s: %s", record.job_id, child_id, exc)
+def _each_descendant(root: JobRecord, storage: Storage, wanted: tuple[JobStatus, ...],
+                     act: Callable[[str], JobRecord]) -> None:
+    """Apply ``act`` to every descendant of ``root`` in ``wanted``, going down from each record ``act`` returns.
+
+    A loop over a queue, not a recursion: a family may be deeper than the
+    stack (the depth limit is newer than some families). A child that moved
+    on meanwhile is skipped; each job is visited once.
+    """
+    queue = deque([root])
+    seen = {root.job_id}
+    while queue:
+        record = queue.popleft()
+        for child_id in _family(record, storage, wanted):
+            if child_id in seen:
+                continue
+            seen.add(child_id)
+            try:
+                queue.append(act(child_id))
+            except (JobConflictError, JobNotFoundError) as exc:
+                logger.info("job %s: child %s: %s", record.job_id, child_id, exc)

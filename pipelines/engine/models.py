@@ -551,6 +551,9 @@ class JobRecord(BaseModel):
     # Lineage of a fork: the job it was forked from and at which turn.
     forked_from: str | None = None
     at_turn: int | None = None
+    # What the fork was asked (a digest of source, turn, run and options: App.fork), written once by the
+    # create: a repeated fork lands only when it asks the same (pipelines.app.App.fork).
+    fork_request: str | None = None
     # The version of the pipeline or agent that last wrote the job (see pipelines.engine.versions).
     code_version: str | None = None
     # The version that started the current run (created or continued it): a "full" retry restarts
@@ -562,6 +565,8 @@ class JobRecord(BaseModel):
     parent_job: str | None = None
     parent_call: str | None = None
     children: list[str] = Field(default_factory=list)
+    # How many parents up the family's root is (0: not a child); bounded by children.MAX_DEPTH.
+    depth: int = 0
     # A conversation's title, named by a title agent after its first run (best effort).
     title: str | None = None
 

@@ -395,10 +395,11 @@ def supply_inputs(rec: JobRecord, entries: dict[str, JSONValue], *, resume: bool
 
 # --- child runs (pipelines.engine.children) ---------------------------------------------------
 def create_child(job_id: str, *, parent_job: str, parent_call: str, pipeline: str, first: str, state: JSONValue,
-                 messages: list[Message], options: dict[str, JSONValue], now: float) -> Commit:
-    """A new job started by the call ``parent_call`` of ``parent_job``; its record names both."""
+                 messages: list[Message], options: dict[str, JSONValue], now: float, depth: int = 1) -> Commit:
+    """A new job started by the call ``parent_call`` of ``parent_job``, ``depth`` parents below its family's
+    root; its record names both (the ownership ``start_child`` checks when it finds the job again)."""
     commit = create(job_id, pipeline=pipeline, first=first, state=state, messages=messages, options=options, now=now)
-    record = commit.record.model_copy(update={"parent_job": parent_job, "parent_call": parent_call})
+    record = commit.record.model_copy(update={"parent_job": parent_job, "parent_call": parent_call, "depth": depth})
     event = make_event("job_started", now, phase=first, pipeline=pipeline, parent_job=parent_job,
                        parent_call=parent_call)
     return commit.model_copy(update={"record": record, "events": [event]})
@@ -443,13 +444,14 @@ def turn_mark(rec: JobRecord, at_turn: object) -> TurnMark:
 
 
 def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Message],
-         options: dict[str, JSONValue], run: bool, now: float) -> Commit:
+         options: dict[str, JSONValue], run: bool, now: float, request: str | None = None) -> Commit:
     """A new job ``new_job_id`` that goes on from ``src`` as it was after the turn ``mark`` (``src`` untouched).
 
     ``messages`` are the first ``mark.transcript_len`` messages of ``src``. The
     fork is paused (``run``: running, due now) at the phase that was next; a
     turn that ended the job gives a complete fork (continue it with new
     messages). Its history is ``src``'s up to that turn, so forks fork too.
+    ``request`` (what was asked, see ``App.fork``) is kept on the record.
     """
     token = new_token()
     phase = mark.next_phase
@@ -463,7 +465,7 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
         initial_state=mark.state, options=options, phases_done=mark.phases_done, created_at=now, updated_at=now,
         history=[m for m in src.history if m.phases_done <= mark.phases_done], forked_from=src.job_id,
         # The version that wrote that turn: a newer worker migrates the fork as it did the original.
-        at_turn=mark.phases_done, code_version=mark.code_version or src.code_version)
+        at_turn=mark.phases_done, code_version=mark.code_version or src.code_version, fork_request=request)
     why = f"job forked from {src.job_id!r} at turn {mark.phases_done}"
     return Commit(job_id=new_job_id, expected_version=0, token=token, record=record, append_messages=messages,
                   logs=[_log(now, phase, why)],
