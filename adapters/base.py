@@ -29,6 +29,13 @@ Storage contract
 * A pause/cancel request (``request_control``) is kept beside the record,
   returned on it (``record.control``) by every load, reported by ``commit``,
   and dropped by a commit with ``clear_control``.
+* An invariant between two records is checked in the same atomic step that
+  writes. The inbox and the status are such a pair: a run never completes
+  past messages sent to it, and a finished job's inbox never grows (nothing
+  would read it). So ``send`` appends only while the status is one of
+  :data:`INBOX_OPEN` (checked inside the write: one script, one lock), and a
+  commit with ``ends_run`` raises ``InboxNotEmptyError`` (nothing written)
+  while the inbox holds more than the commit takes.
 * Events are appended with their commit (or create) and get increasing ids;
   ``events(after=id)`` resumes a reader where it stopped.
 * The due index holds every running job with its ``due_at``; ``due_jobs``
@@ -76,6 +83,7 @@ __all__ = [
     "BacklogProbe",
     "FlowStore",
     "HistoryStore",
+    "INBOX_OPEN",
     "InProcessScheduler",
     "InboxStore",
     "JobIndex",
@@ -88,6 +96,9 @@ __all__ = [
     "page_cursor",
     "parse_cursor",
 ]
+
+INBOX_OPEN: tuple[JobStatus, ...] = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
+"""The statuses in which a job takes messages into its inbox: a turn will still read them."""
 
 AdvanceFn = Callable[[str], object]
 """What a scheduler calls to advance one job: ``fn(job_id)`` (its return value is ignored)."""
@@ -146,10 +157,18 @@ class InboxStore(Protocol):
     Sending is outside the version fence (a turn in flight still commits); a
     commit takes messages from the front (``Commit.take_inbox``) atomically
     with the turn that put them in the transcript, so each joins exactly once.
+    The status is checked by the write itself, on both sides (see the
+    storage contract): ``send`` against :data:`INBOX_OPEN`, a commit that
+    ends the run (``Commit.ends_run``) against the inbox's length.
     """
 
     def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
-        """Append ``messages`` to the inbox; its new length, or ``None`` for an unknown job."""
+        """Append ``messages`` to the inbox; its new length, or ``None`` for an unknown job.
+
+        Raises :class:`~pipelines.engine.errors.JobConflictError` naming the
+        status, nothing appended, when the job's status (read in the same
+        atomic step) is not one of :data:`INBOX_OPEN`.
+        """
         ...
 
     def inbox(self, job_id: str, count: int) -> list[Message]:

@@ -20,10 +20,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from adapters.base import parse_cursor
+from adapters.base import INBOX_OPEN, parse_cursor
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
+    InboxNotEmptyError,
     InvalidInputError,
     JobConflictError,
     StaleVersionError,
@@ -103,6 +104,14 @@ class _Job:
     inbox: list[str] = field(default_factory=list)  # messages sent to the job, taken by its next turn
     dropped: Usage = field(default_factory=Usage)  # usage of attempts fenced off after paying
     dropped_token: str = ""
+
+
+def _check_inbox(job: _Job, commit: Commit) -> None:
+    """A commit that ends the run is refused while messages it does not take wait (under the commit's lock)."""
+    if commit.ends_run and len(job.inbox) > commit.take_inbox:
+        raise InboxNotEmptyError(
+            f"job {commit.job_id!r}: {len(job.inbox) - commit.take_inbox} message(s) sent to it wait in its inbox; "
+            "the run does not end past them", waiting=len(job.inbox))
 
 
 class MemoryStorage:
@@ -218,6 +227,7 @@ class MemoryStorage:
                     f"job {commit.job_id!r} is leased by another worker; commit expected {commit.expected_version}"
                     if self._lease_live(job) else f"job {commit.job_id!r}: no worker holds its lease (this "
                     f"worker's lease expired); commit expected {commit.expected_version}")
+            _check_inbox(job, commit)
             if commit.truncate_messages_to is not None:
                 del job.messages[commit.truncate_messages_to :]
             job.messages.extend(msgs)
@@ -253,6 +263,11 @@ class MemoryStorage:
             job = self._jobs.get(job_id)
             if job is None:
                 return None
+            # The status is read under the same lock as the append: a run cannot end in between.
+            status = self._status.get(job_id)
+            if status not in INBOX_OPEN:
+                raise JobConflictError(f"job {job_id!r} is {status.value if status else 'unreadable'}: "
+                                       "its inbox takes no messages (nothing appended)")
             job.inbox.extend(lines)
             return len(job.inbox)
 

@@ -83,6 +83,7 @@ from adapters.redis_refs import JournalValues, slice_parts
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
+    InboxNotEmptyError,
     InvalidInputError,
     JobConflictError,
     PipelineError,
@@ -650,7 +651,8 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
-            base, str(drop), "\n".join(marks[kept:]), *(sent or msgs), *lines, *event_lines,
+            base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0",
+            *(sent or msgs), *lines, *event_lines,
         ]
         at, first = redis_scripts.COMMIT_ARGS.history, redis_scripts.COMMIT_ARGS.fixed
         self._forget_base(job_id)  # the stored history is unknown until this commit's reply
@@ -663,8 +665,8 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
             args[first:first + len(msgs)] = msgs
             reply = _text(self._run(self._commit, keys, args, f"committing job {job_id!r}"))
         self._check_types(job_id, reply, f"committing job {job_id!r}")
-        if reply.startswith("stale:"):
-            raise StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
+        if reply.startswith(("stale:", "inbox:")):
+            raise _refused(job_id, reply, commit)
         if commit.record.status is JobStatus.RUNNING:
             # The same worker commits the job's next turn without loading it (continue_for): a delta.
             # Its next load (the next queued turn) parses only the marks added since (_known_marks).
@@ -683,6 +685,9 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
         reply = self._run(self._send, [k.record, k.inbox], [uuid.uuid4().hex, *lines],
                           f"sending messages to job {job_id!r}")
         self._check_types(job_id, reply, f"sending messages to job {job_id!r}")
+        if isinstance(reply, bytes | str):  # 'closed:<status>': checked in the script that appends
+            raise JobConflictError(f"job {job_id!r} is {_text(reply).removeprefix('closed:')}: "
+                                   "its inbox takes no messages (nothing appended)")
         return None if int(reply) < 0 else int(reply)
 
     def inbox(self, job_id: str, count: int) -> list[Message]:
@@ -801,6 +806,15 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
 def _driver_options() -> dict[str, Any]:
     info = driver_info()
     return {} if info is None else {"driver_info": info}
+
+
+def _refused(job_id: str, reply: str, commit: Commit) -> StaleVersionError:
+    """The error for a commit the script refused with nothing written: fenced off, or a run's end past its inbox."""
+    if reply.startswith("inbox:"):
+        waiting = int(reply.removeprefix("inbox:"))
+        return InboxNotEmptyError(f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its "
+                                  "inbox; the run does not end past them", waiting=waiting)
+    return StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
 
 
 def _dump_data(record: JobRecord) -> str:

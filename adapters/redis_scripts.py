@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from adapters.base import INBOX_OPEN
 from pipelines.engine.models import JobStatus
 
 __all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "EVENTS", "INDEX_ROLES",
@@ -71,7 +72,7 @@ class ArgLayout(NamedTuple):
 
 
 CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, history=10, fixed=11)
-COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=22)
+COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=23)
 
 INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
 """The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by
@@ -271,8 +272,10 @@ end
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
 #       finished_at ('' = not finished: remove), inbox_taken, status index position, updated_at,
 #       history base token ('' = the whole history follows), marks dropped from its front, marks added,
+#       ends_run ('1': refused while the inbox holds more than inbox_taken),
 #       then the messages (each JSON text or a reference into the journal), the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
+# 'inbox:<inbox count>' (the commit ends the run past messages sent meanwhile: nothing written);
 # 'stale:<why>'; 'corrupt:<role>:<type>'; 'rebase' (the history base is not the stored record's, or a
 # message reference does not match the journal: nothing written, send the history and messages whole).
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
@@ -306,10 +309,16 @@ local holder = redis.call('GET', KEYS[5])
 -- version numbers alone could match again).
 if ARGV[6] == '1' and not holder then return 'stale:expired' end
 if ARGV[6] == '1' and holder ~= ARGV[7] then return 'stale:leased' end
+-- The inbox and the status are checked in the step that writes them: a run never completes past
+-- messages sent while its last turn ran (the runner then ends it and goes on with them in one commit).
+if ARGV[23] == '1' then
+  local waiting = tonumber(redis.call('HGET', KEYS[1], 'inbox') or '0')
+  if waiting > tonumber(ARGV[17]) then return 'inbox:' .. waiting end
+end
 -- A history delta applies only to the history it was computed from: the one the base commit wrote.
 if ARGV[20] ~= '' and cur[2] ~= ARGV[20] then return 'rebase' end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-local messages = resolve(KEYS[4], 23, 22 + n)
+local messages = resolve(KEYS[4], 24, 23 + n)
 if not messages then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
@@ -322,8 +331,8 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 push_all(KEYS[2], messages)
-push(KEYS[3], 23 + n, 22 + n + nl)
-cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 23 + n + nl))
+push(KEYS[3], 24 + n, 23 + n + nl)
+cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 24 + n + nl))
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
@@ -628,9 +637,11 @@ return {entries, gap}
 """
 
 # KEYS: record, inbox; ARGV: token, then the messages (JSON lines)
-# Reply: the inbox's new length, or -1 for an unknown job. Outside the version
+# Reply: the inbox's new length, -1 for an unknown job, 'closed:<status>' (nothing
+# appended) for a job whose status takes no messages. Outside the version
 # fence (a turn in flight still commits); the count lives in the record hash.
 SEND = _TYPES_FN + _TOKENS_FN + """
+local OPEN = {""" + ", ".join(f"['{s.value}'] = true" for s in INBOX_OPEN) + """}
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'inbox', 'list'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -638,6 +649,15 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if seen('send_tokens', ARGV[1]) then
   return tonumber(redis.call('HGET', KEYS[1], 'inbox') or '0')
 end
+-- The status is read in the step that appends: a run cannot end between the check and the
+-- append, so no message lands in an inbox that no turn will read. A record written before
+-- 'st' existed has its status only inside 'data' (absent there: the default, idle).
+local st = redis.call('HGET', KEYS[1], 'st')
+if not st then
+  local ok, rec = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'data') or '')
+  st = ok and type(rec) == 'table' and type(rec.status) == 'string' and rec.status or 'idle'
+end
+if not OPEN[st] then return 'closed:' .. st end
 for i = 2, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 remember('send_tokens', ARGV[1])
 return redis.call('HINCRBY', KEYS[1], 'inbox', #ARGV - 1)

@@ -22,7 +22,6 @@ import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,21 +39,17 @@ from phases.streaming import DeltaSink
 from phases.titles import start_title
 from phases.tool_calls import call_ids, normalise_tool_calls
 from phases.tool_runner import run_tools, tool_message
-from phases.tools import Tool, bind_run_context
+from phases.tools import Tool
 from phases.view_migration import ViewMigration, migrate_view
 from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, StaleVersionError, TransientModelError
 from pipelines.engine.models import JSONValue, Message, Usage
-from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseContext, RetryLater
+from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseContext, RetryLater, ToolScope
 
 __all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
 
 TURN_PHASE = "turn"
-
-# The tool call ids of the whole transcript of the turn being answered (see AgentTurn.answer).
-_CALL_IDS: ContextVar[frozenset[str] | None] = ContextVar("pipelines_turn_call_ids", default=None)
-
 
 class AgentState(BaseModel):
     """The small per-job state of an agent run (the transcript lives apart from it)."""
@@ -149,7 +144,8 @@ class AgentTurn:
         return model, ({} if isinstance(spec, str) else dict(params or {}))
 
     def call_model(self, ctx: PhaseContext[Any], cfg: AgentConfig, messages: list[Message],
-                   turn: int, view: View | None = None) -> ModelResponse:
+                   turn: int, view: View | None = None, taken: frozenset[str] | None = None) -> ModelResponse:
+        """The model's answer for ``messages``; ``taken``: the tool call ids already in the whole transcript."""
         tmap = cfg.tmap  # the run's tools: a provider's, or prepare_call's choice
         # ``view``: the model view of ``messages``, already built; a copy goes out (a model may change its list).
         messages = list(view.messages) if view is not None else agent_run.turn_messages(cfg, messages)
@@ -158,7 +154,7 @@ class AgentTurn:
             model, params = self._model(cfg.model, cfg.model_params)
             # A run's options may rebuild the config (and its tool map) around the same tools: same schemas.
             schemas = self.tool_schemas if tmap == self.tmap else [t.schema() for t in tmap.values()]
-            return _call_model(model, ctx, messages, schemas, params, turn, schema)
+            return _call_model(model, ctx, messages, schemas, params, turn, schema, taken=taken)
         plan = TurnPlan(job_id=ctx.job_id, turn=turn, model=cfg.model, params=dict(cfg.model_params or {}),
                         # A deep copy: the hook may edit messages in place without touching
                         # the transcript cache shared by later turns.
@@ -170,7 +166,7 @@ class AgentTurn:
         model, params = self._model(plan.model, plan.params)
         offered = [t.name for t in plan.tools]
         response = _call_model(model, ctx, plan.messages, [t.schema() for t in plan.tools], params, turn,
-                               None if offered else cfg.output_schema)
+                               None if offered else cfg.output_schema, taken=taken)
         return response.model_copy(update={"tools_offered": offered}) if offered != list(tmap) else response
 
     def __call__(self, ctx: PhaseContext[Any]) -> Next | Done | Fail:
@@ -198,8 +194,8 @@ class AgentTurn:
         # Each step above only appended to what the cache held: its ids plus those of the appended messages.
         ids = (held.ids | call_ids(past[len(held.messages):])) if len(past) > len(held.messages) else held.ids
         fire(ctx, agent_run.callbacks_of(cfg), "on_turn_start", turn=state.turn + 1, context=agent_run.context_of(ctx))
-        # Tools read the run's context from their ToolContext while this turn runs.
-        unbind = bind_run_context(ctx.job_id, agent_run.context_of(ctx), agent_run.tool_contexts(ctx, cfg))
+        # Tools read the run's context from their ToolContext, which the tool runner builds from this scope.
+        ctx.tool_scope = ToolScope(agent_run.context_of(ctx), agent_run.tool_contexts(ctx, cfg))
         try:
             view = self.view_of(cfg, held, past)
             answer = self.answer(ctx, cfg, past, state.turn, ids, view)
@@ -207,7 +203,7 @@ class AgentTurn:
                 return agent_run.ended(ctx, cfg, answer, ctx.job_usage, state.turn)
             return self.finish_turn(ctx, cfg, past, state, answer, ids, view)
         finally:
-            unbind()
+            ctx.tool_scope = None
 
     def view_of(self, cfg: AgentConfig, held: Held, past: list[Message]) -> View | None:
         """The model view of ``past``: the cached one extended by what was appended since, when it can be.
@@ -259,10 +255,10 @@ class AgentTurn:
         ctx.on_delta = sink
         # Call ids must be unique in the whole transcript (idempotency keys, child jobs), not only in the
         # model's view, which compaction shortens: the id check sees every earlier message.
-        whole = _CALL_IDS.set(frozenset(call_ids(past)) if ids is None else ids)
+        whole = frozenset(call_ids(past)) if ids is None else ids
         try:
             # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
-            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn, view),
+            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn, view, whole),
                            publish=None if sink is None else lambda value: sink.final_parts(_content_of(value)))
         except StaleVersionError as exc:
             # Fenced off after the model answered: the answer is lost to this attempt, its cost is not.
@@ -278,7 +274,6 @@ class AgentTurn:
             return Fail(f"model error: {exc}")
         finally:
             ctx.on_delta = None
-            _CALL_IDS.reset(whole)
         response = ModelResponse.model_validate(raw)
         ctx.add_usage(response.usage, key=journal.MODEL)
         if sink is not None:
@@ -425,7 +420,8 @@ def _content_of(answer: JSONValue) -> str | None:
 
 
 def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
-                params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None) -> ModelResponse:
+                params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None, *,
+                taken: frozenset[str] | None = None) -> ModelResponse:
     request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
                            response_format=response_format, on_delta=ctx.on_delta,
                            stream_retries=ctx.on_delta.retries if ctx.on_delta else 0,
@@ -433,7 +429,8 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     notify("model", ctx.job_id, str(turn))
     started = time.monotonic()
     # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
-    with telemetry.model_span(None) as current, flow_limits.limited_call(model, messages) as settle:
+    with telemetry.model_span(None) as current, \
+            flow_limits.limited_call(ctx.env.active_flow(), model, messages) as settle:
         response = resolve(model.complete(request))
         if not isinstance(response, ModelResponse):
             response = ModelResponse.model_validate(response)
@@ -450,8 +447,8 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     # Tool call ids key the journal and the idempotency key: fixed here (unique
     # in the transcript, every call well-formed) before the answer is journaled,
     # so a re-run replays the same ids and the model sees each call answered.
-    ids = _CALL_IDS.get()
-    message = normalise_tool_calls(message, turn, messages if ids is None else (), taken=ids)
+    # ``taken``: the ids of the whole transcript (the turn's answer); without it, those of ``messages``.
+    message = normalise_tool_calls(message, turn, messages if taken is None else (), taken=taken)
     return response.model_copy(update={"message": message})
 
 

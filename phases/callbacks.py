@@ -7,15 +7,15 @@ callbacks again; each gets the attempt number. An exception in one is logged
 turn.
 
 Per-call callbacks are Python callables: they cannot travel to another
-worker. They are kept in this process, so they are honoured only with an
-in-process scheduler (``MemoryScheduler``); the App refuses them on a queue
-scheduler instead of silently dropping them.
+worker. The App keeps them in its environment (``RunEnv.callbacks``, handed
+to each turn as ``ctx.env``), so they are honoured only with an in-process
+scheduler (``MemoryScheduler``); the App refuses them on a queue scheduler
+instead of silently dropping them.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,15 +24,12 @@ from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JSONValue
 from pipelines.engine.phase import PhaseContext
 
-__all__ = ["CALLBACKS", "Lifecycle", "check_callbacks", "fire", "forget_run_callbacks", "set_run_callbacks"]
+__all__ = ["CALLBACKS", "Lifecycle", "check_callbacks", "fire"]
 
 CALLBACKS = ("on_start", "on_turn_start", "on_tool_start", "on_tool_end", "on_turn_end", "on_end")
 """The lifecycle callbacks, in the order a run fires them."""
 
 logger = logging.getLogger("pipelines")
-
-_per_run: dict[str, dict[str, Callable[..., Any]]] = {}
-_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -64,25 +61,10 @@ def check_callbacks(given: Mapping[str, Any]) -> dict[str, Callable[..., Any]]:
     return out
 
 
-def set_run_callbacks(job_id: str, callbacks: Mapping[str, Callable[..., Any]]) -> None:
-    """Keep a run's own callbacks in this process (an in-process scheduler runs its turns here)."""
-    with _lock:
-        if callbacks:
-            _per_run[job_id] = dict(callbacks)
-        else:
-            _per_run.pop(job_id, None)
-
-
-def forget_run_callbacks(job_id: str) -> None:
-    with _lock:
-        _per_run.pop(job_id, None)
-
-
 def fire(ctx: PhaseContext[Any], agent_callbacks: Mapping[str, Callable[..., Any] | None], kind: str, *,
          turn: int, context: JSONValue = None, **data: Any) -> None:
     """Call the agent's ``kind`` callback, then the run's; an exception is logged, never raised."""
-    with _lock:
-        run_fn = _per_run.get(ctx.job_id, {}).get(kind)
+    run_fn = ctx.env.callbacks.get(ctx.job_id, kind)
     fns = [fn for fn in (agent_callbacks.get(kind), run_fn) if fn is not None]
     if not fns:
         return

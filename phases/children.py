@@ -13,16 +13,16 @@ becomes the tool result; a failed child gives ``Error: ...`` or, with
 for the wake-up and the sweep that makes it crash-safe.
 
 Child runs need an :class:`~pipelines.app.App` (workers advance jobs through
-one): the App binds itself while it advances a job (:func:`app_bound`), and
-registers the agents its tools and phases start.
+one): the App hands itself to every turn it runs as ``ctx.env.children``
+(:class:`~pipelines.engine.env.RunEnv`), so a tool finds it on whichever thread
+it runs, and registers the agents its tools and phases start.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -30,47 +30,22 @@ from pydantic import BaseModel, Field
 from phases.tools import Tool, ToolContext
 from pipelines.engine import transitions, versions
 from pipelines.engine.children import KIND, child_job_id, child_key
-from pipelines.engine.errors import ConfigurationError, InvalidInputError, JobConflictError
+from pipelines.engine.env import ChildRuns
+from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.engine.models import check_messages, to_json_value
 from pipelines.engine.phase import Done, Fail, Next, Phase, PhaseContext, WaitForInput
 
-# The App (pipelines.app) is not imported here: phases import only the engine. ``App`` below is any
-# object with its storage, scheduler, agents, pipeline() and add_agent().
-App = Any
+# The App (pipelines.app) is not imported here: phases import only the engine. ``App`` below is the
+# App as the turn's environment hands it (pipelines.engine.env.ChildRuns).
+App = ChildRuns
 
-__all__ = ["AgentToolInput", "OnChildError", "agent_phase", "agent_tool", "app_bound", "check_child_error",
-           "current_app", "pipeline_tool", "start_child"]
+__all__ = ["AgentToolInput", "OnChildError", "agent_phase", "agent_tool", "check_child_error",
+           "pipeline_tool", "start_child"]
 
 OnChildError = Literal["error_result", "fail"]
 """A failed or cancelled child: its ``Error: ...`` text is the tool result, or the parent fails."""
 
 MapRun = Callable[[Any], Mapping[str, Any]]
-
-_APP: ContextVar[Any] = ContextVar("pipelines_child_app", default=None)
-
-
-@contextmanager
-def app_bound(app: App) -> Iterator[None]:
-    """Make ``app`` the one child runs start on while the caller advances a job (the App does this)."""
-    token = _APP.set(app)
-    try:
-        yield
-    finally:
-        _APP.reset(token)
-
-
-def current_app() -> App:
-    """The App advancing the current job (for work that starts jobs from inside a turn)."""
-    return _app()
-
-
-def _app() -> App:
-    app = _APP.get()
-    if app is None:
-        raise ConfigurationError("an agent or pipeline used as a tool or phase runs child jobs, which needs the "
-                                 "job to be advanced by an App (App.advance, a worker, or app.drain())")
-    return app
-
 
 class AgentToolInput(BaseModel):
     """The default arguments of an agent used as a tool: one request in plain words."""
@@ -151,7 +126,8 @@ def _child_tool(target: Any, *, name: str, description: str, input_model: type[B
 
     def execute(args: BaseModel, ctx: ToolContext) -> Any:
         # Reached only while the call has no result: the wake-up puts the child's into the journal.
-        child_id = start_child(_app(), parent_job=ctx.job_id, call_id=ctx.call_id, target=target, run=mapper(args))
+        child_id = start_child(ctx.env.child_runs(), parent_job=ctx.job_id, call_id=ctx.call_id, target=target,
+                               run=mapper(args))
         raise _wait(ctx.call_id, child_id, policy, f"tool {name}")
 
     built = Tool(name=name, description=description, input_model=input_model or AgentToolInput, execute=execute)
@@ -212,8 +188,8 @@ class _AgentPhase:
         call_id = self.call_id(ctx)
         found, outcome = ctx.recorded(child_key(call_id))
         if not found:
-            child_id = start_child(_app(), parent_job=ctx.job_id, call_id=call_id, target=self.child_agent,
-                                   run=self.map_run(ctx.state))
+            child_id = start_child(ctx.env.child_runs(), parent_job=ctx.job_id, call_id=call_id,
+                                   target=self.child_agent, run=self.map_run(ctx.state))
             raise _wait(call_id, child_id, "error_result", f"phase {self.name}")
         if outcome.get("status") != "complete":
             error = f"child job {outcome.get('job_id')!r} ended {outcome.get('status')}: {outcome.get('error')}"

@@ -50,14 +50,16 @@ def estimate_tokens(model: object, messages: Sequence[Mapping[str, Any]]) -> int
 
 
 @contextmanager
-def limited_call(model: object, messages: Sequence[Mapping[str, Any]]) -> Iterator[Callable[[int], None]]:
+def limited_call(control: flow.FlowControl | None, model: object,
+                 messages: Sequence[Mapping[str, Any]]) -> Iterator[Callable[[int], None]]:
     """Hold the model's budget around one call; yields ``settle(total_tokens)`` to call with the real usage.
+
+    ``control``: the App's flow control, as the turn's environment hands it (``ctx.env.active_flow()``).
 
     Raises :class:`~pipelines.engine.flow.FlowDeferred` before the call when
     the budget is spent; a :class:`TransientModelError` with ``retry_after``
     from the call blocks the model for everyone, then propagates.
     """
-    control = flow.current()
     name = model_name(model)
     if control is None or name is None or name not in control.limits:
         yield lambda used: None

@@ -26,12 +26,12 @@ _PROMPT = "Give this conversation a title of at most eight words. Reply with the
 
 def start_title(ctx: PhaseContext[Any], namer: Any, messages: list[Message]) -> None:
     """Start the title job of ``ctx``'s conversation once; never raises."""
-    from phases.children import current_app, start_child
+    from phases.children import start_child
 
     try:
         first = next((m.get("content") for m in messages if m.get("role") == "user"), "")
         answer = next((m.get("content") for m in reversed(messages) if m.get("role") == "assistant"), "")
-        start_child(current_app(), parent_job=ctx.job_id, call_id=TITLE_CALL, target=namer,
+        start_child(ctx.env.child_runs(), parent_job=ctx.job_id, call_id=TITLE_CALL, target=namer,
                     run={"user": f"{_PROMPT}\n\nUser: {first}\nAssistant: {answer}"})
     except Exception as exc:  # noqa: BLE001 - best effort: a title never costs the conversation anything
         ctx.log(f"could not start the title job: {type(exc).__name__}: {exc}", "warn")

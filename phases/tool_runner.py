@@ -147,7 +147,7 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
                                details={"kind": "outcome", "tool": name})
         assert t.reconcile is not None
         args = t.parse(_function(call).get("arguments"))
-        tctx = ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
+        tctx = tool_context(ctx, call["id"], name, turn)
         found = resolve(t.reconcile(args, tctx))
         if found is not None:
             ctx.record(journal.tool_key(call['id']), result_content(found))
@@ -303,7 +303,16 @@ def _prepare(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, A
         args = t.parse(fn.get("arguments"))
     except ToolArgumentsError as exc:
         return f"Error: {exc}. Fix the arguments and call the tool again."
-    return t, args, ToolContext(job_id=ctx.job_id, call_id=call["id"], tool_name=name, turn=turn)
+    return t, args, tool_context(ctx, call["id"], name, turn)
+
+
+def tool_context(ctx: PhaseContext[Any], call_id: str, name: str, turn: int) -> ToolContext:
+    """What the tool ``name`` is handed for call ``call_id``: its run's context and the App's environment."""
+    scope = ctx.tool_scope
+    if scope is None:
+        return ToolContext(job_id=ctx.job_id, call_id=call_id, tool_name=name, turn=turn, env=ctx.env)
+    return ToolContext(job_id=ctx.job_id, call_id=call_id, tool_name=name, turn=turn, context=scope.context,
+                       tool_context=scope.tool_contexts.get(name), env=ctx.env)
 
 
 def _span_of(call: Mapping[str, Any]) -> Any:

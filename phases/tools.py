@@ -16,7 +16,6 @@ import inspect
 import json
 import math
 import re
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_type_hints
@@ -24,6 +23,7 @@ from typing import Any, Literal, get_type_hints
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
+from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JSONValue, to_json_value
 
@@ -32,7 +32,6 @@ __all__ = [
     "Tool",
     "ToolArgumentsError",
     "ToolContext",
-    "bind_run_context",
     "tool",
     "tool_map",
 ]
@@ -43,53 +42,29 @@ InterruptPolicy = Literal["retry", "fail", "reconcile", "ask"]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-style APIs accept as a function name
 
 
-_FROM_RUN: Any = object()  # "not given": the run's bound values are looked up
-_RUN_CONTEXT: dict[str, tuple[JSONValue, dict[str, Any]]] = {}
-_RUN_CONTEXT_LOCK = threading.Lock()
 # json.dumps with an option builds a new encoder per call: one shared for every tool result.
 _RESULT_JSON = json.JSONEncoder(ensure_ascii=False)
 
 
-def bind_run_context(job_id: str, context: JSONValue, tool_contexts: dict[str, Any]) -> Callable[[], None]:
-    """Make a run's ``context`` and per-tool entries what its tools see in ``ToolContext``; returns the unbinder.
-
-    The agent turn binds them around its tool calls. A job runs on one worker
-    at a time (its lease), so keying by job id is unambiguous in a process.
-    """
-    with _RUN_CONTEXT_LOCK:
-        _RUN_CONTEXT[job_id] = (context, tool_contexts)
-
-    def unbind() -> None:
-        with _RUN_CONTEXT_LOCK:
-            _RUN_CONTEXT.pop(job_id, None)
-
-    return unbind
-
-
 @dataclass(frozen=True)
 class ToolContext:
-    """What a running tool knows about its call.
+    """What a running tool knows about its call, and the environment of the App that runs it.
 
     ``context``: the run's ``context=`` (JSON; never sent to the model).
     ``tool_context``: this tool's entry of the run's ``tools_context=`` (an
     instance of the tool's ``context_model`` when it declares one), or ``None``.
+    ``env``: the App's :class:`~pipelines.engine.env.RunEnv` (child runs, flow
+    limits, clock). All three are handed over by the turn that runs the tool,
+    so a tool sees them on whichever thread it runs.
     """
 
     job_id: str
     call_id: str
     tool_name: str
     turn: int = 0
-    context: JSONValue = _FROM_RUN
-    tool_context: Any = _FROM_RUN
-
-    def __post_init__(self) -> None:
-        if self.context is _FROM_RUN or self.tool_context is _FROM_RUN:
-            with _RUN_CONTEXT_LOCK:
-                context, entries = _RUN_CONTEXT.get(self.job_id, (None, {}))
-            if self.context is _FROM_RUN:
-                object.__setattr__(self, "context", context)
-            if self.tool_context is _FROM_RUN:
-                object.__setattr__(self, "tool_context", entries.get(self.tool_name))
+    context: JSONValue = None
+    tool_context: Any = None
+    env: RunEnv = EMPTY_ENV
 
     @property
     def idempotency_key(self) -> str:

@@ -22,12 +22,12 @@ from pydantic import BaseModel
 
 from adapters.base import FlowCapable, InProcessScheduler, Scheduler, Storage
 from phases import approvals, titles
-from phases.callbacks import CALLBACKS, check_callbacks, forget_run_callbacks, set_run_callbacks
-from phases.children import app_bound
+from phases.callbacks import CALLBACKS, check_callbacks
 from phases.run_input import check_tags
 from pipelines import streams
 from pipelines.agent import Agent
 from pipelines.engine import children, control, flow, transitions, versions
+from pipelines.engine.env import RunEnv
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -146,6 +146,8 @@ class App:
         self.retention = _check_retention(retention)
         self._commit: str | None = current_commit() if self.provenance else None
         self.flow = _flow_control(storage, scheduler, rate_limits, concurrency, flow_store, self.lease_seconds)
+        #: What every phase and tool this App runs is handed (child runs, flow limits, callbacks, clock).
+        self.env = RunEnv(children=self, flow=self.flow, clock=scheduler.now)
         self._pipelines: dict[str, Pipeline] = {}
         self._agents: dict[str, PipelineSource] = {}
         self.schemas: dict[str, type[BaseModel]] = {}
@@ -273,7 +275,7 @@ class App:
                 f"of {type(self.scheduler).__name__}; set them on the Agent instead (it is rebuilt on every worker)")
         _evaluate_concurrency_key(job_id, options)
         kwargs = source.start_run(job_id, messages, options, self)
-        set_run_callbacks(job_id, run_callbacks)
+        self.env.callbacks.set(job_id, run_callbacks)
         # The first turn goes to the queue of the run's priority, like every later one.
         scheduler = flow.with_priority(self.scheduler, flow.check_priority(options.get("priority") or "interactive"))
         try:
@@ -281,7 +283,7 @@ class App:
                       scheduler=scheduler, retry_mode=check_retry_mode(retry_mode), continue_completed=True,
                       **kwargs)
         except BaseException:
-            forget_run_callbacks(job_id)
+            self.env.callbacks.forget(job_id)
             raise
         return RunHandle(self, job_id)
 
@@ -422,7 +424,7 @@ class App:
             if rec.status in (JobStatus.RUNNING, JobStatus.WAITING):
                 raise JobConflictError(f"job {job_id!r} is {rec.status.value}; cancel it before deleting it")
             if self._delete_at(rec) is not None:
-                forget_run_callbacks(job_id)
+                self.env.callbacks.forget(job_id)
                 return
         raise JobConflictError(f"job {job_id!r} kept changing while it was being deleted; try again")
 
@@ -446,7 +448,7 @@ class App:
             # Judged again on the record: the index entry may be older than a restart.
             expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
             if expired and rec is not None and self._delete_at(rec):
-                forget_run_callbacks(job_id)
+                self.env.callbacks.forget(job_id)
                 removed.append(job_id)
         return removed
 
@@ -546,10 +548,11 @@ class App:
     # --- advancing ---------------------------------------------------------------------------
     def advance(self, job_id: str) -> AdvanceResult:
         """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""
-        with app_bound(self):  # tools and phases that start child jobs start them on this app
-            return advance_job(job_id, lambda record: self.pipeline(record.pipeline), storage=self.storage,
-                               scheduler=self.scheduler, lease_seconds=self.lease_seconds,
-                               continue_for=self.continue_for, flow_control=self.flow)
+        # The App's environment goes with the job: tools and phases that start child jobs start them on
+        # this App, on whatever thread they run (see pipelines.engine.env).
+        return advance_job(job_id, lambda record: self.pipeline(record.pipeline), storage=self.storage,
+                           scheduler=self.scheduler, lease_seconds=self.lease_seconds,
+                           continue_for=self.continue_for, env=self.env)
 
     try_advance = advance
 

@@ -21,11 +21,9 @@ deferral, no commit, no sleep), so a worker always moves on to other work.
 
 from __future__ import annotations
 
-import contextvars
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,9 +39,7 @@ __all__ = [
     "FlowControl",
     "FlowDeferred",
     "RateLimit",
-    "active",
     "bucket_sizes",
-    "current",
     "priority_of",
     "with_priority",
 ]
@@ -238,21 +234,3 @@ def _check_concurrency(concurrency: Mapping[str, int]) -> dict[str, int]:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInputError(f"concurrency limit for {prefix!r} must be an int >= 1, got {limit!r}")
     return dict(concurrency)
-
-
-_current: contextvars.ContextVar[FlowControl | None] = contextvars.ContextVar("pipelines_flow", default=None)
-
-
-def current() -> FlowControl | None:
-    """The flow control of the App advancing a job in this context (the agent turn reads it)."""
-    return _current.get()
-
-
-@contextmanager
-def active(flow: FlowControl | None) -> Iterator[None]:
-    """Make ``flow`` the :func:`current` one while a job advances."""
-    token = _current.set(flow if flow is not None and flow.enabled else None)
-    try:
-        yield
-    finally:
-        _current.reset(token)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from pipelines.engine import versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.capabilities import record_step_with_parts
+from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
 from pipelines.engine.models import (
     Checkpoint,
@@ -48,6 +49,7 @@ __all__ = [
     "PhaseOutput",
     "Pipeline",
     "RetryLater",
+    "ToolScope",
     "WaitForInput",
     "validate_state",
 ]
@@ -255,6 +257,14 @@ class _Buffered:
     take_inbox: int = 0
 
 
+@dataclass(frozen=True)
+class ToolScope:
+    """What a turn's tools are told of their run: its ``context=`` and each tool's ``tools_context=`` entry."""
+
+    context: JSONValue = None
+    tool_contexts: Mapping[str, Any] = field(default_factory=dict)
+
+
 class PhaseContext(Generic[S]):
     """What a running phase sees and can do. Created by the runner."""
 
@@ -274,8 +284,12 @@ class PhaseContext(Generic[S]):
         options: dict[str, JSONValue] | None = None,
         inbox: int = 0,
         migrating: versions.Migrating | None = None,
+        env: RunEnv | None = None,
     ) -> None:
         self.job_id = job_id
+        #: What the App hands every phase it runs: child runs, flow limits, callbacks, clock
+        #: (:class:`~pipelines.engine.env.RunEnv`). Explicit, so the phase sees it on any thread.
+        self.env = env if env is not None else EMPTY_ENV
         self.checkpoint = checkpoint
         self.attempt = attempt
         #: Model usage of the job committed before this phase (for budgets).
@@ -307,6 +321,9 @@ class PhaseContext(Generic[S]):
         self.attempt_id = (owner or "local")[-12:]
         #: Where a streaming model call sends text as it arrives (set by the agent turn around its call).
         self.on_delta: DeltaTarget | None = None
+        #: What the tools of this phase are told of their run (``ToolContext.context`` and
+        #: ``tool_context``): set by the agent turn while its tools run, ``None`` otherwise.
+        self.tool_scope: ToolScope | None = None
 
     # --- reading -----------------------------------------------------------
     @property

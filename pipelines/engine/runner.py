@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
@@ -31,6 +32,7 @@ from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.capabilities import declares
+from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import (
     CorruptRecordError,
     InvalidInputError,
@@ -154,6 +156,7 @@ def advance_job(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     continue_for: float = 0.0,
     flow_control: flow.FlowControl | None = None,
+    env: RunEnv | None = None,
 ) -> AdvanceResult:
     """``try_advance`` with the pipeline chosen from the record (``App`` resolves it by name).
 
@@ -162,6 +165,8 @@ def advance_job(
     released and nothing written. ``flow_control`` (the App's) gates each turn
     on its concurrency key and is what the agent turn's rate limits read; a
     refused turn is rescheduled, not run (:attr:`AdvanceResult.DEFERRED`).
+    ``env``: what the App hands each phase (:class:`~pipelines.engine.env.RunEnv`); its ``flow`` is the
+    one used when ``flow_control`` is not given.
     """
     validate_job_id(job_id)
     check_lease_seconds(lease_seconds)
@@ -180,10 +185,13 @@ def advance_job(
     # Every advance this turn schedules goes to the queue of the run's priority.
     turn = _Turn(storage, flow.with_priority(scheduler, flow.priority_of(record)), owner,
                  time.monotonic() + continue_for if continue_for > 0 else None)
-    turn.flow = flow_control if flow_control is not None and flow_control.enabled else None
+    env = env if env is not None else EMPTY_ENV
+    if flow_control is not None and flow_control is not env.flow:
+        env = replace(env, flow=flow_control)
+    turn.env = env
+    turn.flow = env.active_flow()
     try:
-        with flow.active(turn.flow):
-            return turn.run(record, pipeline_for)
+        return turn.run(record, pipeline_for)
     finally:
         LEASE_KEEPER.drop(held)
         if not turn.released:
@@ -200,6 +208,7 @@ class _Turn:
         self.deadline = deadline
         self.released = False
         self.flow: flow.FlowControl | None = None
+        self.env: RunEnv = EMPTY_ENV
         # What the turn being run upgrades its job from (set by admit, read when its context is built).
         self.migrating: versions.Migrating | None = None
 
@@ -353,7 +362,7 @@ class _Turn:
         """Run the phase and commit; ``(result, None, None)`` when fenced off."""
         job_id = record.job_id
         saver = _Saver(record, self.storage, self.scheduler, self.owner)
-        ctx = _context(record, self.storage, self.scheduler, self.owner, saver, self.migrating)
+        ctx = _context(record, self.storage, self.scheduler, self.owner, saver, self.migrating, self.env)
         try:
             outcome = _outcome(ctx, pipeline, record)
         except StaleVersionError:
@@ -461,13 +470,14 @@ class _Saver:
 
 
 def _context(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: str,
-             saver: _Saver, migrating: versions.Migrating | None = None) -> PhaseContext[Any]:
+             saver: _Saver, migrating: versions.Migrating | None = None,
+             env: RunEnv | None = None) -> PhaseContext[Any]:
     cp = record.checkpoint
     assert cp is not None
     return PhaseContext(job_id=record.job_id, checkpoint=cp, storage=storage, owner=owner, clock=scheduler.now,
                         saver=saver, attempt=cp.attempt, usage=record.total_usage, version=record.version,
                         transcript_len=record.transcript_len, options=record.options, inbox=record.inbox,
-                        migrating=migrating)
+                        migrating=migrating, env=env)
 
 
 def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> transitions.Outcome:

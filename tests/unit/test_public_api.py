@@ -60,7 +60,8 @@ def test_every_library_type_in_a_public_signature_is_exported() -> None:
                "Awaitable", "None", "Checkpoint", "Message", "JSONValue", "RunOptions", "AgentConfig", "T", "S",
                "PipelineSource", "PipelineFor", "Outcome", "InterruptPolicy", "ModelRequest", "ModelResponse",
                "BaseException", "Literal", "Build", "AdvanceFn", "LogLevel", "PhaseFn", "PhaseOutput",
-               "Migrating"}  # what a turn migrates from: built by the runner, read by phases.view_migration
+               "Migrating",  # what a turn migrates from: built by the runner, read by phases.view_migration
+               "RunEnv"}  # the turn's environment: built by the App, read by phases and tools (pipelines.engine.env)
     missing: dict[str, set[str]] = {}
     for where, sig in _signatures():
         mentioned: set[str] = set()
