@@ -30,6 +30,7 @@ from typing import Any
 from phases import journal
 from phases.compaction import MARKER_KEY, compacted_view, view_marker
 from pipelines.engine import versions
+from pipelines.engine.contain import contained, describe
 from pipelines.engine.models import Message, to_json_value
 from pipelines.engine.phase import FailJob, PhaseContext
 
@@ -58,8 +59,10 @@ def migrate_view(ctx: PhaseContext[Any], migrations: Mapping[str, ViewMigration]
     for old, fn in versions.pending(migrations, source if isinstance(source, str) else None, target):
         try:
             out = fn(json.loads(json.dumps(view)))  # a copy: fn may edit it in place
-        except Exception as exc:  # user code: the job fails with the reason, the transcript untouched (I9)
-            raise FailJob(f"view migration from version {old!r} failed: {type(exc).__name__}: {exc} "
+        except BaseException as exc:  # user code: the job fails with the reason, the transcript untouched (I9)
+            if not contained(exc):  # sys.exit() included; only a process going down passes
+                raise
+            raise FailJob(f"view migration from version {old!r} failed: {describe(exc)} "
                           f"(migrating job {ctx.job_id!r} to version {target!r})") from exc
         view = _checked(out, old)
     note = view_marker(view, upto=len(past), version=target)

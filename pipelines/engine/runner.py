@@ -32,6 +32,7 @@ from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions
 from pipelines.engine._aio import resolve
 from pipelines.engine.capabilities import declares
+from pipelines.engine.contain import contained, describe
 from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import (
     CorruptRecordError,
@@ -503,9 +504,12 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
         return RetryLater(STORAGE_RETRY_SECONDS, f"storage unavailable: {exc}")
     except FailJob as sig:
         return Fail(sig.error)
-    except Exception as exc:
+    except BaseException as exc:
+        # sys.exit() in user code too: the job's error, not the end of a worker serving other jobs.
+        if not contained(exc):
+            raise
         logger.info("job %s: phase %s raised", record.job_id, cp.next_phase, exc_info=True)
-        return Fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return Fail(describe(exc))
     if not isinstance(outcome, Next | Done | Fail | RetryLater | WaitForInput):
         return Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; "
                     "expected Next, Done, Fail, RetryLater or WaitForInput")

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple
 
+from pipelines.engine.contain import contained, describe
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JobRecord, to_json_value
 
@@ -196,6 +197,8 @@ def _migrate(state: Any, stored: str | None, migrations: Mapping[str, Migration]
     for old, fn in pending(migrations, stored):
         try:
             state = to_json_value(fn(state), what=f"the state returned by the migration from {old!r}")
-        except Exception as exc:  # user code: any failure fails the job, with its reason (I9)
-            raise _MigrationError(f"migration from version {old!r} failed: {type(exc).__name__}: {exc}") from exc
+        except BaseException as exc:  # user code: any failure fails the job, with its reason (I9)
+            if not contained(exc):  # the process is going down: not the job's fault
+                raise
+            raise _MigrationError(f"migration from version {old!r} failed: {describe(exc)}") from exc
     return state

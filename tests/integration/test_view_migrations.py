@@ -185,6 +185,28 @@ def test_a_failing_view_migration_fails_the_job_and_a_retry_after_the_fix_migrat
     assert model.calls[0].messages[0]["content"] == "You are v2." and markers(fixed.messages("j")) == [len(before)]
 
 
+@pytest.mark.parametrize(("raised", "named"), [(SystemExit(3), "SystemExit: 3"), (SystemExit(), "SystemExit "),
+                                               (GeneratorExit(), "GeneratorExit ")], ids=["exit-3", "exit", "gen-exit"])
+def test_a_view_migration_that_calls_sys_exit_fails_the_job_as_data_not_the_worker(
+        storage: Any, raised: BaseException, named: str) -> None:
+    upgrades.clear()
+    clock = VirtualClock(start=1_000_000.0)
+    before = old_job(storage, clock)
+
+    def exits(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        raise raised  # what sys.exit() raises, from a library the migration calls
+
+    bad, model = app_of(storage, "2", clock, view_migrations={"1": exits})
+    assert bad.advance("j") is AdvanceResult.FAILED  # returned: the worker loop goes on
+    rec = storage.get_job("j")
+    assert rec.status is JobStatus.ERROR and f"view migration from version '1' failed: {named}" in (rec.error or "")
+    assert bad.messages("j") == before and model.calls == []
+    fixed, model = app_of(storage, "2", clock, view_migrations={"1": upgrade})
+    fixed.retry("j")
+    sched(fixed).drain()
+    assert fixed.get("j").status is JobStatus.COMPLETE and len(upgrades) == 1
+
+
 def test_the_view_is_rebuilt_from_markers_and_a_later_compaction_keeps_the_new_pin() -> None:
     past: list[dict[str, Any]] = [{"role": "system", "content": "v1"}, {"role": "user", "content": "a"}]
     view = [{"role": "system", "content": "v2"}, {"role": "user", "content": "A"}]
