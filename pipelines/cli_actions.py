@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
+from pipelines.cli_args import count
 from pipelines.engine.models import JobStatus
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def _register_lifecycle(add: AddCommand, load: LoadApp, seconds: Callable[[str],
                    help="seconds since the job finished (default: the app's retention=)")
     p.add_argument("--scan", action="store_true",
                    help="also scan every record (jobs finished before the finished index existed)")
-    p.add_argument("--limit", type=int, default=1000, help="at most this many jobs (default: 1000)")
+    p.add_argument("--limit", type=count, default=1000, help="at most this many jobs (default: 1000)")
 
 
 def _tail(app: App, args: argparse.Namespace, out: TextIO, when: Callable[[float | None], str]) -> int:

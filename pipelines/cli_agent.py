@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pipelines.cli_args import printable
 from pipelines.engine.errors import InvalidInputError, JobFailedError
 
 if TYPE_CHECKING:
@@ -59,8 +60,8 @@ def _run(app: App, args: argparse.Namespace, out: TextIO) -> int:
     if args.follow:
         app.run_in_process()  # an in-process scheduler runs the turns here; a queue's workers run them
         for part in run.stream(timeout=args.timeout):
-            if part.type == "text_delta":
-                print(part.data.get("text", ""), end="", file=out, flush=True)
+            if part.type == "text_delta":  # the model's text, for a terminal: escapes shown, not obeyed
+                print(printable(str(part.data.get("text", ""))), end="", file=out, flush=True)
             elif part.type == "turn_committed":
                 print(file=out, flush=True)
     view = run.wait(timeout=args.timeout)
@@ -68,7 +69,7 @@ def _run(app: App, args: argparse.Namespace, out: TextIO) -> int:
         raise JobFailedError(f"job {job_id!r} failed: {view.error}")
     if not args.follow:
         result = view.result
-        print(result if isinstance(result, str) else json.dumps(result, default=str), file=out)
+        print(printable(result) if isinstance(result, str) else json.dumps(result, default=str), file=out)
     return 0
 
 
