@@ -9,9 +9,9 @@ background queue first for one take (if it is empty, interactive work is
 taken as usual): background work gets at least one take in
 ``background_every`` (default 5) per worker, whatever the load.
 
-Both classes also run ``warm_up`` (``pipelines worker`` sets it to start
-litellm's import on a background thread) once they are taking jobs, never
-before (see :class:`_DeferredWarmUp`), and go on through a Redis outage
+Both classes also run ``warm_up`` (``pipelines worker`` sets it to import
+and warm litellm) to its end before their first take, never beside one (see
+:class:`_WarmBeforeFirstTake`), and go on through a Redis outage
 (:mod:`adapters.rq_recovery`).
 """
 
@@ -50,16 +50,17 @@ class _PriorityOrder:
                                                             self.background_every)
 
 
-class _DeferredWarmUp:
-    """Mixin over an RQ worker: ``warm_up()`` runs once, when the work loop first asks for a job.
+class _WarmBeforeFirstTake:
+    """Mixin over an RQ worker: ``warm_up()`` runs once, to its end, before the work loop first asks for a job.
 
-    By then RQ has registered the worker and forked its scheduler process, so
-    a warm-up that makes forks wait for it (litellm's, see
-    :func:`phases.litellm_model.warm_in_background`) delays neither. A
-    forking worker's first work-horse does wait for it: a horse forked
-    earlier would import litellm itself if its turn calls the model, twice
-    the CPU on a small host (measured: 10-13 s instead of ~5.5 s to the
-    first turn on a loaded 2-core machine).
+    By then RQ has registered the worker (its state stays "started" until
+    this returns, then "idle") and forked its scheduler process (which so
+    never loads litellm). Not after the first take: a turn taken while
+    litellm loads holds its job's lease through the import, and a worker
+    killed meanwhile costs the job a whole lease. Workers restarted every
+    0.5 s (make chaos) then advanced no job at all (0 of 40 in 180 s),
+    though each lived longer than a turn. A forking worker's horses inherit
+    the loaded module instead of importing it each.
     """
 
     warm_up: Callable[[], object] | None = None
@@ -72,9 +73,9 @@ class _DeferredWarmUp:
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[misc]
 
 
-class PriorityWorker(RidesOutOutages, SchedulerKeeper, _DeferredWarmUp, _PriorityOrder, Worker):
+class PriorityWorker(RidesOutOutages, SchedulerKeeper, _WarmBeforeFirstTake, _PriorityOrder, Worker):
     """A forking RQ worker reading its queues in priority order with a background share."""
 
 
-class PrioritySimpleWorker(RidesOutOutages, SchedulerKeeper, _DeferredWarmUp, _PriorityOrder, SimpleWorker):
+class PrioritySimpleWorker(RidesOutOutages, SchedulerKeeper, _WarmBeforeFirstTake, _PriorityOrder, SimpleWorker):
     """An in-process RQ worker reading its queues in priority order with a background share."""

@@ -22,8 +22,8 @@ from tests.fake_openai import FakeOpenAI, streamed, text_reply
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(code: str, timeout: float = 90) -> Any:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _run(code: str, timeout: float = 90, **extra_env: str) -> Any:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=timeout)
     assert out.returncode == 0, out.stderr
@@ -90,17 +90,41 @@ def test_a_real_litellm_call_right_after_the_lazy_start(fake_openai: FakeOpenAI)
     assert len(fake_openai.requests) == 2
 
 
-def test_the_worker_starts_its_warm_up_once_it_takes_jobs_not_before(redis_url: str) -> None:
+def test_the_worker_warms_up_once_registered_and_before_it_first_asks_for_a_job(redis_url: str) -> None:
     import redis
 
     client = redis.Redis.from_url(redis_url)
     queue = Queue("warm-test", connection=client, serializer=JSONSerializer)
     worker = PrioritySimpleWorker([queue], connection=client, name="warm-test", serializer=JSONSerializer)
-    seen: list[bool] = []
-    worker.warm_up = lambda: seen.append(bool(client.exists(f"{Worker.redis_worker_namespace_prefix}warm-test")))
+    key = f"{Worker.redis_worker_namespace_prefix}warm-test"
+    seen: list[tuple[bool, Any]] = []
+    worker.warm_up = lambda: seen.append((bool(client.exists(key)), client.hget(key, "state")))
     try:
         worker.work(burst=True)  # an empty queue: one dequeue, then it stops
         worker.work(burst=True)
     finally:
         client.close()
-    assert seen == [True]  # once, and the worker was already registered with RQ (in its work loop)
+    # Once; registered with RQ, in its work loop, but not yet "idle": RQ's first ask for a job comes after it.
+    assert seen == [(True, b"started")]
+
+
+WORKER_WARM_UP = """
+import json, threading
+import pipelines.cli
+from phases import litellm_model
+from pipelines.worker import load_app
+warm_up = pipelines.cli._warm_up(load_app("tests.apps.stream_app:app"))
+before = litellm_model._litellm_module is not None
+warm_up()  # what PrioritySimpleWorker / PriorityWorker run before their first take
+print(json.dumps({"before": before, "loaded": litellm_model._litellm_module is not None,
+                  "threads": [t.name for t in threading.enumerate() if t is not threading.main_thread()]}))
+"""
+
+
+def test_the_workers_warm_up_has_loaded_litellm_when_it_returns() -> None:
+    # Liveness: a worker takes its first job only after this returns. Had it only started the import on a
+    # thread, the first turn would hold its lease through the import (chaos: 0 jobs advanced under restarts).
+    report = _run(WORKER_WARM_UP, REDIS_URL="redis://127.0.0.1:1/0", FAKE_OPENAI_BASE="http://127.0.0.1:1/v1")
+    assert report["before"] is False
+    assert report["loaded"] is True
+    assert not [name for name in report["threads"] if name.startswith("pipelines-warm")]

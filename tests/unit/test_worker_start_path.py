@@ -52,7 +52,7 @@ def test_the_worker_start_path_of_a_litellm_app_does_not_import_litellm() -> Non
     assert report["loaded"]["tests.apps.stream_app:app"] == ["streamer"]  # an agent on "openai/fake-model"
     assert report["loaded"]["bench.startup_app:app"] == ["adder"]
     assert report["heavy"] == []  # not litellm (nor openai, ...), and no web, template or celery module
-    assert report["warm_up"] == "warm_in_background"  # what the worker starts once it takes jobs
+    assert report["warm_up"] == "warm"  # what the worker runs to its end before its first take
 
 
 def test_a_scripted_app_gets_no_litellm_warm_up() -> None:
