@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from contextlib import suppress
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from phases.tools import Tool, ToolContext
+from pipelines.engine import children as children_rules
 from pipelines.engine import transitions, versions
-from pipelines.engine.children import KIND, child_job_id, child_key
+from pipelines.engine.children import KIND, child_job_id, child_key, owned
 from pipelines.engine.env import ChildRuns
 from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.engine.models import check_messages, to_json_value
@@ -46,6 +46,7 @@ OnChildError = Literal["error_result", "fail"]
 """A failed or cancelled child: its ``Error: ...`` text is the tool result, or the parent fails."""
 
 MapRun = Callable[[Any], Mapping[str, Any]]
+
 
 class AgentToolInput(BaseModel):
     """The default arguments of an agent used as a tool: one request in plain words."""
@@ -74,22 +75,62 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
 
     ``target`` is an agent (``run`` holds ``user``/``messages`` and per-run
     options) or a registered pipeline's name (``run`` holds
-    ``initial_state``). Bad input raises before anything is written.
+    ``initial_state``). Bad input raises before anything is written. A job
+    found under the child's id is adopted only if its record names this
+    parent and call (else :class:`JobConflictError`); a new child deeper than
+    :data:`~pipelines.engine.children.MAX_DEPTH` is refused with
+    :class:`InvalidInputError` (see :mod:`pipelines.engine.children`).
     """
     child_id = child_job_id(parent_job, call_id)
-    if app.storage.get_job(child_id) is not None:
-        return child_id  # a re-run of the call: the child it started is the one
+    existing = app.storage.get_job(child_id)
+    if existing is not None:
+        return _adopted(existing, parent_job, call_id)  # a re-run of the call: the child it started is the one
+    depth = _depth_below(app, parent_job)
     name, first, version, start = _child_start(app, child_id, target, dict(run))
     commit = transitions.create_child(
         child_id, parent_job=parent_job, parent_call=call_id, pipeline=name, first=first,
         state=to_json_value(start.get("initial_state"), what=f"initial state of child job {child_id!r}"),
         messages=check_messages(start.get("messages", []), f"messages of child job {child_id!r}"),
         options=to_json_value(start.get("options", {}), what=f"options of child job {child_id!r}"),
-        now=app.scheduler.now())
+        now=app.scheduler.now(), depth=depth)
     commit = commit.model_copy(update={"record": versions.stamp(commit.record, version, new=True)})
-    with suppress(JobConflictError):  # a duplicate worker created it first: still exactly one child
+    try:
         transitions.apply(app.storage, app.scheduler, commit)
+    except JobConflictError:
+        # The id was taken between the look and the create (the create refuses a taken id atomically):
+        # a duplicate worker's child is the one; anything else is judged on the owner its create wrote.
+        existing = app.storage.get_job(child_id)
+        if existing is None:
+            raise JobConflictError(f"child job {child_id!r} was created and deleted while call {call_id} of "
+                                   f"job {parent_job!r} started it; try again") from None
+        return _adopted(existing, parent_job, call_id)
     return child_id
+
+
+def _adopted(found: Any, parent_job: str, call_id: str) -> str:
+    """``found``'s id if it is the child of ``parent_job``'s call ``call_id``; else :class:`JobConflictError`.
+
+    The owner fields are written by the child's create and never change, so
+    reading them after the create refused the id is as sound as inside it.
+    """
+    if not owned(found, parent_job, call_id):
+        owner = (f"call {found.parent_call} of job {found.parent_job!r}" if found.parent_job is not None
+                 else "no parent (a job started on its own)")
+        raise JobConflictError(f"job {found.job_id!r} is not the child run of call {call_id} of job "
+                               f"{parent_job!r}: it belongs to {owner}; no child was started")
+    return str(found.job_id)
+
+
+def _depth_below(app: App, parent_job: str) -> int:
+    """The depth of ``parent_job``'s next child, or :class:`InvalidInputError` past ``MAX_DEPTH``."""
+    parent = app.storage.get_job(parent_job)
+    depth = (parent.depth if parent is not None else 0) + 1
+    if depth > children_rules.MAX_DEPTH:
+        raise InvalidInputError(
+            f"job {parent_job!r} may not start a child run: it is {depth - 1} levels below its family's root, "
+            f"the deepest a family of child runs may grow (pipelines.engine.children.MAX_DEPTH = "
+            f"{children_rules.MAX_DEPTH}); answer without it")
+    return depth
 
 
 def _child_start(app: App, child_id: str, target: Any,
@@ -132,6 +173,8 @@ def _child_tool(target: Any, *, name: str, description: str, input_model: type[B
 
     built = Tool(name=name, description=description, input_model=input_model or AgentToolInput, execute=execute)
     built.child_agent = None if isinstance(target, str) else target  # type: ignore[attr-defined]
+    # Counted against the turn's fan-out limit by the tool runner (children.MAX_CHILDREN_PER_TURN).
+    built.starts_child = True  # type: ignore[attr-defined]
     return built
 
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from phases import journal
 from phases.observe import notify
 from phases.tools import Tool, ToolArgumentsError, ToolContext, check_timeout, result_content
-from pipelines.engine import telemetry
+from pipelines.engine import children, telemetry
 from pipelines.engine._aio import resolve, run_sync
 from pipelines.engine.errors import StateNotSerializableError
 from pipelines.engine.models import Message
@@ -74,6 +74,7 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
     default_timeout = check_timeout(default_timeout, "default_timeout")
     if not calls:
         return []
+    _refuse_extra_children(ctx, tmap, calls)
     pending = [c for c in calls if not ctx.recorded(journal.tool_key(c['id']))[0]]
     if pending:
         _check_approvals(ctx, tmap, pending)
@@ -92,6 +93,18 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
                 ctx.record(journal.TOOLS_STARTED, [c["id"] for c in pending])
             _execute(ctx, tmap, pending, turn, default_timeout)
     return [tool_message(c, ctx.recorded(journal.tool_key(c['id']))[1]) for c in calls]
+
+
+def _refuse_extra_children(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]]) -> None:
+    """Journal an error result for each child-starting call past the turn's fan-out limit (no child starts).
+
+    Counted in the answer's order over all its calls, done or not, so a
+    re-run after a crash refuses the same calls.
+    """
+    starting = [c for c in calls if getattr(_tool_of(tmap, c), "starts_child", False) is True]
+    for call in starting[children.MAX_CHILDREN_PER_TURN:]:
+        if not ctx.recorded(journal.tool_key(call['id']))[0]:
+            ctx.record(journal.tool_key(call['id']), children.fan_out_refused(str(_function(call).get("name"))))
 
 
 def arguments_digest(call: Mapping[str, Any]) -> str:

@@ -13,6 +13,8 @@ name to phases, so one worker serves many pipelines and agents::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -39,7 +41,7 @@ from pipelines.engine.errors import (
     StaleVersionError,
 )
 from pipelines.engine.leases import check_lease_seconds
-from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, validate_job_id
+from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, to_json_value, validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
 from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advance_job, as_pipeline
 from pipelines.engine.start import RetryMode, check_retry_mode, start_job
@@ -372,7 +374,9 @@ class App:
         is paused (``app.resume`` runs it) unless ``run``; a turn that ended
         the job gives a complete fork, to continue with new messages.
         ``options`` override the original's per-run options (agents only).
-        Repeating a fork that landed (a retry after a crash) returns it.
+        Repeating a fork that landed (a retry after a crash) returns it; a
+        fork to a taken id that asks anything else (another source or turn,
+        ``run``, ``options``) is refused with :class:`JobConflictError`.
         """
         validate_job_id(new_job_id)
         src = control.load_job(self.storage, job_id)
@@ -380,18 +384,23 @@ class App:
         if run and mark.next_phase is None:
             raise InvalidInputError(f"turn {at_turn} ended job {job_id!r}: nothing runs after it; re-run from "
                                     "an earlier turn, or fork it and continue with new messages")
+        overrides = self._fork_options(src, options)
+        request = _fork_request(src.job_id, mark.phases_done, run, overrides)
         existing = self.storage.get_job(new_job_id)
         if existing is not None:
-            if existing.forked_from == src.job_id and existing.at_turn == mark.phases_done:
-                return RunHandle(self, new_job_id)  # this very fork landed before (a retried call)
-            raise JobConflictError(f"job {new_job_id!r} already exists")
+            return RunHandle(self, _landed_fork(existing, new_job_id, request))
         messages = self.storage.messages(job_id, 0, mark.transcript_len)
         if len(messages) != mark.transcript_len:
             raise CorruptRecordError(f"job {job_id!r} holds {len(messages)} messages, fewer than the "
                                      f"{mark.transcript_len} its turn {at_turn} committed")
-        commit = transitions.fork(src, mark, new_job_id=new_job_id, messages=messages,
-                                  options=self._fork_options(src, options), run=run, now=self.scheduler.now())
-        transitions.apply(self.storage, self.scheduler, commit)
+        commit = transitions.fork(src, mark, new_job_id=new_job_id, messages=messages, request=request,
+                                  options={**src.options, **overrides}, run=run, now=self.scheduler.now())
+        try:
+            transitions.apply(self.storage, self.scheduler, commit)
+        except JobConflictError:
+            # Taken since the look above (the create refuses a taken id atomically): the request the
+            # other create wrote, never changed after, says whether it is this very fork.
+            return RunHandle(self, _landed_fork(self.storage.get_job(new_job_id), new_job_id, request))
         return RunHandle(self, new_job_id)
 
     def rerun(self, job_id: str, *, from_turn: int, new_job_id: str, **options: Any) -> RunHandle:
@@ -400,15 +409,15 @@ class App:
         return self.fork(job_id, at_turn=from_turn, new_job_id=new_job_id, run=True, **options)
 
     def _fork_options(self, src: JobRecord, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The original's per-run options with ``options`` over them, checked as a new run's would be."""
+        """``options`` checked as a new run's would be: what a fork puts over the original's per-run options."""
         if not options:
-            return dict(src.options)
+            return {}
         source = self._agents.get(src.pipeline)
         if source is None:
             raise InvalidInputError(f"per-run options ({', '.join(sorted(options))}) apply to agent runs; "
                                     f"job {src.job_id!r} runs the pipeline {src.pipeline!r}")
-        checked = source.start_run(src.job_id, [], options, self)["options"]
-        return {**src.options, **checked}
+        checked: dict[str, Any] = source.start_run(src.job_id, [], options, self)["options"]
+        return checked
 
     # --- deleting -------------------------------------------------------------------------------
     def delete(self, job_id: str) -> None:
@@ -416,13 +425,18 @@ class App:
 
         Atomic per job: the status is judged at a version and the delete
         lands only if the job is still at it. A running or waiting job is
-        refused with :class:`JobConflictError` (cancel it first); an unknown
-        one raises :class:`~pipelines.engine.errors.JobNotFoundError`.
+        refused with :class:`JobConflictError` (cancel it first), and so is a
+        finished child run its parent still waits for (its outcome is not in
+        the parent yet); an unknown one raises
+        :class:`~pipelines.engine.errors.JobNotFoundError`.
         """
         for _ in range(3):
             rec = control.load_job(self.storage, job_id)
             if rec.status in (JobStatus.RUNNING, JobStatus.WAITING):
                 raise JobConflictError(f"job {job_id!r} is {rec.status.value}; cancel it before deleting it")
+            if (parent := children.awaited_by(rec, self.storage)) is not None:
+                raise JobConflictError(f"job {job_id!r} is a child run its parent {parent!r} still waits for; "
+                                       "delete it once the parent has woken, or cancel the parent first")
             if self._delete_at(rec) is not None:
                 self.env.callbacks.forget(job_id)
                 return
@@ -434,8 +448,8 @@ class App:
         ``older_than`` defaults to the app's ``retention``. Candidates come
         from the finished index the commits keep; ``scan=True`` also reads
         every record (jobs that finished before that index existed, or a
-        storage without one). A job restarted meanwhile is left alone.
-        Returns the deleted ids.
+        storage without one). A job restarted meanwhile is left alone, and so
+        is a child run its parent still waits for. Returns the deleted ids.
         """
         age = self.retention if older_than is None else _check_retention(older_than, "older_than")
         if age is None:
@@ -447,6 +461,8 @@ class App:
             rec = self.storage.get_job(job_id)
             # Judged again on the record: the index entry may be older than a restart.
             expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
+            if expired and rec is not None and children.awaited_by(rec, self.storage) is not None:
+                continue  # its parent has not read its outcome yet: a later sweep deletes it
             if expired and rec is not None and self._delete_at(rec):
                 self.env.callbacks.forget(job_id)
                 removed.append(job_id)
@@ -628,6 +644,28 @@ def _evaluate_concurrency_key(job_id: str, options: dict[str, Any]) -> None:
         if value is not None and (not isinstance(value, str) or not value):
             raise InvalidInputError(f"the concurrency_key function returned {value!r}; expected a string or None")
         options["concurrency_key"] = value
+
+
+def _fork_request(source: str, at_turn: int, run: bool, overrides: Mapping[str, Any]) -> str:
+    """What a fork asks, as a digest kept on its record: a repeat lands only if it asks the same."""
+    asked = {"source": source, "at_turn": at_turn, "run": run,
+             "options": to_json_value(dict(overrides), what="the fork's options")}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _landed_fork(existing: JobRecord | None, new_job_id: str, request: str) -> str:
+    """``new_job_id`` if ``existing`` is the fork ``request`` asks for (a retried call); else JobConflictError."""
+    if existing is None:
+        raise JobConflictError(f"job {new_job_id!r} was created and deleted while it was being forked; try again")
+    if existing.fork_request == request:
+        return new_job_id
+    if existing.forked_from is None:
+        what = "it is not a fork"
+    elif existing.fork_request is None:
+        what = "a fork from before requests were recorded, which cannot be told from this one"
+    else:
+        what = "a fork asked with another source, turn, run or options"
+    raise JobConflictError(f"job {new_job_id!r} already exists ({what}); fork to a new id")
 
 
 def _check_retention(value: object, name: str = "retention") -> float | None:
