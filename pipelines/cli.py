@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from adapters.base import CountingIndex, page_cursor, parse_cursor
 from pipelines import cli_actions, cli_agent, health
 from pipelines.app import App, tags_of
+from pipelines.cli_args import count, non_negative, port, printable
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import ConfigurationError, JobNotFoundError, PipelineError
 from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
@@ -226,7 +227,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         rows.append(("lease", f"held by {owner}"))
     rows += [("created", _when(rec.created_at)), ("updated", _when(rec.updated_at))]
     for key, value in rows:
-        print(f"{key + ':':<13}{value}", file=out)
+        print(f"{key + ':':<13}{printable(str(value))}", file=out)  # a title or an error may quote the model
     return 0
 
 
@@ -253,7 +254,7 @@ def cmd_log(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
     _record(app, args.job)
     for e in app.storage.logs(args.job):
-        print(f"{_when(e.timestamp)}  {e.level:<5}  {e.phase or '-'}  {e.message}", file=out)
+        print(printable(f"{_when(e.timestamp)}  {e.level:<5}  {e.phase or '-'}  {e.message}"), file=out)
     return 0
 
 
@@ -268,7 +269,8 @@ def _pretty(i: int, m: Message) -> str:
     for call in m.get("tool_calls") or []:
         fn = call.get("function", {}) if isinstance(call, dict) else {}
         lines.append(f"    -> {fn.get('name', '?')}({fn.get('arguments', '')}) [{call.get('id', '?')}]")
-    return "\n".join(lines)
+    # Model and tool text, for a terminal: an escape sequence in it is shown, not obeyed.
+    return printable("\n".join(lines))
 
 
 def cmd_transcript(args: argparse.Namespace, out: TextIO) -> int:
@@ -432,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-grace", type=_positive_or_zero, default=10.0,
                    help="only sweep jobs due for at least this many seconds (default: 10)")
     p.add_argument("--log-level", default="INFO", help="RQ's logging level (default: INFO)")
-    p.add_argument("--background-every", type=int, default=5,
+    p.add_argument("--background-every", type=non_negative, default=5,
                    help="under sustained interactive load, take background work at least once in this many "
                         "takes (default: 5; 0 = only when no interactive work waits)")
 
@@ -440,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", nargs="?", help="the job id (omit with --due)")
     p.add_argument("--due", action="store_true", help="advance every running job that is due and not leased")
     p.add_argument("--grace", type=_positive_or_zero, default=0.0, help="with --due: only jobs due this long")
-    p.add_argument("--limit", type=int, default=1000, help="with --due: at most this many jobs (default: 1000)")
+    p.add_argument("--limit", type=count, default=1000, help="with --due: at most this many jobs (default: 1000)")
 
     p = add("status", cmd_status, "show a job's status, phase, error and result")
     p.add_argument("job")
@@ -466,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("jobs", cmd_jobs, "list jobs: id, status, pipeline, phase, version, updated, tags")
     p.add_argument("--tag", action="append", help="only jobs with this tag (repeat: all of them)")
     p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
-    p.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    p.add_argument("--limit", type=count, default=1000, help="at most this many (default: 1000)")
     p.add_argument("--version", dest="by_version", action="store_true",
                    help="what runs on which code version: pipeline, version, jobs, jobs per status")
     p.add_argument("--before", metavar="CURSOR", help="the next page: the cursor a full page printed on stderr")
@@ -474,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("reindex", cmd_reindex, "put jobs stored before the listing indexes existed into them (safe while running)")
     p = add("ui", cmd_ui, "serve the web page to watch and steer runs (needs phaserunner[web])")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need a token)")
-    p.add_argument("--port", type=int, default=8008, help="port (default: 8008)")
+    p.add_argument("--port", type=port, default=8008, help="port, 1-65535 (default: 8008)")
     p.add_argument("--token", help="require this token to log in (default: $PIPELINES_UI_TOKEN)")
     p.add_argument("--read-only", action="store_true", help="show runs, refuse every action")
     cli_actions.register(add, _load, _when, _positive_or_zero, _positive)
