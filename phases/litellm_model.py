@@ -1,10 +1,11 @@
 """``LiteLLMModel``: the model seam over litellm, with our own retry policy and no secret leaks.
 
 litellm is imported on first use, never at module import (it costs ~3 s and
-~200 MiB). ``pipelines worker`` starts :func:`warm_in_background` once it is
-taking jobs, so the import is off the path to its first turn and forked
-work-horses still inherit the loaded module (a fork waits for the warm-up to
-end: see :func:`warm_in_background`).
+~200 MiB). ``pipelines worker`` runs :func:`warm` to its end before it asks
+for its first job (a job taken meanwhile would hold its lease through the
+import), so forked work-horses inherit the loaded module.
+:func:`warm_in_background` is for a process that must not wait for it (a fork
+waits for the warm-up to end).
 
 Retries are ours, not litellm's or the OpenAI SDK's (both are turned off: the
 SDK alone turned one 429 into 14 s of hidden retries). Transient failures
