@@ -28,7 +28,7 @@ from phases.callbacks import CALLBACKS, check_callbacks
 from phases.run_input import check_tags
 from pipelines import streams
 from pipelines.agent import Agent
-from pipelines.engine import children, control, flow, transitions, versions
+from pipelines.engine import children, control, flow, inbox, transitions, versions
 from pipelines.engine.env import RunEnv
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -36,7 +36,6 @@ from pipelines.engine.errors import (
     InvalidInputError,
     InvalidPipelineError,
     JobConflictError,
-    JobNotFoundError,
     PipelineError,
     StaleVersionError,
 )
@@ -505,24 +504,22 @@ class App:
         A running, waiting or paused job keeps them in its inbox until its next
         turn (also after a crash: the turn that takes them commits their
         removal); messages that arrive while its last turn runs start the next
-        run at once. A complete job is continued as with ``run_agent``. An
-        agent with ``on_new_message="reject"`` refuses them while it runs.
+        run in the commit that ends it. A complete job is continued as with
+        ``run_agent``, also one whose run ends while this call runs. Only what a
+        person writes is sent (strings, ``user`` and plain ``assistant``
+        messages): anything else is :class:`InvalidInputError`, nothing sent.
+        An agent with ``on_new_message="reject"`` refuses them while it runs.
+        See :mod:`pipelines.engine.inbox` for why no message is lost.
         """
         record = control.load_job(self.storage, job_id)
         source = self._agents.get(record.pipeline)
         if source is None:
             raise InvalidInputError(f"job {job_id!r} runs pipeline {record.pipeline!r}, not an agent: "
                                     "only conversations take messages")
-        msgs = [{"role": "user", "content": m} if isinstance(m, str) else m for m in as_message_list(messages)]
-        if record.status is JobStatus.COMPLETE:
-            return self.run_agent(source, job_id=job_id, messages=msgs).get() or self.view(record)
-        if record.status not in (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED):
-            raise JobConflictError(f"job {job_id!r} is {record.status.value}; retry it before sending messages")
-        if not source.takes_messages_while_running:
-            raise JobConflictError(f"agent {source.name!r} does not take messages while a run is in progress "
-                                   "(on_new_message='reject'); wait for it to complete")
-        if self.storage.send(job_id, msgs) is None:
-            raise JobNotFoundError(f"job {job_id!r} not found")
+        msgs = inbox.person_messages(as_message_list(messages))
+        inbox.send(self.storage, record, msgs, agent=source.name,
+                   takes_while_running=source.takes_messages_while_running,
+                   continue_run=lambda: self.run_agent(source, job_id=job_id, messages=msgs))
         return self.view(control.load_job(self.storage, job_id))
 
     # --- steering ------------------------------------------------------------------------------

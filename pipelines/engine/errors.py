@@ -18,7 +18,9 @@ so callers catch only these::
     ├── ConfigurationError                   bad Redis URL, bad --app import path
     ├── StorageError
     │   ├── StaleVersionError                commit/journal fenced off: another
-    │   │                                    worker moved the job on (I2)
+    │   │   │                                worker moved the job on (I2)
+    │   │   └── InboxNotEmptyError           a commit would end a run past messages
+    │   │                                    sent to it meanwhile (app.send)
     │   ├── CorruptRecordError               a stored record does not parse
     │   └── StorageUnavailableError          the backend cannot be reached
     └── ModelError                           a model call failed
@@ -34,6 +36,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "CorruptRecordError",
+    "InboxNotEmptyError",
     "InvalidInputError",
     "InvalidJobIdError",
     "InvalidPipelineError",
@@ -115,6 +118,20 @@ class StaleVersionError(StorageError):
     """
 
     unrecorded: object = None
+
+
+class InboxNotEmptyError(StaleVersionError):
+    """A commit that would end the run was refused, nothing written: messages wait in the job's inbox.
+
+    They were sent (``app.send``) while the run's last turn was in flight, after
+    it read the inbox. Storage checks this in the commit itself, so a run never
+    completes past them; the runner commits the run's end together with a new
+    run that starts with them instead. ``waiting``: the inbox's length.
+    """
+
+    def __init__(self, message: str, *, waiting: int) -> None:
+        super().__init__(message)
+        self.waiting = waiting
 
 
 class CorruptRecordError(StorageError):

@@ -596,6 +596,10 @@ class Commit(BaseModel):
     clear_control: bool = False
     # How many messages this commit took from the front of the job's inbox into the transcript.
     take_inbox: int = 0
+    # The commit ends the run: storage refuses it (InboxNotEmptyError, nothing written) if the inbox
+    # holds more than ``take_inbox`` messages, checked in the same atomic step that writes, so a run
+    # never completes past messages sent while its last turn ran.
+    ends_run: bool = False
 
     @property
     def due_at(self) -> float | None:

@@ -36,6 +36,7 @@ from pipelines.engine.contain import contained, describe
 from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import (
     CorruptRecordError,
+    InboxNotEmptyError,
     InvalidInputError,
     PipelineError,
     StaleVersionError,
@@ -241,8 +242,6 @@ class _Turn:
                 keep()  # answered already, or the question lets its connection go
             if commit is None:
                 return result
-            if result is AdvanceResult.COMPLETED and reply.inbox:
-                _continue_with_inbox(commit.record, self.storage, self.scheduler, reply.inbox)
             self.released = commit.release_lease
             if self.released:
                 return result
@@ -390,7 +389,7 @@ class _Turn:
         now = self.scheduler.now()
         commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now, keep_lease=keep_lease())
         try:
-            return commit, transitions.apply(self.storage, self.scheduler, commit)
+            return self.apply_outcome(rec, commit, outcome, out, now)
         except InvalidInputError as exc:
             # What the phase produced cannot be stored (too large, not JSON):
             # the job ends in error saying so, rather than staying due forever
@@ -398,6 +397,27 @@ class _Turn:
             failed = Fail(f"the outcome of phase {ctx.phase!r} could not be committed: {exc}")
             kept = transitions.PhaseOutput(usage=out.usage, usage_keys=out.usage_keys)
             commit = transitions.after_phase(rec, failed, kept, owner=self.owner, now=now)
+            return commit, transitions.apply(self.storage, self.scheduler, commit)
+
+    def apply_outcome(self, rec: JobRecord, commit: Commit, outcome: transitions.Outcome,
+                      out: transitions.PhaseOutput, now: float) -> tuple[Commit, CommitReply]:
+        """Apply the phase's commit; a run's end that storage refused for messages sent meanwhile goes on with them.
+
+        Storage checks the inbox in the commit itself (``Commit.ends_run``), so
+        a message sent at any moment of the last turn is either refused there
+        (the sender continues the conversation) or seen here. The run's end and
+        the next run that starts with those messages are then one commit: no
+        crash can leave a complete job with messages nobody will read.
+        """
+        try:
+            return commit, transitions.apply(self.storage, self.scheduler, commit)
+        except InboxNotEmptyError as exc:
+            if not isinstance(outcome, Done):
+                raise
+            # Nothing was written: this turn's version and lease still hold.
+            sent = self.storage.inbox(rec.job_id, exc.waiting)[out.take_inbox:]
+            logger.info("job %s: %d message(s) sent during its last turn start its next run", rec.job_id, len(sent))
+            commit = transitions.done_and_continued(rec, outcome, out, sent, owner=self.owner, now=now)
             return commit, transitions.apply(self.storage, self.scheduler, commit)
 
 
@@ -428,24 +448,6 @@ class _Keep:
             except PipelineError:
                 self._keep = False  # cannot tell: the fair choice is to go back to the queue
         return self._keep
-
-
-def _continue_with_inbox(done: JobRecord, storage: Storage, scheduler: Scheduler, waiting: int) -> None:
-    """Messages sent while the job's last turn ran go on as the conversation's next run, at once.
-
-    A compare-and-set on the completed record: if anything else moved the job
-    on first (someone continued it), the messages stay in the inbox for it.
-    """
-    messages = storage.inbox(done.job_id, waiting)
-    if not messages or done.initial_phase is None:
-        return
-    commit = transitions.continue_conversation(
-        done, first=done.initial_phase, state=done.initial_state, messages=messages, pipeline=done.pipeline,
-        options=done.options, now=scheduler.now()).model_copy(update={"take_inbox": len(messages)})
-    try:
-        transitions.apply(storage, scheduler, commit)
-    except StaleVersionError:
-        logger.info("job %s: continued by someone else; its inbox waits for that run", done.job_id)
 
 
 class _Saver:

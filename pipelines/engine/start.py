@@ -21,6 +21,7 @@ from pipelines.engine.errors import (
     StaleVersionError,
 )
 from pipelines.engine.models import (
+    Commit,
     JobRecord,
     JobStatus,
     JSONValue,
@@ -60,6 +61,20 @@ def _initial_state(job_id: str, model: type[BaseModel] | None, state: Any) -> JS
         raise InvalidInputError(f"initial_state of job {job_id!r} must be a {model.__name__}, "
                                 f"got {type(state).__name__}")
     return to_json_value(state, what=f"initial_state of job {job_id!r}")
+
+
+def _continued(storage: Storage, rec: JobRecord, *, first: str, state: JSONValue, messages: list[Message],
+               pipeline: str, options: dict[str, JSONValue], now: float) -> Commit:
+    """The commit that continues a complete conversation with ``messages``.
+
+    A complete job's inbox is empty (a run's end is refused past it), except
+    one ended by a version before that check: what was sent to it then goes
+    first, in the order sent, and leaves the inbox in this same commit.
+    """
+    left = storage.inbox(rec.job_id, rec.inbox) if rec.inbox > 0 else []
+    commit = transitions.continue_conversation(rec, first=first, state=state, messages=[*left, *messages],
+                                               pipeline=pipeline, options=options, now=now)
+    return commit.model_copy(update={"take_inbox": len(left)}) if left else commit
 
 
 def start_job(
@@ -105,8 +120,8 @@ def start_job(
         commit = transitions.create(job_id, pipeline=name, first=first, state=state, messages=new_messages,
                                     options=opts, now=now, trace=telemetry.run_context(job_id, name))
     elif existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
-        commit = transitions.continue_conversation(existing, first=first, state=state, messages=new_messages,
-                                                   pipeline=name, options=opts, now=now)
+        commit = _continued(storage, existing, first=first, state=state, messages=new_messages, pipeline=name,
+                            options=opts, now=now)
         fresh = True
     else:
         if new_messages:

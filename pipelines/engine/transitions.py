@@ -61,6 +61,7 @@ __all__ = [
     "children_done",
     "continue_conversation",
     "create",
+    "done_and_continued",
     "create_child",
     "fork",
     "pause",
@@ -281,10 +282,35 @@ def _on_done(rec: JobRecord, outcome: Done, out: PhaseOutput, owner: str, now: f
     new = _moved(rec, token, now, None, status=JobStatus.COMPLETE, result=outcome.result, stop_reason=reason,
                  transcript_len=tlen, usage=rec.usage + out.usage, phases_done=rec.phases_done + 1,
                  history=history)
-    return _commit(rec, new, token, owner=owner, messages=out.messages, keep_journal=False, clear_control=True,
-                   take_inbox=out.take_inbox,
-                   logs=[*out.logs, _log(now, phase, "job complete")],
-                   events=[*out.events, make_event("job_finished", now, phase=phase, reason=reason)])
+    commit = _commit(rec, new, token, owner=owner, messages=out.messages, keep_journal=False, clear_control=True,
+                     take_inbox=out.take_inbox,
+                     logs=[*out.logs, _log(now, phase, "job complete")],
+                     events=[*out.events, make_event("job_finished", now, phase=phase, reason=reason)])
+    # Storage refuses it while messages this turn did not take wait: see done_and_continued.
+    commit.ends_run = True
+    return commit
+
+
+def done_and_continued(rec: JobRecord, outcome: Done, out: PhaseOutput, messages: list[Message], *, owner: str,
+                       now: float) -> Commit:
+    """The run ends with ``outcome`` and the conversation goes on with ``messages``, in one commit.
+
+    The last turn's commit when messages were sent while it ran (its
+    ``ends_run`` commit was refused): ``messages`` are those after the ones
+    the turn took (``out.take_inbox``), and this commit takes them too. One
+    commit, so no crash can leave a complete job with messages nobody reads.
+    """
+    done = _on_done(rec, outcome, out, owner, now)
+    if rec.initial_phase is None:  # a record from before runs kept their start: the next run takes them first
+        return done.model_copy(update={"ends_run": False})
+    more = continue_conversation(done.record, first=rec.initial_phase, state=rec.initial_state, messages=messages,
+                                 pipeline=rec.pipeline, options=rec.options, now=now)
+    return more.model_copy(update={
+        "expected_version": rec.version, "owner": owner,
+        "record": more.record.model_copy(update={"version": rec.version + 1}),
+        "append_messages": [*done.append_messages, *more.append_messages],
+        "logs": [*done.logs, *more.logs], "events": [*done.events, *more.events],
+        "take_inbox": out.take_inbox + len(messages)})
 
 
 def _on_retry_later(rec: JobRecord, outcome: RetryLater, out: PhaseOutput, owner: str, now: float) -> Commit:

@@ -17,6 +17,7 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
+from adapters.redis_scripts import COMMIT_ARGS
 from pipelines import Agent, App, tool
 from pipelines.crash_harness import SimulatedCrash
 from pipelines.testing import ScriptedModel, call, reply
@@ -59,8 +60,8 @@ class Commits:
             got = inner(*args, **options)  # a first EVALSHA answered NOSCRIPT raises: not counted
             if len(args) > 1 and str(args[0]).upper() == "EVALSHA" and args[1] == sha:
                 argv = [a.decode() if isinstance(a, bytes) else str(a) for a in args[3 + int(args[2]):]]
-                n = int(argv[11])
-                self.sent.append(argv[22:22 + n])
+                n, first = int(argv[COMMIT_ARGS.n_messages]), COMMIT_ARGS.fixed
+                self.sent.append(argv[first:first + n])
             return got
 
         storage.client.execute_command = spy
