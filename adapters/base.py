@@ -403,6 +403,11 @@ class FlowStore(Protocol):
         """Hold one of ``limit`` slots of ``key`` for ``ttl`` seconds: 0 when held, else seconds to wait."""
         ...
 
+    def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
+        """Extend ``member``'s live slot of ``key`` to ``ttl`` seconds from now; ``False`` (nothing written) if
+        it holds none (released, or run out: a slot is never taken back past the limit here)."""
+        ...
+
     def release_slot(self, key: str, member: str) -> None:
         """Give ``member``'s slot of ``key`` back (a no-op if it holds none)."""
         ...

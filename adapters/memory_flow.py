@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from pipelines.engine.flow import bucket_sizes
+from pipelines.engine.flow import bucket_sizes, check_block_seconds, check_slot_ttl
 
 __all__ = ["MemoryFlowStore", "take_from_bucket"]
 
@@ -73,11 +73,13 @@ class MemoryFlowStore:
                 bucket.tokens -= tokens
 
     def block_rate(self, model: str, seconds: float, *, now: float) -> None:
+        check_block_seconds(seconds)
         with self._lock:
             bucket = self._buckets.setdefault(model, Bucket())
             bucket.blocked_until = max(bucket.blocked_until, now + seconds)
 
     def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
+        check_slot_ttl(ttl)
         with self._lock:
             held = self._slots.setdefault(key, {})
             for other, expiry in list(held.items()):
@@ -87,6 +89,15 @@ class MemoryFlowStore:
                 held[member] = now + ttl
                 return 0.0
             return max(1e-3, min(held.values()) - now)
+
+    def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
+        check_slot_ttl(ttl)
+        with self._lock:
+            held = self._slots.get(key, {})
+            if held.get(member, now) <= now:  # released, or run out: taking it again is take_slot's choice
+                return False
+            held[member] = now + ttl
+            return True
 
     def release_slot(self, key: str, member: str) -> None:
         with self._lock:

@@ -13,7 +13,10 @@ Unlike the storage scripts these read Redis's clock (``TIME``): buckets and
 slot leases are shared by workers on many machines, and one clock makes
 their arithmetic agree. Like every script here, each checks the type of its
 key before its first write and replies ``corrupt:<role>:<type>`` instead
-(roles ``rate`` and ``slots``); a refusal writes nothing.
+(roles ``rate`` and ``slots``); a refusal writes nothing. A script that
+fails half-way keeps what it wrote (Redis does not roll a script back), so
+each computes every number it writes, and refuses one out of range
+(``bad:<why>``), before its first write; the Python side bounds them first.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import redis
 
 from adapters.redis_common import _mapped
 from adapters.redis_keys import check_prefix
-from pipelines.engine.errors import CorruptRecordError
+from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, CorruptRecordError, InvalidInputError
+from pipelines.engine.flow import MAX_SLOT_SECONDS, check_block_seconds, check_slot_ttl
 
-__all__ = ["ADJUST_RATE", "BLOCK_RATE", "RELEASE_SLOT", "TAKE_RATE", "TAKE_SLOT", "RedisFlowStore"]
+__all__ = ["ADJUST_RATE", "BLOCK_RATE", "RELEASE_SLOT", "RENEW_SLOT", "TAKE_RATE", "TAKE_SLOT", "RedisFlowStore"]
 
 _PRELUDE = """
 local function wrong_type(key, role, expected)
@@ -38,16 +42,29 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+-- A number of seconds in (0, top]: not NaN (x ~= x), not inf, not negative.
+local function seconds_in(x, top)
+  return x ~= nil and x == x and x > 0 and x <= top
+end
 """
 
+_MAX_BLOCK = repr(MAX_RETRY_AFTER_SECONDS)
+_MAX_SLOT = repr(MAX_SLOT_SECONDS)
+
 # KEYS[1] the bucket; ARGV rpm, tpm (0 = no such limit), burst seconds, tokens. Reply: seconds to wait ('0': taken).
-TAKE_RATE = _PRELUDE + """
+TAKE_RATE = _PRELUDE + "local MAX_BLOCK = " + _MAX_BLOCK + """
 local bad = wrong_type(KEYS[1], 'rate', 'hash')
 if bad then return bad end
 local now = clock()
 local rpm, tpm, burst, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local f = redis.call('HMGET', KEYS[1], 'r', 't', 'ts', 'b')
 local blocked = tonumber(f[4]) or 0
+-- A block beyond the longest one (an endless one written before blocks were bounded) ends at that longest.
+if blocked ~= blocked or blocked > now + MAX_BLOCK then
+  blocked = now + MAX_BLOCK
+  redis.call('HSET', KEYS[1], 'b', tostring(blocked))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(MAX_BLOCK * 1000) + 120000)
+end
 if now < blocked then return tostring(blocked - now) end
 local cap_r, cap_t = 0, 0
 if rpm > 0 then cap_r = math.max(1, rpm * burst / 60) end
@@ -79,32 +96,52 @@ return 'ok'
 """
 
 # KEYS[1] the bucket; ARGV seconds. Blocks every take until now + seconds (never shortens a block).
-BLOCK_RATE = _PRELUDE + """
+BLOCK_RATE = _PRELUDE + "local MAX_BLOCK = " + _MAX_BLOCK + """
 local bad = wrong_type(KEYS[1], 'rate', 'hash')
 if bad then return bad end
+local seconds = tonumber(ARGV[1])
+if not seconds_in(seconds, MAX_BLOCK) then return 'bad:block of ' .. tostring(ARGV[1]) .. ' seconds' end
 local now = clock()
-local until_ = now + tonumber(ARGV[1])
+local until_ = now + seconds
 local old = tonumber(redis.call('HGET', KEYS[1], 'b')) or 0
 if until_ > old then
+  local ttl = math.ceil(seconds * 1000) + 120000
   redis.call('HSET', KEYS[1], 'b', tostring(until_))
-  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1]) * 1000) + 120000)
+  redis.call('PEXPIRE', KEYS[1], ttl)
 end
 return 'ok'
 """
 
 # KEYS[1] the slots; ARGV member, limit, ttl seconds. Reply: seconds until the first slot expires ('0': held).
-TAKE_SLOT = _PRELUDE + """
+TAKE_SLOT = _PRELUDE + "local MAX_SLOT = " + _MAX_SLOT + """
 local bad = wrong_type(KEYS[1], 'slots', 'zset')
 if bad then return bad end
+local ttl = tonumber(ARGV[3])
+if not seconds_in(ttl, MAX_SLOT) then return 'bad:slot ttl of ' .. tostring(ARGV[3]) .. ' seconds' end
 local now = clock()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tostring(now))
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('ZADD', KEYS[1], tostring(now + tonumber(ARGV[3])), ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000) + 1000)
+  redis.call('ZADD', KEYS[1], tostring(now + ttl), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(ttl * 1000) + 1000))
   return '0'
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return tostring(math.max(0.001, tonumber(first[2]) - now))
+"""
+
+# KEYS[1] the slots; ARGV member, ttl seconds. Extends a live slot only (XX): a released or run-out one
+# stays gone, so a renewal that races the release never brings a slot back. Reply: '1' renewed, '0' not held.
+RENEW_SLOT = _PRELUDE + "local MAX_SLOT = " + _MAX_SLOT + """
+local bad = wrong_type(KEYS[1], 'slots', 'zset')
+if bad then return bad end
+local ttl = tonumber(ARGV[2])
+if not seconds_in(ttl, MAX_SLOT) then return 'bad:slot ttl of ' .. tostring(ARGV[2]) .. ' seconds' end
+local now = clock()
+local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if not expiry or expiry <= now then return '0' end
+redis.call('ZADD', KEYS[1], 'XX', tostring(now + ttl), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(ttl * 1000) + 1000))
+return '1'
 """
 
 # KEYS[1] the slots; ARGV member.
@@ -127,6 +164,7 @@ class RedisFlowStore:
         self._adjust = client.register_script(ADJUST_RATE)
         self._block = client.register_script(BLOCK_RATE)
         self._take_slot = client.register_script(TAKE_SLOT)
+        self._renew_slot = client.register_script(RENEW_SLOT)
         self._release = client.register_script(RELEASE_SLOT)
 
     def rate_key(self, model: str) -> str:
@@ -144,6 +182,8 @@ class RedisFlowStore:
             expected = "hash" if role == "rate" else "zset"
             raise CorruptRecordError(f"{what}: key {key!r} ({role}) is a Redis {found}, expected a {expected} "
                                      "(WRONGTYPE); nothing was written")
+        if text.startswith("bad:"):
+            raise InvalidInputError(f"{what}: {text[4:]} is out of range; nothing was written")
         return text
 
     def take_rate(self, model: str, *, rpm: float | None, tpm: float | None, burst: float, tokens: int,
@@ -156,11 +196,17 @@ class RedisFlowStore:
         self._run(self._adjust, self.rate_key(model), [str(int(tokens))], f"correcting rate budget of {model!r}")
 
     def block_rate(self, model: str, seconds: float, *, now: float) -> None:
-        self._run(self._block, self.rate_key(model), [repr(float(seconds))], f"blocking model {model!r}")
+        seconds = check_block_seconds(seconds)
+        self._run(self._block, self.rate_key(model), [repr(seconds)], f"blocking model {model!r}")
 
     def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
-        args = [member, str(int(limit)), repr(float(ttl))]
+        args = [member, str(int(limit)), repr(check_slot_ttl(ttl))]
         return float(self._run(self._take_slot, self.slots_key(key), args, f"taking a slot of {key!r}"))
+
+    def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
+        """See :class:`~adapters.base.FlowStore`; ``now`` is ignored (Redis's clock is used)."""
+        args = [member, repr(check_slot_ttl(ttl))]
+        return self._run(self._renew_slot, self.slots_key(key), args, f"renewing a slot of {key!r}") == "1"
 
     def release_slot(self, key: str, member: str) -> None:
         self._run(self._release, self.slots_key(key), [member], f"releasing a slot of {key!r}")

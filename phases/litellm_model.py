@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 import tenacity
 
 from phases.model import ModelRequest, ModelResponse
-from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError
+from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError, bound_retry_after
 from pipelines.engine.models import Message, Usage
 
 logger = logging.getLogger("pipelines")
@@ -475,21 +475,26 @@ def _translate(exc: Exception, model: str, params: Mapping[str, Any]) -> ModelEr
 
 
 def _retry_after(exc: Exception) -> float | None:
-    """The server's Retry-After hint in seconds (``retry-after-ms``, seconds or an HTTP date), if any."""
+    """The server's Retry-After hint in seconds (``retry-after-ms``, seconds or an HTTP date), if any.
+
+    Bounded before use (:func:`~pipelines.engine.errors.bound_retry_after`): ``inf``, ``1e9`` or a date
+    years ahead is the documented maximum, ``nan`` no hint; else the retry waits, and a rate-limited
+    model stays blocked for every job, for ever.
+    """
     headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
     if not headers:
         return None
     lower = {str(k).lower(): str(v) for k, v in dict(headers).items()}
     try:
         if "retry-after-ms" in lower:
-            return max(0.0, float(lower["retry-after-ms"]) / 1000)
+            return bound_retry_after(float(lower["retry-after-ms"]) / 1000)
         value = lower.get("retry-after")
         if value is None:
             return None
         try:
-            return max(0.0, float(value))
+            return bound_retry_after(float(value))
         except ValueError:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+            return bound_retry_after(parsedate_to_datetime(value).timestamp() - time.time())
     except (ValueError, TypeError, OverflowError):
         return None
 

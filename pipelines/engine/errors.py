@@ -43,6 +43,7 @@ __all__ = [
     "JobConflictError",
     "JobFailedError",
     "JobNotFoundError",
+    "MAX_RETRY_AFTER_SECONDS",
     "ModelError",
     "PermanentModelError",
     "PipelineError",
@@ -54,6 +55,7 @@ __all__ = [
     "TransientModelError",
     "ValueTooLargeError",
     "WaitTimeoutError",
+    "bound_retry_after",
 ]
 
 
@@ -146,15 +148,33 @@ class ModelError(PipelineError):
     """A model call failed."""
 
 
+MAX_RETRY_AFTER_SECONDS = 3600.0
+"""The longest a server's Retry-After is believed: a longer hint (``inf``, ``1e9``, a far date) means an hour."""
+
+
+def bound_retry_after(value: object) -> float | None:
+    """A Retry-After hint in seconds as the engine may use it: within ``[0, MAX_RETRY_AFTER_SECONDS]``.
+
+    The number comes from outside (a provider's header, a model's exception),
+    so it is bounded before use: a hint that is not a number (or NaN) is no
+    hint (``None``), a negative one is 0, a longer one is the maximum.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:  # NaN != NaN
+        return None
+    return min(max(0.0, float(value)), MAX_RETRY_AFTER_SECONDS)
+
+
 class TransientModelError(ModelError):
     """Rate limits, timeouts, 5xx: worth retrying later.
 
-    ``retry_after`` is the server's hint in seconds, when it gave one.
+    ``retry_after`` is the server's hint in seconds, when it gave one, bounded
+    by :func:`bound_retry_after` (an endless hint would block a model, and
+    every job using it, for ever).
     """
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after = bound_retry_after(retry_after)
 
 
 class PermanentModelError(ModelError):

@@ -13,21 +13,36 @@ deferral, no commit, no sleep), so a worker always moves on to other work.
 * **Concurrency keys**: a run's ``concurrency_key`` (per run, or a function
   of the run evaluated at start) and ``App(concurrency={prefix or "*": n})``
   allow at most ``n`` turns of jobs with that key at once. A turn holds a
-  leased slot (member = job, expiry = now + lease), so a killed worker's slot
-  comes back when its lease expires.
+  leased slot (member = job, expiry = now + 1.5 x lease), so a killed
+  worker's slot comes back when its lease expires.
 * **Priorities**: ``priority="interactive" | "background"`` per run selects
   the queue its advances go to (see :mod:`adapters.rq_priority`).
+
+Two rules hold everything here:
+
+* **Whatever lives with a lease is renewed with it and released with it.**
+  A concurrency slot is attached to the job's lease in the lease keeper
+  (:meth:`~pipelines.engine.leases.LeaseKeeper.attach`): each renewal of the
+  lease renews the slot (a tool may run far longer than the slot's first
+  expiry), and a lease found lost releases the slot at once (the turn is
+  fenced off; its slot must not keep another job waiting).
+* **Every number from outside is bounded before use.** Limits are checked
+  when the App is built (finite, positive, below the ``MAX_*`` constants,
+  never a bool); a provider's Retry-After is cut to
+  :data:`~pipelines.engine.errors.MAX_RETRY_AFTER_SECONDS`; a reported usage
+  to :data:`MAX_CALL_TOKENS`; a store's answer to :data:`MAX_WAIT_SECONDS`.
+  An endless number would block a model or a key for ever, for every job.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError, bound_retry_after
+from pipelines.engine.leases import LEASE_KEEPER
 from pipelines.engine.phase import RetryLater
 
 if TYPE_CHECKING:
@@ -35,6 +50,11 @@ if TYPE_CHECKING:
     from pipelines.engine.models import JobRecord
 
 __all__ = [
+    "MAX_CALL_TOKENS",
+    "MAX_CONCURRENCY",
+    "MAX_RATE_PER_MINUTE",
+    "MAX_SLOT_SECONDS",
+    "MAX_WAIT_SECONDS",
     "PRIORITIES",
     "FlowControl",
     "FlowDeferred",
@@ -49,6 +69,21 @@ PRIORITIES = ("interactive", "background")
 
 CONCURRENCY_RETRY_SECONDS = 1.0
 """Longest wait before a turn refused a concurrency slot tries again (slots usually free sooner than they expire)."""
+
+MAX_RATE_PER_MINUTE = 1e9
+"""The largest ``rpm`` / ``tpm`` a :class:`RateLimit` takes (beyond any provider's; larger is a typo)."""
+
+MAX_CONCURRENCY = 1_000_000
+"""The largest concurrency limit a key takes."""
+
+MAX_SLOT_SECONDS = 7 * 86400.0
+"""The longest a concurrency slot may be leased for (``1.5 x lease_seconds`` in an App)."""
+
+MAX_CALL_TOKENS = 100_000_000
+"""The most tokens one call's reported usage counts for when it corrects a budget."""
+
+MAX_WAIT_SECONDS = MAX_RETRY_AFTER_SECONDS
+"""The longest flow control defers a turn at once (it looks again then): a store's answer is cut to it."""
 
 
 class FlowDeferred(RetryLater):
@@ -77,14 +112,57 @@ class RateLimit:
             raise InvalidInputError(f"RateLimit.model must be a non-empty model string, got {self.model!r}")
         for name in ("rpm", "tpm"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                      or not 0 < value < math.inf):
-                raise InvalidInputError(f"RateLimit.{name} must be a positive number or None, got {value!r}")
+            if value is not None and not _in_range(value, MAX_RATE_PER_MINUTE):
+                raise InvalidInputError(f"RateLimit.{name} must be a positive number of at most "
+                                        f"{MAX_RATE_PER_MINUTE:g} (a minute's budget) or None, got {value!r}")
         if self.rpm is None and self.tpm is None:
             raise InvalidInputError(f"RateLimit for {self.model!r} needs rpm= or tpm=")
-        if isinstance(self.burst, bool) or not isinstance(self.burst, int | float) or not 0 < self.burst <= 60:
+        if not _in_range(self.burst, 60):
             raise InvalidInputError(f"RateLimit.burst must be seconds in (0, 60], got {self.burst!r}")
 
+
+
+def _in_range(value: object, top: float) -> bool:
+    """Whether ``value`` is a real number (not a bool) in ``(0, top]``: NaN, inf and negatives are not."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value <= top
+
+
+def check_block_seconds(seconds: object) -> float:
+    """A block of a model's bucket (a store's ``block_rate``): seconds in ``(0, MAX_RETRY_AFTER_SECONDS]``."""
+    if not _in_range(seconds, MAX_RETRY_AFTER_SECONDS):
+        raise InvalidInputError(f"a model's block must be seconds in (0, {MAX_RETRY_AFTER_SECONDS:g}], "
+                                f"got {seconds!r}; nothing was written")
+    return float(seconds)  # type: ignore[arg-type]
+
+
+def check_slot_ttl(ttl: object) -> float:
+    """A concurrency slot's lease (a store's ``take_slot`` / ``renew_slot``): seconds in ``(0, MAX_SLOT_SECONDS]``."""
+    if not _in_range(ttl, MAX_SLOT_SECONDS):
+        raise InvalidInputError(f"a concurrency slot's ttl must be seconds in (0, {MAX_SLOT_SECONDS:g}], "
+                                f"got {ttl!r}; nothing was written")
+    return float(ttl)  # type: ignore[arg-type]
+
+
+def bounded_wait(value: float) -> float:
+    """A store's "seconds to wait" as a delay to defer by: within ``[0, MAX_WAIT_SECONDS]`` (NaN: 0)."""
+    return min(value, MAX_WAIT_SECONDS) if value > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A concurrency slot held by a turn: a lease companion (renewed and released with the job's lease)."""
+
+    store: FlowStore
+    key: str
+    member: str
+    ttl: float
+    clock: Callable[[], float]
+
+    def renew(self) -> bool:
+        return self.store.renew_slot(self.key, self.member, ttl=self.ttl, now=self.clock())
+
+    def release(self) -> None:
+        self.store.release_slot(self.key, self.member)
 
 
 def bucket_sizes(rpm: float | None, tpm: float | None, burst: float) -> tuple[float, float]:
@@ -167,6 +245,9 @@ class FlowControl:
                 raise InvalidInputError(f"two rate limits for model {limit.model!r}")
             self.limits[limit.model] = limit
         self.concurrency = _check_concurrency(concurrency or {})
+        if self.concurrency and not _in_range(slot_seconds, MAX_SLOT_SECONDS):  # unused without concurrency
+            raise InvalidInputError(f"a concurrency slot's lease (1.5 x lease_seconds) must be seconds in "
+                                    f"(0, {MAX_SLOT_SECONDS:g}], got {slot_seconds!r}")
         self.slot_seconds = float(slot_seconds)
         if (self.limits or self.concurrency) and store is None:
             raise InvalidInputError("rate_limits / concurrency need a storage with flow_store() "
@@ -184,20 +265,38 @@ class FlowControl:
         return self.concurrency[best] if best is not None else self.concurrency.get("*")
 
     # --- concurrency slots (the runner, around each turn) -----------------------------------
-    def enter_turn(self, record: JobRecord, now: float) -> float:
-        """Take a slot of the run's concurrency key; 0 when granted, else seconds to wait."""
-        key = _key_of(record)
-        limit = self.limit_for(key)
-        if key is None or limit is None or self.store is None:
-            return 0.0
-        wait = self.store.take_slot(key, record.job_id, limit=limit, ttl=self.slot_seconds, now=now)
-        return 0.0 if wait <= 0 else min(wait, CONCURRENCY_RETRY_SECONDS)
+    def enter_turn(self, record: JobRecord, now: float, *, lease: int | None = None) -> float:
+        """Take a slot of the run's concurrency key; 0 when granted, else seconds to wait.
 
-    def leave_turn(self, record: JobRecord) -> None:
-        """Give the slot back (a no-op for a run without a limited key)."""
+        ``lease``: the job's lease in :data:`~pipelines.engine.leases.LEASE_KEEPER`
+        (the runner's); a granted slot is renewed and released with it.
+        """
+        slot = self._slot_of(record)
+        if slot is None:
+            return 0.0
+        limit = self.limit_for(slot.key)
+        assert limit is not None and self.store is not None  # _slot_of found both
+        wait = bounded_wait(self.store.take_slot(slot.key, slot.member, limit=limit, ttl=slot.ttl, now=now))
+        if wait > 0:
+            return min(wait, CONCURRENCY_RETRY_SECONDS)
+        if lease is not None:
+            LEASE_KEEPER.attach(lease, slot)
+        return 0.0
+
+    def leave_turn(self, record: JobRecord, *, lease: int | None = None) -> None:
+        """Give the slot back (a no-op for a run without a limited key); it no longer follows ``lease``."""
+        slot = self._slot_of(record)
+        if slot is None:
+            return
+        if lease is not None:
+            LEASE_KEEPER.detach(lease, slot)  # before the release: a late renewal finds no slot to extend
+        slot.release()
+
+    def _slot_of(self, record: JobRecord) -> _Slot | None:
         key = _key_of(record)
-        if key is not None and self.limit_for(key) is not None and self.store is not None:
-            self.store.release_slot(key, record.job_id)
+        if key is None or self.limit_for(key) is None or self.store is None:
+            return None
+        return _Slot(self.store, key, record.job_id, self.slot_seconds, self.clock)
 
     # --- rate limits (the agent turn, around the model call) -------------------------------
     def before_call(self, model: str, tokens: int, now: float) -> float:
@@ -205,18 +304,30 @@ class FlowControl:
         limit = self.limits.get(model)
         if limit is None or self.store is None:
             return 0.0
-        return self.store.take_rate(model, rpm=limit.rpm, tpm=limit.tpm, burst=limit.burst, tokens=tokens, now=now)
+        tokens = min(max(0, tokens), MAX_CALL_TOKENS)
+        return bounded_wait(self.store.take_rate(model, rpm=limit.rpm, tpm=limit.tpm, burst=limit.burst,
+                                                 tokens=tokens, now=now))
 
     def after_call(self, model: str, estimated: int, used: int) -> None:
-        """Correct the token budget with what the call really used (``used - estimated`` more, or back)."""
+        """Correct the token budget with what the call really used (``used - estimated`` more, or back).
+
+        ``used`` is the provider's number: it counts for at most :data:`MAX_CALL_TOKENS`.
+        """
         limit = self.limits.get(model)
+        if isinstance(used, bool) or not isinstance(used, int):
+            return  # no usable count (a provider's null or float): the estimate stands
+        used = min(used, MAX_CALL_TOKENS)
         if limit is not None and limit.tpm and self.store is not None and used > 0 and used != estimated:
             self.store.adjust_rate(model, used - estimated)
 
     def throttled(self, model: str, seconds: float, now: float) -> None:
-        """The provider said 429 with Retry-After: no worker calls ``model`` for ``seconds``."""
-        if model in self.limits and self.store is not None and seconds > 0:
-            self.store.block_rate(model, seconds, now=now)
+        """The provider said 429 with Retry-After: no worker calls ``model`` for ``seconds``.
+
+        At most :data:`~pipelines.engine.errors.MAX_RETRY_AFTER_SECONDS`: an endless hint is an hour.
+        """
+        bounded = bound_retry_after(seconds)
+        if model in self.limits and self.store is not None and bounded is not None and bounded > 0:
+            self.store.block_rate(model, bounded, now=now)
 
 
 def _key_of(record: JobRecord) -> str | None:
@@ -231,6 +342,7 @@ def _check_concurrency(concurrency: Mapping[str, int]) -> dict[str, int]:
     for prefix, limit in concurrency.items():
         if not isinstance(prefix, str) or not prefix:
             raise InvalidInputError(f"concurrency keys must be non-empty key prefixes or '*', got {prefix!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInputError(f"concurrency limit for {prefix!r} must be an int >= 1, got {limit!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY:
+            raise InvalidInputError(f"concurrency limit for {prefix!r} must be an int in [1, {MAX_CONCURRENCY}], "
+                                    f"got {limit!r}")
     return dict(concurrency)

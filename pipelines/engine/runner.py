@@ -192,6 +192,7 @@ def advance_job(
         env = replace(env, flow=flow_control)
     turn.env = env
     turn.flow = env.active_flow()
+    turn.lease = held
     try:
         return turn.run(record, pipeline_for)
     finally:
@@ -202,6 +203,9 @@ def advance_job(
 
 class _Turn:
     """One lease held on one job: runs its due phases (several under ``continue_for``) and commits each."""
+
+    #: The job's lease in LEASE_KEEPER: a concurrency slot taken under it is renewed and released with it.
+    lease: int | None = None
 
     def __init__(self, storage: Storage, scheduler: Scheduler, owner: str, deadline: float | None) -> None:
         self.storage = storage
@@ -311,13 +315,13 @@ class _Turn:
         """``run_phase`` inside a concurrency slot of the run's key (when the App limits it)."""
         if self.flow is None:
             return self.run_phase(record, pipeline, keep_lease)
-        wait = self.flow.enter_turn(record, self.scheduler.now())
+        wait = self.flow.enter_turn(record, self.scheduler.now(), lease=self.lease)
         if wait > 0:
             return self.defer(record, wait, "concurrency limit"), None, CommitReply()
         try:
             return self.run_phase(record, pipeline, keep_lease)
         finally:
-            self.flow.leave_turn(record)
+            self.flow.leave_turn(record, lease=self.lease)
 
     def defer(self, record: JobRecord, delay: float, why: str) -> AdvanceResult:
         """Run the same turn again after ``delay``, committing nothing (flow control: no attempt spent).

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from adapters.redis import RedisStorage
 from adapters.redis_flow import RedisFlowStore
 from pipelines import Agent, App, JobStatus, tool
+from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError
 from pipelines.engine.runner import AdvanceResult
-from pipelines.testing import ScriptedModel
+from pipelines.testing import ScriptedModel, call, reply
 
 pytestmark = pytest.mark.redis
 
@@ -85,4 +88,87 @@ def test_an_app_on_redis_defers_a_turn_over_its_concurrency_limit(redis_url: str
     store.release_slot("t-1", "elsewhere")
     assert app.advance("j") is AdvanceResult.COMPLETED
     assert store.slots("t-1", 0.0) == []
+    storage.client.close()
+
+
+# --- issue 30: every outside number bounded; a slot lives with its lease -------------------------------
+def test_the_block_script_refuses_an_endless_block_before_it_writes(store: RedisFlowStore) -> None:
+    for bad in ("inf", "nan", "-1", "1e9"):
+        with pytest.raises(InvalidInputError, match="out of range; nothing was written"):
+            store._run(store._block, store.rate_key("m"), [bad], "blocking model 'm'")  # past the Python check
+        with pytest.raises(InvalidInputError, match="a model's block must be seconds"):
+            store.block_rate("m", float(bad), now=0.0)
+    assert store.client.exists(store.rate_key("m")) == 0
+    assert store.take_rate("m", rpm=6000.0, tpm=None, burst=1.0, tokens=1, now=0.0) == 0.0
+
+
+def test_an_endless_block_written_before_the_bounds_ends_at_the_maximum(store: RedisFlowStore) -> None:
+    store.client.hset(store.rate_key("m"), mapping={"b": "inf"})  # what BLOCK_RATE wrote for Retry-After: inf
+    wait = store.take_rate("m", rpm=6000.0, tpm=None, burst=1.0, tokens=1, now=0.0)
+    assert MAX_RETRY_AFTER_SECONDS - 5 < wait <= MAX_RETRY_AFTER_SECONDS
+    assert 0 < store.client.pttl(store.rate_key("m")) <= (MAX_RETRY_AFTER_SECONDS + 120) * 1000  # it will end
+
+
+def test_a_slot_is_renewed_only_while_it_is_held(store: RedisFlowStore) -> None:
+    assert store.take_slot("k", "a", limit=1, ttl=0.3, now=0.0) == 0.0
+    assert store.renew_slot("k", "a", ttl=30.0, now=0.0) is True
+    time.sleep(0.35)  # past the slot's first expiry: renewed, it is still a's
+    assert store.take_slot("k", "b", limit=1, ttl=30.0, now=0.0) > 1.0
+    assert store.client.pttl(store.slots_key("k")) > 29_000  # the key lives as long as its longest slot
+    store.release_slot("k", "a")
+    assert store.renew_slot("k", "a", ttl=30.0, now=0.0) is False  # a renewal after the release brings nothing back
+    assert store.slots("k", 0.0) == []
+    with pytest.raises(InvalidInputError, match="a concurrency slot's ttl"):
+        store.renew_slot("k", "a", ttl=math.inf, now=0.0)
+
+
+def slot_app(redis_url: str, lease: float, long_tool: Any) -> tuple[App, RedisStorage]:
+    from adapters.memory import MemoryScheduler
+
+    storage = RedisStorage.from_url(redis_url, prefix="fs")
+    long_agent = Agent(name="long", model=ScriptedModel([reply("working", call("long_tool")), reply("done")]),
+                       tools=[long_tool], stream=False)
+    quick = Agent(name="quick", model=ScriptedModel(lambda m: "done"), stream=False)
+    app = App(storage=storage, scheduler=MemoryScheduler(), provenance=False, concurrency={"k": 1},
+              lease_seconds=lease, agents=[long_agent, quick])
+    return app, storage
+
+
+def test_a_tool_longer_than_the_slot_keeps_a_second_job_of_its_key_out_on_redis(redis_url: str) -> None:
+    seen: list[AdvanceResult] = []
+
+    @tool
+    def long_tool() -> str:
+        """Run past the slot's first expiry (1.5 x lease), then see whether another job of the key may run."""
+        time.sleep(2.2)
+        seen.append(app.advance("b"))
+        return "ok"
+
+    app, storage = slot_app(redis_url, 1.0, long_tool)
+    app.run_agent("long", job_id="a", user="go", concurrency_key="k")
+    app.run_agent("quick", job_id="b", user="go", concurrency_key="k")
+    assert app.advance("a") is AdvanceResult.ADVANCED
+    assert seen == [AdvanceResult.DEFERRED]  # the lease keeper renewed a's slot with its lease
+    assert storage.flow_store().slots("k", 0.0) == []
+    storage.client.close()
+
+
+def test_a_lost_lease_gives_its_slot_back_on_redis(redis_url: str) -> None:
+    held: list[list[str]] = []
+
+    @tool
+    def long_tool() -> str:
+        """Lose the lease (another worker's now), then watch the slot: it goes at the keeper's next pass."""
+        store = storage.flow_store()
+        storage.client.set(storage.keys("a").lease, "another-worker")
+        deadline = time.monotonic() + 3.0  # the slot's own expiry is 4.5 s away
+        while store.slots("k", 0.0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held.append(store.slots("k", 0.0))
+        return "ok"
+
+    app, storage = slot_app(redis_url, 3.0, long_tool)
+    app.run_agent("long", job_id="a", user="go", concurrency_key="k")
+    assert app.advance("a") is AdvanceResult.STALE
+    assert held == [[]]
     storage.client.close()
