@@ -9,8 +9,15 @@ Only data crosses the queue (I8). A message here is the task
 sent with Celery's ``json`` serializer. The scheduler refuses a Celery app
 that would accept or produce anything else (pickle, yaml, msgpack): a worker
 that accepts pickle runs whatever a message carries. The task body imports
-``pipelines.worker`` by name, when it runs, and calls its ``advance_job``:
-this module never imports the composing layer.
+``pipelines.worker`` by name, when it runs, and calls its
+``advance_with_default``: this module never imports the composing layer.
+
+A message carries data, never a choice of code: the task is found by name in
+the worker's registry, and the app it advances with is the worker's own,
+fixed by the worker's process (``use_app``, ``$PIPELINES_APP``, else the
+``app=`` of the first ``CeleryScheduler`` built on this Celery app there,
+which is what ``celery -A <module>`` loads). A message naming another app
+is refused and logged; its app is never imported.
 
 One task id per turn
 --------------------
@@ -69,7 +76,7 @@ __all__ = [
 
 ADVANCE_TASK = "phaserunner.advance"
 """The Celery task name of an advance (what the message names; the worker looks it up in its registry)."""
-ADVANCE_FUNC = "pipelines.worker.advance_job"
+ADVANCE_FUNC = "pipelines.worker.advance_with_default"
 """What the task body imports and calls on the worker: a dotted path, never a pickled callable."""
 DEFAULT_NAMESPACE = "pr"
 """The storage key prefix a scheduler assumes when it is given none (RedisStorage's default)."""
@@ -147,20 +154,29 @@ def check_json_only(celery_app: Celery) -> None:
             "accept_content=['json'] (and result_accept_content=['json'] if you set it)")
 
 
-def _advance(job_id: str, version: int | None = None, app: str | None = None) -> str:
-    # The worker entry point is named by string and imported here, on the worker,
-    # so adapters never import the composing layer (pipelines.worker imports the App).
-    advance_job = importlib.import_module(ADVANCE_FUNC.rpartition(".")[0]).advance_job
-    return str(advance_job(job_id, version, app))
+def _advance_with(worker_app: str | None) -> Any:
+    """The task body: an advance with the worker's app, ``worker_app`` when the worker's process names no other."""
+
+    def advance(job_id: str, version: int | None = None, app: str | None = None) -> str:
+        # The worker entry point is named by string and imported here, on the worker,
+        # so adapters never import the composing layer (pipelines.worker imports the App).
+        module, _, name = ADVANCE_FUNC.rpartition(".")
+        return str(getattr(importlib.import_module(module), name)(worker_app, job_id, version, app))
+
+    return advance
 
 
-def register_advance_task(celery_app: Celery) -> Any:
-    """Register ``"phaserunner.advance"`` on ``celery_app`` (once) and return the task."""
+def register_advance_task(celery_app: Celery, app: str | None = None) -> Any:
+    """Register ``"phaserunner.advance"`` on ``celery_app`` (once) and return the task.
+
+    ``app``: the app path the worker advances with when its process sets none
+    (see the module docstring); the first registration's counts.
+    """
     if ADVANCE_TASK in celery_app.tasks:
         return celery_app.tasks[ADVANCE_TASK]
     # shared=False: a shared task would be added to every Celery app this process finalizes later.
     return celery_app.task(name=ADVANCE_TASK, serializer="json", acks_late=True, reject_on_worker_lost=True,
-                           ignore_result=True, shared=False)(_advance)
+                           ignore_result=True, shared=False)(_advance_with(app))
 
 
 class CeleryScheduler:
@@ -170,8 +186,10 @@ class CeleryScheduler:
     :class:`ConfigurationError`, see :func:`check_json_only`); the advance
     task is registered on it, so a worker that imports the module building
     this scheduler knows the task. ``app``: the import path of the
-    :class:`~pipelines.app.App` workers should use (``"pkg.mod:app"``); when
-    ``None`` the worker's own app (``use_app`` or ``$PIPELINES_APP``).
+    :class:`~pipelines.app.App` (``"pkg.mod:app"``) named in every message
+    and advanced with by a worker whose process names no app of its own
+    (``use_app`` or ``$PIPELINES_APP``); a worker serves only messages
+    naming its own app. ``None``: messages name no app.
     ``namespace``: the key prefix of the storage whose jobs this scheduler
     advances (part of every task id; :meth:`for_storage` takes it from the
     storage). ``precision``: how early a delayed task may arrive (worker and
@@ -193,7 +211,7 @@ class CeleryScheduler:
         self.app = app
         self.namespace = namespace
         self.precision = float(precision)
-        self.task = register_advance_task(celery_app)
+        self.task = register_advance_task(celery_app, app)
 
     @classmethod
     def for_storage(cls, celery_app: Celery, storage: Any, *, queue: str = "pipelines", app: str | None = None,

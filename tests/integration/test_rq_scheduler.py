@@ -57,11 +57,13 @@ def job_hash(client: redis.Redis, rq_id: str) -> dict[bytes, bytes]:
     return raw
 
 
-def run_worker(app: App) -> None:
+def run_worker(app: App, path: str | None = APP_PATH) -> None:
+    """Run the queue dry in this process, with ``app`` as the worker's app (``pipelines worker --app path``)."""
+    worker.use_app(app, path=path)
     sched = app.scheduler
     assert isinstance(sched, RQScheduler)
-    worker = SimpleWorker([sched.queue], connection=sched.connection, serializer=JSONSerializer)
-    worker.work(burst=True, logging_level="WARNING")
+    rq_worker = SimpleWorker([sched.queue], connection=sched.connection, serializer=JSONSerializer)
+    rq_worker.work(burst=True, logging_level="WARNING")
 
 
 # --- I8: only JSON crosses the queue ----------------------------------------------
@@ -225,9 +227,9 @@ def test_bad_delays_are_rejected_before_anything_is_written(client: redis.Redis,
 
 
 # --- advance_job: how a worker finds the app ----------------------------------------
-def test_advance_job_resolves_the_app_from_the_import_path_in_the_payload(app: App) -> None:
+def test_advance_job_serves_a_payload_naming_the_worker_s_own_app_path(app: App) -> None:
     app.run_pipeline("multi", job_id="m1", initial_state={"n": 1})
-    run_worker(app)
+    run_worker(app)  # as `pipelines worker --app APP_PATH`: the payload names that path
     rec = app.storage.get_job("m1")
     assert rec is not None and rec.status is JobStatus.COMPLETE
     assert rec.result["n"] == 21
@@ -476,12 +478,12 @@ def test_the_sweep_recovers_a_retry_whose_delayed_message_no_scheduler_moved(red
     app.run_pipeline("p", job_id="retry")
     worker.use_app(app)  # what `pipelines worker` does: the messages name no app path
     try:
-        run_worker(app)  # the first attempt: RetryLater puts the next advance in the scheduled registry
+        run_worker(app, None)  # the first attempt: RetryLater puts the next advance in the scheduled registry
         (rq_id,) = ScheduledJobRegistry(queue=scheduler.queue).get_job_ids()
         _late(storage.client, scheduler, rq_id, SCHEDULER_LATE + 10)  # and no RQ scheduler ever moves it
         time.sleep(0.05)  # the retry is due (0.01 s after its commit)
         assert app.requeue_overdue(grace=0) == ["retry"]
-        run_worker(app)
+        run_worker(app, None)
     finally:
         worker.forget_apps()
     rec = storage.get_job("retry")
