@@ -35,7 +35,9 @@ cron and without waiting for RQ's own cleanup (~11 minutes). The sweep only
 enqueues; the advance runs in a work-horse as usual (running it in the
 parent's thread deadlocked horses forked mid-import). ``pipelines advance
 --due`` from cron advances due jobs in its own process, for when no worker
-is running.
+is running. What a worker runs is fixed when it starts (its ``--app`` and
+its one entry point), and its horse and scheduler child end with it: see
+:mod:`pipelines.worker`.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from pipelines.engine.control import load_job
 from pipelines.engine.errors import ConfigurationError, JobNotFoundError, PipelineError
 from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
 from pipelines.engine.runner import AdvanceResult
-from pipelines.worker import APP_ENV, load_app, use_app
+from pipelines.worker import ADVANCE_FUNC, APP_ENV, load_app, use_app
 
 if TYPE_CHECKING:
     from adapters.rq import RQScheduler
@@ -160,6 +162,7 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     from rq import Queue
     from rq.serializers import JSONSerializer
 
+    from adapters.rq_entry import entry_point_job
     from adapters.rq_priority import PrioritySimpleWorker, PriorityWorker
 
     app = _load(args.app)
@@ -169,7 +172,9 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     names = [args.queue] if args.queue else scheduler.queue_names
     queues = [Queue(name, connection=scheduler.connection, serializer=JSONSerializer) for name in names]
     worker_class = PrioritySimpleWorker if args.simple else PriorityWorker
-    worker = worker_class(queues, connection=scheduler.connection, name=args.name, serializer=JSONSerializer)
+    # The worker runs its entry point and nothing else a message names (pipelines.worker's docstring).
+    worker = worker_class(queues, connection=scheduler.connection, name=args.name, serializer=JSONSerializer,
+                          job_class=entry_point_job(ADVANCE_FUNC))
     worker.background_every = args.background_every
     worker.warm_up = _warm_up(app)
     stop = threading.Event()
