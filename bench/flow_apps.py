@@ -7,6 +7,8 @@ Environment (set by bench/flow_bench.py)::
     FLOW_CONCURRENCY  at most this many turns at once per concurrency key (0: none)
     FLOW_CONTINUE     App.continue_for in seconds
     FLOW_LATENCY      seconds the model takes to answer (a provider's latency, not a wait for capacity)
+    FLOW_LEASE        App.lease_seconds (default 60; a concurrency slot is leased for 1.5 x that)
+    FLOW_TURNS        model calls per job (default 10, W1's)
 
 The model logs every call to the Redis list ``flowbench:calls`` as
 ``<start> <end> <job id>`` (the bench reads call rates and overlaps from it).
@@ -39,7 +41,7 @@ class LoggedModel(ScriptedModel):
     model = MODEL
 
     def __init__(self, client: redis.Redis, latency: float) -> None:
-        super().__init__(w1.reply_fn(10))
+        super().__init__(w1.reply_fn(int(os.environ.get("FLOW_TURNS", "10"))))
         self.client = client
         self.latency = latency
 
@@ -61,6 +63,7 @@ def build(url: str) -> App:
     agent = Agent(name="w1", model=model, tools=[w1.add], system=w1.SYSTEM, max_turns=11, stream=False)
     return App(storage=storage, scheduler=scheduler, agents=[agent], provenance=False,
                continue_for=float(os.environ.get("FLOW_CONTINUE", "0")),
+               lease_seconds=float(os.environ.get("FLOW_LEASE", "60")),
                rate_limits=[RateLimit(model=MODEL, rpm=rpm)] if rpm else [],
                concurrency={"*": limit} if limit else None)
 

@@ -56,3 +56,14 @@ def test_a_shared_rate_limit_holds_across_workers(cluster: Cluster, redis_url: s
         for j in range(i + 1, len(starts)):
             allowed = burst + rpm / 60 * (starts[j] - starts[i]) + 1
             assert j - i + 1 <= allowed, (i, j, starts[j] - starts[i])
+
+
+def test_a_turn_longer_than_its_slots_first_lease_still_runs_alone(
+        cluster: Cluster, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each model call takes 6 s; a slot is first leased for 1.5 x 1.5 s = 2.25 s. Only its renewal with the
+    # job's lease (every half second, by the worker's lease keeper) keeps the other job's turn out.
+    calls = run_jobs(cluster, redis_url, 2, {"FLOW_CONCURRENCY": "1", "FLOW_LATENCY": "6", "FLOW_LEASE": "1.5",
+                                             "FLOW_TURNS": "1", "FLOW_CONTINUE": "0"}, "tenant-1", monkeypatch)
+    assert len(calls) == 2
+    (_, first_end, _), (second_start, _, _) = calls
+    assert second_start >= first_end - 0.005, calls
