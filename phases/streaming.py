@@ -59,8 +59,12 @@ class DeltaSink:
         self.flush_seconds = flush_seconds
         self.flush_chars = flush_chars
         self.first_flush_seconds = FIRST_FLUSH_SECONDS if first_flush_seconds is None else first_flush_seconds
-        self.sent = ""  # every character published so far in this attempt (or handed to final_parts)
-        self._pending = ""
+        # Pieces, joined once when they go out: text kept as one string grown by ``+=`` is copied
+        # whole at every piece and every batch, quadratic in the answer (~500 MB for 1 MB of text).
+        self._sent: list[str] = []  # every batch published so far in this attempt (or handed to final_parts)
+        self._sent_len = 0
+        self._pending: list[str] = []
+        self._pending_len = 0
         self._started = False
         self._window_end: float | None = None  # when the batch being filled goes out; None before any text
         self._scheduled = False  # the flusher holds a deadline for this sink's pending text
@@ -72,11 +76,12 @@ class DeltaSink:
         if not isinstance(text, str) or not text:
             return
         with self._lock:
-            self._pending += text
+            self._pending.append(text)
+            self._pending_len += len(text)
             now = time.monotonic()
             if self._window_end is None:
                 self._window_end = now + self.first_flush_seconds
-            due = len(self._pending) >= self.flush_chars or now >= self._window_end
+            due = self._pending_len >= self.flush_chars or now >= self._window_end
             if not due and not self._scheduled:
                 # Text that arrives inside the window goes out when the window ends, not when
                 # (if ever) the next piece arrives: a slow stream is never held back longer.
@@ -106,9 +111,9 @@ class DeltaSink:
             with self._lock:
                 self._unschedule()
                 attempt = self.attempt
-                parts = self._parts(self._pending)
-                self.sent += self._pending
-                self._pending = ""
+                batch = self._take_pending()
+                parts = self._parts(batch)
+                self._mark_sent(batch)
                 self._window_end = time.monotonic() + self.flush_seconds
             if parts:
                 try:
@@ -125,8 +130,36 @@ class DeltaSink:
             self._unschedule()
             self._restarts += 1
             self.attempt = f"{self.ctx.attempt_id}.{self._restarts}"
-            self._pending, self.sent, self._started = "", "", False
+            self._pending, self._pending_len, self._sent, self._sent_len = [], 0, [], 0
+            self._started = False
             self._window_end = None
+
+    @property
+    def sent(self) -> str:
+        """Every character published so far in this attempt (or handed to :meth:`final_parts`)."""
+        with self._lock:
+            return "".join(self._sent)
+
+    def _take_pending(self) -> str:
+        # Under self._lock: the pending pieces as one batch, and none left pending.
+        batch = "".join(self._pending)
+        self._pending, self._pending_len = [], 0
+        return batch
+
+    def _mark_sent(self, batch: str) -> None:
+        # Under self._lock.
+        if batch:
+            self._sent.append(batch)
+            self._sent_len += len(batch)
+
+    def _sent_is_prefix_of(self, text: str) -> bool:
+        # Under self._lock. Compared in place (startswith at an offset copies nothing).
+        at = 0
+        for batch in self._sent:
+            if not text.startswith(batch, at):
+                return False
+            at += len(batch)
+        return True
 
     def final_parts(self, full_text: str | None) -> list[Event]:
         """The attempt's last parts, to publish with the journal write of its answer (``ctx.step(publish=...)``).
@@ -140,11 +173,12 @@ class DeltaSink:
         with self._publishing, self._lock:
             self._unschedule()
             text = full_text or ""
-            done = self.sent + self._pending
-            rest = text[len(done):] if text.startswith(done) else ""
-            parts = self._parts(self._pending + rest)
-            self.sent = done + rest
-            self._pending = ""
+            pending = self._take_pending()
+            done = self._sent_len + len(pending)
+            streamed = self._sent_is_prefix_of(text) and text.startswith(pending, self._sent_len)
+            last = pending + text[done:] if streamed else pending
+            parts = self._parts(last)
+            self._mark_sent(last)
         return parts
 
     def finish(self, full_text: str | None) -> None:

@@ -65,8 +65,14 @@ class UIMessageEncoder:
         self._turn: int | None = None
         self._attempt: str | None = None
         self._text_id: str | None = None
-        self._sent = ""  # text of the open text part, as the client has it
-        self._current = ""  # text of the turn's latest attempt
+        # The open text part's text as the client has it, in pieces (joined only when a new attempt
+        # replays it): one string grown per delta and compared whole per delta is quadratic in the answer.
+        self._shown: list[str] = []
+        self._shown_len = 0
+        self._shown_text: str | None = ""  # the pieces joined, while no piece came since
+        # The turn's latest attempt is always the first _current_len characters of what is shown: each
+        # delta either extends both, repeats shown text, or sends the message again from it.
+        self._current_len = 0
 
     def feed(self, part: Event, *, final: bool = True) -> list[Chunk]:
         """The chunks ``part`` adds. ``final=False``: more parts are known to follow (a wait is not an end)."""
@@ -87,10 +93,9 @@ class UIMessageEncoder:
         if part.turn != self._turn:
             out += self._open_step(part.turn)
         if kind == "attempt_started" or (kind == "text_delta" and self._attempt is None):
-            self._attempt, self._current = str(attempt), ""
+            self._attempt, self._current_len = str(attempt), 0
         if kind == "text_delta" and str(attempt) == self._attempt:
-            self._current += str(part.data.get("text", ""))
-            out += self._sync_text(self._current)
+            out += self._add_text(str(part.data.get("text", "")))
         return out
 
     # --- message and steps -------------------------------------------------------------------
@@ -127,18 +132,49 @@ class UIMessageEncoder:
         return out
 
     # --- text --------------------------------------------------------------------------------
+    def _add_text(self, piece: str) -> list[Chunk]:
+        """The latest attempt says ``piece`` more: send what it adds, or send the message again.
+
+        Costs the piece's length, not the text's: an attempt in step with what is
+        shown sends the piece as it is; one that repeats shown text is compared
+        with it in place.
+        """
+        start = self._current_len
+        self._current_len += len(piece)
+        if start == self._shown_len:
+            return self._send(piece)
+        shown = self._joined()
+        overlap = min(len(piece), self._shown_len - start)
+        if not shown.startswith(piece[:overlap], start):
+            return self._rewrite(shown[:start] + piece)
+        return self._send(piece[overlap:])  # a new attempt repeating what is shown sends only what goes further
+
     def _sync_text(self, target: str) -> list[Chunk]:
         """Bring the open text part to ``target``: send what it adds, or send the message again."""
-        if target.startswith(self._sent):
-            extra = target[len(self._sent):]
-            if not extra:
-                return []
-            out = [] if self._text_id is not None else self._emit(self._text_start())
-            self._sent = target
-            return out + self._emit({"type": "text-delta", "id": self._text_id, "delta": extra})
-        if self._sent.startswith(target):
+        shown = self._joined()
+        if target.startswith(shown):
+            return self._send(target[len(shown):])
+        if shown.startswith(target):
             return []  # a new attempt repeating what is shown: wait until it says more
         return self._rewrite(target)
+
+    def _send(self, extra: str) -> list[Chunk]:
+        if not extra:
+            return []
+        out = [] if self._text_id is not None else self._emit(self._text_start())
+        self._shown.append(extra)
+        self._shown_len += len(extra)
+        self._shown_text = None
+        return out + self._emit({"type": "text-delta", "id": self._text_id, "delta": extra})
+
+    def _joined(self) -> str:
+        if self._shown_text is None:
+            self._shown_text = "".join(self._shown)
+            self._shown = [self._shown_text]
+        return self._shown_text
+
+    def _show(self, text: str) -> None:
+        self._shown, self._shown_len, self._shown_text = ([text] if text else []), len(text), text
 
     def _text_start(self) -> Chunk:
         self._text_id = f"{self._base}-t{self._turn}-{self._resets}-{len(self._log)}"
@@ -149,11 +185,12 @@ class UIMessageEncoder:
         self._log = [c for c in self._log if c.get("id") != old]
         self._resets += 1
         self.message_id = f"{self._base}-r{self._resets}"
-        self._text_id, self._sent = None, ""
+        self._text_id = None
+        self._show("")
         if target:
             self._emit(self._text_start())
             self._emit({"type": "text-delta", "id": self._text_id, "delta": target})
-            self._sent = target
+            self._show(target)
         return [{"type": "start", "messageId": self.message_id}, *self._log]
 
     # --- a committed turn --------------------------------------------------------------------
