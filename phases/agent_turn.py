@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseCon
 __all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
 
 TURN_PHASE = "turn"
+logger = logging.getLogger("pipelines")
 
 class AgentState(BaseModel):
     """The small per-job state of an agent run (the transcript lives apart from it)."""
@@ -269,6 +271,8 @@ class AgentTurn:
             if ctx.attempt + 1 >= cfg.max_model_attempts:
                 return Fail(f"model call failed {ctx.attempt + 1} times, last: {exc}")
             delay = exc.retry_after if exc.retry_after is not None else min(300.0, 2.0 * 2**ctx.attempt)
+            name = cfg.model if isinstance(cfg.model, str) else type(cfg.model).__name__
+            logger.warning("job %s: model %s failed: %s; the turn runs again in %.1fs", ctx.job_id, name, exc, delay)
             raise RetryLater(delay, f"model: {exc}") from exc
         except PermanentModelError as exc:
             return Fail(f"model error: {exc}")

@@ -270,6 +270,7 @@ class LiteLLMModel:
             wait=self._wait,
             stop=tenacity.stop_before_delay(self.max_retry_seconds),
             retry_error_callback=self._give_up,
+            before_sleep=self._log_retry,
             reraise=True,
         )
 
@@ -358,6 +359,12 @@ class LiteLLMModel:
         if isinstance(exc, TransientModelError) and exc.retry_after is not None:
             return exc.retry_after
         return float(self._backoff(state))
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        """Tell the operator: each retry is a warning naming the model, the (redacted) error and the wait."""
+        exc = state.outcome.exception() if state.outcome else None
+        logger.warning("model %s: %s; retrying in %.1fs (attempt %d)", self.model, exc,
+                       state.upcoming_sleep, state.attempt_number + 1)
 
     def _give_up(self, state: tenacity.RetryCallState) -> Any:
         exc = state.outcome.exception() if state.outcome else None
