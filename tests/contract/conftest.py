@@ -36,6 +36,22 @@ def _redis_storages(request: pytest.FixtureRequest, url_fixture: str, **options:
         storage.client.close()
 
 
+def _sqlite(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
+    # A real file on disk (WAL mode), a new one per storage: two storages of one test never see each other.
+    from adapters.sqlite import SQLiteStorage
+
+    tmp = request.getfixturevalue("tmp_path")
+    made: list[SQLiteStorage] = []
+
+    def make() -> SQLiteStorage:
+        made.append(SQLiteStorage(str(tmp / f"s{len(made)}.db")))
+        return made[-1]
+
+    yield make
+    for storage in made:
+        storage.close()
+
+
 def _redis(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
     yield from _redis_storages(request, "redis_url")
 
@@ -56,6 +72,7 @@ ADAPTERS: dict[str, Callable[[pytest.FixtureRequest], Iterator[StorageFactory]]]
     "redis": _redis,
     "redis-buckets": _redis_buckets,
     "redis-cluster": _redis_cluster,
+    "sqlite": _sqlite,
 }
 
 

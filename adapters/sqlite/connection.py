@@ -1,0 +1,203 @@
+"""Opening one SQLite file safely, from many threads and processes, and running transactions on it.
+
+Every thread gets its own connection (``sqlite3`` connections are not meant to be
+shared by threads), opened with the file's settings checked:
+
+* WAL journal mode, checked *after* it was asked for: SQLite silently keeps the
+  old mode where WAL cannot work (a network filesystem, ``:memory:``), and a
+  storage that many processes share must not run without it.
+* ``synchronous=FULL`` by default: a commit is on disk when it returns, even
+  across a power cut. ``NORMAL`` survives a process crash but may lose the
+  last commits on power loss (WAL keeps the file itself consistent).
+* A busy timeout (default 30 s): a writer waits for another's transaction.
+* ``journal_size_limit``: the WAL file is cut back after a checkpoint, so a
+  long run does not leave a huge file behind.
+
+Writes run in ``BEGIN IMMEDIATE`` transactions: the write lock is taken
+first, so two writers never both read and then fail to upgrade (the one case
+where SQLite gives up at once instead of waiting). If SQLite still reports
+the file busy or locked, the whole transaction is retried here with a
+backoff, so ``database is locked`` never reaches a caller; only a file that
+stays locked past ``busy_timeout`` + :data:`RETRY_SECONDS` ends as
+:class:`~pipelines.engine.errors.StorageUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from pipelines.engine.errors import ConfigurationError, CorruptRecordError, StorageUnavailableError
+
+__all__ = ["RETRY_SECONDS", "SYNCHRONOUS", "Database", "check_sqlite_version", "wal_defect"]
+
+logger = logging.getLogger("pipelines")
+
+T = TypeVar("T")
+
+SYNCHRONOUS = ("FULL", "NORMAL")
+"""The durability levels offered: FULL (the default) or NORMAL (see the module docstring)."""
+RETRY_SECONDS = 120.0
+"""How long a transaction that found the file busy is retried (beyond SQLite's own busy timeout)."""
+MIN_VERSION = (3, 35, 0)
+"""``UPDATE ... RETURNING`` (claiming due work in one statement) needs SQLite 3.35."""
+WAL_FIXED = (3, 51, 3)
+"""The release that fixed SQLite's WAL-reset defect (two connections writing or checkpointing at once)."""
+JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
+"""Bytes of WAL file kept after a checkpoint resets it."""
+
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:3])
+
+
+def check_sqlite_version(version: str | None = None) -> None:
+    """Refuse an SQLite older than 3.35 (no ``RETURNING``), naming the version found."""
+    found = version or sqlite3.sqlite_version
+    if _version(found) < MIN_VERSION:
+        raise ConfigurationError(
+            f"SQLiteStorage needs SQLite >= 3.35 (UPDATE ... RETURNING); this Python links SQLite {found}. "
+            "Use a Python built against a newer SQLite")
+
+
+def wal_defect(version: str | None = None) -> bool:
+    """Whether the linked SQLite has the WAL-reset defect (fixed in 3.51.3)."""
+    return _version(version or sqlite3.sqlite_version) < WAL_FIXED
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _BUSY
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
+def _unavailable(path: str, exc: sqlite3.Error, what: str) -> Exception:
+    if isinstance(exc, sqlite3.DatabaseError) and "malformed" in str(exc):
+        return CorruptRecordError(f"the SQLite file {path} is damaged ({what}): {exc}")
+    return StorageUnavailableError(f"the SQLite file {path} failed {what}: {type(exc).__name__}: {exc}")
+
+
+class Database:
+    """One SQLite file: a connection per thread (per process), transactions, retries.
+
+    ``on_connect(conn)`` runs once on every new connection (the schema check).
+    """
+
+    def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
+                 on_connect: Callable[[sqlite3.Connection], None] | None = None) -> None:
+        check_sqlite_version()
+        if synchronous not in SYNCHRONOUS:
+            raise ConfigurationError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not 0 < busy_timeout < 3600:
+            raise ConfigurationError(f"busy_timeout must be seconds in (0, 3600), got {busy_timeout!r}")
+        if not isinstance(path, str | os.PathLike) or str(path) in ("", ":memory:") or str(path).startswith("file:"):
+            raise ConfigurationError(f"SQLiteStorage needs the path of a file on a local disk, got {path!r} "
+                                     "(WAL mode, which several processes need, cannot work in memory)")
+        self.path = str(Path(path).resolve())
+        self.synchronous = synchronous
+        self.busy_timeout = float(busy_timeout)
+        self._on_connect = on_connect
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[sqlite3.Connection] = []
+        self._pid = os.getpid()
+
+    # --- connections ---------------------------------------------------------
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection, opened (and checked) on first use."""
+        if os.getpid() != self._pid:
+            # A forked child: the parent's connections must not be used (nor closed) here.
+            with self._lock:
+                self._pid, self._all, self._local = os.getpid(), [], threading.local()
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._retry(self._open, "opening the file")
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: no transaction opens behind our back; every one is BEGIN'd here.
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ConfigurationError(
+                    f"SQLite refused WAL mode for {self.path} (journal mode is {mode!r}): the file is probably on a "
+                    "network filesystem, where several processes cannot share it safely; use a local disk")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
+            conn.execute("PRAGMA foreign_keys=OFF")
+            if self._on_connect is not None:
+                self._on_connect(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def close(self) -> None:
+        """Close every connection this process opened; a later call opens new ones."""
+        with self._lock:
+            conns, self._all = self._all, []
+            self._local = threading.local()
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):  # another thread's statement in flight: it fails on its own
+                conn.close()
+
+    # --- transactions ----------------------------------------------------------
+    def write(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction, committed if it returns, rolled back if
+        it raises; retried whole while the file is busy (``fn`` must not have effects outside the database)."""
+        return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", fn), what)
+
+    def read(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """Run ``fn(conn)`` in one read transaction: every statement in it sees the same snapshot."""
+        return self._retry(lambda: self._in_transaction("BEGIN", fn), what)
+
+    def _in_transaction(self, begin: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self.connection()
+        conn.execute(begin)
+        try:
+            result = fn(conn)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        deadline = time.monotonic() + RETRY_SECONDS
+        pause = 0.005
+        while True:
+            try:
+                return fn()
+            except sqlite3.Error as exc:
+                if not _busy(exc) or time.monotonic() > deadline:
+                    raise _unavailable(self.path, exc, what) from exc
+                self._drop_failed_transaction()
+            # Jittered, so processes that collided do not collide again in step.
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.25)
+
+    def _drop_failed_transaction(self) -> None:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                logger.debug("sqlite: rollback after a busy error failed", exc_info=True)

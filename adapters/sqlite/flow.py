@@ -1,0 +1,93 @@
+"""The :class:`~adapters.base.FlowStore` port in the SQLite file: rate buckets and concurrency slots.
+
+The same buckets and answers as :mod:`adapters.memory_flow` (its
+``take_from_bucket`` does the arithmetic), each check-and-take one
+``BEGIN IMMEDIATE`` transaction, so every process on the file shares them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from adapters.memory_flow import Bucket, take_from_bucket
+from adapters.sqlite.connection import Database
+from pipelines.engine.flow import check_block_seconds, check_slot_ttl
+
+__all__ = ["SQLiteFlowStore"]
+
+
+def _bucket(conn: sqlite3.Connection, model: str) -> Bucket:
+    row = conn.execute("SELECT requests, tokens, ts, blocked_until FROM flow_buckets WHERE model = ?",
+                       (model,)).fetchone()
+    return Bucket() if row is None else Bucket(requests=row[0], tokens=row[1], ts=row[2], blocked_until=row[3])
+
+
+def _save(conn: sqlite3.Connection, model: str, b: Bucket) -> None:
+    conn.execute("INSERT OR REPLACE INTO flow_buckets (model, requests, tokens, ts, blocked_until) "
+                 "VALUES (?, ?, ?, ?, ?)", (model, b.requests, b.tokens, b.ts, b.blocked_until))
+
+
+class SQLiteFlowStore:
+    """Rate buckets and concurrency slots in an SQLite file (see the module docstring)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def take_rate(self, model: str, *, rpm: float | None, tpm: float | None, burst: float, tokens: int,
+                  now: float) -> float:
+        def take(conn: sqlite3.Connection) -> float:
+            bucket = _bucket(conn, model)
+            wait = take_from_bucket(bucket, rpm=rpm, tpm=tpm, burst=burst, tokens=tokens, now=now)
+            if wait == 0:
+                _save(conn, model, bucket)
+            return wait
+
+        wait: float = self._db.write(take, f"taking from the rate bucket of {model!r}")
+        return wait
+
+    def adjust_rate(self, model: str, tokens: int) -> None:
+        self._db.write(lambda c: c.execute("UPDATE flow_buckets SET tokens = tokens - ? WHERE model = ? "
+                                           "AND tokens IS NOT NULL", (tokens, model)),
+                       f"adjusting the rate bucket of {model!r}")
+
+    def block_rate(self, model: str, seconds: float, *, now: float) -> None:
+        check_block_seconds(seconds)
+
+        def block(conn: sqlite3.Connection) -> None:
+            bucket = _bucket(conn, model)
+            bucket.blocked_until = max(bucket.blocked_until, now + seconds)
+            _save(conn, model, bucket)
+
+        self._db.write(block, f"blocking the rate bucket of {model!r}")
+
+    def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
+        check_slot_ttl(ttl)
+
+        def take(conn: sqlite3.Connection) -> float:
+            conn.execute("DELETE FROM flow_slots WHERE key = ? AND expires <= ?", (key, now))  # killed workers' slots
+            held = dict(conn.execute("SELECT member, expires FROM flow_slots WHERE key = ?", (key,)).fetchall())
+            if member in held or len(held) < limit:
+                conn.execute("INSERT OR REPLACE INTO flow_slots (key, member, expires) VALUES (?, ?, ?)",
+                             (key, member, now + ttl))
+                return 0.0
+            return max(1e-3, float(min(held.values())) - now)
+
+        wait: float = self._db.write(take, f"taking a slot of {key!r}")
+        return wait
+
+    def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
+        check_slot_ttl(ttl)
+        renewed: bool = self._db.write(
+            lambda c: c.execute("UPDATE flow_slots SET expires = ? WHERE key = ? AND member = ? AND expires > ?",
+                                (now + ttl, key, member, now)).rowcount > 0, f"renewing a slot of {key!r}")
+        return renewed
+
+    def release_slot(self, key: str, member: str) -> None:
+        self._db.write(lambda c: c.execute("DELETE FROM flow_slots WHERE key = ? AND member = ?", (key, member)),
+                       f"releasing a slot of {key!r}")
+
+    def slots(self, key: str, now: float) -> list[str]:
+        """Members holding a live slot of ``key`` (tests, inspection)."""
+        rows = self._db.read(lambda c: c.execute("SELECT member FROM flow_slots WHERE key = ? AND expires > ? "
+                                                 "ORDER BY member", (key, now)).fetchall(), f"reading slots of {key!r}")
+        return [r[0] for r in rows]

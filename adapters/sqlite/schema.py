@@ -1,0 +1,191 @@
+"""The tables of an SQLite storage file, their version, and upgrading them.
+
+The schema's version is kept in the file (``PRAGMA user_version``). A library
+opens a file at its own version only: a newer file (written by a newer
+phaserunner) is refused, since an older library could misread or damage
+what it does not know; an older one is refused with the command that
+upgrades it (``pipelines migrate --app M:A``, or :func:`migrate`). An empty
+file gets the current schema.
+
+Layout (one row per job in ``jobs``; what a job owns is keyed by its id):
+
+* ``jobs``: the record as JSON, with the columns the engine filters on beside
+  it (version, commit token, status, ``updated_at``, due time, finish time,
+  lease, journal version, pending control request, dropped usage, the
+  live-stream cut and the due-work claim).
+* ``messages``, ``logs``, ``inbox``: append-only lists by position.
+* ``journal``: step results of the current turn.
+* ``parts``: the live stream; committed events are its ``durable`` rows, so
+  an event's id and its live part's id are one number (the cursor).
+* ``flow_buckets``, ``flow_slots``: flow control (rate buckets, slots).
+* ``processes``: which processes opened the file (the WAL-defect warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+import time
+
+from adapters.sqlite.connection import wal_defect
+from pipelines.engine.errors import ConfigurationError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "migrate", "register_process"]
+
+logger = logging.getLogger("pipelines")
+
+_V1 = [
+    """CREATE TABLE jobs (
+        job_id TEXT PRIMARY KEY NOT NULL,
+        record TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        token TEXT NOT NULL DEFAULT '',
+        status TEXT NOT NULL,
+        updated_at REAL NOT NULL,
+        due_at REAL,
+        finished_at REAL,
+        claim_until REAL NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_expires REAL NOT NULL DEFAULT 0,
+        journal_version INTEGER NOT NULL DEFAULT -1,
+        control TEXT,
+        dropped TEXT,
+        dropped_token TEXT NOT NULL DEFAULT '',
+        live_cut INTEGER NOT NULL DEFAULT 0
+    ) WITHOUT ROWID""",
+    "CREATE INDEX jobs_due ON jobs (due_at, job_id) WHERE due_at IS NOT NULL",
+    "CREATE INDEX jobs_finished ON jobs (finished_at, job_id) WHERE finished_at IS NOT NULL",
+    "CREATE INDEX jobs_updated ON jobs (updated_at, job_id)",
+    "CREATE INDEX jobs_status ON jobs (status, updated_at, job_id)",
+    "CREATE TABLE messages (job_id TEXT NOT NULL, pos INTEGER NOT NULL, body TEXT NOT NULL, "
+    "PRIMARY KEY (job_id, pos)) WITHOUT ROWID",
+    "CREATE TABLE logs (job_id TEXT NOT NULL, pos INTEGER NOT NULL, body TEXT NOT NULL, "
+    "PRIMARY KEY (job_id, pos)) WITHOUT ROWID",
+    "CREATE TABLE inbox (job_id TEXT NOT NULL, pos INTEGER NOT NULL, body TEXT NOT NULL, "
+    "PRIMARY KEY (job_id, pos)) WITHOUT ROWID",
+    "CREATE TABLE journal (job_id TEXT NOT NULL, key TEXT NOT NULL, body TEXT NOT NULL, "
+    "PRIMARY KEY (job_id, key)) WITHOUT ROWID",
+    "CREATE TABLE parts (job_id TEXT NOT NULL, seq INTEGER NOT NULL, durable INTEGER NOT NULL, body TEXT NOT NULL, "
+    "PRIMARY KEY (job_id, seq)) WITHOUT ROWID",
+    "CREATE TABLE flow_buckets (model TEXT PRIMARY KEY NOT NULL, requests REAL, tokens REAL, ts REAL, "
+    "blocked_until REAL NOT NULL DEFAULT 0) WITHOUT ROWID",
+    "CREATE TABLE flow_slots (key TEXT NOT NULL, member TEXT NOT NULL, expires REAL NOT NULL, "
+    "PRIMARY KEY (key, member)) WITHOUT ROWID",
+    "CREATE TABLE processes (host TEXT NOT NULL, pid INTEGER NOT NULL, seen REAL NOT NULL, "
+    "PRIMARY KEY (host, pid)) WITHOUT ROWID",
+]
+
+MIGRATIONS: dict[int, list[str]] = {1: _V1}
+"""The statements that take a file from version ``n - 1`` to ``n``, for each ``n``."""
+SCHEMA_VERSION = 1
+"""The version this library reads and writes."""
+
+_WARNED: set[str] = set()  # files this process warned about (once each)
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _foreign_tables(conn: sqlite3.Connection) -> bool:
+    return int(conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]) > 0
+
+
+def check_schema(conn: sqlite3.Connection, path: str) -> None:
+    """Make sure ``conn``'s file holds this library's schema: create it in an empty file, refuse any other."""
+    found = _user_version(conn)
+    if found == 0:
+        conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file: one creates, the other sees it
+        try:
+            found = _user_version(conn)
+            if found == 0:
+                if _foreign_tables(conn):
+                    raise ConfigurationError(f"{path} holds tables but no phaserunner schema: it is another "
+                                             "program's database; give SQLiteStorage a file of its own")
+                _apply(conn, 0, SCHEMA_VERSION)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    if found > SCHEMA_VERSION:
+        raise ConfigurationError(
+            f"{path} has schema version {found}, written by a newer phaserunner; this one reads version "
+            f"{SCHEMA_VERSION}. Upgrade phaserunner (pip install -U phaserunner); nothing was changed")
+    if 0 < found < SCHEMA_VERSION:
+        raise ConfigurationError(
+            f"{path} has schema version {found}; this phaserunner needs version {SCHEMA_VERSION}. Run "
+            "`pipelines migrate --app package.module:app` (stop the workers first); nothing was changed")
+
+
+def _apply(conn: sqlite3.Connection, start: int, stop: int) -> None:
+    """Run the migrations from ``start`` to ``stop`` inside the caller's transaction."""
+    for version in range(start + 1, stop + 1):
+        for statement in MIGRATIONS[version]:
+            conn.execute(statement)
+        # PRAGMA takes no parameters; the version is an int from this module.
+        conn.execute(f"PRAGMA user_version = {int(version)}")
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> tuple[int, int]:
+    """Upgrade ``conn``'s file to :data:`SCHEMA_VERSION` in one transaction; ``(from, to)`` versions.
+
+    A file already at the version is left alone; a newer one is refused.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = _user_version(conn)
+        if found > SCHEMA_VERSION:
+            raise ConfigurationError(f"{path} has schema version {found}, newer than this phaserunner's "
+                                     f"{SCHEMA_VERSION}: upgrade phaserunner instead; nothing was changed")
+        if found == 0 and _foreign_tables(conn):
+            raise ConfigurationError(f"{path} holds tables but no phaserunner schema; nothing was changed")
+        _apply(conn, found, SCHEMA_VERSION)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return found, SCHEMA_VERSION
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def register_process(conn: sqlite3.Connection, path: str) -> int:
+    """Note this process as one that opened the file; how many live processes have it open.
+
+    Warns once (a log record) when that is more than one and the linked
+    SQLite has the WAL-reset defect: two processes writing or checkpointing
+    the same WAL file at once can, rarely, corrupt it. Fixed in SQLite 3.51.3.
+    """
+    host, me = socket.gethostname(), os.getpid()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("INSERT OR REPLACE INTO processes (host, pid, seen) VALUES (?, ?, ?)", (host, me, time.time()))
+        pids = [int(r[0]) for r in conn.execute("SELECT pid FROM processes WHERE host = ?", (host,)).fetchall()]
+        gone = [(host, p) for p in pids if p != me and not _alive(p)]
+        conn.executemany("DELETE FROM processes WHERE host = ? AND pid = ?", gone)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    live = len(pids) - len(gone)
+    if live > 1 and wal_defect() and path not in _WARNED:
+        _WARNED.add(path)
+        logger.warning(
+            "%d processes use the SQLite file %s, and this Python links SQLite %s, which has the WAL-reset "
+            "defect (fixed in 3.51.3): processes writing one file at once can, rarely, corrupt it. Use a Python "
+            "linked against SQLite >= 3.51.3 for several processes, or one process (pipelines dev)",
+            live, path, sqlite3.sqlite_version)
+    return live

@@ -1,0 +1,240 @@
+"""``SQLiteStorage``: the durable embedded storage, one file on a local disk, shared by threads and processes.
+
+::
+
+    storage = SQLiteStorage("app.db")                     # or SQLiteStorage.from_url("sqlite:///app.db")
+    app = App(storage=storage, scheduler=LocalScheduler(workers=4))
+
+Every write is one ``BEGIN IMMEDIATE`` transaction: a turn's commit applies
+record, transcript appends, logs, events, journal clear, due, finished and
+listing indexes, inbox take and control request together, only if the
+stored version (and, for a worker, its lease) is the one the turn read; the
+model and tool calls of a turn happen between transactions, never inside
+one. See :mod:`adapters.sqlite.connection` for the file's settings (WAL,
+``synchronous``, busy timeout, retries) and :mod:`adapters.sqlite.schema`
+for its tables and version.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from adapters.sqlite import schema, writes
+from adapters.sqlite.connection import Database
+from adapters.sqlite.reads import RECORD_COLUMNS, SQLiteReads, load_record
+from adapters.sqlite.wakeup import wakeup_for
+from adapters.sqlite.writes import Texts
+from pipelines.engine.errors import ConfigurationError, InvalidInputError
+from pipelines.engine.models import (
+    Commit,
+    CommitReply,
+    Event,
+    JobRecord,
+    JSONValue,
+    LogEntry,
+    Message,
+    Usage,
+    check_messages,
+    dump_events,
+    dump_json,
+    dump_logs,
+    dump_record,
+    validate_job_id,
+)
+
+__all__ = ["SQLiteStorage"]
+
+
+class SQLiteStorage(SQLiteReads):
+    """The :class:`~adapters.base.Storage` port on one SQLite file (see the module docstring).
+
+    ``synchronous``: ``"FULL"`` (default: a returned commit survives a power
+    cut) or ``"NORMAL"`` (survives a process crash, may lose the last commits
+    on power loss). ``busy_timeout``: seconds a write waits for another's
+    transaction before the adapter retries it. ``clock``: the lease clock
+    (wall time, shared by every process on the file).
+    """
+
+    def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
+                 clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or time.time
+        self._db = Database(path, synchronous=synchronous, busy_timeout=busy_timeout, on_connect=self._checked)
+        self.path = self._db.path
+        self._wakeup = wakeup_for(self.path)
+        self._registered = 0  # pid that noted itself in the file's process table
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SQLiteStorage:
+        """``sqlite:///relative/app.db`` or ``sqlite:////absolute/app.db``; ``options`` as for the constructor."""
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme != "sqlite" or parts.netloc or not parts.path.strip("/"):
+            raise ConfigurationError(f"not an SQLite URL: {url!r}; expected sqlite:///app.db (relative) or "
+                                     "sqlite:////var/lib/app.db (absolute)")
+        if parts.query or parts.fragment:
+            raise ConfigurationError(f"SQLite URL {url!r}: pass options as keyword arguments, not in the URL")
+        return cls(unquote(parts.path[1:]), **options)
+
+    def __repr__(self) -> str:
+        return f"SQLiteStorage({self.path!r})"
+
+    def _checked(self, conn: sqlite3.Connection) -> None:
+        """Every new connection: the schema must be this library's; the first one notes this process."""
+        schema.check_schema(conn, self.path)
+        import os
+
+        if self._registered != os.getpid():
+            self._registered = os.getpid()
+            schema.register_process(conn, self.path)
+
+    def _now(self) -> float:
+        return self._clock()
+
+    def close(self) -> None:
+        """Close this process's connections (a later call opens new ones)."""
+        self._db.close()
+
+    def migrate(self) -> tuple[int, int]:
+        """Upgrade the file's schema to this library's; ``(from, to)`` versions (``pipelines migrate``)."""
+        conn = sqlite3.connect(self.path, timeout=self._db.busy_timeout, isolation_level=None)
+        try:
+            return schema.migrate(conn, self.path)
+        finally:
+            conn.close()
+
+    def _write(self, fn: Callable[[sqlite3.Connection], Any], what: str, *, wake: bool = False) -> Any:
+        result = self._db.write(fn, what)
+        if wake:
+            self._wakeup.notify()
+        return result
+
+    # --- JobStore ----------------------------------------------------------------------------
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
+                   events: Sequence[Event] = ()) -> None:
+        """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
+        validate_job_id(record.job_id)
+        texts = Texts(dump_record(record, f"the record of job {record.job_id!r}"),
+                      [dump_json(m, "a transcript message") for m in messages], dump_logs(logs), dump_events(events))
+        self._write(lambda c: writes.apply_create(c, record, texts), f"creating job {record.job_id!r}", wake=True)
+
+    def commit(self, commit: Commit) -> CommitReply:
+        """Apply ``commit`` in one transaction: fenced on version and lease, idempotent by token."""
+        # Serialised first: a value JSON cannot carry fails here, with nothing written (I1).
+        texts = Texts(dump_record(commit.record, f"the record of job {commit.job_id!r}"),
+                      [dump_json(m, "a transcript message") for m in commit.append_messages],
+                      dump_logs(commit.logs), dump_events(commit.events))
+        reply: CommitReply = self._write(lambda c: writes.apply_commit(c, commit, texts, self._clock()),
+                                         f"committing job {commit.job_id!r}", wake=bool(texts.events))
+        return reply
+
+    def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
+        text = dump_json(value, f"result of step {key!r}")
+        self._write(lambda c: writes.record_step(c, job_id, version=version, owner=owner, key=key, text=text,
+                                                 now=self._clock()), f"journaling step {key!r} of job {job_id!r}")
+
+    def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                parts: Sequence[Event]) -> None:
+        """Journal a step and publish ``parts`` in one transaction (the parts only if the step is journaled)."""
+        text = dump_json(value, f"result of step {key!r}")
+        lines = dump_events(parts)
+
+        def both(conn: sqlite3.Connection) -> None:
+            writes.record_step(conn, job_id, version=version, owner=owner, key=key, text=text, now=self._clock())
+            writes.add_parts(conn, job_id, lines, durable=False)
+
+        self._write(both, f"journaling step {key!r} of job {job_id!r}", wake=bool(lines))
+
+    def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
+        def add(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT dropped, dropped_token FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None or row[1] == token:
+                return
+            total = (Usage.model_validate_json(row[0]) if row[0] else Usage()) + usage
+            conn.execute("UPDATE jobs SET dropped = ?, dropped_token = ? WHERE job_id = ?",
+                         (total.model_dump_json(), token, job_id))
+
+        self._write(add, f"counting dropped usage of job {job_id!r}")
+
+    def request_control(self, job_id: str, request: str | None) -> bool:
+        found: bool = self._write(lambda c: c.execute("UPDATE jobs SET control = ? WHERE job_id = ?",
+                                                      (request, job_id)).rowcount > 0,
+                                  f"requesting {request} of job {job_id!r}")
+        return found
+
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
+        """Remove the job and everything it owns; with ``if_version``, only if it is still at that version
+        (else :class:`StaleVersionError`, nothing removed)."""
+        found: bool = self._write(lambda c: writes.delete(c, job_id, if_version), f"deleting job {job_id!r}",
+                                  wake=True)
+        return found
+
+    # --- InboxStore, LiveStore -------------------------------------------------------------------
+    def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
+        lines = [dump_json(m, "a message sent to the job") for m in check_messages(messages, "messages sent")]
+        if not lines:
+            raise InvalidInputError("send needs at least one message")
+        count: int | None = self._write(lambda c: writes.send(c, job_id, lines),
+                                        f"sending messages to job {job_id!r}")
+        return count
+
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        lines = dump_events(parts)
+        if not lines:
+            return
+
+        def add(conn: sqlite3.Connection) -> None:
+            if conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None:
+                writes.add_parts(conn, job_id, lines, durable=False)
+
+        self._write(add, f"publishing to job {job_id!r}", wake=True)
+
+    # --- LeaseStore ------------------------------------------------------------------------------
+    def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
+        """Take the lease and read the record in one transaction; ``None`` if unknown or leased by another."""
+        def take(conn: sqlite3.Connection) -> JobRecord | None:
+            now = self._clock()
+            row = conn.execute(f"SELECT lease_owner, lease_expires, {RECORD_COLUMNS} FROM jobs WHERE job_id = ?",
+                               (job_id,)).fetchone()
+            if row is None or (row[0] is not None and row[1] > now and row[0] != owner):
+                return None
+            conn.execute("UPDATE jobs SET lease_owner = ?, lease_expires = ? WHERE job_id = ?",
+                         (owner, now + ttl, job_id))
+            return load_record(conn, row[2:])
+
+        record: JobRecord | None = self._write(take, f"leasing job {job_id!r}")
+        return record
+
+    def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
+        def renew(conn: sqlite3.Connection) -> bool:
+            now = self._clock()
+            return conn.execute("UPDATE jobs SET lease_expires = ? WHERE job_id = ? AND lease_owner = ? "
+                                "AND lease_expires > ?", (now + ttl, job_id, owner, now)).rowcount > 0
+
+        renewed: bool = self._write(renew, f"renewing the lease of job {job_id!r}")
+        return renewed
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        self._write(lambda c: c.execute("UPDATE jobs SET lease_owner = NULL WHERE job_id = ? AND lease_owner = ?",
+                                        (job_id, owner)), f"releasing the lease of job {job_id!r}")
+
+    # --- for the local scheduler and flow control ---------------------------------------------
+    def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]:
+        """Claim running jobs due at ``cut`` that no worker leases or claimed (see :func:`writes.claim_due`)."""
+        claimed: list[str] = self._write(lambda c: writes.claim_due(c, cut=cut, now=self._clock(), hold=hold,
+                                                                    limit=limit), "claiming due jobs")
+        return claimed
+
+    def next_due(self) -> float | None:
+        """The earliest due time of a running job (``None``: none is running)."""
+        row = self._db.read(lambda c: c.execute("SELECT min(due_at) FROM jobs WHERE due_at IS NOT NULL").fetchone(),
+                            "reading the due index")
+        return None if row is None or row[0] is None else float(row[0])
+
+    def flow_store(self) -> Any:
+        """The flow-control state in this file (a :class:`~adapters.sqlite.flow.SQLiteFlowStore`)."""
+        from adapters.sqlite.flow import SQLiteFlowStore  # only apps with flow control load it
+
+        return SQLiteFlowStore(self._db)

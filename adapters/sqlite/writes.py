@@ -1,0 +1,204 @@
+"""The write transactions of an SQLite storage, each run inside one ``BEGIN IMMEDIATE`` (see ``Database.write``).
+
+Each function gets the connection with the write lock already held and the
+values already serialised (what JSON cannot carry failed before the
+transaction began, so nothing is half-written). They raise the engine's
+errors; the transaction is rolled back by the caller when they do.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from adapters.base import INBOX_OPEN
+from pipelines.engine.errors import InboxNotEmptyError, JobConflictError, StaleVersionError
+from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
+
+__all__ = ["JOB_TABLES", "Texts", "append", "apply_commit", "apply_create", "claim_due", "delete", "fence",
+           "index_columns", "record_step", "send"]
+
+JOB_TABLES = ("messages", "logs", "inbox", "journal", "parts")
+"""The tables whose rows a job owns beside its row in ``jobs``: they live and die with it."""
+_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Texts:
+    """A write's values as the JSON text stored: the record, messages, log lines, events."""
+
+    record: str
+    messages: Sequence[str] = ()
+    logs: Sequence[str] = ()
+    events: Sequence[str] = ()
+
+
+def index_columns(record: JobRecord) -> tuple[str, float, float | None, float | None]:
+    """``(status, updated_at, due_at, finished_at)``: the index columns that move with the record."""
+    cp = record.checkpoint
+    due = cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None
+    finished = record.updated_at if record.status in _FINISHED else None
+    return record.status.value, record.updated_at, due, finished
+
+
+def append(conn: sqlite3.Connection, table: str, job_id: str, lines: Sequence[str]) -> None:
+    """Append ``lines`` to the job's list in ``table`` (messages, logs, inbox), after its last position."""
+    if not lines:
+        return
+    # table is one of this module's constants, never caller input.
+    top = conn.execute(f"SELECT max(pos) FROM {table} WHERE job_id = ?", (job_id,)).fetchone()[0]
+    first = 0 if top is None else int(top) + 1
+    conn.executemany(f"INSERT INTO {table} (job_id, pos, body) VALUES (?, ?, ?)",
+                     [(job_id, first + i, line) for i, line in enumerate(lines)])
+
+
+def add_parts(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], *, durable: bool) -> int:
+    """Append parts to the job's live stream (``durable``: committed events); the last one's number (0: none)."""
+    if not lines:
+        return 0
+    top = conn.execute("SELECT max(seq) FROM parts WHERE job_id = ?", (job_id,)).fetchone()[0]
+    first = 1 if top is None else int(top) + 1
+    conn.executemany("INSERT INTO parts (job_id, seq, durable, body) VALUES (?, ?, ?, ?)",
+                     [(job_id, first + i, int(durable), line) for i, line in enumerate(lines)])
+    return first + len(lines) - 1
+
+
+def _inbox_count(conn: sqlite3.Connection, job_id: str) -> int:
+    return int(conn.execute("SELECT count(*) FROM inbox WHERE job_id = ?", (job_id,)).fetchone()[0])
+
+
+def apply_create(conn: sqlite3.Connection, record: JobRecord, texts: Texts) -> None:
+    """Insert a new job with its first messages, logs and events; ``JobConflictError`` if the id is taken."""
+    job_id = record.job_id
+    if conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None:
+        raise JobConflictError(f"job {job_id!r} already exists")
+    for table in JOB_TABLES:  # nothing of an earlier job of this id may leak into the new one
+        conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+    status, updated, due, finished = index_columns(record)
+    conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at, due_at, finished_at) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, texts.record, record.version, status, updated, due, finished))
+    append(conn, "messages", job_id, texts.messages)
+    append(conn, "logs", job_id, texts.logs)
+    add_parts(conn, job_id, texts.events, durable=True)
+
+
+def fence(row: Sequence[object] | None, job_id: str, *, version: int, owner: str | None, now: float,
+          what: str) -> None:
+    """Raise :class:`StaleVersionError` unless the row ``(version, lease_owner, lease_expires)`` is at
+    ``version`` and, when ``owner`` is given, that owner's lease is live."""
+    if row is None:
+        raise StaleVersionError(f"job {job_id!r} no longer exists; {what}")
+    stored, holder, expires = row
+    if stored != version:
+        raise StaleVersionError(f"job {job_id!r} is at version {stored}; {what}")
+    if owner is None:
+        return
+    live = holder is not None and isinstance(expires, float | int) and expires > now
+    if not live:
+        raise StaleVersionError(f"job {job_id!r}: no worker holds its lease (this worker's lease expired); {what}")
+    if holder != owner:
+        raise StaleVersionError(f"job {job_id!r} is leased by another worker; {what}")
+
+
+def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: float) -> CommitReply:
+    """Apply ``commit`` if the job is at its expected version (and lease); see the storage contract."""
+    job_id = commit.job_id
+    row = conn.execute("SELECT version, token, lease_owner, lease_expires, control FROM jobs WHERE job_id = ?",
+                       (job_id,)).fetchone()
+    if row is not None and row[1] == commit.token and row[0] == commit.record.version:
+        return CommitReply(row[4], _inbox_count(conn, job_id))  # applied already: a retry of the same commit
+    fence(None if row is None else (row[0], row[2], row[3]), job_id, version=commit.expected_version,
+          owner=commit.owner, now=now, what=f"commit expected {commit.expected_version}")
+    waiting = _inbox_count(conn, job_id)
+    if commit.ends_run and waiting > commit.take_inbox:
+        raise InboxNotEmptyError(
+            f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its inbox; "
+            "the run does not end past them", waiting=waiting)
+    if commit.truncate_messages_to is not None:
+        conn.execute("DELETE FROM messages WHERE job_id = ? AND pos >= ?", (job_id, commit.truncate_messages_to))
+    append(conn, "messages", job_id, texts.messages)
+    append(conn, "logs", job_id, texts.logs)
+    _commit_events(conn, job_id, texts.events)
+    status, updated, due, finished = index_columns(commit.record)
+    release = commit.release_lease and commit.owner is not None
+    conn.execute(
+        "UPDATE jobs SET record = ?, version = ?, token = ?, status = ?, updated_at = ?, due_at = ?, finished_at = ?, "
+        "claim_until = 0, journal_version = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
+        "control = CASE WHEN ? THEN NULL ELSE control END WHERE job_id = ?",
+        (texts.record, commit.record.version, commit.token, status, updated, due, finished, commit.record.version,
+         release, commit.clear_control, job_id))
+    if not commit.keep_journal:
+        conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
+    if commit.take_inbox > 0:
+        conn.execute("DELETE FROM inbox WHERE job_id = ? AND pos IN "
+                     "(SELECT pos FROM inbox WHERE job_id = ? ORDER BY pos LIMIT ?)",
+                     (job_id, job_id, commit.take_inbox))
+    return CommitReply(None if commit.clear_control else row[4], max(0, waiting - commit.take_inbox))
+
+
+def _commit_events(conn: sqlite3.Connection, job_id: str, lines: Sequence[str]) -> None:
+    """Append a commit's events; the live stream then drops the parts published before the previous commit.
+
+    The live stream keeps the turn in flight, not the job's whole life: a
+    reader behind that point reads the committed events there instead (the
+    transcript holds the text those parts carried).
+    """
+    last = add_parts(conn, job_id, lines, durable=True)
+    if not last:
+        return
+    cut = conn.execute("SELECT live_cut FROM jobs WHERE job_id = ?", (job_id,)).fetchone()[0]
+    if cut:
+        conn.execute("DELETE FROM parts WHERE job_id = ? AND durable = 0 AND seq <= ?", (job_id, cut))
+    conn.execute("UPDATE jobs SET live_cut = ? WHERE job_id = ?", (last, job_id))
+
+
+def record_step(conn: sqlite3.Connection, job_id: str, *, version: int, owner: str | None, key: str, text: str,
+                now: float) -> None:
+    """Journal one step result under ``version``, fenced like a commit."""
+    row = conn.execute("SELECT version, lease_owner, lease_expires, journal_version FROM jobs WHERE job_id = ?",
+                       (job_id,)).fetchone()
+    fence(None if row is None else row[:3], job_id, version=version, owner=owner, now=now,
+          what=f"step {key!r} at version {version} not recorded")
+    assert row is not None
+    if row[3] != version:  # the first step of this version: the journal of an older one goes
+        conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
+        conn.execute("UPDATE jobs SET journal_version = ? WHERE job_id = ?", (version, job_id))
+    conn.execute("INSERT OR REPLACE INTO journal (job_id, key, body) VALUES (?, ?, ?)", (job_id, key, text))
+
+
+def send(conn: sqlite3.Connection, job_id: str, lines: Sequence[str]) -> int | None:
+    """Append to the inbox if the job's status (read in this transaction) takes messages; its new length."""
+    row = conn.execute("SELECT status FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    if row is None:
+        return None
+    if row[0] not in {s.value for s in INBOX_OPEN}:
+        raise JobConflictError(f"job {job_id!r} is {row[0]}: its inbox takes no messages (nothing appended)")
+    append(conn, "inbox", job_id, lines)
+    return _inbox_count(conn, job_id)
+
+
+def delete(conn: sqlite3.Connection, job_id: str, if_version: int | None) -> bool:
+    """Remove the job and every row it owns; with ``if_version``, only at that version."""
+    row = conn.execute("SELECT version FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    if row is not None and if_version is not None and row[0] != if_version:
+        raise StaleVersionError(f"job {job_id!r} is at version {row[0]}; delete expected {if_version}")
+    for table in JOB_TABLES:
+        conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+    conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+    return row is not None
+
+
+def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, limit: int) -> list[str]:
+    """Claim up to ``limit`` running jobs due at ``cut``, not leased and not claimed: one ``UPDATE ... RETURNING``.
+
+    A claim keeps other claimers (threads, processes) off the job for
+    ``hold`` seconds; the job's next commit clears it, and a claimer that
+    died simply lets it run out.
+    """
+    rows = conn.execute(
+        "UPDATE jobs SET claim_until = ? WHERE job_id IN (SELECT job_id FROM jobs WHERE due_at IS NOT NULL "
+        "AND due_at <= ? AND claim_until <= ? AND (lease_owner IS NULL OR lease_expires <= ?) "
+        "ORDER BY due_at, job_id LIMIT ?) RETURNING job_id, due_at",
+        (now + hold, cut, now, now, max(0, limit))).fetchall()
+    return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]
