@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Storage
+from pipelines.engine import writer
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
-from pipelines.engine.capabilities import record_step_with_parts
 from pipelines.engine.errors import ConfigurationError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
@@ -115,7 +115,7 @@ class OffloadingStorage:
                                 parts: Sequence[Event]) -> None:
         """Journal a step result (a large one as a reference) and publish ``parts`` with it."""
         stored = self._pack_step(job_id, version, owner, key, value)
-        record_step_with_parts(self.inner, job_id, version=version, owner=owner, key=key, value=stored, parts=parts)
+        writer.record_step(self.inner, job_id, version=version, owner=owner, key=key, value=stored, parts=parts)
 
     def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
         """Send messages to the job's inbox, large ones as references."""

@@ -20,7 +20,7 @@ from adapters.base import Scheduler, Storage
 from phases import journal
 from phases.tool_runner import arguments_digest
 from phases.tools import result_content
-from pipelines.engine import transitions
+from pipelines.engine import transitions, writer
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import InvalidInputError, JobConflictError, StaleVersionError
 from pipelines.engine.events import make_event
@@ -99,7 +99,7 @@ def _decide(job_id: str, call_id: str, decision: dict[str, Any], storage: Storag
         commit = transitions.supply_inputs(record, {journal.approval_key(call_id): entry}, resume=not left,
                                            now=now, why=f"call {call_id} {decision['decision']}", event=event)
         try:
-            transitions.apply(storage, scheduler, commit)
+            writer.apply(storage, scheduler, commit)
         except StaleVersionError:
             continue  # someone else wrote first: read again (and lose cleanly if it was this call)
         return commit.record
@@ -130,7 +130,7 @@ def record_tool_result(job_id: str, call_id: str, result: Any, *, storage: Stora
         commit = transitions.supply_inputs(record, {journal.tool_key(call_id): content}, resume=resume, now=now,
                                            why=f"outcome of {call_id} recorded", event=event)
         try:
-            transitions.apply(storage, scheduler, commit)
+            writer.apply(storage, scheduler, commit)
         except StaleVersionError:
             continue
         return commit.record

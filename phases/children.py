@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from phases.tools import Tool, ToolContext
 from pipelines.engine import children as children_rules
-from pipelines.engine import transitions, versions
+from pipelines.engine import transitions, versions, writer
 from pipelines.engine.children import KIND, child_job_id, child_key, owned
 from pipelines.engine.env import ChildRuns
 from pipelines.engine.errors import InvalidInputError, JobConflictError
@@ -95,7 +95,7 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
         now=app.scheduler.now(), depth=depth)
     commit = commit.model_copy(update={"record": versions.stamp(commit.record, version, new=True)})
     try:
-        transitions.apply(app.storage, app.scheduler, commit)
+        writer.apply(app.storage, app.scheduler, commit)
     except JobConflictError:
         # The id was taken between the look and the create (the create refuses a taken id atomically):
         # a duplicate worker's child is the one; anything else is judged on the owner its create wrote.

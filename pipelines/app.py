@@ -28,7 +28,7 @@ from phases.callbacks import CALLBACKS, check_callbacks
 from phases.run_input import check_tags
 from pipelines import streams
 from pipelines.agent import Agent
-from pipelines.engine import children, control, flow, inbox, transitions, versions
+from pipelines.engine import children, control, flow, inbox, transitions, versions, writer
 from pipelines.engine.env import RunEnv
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -395,7 +395,7 @@ class App:
         commit = transitions.fork(src, mark, new_job_id=new_job_id, messages=messages, request=request,
                                   options={**src.options, **overrides}, run=run, now=self.scheduler.now())
         try:
-            transitions.apply(self.storage, self.scheduler, commit)
+            writer.apply(self.storage, self.scheduler, commit)
         except JobConflictError:
             # Taken since the look above (the create refuses a taken id atomically): the request the
             # other create wrote, never changed after, says whether it is this very fork.
@@ -478,11 +478,8 @@ class App:
 
     def _delete_at(self, rec: JobRecord) -> bool | None:
         """Delete ``rec``'s job if it is still at ``rec.version``; ``None`` when it moved on meanwhile."""
-        store = self.storage
-        if not isinstance(store, RetentionStore):
-            return store.delete_job(rec.job_id)  # a storage without the fenced delete: checked, not atomic
         try:
-            return store.delete_job(rec.job_id, if_version=rec.version)
+            return writer.delete(self.storage, rec)
         except StaleVersionError:
             return None
 

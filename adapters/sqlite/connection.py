@@ -89,6 +89,35 @@ def _unavailable(path: str, exc: sqlite3.Error, what: str) -> Exception:
     return StorageUnavailableError(f"the SQLite file {path} failed {what}: {type(exc).__name__}: {exc}")
 
 
+_writers: dict[str, threading.RLock] = {}
+_writers_lock = threading.Lock()
+
+
+def _writer_lock(path: str) -> threading.RLock:
+    """The one lock of this process's writers to ``path``.
+
+    Writers of one process take turns here before they take SQLite's write
+    lock: a waiting thread is handed the file at once instead of polling in
+    SQLite's busy handler, and no two connections of this process ever write
+    or checkpoint the WAL at the same moment (the condition of SQLite's
+    WAL-reset defect, fixed in 3.51.3), so only other processes can meet it.
+    """
+    with _writers_lock:
+        found = _writers.get(path)
+        if found is None:
+            found = _writers[path] = threading.RLock()
+        return found
+
+
+def _forget_writer_locks() -> None:
+    global _writers_lock
+    _writers_lock = threading.Lock()
+    _writers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_writer_locks)
+
+
 class Database:
     """One SQLite file: a connection per thread (per process), transactions, retries.
 
@@ -113,14 +142,21 @@ class Database:
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self._pid = os.getpid()
+        self._writing = _writer_lock(self.path)
 
     # --- connections ---------------------------------------------------------
-    def connection(self) -> sqlite3.Connection:
-        """This thread's connection, opened (and checked) on first use."""
+    def _forked(self) -> None:
         if os.getpid() != self._pid:
-            # A forked child: the parent's connections must not be used (nor closed) here.
+            # A forked child: the parent's connections must not be used (nor closed) here, and a lock
+            # another thread of the parent held at the fork would never be released.
+            self._lock = threading.Lock()
             with self._lock:
                 self._pid, self._all, self._local = os.getpid(), [], threading.local()
+                self._writing = _writer_lock(self.path)
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection, opened (and checked) on first use."""
+        self._forked()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._retry(self._open, "opening the file")
@@ -162,7 +198,9 @@ class Database:
     def write(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
         """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction, committed if it returns, rolled back if
         it raises; retried whole while the file is busy (``fn`` must not have effects outside the database)."""
-        return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", fn), what)
+        self._forked()
+        with self._writing:
+            return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", fn), what)
 
     def read(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
         """Run ``fn(conn)`` in one read transaction: every statement in it sees the same snapshot."""

@@ -11,30 +11,23 @@ Layout (one row per job in ``jobs``; what a job owns is keyed by its id):
 
 * ``jobs``: the record as JSON, with the columns the engine filters on beside
   it (version, commit token, status, ``updated_at``, due time, finish time,
-  lease, journal version, pending control request, dropped usage, the
-  live-stream cut and the due-work claim).
+  lease (and the process holding it), journal version, pending control
+  request, dropped usage, the live-stream cut and the due-work claim).
 * ``messages``, ``logs``, ``inbox``: append-only lists by position.
 * ``journal``: step results of the current turn.
 * ``parts``: the live stream; committed events are its ``durable`` rows, so
   an event's id and its live part's id are one number (the cursor).
 * ``flow_buckets``, ``flow_slots``: flow control (rate buckets, slots).
-* ``processes``: which processes opened the file (the WAL-defect warning).
+* ``processes``: which processes opened the file (see :mod:`adapters.sqlite.processes`).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import sqlite3
-import time
 
-from adapters.sqlite.connection import wal_defect
 from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "migrate", "register_process"]
-
-logger = logging.getLogger("pipelines")
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "migrate"]
 
 _V1 = [
     """CREATE TABLE jobs (
@@ -47,8 +40,10 @@ _V1 = [
         due_at REAL,
         finished_at REAL,
         claim_until REAL NOT NULL DEFAULT 0,
+        claim_proc TEXT,
         lease_owner TEXT,
         lease_expires REAL NOT NULL DEFAULT 0,
+        lease_proc TEXT,
         journal_version INTEGER NOT NULL DEFAULT -1,
         control TEXT,
         dropped TEXT,
@@ -73,16 +68,14 @@ _V1 = [
     "blocked_until REAL NOT NULL DEFAULT 0) WITHOUT ROWID",
     "CREATE TABLE flow_slots (key TEXT NOT NULL, member TEXT NOT NULL, expires REAL NOT NULL, "
     "PRIMARY KEY (key, member)) WITHOUT ROWID",
-    "CREATE TABLE processes (host TEXT NOT NULL, pid INTEGER NOT NULL, seen REAL NOT NULL, "
-    "PRIMARY KEY (host, pid)) WITHOUT ROWID",
+    "CREATE TABLE processes (machine TEXT NOT NULL, pid INTEGER NOT NULL, seen REAL NOT NULL, "
+    "PRIMARY KEY (machine, pid)) WITHOUT ROWID",
 ]
 
 MIGRATIONS: dict[int, list[str]] = {1: _V1}
 """The statements that take a file from version ``n - 1`` to ``n``, for each ``n``."""
 SCHEMA_VERSION = 1
 """The version this library reads and writes."""
-
-_WARNED: set[str] = set()  # files this process warned about (once each)
 
 
 def _user_version(conn: sqlite3.Connection) -> int:
@@ -149,43 +142,3 @@ def migrate(conn: sqlite3.Connection, path: str) -> tuple[int, int]:
             conn.execute("ROLLBACK")
         raise
     return found, SCHEMA_VERSION
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
-def register_process(conn: sqlite3.Connection, path: str) -> int:
-    """Note this process as one that opened the file; how many live processes have it open.
-
-    Warns once (a log record) when that is more than one and the linked
-    SQLite has the WAL-reset defect: two processes writing or checkpointing
-    the same WAL file at once can, rarely, corrupt it. Fixed in SQLite 3.51.3.
-    """
-    host, me = socket.gethostname(), os.getpid()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        conn.execute("INSERT OR REPLACE INTO processes (host, pid, seen) VALUES (?, ?, ?)", (host, me, time.time()))
-        pids = [int(r[0]) for r in conn.execute("SELECT pid FROM processes WHERE host = ?", (host,)).fetchall()]
-        gone = [(host, p) for p in pids if p != me and not _alive(p)]
-        conn.executemany("DELETE FROM processes WHERE host = ? AND pid = ?", gone)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    live = len(pids) - len(gone)
-    if live > 1 and wal_defect() and path not in _WARNED:
-        _WARNED.add(path)
-        logger.warning(
-            "%d processes use the SQLite file %s, and this Python links SQLite %s, which has the WAL-reset "
-            "defect (fixed in 3.51.3): processes writing one file at once can, rarely, corrupt it. Use a Python "
-            "linked against SQLite >= 3.51.3 for several processes, or one process (pipelines dev)",
-            live, path, sqlite3.sqlite_version)
-    return live

@@ -17,13 +17,14 @@ for its tables and version.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from adapters.sqlite import schema, writes
+from adapters.sqlite import processes, schema, writes
 from adapters.sqlite.connection import Database
 from adapters.sqlite.reads import RECORD_COLUMNS, SQLiteReads, load_record
 from adapters.sqlite.wakeup import wakeup_for
@@ -84,11 +85,9 @@ class SQLiteStorage(SQLiteReads):
     def _checked(self, conn: sqlite3.Connection) -> None:
         """Every new connection: the schema must be this library's; the first one notes this process."""
         schema.check_schema(conn, self.path)
-        import os
-
         if self._registered != os.getpid():
             self._registered = os.getpid()
-            schema.register_process(conn, self.path)
+            processes.register(conn, self.path)
 
     def _now(self) -> float:
         return self._clock()
@@ -200,8 +199,8 @@ class SQLiteStorage(SQLiteReads):
                                (job_id,)).fetchone()
             if row is None or (row[0] is not None and row[1] > now and row[0] != owner):
                 return None
-            conn.execute("UPDATE jobs SET lease_owner = ?, lease_expires = ? WHERE job_id = ?",
-                         (owner, now + ttl, job_id))
+            conn.execute("UPDATE jobs SET lease_owner = ?, lease_expires = ?, lease_proc = ? WHERE job_id = ?",
+                         (owner, now + ttl, processes.me(), job_id))
             return load_record(conn, row[2:])
 
         record: JobRecord | None = self._write(take, f"leasing job {job_id!r}")
@@ -224,8 +223,14 @@ class SQLiteStorage(SQLiteReads):
     def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]:
         """Claim running jobs due at ``cut`` that no worker leases or claimed (see :func:`writes.claim_due`)."""
         claimed: list[str] = self._write(lambda c: writes.claim_due(c, cut=cut, now=self._clock(), hold=hold,
-                                                                    limit=limit), "claiming due jobs")
+                                                                    limit=limit, proc=processes.me()),
+                                         "claiming due jobs")
         return claimed
+
+    def reap_dead_processes(self) -> int:
+        """Release the leases and claims of this machine's processes that are gone; how many processes live."""
+        live: int = self._write(processes.reap, "releasing the leases of dead processes")
+        return live
 
     def next_due(self) -> float | None:
         """The earliest due time of a running job (``None``: none is running)."""

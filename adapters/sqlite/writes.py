@@ -189,16 +189,17 @@ def delete(conn: sqlite3.Connection, job_id: str, if_version: int | None) -> boo
     return row is not None
 
 
-def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, limit: int) -> list[str]:
+def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, limit: int,
+              proc: str) -> list[str]:
     """Claim up to ``limit`` running jobs due at ``cut``, not leased and not claimed: one ``UPDATE ... RETURNING``.
 
     A claim keeps other claimers (threads, processes) off the job for
-    ``hold`` seconds; the job's next commit clears it, and a claimer that
-    died simply lets it run out.
+    ``hold`` seconds; the job's next commit clears it, and the claim of a
+    process ``proc`` that died is released by the next process that notices.
     """
     rows = conn.execute(
-        "UPDATE jobs SET claim_until = ? WHERE job_id IN (SELECT job_id FROM jobs WHERE due_at IS NOT NULL "
-        "AND due_at <= ? AND claim_until <= ? AND (lease_owner IS NULL OR lease_expires <= ?) "
+        "UPDATE jobs SET claim_until = ?, claim_proc = ? WHERE job_id IN (SELECT job_id FROM jobs "
+        "WHERE due_at IS NOT NULL AND due_at <= ? AND claim_until <= ? AND (lease_owner IS NULL OR lease_expires <= ?) "
         "ORDER BY due_at, job_id LIMIT ?) RETURNING job_id, due_at",
-        (now + hold, cut, now, now, max(0, limit))).fetchall()
+        (now + hold, proc, cut, now, now, max(0, limit))).fetchall()
     return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]

@@ -8,16 +8,9 @@ with ``__getattr__``), so that case is checked each time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeGuard, TypeVar
+from typing import TypeGuard, TypeVar
 
-from adapters.base import StepPublisher
-
-if TYPE_CHECKING:
-    from adapters.base import Storage
-    from pipelines.engine.models import Event, JSONValue
-
-__all__ = ["declares", "record_step_with_parts"]
+__all__ = ["declares"]
 
 T = TypeVar("T")
 
@@ -34,16 +27,3 @@ def declares(obj: object, protocol: type[T], method: str) -> TypeGuard[T]:
         _DECLARED.add(key)
         return True
     return isinstance(obj, protocol)
-
-
-def record_step_with_parts(storage: Storage, job_id: str, *, version: int, owner: str | None, key: str,
-                           value: JSONValue, parts: Sequence[Event]) -> None:
-    """Journal a step and publish ``parts`` once it is journaled: in one write when ``storage`` can
-    (a :class:`~adapters.base.StepPublisher`), else ``record_step`` then ``publish``."""
-    if not parts:
-        storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
-    elif declares(storage, StepPublisher, "record_step_and_publish"):  # type: ignore[type-abstract]
-        storage.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
-    else:
-        storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
-        storage.publish(job_id, parts)

@@ -7,7 +7,7 @@ It is woken by an advance of the parent (:func:`wake`, run by the runner
 under the parent's lease) once every child it waits for is finished
 (complete, error or cancelled). Three paths send that advance:
 
-* the child's final commit (``transitions.apply`` schedules the parent);
+* the child's final commit (``writer.apply`` schedules the parent);
 * the parent's own wait commit (a child may have finished first);
 * the sweep (:func:`ready_parents`, called by ``App.advance_due`` and
   ``requeue_overdue``): the crash-safe path, for a process that died between

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import children, flow, transitions
+from pipelines.engine import children, flow, transitions, writer
 from pipelines.engine.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, JobRecord, JobStatus, validate_job_id
 from pipelines.engine.tokens import new_token
@@ -41,7 +41,7 @@ def load_job(storage: Storage, job_id: str) -> JobRecord:
 
 def _write(storage: Storage, scheduler: Scheduler, commit: Commit, what: str) -> JobRecord:
     try:
-        transitions.apply(storage, scheduler, commit)
+        writer.apply(storage, scheduler, commit)
     except StaleVersionError as exc:
         raise JobConflictError(f"job {commit.job_id!r} changed during the {what}; try again") from exc
     return commit.record
@@ -142,7 +142,7 @@ def _at_boundary(job_id: str, storage: Storage, scheduler: Scheduler, kind: str,
             finally:
                 storage.release_lease(job_id, owner)
         if not requested:
-            requested = storage.request_control(job_id, kind)
+            requested = writer.request_control(storage, job_id, kind)
         current = load_job(storage, job_id)
         if current.control is None and current.status is not JobStatus.RUNNING:
             return _settled(current, kind)
@@ -155,7 +155,7 @@ def _apply_held(record: JobRecord, storage: Storage, scheduler: Scheduler, kind:
                 requested: bool) -> JobRecord:
     if record.status is not JobStatus.RUNNING:
         if requested and record.control is not None:
-            storage.request_control(record.job_id, None)
+            writer.request_control(storage, record.job_id, None)
         return _settled(record, kind)
     return _write(storage, scheduler, build(record, owner), kind)
 

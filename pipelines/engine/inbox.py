@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from adapters.base import INBOX_OPEN, Storage
+from pipelines.engine import writer
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError
 from pipelines.engine.models import JobRecord, JobStatus, Message
@@ -91,7 +92,7 @@ def _sent(storage: Storage, record: JobRecord, messages: list[Message], continue
     try:
         if record.status is JobStatus.COMPLETE:
             continue_run()  # fenced on the version read: another run started meanwhile is a conflict
-        elif storage.send(record.job_id, messages) is None:
+        elif writer.send(storage, record.job_id, messages) is None:
             raise JobNotFoundError(f"job {record.job_id!r} not found")
     except JobConflictError:
         return False

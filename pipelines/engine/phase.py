@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from pipelines.engine import versions
+from pipelines.engine import versions, writer
 from pipelines.engine._aio import resolve
-from pipelines.engine.capabilities import record_step_with_parts
 from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
 from pipelines.engine.models import (
@@ -380,7 +379,7 @@ class PhaseContext(Generic[S]):
         Unlike :meth:`emit`, they are not committed: readers see them at once,
         and the committed transcript stays the truth.
         """
-        self._storage.publish(self.job_id, parts)
+        writer.publish(self._storage, self.job_id, parts)
 
     def append_messages(self, messages: list[Message]) -> None:
         """Queue transcript messages; they are appended atomically with the commit."""
@@ -411,7 +410,7 @@ class PhaseContext(Generic[S]):
         Stored at once, outside the version fence, so budgets and the job's
         usage include model calls of attempts that never committed.
         """
-        self._storage.add_dropped_usage(self.job_id, usage, token=f"{self.attempt_id}:{self._version}")
+        writer.add_dropped_usage(self._storage, self.job_id, usage, token=f"{self.attempt_id}:{self._version}")
 
     def add_usage(self, usage: Usage, *, key: str | None = None) -> None:
         """Count model usage for this job; stored with the commit, whatever the phase's outcome.
@@ -490,8 +489,8 @@ class PhaseContext(Generic[S]):
         ``parts`` are published to the live stream once the value is journaled
         (in the same write when the storage is a :class:`~adapters.base.StepPublisher`).
         """
-        record_step_with_parts(self._storage, self.job_id, version=self.version, owner=self._owner, key=key,
-                               value=value, parts=parts)
+        writer.record_step(self._storage, self.job_id, version=self.version, owner=self._owner, key=key,
+                           value=value, parts=parts)
         with self._lock:
             self._journal[key] = value
 

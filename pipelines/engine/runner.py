@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
-from pipelines.engine import children, flow, telemetry, transitions, versions
+from pipelines.engine import children, flow, telemetry, transitions, versions, writer
 from pipelines.engine._aio import resolve
 from pipelines.engine.capabilities import declares
 from pipelines.engine.contain import contained, describe
@@ -263,7 +263,7 @@ class _Turn:
         if commit is None:
             return AdvanceResult.WAITING
         try:
-            reply = transitions.apply(self.storage, self.scheduler, commit)
+            reply = writer.apply(self.storage, self.scheduler, commit)
         except StaleVersionError:
             return AdvanceResult.STALE
         if commit.record.status is not JobStatus.RUNNING:
@@ -283,7 +283,7 @@ class _Turn:
         commit = transitions.after_phase(record, Fail(admitted.error), transitions.PhaseOutput(), owner=self.owner,
                                          now=self.scheduler.now())
         try:
-            transitions.apply(self.storage, self.scheduler, commit)
+            writer.apply(self.storage, self.scheduler, commit)
         except StaleVersionError:
             return AdvanceResult.STALE
         self.released = True
@@ -342,7 +342,7 @@ class _Turn:
         else:
             commit, result = transitions.pause(record, owner=self.owner, now=now), AdvanceResult.PAUSED
         try:
-            transitions.apply(self.storage, self.scheduler, commit)
+            writer.apply(self.storage, self.scheduler, commit)
         except StaleVersionError:
             return AdvanceResult.STALE
         self.released = True
@@ -401,7 +401,7 @@ class _Turn:
             failed = Fail(f"the outcome of phase {ctx.phase!r} could not be committed: {exc}")
             kept = transitions.PhaseOutput(usage=out.usage, usage_keys=out.usage_keys)
             commit = transitions.after_phase(rec, failed, kept, owner=self.owner, now=now)
-            return commit, transitions.apply(self.storage, self.scheduler, commit)
+            return commit, writer.apply(self.storage, self.scheduler, commit)
 
     def apply_outcome(self, rec: JobRecord, commit: Commit, outcome: transitions.Outcome,
                       out: transitions.PhaseOutput, now: float) -> tuple[Commit, CommitReply]:
@@ -414,7 +414,7 @@ class _Turn:
         crash can leave a complete job with messages nobody will read.
         """
         try:
-            return commit, transitions.apply(self.storage, self.scheduler, commit)
+            return commit, writer.apply(self.storage, self.scheduler, commit)
         except InboxNotEmptyError as exc:
             if not isinstance(outcome, Done):
                 raise
@@ -422,7 +422,7 @@ class _Turn:
             sent = self.storage.inbox(rec.job_id, exc.waiting)[out.take_inbox:]
             logger.info("job %s: %d message(s) sent during its last turn start its next run", rec.job_id, len(sent))
             commit = transitions.done_and_continued(rec, outcome, out, sent, owner=self.owner, now=now)
-            return commit, transitions.apply(self.storage, self.scheduler, commit)
+            return commit, writer.apply(self.storage, self.scheduler, commit)
 
 
 def _never() -> bool:
@@ -467,7 +467,7 @@ class _Saver:
         assert self.record.checkpoint is not None
         value = to_json_value(state, what=f"state saved by phase {self.record.checkpoint.next_phase!r}")
         commit = transitions.save_state(self.record, value, owner=self.owner, now=self.scheduler.now())
-        self.storage.commit(commit)
+        writer.save_state(self.storage, commit)
         # Keep the open journal: the phase goes on with its steps.
         assert commit.record.checkpoint is not None
         journal = self.record.checkpoint.journal

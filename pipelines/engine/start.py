@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import telemetry, transitions, versions
+from pipelines.engine import telemetry, transitions, versions, writer
 from pipelines.engine.errors import (
     InvalidInputError,
     InvalidPipelineError,
@@ -138,7 +138,7 @@ def start_job(
         commit = commit.model_copy(update={"record": versions.stamp(commit.record, pipeline.version,
                                                                     new=commit.expected_version == 0, run=True)})
     try:
-        transitions.apply(storage, scheduler, commit)
+        writer.apply(storage, scheduler, commit)
     except StaleVersionError as exc:
         raise JobConflictError(f"job {job_id!r} changed while it was being restarted; try again") from exc
     return commit.record

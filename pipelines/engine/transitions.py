@@ -8,8 +8,8 @@ also the new checkpoint's ``commit_id``), every transition emits its event
 and its log line, and the checkpoint's ``transcript_epoch`` is drawn anew by
 every creation and every commit that truncates the transcript (also by a run
 that starts afresh), never carried across one: workers' transcript caches rely
-on it. :func:`apply` is the one function that writes a commit, publishes its
-events and schedules the next advance.
+on it. :func:`pipelines.engine.writer.apply` is the one function that writes a
+commit, publishes its events and schedules the next advance.
 
 Nothing here reads storage or the clock: callers pass the record they
 loaded and ``now``, so each transition is tested as a plain function.
@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic_core import from_json
 
-from pipelines.engine import flow
 from pipelines.engine.errors import InvalidInputError, JobConflictError
-from pipelines.engine.events import make_event, publish
+from pipelines.engine.events import make_event
 from pipelines.engine.models import (
     Checkpoint,
     Commit,
-    CommitReply,
     Event,
     JobRecord,
     JobStatus,
@@ -44,9 +42,6 @@ from pipelines.engine.models import (
 from pipelines.engine.phase import Done, Fail, Next, PhaseOutput, RetryLater, WaitForInput
 from pipelines.engine.tokens import new_token
 
-if TYPE_CHECKING:
-    from adapters.base import Scheduler, Storage
-
 __all__ = [
     "ACTIVE",
     "FINAL",
@@ -55,7 +50,6 @@ __all__ = [
     "HISTORY_LIMIT",
     "PhaseOutput",
     "after_phase",
-    "apply",
     "cancel",
     "child_failed",
     "children_done",
@@ -500,41 +494,3 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
 
 
 # --- applying -------------------------------------------------------------------------------
-def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: bool = True) -> CommitReply:
-    """Write ``commit`` (or create the job, for ``expected_version`` 0), publish its events, schedule what is due.
-
-    Returns what storage reports after it: a pending pause/cancel request, the inbox's length.
-    Raises :class:`~pipelines.engine.errors.StaleVersionError` (nothing written) when fenced off.
-    """
-    reply = CommitReply()
-    if commit.expected_version == 0:
-        storage.create_job(commit.record, messages=commit.append_messages, logs=commit.logs, events=commit.events)
-    else:
-        reply = storage.commit(commit)
-    publish(commit.job_id, commit.events)
-    new = commit.record
-    if schedule and commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
-        delay = max(0.0, new.checkpoint.due_at - scheduler.now())
-        # The priority is named only when it is not the default, so a scheduler written before
-        # priorities existed keeps working for every run that does not ask for one.
-        extra = {"priority": priority} if (priority := flow.priority_of(new)) != flow.PRIORITIES[0] else {}
-        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version, **extra)
-    if schedule:
-        _wake_family(storage, scheduler, new)
-    return reply
-
-
-def _wake_family(storage: Storage, scheduler: Scheduler, new: JobRecord) -> None:
-    """The fast path of child runs: a parent that starts waiting, or whose child just finished, is advanced.
-
-    The advance itself checks the children under the parent's lease
-    (:mod:`pipelines.engine.children`); this only sends the message. Lost
-    messages are recovered by the sweep, which looks at waiting parents.
-    """
-    if new.status is JobStatus.WAITING and (new.waiting or {}).get("kind") == CHILDREN:
-        # A child may have finished before this wait was committed: look now.
-        scheduler.schedule_advance(new.job_id, 0.0, pipeline=new.pipeline)
-    elif new.parent_job is not None and new.status in FINISHED:
-        parent = storage.get_job(new.parent_job)
-        if parent is not None and parent.status is JobStatus.WAITING:
-            scheduler.schedule_advance(parent.job_id, 0.0, pipeline=parent.pipeline)

@@ -128,6 +128,53 @@ class MemoryHarness(Harness):
         return list(self._wire)
 
 
+class LocalHarness(Harness):
+    """LocalScheduler on a real SQLite file, no worker threads: its requests run in the test's thread.
+
+    ``run_due`` / ``run_all`` are its ``run_due()`` / ``drain()`` (real time); the worker threads and
+    the storage poller are tested in tests/integration/test_local_scheduler.py.
+    """
+
+    name = "local"
+    delay = 1.0
+    margin = 0.2
+
+    def __init__(self, tmp_path: Any) -> None:
+        from adapters.local import LocalScheduler
+        from adapters.sqlite import SQLiteStorage
+
+        self.storage = SQLiteStorage(str(tmp_path / "local.db"))
+        self.local = LocalScheduler(workers=0)
+        self._wire: list[bytes] = []
+        super().__init__(self.local,
+                         lambda s: App(storage=self.storage, scheduler=s, pipelines={"p": self.pipeline()}))
+        self.local.attach(self._deliver)  # ours records each delivery, then calls the App's advance
+
+    def _deliver(self, *args: Any) -> AdvanceResult:
+        self._wire.append(json.dumps(list(args), allow_nan=False).encode())
+        (job_id,) = args
+        return self._advance(job_id)
+
+    def run_due(self) -> None:
+        self.local.run_due()
+
+    def run_all(self) -> None:
+        self.local.drain()
+
+    def wait_until(self, t: float) -> None:
+        while (left := t - self.scheduler.now()) > 0:
+            time.sleep(min(left, 0.05))
+
+    def lose_messages(self) -> int:
+        return self.local.drop_all()
+
+    def wire(self) -> list[bytes]:
+        return list(self._wire)
+
+    def close(self) -> None:
+        self.storage.close()
+
+
 class RQHarness(Harness):
     """RQScheduler on a real Redis, its work run by an in-process SimpleWorker (burst, JSON serializer)."""
 
@@ -304,6 +351,12 @@ def _memory(request: pytest.FixtureRequest) -> Iterator[Harness]:
     yield MemoryHarness()
 
 
+def _local(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    harness = LocalHarness(request.getfixturevalue("tmp_path"))
+    yield harness
+    harness.close()
+
+
 def _rq(request: pytest.FixtureRequest) -> Iterator[Harness]:
     harness = RQHarness(request.getfixturevalue("redis_url"), request.getfixturevalue("monkeypatch"))
     yield harness
@@ -318,8 +371,8 @@ def _celery(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 
 HARNESSES: dict[str, Callable[[pytest.FixtureRequest], Iterator[Harness]]] = {
-    "memory": _memory, "rq": _rq, "celery": _celery}
+    "memory": _memory, "local": _local, "rq": _rq, "celery": _celery}
 
-PARAMS = [pytest.param("memory"), pytest.param("rq", marks=pytest.mark.redis),
+PARAMS = [pytest.param("memory"), pytest.param("local"), pytest.param("rq", marks=pytest.mark.redis),
           pytest.param("celery", marks=pytest.mark.redis)]
 """The fixture's parameters: the RQ entry needs a real redis-server (tests/conftest.py checks for it)."""

@@ -19,12 +19,12 @@ from rq.serializers import JSONSerializer
 from pipelines import JobStatus
 from pipelines.app import App
 from pipelines.worker import ADVANCE_FUNC
-from tests.apps.foreign_code import MARKS
 from tests.system.conftest import APP_PATH, Cluster, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.system]
 
-FOREIGN = "tests.apps.foreign_code"
+FOREIGN = "tests.apps.foreign_code"  # never imported here: importing it leaves a mark
+MARKS = "test:foreign-code"  # where it leaves them (tests/apps/foreign_code.py)
 
 
 def test_a_worker_runs_only_its_entry_point_with_its_own_app(cluster: Cluster, app: App,

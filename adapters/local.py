@@ -1,0 +1,326 @@
+"""``LocalScheduler``: runs turns on worker threads of the process that owns it, from the work its storage holds.
+
+::
+
+    app = App(storage=SQLiteStorage("app.db"), scheduler=LocalScheduler(workers=4))
+    with app.scheduler:            # start() ... stop()
+        app.run_agent("support", job_id="chat-1", messages=["hi"]).wait()
+
+Two ways work reaches a worker thread:
+
+* ``schedule_advance`` (the runner after each commit, ``run_agent``): a
+  request kept in this process, run by a free worker at once or, delayed,
+  when it is due; an idle worker sleeps until the next due request (it is
+  woken early when one arrives), it never polls for these.
+* The storage (I7: the source of truth). Every ``poll`` seconds, and at
+  start, the scheduler claims running jobs that are due for ``grace``
+  seconds and that no worker leases: on SQLite one ``UPDATE ... RETURNING``
+  that also keeps every other process off the claimed jobs. So a restart
+  picks up where the last process stopped, several processes on one file
+  share the work, and a job started by a process without workers (a web
+  process, the CLI) runs. Every ``sweep_interval`` seconds it also runs the
+  App's sweep (lost wake-ups of parent jobs, retention).
+
+Requests live only in this process: a crash loses them, and the storage
+path above finds their jobs again. Delivery may be duplicated (a request
+and a claim for one job); the runner's lease and version fence make that
+harmless (I6).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+
+from pipelines.engine.errors import ConfigurationError, InvalidInputError
+
+__all__ = ["LocalScheduler"]
+
+logger = logging.getLogger("pipelines")
+
+_RANKS = {None: 0, "interactive": 0, "background": 1}
+
+
+def _rank(priority: str | None) -> int:
+    try:
+        return _RANKS[priority]
+    except (KeyError, TypeError):
+        raise InvalidInputError(f"priority must be 'interactive' or 'background', got {priority!r}") from None
+
+
+@runtime_checkable
+class ClaimingStore(Protocol):
+    """A storage that hands out due work to one claimer at a time (SQLite does)."""
+
+    def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]: ...
+
+
+@dataclass(order=True)
+class _Request:
+    due: float
+    rank: int
+    seq: int
+    job_id: str = field(compare=False)
+
+
+class _Requests:
+    """Advance requests of this process: delayed ones by due time, due ones by priority, then due time."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self._delayed: list[_Request] = []
+        self._ready: list[tuple[int, float, int, str]] = []
+        self._seq = itertools.count()
+
+    def add(self, job_id: str, due: float, rank: int) -> None:
+        with self.cond:
+            heapq.heappush(self._delayed, _Request(due, rank, next(self._seq), job_id))
+            self.cond.notify()
+
+    def _promote(self, now: float) -> None:
+        while self._delayed and self._delayed[0].due <= now:
+            r = heapq.heappop(self._delayed)
+            heapq.heappush(self._ready, (r.rank, r.due, r.seq, r.job_id))
+
+    def take(self, now: float) -> str | None:
+        """The next request due at ``now`` (interactive first), or ``None``; call under ``cond``."""
+        self._promote(now)
+        return heapq.heappop(self._ready)[3] if self._ready else None
+
+    def next_due(self) -> float | None:
+        """When the earliest request is due (call under ``cond``)."""
+        if self._ready:
+            return 0.0
+        return self._delayed[0].due if self._delayed else None
+
+    def due(self, now: float) -> int:
+        """How many requests are due at ``now`` (call under ``cond``)."""
+        self._promote(now)
+        return len(self._ready)
+
+    def waiting(self, now: float, rank: int) -> bool:
+        with self.cond:
+            self._promote(now)
+            return any(r[0] <= rank for r in self._ready)
+
+    def __len__(self) -> int:
+        return len(self._delayed) + len(self._ready)
+
+    def clear(self) -> int:
+        with self.cond:
+            n = len(self)
+            self._delayed.clear()
+            self._ready.clear()
+            return n
+
+
+class LocalScheduler:
+    """The :class:`~adapters.base.Scheduler` port on worker threads of this process (see the module docstring).
+
+    ``workers``: threads that run turns. ``poll``: seconds between looks at
+    the storage for due work no request brought. ``grace``: how long a job
+    must have been due before a look takes it (a request of this process
+    normally runs it within milliseconds). ``hold``: how long a claim keeps
+    other processes off a job before its turn starts. ``sweep_interval``:
+    seconds between runs of the App's sweep (0: never). ``storage``: where
+    due work is read; by default the storage of the App it is attached to.
+    """
+
+    #: A delayed request runs when the wall clock reaches its due time, never before.
+    precision: float = 0.0
+
+    def __init__(self, *, workers: int = 4, poll: float = 0.5, grace: float = 1.0, hold: float = 30.0,
+                 sweep_interval: float = 5.0, storage: Any = None) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= 256:
+            raise InvalidInputError(f"workers must be an int in [0, 256], got {workers!r}")
+        for name, value in (("poll", poll), ("grace", grace), ("hold", hold), ("sweep_interval", sweep_interval)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 86400:
+                raise InvalidInputError(f"{name} must be seconds in [0, 86400), got {value!r}")
+        if poll == 0 or hold == 0:
+            raise InvalidInputError("poll and hold must be > 0 seconds")
+        self.workers, self.poll, self.grace, self.hold = workers, float(poll), float(grace), float(hold)
+        self.sweep_interval = float(sweep_interval)
+        self.storage = storage
+        self._requests = _Requests()
+        self._advance: Callable[[str], object] | None = None
+        self._sweep: Callable[[], object] | None = None
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._busy = 0  # worker threads running an advance now
+        self.scheduled = 0  # schedule_advance calls, for tests
+
+    # --- the port ------------------------------------------------------------------------
+    def attach(self, advance: Callable[[str], object]) -> None:
+        """Run ``advance(job_id)`` for every advance; an App attaches itself once (its storage and sweep too)."""
+        self._advance = advance
+        app = getattr(advance, "__self__", None)
+        if self.storage is None:
+            self.storage = getattr(app, "storage", None)
+        sweep = getattr(app, "requeue_overdue", None)
+        if callable(sweep):
+            self._sweep = lambda: sweep(grace=max(self.grace, 10.0))
+
+    def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
+                         version: int | None = None, priority: str | None = None) -> None:
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < float("inf"):
+            raise InvalidInputError(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+        rank = _rank(priority)
+        self._requests.add(job_id, self.now() + delay, rank)
+        self.scheduled += 1
+
+    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
+                priority: str | None = None) -> None:
+        self.schedule_advance(job_id, 0.0, pipeline=pipeline, version=version, priority=priority)
+
+    def now(self) -> float:
+        return time.time()
+
+    def work_waiting(self, priority: str | None = None) -> bool:
+        """Whether a request of ``priority`` or a higher one is due now (the runner's ``continue_for`` asks)."""
+        return self._requests.waiting(self.now(), _rank(priority))
+
+    # --- running in the caller's thread (tests, scripts) -------------------------------------
+    def _run(self, job_id: str) -> None:
+        if self._advance is None:
+            raise ConfigurationError(f"nothing can advance job {job_id!r}: this LocalScheduler is not attached "
+                                     "to an App (App(storage=..., scheduler=...) attaches it)")
+        self._advance(job_id)
+
+    def run_due(self) -> int:
+        """Run, in this thread, every request due now; how many ran."""
+        ran = 0
+        while True:
+            with self._requests.cond:
+                job_id = self._requests.take(self.now())
+            if job_id is None:
+                return ran
+            self._run(job_id)
+            ran += 1
+
+    def drain(self, *, max_advances: int = 1_000_000) -> int:
+        """Run requests in this thread until none is left, sleeping until delayed ones are due; how many ran."""
+        ran = 0
+        while True:
+            with self._requests.cond:
+                job_id = self._requests.take(self.now())
+                due = self._requests.next_due() if job_id is None else None
+                if job_id is None and due is None:
+                    return ran
+                if job_id is None and due is not None:
+                    self._requests.cond.wait(max(0.0, due - self.now()))
+                    continue
+            assert job_id is not None
+            self._run(job_id)
+            ran += 1
+            if ran >= max_advances:
+                raise RuntimeError(f"drain stopped after {max_advances} advances; a pipeline loops forever?")
+
+    def pending(self) -> int:
+        """How many requests wait (due or not)."""
+        with self._requests.cond:
+            return len(self._requests)
+
+    def drop_all(self) -> int:
+        """Forget every request (what a crash does); how many there were."""
+        return self._requests.clear()
+
+    # --- worker threads -------------------------------------------------------------------------
+    def start(self) -> LocalScheduler:
+        """Start the worker threads and the storage poller (idempotent); returns the scheduler."""
+        if self._threads:
+            return self
+        if self._advance is None:
+            raise ConfigurationError("start() needs an attached App: build App(storage=..., scheduler=this) first")
+        self._stop.clear()
+        for n in range(self.workers):
+            self._threads.append(threading.Thread(target=self._work, name=f"pipelines-local-{n}", daemon=True))
+        self._threads.append(threading.Thread(target=self._watch, name="pipelines-local-poll", daemon=True))
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking work; wait up to ``timeout`` seconds for the turns in flight to end."""
+        self._stop.set()
+        with self._requests.cond:
+            self._requests.cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._threads = [t for t in self._threads if t.is_alive()]
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def __enter__(self) -> LocalScheduler:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _next(self) -> str | None:
+        """Wait for a due request (or the stop); its job id."""
+        with self._requests.cond:
+            while not self._stop.is_set():
+                job_id = self._requests.take(self.now())
+                if job_id is not None:
+                    self._busy += 1
+                    return job_id
+                due = self._requests.next_due()
+                self._requests.cond.wait(None if due is None else max(0.0, due - self.now()))
+        return None
+
+    def _work(self) -> None:
+        while (job_id := self._next()) is not None:
+            try:
+                self._run(job_id)
+            except Exception:  # one job's failure never stops a worker (the runner records phase errors)
+                logger.exception("local worker: advancing job %s failed", job_id)
+            finally:
+                with self._requests.cond:
+                    self._busy -= 1
+
+    def _watch(self) -> None:
+        """Claim due work from the storage every ``poll`` seconds (at once at start); sweep now and then."""
+        last_sweep = time.monotonic()
+        self._sweep_once(app=False)
+        self._look(grace=0.0)  # at start: what a stopped or killed process left is due already
+        while not self._stop.wait(self.poll):
+            self._look(grace=self.grace)
+            if self.sweep_interval and time.monotonic() - last_sweep >= self.sweep_interval:
+                last_sweep = time.monotonic()
+                self._sweep_once()
+
+    def _look(self, *, grace: float) -> None:
+        store = self.storage
+        with self._requests.cond:
+            room = self.workers - self._busy - self._requests.due(self.now())
+        if room <= 0 or not isinstance(store, ClaimingStore):
+            return
+        try:
+            claimed = store.claim_due(self.now() - grace, limit=room, hold=self.hold)
+        except Exception:  # the storage is down for a moment: the next look tries again
+            logger.exception("local scheduler: claiming due work failed")
+            return
+        for job_id in claimed:
+            self.requeue(job_id)
+
+    def _sweep_once(self, *, app: bool = True) -> None:
+        """Release what dead processes held (SQLite), then run the App's sweep (``app``)."""
+        reap = getattr(self.storage, "reap_dead_processes", None)
+        try:
+            if callable(reap):
+                reap()
+            if app and self._sweep is not None:
+                self._sweep()
+        except Exception:
+            logger.exception("local scheduler: sweep failed")

@@ -1,0 +1,100 @@
+"""Which processes use an SQLite storage file, and what a dead one leaves behind.
+
+Every process notes itself in the file's ``processes`` table when it first
+opens it. That serves two things:
+
+* A lease or a claim records the process that took it. When that process is
+  gone (``kill -9``, a crash, a power cut) its leases and claims are released
+  at once by the next process that looks (a restart, or a local scheduler's
+  sweep), instead of making the job wait out the lease: a restarted
+  ``pipelines dev`` resumes its runs immediately. A version-fenced commit
+  keeps this safe: a process judged dead cannot commit anyway.
+* The WAL-reset defect of SQLite before 3.51.3 (two connections writing or
+  checkpointing one WAL file at the same moment can, rarely, corrupt it)
+  matters once several processes share the file: the process that finds
+  others warns once.
+
+A process is named by its machine (host name and PID namespace, so two
+containers that share a volume never judge each other's PIDs) and its PID.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+import time
+
+from adapters.sqlite.connection import wal_defect
+
+__all__ = ["me", "reap", "register"]
+
+logger = logging.getLogger("pipelines")
+
+_WARNED: set[str] = set()  # files this process warned about (once each)
+
+
+def _machine() -> str:
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}|{namespace}"
+
+
+def me() -> str:
+    """This process, as leases and claims record it: ``<machine>/<pid>``."""
+    return f"{_machine()}/{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def reap(conn: sqlite3.Connection) -> int:
+    """Inside a write transaction: forget this machine's dead processes, releasing their leases and claims.
+
+    Returns how many processes of this machine are alive (this one included once registered).
+    """
+    machine = _machine()
+    pids = [int(r[0]) for r in conn.execute("SELECT pid FROM processes WHERE machine = ?", (machine,)).fetchall()]
+    dead = [p for p in pids if p != os.getpid() and not _alive(p)]
+    for pid in dead:
+        proc = f"{machine}/{pid}"
+        conn.execute("UPDATE jobs SET lease_owner = NULL, lease_proc = NULL WHERE lease_proc = ?", (proc,))
+        conn.execute("UPDATE jobs SET claim_until = 0, claim_proc = NULL WHERE claim_proc = ?", (proc,))
+        conn.execute("DELETE FROM processes WHERE machine = ? AND pid = ?", (machine, pid))
+        logger.info("sqlite: process %d is gone; its leases and claims are released", pid)
+    return len(pids) - len(dead)
+
+
+def register(conn: sqlite3.Connection, path: str) -> int:
+    """Note this process in the file and reap the dead (one transaction); how many processes use the file.
+
+    Warns once when that is more than one and the linked SQLite has the WAL-reset defect.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("INSERT OR REPLACE INTO processes (machine, pid, seen) VALUES (?, ?, ?)",
+                     (_machine(), os.getpid(), time.time()))
+        live = reap(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    if live > 1 and wal_defect() and path not in _WARNED:
+        _WARNED.add(path)
+        logger.warning(
+            "%d processes use the SQLite file %s, and this Python links SQLite %s, which has the WAL-reset "
+            "defect (fixed in 3.51.3): processes writing one file at once can, rarely, corrupt it. For several "
+            "processes use a Python linked against SQLite >= 3.51.3, or run one process (pipelines dev)",
+            live, path, sqlite3.sqlite_version)
+    return live

@@ -1,0 +1,152 @@
+"""The one writer: every change to what storage holds about a job goes through a function here.
+
+:mod:`pipelines.engine.transitions` computes (a record in, a :class:`Commit`
+out, no storage); this module applies. Each operator verb ends in one call
+here: starting or continuing a run (:mod:`~pipelines.engine.start`), a
+turn's commit and its mid-phase state saves (:mod:`~pipelines.engine.runner`),
+pause, resume, cancel and retry (:mod:`~pipelines.engine.control`), approve,
+reject and a recorded tool result (:mod:`phases.approvals`), a child's start
+and wake-up (:mod:`~pipelines.engine.children`, :mod:`phases.children`), fork
+and delete (the App), and a message sent to a conversation
+(:mod:`~pipelines.engine.inbox`) — all :func:`apply` a commit, or call the
+one primitive below that writes what a commit cannot carry (a journaled step,
+a live part, a pause request, a sent message, a delete). A test scans the
+library's call sites (``tests/unit/test_layers.py``): no other module calls a
+storage write method.
+
+Why one place: a new feature (an index, an event, a notification) that must
+happen on every write is added here once, and the rules that span records
+(the inbox vs a run's end, a child's owner, a fork's identity) are checked in
+the write that makes them true (see the storage ports in :mod:`adapters.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from adapters.base import StepPublisher
+from pipelines.engine.capabilities import declares
+from pipelines.engine.events import publish as publish_events
+from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus, Usage
+
+if TYPE_CHECKING:
+    from adapters.base import Scheduler, Storage
+    from pipelines.engine.models import Event, JSONValue, Message
+
+__all__ = [
+    "FencedDelete",
+    "add_dropped_usage",
+    "apply",
+    "delete",
+    "publish",
+    "record_step",
+    "request_control",
+    "save_state",
+    "send",
+]
+
+# Kept here, not imported from transitions, so the writer depends on no transition code.
+_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+_CHILDREN = "children"
+
+
+def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: bool = True) -> CommitReply:
+    """Write ``commit`` (or create the job, for ``expected_version`` 0), publish its events, schedule what is due.
+
+    Returns what storage reports after it: a pending pause/cancel request, the inbox's length.
+    Raises :class:`~pipelines.engine.errors.StaleVersionError` (nothing written) when fenced off.
+    """
+    reply = CommitReply()
+    if commit.expected_version == 0:
+        storage.create_job(commit.record, messages=commit.append_messages, logs=commit.logs, events=commit.events)
+    else:
+        reply = storage.commit(commit)
+    publish_events(commit.job_id, commit.events)
+    new = commit.record
+    if schedule and commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
+        # Imported here: flow imports the phase protocol, which journals through this module.
+        from pipelines.engine import flow
+
+        delay = max(0.0, new.checkpoint.due_at - scheduler.now())
+        # The priority is named only when it is not the default, so a scheduler written before
+        # priorities existed keeps working for every run that does not ask for one.
+        extra = {"priority": priority} if (priority := flow.priority_of(new)) != flow.PRIORITIES[0] else {}
+        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version, **extra)
+    if schedule:
+        _wake_family(storage, scheduler, new)
+    return reply
+
+
+def _wake_family(storage: Storage, scheduler: Scheduler, new: JobRecord) -> None:
+    """The fast path of child runs: a parent that starts waiting, or whose child just finished, is advanced.
+
+    The advance itself checks the children under the parent's lease
+    (:mod:`pipelines.engine.children`); this only sends the message. Lost
+    messages are recovered by the sweep, which looks at waiting parents.
+    """
+    if new.status is JobStatus.WAITING and (new.waiting or {}).get("kind") == _CHILDREN:
+        # A child may have finished before this wait was committed: look now.
+        scheduler.schedule_advance(new.job_id, 0.0, pipeline=new.pipeline)
+    elif new.parent_job is not None and new.status in _FINISHED:
+        parent = storage.get_job(new.parent_job)
+        if parent is not None and parent.status is JobStatus.WAITING:
+            scheduler.schedule_advance(parent.job_id, 0.0, pipeline=parent.pipeline)
+
+
+def save_state(storage: Storage, commit: Commit) -> CommitReply:
+    """A phase's mid-phase state save (``ctx.save_state``): the commit alone, nothing scheduled or woken."""
+    return storage.commit(commit)
+
+
+def record_step(storage: Storage, job_id: str, *, version: int, owner: str | None, key: str,
+                value: JSONValue, parts: Sequence[Event] = ()) -> None:
+    """Journal a step, and publish ``parts`` once it is journaled: in one write when ``storage`` can
+    (a :class:`~adapters.base.StepPublisher`), else ``record_step`` then ``publish``."""
+    if not parts:
+        storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
+    elif declares(storage, StepPublisher, "record_step_and_publish"):  # type: ignore[type-abstract]
+        storage.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
+    else:
+        storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
+        storage.publish(job_id, parts)
+
+
+def publish(storage: Storage, job_id: str, parts: Sequence[Event]) -> None:
+    """Send ephemeral parts (text deltas, an attempt's start) to the job's live stream, outside any commit."""
+    storage.publish(job_id, parts)
+
+
+def add_dropped_usage(storage: Storage, job_id: str, usage: Usage, *, token: str) -> None:
+    """Count the usage of an attempt that was fenced off (stored at once, outside the version fence)."""
+    storage.add_dropped_usage(job_id, usage, token=token)
+
+
+def request_control(storage: Storage, job_id: str, request: str | None) -> bool:
+    """Store (or, with ``None``, clear) a pause/cancel request for the turn in flight to apply at its commit."""
+    return storage.request_control(job_id, request)
+
+
+def send(storage: Storage, job_id: str, messages: Sequence[Message]) -> int | None:
+    """Append messages to a running conversation's inbox (storage refuses a finished job in the same write)."""
+    return storage.send(job_id, messages)
+
+
+@runtime_checkable
+class FencedDelete(Protocol):
+    """A storage whose delete is fenced on the version read (memory and Redis): the delete lands only if the
+    job did not move on."""
+
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool: ...
+
+
+def delete(storage: Storage, record: JobRecord) -> bool:
+    """Delete ``record``'s job and everything it stored, if it is still at ``record.version``.
+
+    Raises :class:`~pipelines.engine.errors.StaleVersionError` when it moved
+    on meanwhile (a storage without the fenced delete is checked, not atomic).
+    """
+    store: Any = storage
+    if not isinstance(store, FencedDelete):
+        return bool(store.delete_job(record.job_id))
+    return store.delete_job(record.job_id, if_version=record.version)
