@@ -2,10 +2,14 @@
 
 Checks, each a :class:`Check`: storage reachable; the due backlog and its
 oldest overdue job (beyond ``max_overdue`` seconds is unhealthy: nothing is
-advancing jobs); for an RQ scheduler, workers registered and alive (a recent
-heartbeat) and the size of RQ's failed-job registry (reported, never fatal:
-phaserunner records failures on the job). Exit code 0 when every check
-passes, 1 otherwise.
+advancing jobs); for an RQ scheduler, workers registered and alive and the
+size of RQ's failed-job registry (reported, never fatal: phaserunner records
+failures on the job). Exit code 0 when every check passes, 1 otherwise.
+
+A ``pipelines worker`` is alive while the key it renews every few seconds
+exists (:func:`adapters.rq_lifeline.alive_key`, a TTL of ~10 s): a worker
+killed with ``kill -9`` is dead here within that TTL, not after RQ's own
+heartbeat expires (minutes). Other RQ workers are judged by RQ's heartbeat.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pipelines.engine.errors import PipelineError
 
@@ -67,15 +71,35 @@ def _rq_checks(app: App) -> list[Check]:
 
     scheduler = app.scheduler
     workers = Worker.all(connection=scheduler.connection, queue=scheduler.queue)
-    now = datetime.now(UTC)
-    alive = [w for w in workers if w.last_heartbeat is not None
-             and (now - w.last_heartbeat.replace(tzinfo=UTC)).total_seconds() <= max(60, w.worker_ttl)]
+    alive = _alive(scheduler.connection, workers)
     failed = scheduler.queue.failed_job_registry.count
     return [
         Check("workers", bool(alive), f"{len(alive)} alive of {len(workers)} registered on queue "
                                       f"{scheduler.queue_name!r}"),
         Check("failed", True, f"{failed} in RQ's failed-job registry"),
     ]
+
+
+def _alive(connection: Any, workers: list[Any]) -> list[Any]:
+    """The workers of ``workers`` that are alive: by their alive key if they keep one, else by RQ's heartbeat."""
+    from adapters.rq_lifeline import ALIVE_FIELD, alive_key
+
+    pipe = connection.pipeline(transaction=False)
+    for w in workers:
+        pipe.hget(w.key, ALIVE_FIELD)
+        pipe.exists(alive_key(w.name))
+    replies = pipe.execute()
+    now = datetime.now(UTC)
+    alive = []
+    for w, keeps_key, key_exists in zip(workers, replies[::2], replies[1::2], strict=True):
+        if keeps_key is not None:
+            beating = bool(key_exists)
+        else:  # a worker that keeps no alive key (a plain `rq worker`)
+            beating = w.last_heartbeat is not None and (
+                now - w.last_heartbeat.replace(tzinfo=UTC)).total_seconds() <= max(60, w.worker_ttl)
+        if beating:
+            alive.append(w)
+    return alive
 
 
 AddCommand = Callable[[str, Callable[[argparse.Namespace, TextIO], int], str], argparse.ArgumentParser]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import redis
@@ -52,3 +55,25 @@ def test_unreachable_storage_is_unhealthy(cluster: Cluster) -> None:
     checks = report["checks"]
     assert code == 1 and checks[0]["name"] == "storage" and not checks[0]["ok"]  # type: ignore[index]
     assert "unreachable" in checks[0]["detail"]  # type: ignore[index]
+
+
+def test_a_worker_killed_with_kill_9_is_dead_to_health_within_seconds(cluster: Cluster, app: App) -> None:
+    from adapters.rq_lifeline import Lifeline
+
+    doomed = cluster.worker("doomed-probe")  # forking, with RQ's scheduler child: the default worker
+    wait_for("health to see the worker", lambda: health(cluster.env)[0] == 0, 30, cluster.logs)
+    time.sleep(Lifeline.alive_ttl + 1)  # past one TTL of its alive key: it is renewed, not just set once
+    code, report = health(cluster.env)
+    assert code == 0, report
+
+    os.kill(doomed.pid, signal.SIGKILL)  # the worker's pid alone; RQ still has it registered
+    doomed.wait(10)
+    killed = time.monotonic()
+
+    def dead() -> dict[str, object] | None:
+        checks = {c["name"]: c for c in health(cluster.env)[1]["checks"]}  # type: ignore[union-attr]
+        return None if checks["workers"]["ok"] else checks["workers"]
+
+    workers = wait_for("health to call the killed worker dead", dead, Lifeline.alive_ttl + 10, cluster.logs)
+    assert "0 alive of 1 registered" in str(workers["detail"])
+    assert time.monotonic() - killed < Lifeline.alive_ttl + 10  # not RQ's worker TTL (7 minutes)

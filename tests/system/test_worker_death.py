@@ -1,0 +1,67 @@
+"""Whatever lives with a lease is renewed with it and released with it: `kill -9` of a worker's pid alone.
+
+Not its process group, as a machine dying would take: the OOM killer or an
+operator's ``kill -9 <pid>`` ends only the worker. Its work-horse (in a
+process group of its own) and RQ's scheduler child must end with it: the
+horse so that it commits no turn after its worker is gone, the scheduler so
+that it lets go of RQ's scheduler lock for the worker that replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+
+from pipelines import JobStatus
+from pipelines.app import App
+from tests.system.conftest import Cluster, wait_for
+from tests.system.test_workers import NAP_ENV, _start_nap
+
+pytestmark = [pytest.mark.redis, pytest.mark.system]
+
+LOCKS = "rq:scheduler-lock:*"
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs (a zombie nobody reaped has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_kill_9_of_a_worker_ends_its_horse_and_its_scheduler_and_frees_the_lock(
+    cluster: Cluster, app: App, client: redis.Redis
+) -> None:
+    cluster.env.update(NAP_ENV)  # a 3 s lease; the first nap sleeps 60 s
+    doomed = cluster.worker("doomed", "--sweep-interval", "0")
+    horse = _start_nap(cluster, app, client, "orphan")
+    schedulers = wait_for("RQ's scheduler child", lambda: [p for p in Cluster.children(doomed.pid) if p != horse],
+                          20, cluster.logs)
+    cluster.pids += schedulers  # killed at the end if the test fails
+    assert client.keys(LOCKS), "the worker's scheduler holds no lock"
+    napping = app.storage.get_job("orphan")
+    assert napping is not None and napping.checkpoint is not None and napping.checkpoint.next_phase == "nap"
+
+    os.kill(doomed.pid, signal.SIGKILL)  # the worker's pid alone
+    doomed.wait(10)
+    wait_for("the horse to end with its worker", lambda: not running(horse), 5, cluster.logs)
+    wait_for("the scheduler child to end with its worker", lambda: not any(map(running, schedulers)), 10,
+             cluster.logs)
+    wait_for("RQ's scheduler lock to be released", lambda: not client.keys(LOCKS), 5, cluster.logs)
+    rec = app.storage.get_job("orphan")
+    assert rec is not None and rec.version == napping.version  # the dead worker's horse committed nothing
+
+    cluster.worker("heir", "--sweep-interval", "0.5", "--sweep-grace", "1")
+    wait_for("the heir to finish the job",
+             lambda: (r := app.storage.get_job("orphan")) is not None and r.status is JobStatus.COMPLETE,
+             30, cluster.logs)
+    wait_for("the heir's scheduler to take the lock", lambda: client.keys(LOCKS), 10, cluster.logs)
+    rec = app.storage.get_job("orphan")
+    assert rec is not None and rec.result["napped_in"] != horse
+    assert int(client.get("test:nap:orphan") or 0) == 2  # the killed nap, then the heir's
