@@ -2,12 +2,14 @@
 
 Only data crosses the queue (I8). An RQ job here is::
 
-    func   "adapters.rq.advance_job"          (an import string, never a callable)
+    func   "pipelines.worker.advance_job"     (an import string, never a callable)
     args   [job_id, version]                  (JSON)
     kwargs {"app": "pkg.mod:app"}             (only when the scheduler names its app)
 
 and every Queue, Job and registry this module touches uses RQ's
-``JSONSerializer``; nothing is pickled.
+``JSONSerializer``; nothing is pickled. The message carries data, never a
+choice of code: ``pipelines worker`` runs no other function and no callback
+(:mod:`adapters.rq_entry`), and only its own app (:mod:`pipelines.worker`).
 
 One RQ job id per turn
 ----------------------
