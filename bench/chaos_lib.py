@@ -396,14 +396,27 @@ class Procs:
         return name
 
     def ready(self, client: redis.Redis) -> list[str]:
-        """Names of live workers that have registered with RQ (past start-up: app loaded, litellm warm)."""
+        """Names of live workers past start-up: they have asked RQ for a job (app loaded, litellm warm).
+
+        Registered is not enough: RQ registers a worker before its warm-up
+        (state "started"); it turns "idle" at its first ask for a job, "busy"
+        while it runs one. Counted ready while still starting, the killer
+        (which spares ``keep`` ready workers) could kill the only worker that
+        can work, and the scenario would no longer test "workers that live
+        longer than one turn make progress".
+        """
         try:
             registered = {k.decode().removeprefix("rq:worker:") for k in client.smembers("rq:workers")}
+            names = [n for n, p in self.workers.items() if p.poll() is None and n in registered]
+            with client.pipeline(transaction=False) as pipe:
+                for n in names:
+                    pipe.hget(f"rq:worker:{n}", "state")
+                states = pipe.execute()
         except redis.RedisError:
             return []
-        return [n for n, p in self.workers.items() if p.poll() is None and n in registered]
+        return [n for n, state in zip(names, states, strict=True) if state in (b"idle", b"busy")]
 
-    def wait_ready(self, client: redis.Redis, n: int, timeout: float = 60) -> None:
+    def wait_ready(self, client: redis.Redis, n: int, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if len(self.ready(client)) >= n:
