@@ -23,8 +23,9 @@ that app's storage and scheduler::
     pipelines gc        --app X [--older-than S] [--scan]
     pipelines ui        --app X [--host 127.0.0.1] [--port 8008] [--token T] [--read-only]
 
-Exit codes: 0 success, 1 an error explained on stderr as ``error: ...``
-(unknown job, bad app path, Redis unreachable, ...), 2 bad command-line usage.
+Exit codes: 0 success, 1 an error explained on stderr in one line as ``error: ...``
+with the fix when there is one (unknown job, bad app path, Redis unreachable, ...),
+2 bad command-line usage, 141 the reader of the output went away (``| head``).
 
 The worker is an RQ worker that also sweeps: every ``--sweep-interval``
 seconds (default 5; 0 disables) a background thread re-enqueues the jobs that
@@ -58,6 +59,7 @@ from adapters.base import CountingIndex, page_cursor, parse_cursor
 from pipelines import cli_actions, cli_agent, health
 from pipelines.app import App, tags_of
 from pipelines.cli_args import count, non_negative, port, printable
+from pipelines.cli_errors import closed_pipe, error_line
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import ConfigurationError, JobNotFoundError, PipelineError
 from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
@@ -495,19 +497,23 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     out = out or sys.stdout
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
+    app_path = getattr(args, "app", None) or os.environ.get(APP_ENV)
     try:
         args.err = err
         code: int = args.func(args, out)
+        out.flush()  # a reader that went away shows here, not in the flush at exit
     except PipelineError as exc:
-        print(f"error: {exc}", file=err)
+        print(error_line(exc, app_path), file=err)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `pipelines jobs | head -1`: the reader has what it wanted
+        return closed_pipe(out)
     except Exception as exc:
         # Backend errors that escaped an adapter (a Redis connection refused
         # while RQ starts a worker) are still the user's to fix, not a bug.
         if type(exc).__module__.split(".")[0] in ("redis", "rq"):
-            print(f"error: {type(exc).__name__}: {exc}", file=err)
+            print(error_line(exc, app_path), file=err)
             return 1
         raise
     return code

@@ -6,13 +6,18 @@
 ``run`` starts one run (or continues the conversation ``--job``); with
 ``--follow`` it prints the answer's text as it streams and ends with the job,
 otherwise it waits for the job and prints the answer. On an App with an
-in-process scheduler the turns run in this process; on a queue, workers run them.
+in-process scheduler the turns run in this process; on a queue, workers run them,
+and when none has taken the job after ``NO_WORKER_SECONDS`` ``--follow`` says so on
+stderr, naming the queue it waits on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import threading
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
@@ -23,7 +28,10 @@ from pipelines.engine.errors import InvalidInputError, JobFailedError
 if TYPE_CHECKING:
     from pipelines.app import App
 
-__all__ = ["register"]
+__all__ = ["NO_WORKER_SECONDS", "register"]
+
+NO_WORKER_SECONDS = 5.0
+"""How long ``agent run --follow`` waits for a worker to take the job before it says none has."""
 
 AddCommand = Callable[[str, Callable[[argparse.Namespace, TextIO], int], str], argparse.ArgumentParser]
 
@@ -59,11 +67,15 @@ def _run(app: App, args: argparse.Namespace, out: TextIO) -> int:
     print(f"job {job_id}", file=out, flush=True)
     if args.follow:
         app.run_in_process()  # an in-process scheduler runs the turns here; a queue's workers run them
-        for part in run.stream(timeout=args.timeout):
-            if part.type == "text_delta":  # the model's text, for a terminal: escapes shown, not obeyed
-                print(printable(str(part.data.get("text", ""))), end="", file=out, flush=True)
-            elif part.type == "turn_committed":
-                print(file=out, flush=True)
+        watching = _watch_for_a_worker(app, job_id, args)
+        try:
+            for part in run.stream(timeout=args.timeout):
+                if part.type == "text_delta":  # the model's text, for a terminal: escapes shown, not obeyed
+                    print(printable(str(part.data.get("text", ""))), end="", file=out, flush=True)
+                elif part.type == "turn_committed":
+                    print(file=out, flush=True)
+        finally:
+            watching.set()
     view = run.wait(timeout=args.timeout)
     if view.error:
         raise JobFailedError(f"job {job_id!r} failed: {view.error}")
@@ -71,6 +83,45 @@ def _run(app: App, args: argparse.Namespace, out: TextIO) -> int:
         result = view.result
         print(printable(result) if isinstance(result, str) else json.dumps(result, default=str), file=out)
     return 0
+
+
+def _queue_of(app: App) -> str:
+    """The queue a new run's first turn waits on (its interactive queue), as the scheduler names it."""
+    names = getattr(app.scheduler, "queue_names", None)  # RQ: interactive first
+    if isinstance(names, list) and names:
+        return str(names[0])
+    queue = getattr(app.scheduler, "queue", None)  # Celery
+    return queue if isinstance(queue, str) else type(app.scheduler).__name__
+
+
+def _watch_for_a_worker(app: App, job_id: str, args: argparse.Namespace) -> threading.Event:
+    """After ``NO_WORKER_SECONDS``, say on stderr if no worker has taken the job yet; set the event to stop."""
+    stop = threading.Event()
+    first = app.get(job_id)
+    if first is None or first.record.status.value != "running":
+        return stop  # an in-process scheduler already ran it
+    err: TextIO = getattr(args, "err", None) or sys.stderr
+
+    def check() -> None:
+        if stop.wait(NO_WORKER_SECONDS):
+            return
+        try:
+            now = app.get(job_id)
+            taken = (now is None or now.record.version != first.record.version
+                     or app.storage.lease_owner(job_id) is not None)
+        except Exception:  # noqa: BLE001 - a hint only: the stream reports a storage that is down
+            return
+        if taken or stop.is_set():
+            return
+        queue = _queue_of(app)
+        path = args.app or os.environ.get("PIPELINES_APP")
+        start = (f"`pipelines worker --app {path}`" if hasattr(app.scheduler, "queue_names") and path
+                 else f"a worker of this app listening on {queue!r}")
+        print(f"waiting: no worker has taken job {job_id!r} after {NO_WORKER_SECONDS:g}s; it waits on queue "
+              f"{queue!r}: start {start}", file=err, flush=True)
+
+    threading.Thread(target=check, name="pipelines-no-worker-hint", daemon=True).start()
+    return stop
 
 
 def register(add: AddCommand, load: Callable[[str | None], App], seconds: Callable[[str], float]) -> None:

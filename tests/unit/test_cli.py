@@ -86,7 +86,7 @@ def test_status_of_a_failed_job_shows_the_error(app: App) -> None:
 def test_an_unknown_job_is_an_error_with_exit_code_1(app: App, command: str) -> None:
     code, out, err = run(command, "--app", APP, "nope")
     assert code == 1 and out == ""
-    assert err == "error: job 'nope' not found\n"
+    assert err == f"error: job 'nope' not found; `pipelines jobs --app {APP}` lists the jobs this app's storage holds\n"
 
 
 def test_an_invalid_job_id_is_a_clear_error(app: App) -> None:
@@ -291,7 +291,8 @@ def test_python_dash_m_pipelines_runs_the_cli() -> None:
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
     proc = subprocess.run([sys.executable, "-m", "pipelines", "status", "--app", APP, "x"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stderr) == (1, "error: job 'x' not found\n")
+    hint = f"`pipelines jobs --app {APP}` lists the jobs this app's storage holds"
+    assert (proc.returncode, proc.stderr) == (1, f"error: job 'x' not found; {hint}\n")
 
 
 def test_jobs_lists_the_rest_and_names_an_unreadable_record(app: App, caplog: pytest.LogCaptureFixture) -> None:
