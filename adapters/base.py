@@ -77,6 +77,7 @@ from pipelines.engine.models import (
 
 __all__ = [
     "AdvanceFn",
+    "AsyncLiveStore",
     "CountingIndex",
     "FlowCapable",
     "Backlog",
@@ -233,6 +234,24 @@ class LiveStore(Protocol):
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
                   block: float | None = None) -> list[Event]:
         """Parts after the cursor ``after``, each with its ``id``; waits up to ``block`` seconds for one."""
+        ...
+
+
+@runtime_checkable
+class AsyncLiveStore(Protocol):
+    """A storage whose live stream ``async`` code reads without a thread (a capability: memory and Redis have it).
+
+    ``aread_live`` is :meth:`LiveStore.read_live` for an event loop: the same
+    parts, cursors and errors, but its wait holds no thread (a future the
+    publisher resolves, or one ``XREAD BLOCK`` per event loop shared by every
+    follower in it), so a thousand idle SSE clients cost no worker of the
+    default executor. ``app.astream`` uses it; for a storage without it each
+    read runs ``read_live`` in a thread.
+    """
+
+    async def aread_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                         block: float | None = None) -> list[Event]:
+        """``read_live`` for ``async`` code: waits up to ``block`` seconds without holding a thread."""
         ...
 
 

@@ -8,6 +8,7 @@ advances in due order on a virtual clock: ``drain()`` never sleeps, and
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import json
@@ -21,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from adapters.base import INBOX_OPEN, parse_cursor
+from adapters.live_wakeup import LoopWakeups
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -131,6 +133,7 @@ class MemoryStorage:
         self._status: dict[str, JobStatus] = {}  # which of _by_status holds each job (a commit moves it from there)
         self._lock = threading.RLock()
         self._published = threading.Condition(self._lock)  # wakes readers following a live stream
+        self._live_waiters = LoopWakeups()  # and async ones, in their own loops (no thread held per follower)
         self._clock = clock or time.monotonic
         self.writes = 0  # commits + journal writes, for tests and benchmarks
         self.bytes_written = 0
@@ -168,6 +171,7 @@ class MemoryStorage:
             self._jobs[record.job_id] = _Job(record=text, messages=msgs, logs=log_lines, events=event_lines,
                                              live=list(event_lines), version=record.version)
             self._published.notify_all()
+            self._live_waiters.notify(record.job_id)
             self._set_due(record)
             self._set_listed(record.job_id, record)
             self.writes += 1
@@ -236,6 +240,7 @@ class MemoryStorage:
             job.live.extend(event_lines)
             if event_lines:
                 self._published.notify_all()
+                self._live_waiters.notify(commit.job_id)
             job.record = text
             job.version = commit.record.version
             job.token = commit.token
@@ -284,6 +289,7 @@ class MemoryStorage:
             if job is not None and lines:
                 job.live.extend(lines)
                 self._published.notify_all()
+                self._live_waiters.notify(job_id)
 
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
                   block: float | None = None) -> list[Event]:
@@ -298,6 +304,30 @@ class MemoryStorage:
                 if lines or job is None or left <= 0:
                     break
                 self._published.wait(left)
+        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
+                for i, line in enumerate(lines)]
+
+    async def aread_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                         block: float | None = None) -> list[Event]:
+        """:meth:`read_live` for ``async`` code: the wait is a future the publisher resolves, no thread."""
+        start = _position(after, "stream cursor")
+        deadline = time.monotonic() + (block or 0.0)
+        while True:
+            with self._lock:
+                job = self._jobs.get(job_id)
+                lines = [] if job is None else job.live[start : start + max(0, limit)]
+                left = deadline - time.monotonic()
+                if lines or job is None or left <= 0:
+                    break
+                # Registered under the lock that publish() holds: nothing lands between the look and the wait.
+                woken = self._live_waiters.add(job_id)
+            try:
+                await asyncio.wait_for(woken, left)
+            except TimeoutError:
+                pass
+            finally:
+                with self._lock:
+                    self._live_waiters.discard(job_id, woken)
         return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
                 for i, line in enumerate(lines)]
 

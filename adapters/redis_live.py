@@ -15,18 +15,24 @@ events it would have missed (from the event stream or its archive, see
 committed event exactly once, in id order, from any cursor. The text deltas
 of turns committed before the last are gone; their transcript messages are
 the truth, and each turn's ``turn_committed`` names them.
+
+``aread_live`` reads the same way from ``async`` code; its wait is one
+``XREAD BLOCK`` per event loop shared by every follower in it (see
+:mod:`adapters.redis_live_async`), so a waiting follower holds no thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from adapters.redis_archive import entry_key
 from adapters.redis_common import _mapped
 from adapters.redis_keys import JobKeys
+from adapters.redis_live_async import loop_reads
 from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import Event
 
@@ -105,6 +111,49 @@ class RedisLiveReads:
                 elif not self.client.xread({live: after or "0-0"}, count=1, block=ms) and self.client.exists(live):
                     return []
         return self._read_now(job_id, after, limit)
+
+    async def aread_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                         block: float | None = None) -> list[Event]:
+        """:meth:`read_live` for ``async`` code: the same parts, and the wait holds no thread.
+
+        The wait is this event loop's one ``XREAD BLOCK`` over every followed
+        key (on a Cluster, one per slot), then ``READ_LIVE`` runs on an
+        asyncio connection. The durable events a reader behind the stream's
+        front lacks, and a read that failed (a script not loaded yet, a
+        failover, a dropped connection), are read as ``read_live`` reads them,
+        in a thread: briefly, never for a wait. A connection with no asyncio
+        twin (Sentinel, a custom class) is read in a thread throughout.
+        """
+        if check_cursor(after) == LAST_CURSOR:
+            await asyncio.sleep(max(0.0, min(block or 0.0, self.max_block)))  # as read_live: nothing comes after it
+            return []
+        if limit <= 0:
+            return []
+        live = self.keys(job_id).live
+        reads = loop_reads(self)
+        client = reads.client_for(live)
+        if client is None:
+            return await asyncio.to_thread(self.read_live, job_id, after=after, limit=limit, block=block)
+        if block is None or block <= 0:
+            return await self._aread_now(client, job_id, after, limit)
+        deadline = time.monotonic() + block
+        while True:
+            await reads.wait(live, after or "0-0", deadline - time.monotonic())
+            parts = await self._aread_now(client, job_id, after, limit)
+            # Woken with nothing to read (the shared XREAD failed on another follower's key): wait on.
+            if parts or time.monotonic() >= deadline:
+                return parts
+
+    async def _aread_now(self, client: Any, job_id: str, after: str | None, limit: int) -> list[Event]:
+        what = f"reading the live stream of job {job_id!r}"
+        try:
+            reply = await client.evalsha(self._read_live.sha, 1, self.keys(job_id).live, after or "", str(limit))
+        except RedisError:  # the sync read loads the script, follows a new slot map and retries
+            return await asyncio.to_thread(self._read_now, job_id, after, limit)
+        self._check_types(job_id, reply, what)
+        if reply is not None and not int(reply[1]):
+            return [self._event(job_id, entry_id, fields) for entry_id, fields in reply[0]]
+        return await asyncio.to_thread(self._parts, job_id, after, limit, reply, what)
 
     def _read_now(self, job_id: str, after: str | None, limit: int) -> list[Event]:
         what = f"reading the live stream of job {job_id!r}"

@@ -9,6 +9,13 @@ the ephemeral ones a worker publishes while a turn runs (``attempt_started``,
 (Redis ``XREAD BLOCK``: no polling loop) until the job is complete, failed or
 cancelled; a finished job is replayed and the stream ends.
 
+``app.astream`` (:func:`afollow`) is the same stream for ``async`` code. On a
+storage with :class:`~adapters.base.AsyncLiveStore` (memory, Redis) a waiting
+follower holds no thread: it waits on a future of its event loop, so a
+thousand idle SSE clients cost no worker of the default executor (which has
+only a handful: followers that each held one would queue the others' reads).
+Other storages are read in a thread, one blocking read at a time.
+
 A client builds a turn's text from the ``text_delta`` parts of the latest
 ``attempt_started`` of that turn: an attempt that was abandoned (a crash, a
 retried stream) is superseded by the next, and ``turn_committed`` closes the
@@ -18,10 +25,15 @@ turn. The committed transcript (``app.messages``) stays the truth.
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-from adapters.base import Storage
+from adapters.base import AsyncLiveStore, Storage
+from pipelines.engine.capabilities import declares
 from pipelines.engine.control import load_job
 from pipelines.engine.events import check_cursor
 from pipelines.engine.models import Event, JobStatus
@@ -32,6 +44,15 @@ FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 
 _WAIT = 5.0  # one blocking read at most this long, then the job's status is looked at again
 _PAGE = 1000  # parts a read returns at most (Storage.read_live's default limit)
+# What a worker publishes outside any commit. A batch of only these cannot have come with a change of status
+# (a run ends by a commit, whose events land in the live stream too), so no status read follows it.
+_PUBLISHED = frozenset({"attempt_started", "text_delta"})
+# An async follower reads the job's status (a storage call that may block) in one of these threads, shared by
+# every follower of the process: however many wait, and however their waits line up, they use at most two.
+_STATUS_THREADS = 2
+_status_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked child makes its own
+_status_lock = threading.Lock()
+T = TypeVar("T")
 
 
 def follow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
@@ -53,31 +74,48 @@ def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
     cursor = check_cursor(after)
     load_job(storage, job_id)
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    drained = False  # the last read returned all there was: reading again at once would find nothing
+    drained = settled = False  # see _waited
     while True:
         parts = [] if drained else storage.read_live(job_id, after=cursor)
-        drained = False
         if not parts:
             if not follow:
                 return
-            if _finished(storage, job_id):
+            if not settled and _finished(storage, job_id):
                 # The final commit wrote its events with the status: one last look, then nothing more comes.
                 yield from storage.read_live(job_id, after=cursor)
                 return
-            left = _WAIT if deadline is None else min(_WAIT, deadline - time.monotonic())
+            left = _left(deadline)
             if left <= 0:
                 return
             parts = storage.read_live(job_id, after=cursor, block=left)
+            drained, settled = _waited(parts)
             if not parts:
                 yield None  # a consumer that went away stops here, not after the next part
                 continue
-            # Less than a page is all that had arrived: next comes the finished check and a wait (which
-            # returns at once if more came meanwhile, so a storage with smaller pages loses nothing), not
-            # another read.
-            drained = len(parts) < _PAGE
+        else:
+            drained = settled = False
         for part in parts:
             cursor = part.id
             yield part
+
+
+def _left(deadline: float | None) -> float:
+    """How long the next blocking read may wait."""
+    return _WAIT if deadline is None else min(_WAIT, deadline - time.monotonic())
+
+
+def _waited(parts: list[Event]) -> tuple[bool, bool]:
+    """``(drained, settled)`` after a blocking read returned ``parts``.
+
+    Drained: less than a page is all that had arrived (nothing at all, if the
+    wait ran out), so the next step is the status check and a wait (which
+    returns at once if more came meanwhile, so a storage with smaller pages
+    loses nothing), not another read. Settled: the parts were all published
+    outside a commit (the text of a turn in flight), so the status is as it
+    was and even that check is skipped: a follower of a streaming turn reads
+    no record per batch of text.
+    """
+    return len(parts) < _PAGE, bool(parts) and all(part.type in _PUBLISHED for part in parts)
 
 
 def _finished(storage: Storage, job_id: str) -> bool:
@@ -85,13 +123,65 @@ def _finished(storage: Storage, job_id: str) -> bool:
     return record is None or record.status in FINISHED
 
 
-async def afollow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
-                  timeout: float | None = None) -> AsyncIterator[Event]:
-    """:func:`follow` for ``async`` code: each blocking read runs in a thread, never on the event loop.
+def afollow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
+            timeout: float | None = None) -> AsyncIterator[Event]:
+    """:func:`follow` for ``async`` code: the same parts, and a waiting follower holds no thread.
 
-    Closing the iterator (a client that disconnected) stops the reads after
-    at most one blocking read of the storage.
+    On an :class:`~adapters.base.AsyncLiveStore` every read and wait runs on
+    the event loop (only the job's status is read in a thread, briefly, when
+    a wait ran out or a commit's parts came: in a pool of two threads shared
+    by every follower), and closing the iterator (a client that disconnected)
+    ends its wait at once. On another storage each
+    blocking read runs in a thread, and closing stops the reads after at most
+    that one read.
     """
+    reader: object = storage  # narrowed by the check below, while storage stays a Storage
+    if declares(reader, AsyncLiveStore, "aread_live"):  # type: ignore[type-abstract]
+        return _awaited(storage, reader, job_id, after, follow, timeout)
+    return _threaded(storage, job_id, after, follow, timeout)
+
+
+async def _awaited(storage: Storage, reader: AsyncLiveStore, job_id: str, after: str | None, follow: bool,
+                   timeout: float | None) -> AsyncIterator[Event]:
+    """:func:`_steps` with ``await reader.aread_live`` for each read: the same steps, in the same order."""
+    cursor = check_cursor(after)
+    await _briefly(load_job, storage, job_id)
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    drained = settled = False
+    while True:
+        parts = [] if drained else await reader.aread_live(job_id, after=cursor)
+        if not parts:
+            if not follow:
+                return
+            if not settled and await _briefly(_finished, storage, job_id):
+                for part in await reader.aread_live(job_id, after=cursor):
+                    yield part
+                return
+            left = _left(deadline)
+            if left <= 0:
+                return
+            parts = await reader.aread_live(job_id, after=cursor, block=left)
+            drained, settled = _waited(parts)
+        else:
+            drained = settled = False
+        for part in parts:
+            cursor = part.id
+            yield part
+
+
+async def _briefly(fn: Callable[[Storage, str], T], storage: Storage, job_id: str) -> T:
+    """``fn(storage, job_id)``, a short blocking storage call, in the followers' small pool of threads."""
+    global _status_pool
+    with _status_lock:
+        if _status_pool is None or _status_pool[0] != os.getpid():
+            _status_pool = os.getpid(), ThreadPoolExecutor(_STATUS_THREADS, thread_name_prefix="pipelines-follow")
+        pool = _status_pool[1]
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, storage, job_id)
+
+
+async def _threaded(storage: Storage, job_id: str, after: str | None, follow: bool,
+                    timeout: float | None) -> AsyncIterator[Event]:
+    """:func:`_steps` run one step at a time in a thread (a storage without ``aread_live``)."""
     steps = _steps(storage, job_id, check_cursor(after), follow, timeout)
     done = object()
     while True:

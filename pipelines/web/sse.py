@@ -4,8 +4,9 @@ Every SSE event carries the part's cursor as its ``id:``, so a browser's
 ``EventSource`` (or any client sending ``Last-Event-ID``) resumes where it
 stopped: nothing missed, nothing twice. Comment lines go out as heartbeats
 while nothing happens, so proxies keep the connection open. Storage is read
-through :meth:`~pipelines.app.App.astream` (each blocking read in a thread),
-and a client that goes away stops the reading.
+through :meth:`~pipelines.app.App.astream`: on memory and Redis a waiting
+stream holds no thread (a thousand idle clients cost none of the executor's
+few), and a client that goes away ends its wait at once.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ from starlette.types import Receive, Scope, Send
 from pipelines.app import App
 from pipelines.engine.errors import InvalidInputError, JobNotFoundError
 from pipelines.engine.models import Event
-from pipelines.streams import FINISHED
 from pipelines.web.aisdk import UIMessageEncoder, run_start
 
 __all__ = ["HEARTBEAT_SECONDS", "JobStreamResponse", "StreamFormat", "sse_response"]
 
 StreamFormat = Literal["parts", "ai-sdk"]
 HEARTBEAT_SECONDS = 15.0
-_WINDOW = 5.0  # a follower's reads are bounded by this: see JobStreamResponse._windows
 _POLL = 0.5  # how often a quiet stream looks whether its client is still there (no storage read)
 _HEADERS = {"cache-control": "no-cache", "connection": "keep-alive", "x-accel-buffering": "no"}
 _AI_SDK_HEADERS = {**_HEADERS, "x-vercel-ai-ui-message-stream": "v1"}
@@ -120,7 +119,7 @@ class JobStreamResponse(StreamingResponse):
 
     async def _live(self, emit: _Emitter, after: str | None) -> AsyncIterator[str]:
         """Parts as they come, with heartbeats; yields ``_GONE`` when the client has left."""
-        parts = _Parts(self._windows(after))
+        parts = _Parts(self.app.astream(self.job_id, after=after))
         quiet_since = time.monotonic()
         try:
             while not emit.done:
@@ -129,7 +128,9 @@ class JobStreamResponse(StreamingResponse):
                     return
                 if isinstance(part, Event):
                     quiet_since = time.monotonic()
-                    for text in await asyncio.to_thread(emit.live, part):
+                    # Only a part whose chunks need the transcript reads storage, off the event loop; the
+                    # rest (every text delta) is encoded here, with no hop through a thread.
+                    for text in await asyncio.to_thread(emit.live, part) if emit.reads(part) else emit.live(part):
                         yield text
                 elif await self.request.is_disconnected():
                     yield _GONE
@@ -139,25 +140,6 @@ class JobStreamResponse(StreamingResponse):
                     yield ": keep-alive\n\n"
         finally:
             await parts.close()
-
-    async def _windows(self, after: str | None) -> AsyncIterator[Event]:
-        """The job's parts after ``after``, read in windows of ``_WINDOW`` seconds until it ends.
-
-        A read in flight runs in a thread and cannot be interrupted; bounding each one means a
-        client that left stops the reading within one window, even if the job stays quiet for days.
-        """
-        while True:
-            async for part in self.app.astream(self.job_id, after=after, timeout=_WINDOW):
-                after = part.id
-                yield part
-            if await asyncio.to_thread(self._finished):
-                async for part in self.app.astream(self.job_id, after=after, follow=False):
-                    yield part
-                return
-
-    def _finished(self) -> bool:
-        view = self.app.get(self.job_id)
-        return view is None or view.status in FINISHED
 
 
 _GONE = "\0gone"  # never a real SSE text: events end with a blank line
@@ -224,6 +206,10 @@ class _Emitter:
     def live(self, part: Event) -> list[str]:
         raise NotImplementedError
 
+    def reads(self, part: Event) -> bool:
+        """Whether :meth:`live` reads storage for ``part`` (then it runs in a thread)."""
+        return False
+
     def close(self) -> list[str]:
         return []
 
@@ -264,6 +250,9 @@ class _AiSdkEmitter(_Emitter):
 
     def live(self, part: Event) -> list[str]:
         return self._chunks(part, final=True)
+
+    def reads(self, part: Event) -> bool:
+        return part.type == "turn_committed"  # the encoder reads the turn's messages from the transcript
 
     def _chunks(self, part: Event, *, final: bool) -> list[str]:
         chunks = self.encoder.feed(part, final=final)

@@ -208,6 +208,17 @@ class CountingStorage(MemoryStorage):
             with self.lock:
                 self.in_flight -= 1
 
+    async def aread_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                         block: float | None = None) -> list[Event]:
+        with self.lock:  # the reads the SSE endpoint makes: async, with no thread held while they wait
+            self.reads += 1
+            self.in_flight += 1
+        try:
+            return await super().aread_live(job_id, after=after, block=None if block is None else min(block, 0.1))
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
 
 def test_a_client_that_disconnects_stops_the_reads_and_a_quiet_stream_sends_heartbeats() -> None:
     storage = CountingStorage()

@@ -1,0 +1,59 @@
+"""Waking ``async`` readers of an in-process live stream from whichever thread publishes.
+
+A :class:`~adapters.memory.MemoryStorage` follower in an event loop waits on a
+future, not on the storage's ``threading.Condition``: a blocked condition wait
+would hold a thread per follower. The publisher (a worker thread, or the loop's
+own thread) resolves each waiting future of the job through its loop's
+``call_soon_threadsafe``, the one loop-safe way in from another thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+__all__ = ["LoopWakeups"]
+
+
+class LoopWakeups:
+    """Futures of ``async`` readers waiting for a key (a job's live stream), woken from any thread.
+
+    Not locked itself: the owner calls :meth:`add`, :meth:`discard` and
+    :meth:`notify` under the lock that guards the stream, so a reader that
+    found nothing and registers cannot miss a part published in between.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, dict[asyncio.Future[None], asyncio.AbstractEventLoop]] = {}
+
+    def add(self, key: str) -> asyncio.Future[None]:
+        """A future of the running loop, resolved by the next :meth:`notify` of ``key``."""
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        self._waiting.setdefault(key, {})[woken] = loop
+        return woken
+
+    def discard(self, key: str, woken: asyncio.Future[None]) -> None:
+        """Forget ``woken`` (its reader stopped waiting: woken, timed out or cancelled)."""
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting.pop(woken, None)
+            if not waiting:
+                del self._waiting[key]
+
+    def notify(self, key: str) -> None:
+        """Wake every reader waiting for ``key``, each in its own loop."""
+        for woken, loop in self._waiting.pop(key, {}).items():
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody is left to wake
+                loop.call_soon_threadsafe(_resolve, woken)
+
+    def waiting(self, key: str | None = None) -> int:
+        """How many readers wait (for ``key``, or for any key)."""
+        if key is not None:
+            return len(self._waiting.get(key, ()))
+        return sum(map(len, self._waiting.values()))
+
+
+def _resolve(woken: asyncio.Future[None]) -> None:
+    if not woken.done():  # a reader that timed out or was cancelled has already left
+        woken.set_result(None)
