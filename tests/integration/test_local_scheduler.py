@@ -1,0 +1,171 @@
+"""LocalScheduler's worker threads on a real SQLite file: requests, delays, restarts, several schedulers, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.local import LocalScheduler
+from adapters.memory import MemoryStorage
+from adapters.sqlite import SQLiteStorage
+from pipelines import App, Done, JobStatus, Next, Phase, PhaseContext
+from pipelines.engine.errors import ConfigurationError, InvalidInputError
+
+
+class Counting:
+    """A three-phase pipeline that records which thread ran each phase of each job, and when."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.runs: Counter[tuple[str, str]] = Counter()
+        self.threads: set[str] = set()
+        self.at: dict[tuple[str, str], float] = {}
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def _note(self, ctx: PhaseContext[Any], phase: str) -> None:
+        with self.lock:
+            self.runs[(ctx.job_id, phase)] += 1
+            self.threads.add(threading.current_thread().name)
+            self.at[(ctx.job_id, phase)] = time.time()
+
+    def phases(self) -> list[Phase]:
+        def a(ctx: PhaseContext[Any]) -> Next:
+            self._note(ctx, "a")
+            return Next("b", state={"n": 1}, delay=self.delay)
+
+        def b(ctx: PhaseContext[Any]) -> Next:
+            self._note(ctx, "b")
+            return Next("c", state={"n": ctx.state["n"] + 1})
+
+        def c(ctx: PhaseContext[Any]) -> Done:
+            self._note(ctx, "c")
+            return Done(result=ctx.state["n"] + 1)
+
+        return [Phase("a", a), Phase("b", b), Phase("c", c)]
+
+
+def make_app(path: Path, counting: Counting, **options: Any) -> App:
+    return App(storage=SQLiteStorage(str(path)), scheduler=LocalScheduler(**options),
+               pipelines={"p": counting.phases()}, provenance=False)
+
+
+def wait_for(app: App, ids: list[str], timeout: float = 60.0) -> None:
+    """Poll storage (not drain: the worker threads must do the work) until every job finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        views = [app.get(i) for i in ids]
+        if all(v is not None and v.finished for v in views):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not finished: {[(i, app.get(i).status) for i in ids]}")  # type: ignore[union-attr]
+
+
+def test_worker_threads_run_every_turn_of_every_job_once(tmp_path: Path) -> None:
+    counting = Counting()
+    app = make_app(tmp_path / "a.db", counting, workers=3)
+    ids = [f"j{n}" for n in range(12)]
+    with app.scheduler:  # type: ignore[attr-defined]
+        for job_id in ids:
+            app.run_pipeline("p", job_id=job_id)
+        wait_for(app, ids)
+    assert counting.runs == {(j, p): 1 for j in ids for p in "abc"}
+    assert all(app.get(j).result == 3 for j in ids)  # type: ignore[union-attr]
+    assert counting.threads and all(t.startswith("pipelines-local-") for t in counting.threads)
+
+
+def test_a_delayed_turn_runs_when_it_is_due_not_before(tmp_path: Path) -> None:
+    counting = Counting(delay=0.6)
+    app = make_app(tmp_path / "d.db", counting, workers=2)
+    with app.scheduler:  # type: ignore[attr-defined]
+        app.run_pipeline("p", job_id="late")
+        wait_for(app, ["late"])
+    assert counting.at[("late", "b")] >= counting.at[("late", "a")] + 0.6
+    assert counting.runs[("late", "b")] == 1
+
+
+def test_a_new_process_picks_up_the_jobs_a_stopped_one_left(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    first = Counting()
+    web = make_app(path, first, workers=0)  # a process that only starts runs (its requests die with it)
+    ids = [f"r{n}" for n in range(6)]
+    for job_id in ids:
+        web.run_pipeline("p", job_id=job_id)
+    assert web.scheduler.pending() == len(ids)  # type: ignore[attr-defined]
+    second = Counting()
+    worker = make_app(path, second, workers=2)
+    with worker.scheduler:  # type: ignore[attr-defined]
+        wait_for(worker, ids)
+    assert first.runs == {} and second.runs == {(j, p): 1 for j in ids for p in "abc"}
+
+
+def test_two_schedulers_on_one_file_share_the_work_and_run_each_turn_once(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    counting = Counting()
+    apps = [make_app(path, counting, workers=2, poll=0.05, grace=0.0) for _ in range(2)]
+    ids = [f"s{n}" for n in range(16)]
+    with apps[0].scheduler, apps[1].scheduler:  # type: ignore[attr-defined]
+        for n, job_id in enumerate(ids):
+            apps[n % 2].run_pipeline("p", job_id=job_id)
+        wait_for(apps[0], ids)
+    assert counting.runs == {(j, p): 1 for j in ids for p in "abc"}
+
+
+def test_stop_lets_the_turn_in_flight_commit(tmp_path: Path) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(ctx: PhaseContext[Any]) -> Done:
+        entered.set()
+        release.wait(10)
+        return Done(result="ok")
+
+    app = App(storage=SQLiteStorage(str(tmp_path / "t.db")), scheduler=LocalScheduler(workers=1),
+              pipelines={"slow": [Phase("slow", slow)]}, provenance=False)
+    scheduler = app.scheduler
+    assert isinstance(scheduler, LocalScheduler)
+    scheduler.start()
+    app.run_pipeline("slow", job_id="x")
+    assert entered.wait(10)
+    threading.Timer(0.2, release.set).start()
+    scheduler.stop(timeout=10)
+    assert not scheduler.running
+    view = app.get("x")
+    assert view is not None and view.status is JobStatus.COMPLETE
+
+
+def test_on_memory_storage_it_runs_requests_without_claims(tmp_path: Path) -> None:
+    counting = Counting()
+    app = App(storage=MemoryStorage(), scheduler=LocalScheduler(workers=2), pipelines={"p": counting.phases()},
+              provenance=False)
+    with app.scheduler:  # type: ignore[attr-defined]
+        app.run_pipeline("p", job_id="m")
+        wait_for(app, ["m"])
+    assert counting.runs == {("m", p): 1 for p in "abc"}
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"workers": -1}, "workers"), ({"workers": 1.5}, "workers"), ({"poll": 0}, "poll and hold"),
+    ({"grace": float("inf")}, "grace"), ({"hold": -1}, "hold"), ({"sweep_interval": True}, "sweep_interval"),
+])
+def test_bad_settings_are_refused(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        LocalScheduler(**options)
+
+
+def test_bad_requests_are_refused_and_an_unattached_scheduler_says_so() -> None:
+    scheduler = LocalScheduler(workers=1)
+    for delay in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidInputError, match="delay"):
+            scheduler.schedule_advance("j", delay)
+    with pytest.raises(InvalidInputError, match="priority"):
+        scheduler.schedule_advance("j", 0, priority="urgent")
+    assert scheduler.pending() == 0
+    with pytest.raises(ConfigurationError, match="attached App"):
+        scheduler.start()
+    scheduler.schedule_advance("j", 0)
+    with pytest.raises(ConfigurationError, match="not attached"):
+        scheduler.drain()

@@ -1,0 +1,316 @@
+"""SQLiteStorage on a real file: its settings, its schema version, what dead processes leave, the live stream's
+wake-ups, waiting out a busy file, and that no transaction stays open across a model or tool call."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler
+from adapters.sqlite import SQLiteStorage, connection, schema
+from adapters.sqlite.connection import wal_defect
+from pipelines import Agent, App, JobStatus, tool
+from pipelines.engine.errors import ConfigurationError
+from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord
+from pipelines.testing import ScriptedModel, call, reply
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def record(job_id: str = "j", version: int = 1) -> JobRecord:
+    cp = Checkpoint[Any](next_phase="a", state={}, version=version, due_at=1.0)
+    return JobRecord(job_id=job_id, status=JobStatus.RUNNING, checkpoint=cp, version=version)
+
+
+def pragma(path: Path, name: str) -> Any:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+# --- settings ---------------------------------------------------------------------------------------
+def test_the_file_is_in_wal_mode_with_full_sync_by_default_and_normal_on_request(tmp_path: Path) -> None:
+    full = SQLiteStorage(str(tmp_path / "full.db"))
+    full.create_job(record())
+    assert pragma(tmp_path / "full.db", "journal_mode") == "wal"
+    conn = full._db.connection()
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+    normal = SQLiteStorage(str(tmp_path / "normal.db"), synchronous="NORMAL")
+    assert normal._db.connection().execute("PRAGMA synchronous").fetchone()[0] == 1
+    full.close()
+    normal.close()
+
+
+@pytest.mark.parametrize(("path", "options", "match"), [
+    (":memory:", {}, "file on a local disk"),
+    ("", {}, "file on a local disk"),
+    ("file:x.db?mode=memory", {}, "file on a local disk"),
+    ("x.db", {"synchronous": "OFF"}, "synchronous must be one of FULL, NORMAL"),
+    ("x.db", {"busy_timeout": 0}, "busy_timeout"),
+])
+def test_bad_settings_are_refused_by_name(tmp_path: Path, path: str, options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        SQLiteStorage(path if not path.startswith("x") else str(tmp_path / path), **options)
+
+
+def test_urls_name_relative_and_absolute_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert SQLiteStorage.from_url("sqlite:///rel/app.db").path == str(tmp_path / "rel" / "app.db")
+    assert SQLiteStorage.from_url(f"sqlite:///{tmp_path}/abs.db").path == str(tmp_path / "abs.db")
+    for bad in ("redis://localhost/0", "sqlite://host/app.db", "sqlite:///", "sqlite:///a.db?mode=ro"):
+        with pytest.raises(ConfigurationError, match=r"SQLite URL|not an SQLite URL"):
+            SQLiteStorage.from_url(bad)
+
+
+def test_a_file_where_wal_does_not_take_is_refused_with_nothing_written(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What SQLite does on a network filesystem: asked for WAL, it answers with the mode it kept.
+    class NoWal(sqlite3.Connection):
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql.replace(" ", "").upper() == "PRAGMAJOURNAL_MODE=WAL":
+                sql = "PRAGMA journal_mode=DELETE"
+            return super().execute(sql, *args)
+
+    real = sqlite3.connect
+    monkeypatch.setattr(connection.sqlite3, "connect", lambda *a, **kw: real(*a, **kw, factory=NoWal))
+    storage = SQLiteStorage(str(tmp_path / "nfs.db"))
+    with pytest.raises(ConfigurationError, match=r"refused WAL mode .* network filesystem"):
+        storage.create_job(record())
+    monkeypatch.setattr(connection.sqlite3, "connect", real)
+    assert pragma(tmp_path / "nfs.db", "user_version") == 0  # no schema, no job
+
+
+def test_an_sqlite_without_returning_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"SQLite >= 3.35 .* links SQLite 3.34.1"):
+        connection.check_sqlite_version("3.34.1")
+    connection.check_sqlite_version("3.35.0")
+
+
+# --- schema version ---------------------------------------------------------------------------------
+def test_a_newer_schema_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    SQLiteStorage(str(path)).create_job(record())
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(ConfigurationError, match="schema version 99, written by a newer phaserunner"):
+        SQLiteStorage(str(path)).get_job("j")
+    with pytest.raises(ConfigurationError, match="newer than this phaserunner"):
+        SQLiteStorage(str(path)).migrate()
+    assert pragma(path, "user_version") == 99
+
+
+def test_an_older_schema_is_refused_until_migrate_upgrades_it(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "old.db"
+    SQLiteStorage(str(path)).create_job(record())  # written at version 1
+    # This library moves on to version 2, which adds a column.
+    monkeypatch.setitem(schema.MIGRATIONS, 2, ["ALTER TABLE jobs ADD COLUMN note TEXT"])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    with pytest.raises(ConfigurationError, match=r"schema version 1; .* needs version 2. Run `pipelines migrate"):
+        SQLiteStorage(str(path)).get_job("j")
+    storage = SQLiteStorage(str(path))
+    assert storage.migrate() == (1, 2)
+    assert storage.migrate() == (2, 2)  # again: nothing to do
+    got = storage.get_job("j")
+    assert got is not None and got.job_id == "j"
+    with sqlite3.connect(path) as conn:
+        assert "note" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
+
+
+def test_another_programs_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "theirs.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER)")
+    with pytest.raises(ConfigurationError, match="another program's database"):
+        SQLiteStorage(str(path)).get_job("j")
+    with sqlite3.connect(path) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["customers"]
+
+
+# --- processes -------------------------------------------------------------------------------------
+_TAKE_LEASE_AND_DIE = """
+import os, sys
+from adapters.sqlite import SQLiteStorage
+s = SQLiteStorage(sys.argv[1])
+assert s.acquire_lease("j", "dead-worker", 600) is not None
+s.claim_due(10.0, limit=5, hold=600)
+os._exit(0)  # no clean-up of any kind, like kill -9
+"""
+
+
+def test_the_leases_and_claims_of_a_dead_process_are_released_by_the_next_process(tmp_path: Path) -> None:
+    path = str(tmp_path / "p.db")
+    storage = SQLiteStorage(path)
+    storage.create_job(record("j"))
+    storage.create_job(record("k"))
+    done = run_python(_TAKE_LEASE_AND_DIE, path)
+    assert done.returncode == 0, done.stderr
+    assert storage.lease_owner("j") == "dead-worker"
+    assert storage.claim_due(10.0, limit=5, hold=60) == []  # j leased, k claimed by the dead process
+    assert storage.reap_dead_processes() == 1  # only this process is left
+    assert storage.lease_owner("j") is None
+    assert storage.claim_due(10.0, limit=5, hold=60) == ["j", "k"]  # both free again, at once
+    # A live process's lease is never taken: this one's own.
+    assert storage.acquire_lease("k", "me", 600) is not None
+    storage.reap_dead_processes()
+    assert storage.lease_owner("k") == "me"
+
+
+_OPEN_AND_WAIT = """
+import sys, time
+from adapters.sqlite import SQLiteStorage
+SQLiteStorage(sys.argv[1]).get_job("x")
+print("open", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_second_process_on_the_file_is_warned_of_the_wal_defect_once(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    path = str(tmp_path / "w.db")
+    other = subprocess.Popen([sys.executable, "-c", _OPEN_AND_WAIT, path], cwd=ROOT, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "open"
+        with caplog.at_level(logging.WARNING, logger="pipelines"):
+            first, second = SQLiteStorage(path), SQLiteStorage(path)
+            first.get_job("x")
+            second.get_job("x")
+            reader = threading.Thread(target=first.get_job, args=("x",))  # another connection: no second warning
+            reader.start()
+            reader.join()
+    finally:
+        other.kill()
+        other.wait()
+        assert other.stdout is not None
+        other.stdout.close()
+    warned = [r for r in caplog.records if "WAL-reset defect" in r.getMessage()]
+    assert len(warned) == (1 if wal_defect() else 0)
+    if warned:
+        assert "2 processes" in warned[0].getMessage() and sqlite3.sqlite_version in warned[0].getMessage()
+
+
+def test_one_process_alone_is_not_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
+        SQLiteStorage(str(tmp_path / "alone.db")).get_job("x")
+    assert not [r for r in caplog.records if "WAL-reset defect" in r.getMessage()]
+
+
+# --- the live stream ----------------------------------------------------------------------------------
+def part(text: str) -> Event:
+    return Event(timestamp=1.0, type="text_delta", turn=1, data={"text": text})
+
+
+def test_a_follower_in_this_process_is_woken_by_a_publish(tmp_path: Path) -> None:
+    storage = SQLiteStorage(str(tmp_path / "live.db"))
+    storage.create_job(record(), events=[Event(timestamp=1.0, type="job_started")])
+    start = storage.read_live("j")[-1].id
+    got: list[Event] = []
+    follower = threading.Thread(target=lambda: got.extend(storage.read_live("j", after=start, block=30)))
+    follower.start()
+    time.sleep(0.1)
+    SQLiteStorage(str(tmp_path / "live.db")).publish("j", [part("hé")])  # another storage object, same file
+    follower.join(30)
+    assert [p.data["text"] for p in got] == ["hé"]
+
+
+_PUBLISH_LATER = """
+import sys, time
+from adapters.sqlite import SQLiteStorage
+from pipelines.engine.models import Event
+time.sleep(0.3)
+SQLiteStorage(sys.argv[1]).publish("j", [Event(timestamp=1.0, type="text_delta", turn=1, data={"text": "far"})])
+"""
+
+
+def test_a_follower_sees_what_another_process_publishes(tmp_path: Path) -> None:
+    path = str(tmp_path / "live2.db")
+    storage = SQLiteStorage(path)
+    storage.create_job(record())
+    other = subprocess.Popen([sys.executable, "-c", _PUBLISH_LATER, path], cwd=ROOT)
+    try:
+        got = storage.read_live("j", block=30)
+    finally:
+        other.wait(30)
+    assert [p.data["text"] for p in got] == ["far"]
+
+
+def test_the_live_stream_keeps_the_turn_in_flight_and_every_event(tmp_path: Path) -> None:
+    storage = SQLiteStorage(str(tmp_path / "trim.db"))
+    rec = record()
+    storage.create_job(rec, events=[Event(timestamp=1.0, type="job_started")])
+    for turn in range(1, 4):
+        storage.publish("j", [part(f"t{turn}")])
+        new = rec.model_copy(update={"version": rec.version + 1})
+        storage.commit(Commit(job_id="j", expected_version=rec.version, token=f"c{turn}", record=new,
+                              events=[Event(timestamp=1.0, type="turn_committed", turn=turn)]))
+        rec = new
+    live = storage.read_live("j")
+    # Parts published before the previous commit are gone; committed events stay, with the same ids.
+    assert [(p.type, p.data.get("text")) for p in live] == [
+        ("job_started", None), ("turn_committed", None), ("turn_committed", None), ("text_delta", "t3"),
+        ("turn_committed", None)]
+    assert [e.id for e in storage.events("j")] == [p.id for p in live if p.type != "text_delta"]
+
+
+# --- a busy file, and no transaction across a call -------------------------------------------------------
+def test_a_write_waits_out_another_connections_long_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    storage = SQLiteStorage(str(path), busy_timeout=0.05)  # SQLite gives up at once; the adapter waits on
+    storage.create_job(record())
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        storage.request_control("j", "pause")  # no "database is locked" comes out
+    finally:
+        release.join()
+        holder.close()
+    got = storage.get_job("j")
+    assert got is not None and got.control == "pause"
+
+
+def test_no_write_lock_is_held_while_a_model_or_tool_runs(tmp_path: Path) -> None:
+    path = tmp_path / "calls.db"
+    seen: list[str] = []
+
+    def try_to_write(where: str) -> None:
+        # Another writer with no patience at all: it gets the lock only if no transaction holds it.
+        other = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+            seen.append(where)
+        finally:
+            other.close()
+
+    @tool
+    def look(q: str) -> str:
+        """Looks."""
+        try_to_write("tool")
+        return "found"
+
+    def model(messages: list[Any]) -> Any:
+        try_to_write("model")
+        return reply(None, call("look", q="x")) if len(messages) == 1 else "done"
+
+    storage = SQLiteStorage(str(path))
+    app = App(storage=storage, scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(model), tools=[look])])
+    assert app.run_agent("a", job_id="c", user="hi").wait().status is JobStatus.COMPLETE
+    assert seen == ["model", "tool", "model"]
