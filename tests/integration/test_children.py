@@ -13,7 +13,7 @@ from adapters.redis import RedisStorage
 from phases.children import agent_phase, pipeline_tool
 from pipelines import Agent, JobStatus
 from pipelines.app import App
-from pipelines.engine import transitions
+from pipelines.engine import writer
 from pipelines.engine.children import child_job_id
 from pipelines.engine.models import JOB_ID_PATTERN, Message
 from pipelines.engine.phase import Done, Phase, PhaseContext
@@ -144,7 +144,7 @@ def test_a_lost_wake_up_is_recovered_by_the_sweep(storage: Any, monkeypatch: pyt
     app.run_agent("boss", job_id="p6", user="go")
     kid = child_job_id("p6", "c0")
     # Every message to the parent is lost (a process that died right after each commit).
-    monkeypatch.setattr(transitions, "_wake_family", lambda *a: None)
+    monkeypatch.setattr(writer, "_wake_family", lambda *a: None)
     app.drain()
     monkeypatch.undo()
     assert storage.get_job(kid).status is JobStatus.COMPLETE
@@ -157,7 +157,7 @@ def test_a_lost_wake_up_is_recovered_by_the_sweep(storage: Any, monkeypatch: pyt
 def test_requeue_overdue_sends_ready_parents_to_the_queue(storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     app = _app(storage, parent_agent(child_agent()))
     app.run_agent("boss", job_id="p7", user="go")
-    monkeypatch.setattr(transitions, "_wake_family", lambda *a: None)
+    monkeypatch.setattr(writer, "_wake_family", lambda *a: None)
     app.drain()
     monkeypatch.undo()
     assert storage.get_job("p7").status is JobStatus.WAITING
