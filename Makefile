@@ -38,9 +38,9 @@ typecheck: install
 
 # The Redis tests need a real redis-server, and redis-cli for the cluster fixture: found, or installed (Debian,
 # as root), or this stops with the exact command to run. REQUIRE_REDIS=0 lets them be skipped instead, and
-# pytest's summary counts them.
-redis: install
-	$(PY) -m tests.redis_server
+# pytest's summary counts them. The check is plain Python (no venv needed), so `make test` runs it first.
+redis:
+	$(PYTHON) -m tests.redis_server
 
 pytest: install redis
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -55,16 +55,16 @@ docs-check: install
 		if [ $$rc -eq 0 ]; then echo "docs-check: mkdocs build --strict passed"; fi; exit $$rc
 
 # The AI SDK stream is checked by the `ai` npm package itself (tests/node, pinned by its package-lock.json).
-# Without node the check is skipped, loudly here and in pytest's summary.
-node-deps:
-	@if command -v npm >/dev/null; then cd tests/node && npm ci --no-audit --no-fund --loglevel=error; \
-		else echo "node-deps: SKIPPED - npm is not installed, the AI SDK check will be skipped"; fi
+# Without node, or node without npm, the check is skipped: one line here says what is missing and how to
+# install it (tests/node_tools.py), and pytest's summary (-rs) repeats it for each skipped test.
+node-deps: install
+	@$(PY) -m tests.node_tools
 
-node-test: install node-deps
-	@command -v node >/dev/null || echo "node-test: SKIPPED - node is not installed"
+node-test: install redis node-deps
 	$(PY) -m pytest -q -rs tests/integration/test_sse.py -k "ai_package or retried_stream"
 
-test: lint typecheck docs-check node-test pytest
+# redis first: it is the one step that may install system packages or stop with the command to run.
+test: redis lint typecheck docs-check node-test pytest
 
 demo: install
 	$(PY) examples/support_agent.py $(ARGS)

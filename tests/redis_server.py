@@ -160,9 +160,14 @@ def redis_required() -> bool:
     raise ValueError(f"REQUIRE_REDIS must be 0 (skip the Redis tests) or 1 (require them; the default), got {value!r}")
 
 
+def install_command() -> str:
+    """The exact command that installs redis-server and redis-cli here: as is for root, through sudo otherwise."""
+    return INSTALL_COMMAND if os.geteuid() == 0 else f"sudo sh -c '{INSTALL_COMMAND}'"
+
+
 def missing_redis_message(binary: str = "redis-server") -> str:
     """What to do when ``binary`` is missing: the exact install command, and the explicit way to skip."""
-    return (f"{binary} is not installed; the Redis tests need it. Install it (Debian, as root): {INSTALL_COMMAND}"
+    return (f"{binary} is not installed; the Redis tests need it. Install it (Debian): {install_command()}"
             " -- or skip the Redis tests on purpose with REQUIRE_REDIS=0")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import threading
@@ -31,6 +30,7 @@ from pipelines.engine.models import Event
 from pipelines.streams import turn_texts
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web import sse_response
+from tests import node_tools
 from tests.streaming_helpers import committed_texts, followed_texts_match, run_to_the_end
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
@@ -274,9 +274,9 @@ def test_ai_sdk_format_has_the_protocol_header_and_one_step_per_turn(app: App) -
 
 
 def run_node(api: str, chat_id: str, transcript: list[dict[str, Any]]) -> str:
-    if shutil.which("node") is None:
-        pytest.skip("node is not installed: the AI SDK check (tests/node) did not run")
-    if not (NODE_DIR / "node_modules" / "ai").is_dir():
+    if (reason := node_tools.skip_reason()) is not None:  # no node, or node without npm: skipped, said once
+        pytest.skip(reason)
+    if not node_tools.installed():
         pytest.fail("tests/node has no node_modules: run `make node-deps` (npm ci in tests/node)")
     out = subprocess.run(["node", str(NODE_DIR / "read_ui_message.mjs"), api, chat_id, json.dumps(transcript)],
                          capture_output=True, text=True, timeout=60)
