@@ -195,27 +195,40 @@ class Database:
                 conn.close()
 
     # --- transactions ----------------------------------------------------------
-    def write(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
+    def write(self, fn: Callable[[sqlite3.Connection], T], what: str, *, durable: bool = True) -> T:
         """Run ``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction, committed if it returns, rolled back if
-        it raises; retried whole while the file is busy (``fn`` must not have effects outside the database)."""
+        it raises; retried whole while the file is busy (``fn`` must not have effects outside the database).
+
+        ``durable=False``: a write that only matters while this machine runs (a lease, a claim, a live
+        text part) is not synced to disk on its own under ``synchronous=FULL``; the next durable commit
+        syncs it with its own (the WAL is one file, written in order), and a power cut that loses it
+        also stopped every process that could have cared.
+        """
         self._forked()
+        relaxed = not durable and self.synchronous == "FULL"
         with self._writing:
-            return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", fn), what)
+            return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", fn, relaxed=relaxed), what)
 
     def read(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
         """Run ``fn(conn)`` in one read transaction: every statement in it sees the same snapshot."""
         return self._retry(lambda: self._in_transaction("BEGIN", fn), what)
 
-    def _in_transaction(self, begin: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _in_transaction(self, begin: str, fn: Callable[[sqlite3.Connection], T], *, relaxed: bool = False) -> T:
         conn = self.connection()
-        conn.execute(begin)
+        if relaxed:
+            conn.execute("PRAGMA synchronous=NORMAL")  # outside any transaction, where SQLite allows it
         try:
-            result = fn(conn)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            conn.execute(begin)
+            try:
+                result = fn(conn)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            if relaxed:
+                conn.execute(f"PRAGMA synchronous={self.synchronous}")
         return result
 
     def _retry(self, fn: Callable[[], T], what: str) -> T:

@@ -104,8 +104,9 @@ class SQLiteStorage(SQLiteReads):
         finally:
             conn.close()
 
-    def _write(self, fn: Callable[[sqlite3.Connection], Any], what: str, *, wake: bool = False) -> Any:
-        result = self._db.write(fn, what)
+    def _write(self, fn: Callable[[sqlite3.Connection], Any], what: str, *, wake: bool = False,
+               durable: bool = True) -> Any:
+        result = self._db.write(fn, what, durable=durable)
         if wake:
             self._wakeup.notify()
         return result
@@ -188,7 +189,7 @@ class SQLiteStorage(SQLiteReads):
             if conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None:
                 writes.add_parts(conn, job_id, lines, durable=False)
 
-        self._write(add, f"publishing to job {job_id!r}", wake=True)
+        self._write(add, f"publishing to job {job_id!r}", wake=True, durable=False)
 
     # --- LeaseStore ------------------------------------------------------------------------------
     def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
@@ -203,7 +204,7 @@ class SQLiteStorage(SQLiteReads):
                          (owner, now + ttl, processes.me(), job_id))
             return load_record(conn, row[2:])
 
-        record: JobRecord | None = self._write(take, f"leasing job {job_id!r}")
+        record: JobRecord | None = self._write(take, f"leasing job {job_id!r}", durable=False)
         return record
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
@@ -212,24 +213,24 @@ class SQLiteStorage(SQLiteReads):
             return conn.execute("UPDATE jobs SET lease_expires = ? WHERE job_id = ? AND lease_owner = ? "
                                 "AND lease_expires > ?", (now + ttl, job_id, owner, now)).rowcount > 0
 
-        renewed: bool = self._write(renew, f"renewing the lease of job {job_id!r}")
+        renewed: bool = self._write(renew, f"renewing the lease of job {job_id!r}", durable=False)
         return renewed
 
     def release_lease(self, job_id: str, owner: str) -> None:
         self._write(lambda c: c.execute("UPDATE jobs SET lease_owner = NULL WHERE job_id = ? AND lease_owner = ?",
-                                        (job_id, owner)), f"releasing the lease of job {job_id!r}")
+                                        (job_id, owner)), f"releasing the lease of job {job_id!r}", durable=False)
 
     # --- for the local scheduler and flow control ---------------------------------------------
     def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]:
         """Claim running jobs due at ``cut`` that no worker leases or claimed (see :func:`writes.claim_due`)."""
         claimed: list[str] = self._write(lambda c: writes.claim_due(c, cut=cut, now=self._clock(), hold=hold,
                                                                     limit=limit, proc=processes.me()),
-                                         "claiming due jobs")
+                                         "claiming due jobs", durable=False)
         return claimed
 
     def reap_dead_processes(self) -> int:
         """Release the leases and claims of this machine's processes that are gone; how many processes live."""
-        live: int = self._write(processes.reap, "releasing the leases of dead processes")
+        live: int = self._write(processes.reap, "releasing the leases of dead processes", durable=False)
         return live
 
     def next_due(self) -> float | None:

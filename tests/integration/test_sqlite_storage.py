@@ -49,6 +49,9 @@ def test_the_file_is_in_wal_mode_with_full_sync_by_default_and_normal_on_request
     conn = full._db.connection()
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+    # A lease is written without a sync of its own; the connection is back at FULL for the next commit.
+    assert full.acquire_lease("j", "w", 30) is not None
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
     normal = SQLiteStorage(str(tmp_path / "normal.db"), synchronous="NORMAL")
     assert normal._db.connection().execute("PRAGMA synchronous").fetchone()[0] == 1
     full.close()
