@@ -121,11 +121,13 @@ os.register_at_fork(after_in_child=_forget_writer_locks)
 class Database:
     """One SQLite file: a connection per thread (per process), transactions, retries.
 
-    ``on_connect(conn)`` runs once on every new connection (the schema check).
+    ``on_connect(conn)`` runs once on every new connection (the schema check);
+    ``on_write(conn)`` at the start of every write transaction (the version check).
     """
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
-                 on_connect: Callable[[sqlite3.Connection], None] | None = None) -> None:
+                 on_connect: Callable[[sqlite3.Connection], None] | None = None,
+                 on_write: Callable[[sqlite3.Connection], None] | None = None) -> None:
         check_sqlite_version()
         if synchronous not in SYNCHRONOUS:
             raise ConfigurationError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
@@ -138,6 +140,7 @@ class Database:
         self.synchronous = synchronous
         self.busy_timeout = float(busy_timeout)
         self._on_connect = on_connect
+        self._on_write = on_write
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
@@ -207,7 +210,19 @@ class Database:
         self._forked()
         relaxed = not durable and self.synchronous == "FULL"
         with self._writing:
-            return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", fn, relaxed=relaxed), what)
+            return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", self._checked(fn), relaxed=relaxed),
+                               what)
+
+    def _checked(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+        check = self._on_write
+        if check is None:
+            return fn
+
+        def run(conn: sqlite3.Connection) -> T:
+            check(conn)
+            return fn(conn)
+
+        return run
 
     def read(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
         """Run ``fn(conn)`` in one read transaction: every statement in it sees the same snapshot."""

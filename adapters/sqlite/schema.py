@@ -27,7 +27,7 @@ import sqlite3
 
 from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "migrate"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "check_version", "migrate"]
 
 _V1 = [
     """CREATE TABLE jobs (
@@ -111,6 +111,16 @@ def check_schema(conn: sqlite3.Connection, path: str) -> None:
         raise ConfigurationError(
             f"{path} has schema version {found}; this phaserunner needs version {SCHEMA_VERSION}. Run "
             "`pipelines migrate --app package.module:app` (stop the workers first); nothing was changed")
+
+
+def check_version(conn: sqlite3.Connection, path: str) -> None:
+    """Inside a write transaction: the file is still at this library's version (no newer process migrated it
+    since this connection was checked); else :class:`ConfigurationError` and the write is rolled back."""
+    found = _user_version(conn)
+    if found != SCHEMA_VERSION:
+        raise ConfigurationError(f"{path} is at schema version {found} now, and this phaserunner writes version "
+                                 f"{SCHEMA_VERSION} (was the file migrated while this process ran?): restart it "
+                                 "with a phaserunner of the file's version; nothing was written")
 
 
 def _apply(conn: sqlite3.Connection, start: int, stop: int) -> None:

@@ -63,7 +63,8 @@ class SQLiteStorage(SQLiteReads):
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
                  clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or time.time
-        self._db = Database(path, synchronous=synchronous, busy_timeout=busy_timeout, on_connect=self._checked)
+        self._db = Database(path, synchronous=synchronous, busy_timeout=busy_timeout, on_connect=self._checked,
+                            on_write=lambda conn: schema.check_version(conn, self.path))
         self.path = self._db.path
         self._wakeup = wakeup_for(self.path)
         self._registered = 0  # pid that noted itself in the file's process table

@@ -1,0 +1,85 @@
+"""``pipelines dev`` (one process: local workers, the sweep and the web page on an SQLite file) and
+``pipelines migrate`` (upgrade the schema of an app's SQLite file).
+
+Registered by :func:`pipelines.cli.build_parser`; see that module for the
+common ``--app`` option and exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
+
+from pipelines.cli_args import count, port
+from pipelines.engine.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pipelines.app import App
+
+__all__ = ["register"]
+
+AddCommand = Callable[[str, Callable[[argparse.Namespace, TextIO], int], str], argparse.ArgumentParser]
+LoadApp = Callable[[str | None], "App"]
+
+
+def _serve(app: App, args: argparse.Namespace, out: TextIO) -> None:
+    """Start the workers, print the summary, serve the web page until stopped; the workers stop with it."""
+    try:
+        import uvicorn
+
+        from pipelines.web.ui import ui_app
+    except ImportError as exc:
+        raise ConfigurationError(f"pipelines dev serves the web page, which needs the web extra: "
+                                 f"pip install 'phaserunner[web]' ({exc})") from exc
+    from pipelines.dev import summary
+
+    token = args.token or os.environ.get("PIPELINES_UI_TOKEN") or None
+    asgi = ui_app(app, token=token)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    scheduler = app.scheduler
+    scheduler.start()  # type: ignore[attr-defined]
+    try:
+        print(summary(app, source=args.app or os.environ.get("PIPELINES_APP", "-"),
+                      url=f"http://{host}:{args.port}/"), file=out, flush=True)
+        uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning")
+    finally:
+        scheduler.stop()  # type: ignore[attr-defined]
+
+
+def register(add: AddCommand, load: LoadApp) -> None:
+    """Add ``pipelines dev`` and ``pipelines migrate``."""
+
+    def cmd_dev(args: argparse.Namespace, out: TextIO) -> int:
+        from pipelines.dev import DEFAULT_DB, dev_app
+        from pipelines.web.ui import check_bind
+
+        check_bind(args.host, args.token or os.environ.get("PIPELINES_UI_TOKEN") or None)
+        app = dev_app(load(args.app), db=args.db, workers=args.workers)
+        if args.db is None and getattr(app.storage, "path", None) == os.path.abspath(DEFAULT_DB):
+            os.makedirs(os.path.dirname(DEFAULT_DB), exist_ok=True)
+        _serve(app, args, out)
+        return 0
+
+    def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
+        app = load(args.app)
+        migrate = getattr(app.storage, "migrate", None)
+        if not callable(migrate):
+            raise ConfigurationError(f"{type(app.storage).__name__} keeps no schema version: nothing to migrate "
+                                     "(pipelines migrate upgrades an SQLite file)")
+        before, after = migrate()
+        where = getattr(app.storage, "path", "")
+        if before == after:
+            print(f"{where}: schema already at version {after}; nothing to do", file=out)
+        else:
+            print(f"{where}: schema upgraded from version {before} to {after}", file=out)
+        return 0
+
+    p = add("dev", cmd_dev, "run the app in one process on an SQLite file: local workers, the sweep and the web page")
+    p.add_argument("--db", help="the SQLite file (default: the app's own, else .phaserunner/dev.db)")
+    p.add_argument("--workers", type=count, default=4, help="worker threads (default: 4)")
+    p.add_argument("--host", default="127.0.0.1", help="address of the web page (default: 127.0.0.1)")
+    p.add_argument("--port", type=port, default=8008, help="port of the web page, 1-65535 (default: 8008)")
+    p.add_argument("--token", help="require this token to log in (default: $PIPELINES_UI_TOKEN)")
+    add("migrate", cmd_migrate, "upgrade the schema of the app's SQLite file to this version (stop workers first)")

@@ -1,0 +1,99 @@
+"""``pipelines dev``: one process runs an app's runs on an SQLite file (workers, sweep, web page); ``pipelines
+migrate`` upgrades that file's schema."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from adapters.local import LocalScheduler
+from adapters.sqlite import SQLiteStorage, schema
+from pipelines import JobStatus
+from pipelines.cli import main
+from pipelines.dev import dev_app
+from pipelines.engine.errors import ConfigurationError
+from tests.apps import dev_app as dev_module
+from tests.apps import sqlite_app
+from tests.redis_server import die_with_parent, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_twin_runs_the_same_agents_and_pipelines_on_sqlite(tmp_path: Path) -> None:
+    twin = dev_app(dev_module.app, db=str(tmp_path / "t.db"), workers=2)
+    assert isinstance(twin.storage, SQLiteStorage) and twin.storage.path == str(tmp_path / "t.db")
+    assert isinstance(twin.scheduler, LocalScheduler) and twin.scheduler.workers == 2
+    assert twin.names == ["etl", "w1"] and twin.agents["w1"] is dev_module.app.agents["w1"]
+    assert dev_app(twin) is twin  # already on SQLite with local workers: served as it is
+    with pytest.raises(ConfigurationError, match="already keeps its runs in"):
+        dev_app(twin, db=str(tmp_path / "other.db"))
+
+
+def test_pipelines_dev_serves_runs_left_on_the_file_and_the_web_page(tmp_path: Path) -> None:
+    db = tmp_path / "dev.db"
+    starter = dev_app(dev_module.app, db=str(db), workers=0)  # another process started these runs
+    ids = [f"d{n}" for n in range(3)]
+    for job_id in ids:
+        starter.run_agent("w1", job_id=job_id, user="go")
+    web_port = free_port()
+    out = tmp_path / "dev.out"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines", "dev", "--app", "tests.apps.dev_app:app",
+                                 "--db", str(db), "--workers", "2", "--port", str(web_port)], cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(
+                (r := starter.storage.get_job(j)) is None or r.status is not JobStatus.COMPLETE for j in ids):
+            assert proc.poll() is None, out.read_text()
+            time.sleep(0.1)
+        assert all(starter.storage.get_job(j).status is JobStatus.COMPLETE for j in ids), out.read_text()  # type: ignore[union-attr]
+        page = ""
+        while time.monotonic() < deadline and "d0" not in page:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/", timeout=5) as response:
+                    page = response.read().decode()
+            except OSError:
+                time.sleep(0.1)
+        assert all(j in page for j in ids)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    text = out.read_text()
+    assert f"runs      {db}" in text and "agents    w1" in text and "pipelines etl" in text
+    assert f"web page  http://127.0.0.1:{web_port}/" in text and "3 unfinished: picked up where they stopped" in text
+    assert [(m["role"], m.get("content")) for m in starter.storage.messages("d0")] == sqlite_app.expected()
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_pipelines_migrate_upgrades_the_file_or_says_there_is_nothing_to_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.db"
+    monkeypatch.setenv("PIPELINES_SQLITE_PATH", str(path))
+    monkeypatch.setattr(sqlite_app, "app", sqlite_app.build(), raising=False)
+    sqlite_app.app.storage.get_job("x")  # type: ignore[attr-defined]  # the file, at this version
+    assert run_cli("migrate", "--app", "tests.apps.sqlite_app:app")[:2] == (
+        0, f"{path}: schema already at version {schema.SCHEMA_VERSION}; nothing to do\n")
+    monkeypatch.setitem(schema.MIGRATIONS, 2, ["CREATE INDEX jobs_pipeline ON jobs (status)"])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    with pytest.raises(ConfigurationError, match="pipelines migrate"):
+        SQLiteStorage(str(path)).get_job("x")  # a new connection refuses the older file
+    with pytest.raises(ConfigurationError, match=r"version 1 now, and this phaserunner writes version 2 .* nothing"):
+        sqlite_app.app.storage.request_control("x", "pause")  # type: ignore[attr-defined]  # so does a write
+    assert run_cli("migrate", "--app", "tests.apps.sqlite_app:app")[:2] == (
+        0, f"{path}: schema upgraded from version 1 to 2\n")
+    sqlite_app.app.storage.request_control("x", "pause")  # type: ignore[attr-defined]  # at the version again
+    code, _, err = run_cli("migrate", "--app", "tests.apps.dev_app:app")
+    assert code == 1 and "MemoryStorage keeps no schema version" in err
