@@ -91,6 +91,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _redis_binary(item.session)
 
 
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down (they stop their own servers)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Still before the summary is printed: a process a test left running (a worker retrying a redis-server that
+    # is gone) must not write after it. Killed, and named, so the leak is still seen.
+    from tests.leftovers import end_leftovers
+
+    left = end_leftovers()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if left and reporter is not None:
+        reporter.write("\n")  # after the progress dots
+        reporter.write_line(f"killed {len(left)} process(es) tests left running: {'; '.join(left)}", yellow=True)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     skipped = [r for r in terminalreporter.stats.get("skipped", [])
                if isinstance(r.longrepr, tuple)
