@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from pipelines.engine.errors import InvalidInputError
@@ -82,6 +83,8 @@ __all__ = [
     "FlowCapable",
     "Backlog",
     "BacklogProbe",
+    "FEATURE_PROTOCOLS",
+    "Feature",
     "FlowStore",
     "HistoryStore",
     "INBOX_OPEN",
@@ -91,6 +94,10 @@ __all__ = [
     "JobStore",
     "LeaseStore",
     "LiveStore",
+    "NamedQueues",
+    "ReadStore",
+    "RetentionStore",
+    "RunStore",
     "Scheduler",
     "StepPublisher",
     "Storage",
@@ -306,8 +313,47 @@ class StepPublisher(Protocol):
 
 
 @runtime_checkable
-class Storage(JobStore, LeaseStore, HistoryStore, LiveStore, InboxStore, JobIndex, Protocol):
-    """Where jobs, transcripts, logs, journals and leases live: the six small ports together."""
+class RunStore(JobStore, LeaseStore, InboxStore, Protocol):
+    """What the engine needs to run a job: load, lease, journal, commit, the inbox, and publishing live parts.
+
+    (``publish`` is declared on :class:`LiveStore`; a turn's live parts go through
+    :mod:`pipelines.engine.writer`.)
+    """
+
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        """Append ephemeral parts (``text_delta``, ``attempt_started``); nothing for an unknown job."""
+        ...
+
+
+@runtime_checkable
+class ReadStore(HistoryStore, JobIndex, Protocol):
+    """What readers need (the App's read model, the web page, the CLI): transcripts, logs, events with their
+    cursors, the live stream, listings."""
+
+    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                  block: float | None = None) -> list[Event]:
+        """Parts after the cursor ``after``, each with its ``id``; waits up to ``block`` seconds for one."""
+        ...
+
+
+@runtime_checkable
+class Storage(RunStore, ReadStore, LiveStore, Protocol):
+    """Where jobs, transcripts, logs, journals and leases live: the engine's port and the readers' together."""
+
+
+class Feature(StrEnum):
+    """An optional capability of an adapter, declared once by its class in ``features`` (see
+    :func:`pipelines.engine.capabilities.has`); each stands for the protocol in :data:`FEATURE_PROTOCOLS`."""
+
+    STEP_AND_PUBLISH = "step_and_publish"  # StepPublisher: journal a step and publish its parts in one write
+    ASYNC_LIVE = "async_live"  # AsyncLiveStore: a follower's wait holds no thread
+    COUNTS = "counts"  # CountingIndex: counts from the listing indexes, and reindex
+    RETENTION = "retention"  # RetentionStore: a delete fenced on the version, and the finished index
+    FLOW = "flow"  # FlowCapable: shared rate limits and concurrency slots in the storage
+    BACKLOG = "backlog"  # Backlog: whether work of a priority waits in the queue
+    BACKLOG_PROBE = "backlog_probe"  # BacklogProbe: ask that question without waiting for the answer
+    IN_PROCESS = "in_process"  # InProcessScheduler: runs advances in this process (attach, drain)
+    NAMED_QUEUES = "named_queues"  # NamedQueues: says which queue a run waits on
 
 
 @runtime_checkable
@@ -430,6 +476,44 @@ class FlowStore(Protocol):
     def release_slot(self, key: str, member: str) -> None:
         """Give ``member``'s slot of ``key`` back (a no-op if it holds none)."""
         ...
+
+
+@runtime_checkable
+class NamedQueues(Protocol):
+    """A queue scheduler that names the queue a run of each priority waits on (for people: hints, health)."""
+
+    def queue_for(self, priority: str | None = None) -> str:
+        """The name of the queue advances of ``priority`` (default: the highest) are sent to."""
+        ...
+
+
+@runtime_checkable
+class RetentionStore(Protocol):
+    """What retention needs beyond the port (memory and Redis have it): a delete fenced on the version, and the
+    index of finished jobs."""
+
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
+        """Delete the job and everything it stored if it is at ``if_version`` (``StaleVersionError`` if not)."""
+        ...
+
+    def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
+        """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
+        ...
+
+
+FEATURE_PROTOCOLS: dict[Feature, type] = {
+    Feature.STEP_AND_PUBLISH: StepPublisher,
+    Feature.ASYNC_LIVE: AsyncLiveStore,
+    Feature.COUNTS: CountingIndex,
+    Feature.RETENTION: RetentionStore,
+    Feature.FLOW: FlowCapable,
+    Feature.BACKLOG: Backlog,
+    Feature.BACKLOG_PROBE: BacklogProbe,
+    Feature.IN_PROCESS: InProcessScheduler,
+    Feature.NAMED_QUEUES: NamedQueues,
+}
+"""The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
+contract suites check both ways)."""
 
 
 # --- listing cursors ----------------------------------------------------------------------------

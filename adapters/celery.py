@@ -53,10 +53,11 @@ import importlib
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from kombu.exceptions import OperationalError
 
+from adapters.base import Feature
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
 
@@ -196,6 +197,9 @@ class CeleryScheduler:
     broker clocks differ a little).
     """
 
+    # No backlog question: Celery brokers differ.
+    features: ClassVar[frozenset[Feature]] = frozenset({Feature.NAMED_QUEUES})
+
     def __init__(self, celery_app: Celery, *, queue: str = "pipelines", app: str | None = None,
                  namespace: str = DEFAULT_NAMESPACE, precision: float = 0.5) -> None:
         check_json_only(celery_app)
@@ -223,6 +227,10 @@ class CeleryScheduler:
         return cls(celery_app, queue=queue, app=app, namespace=prefix, precision=precision)
 
     # --- Scheduler -----------------------------------------------------------
+    def queue_for(self, priority: str | None = None) -> str:
+        """The Celery queue every advance goes to (one queue: Celery has no priorities here)."""
+        return self.queue
+
     def now(self) -> float:
         return time.time()
 

@@ -17,11 +17,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from adapters.base import INBOX_OPEN, parse_cursor
+from adapters.base import INBOX_OPEN, Feature, parse_cursor
 from adapters.live_wakeup import LoopWakeups
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -122,6 +122,11 @@ class MemoryStorage:
     ``clock`` times leases (default: ``time.monotonic``); pass a
     :class:`VirtualClock` to expire leases in a test without sleeping.
     """
+
+    #: What it can do beyond the port, declared once (checked by pipelines.engine.capabilities; the contract
+    #: suite checks the declaration against the methods).
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
@@ -534,6 +539,8 @@ class MemoryScheduler:
     ``drain()`` runs every scheduled advance in due order, moving the clock
     forward instead of sleeping; ``run_next()`` runs exactly one.
     """
+
+    features: ClassVar[frozenset[Feature]] = frozenset({Feature.BACKLOG, Feature.IN_PROCESS})
 
     def __init__(self, *, clock: VirtualClock | None = None) -> None:
         self.clock = clock or VirtualClock()

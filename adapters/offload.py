@@ -27,6 +27,7 @@ from typing import Any
 from adapters.base import Storage
 from pipelines.engine import writer
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
+from pipelines.engine.capabilities import features_of
 from pipelines.engine.errors import ConfigurationError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
@@ -61,6 +62,8 @@ class OffloadingStorage:
         if not isinstance(storage, Storage):
             raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
         self.inner = storage
+        #: The wrapped storage's features: what this wrapper does not define itself it passes through.
+        self.features = features_of(storage)
         self.blobs = blobs
         self.offloader = Offloader(blobs, threshold=threshold, max_blob_bytes=max_blob_bytes)
 

@@ -38,7 +38,7 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit
 
 import redis
@@ -47,6 +47,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from adapters import redis_archive, redis_scripts
+from adapters.base import Feature
 from adapters.redis_common import (
     _FAILOVER_ERRORS,
     _FINISHED,
@@ -165,6 +166,11 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
     ``failover_timeout``: on a Cluster, how long a write is retried while a
     replica takes over its slot.
     """
+
+    #: What it can do beyond the port, declared once (checked by pipelines.engine.capabilities; the contract
+    #: suite checks the declaration against the methods).
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW})
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,

@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import redis
 from rq import Queue
@@ -57,6 +57,7 @@ from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
+from adapters.base import Feature
 from adapters.redis import DEFAULT_PREFIX, check_prefix
 from adapters.redis_pending import SideConnections
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
@@ -184,6 +185,8 @@ class RQScheduler:
     would silently vanish.
     """
 
+    features: ClassVar[frozenset[Feature]] = frozenset({Feature.BACKLOG, Feature.BACKLOG_PROBE, Feature.NAMED_QUEUES})
+
     def __init__(
         self,
         connection: redis.Redis,
@@ -266,6 +269,10 @@ class RQScheduler:
         if queue is None:
             raise InvalidInputError(f"priority must be one of {', '.join(self.queues)}, got {priority!r}")
         return queue
+
+    def queue_for(self, priority: str | None = None) -> str:
+        """The name of the queue advances of ``priority`` (default: ``interactive``) go to."""
+        return str(self._queue_for(priority).name)
 
     @property
     def queue_names(self) -> list[str]:

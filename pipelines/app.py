@@ -22,13 +22,22 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from adapters.base import FlowCapable, InProcessScheduler, Scheduler, Storage
+from adapters.base import (
+    CountingIndex,
+    FlowCapable,
+    InProcessScheduler,
+    NamedQueues,
+    RetentionStore,
+    Scheduler,
+    Storage,
+)
 from phases import approvals, titles
 from phases.callbacks import CALLBACKS, check_callbacks
 from phases.run_input import check_tags
 from pipelines import streams
 from pipelines.agent import Agent
 from pipelines.engine import children, control, flow, inbox, transitions, versions, writer
+from pipelines.engine.capabilities import Feature, as_feature, has
 from pipelines.engine.env import RunEnv
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -158,9 +167,10 @@ class App:
             self.add_pipeline(name, phases)
         for agent in agents:
             self.add_agent(agent)
-        if isinstance(scheduler, InProcessScheduler):
+        in_process = as_feature(scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
+        if in_process is not None:
             # Attached once, here: nothing re-binds it per call.
-            scheduler.attach(self.advance)
+            in_process.attach(self.advance)
         _attached[scheduler] = weakref.ref(self)
 
     @classmethod
@@ -270,7 +280,7 @@ class App:
         if all_tags:  # no tags, no key: an untagged run's options stay as the caller gave them
             options["tags"] = all_tags
         run_callbacks = check_callbacks({k: options.pop(k) for k in CALLBACKS if k in options})
-        if run_callbacks and not isinstance(self.scheduler, InProcessScheduler):
+        if run_callbacks and not has(self.scheduler, Feature.IN_PROCESS):
             raise ConfigurationError(
                 f"per-run callbacks ({', '.join(run_callbacks)}) are Python callables that cannot reach the workers "
                 f"of {type(self.scheduler).__name__}; set them on the Agent instead (it is rebuilt on every worker)")
@@ -358,6 +368,28 @@ class App:
         records = self.storage.list_jobs(status=status, limit=limit)
         picked = [r for r in records if set(wanted) <= set(tags_of(r))]
         return [self.view(r) for r in sorted(picked, key=lambda r: (r.created_at, r.job_id))]
+
+    def queue_of(self, priority: str | None = None) -> str | None:
+        """The queue a run of ``priority`` waits on, as its scheduler names it; ``None`` for an in-process one."""
+        queues = as_feature(self.scheduler, Feature.NAMED_QUEUES, NamedQueues)  # type: ignore[type-abstract]
+        return None if queues is None else queues.queue_for(priority)
+
+    @property
+    def has_listing_index(self) -> bool:
+        """Whether the storage keeps listing indexes: counts without reading records, pages by cursor."""
+        return has(self.storage, Feature.COUNTS)
+
+    def count_jobs(self, status: JobStatus | None = None) -> int | None:
+        """How many jobs there are (in ``status``), from the listing index; ``None`` when the storage has none."""
+        counter = as_feature(self.storage, Feature.COUNTS, CountingIndex)  # type: ignore[type-abstract]
+        return None if counter is None else counter.count_jobs(status=status)
+
+    def reindex(self) -> int:
+        """Put jobs stored before the listing indexes existed into them (safe while workers run); how many."""
+        counter = as_feature(self.storage, Feature.COUNTS, CountingIndex)  # type: ignore[type-abstract]
+        if counter is None:
+            raise ConfigurationError(f"{type(self.storage).__name__} has no listing index to rebuild")
+        return counter.reindex()
 
     # --- forks ---------------------------------------------------------------------------------
     def fork(self, job_id: str, *, at_turn: int, new_job_id: str, run: bool = False,
@@ -468,10 +500,10 @@ class App:
         return removed
 
     def _finished_before(self, before: float, *, scan: bool, limit: int) -> list[str]:
-        store = self.storage
-        ids = store.finished_jobs(before, limit=limit) if isinstance(store, RetentionStore) else []
-        if scan or not isinstance(store, RetentionStore):
-            found = [r.job_id for r in store.list_jobs(limit=1_000_000)
+        indexed = as_feature(self.storage, Feature.RETENTION, RetentionStore)  # type: ignore[type-abstract]
+        ids = indexed.finished_jobs(before, limit=limit) if indexed is not None else []
+        if scan or indexed is None:
+            found = [r.job_id for r in self.storage.list_jobs(limit=1_000_000)
                      if r.status in transitions.FINISHED and r.updated_at <= before]
             ids = list(dict.fromkeys([*ids, *found]))
         return ids[: max(0, limit)]
@@ -597,25 +629,17 @@ class App:
 
     def drain(self, *, max_advances: int = 1_000_000) -> int:
         """Run every scheduled advance now (an in-process scheduler only); returns how many ran."""
-        if not isinstance(self.scheduler, InProcessScheduler):
+        in_process = as_feature(self.scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
+        if in_process is None:
             raise ConfigurationError(f"drain() needs an in-process scheduler such as MemoryScheduler; this app's "
                                      f"is {type(self.scheduler).__name__}: its workers advance the jobs")
-        return self.scheduler.drain(max_advances=max_advances)
+        return in_process.drain(max_advances=max_advances)
 
     def run_in_process(self) -> None:
         """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers."""
-        if isinstance(self.scheduler, InProcessScheduler):
-            self.scheduler.drain()
-
-
-@runtime_checkable
-class RetentionStore(Protocol):
-    """What retention needs of a storage beyond the port (memory and Redis have it): a delete fenced on the
-    version, and the index of finished jobs."""
-
-    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool: ...
-
-    def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]: ...
+        in_process = as_feature(self.scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
+        if in_process is not None:
+            in_process.drain()
 
 
 def _flow_control(storage: Storage, scheduler: Scheduler, rate_limits: Sequence[flow.RateLimit],
@@ -624,7 +648,8 @@ def _flow_control(storage: Storage, scheduler: Scheduler, rate_limits: Sequence[
     if isinstance(rate_limits, flow.RateLimit) or not isinstance(rate_limits, Sequence):
         raise InvalidInputError(f"rate_limits must be a list of RateLimit, got {type(rate_limits).__name__}")
     if store is None and (rate_limits or concurrency):
-        store = storage.flow_store() if isinstance(storage, FlowCapable) else None
+        capable = as_feature(storage, Feature.FLOW, FlowCapable)  # type: ignore[type-abstract]
+        store = capable.flow_store() if capable is not None else None
     # A slot outlives a lease by a little, so a worker that holds its lease keeps its slot too.
     return flow.FlowControl(store, rate_limits=rate_limits, concurrency=concurrency,
                             slot_seconds=lease_seconds * 1.5, clock=scheduler.now)

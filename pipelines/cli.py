@@ -57,7 +57,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from adapters.base import CountingIndex, page_cursor, parse_cursor
+from adapters.base import page_cursor, parse_cursor
 from pipelines import cli_actions, cli_agent, cli_dev, health
 from pipelines.app import App, tags_of
 from pipelines.cli_args import count, non_negative, port, printable
@@ -345,7 +345,7 @@ def _listing(app: App, status: JobStatus | None, args: argparse.Namespace) -> li
         wanted = set(args.tag or ())
         page = app.storage.list_jobs(status=status, limit=args.limit, before=before)
         records = sorted((r for r in page if wanted <= set(tags_of(r))), key=lambda r: (r.created_at, r.job_id))
-    if records and len(records) >= args.limit and isinstance(app.storage, CountingIndex):
+    if records and len(records) >= args.limit and app.has_listing_index:
         last = min(records, key=lambda r: (r.updated_at, r.job_id))  # the listing's last: where the next goes on
         print(f"more: pipelines jobs --before {page_cursor(last)}", file=getattr(args, "err", None) or sys.stderr)
     return records
@@ -353,22 +353,19 @@ def _listing(app: App, status: JobStatus | None, args: argparse.Namespace) -> li
 
 def _print_counts(app: App, status: JobStatus | None, out: TextIO) -> int:
     """Jobs per status, from the storage's listing index (no record is read)."""
-    store = app.storage
-    if not isinstance(store, CountingIndex):
-        raise ConfigurationError(f"{type(store).__name__} cannot count jobs (no listing index); use `pipelines jobs`")
+    if not app.has_listing_index:
+        raise ConfigurationError(f"{type(app.storage).__name__} cannot count jobs (no listing index); "
+                                 "use `pipelines jobs`")
     for s in [status] if status else list(JobStatus):
-        print(f"{s.value}\t{store.count_jobs(status=s)}", file=out)
+        print(f"{s.value}\t{app.count_jobs(status=s)}", file=out)
     if status is None:
-        print(f"all\t{store.count_jobs()}", file=out)
+        print(f"all\t{app.count_jobs()}", file=out)
     return 0
 
 
 def cmd_reindex(args: argparse.Namespace, out: TextIO) -> int:
     """Put jobs stored before the listing indexes existed into them (safe while workers run)."""
-    store = _load(args.app).storage
-    if not isinstance(store, CountingIndex):
-        raise ConfigurationError(f"{type(store).__name__} has no listing index to rebuild")
-    print(f"indexed {store.reindex()} jobs", file=out)
+    print(f"indexed {_load(args.app).reindex()} jobs", file=out)
     return 0
 
 

@@ -87,11 +87,7 @@ def _run(app: App, args: argparse.Namespace, out: TextIO) -> int:
 
 def _queue_of(app: App) -> str:
     """The queue a new run's first turn waits on (its interactive queue), as the scheduler names it."""
-    names = getattr(app.scheduler, "queue_names", None)  # RQ: interactive first
-    if isinstance(names, list) and names:
-        return str(names[0])
-    queue = getattr(app.scheduler, "queue", None)  # Celery
-    return queue if isinstance(queue, str) else type(app.scheduler).__name__
+    return app.queue_of() or type(app.scheduler).__name__
 
 
 def _watch_for_a_worker(app: App, job_id: str, args: argparse.Namespace) -> threading.Event:
@@ -115,7 +111,7 @@ def _watch_for_a_worker(app: App, job_id: str, args: argparse.Namespace) -> thre
             return
         queue = _queue_of(app)
         path = args.app or os.environ.get("PIPELINES_APP")
-        start = (f"`pipelines worker --app {path}`" if hasattr(app.scheduler, "queue_names") and path
+        start = (f"`pipelines worker --app {path}`" if path and type(app.scheduler).__name__ == "RQScheduler"
                  else f"a worker of this app listening on {queue!r}")
         print(f"waiting: no worker has taken job {job_id!r} after {NO_WORKER_SECONDS:g}s; it waits on queue "
               f"{queue!r}: start {start}", file=err, flush=True)

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from adapters.base import AsyncLiveStore, Storage
-from pipelines.engine.capabilities import declares
+from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.control import load_job
 from pipelines.engine.events import check_cursor
 from pipelines.engine.models import Event, JobStatus
@@ -135,8 +135,8 @@ def afollow(storage: Storage, job_id: str, *, after: str | None = None, follow: 
     blocking read runs in a thread, and closing stops the reads after at most
     that one read.
     """
-    reader: object = storage  # narrowed by the check below, while storage stays a Storage
-    if declares(reader, AsyncLiveStore, "aread_live"):  # type: ignore[type-abstract]
+    reader = as_feature(storage, Feature.ASYNC_LIVE, AsyncLiveStore)  # type: ignore[type-abstract]
+    if reader is not None:
         return _awaited(storage, reader, job_id, after, follow, timeout)
     return _threaded(storage, job_id, after, follow, timeout)
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions, writer
 from pipelines.engine._aio import resolve
-from pipelines.engine.capabilities import declares
+from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.contain import contained, describe
 from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import (
@@ -301,12 +301,14 @@ class _Turn:
         """
         if self.deadline is None or time.monotonic() >= self.deadline:
             return _NEVER
-        if not declares(self.scheduler, Backlog, "work_waiting"):  # type: ignore[type-abstract]
+        backlog = as_feature(self.scheduler, Feature.BACKLOG, Backlog)  # type: ignore[type-abstract]
+        if backlog is None:
             return _ALWAYS
         try:
-            if declares(self.scheduler, BacklogProbe, "probe_work_waiting"):  # type: ignore[type-abstract]
-                return _Keep(self.scheduler.probe_work_waiting())
-            return _NEVER if self.scheduler.work_waiting() else _ALWAYS
+            probe = as_feature(self.scheduler, Feature.BACKLOG_PROBE, BacklogProbe)  # type: ignore[type-abstract]
+            if probe is not None:
+                return _Keep(probe.probe_work_waiting())
+            return _NEVER if backlog.work_waiting() else _ALWAYS
         except PipelineError:
             return _NEVER  # cannot tell: the fair choice is to go back to the queue
 

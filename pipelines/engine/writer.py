@@ -23,10 +23,10 @@ the write that makes them true (see the storage ports in :mod:`adapters.base`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
-from adapters.base import StepPublisher
-from pipelines.engine.capabilities import declares
+from adapters.base import RetentionStore, StepPublisher
+from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.events import publish as publish_events
 from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus, Usage
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from pipelines.engine.models import Event, JSONValue, Message
 
 __all__ = [
-    "FencedDelete",
     "add_dropped_usage",
     "apply",
     "delete",
@@ -105,8 +104,8 @@ def record_step(storage: Storage, job_id: str, *, version: int, owner: str | Non
     (a :class:`~adapters.base.StepPublisher`), else ``record_step`` then ``publish``."""
     if not parts:
         storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
-    elif declares(storage, StepPublisher, "record_step_and_publish"):  # type: ignore[type-abstract]
-        storage.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
+    elif (both := as_feature(storage, Feature.STEP_AND_PUBLISH, StepPublisher)) is not None:  # type: ignore[type-abstract]
+        both.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
     else:
         storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
         storage.publish(job_id, parts)
@@ -132,21 +131,13 @@ def send(storage: Storage, job_id: str, messages: Sequence[Message]) -> int | No
     return storage.send(job_id, messages)
 
 
-@runtime_checkable
-class FencedDelete(Protocol):
-    """A storage whose delete is fenced on the version read (memory and Redis): the delete lands only if the
-    job did not move on."""
-
-    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool: ...
-
-
 def delete(storage: Storage, record: JobRecord) -> bool:
     """Delete ``record``'s job and everything it stored, if it is still at ``record.version``.
 
     Raises :class:`~pipelines.engine.errors.StaleVersionError` when it moved
     on meanwhile (a storage without the fenced delete is checked, not atomic).
     """
-    store: Any = storage
-    if not isinstance(store, FencedDelete):
-        return bool(store.delete_job(record.job_id))
-    return store.delete_job(record.job_id, if_version=record.version)
+    fenced = as_feature(storage, Feature.RETENTION, RetentionStore)  # type: ignore[type-abstract]
+    if fenced is None:
+        return bool(storage.delete_job(record.job_id))
+    return fenced.delete_job(record.job_id, if_version=record.version)

@@ -40,7 +40,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from adapters.base import CountingIndex, page_cursor, parse_cursor
+from adapters.base import page_cursor, parse_cursor
 from phases import journal
 from pipelines.app import App, tags_of
 from pipelines.engine.errors import (
@@ -279,7 +279,7 @@ def _jobs_page(ui: _UI, request: Request) -> Response:
     link = functools.partial(_page_link, {k: v for k, v in args.items() if v})
     template = "jobs_rows.html" if partial else "jobs.html"
     # "next" carries the last row's cursor: the next page is read from the index, not counted from the top.
-    after = {"before": page_cursor(rows[-1])} if rows and not name and isinstance(ui.app.storage, CountingIndex) else {}
+    after = {"before": page_cursor(rows[-1])} if rows and not name and ui.app.has_listing_index else {}
     return ui.render(request, template, rows=[_row(r) for r in rows], counts=counts, capped=capped, page=page,
                      prev=link(page - 1) if page > 1 else None, next=link(page + 1, after) if more else None,
                      statuses=[s.value for s in JobStatus], names=ui.app.names, status=args["status"], name=name, q=q)
@@ -314,9 +314,8 @@ def _page(app: App, status: JobStatus | None, name: str, page: int,
 
 
 def _counts(app: App) -> tuple[dict[str, int], bool]:
-    counter = getattr(app.storage, "count_jobs", None)
-    if callable(counter):  # a storage with a status index answers without reading records
-        return {s.value: int(counter(status=s)) for s in JobStatus}, False
+    if app.has_listing_index:  # a storage with a status index answers without reading records
+        return {s.value: int(app.count_jobs(status=s) or 0) for s in JobStatus}, False
     records = app.storage.list_jobs(limit=COUNT_LIMIT)
     counts = {s.value: 0 for s in JobStatus}
     for r in records:
