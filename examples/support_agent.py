@@ -1,10 +1,13 @@
 """A customer-support agent: looks up orders and policies, then answers.
 
-Offline (the default, what `make demo` runs): memory adapters and a scripted
-model, no keys, no network. With a real model, unchanged otherwise:
+Offline (the default, what `make demo` runs): a scripted model, no keys, no network, and the run kept in
+an SQLite file (`.phaserunner/demo.db`) worked by local worker threads. Stop it mid-run (Ctrl-C, or
+`kill -9`) and start it again: it resumes the same job where it stopped, and says so. With a real model,
+unchanged otherwise:
 
     python examples/support_agent.py --model openai/gpt-4o-mini      # needs OPENAI_API_KEY
     python examples/support_agent.py --model ollama/llama3.1 --api-base http://127.0.0.1:11434
+    python examples/support_agent.py --memory                         # memory adapters, nothing on disk
 
 The same `build_agent()` serves a Redis/RQ deployment (see examples/production/).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +25,10 @@ from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from adapters.local import LocalScheduler
 from adapters.memory import MemoryScheduler, MemoryStorage
-from pipelines import Agent, App, ToolContext, tool
+from adapters.sqlite import SQLiteStorage
+from pipelines import Agent, App, JobStatus, ToolContext, tool
 from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 
@@ -76,10 +82,14 @@ class SupportAnswer(BaseModel):
     reply: str
 
 
-def scripted_support_model() -> ScriptedModel:
-    """What a good model would do here, decided from the transcript so every job gets its own answers."""
+def scripted_support_model(pace: float = 0.0) -> ScriptedModel:
+    """What a good model would do here, decided from the transcript so every job gets its own answers.
+
+    ``pace``: seconds each answer takes, as a real model's would (the demo's, so a turn can be interrupted).
+    """
 
     def next_turn(messages: list[Message]) -> Any:
+        time.sleep(pace)
         results = [m for m in messages if m.get("role") == "tool"]
         last = messages[-1]
         if last.get("role") == "user" and str(last.get("content", "")).startswith("Now reply with only a JSON"):
@@ -106,10 +116,11 @@ def scripted_support_model() -> ScriptedModel:
     return ScriptedModel(next_turn)
 
 
-def build_agent(model: Any = None, model_params: dict[str, Any] | None = None, *, refunds: bool = True) -> Agent:
+def build_agent(model: Any = None, model_params: dict[str, Any] | None = None, *, refunds: bool = True,
+                pace: float = 0.0) -> Agent:
     """The agent, described once: used by the demo, the tests and the production worker."""
     tools = [lookup_order, get_policy, *([issue_refund] if refunds else [])]
-    return Agent(name="support", model=model or scripted_support_model(), tools=tools, system=SYSTEM,
+    return Agent(name="support", model=model or scripted_support_model(pace), tools=tools, system=SYSTEM,
                  max_turns=8, model_params=model_params, output_schema=SupportAnswer if refunds else None)
 
 
@@ -125,44 +136,104 @@ def print_transcript(messages: list[Message]) -> None:
             print(f"  {role} calls {c['function']['name']}({c['function']['arguments']})")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a litellm model id; default: the offline scripted model")
     parser.add_argument("--api-base", help="an OpenAI-compatible endpoint for --model")
     parser.add_argument("--question", default="Hi! Where is my order A-1001? It arrived damaged, please refund it.")
-    args = parser.parse_args(argv)
+    parser.add_argument("--db", default=".phaserunner/demo.db", help="the SQLite file (default: %(default)s)")
+    parser.add_argument("--memory", action="store_true", help="memory adapters instead: nothing kept on disk")
+    parser.add_argument("--pace", type=float, default=0.5,
+                        help="seconds the scripted model takes per answer, to leave time for a Ctrl-C (default: 0.5)")
+    return parser
 
-    params = {"api_base": args.api_base} if args.api_base else None
-    storage, scheduler = MemoryStorage(), MemoryScheduler()
-    app = App(storage=storage, scheduler=scheduler, agents=[build_agent(args.model, params)])
-    run = app.run_agent("support", job_id="support-1", messages=[args.question])
 
-    print(f"job {run.job_id} enqueued ({scheduler.pending()} advance pending); running turns:\n")
-    shown = 0
-    turn = 0
-    while True:
-        while scheduler.run_next():  # one turn per advance; `app.drain()` does the same in one call
-            messages = app.messages(run.job_id)
-            if len(messages) > shown:  # (an advance that stopped to wait for a person committed no messages)
-                turn += 1
-                print(f"turn {turn}:")
-                print_transcript(messages[shown:] if shown else messages)
-                shown = len(messages)
-        view = run.get()
+def _start_or_resume(app: App, question: str) -> str:
+    """The unfinished support job left by a stopped run (said so), else a new one; its id."""
+    unfinished = [v for v in app.jobs() if v.record.pipeline == "support" and not v.finished]
+    if unfinished:
+        view = unfinished[-1]
+        print(f"resuming job {view.job_id} where it stopped: {len(app.messages(view.job_id))} messages committed "
+              f"before the stop, status {view.status.value} (a stopped or killed run loses nothing it committed)\n")
+        return view.job_id
+    job_id = f"support-{len(app.jobs()) + 1}"
+    app.run_agent("support", job_id=job_id, messages=[question])
+    print(f"job {job_id} started; running turns:\n")
+    return job_id
+
+
+class _Printer:
+    """Prints each committed turn's new messages, and approves what waits for a person (the demo's person)."""
+
+    def __init__(self, app: App, job_id: str) -> None:
+        self.app, self.job_id, self.shown = app, job_id, 0
+
+    def step(self) -> bool:
+        """Show what was committed since the last call; ``True`` once the job finished."""
+        view = self.app.get(self.job_id)
         assert view is not None
-        if not view.pending_calls:
-            break
+        messages = self.app.messages(self.job_id)
+        if len(messages) > self.shown:  # (an advance that stopped to wait for a person committed no messages)
+            print("so far:" if not self.shown else f"turn {view.record.phases_done}:", flush=True)
+            print_transcript(messages[self.shown:])
+            self.shown = len(messages)
         for p in view.pending_calls:  # in production a person does this: `pipelines approve JOB CALL`
-            print(f"\n  waiting for a person: {p['tool']}({p['arguments']}) -> approved\n")
-            app.approve(run.job_id, p["call_id"])
-    job = run.wait()
+            print(f"\n  waiting for a person: {p['tool']}({p['arguments']}) -> approved\n", flush=True)
+            self.app.approve(self.job_id, p["call_id"])
+        return view.finished
+
+
+_TURN_ENDS = {"turn_committed", "approval_requested", "job_waiting", "job_finished", "job_failed", "job_cancelled"}
+
+
+def _follow_live(app: App, job_id: str) -> None:
+    """Wait on the job's live stream (woken by each commit) and print every turn as it commits."""
+    printer = _Printer(app, job_id)
+    cursor = None
+    while not printer.step():
+        for part in app.stream(job_id, after=cursor, timeout=5):
+            cursor = part.id
+            if part.type in _TURN_ENDS:
+                break
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    params = {"api_base": args.api_base} if args.api_base else None
+    agent = build_agent(args.model, params, pace=0.0 if args.memory else args.pace)
+    if args.memory:
+        memory = MemoryScheduler()
+        app = App(storage=MemoryStorage(), scheduler=memory, agents=[agent])
+        job_id = _start_or_resume(app, args.question)
+        printer = _Printer(app, job_id)
+        while not printer.step() and (memory.pending() or app.get(job_id).pending_calls):  # type: ignore[union-attr]
+            memory.run_next()  # one turn per advance; `app.drain()` runs them all
+    else:
+        Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+        local = LocalScheduler(workers=2)
+        app = App(storage=SQLiteStorage(args.db), scheduler=local, agents=[agent])
+        print(f"runs kept in {Path(args.db).resolve()} (SQLite), turns run by {local.workers} worker threads")
+        job_id = _start_or_resume(app, args.question)
+        with local:  # the workers stop with this block; a turn in flight finishes first
+            _follow_live(app, job_id)
+    return _report(app, job_id)
+
+
+def _report(app: App, job_id: str) -> int:
+    job = app.get(job_id)
+    assert job is not None
     print(f"\nstatus: {job.status}   model calls: {job.usage.model_calls}   "
-          f"tokens: {job.usage.total_tokens}   transcript: {len(app.messages(run.job_id))} messages")
+          f"tokens: {job.usage.total_tokens}   transcript: {len(app.messages(job_id))} messages")
     if job.error:
         print(f"error: {job.error}")
     else:
         print(f"structured result: {job.result!r}")
-    return 0 if job.status == "complete" else 1
+    return 0 if job.status is JobStatus.COMPLETE else 1
+
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        print("\nstopped; run it again and the job resumes where it stopped", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -55,7 +55,11 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's process: alive
         return True
-    return True
+    try:  # a killed process its parent has not waited for yet (a zombie) is dead too
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def reap(conn: sqlite3.Connection) -> int:

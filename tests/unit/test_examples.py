@@ -12,9 +12,11 @@ from examples.support_agent import build_agent
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_make_demo_program_runs_offline_and_completes() -> None:
-    out = subprocess.run([sys.executable, "examples/support_agent.py"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "PIPELINES_BLOCK_REMOTE_MODELS": "1"})
+def test_make_demo_program_runs_offline_and_completes(tmp_path: Path) -> None:
+    # On its SQLite file, as `make demo` runs it (a kill and a restart: tests/system/test_demo_resume.py).
+    out = subprocess.run([sys.executable, "examples/support_agent.py", "--db", str(tmp_path / "demo.db"), "--pace",
+                          "0"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "PIPELINES_BLOCK_REMOTE_MODELS": "1"})
     assert out.returncode == 0, out.stderr
     assert "status: complete" in out.stdout
     assert "lookup_order" in out.stdout and "get_policy" in out.stdout
