@@ -100,6 +100,7 @@ __all__ = [
     "RunStore",
     "Scheduler",
     "StepPublisher",
+    "VersionedSchema",
     "Storage",
     "page_cursor",
     "parse_cursor",
@@ -354,6 +355,7 @@ class Feature(StrEnum):
     BACKLOG_PROBE = "backlog_probe"  # BacklogProbe: ask that question without waiting for the answer
     IN_PROCESS = "in_process"  # InProcessScheduler: runs advances in this process (attach, drain)
     NAMED_QUEUES = "named_queues"  # NamedQueues: says which queue a run waits on
+    SCHEMA = "schema"  # VersionedSchema: a file with a schema version that `pipelines migrate` upgrades
 
 
 @runtime_checkable
@@ -488,6 +490,17 @@ class NamedQueues(Protocol):
 
 
 @runtime_checkable
+class VersionedSchema(Protocol):
+    """A storage whose file keeps a schema version (SQLite): ``pipelines migrate`` upgrades it in place."""
+
+    path: str  # where the data lives (a file's absolute path)
+
+    def migrate(self) -> tuple[int, int]:
+        """Upgrade the schema to this library's version; ``(before, after)``."""
+        ...
+
+
+@runtime_checkable
 class RetentionStore(Protocol):
     """What retention needs beyond the port (memory and Redis have it): a delete fenced on the version, and the
     index of finished jobs."""
@@ -511,6 +524,7 @@ FEATURE_PROTOCOLS: dict[Feature, type] = {
     Feature.BACKLOG_PROBE: BacklogProbe,
     Feature.IN_PROCESS: InProcessScheduler,
     Feature.NAMED_QUEUES: NamedQueues,
+    Feature.SCHEMA: VersionedSchema,
 }
 """The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
 contract suites check both ways)."""

@@ -30,6 +30,7 @@ from adapters.base import (
     RetentionStore,
     Scheduler,
     Storage,
+    VersionedSchema,
 )
 from phases import approvals, titles
 from phases.callbacks import CALLBACKS, check_callbacks
@@ -373,6 +374,20 @@ class App:
         """The queue a run of ``priority`` waits on, as its scheduler names it; ``None`` for an in-process one."""
         queues = as_feature(self.scheduler, Feature.NAMED_QUEUES, NamedQueues)  # type: ignore[type-abstract]
         return None if queues is None else queues.queue_for(priority)
+
+    @property
+    def storage_path(self) -> str | None:
+        """Where a file storage (SQLite) keeps its data; ``None`` for a server or memory."""
+        schema = as_feature(self.storage, Feature.SCHEMA, VersionedSchema)  # type: ignore[type-abstract]
+        return None if schema is None else schema.path
+
+    def migrate_storage(self) -> tuple[int, int]:
+        """Upgrade the storage's schema to this version (``pipelines migrate``): ``(before, after)``."""
+        schema = as_feature(self.storage, Feature.SCHEMA, VersionedSchema)  # type: ignore[type-abstract]
+        if schema is None:
+            raise ConfigurationError(f"{type(self.storage).__name__} keeps no schema version: nothing to migrate "
+                                     "(pipelines migrate upgrades an SQLite file)")
+        return schema.migrate()
 
     @property
     def has_listing_index(self) -> bool:

@@ -57,19 +57,15 @@ def register(add: AddCommand, load: LoadApp) -> None:
 
         check_bind(args.host, args.token or os.environ.get("PIPELINES_UI_TOKEN") or None)
         app = dev_app(load(args.app), db=args.db, workers=args.workers)
-        if args.db is None and getattr(app.storage, "path", None) == os.path.abspath(DEFAULT_DB):
+        if args.db is None and app.storage_path == os.path.abspath(DEFAULT_DB):
             os.makedirs(os.path.dirname(DEFAULT_DB), exist_ok=True)
         _serve(app, args, out)
         return 0
 
     def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
         app = load(args.app)
-        migrate = getattr(app.storage, "migrate", None)
-        if not callable(migrate):
-            raise ConfigurationError(f"{type(app.storage).__name__} keeps no schema version: nothing to migrate "
-                                     "(pipelines migrate upgrades an SQLite file)")
-        before, after = migrate()
-        where = getattr(app.storage, "path", "")
+        before, after = app.migrate_storage()
+        where = app.storage_path or ""
         if before == after:
             print(f"{where}: schema already at version {after}; nothing to do", file=out)
         else:

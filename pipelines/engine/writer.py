@@ -104,8 +104,8 @@ def record_step(storage: Storage, job_id: str, *, version: int, owner: str | Non
     (a :class:`~adapters.base.StepPublisher`), else ``record_step`` then ``publish``."""
     if not parts:
         storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
-    elif (both := as_feature(storage, Feature.STEP_AND_PUBLISH, StepPublisher)) is not None:  # type: ignore[type-abstract]
-        both.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
+    elif (store := as_feature(storage, Feature.STEP_AND_PUBLISH, StepPublisher)) is not None:  # type: ignore[type-abstract]
+        store.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
     else:
         storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
         storage.publish(job_id, parts)

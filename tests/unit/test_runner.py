@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from adapters.base import Feature
 from adapters.memory import MemoryScheduler, MemoryStorage
 from pipelines import Done, Fail, JobStatus, Next, Phase, PhaseContext, RetryLater, advance_phase, run_pipeline
 from pipelines.engine.errors import (
@@ -556,6 +557,8 @@ def test_a_phase_changing_its_state_in_place_leaves_the_earlier_turns_checkpoint
 
 class ProbingScheduler(MemoryScheduler):
     """A memory scheduler that answers ``continue_for``'s question later, as RQ's does (a BacklogProbe)."""
+
+    features = MemoryScheduler.features | {Feature.BACKLOG_PROBE}  # a subclass declares what it adds
 
     def __init__(self, log: list[str], waiting: bool = False, fails: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -393,13 +393,16 @@ def test_an_answer_complete_within_the_first_window_goes_out_with_its_journal_wr
 
 
 def test_a_storage_without_the_capability_gets_the_journal_write_then_the_publish() -> None:
-    from adapters.base import StepPublisher
+    from adapters.base import Feature, StepPublisher
     from adapters.memory import MemoryStorage
 
     calls: list[str] = []
 
     class Plain:
         """Delegates everything to a MemoryStorage but record_step_and_publish (an older storage)."""
+
+        # A wrapper declares what it does: everything its inner storage does but the one write.
+        features = MemoryStorage.features - {Feature.STEP_AND_PUBLISH}
 
         def __init__(self, inner: MemoryStorage) -> None:
             self._inner = inner
