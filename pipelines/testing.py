@@ -86,8 +86,8 @@ class ScriptedModel:
         ``ScriptedModel.from_transcript(app.messages(job_id))`` replays a
         production conversation offline: your tools and code run again on the
         model's recorded answers (tool call ids, provider fields and all), so
-        their results can be compared with the stored ones (the README's
-        "Long-lived conversations" has the recipe). Slice ``messages`` to
+        their results can be compared with the stored ones (docs/guide/testing.md,
+        "Testing your agent", has the recipe). Slice ``messages`` to
         replay from a later turn (a fork's own messages, say).
         """
         if isinstance(messages, str | dict) or not isinstance(messages, Sequence):

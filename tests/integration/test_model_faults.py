@@ -1,6 +1,6 @@
 """Each model fault, end to end: an agent on the memory adapters, litellm's real HTTP path, the loopback fake server.
 
-The documented outcomes (README "Errors", DESIGN "Errors"):
+The documented outcomes (docs/guide/operations.md "Errors", DESIGN "Errors"):
 
 * transient (429 + Retry-After, 500, 503, timeout, empty choices): retried,
   then the job completes with the transcript of a clean run;
