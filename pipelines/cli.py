@@ -21,7 +21,7 @@ that app's storage and scheduler::
     pipelines fork      --app X JOB --at-turn N --new-id ID [--run]
     pipelines delete    --app X JOB
     pipelines gc        --app X [--older-than S] [--scan]
-    pipelines ui        --app X [--host 127.0.0.1] [--port 8008] [--token T] [--read-only]
+    pipelines ui        --app X [--host 127.0.0.1] [--port 8008] [--token-file F] [--read-only]
     pipelines dev       --app X [--db .phaserunner/dev.db] [--workers 4] [--port 8008]  # one process, SQLite
     pipelines migrate   --app X              # upgrade the schema of the app's SQLite file
 
@@ -388,7 +388,7 @@ def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
         from pipelines.web.ui import check_bind, ui_app
     except ImportError as exc:
         raise ConfigurationError(f"the web page needs the web extra: pip install 'phaserunner[web]' ({exc})") from exc
-    token = args.token or os.environ.get("PIPELINES_UI_TOKEN") or None
+    token = cli_dev.ui_token(args)
     check_bind(args.host, token)  # before loading anything: an unsafe address is refused at once
     asgi = ui_app(_load(args.app), token=token, read_only=args.read_only)
     host = f"[{args.host}]" if ":" in args.host else args.host
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("ui", cmd_ui, "serve the web page to watch and steer runs (needs phaserunner[web])")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need a token)")
     p.add_argument("--port", type=port, default=8008, help="port, 1-65535 (default: 8008)")
-    p.add_argument("--token", help="require this token to log in (default: $PIPELINES_UI_TOKEN)")
+    cli_dev.add_token_options(p)
     p.add_argument("--read-only", action="store_true", help="show runs, refuse every action")
     cli_actions.register(add, _load, _when, _positive_or_zero, _positive)
     health.register(add, _load, _positive_or_zero)

@@ -35,8 +35,7 @@ def _serve(app: App, args: argparse.Namespace, out: TextIO) -> None:
                                  f"pip install 'phaserunner[web]' ({exc})") from exc
     from pipelines.dev import summary
 
-    token = args.token or os.environ.get("PIPELINES_UI_TOKEN") or None
-    asgi = ui_app(app, token=token)
+    asgi = ui_app(app, token=ui_token(args))
     host = f"[{args.host}]" if ":" in args.host else args.host
     scheduler = app.scheduler
     scheduler.start()  # type: ignore[attr-defined]
@@ -48,6 +47,33 @@ def _serve(app: App, args: argparse.Namespace, out: TextIO) -> None:
         scheduler.stop()  # type: ignore[attr-defined]
 
 
+TOKEN_ENV = "PIPELINES_UI_TOKEN"
+
+
+def add_token_options(p: argparse.ArgumentParser) -> None:
+    """``--token-file`` (and ``--token``, refused: a token on the command line shows in ``ps`` and shell history)."""
+    p.add_argument("--token-file", metavar="PATH",
+                   help=f"require the token in this file to log in (default: ${TOKEN_ENV})")
+    p.add_argument("--token", help=argparse.SUPPRESS)
+
+
+def ui_token(args: argparse.Namespace) -> str | None:
+    """The web page's token: from ``--token-file`` or ``$PIPELINES_UI_TOKEN``; ``--token VALUE`` is refused."""
+    if args.token is not None:
+        raise ConfigurationError(f"--token puts the token on the command line, where ps and shell history show it: "
+                                 f"set {TOKEN_ENV} in the environment or pass --token-file PATH")
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read the token file {args.token_file!r}: {exc.strerror}") from exc
+        if not token:
+            raise ConfigurationError(f"the token file {args.token_file!r} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def register(add: AddCommand, load: LoadApp) -> None:
     """Add ``pipelines dev`` and ``pipelines migrate``."""
 
@@ -55,7 +81,7 @@ def register(add: AddCommand, load: LoadApp) -> None:
         from pipelines.dev import DEFAULT_DB, dev_app
         from pipelines.web.ui import check_bind
 
-        check_bind(args.host, args.token or os.environ.get("PIPELINES_UI_TOKEN") or None)
+        check_bind(args.host, ui_token(args))
         app = dev_app(load(args.app), db=args.db, workers=args.workers)
         if args.db is None and app.storage_path == os.path.abspath(DEFAULT_DB):
             os.makedirs(os.path.dirname(DEFAULT_DB), exist_ok=True)
@@ -77,5 +103,5 @@ def register(add: AddCommand, load: LoadApp) -> None:
     p.add_argument("--workers", type=count, default=4, help="worker threads (default: 4)")
     p.add_argument("--host", default="127.0.0.1", help="address of the web page (default: 127.0.0.1)")
     p.add_argument("--port", type=port, default=8008, help="port of the web page, 1-65535 (default: 8008)")
-    p.add_argument("--token", help="require this token to log in (default: $PIPELINES_UI_TOKEN)")
+    add_token_options(p)
     add("migrate", cmd_migrate, "upgrade the schema of the app's SQLite file to this version (stop workers first)")

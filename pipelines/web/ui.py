@@ -22,62 +22,40 @@ nothing. A Content-Security-Policy forbids inline scripts.
 from __future__ import annotations
 
 import functools
-import hashlib
-import hmac
-import json
-import secrets
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlencode
 
-import jinja2
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from adapters.base import page_cursor, parse_cursor
 from phases import journal
 from pipelines.app import App, tags_of
-from pipelines.engine.errors import (
-    ConfigurationError,
-    InvalidInputError,
-    JobConflictError,
-    JobNotFoundError,
-    PipelineError,
-)
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, JobNotFoundError
 from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
+from pipelines.web.auth import guarded, login, login_form, logout, refusal
+from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers, pretty_json
 from pipelines.web.sse import sse_response
 
 __all__ = ["COUNT_LIMIT", "CSP", "PAGE_SIZE", "check_bind", "ui_app"]
 
 PAGE_SIZE = 50
-MAX_FORM_BYTES = 64 * 1024  # a reason to reject a call is the longest thing a form carries
 COUNT_LIMIT = 10_000
 """Records read to count jobs by status or filter by name (storage has no status counter yet): past it
 the page says "at least"."""
 TRANSCRIPT_LIMIT = 1000  # the page shows the last messages of a longer conversation
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
-_HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
-            (b"referrer-policy", b"same-origin"), (b"x-frame-options", b"DENY")]
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
-COOKIE = "pipelines_ui"
-_HERE = Path(__file__).parent
-_STATUS_CODE = {JobNotFoundError: 404, JobConflictError: 409, InvalidInputError: 400}
-
-Endpoint = Callable[["_UI", Request], Response]
 
 
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve a non-loopback address without a token (:class:`ConfigurationError` saying why)."""
     if host.strip("[]") not in LOOPBACK_NAMES and not token:
         raise ConfigurationError(f"refusing to serve the web page on {host!r} without a token: anyone who can reach "
-                                 "it could steer your runs; pass --token or set PIPELINES_UI_TOKEN")
+                                 "it could steer your runs; set PIPELINES_UI_TOKEN or pass --token-file")
 
 
 def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> Starlette:
@@ -91,166 +69,20 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
         raise InvalidInputError(f"ui_app needs a pipelines.App, got {type(app).__name__}")
     if token is not None and (not isinstance(token, str) or len(token) < 8):
         raise InvalidInputError("the web page's token must be a string of at least 8 characters")
-    ui = _UI(app, token=token, read_only=bool(read_only))
-    page = functools.partial(_guarded, ui)
+    ui = UI(app, token=token, read_only=bool(read_only))
+    page = functools.partial(guarded, ui)
     routes = [
         Route("/", page(_jobs_page)),
-        Route("/login", page(_login_form, login=True)),
-        Route("/login", page(_login, login=True), methods=["POST"]),
-        Route("/logout", page(_logout), methods=["POST"]),
+        Route("/login", page(login_form, login=True)),
+        Route("/login", page(login, login=True), methods=["POST"]),
+        Route("/logout", page(logout), methods=["POST"]),
         Route("/jobs/{job_id}", page(_job_page)),
         Route("/jobs/{job_id}/live", page(_job_live)),
         Route("/jobs/{job_id}/stream", _stream_endpoint(ui)),
         Route("/jobs/{job_id}/{action}", page(_act), methods=["POST"]),
-        Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(_Headers)])
-
-
-class _UI:
-    """Everything a request needs: the App, the templates, the secrets."""
-
-    def __init__(self, app: App, *, token: str | None, read_only: bool) -> None:
-        self.app, self.token, self.read_only = app, token, read_only
-        # With a token the keys derive from it (several server processes agree; a new token logs everyone out).
-        base = hashlib.sha256(b"pipelines-ui:" + token.encode()).digest() if token else secrets.token_bytes(32)
-        self.key = base
-        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True,
-                                      undefined=jinja2.StrictUndefined)
-        self.env.filters["pretty"] = _pretty_json
-        self.env.filters["when"] = _when
-        self.env.filters["short_tag"] = _short_tag
-
-    def sign(self, what: str) -> str:
-        return hmac.new(self.key, what.encode(), hashlib.sha256).hexdigest()
-
-    def session(self) -> str:
-        return self.sign("session")
-
-    def csrf(self, request: Request) -> str:
-        return self.sign("csrf:" + ("login" if not self.logged_in(request) else "session"))
-
-    def logged_in(self, request: Request) -> bool:
-        if self.token is None:
-            return True
-        bearer = request.headers.get("authorization", "")
-        if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[7:].encode(), self.token.encode()):
-            return True
-        return hmac.compare_digest(request.cookies.get(COOKIE, ""), self.session())
-
-    def render(self, request: Request, template: str, code: int = 200, /, **ctx: Any) -> HTMLResponse:
-        ctx.update(root=request.scope.get("root_path", ""), csrf=self.csrf(request), read_only=self.read_only,
-                   login=self.token is not None and self.logged_in(request))
-        html = self.env.get_template(template).render(**ctx)
-        return HTMLResponse(html, status_code=code, headers={"cache-control": "no-store"})
-
-
-class _Headers:
-    """Security headers on every response, static files included."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.inner = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_HEADERS]
-            await send(message)
-
-        await self.inner(scope, receive, with_headers)
-
-
-# --- the guard every page goes through ---------------------------------------------------------
-def _guarded(ui: _UI, fn: Endpoint, *, login: bool = False) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
-        refused = _refusal(ui, request, login=login)
-        if refused is not None:
-            return refused
-        if request.method == "POST":
-            refused = await _read_form(ui, request) or _post_refusal(ui, request, login=login)
-            if refused is not None:
-                return refused
-        return await _threaded(ui, fn, request)
-
-    return endpoint
-
-
-async def _threaded(ui: _UI, fn: Endpoint, request: Request) -> Response:
-    """Run ``fn`` in a thread (App calls block on storage) and turn library errors into pages."""
-    from starlette.concurrency import run_in_threadpool
-
-    try:
-        return await run_in_threadpool(fn, ui, request)
-    except PipelineError as exc:
-        code = next((c for t, c in _STATUS_CODE.items() if isinstance(exc, t)), 500)
-        return ui.render(request, "error.html", code, message=str(exc))
-
-
-def _refusal(ui: _UI, request: Request, *, login: bool) -> Response | None:
-    if ui.token is None and (request.url.hostname or "") not in LOOPBACK_NAMES:
-        # Without a token, a page reached under another name may be a DNS-rebinding attack.
-        return ui.render(request, "error.html", 403, message="this page has no token, so it only answers "
-                         "on 127.0.0.1 / localhost; start it with --token to serve other names")
-    if login or ui.logged_in(request):
-        return None
-    if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
-    return ui.render(request, "error.html", 401, message="log in first (or send Authorization: Bearer)")
-
-
-async def _read_form(ui: _UI, request: Request) -> Response | None:
-    """The urlencoded form into ``request.state.form`` (what the page's forms send); anything else refused."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip()
-    if kind != "application/x-www-form-urlencoded":
-        return ui.render(request, "error.html", 415, message="send the form as application/x-www-form-urlencoded")
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            return ui.render(request, "error.html", 413, message=f"a form is at most {MAX_FORM_BYTES} bytes")
-    try:
-        pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=20, errors="strict")
-    except (UnicodeDecodeError, ValueError) as exc:
-        return ui.render(request, "error.html", 400, message=f"unreadable form: {exc}")
-    request.state.form = dict(pairs)
-    return None
-
-
-def _post_refusal(ui: _UI, request: Request, *, login: bool) -> Response | None:
-    origin = request.headers.get("origin")
-    # "null" comes from privacy settings, not only from attackers: the CSRF token below decides then.
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
-        return ui.render(request, "error.html", 403, message="a form from another site was refused")
-    sent = request.state.form.get("csrf", "")
-    if not hmac.compare_digest(sent.encode(), ui.csrf(request).encode()):
-        return ui.render(request, "error.html", 403,
-                         message="missing or stale CSRF token: reload the page and try again")
-    if ui.read_only and not login and request.url.path.rsplit("/", 1)[-1] != "logout":
-        return ui.render(request, "error.html", 403, message="this page is read-only")
-    return None
-
-
-# --- login --------------------------------------------------------------------------------------
-def _login_form(ui: _UI, request: Request) -> Response:
-    if ui.token is None:
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
-    return ui.render(request, "login.html", failed=False)
-
-
-def _login(ui: _UI, request: Request) -> Response:
-    sent = request.state.form.get("token", "")
-    if ui.token is None or not hmac.compare_digest(sent.encode(), ui.token.encode()):
-        return ui.render(request, "login.html", 401, failed=True)
-    response = RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
-    response.set_cookie(COOKIE, ui.session(), httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https")
-    return response
-
-
-def _logout(ui: _UI, request: Request) -> Response:
-    response = RedirectResponse(f"{request.scope.get('root_path', '')}/login", status_code=303)
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
-    return response
+    return Starlette(routes=routes, middleware=[Middleware(Headers)])
 
 
 # --- the jobs table -----------------------------------------------------------------------------
@@ -268,7 +100,7 @@ def _query_status(request: Request) -> JobStatus | None:
     return JobStatus(raw) if raw else None
 
 
-def _jobs_page(ui: _UI, request: Request) -> Response:
+def _jobs_page(ui: UI, request: Request) -> Response:
     status, page = _query_status(request), _query_int(request, "page", 1)
     name, q = request.query_params.get("name", "").strip(), request.query_params.get("q", "").strip()
     before = request.query_params.get("before") or None
@@ -330,7 +162,7 @@ def _row(r: JobRecord) -> dict[str, Any]:
 
 
 # --- one job --------------------------------------------------------------------------------------
-def _job_context(ui: _UI, job_id: str) -> dict[str, Any]:
+def _job_context(ui: UI, job_id: str) -> dict[str, Any]:
     view = ui.app.get(job_id)
     if view is None:
         raise JobNotFoundError(f"job {job_id!r} not found")
@@ -349,7 +181,7 @@ def _conversation(messages: list[dict[str, Any]], start: int) -> list[dict[str, 
     out = []
     for i, m in enumerate(messages, start):
         content = m.get("content")
-        text = content if isinstance(content, str) else ("" if content is None else _pretty_json(content))
+        text = content if isinstance(content, str) else ("" if content is None else pretty_json(content))
         calls = [{"id": c.get("id", ""), "name": (c.get("function") or {}).get("name", "?"),
                   "arguments": (c.get("function") or {}).get("arguments", "")}
                  for c in m.get("tool_calls") or [] if isinstance(c, dict)]
@@ -384,17 +216,17 @@ def _actions(rec: JobRecord) -> list[str]:
                             ("retry", s in (JobStatus.ERROR, JobStatus.CANCELLED))) if ok]
 
 
-def _job_page(ui: _UI, request: Request) -> Response:
+def _job_page(ui: UI, request: Request) -> Response:
     return ui.render(request, "job.html", **_job_context(ui, request.path_params["job_id"]))
 
 
-def _job_live(ui: _UI, request: Request) -> Response:
+def _job_live(ui: UI, request: Request) -> Response:
     return ui.render(request, "job_live.html", **_job_context(ui, request.path_params["job_id"]))
 
 
-def _stream_endpoint(ui: _UI) -> Callable[[Request], Awaitable[Response]]:
+def _stream_endpoint(ui: UI) -> Callable[[Request], Awaitable[Response]]:
     async def stream(request: Request) -> Response:
-        refused = _refusal(ui, request, login=False)
+        refused = refusal(ui, request, login=False)
         if refused is not None:
             return refused
         return sse_response(ui.app, request.path_params["job_id"], request)
@@ -403,7 +235,7 @@ def _stream_endpoint(ui: _UI) -> Callable[[Request], Awaitable[Response]]:
 
 
 # --- actions --------------------------------------------------------------------------------------
-def _act(ui: _UI, request: Request) -> Response:
+def _act(ui: UI, request: Request) -> Response:
     job_id, action = request.path_params["job_id"], request.path_params["action"]
     form: dict[str, str] = request.state.form
     app = ui.app
@@ -422,25 +254,3 @@ def _act(ui: _UI, request: Request) -> Response:
     step()
     root = request.scope.get("root_path", "")
     return RedirectResponse(f"{root}/jobs/{job_id}", status_code=303)
-
-
-# --- template filters -----------------------------------------------------------------------------
-def _pretty_json(value: Any) -> str:
-    if isinstance(value, str):  # tool arguments arrive as JSON text: shown parsed when they parse
-        try:
-            parsed: Any = json.loads(value)
-        except ValueError:
-            return value
-        value = parsed
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-
-
-def _short_tag(tag: str) -> str:
-    """A ``commit:<sha>`` tag as its first 12 hex digits (the whole tag is the title)."""
-    return tag[:19] + "\u2026" if tag.startswith("commit:") and len(tag) > 19 else tag
-
-
-def _when(t: float | None) -> str:
-    from datetime import UTC, datetime
-
-    return "-" if not t else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")

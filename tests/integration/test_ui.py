@@ -248,7 +248,7 @@ def test_state_changes_need_post_and_csrf(app: App, client: TestClient) -> None:
 def test_without_a_token_only_loopback_names_are_served(app: App) -> None:
     with TestClient(ui_app(app), base_url="http://rebound.example") as c:
         refused = c.get("/")
-    assert refused.status_code == 403 and "--token" in refused.text
+    assert refused.status_code == 403 and "PIPELINES_UI_TOKEN" in refused.text
     with TestClient(ui_app(app), base_url="http://localhost:8008") as c:
         assert c.get("/").status_code == 200
 

@@ -114,7 +114,8 @@ def test_watch_approve_filter_retry_and_hostile_page(redis_url: str, cluster: Cl
     env = {"FAKE_OPENAI_BASE": fake_openai.url}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cluster.start(["-m", "pipelines", "ui", "--app", APP_PATH, "--port", str(port), "--token", TOKEN], "ui", **env)
+    cluster.start(["-m", "pipelines", "ui", "--app", APP_PATH, "--port", str(port)], "ui",
+                  PIPELINES_UI_TOKEN=TOKEN, **env)
     cluster.start(["-m", "pipelines", "worker", "--app", APP_PATH, "--name", "ui-w1", "--log-level", "WARNING"],
                   "worker", **env)
     wait_for("the web page to listen", lambda: _answers(base), 30, cluster.logs)

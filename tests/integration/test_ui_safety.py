@@ -1,0 +1,138 @@
+"""The web page's safety, round 2 (issue 35): invisible characters shown, sessions revocable, no token in argv."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+with warnings.catch_warnings():  # starlette 0.52's testclient names an alias anyio deprecated
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from starlette.testclient import TestClient
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from pipelines import Agent, App, tool
+from pipelines.cli import main
+from pipelines.engine.models import JobStatus
+from pipelines.testing import ScriptedModel, reply
+from pipelines.web.text import hidden_chars, visible
+from pipelines.web.ui import ui_app
+from tests.integration.test_ui import LOCAL, csrf_of
+
+# "pay alice 5" that a bidi override makes read as something else, and a zero-width joiner inside a name.
+SNEAKY = "alice\u202e5 :tnuoma\u202c\u200d\u2066x\u2069\ufeff\u2028"
+
+
+@tool(needs_approval=True)
+def pay(to: str) -> str:
+    """Pay someone."""
+    return f"paid {to}"
+
+
+def _model(msgs: list[dict[str, object]]) -> dict[str, object]:
+    if msgs[-1].get("role") == "user":
+        return reply(None, {"id": "call\u200bA\u202e", "type": "function",
+                            "function": {"name": "pay", "arguments": json.dumps({"to": SNEAKY})}})
+    return reply("done")
+
+
+@pytest.fixture
+def app() -> App:
+    return App(storage=MemoryStorage(), scheduler=MemoryScheduler(), provenance=False,
+               agents=[Agent(name="desk", model=ScriptedModel(_model), tools=[pay])])
+
+
+def test_visible_marks_every_invisible_or_reordering_character() -> None:
+    assert hidden_chars(SNEAKY) == ["U+202E", "U+202C", "U+200D", "U+2066", "U+2069", "U+FEFF", "U+2028"]
+    shown = str(visible("<b>\u202e</b>\n\tok"))
+    assert shown == ('&lt;b&gt;<span class="invisible" title="an invisible character">&lt;U+202E&gt;</span>'
+                     '&lt;/b&gt;\n\tok')
+    assert str(visible("plain é 漢字 👍")) == "plain é 漢字 👍"
+
+
+def test_approval_arguments_and_call_ids_show_hidden_characters(app: App) -> None:
+    app.run_agent("desk", job_id="j1", user="pay alice")
+    app.drain()
+    assert app.get("j1").status is JobStatus.WAITING  # type: ignore[union-attr]
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        page = c.get("/jobs/j1").text
+    approval = page[page.index('id="approvals"'):page.index('id="transcript"')]
+    for name in ("U+202E", "U+202C", "U+200D", "U+2066", "U+2069", "U+FEFF", "U+2028"):
+        assert f"&lt;{name}&gt;" in approval, name
+    shown = re.sub(r'="[^"]*"', "", approval)  # attribute values (the form's call id) keep the id as it is
+    for raw in ("\u202e", "\u202c", "\u200d", "\u2066", "\u2069", "\ufeff", "\u2028"):
+        assert raw not in shown
+    assert "call&lt;U+200B&gt;" in approval.replace('<span class="invisible" title="an invisible character">', "")
+    transcript = page[page.index('id="transcript"'):]
+    assert "&lt;U+202E&gt;" in transcript  # the call's id and arguments in the conversation too
+
+
+def test_logout_ends_the_session_on_the_server(app: App) -> None:
+    with TestClient(ui_app(app, token="correct-horse"), base_url=LOCAL) as c:
+        ok = c.post("/login", data={"csrf": csrf_of(c.get("/login").text), "token": "correct-horse"},
+                    follow_redirects=False)
+        assert ok.status_code == 303
+        copied = c.cookies.get("pipelines_ui")
+        assert copied and c.get("/").status_code == 200
+        page = c.get("/").text
+        c.post("/logout", data={"csrf": csrf_of(page)}, follow_redirects=False)
+    with TestClient(ui_app(app, token="correct-horse"), base_url=LOCAL) as fresh:
+        assert fresh.get("/").status_code == 401  # another server: no session at all
+    # The same server, the cookie copied before the logout: refused.
+    asgi = ui_app(app, token="correct-horse")
+    with TestClient(asgi, base_url=LOCAL) as c:
+        login = c.post("/login", data={"csrf": csrf_of(c.get("/login").text), "token": "correct-horse"},
+                       follow_redirects=False)
+        assert login.status_code == 303
+        copied = c.cookies.get("pipelines_ui")
+        c.post("/logout", data={"csrf": csrf_of(c.get("/").text)})
+    with TestClient(asgi, base_url=LOCAL, cookies={"pipelines_ui": copied}) as thief:
+        assert thief.get("/").status_code == 401
+        assert thief.get("/jobs/x/stream").status_code == 401
+
+
+def test_a_session_cookie_is_random_not_derived_from_the_token(app: App) -> None:
+    asgi = ui_app(app, token="correct-horse")
+    ids = set()
+    for _ in range(2):
+        with TestClient(asgi, base_url=LOCAL) as c:
+            c.post("/login", data={"csrf": csrf_of(c.get("/login").text), "token": "correct-horse"})
+            ids.add(c.cookies.get("pipelines_ui"))
+    assert len(ids) == 2
+
+
+@pytest.mark.parametrize("command", ["ui", "dev"])
+def test_the_token_is_never_taken_from_the_command_line(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PIPELINES_UI_TOKEN", raising=False)
+    err = io.StringIO()
+    code = main([command, "--app", "tests.apps.approval_app:app", "--host", "0.0.0.0", "--token", "s3cret-value"],
+                out=io.StringIO(), err=err)
+    assert code == 1 and "PIPELINES_UI_TOKEN" in err.getvalue() and "--token-file" in err.getvalue()
+    assert "s3cret-value" not in err.getvalue()
+
+
+def test_token_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.cli_dev import ui_token
+    from pipelines.engine.errors import ConfigurationError
+
+    class Args:
+        token: str | None = None
+        token_file: str | None = None
+
+    args = Args()
+    monkeypatch.setenv("PIPELINES_UI_TOKEN", "from-the-env")
+    assert ui_token(args) == "from-the-env"  # type: ignore[arg-type]
+    secret = tmp_path / "token"
+    secret.write_text("from-a-file\n")
+    args.token_file = str(secret)
+    assert ui_token(args) == "from-a-file"  # type: ignore[arg-type]
+    secret.write_text("  \n")
+    with pytest.raises(ConfigurationError, match="empty"):
+        ui_token(args)  # type: ignore[arg-type]
+    args.token_file = str(tmp_path / "missing")
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        ui_token(args)  # type: ignore[arg-type]
