@@ -56,9 +56,6 @@ class UIMessageEncoder:
         self._messages = messages
         self.message_id: str | None = None
         self.ended = False  # the message ended: the HTTP response can end
-        # The next message start goes out under an id of its own: the client holds a state this run's parts
-        # no longer rebuild (see pipelines.web.sse), and the AI SDK's readers reset on a new id.
-        self.again = False
         self._base = job_id
         self._resets = 0
         self._log: list[Chunk] = []  # chunks of the open message after its start, to send it again
@@ -104,10 +101,9 @@ class UIMessageEncoder:
     # --- message and steps -------------------------------------------------------------------
     def _start(self, message_id: str) -> list[Chunk]:
         self._base, self._resets, self._log, self.ended = message_id, 0, [], False
-        self.message_id = message_id + ("-again" if self.again else "")
-        self.again = False
+        self.message_id = message_id
         self._end_step()
-        return [{"type": "start", "messageId": self.message_id}]
+        return [{"type": "start", "messageId": message_id}]
 
     def _emit(self, *chunks: Chunk) -> list[Chunk]:
         self._log.extend(chunks)
@@ -181,9 +177,7 @@ class UIMessageEncoder:
         self._shown, self._shown_len, self._shown_text = ([text] if text else []), len(text), text
 
     def _text_start(self) -> Chunk:
-        # Made of what a replay of the same parts rebuilds (no count of chunks sent): a client resuming
-        # from a cursor inside the part gets the ids its own text-start used.
-        self._text_id = f"{self._base}-t{self._turn}-{self._resets}"
+        self._text_id = f"{self._base}-t{self._turn}-{self._resets}-{len(self._log)}"
         return {"type": "text-start", "id": self._text_id}
 
     def _rewrite(self, target: str) -> list[Chunk]:
