@@ -18,8 +18,7 @@
     var text = document.getElementById("typing-text");
     if (!box || !text) { return; }
     text.textContent = buffer.text;
-    // A reply waiting for approval is rendered by the server, labelled so: the streamed copy is not shown twice.
-    box.hidden = !buffer.text || !!document.getElementById("pending-reply");
+    box.hidden = !buffer.text;
   }
 
   function flash(message) {
