@@ -6,7 +6,10 @@ Routes:
 - ``POST /chat`` starts a conversation or continues it, and returns its stream. The body is what the
   AI SDK's ``useChat`` sends (``{"id", "messages": [UIMessage...]}``, the last user message is used) or
   ``{"id", "text"}``; ``"stream": false`` answers 202 instead. ``?format=parts`` streams the library's
-  parts; the default is the AI SDK UI message stream.
+  parts; the default is the AI SDK UI message stream. A call that needs approval shows as a tool part
+  awaiting it; the message ``useChat`` sends after ``addToolApprovalResponse({id, approved, reason})``
+  (its last assistant message holds the answered parts) approves or rejects the calls
+  (``app.approve`` / ``app.reject``, the reason kept) and streams the run going on, the same message.
 - ``GET /chat/{id}/stream`` resumes it (``Last-Event-ID`` or ``?cursor=``; ``useChat``'s resume
   replays the latest answer).
 - ``GET /`` a page that renders tokens as they arrive and reconnects with ``Last-Event-ID``.
@@ -79,8 +82,7 @@ def build_app(app: App, *, agent: str = "chat") -> Starlette:
         except ValueError:
             return JSONResponse({"error": "the body must be JSON"}, status_code=400)
         try:
-            job_id, text = _chat_input(body)
-            app.run_agent(agent, job_id=job_id, user=text)
+            job_id, after = _begin(app, agent, body)
         except JobConflictError as exc:
             return JSONResponse({"error": str(exc)}, status_code=409)
         except PipelineError as exc:
@@ -88,7 +90,8 @@ def build_app(app: App, *, agent: str = "chat") -> Starlette:
         threading.Thread(target=run_in_process, daemon=True).start()
         if body.get("stream") is False:
             return JSONResponse({"id": job_id}, status_code=202)
-        return sse_response(app, job_id, request, format=_format(request))
+        # After approvals the client holds the message up to the wait: it gets what follows, in that message.
+        return sse_response(app, job_id, request, format=_format(request), after=after)
 
     async def stream(request: Request) -> Response:
         try:
@@ -108,6 +111,41 @@ def _format(request: Request) -> Any:
     if fmt not in ("parts", "ai-sdk"):
         raise InvalidInputError(f"format must be 'parts' or 'ai-sdk', got {fmt!r}")
     return fmt
+
+
+def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None]:
+    """Start or continue the run a ``POST /chat`` asks for: (job id, the cursor its stream starts after)."""
+    if answers := _approval_answers(body):
+        return body["id"], _decide(app, body["id"], answers)
+    job_id, text = _chat_input(body)
+    app.run_agent(agent, job_id=job_id, user=text)
+    return job_id, None
+
+
+def _approval_answers(body: Any) -> list[dict[str, Any]]:
+    """The tool parts a person answered (state ``approval-responded``) in a ``useChat`` body's last message."""
+    messages = body.get("messages") if isinstance(body, dict) and isinstance(body.get("id"), str) else None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return []
+    return [p for p in last.get("parts") or [] if isinstance(p, dict) and p.get("state") == "approval-responded"
+            and isinstance(p.get("toolCallId"), str) and isinstance(p.get("approval"), dict)]
+
+
+def _decide(app: App, job_id: str, answers: list[dict[str, Any]]) -> str | None:
+    """Approve or reject each answered call; the id of the stream's part the client's message ends at."""
+    view = app.get(job_id)
+    pending = {str(c.get("call_id")) for c in (view.pending_calls if view is not None else ())}
+    for part in answers:
+        call_id, approval = part["toolCallId"], part["approval"]
+        if call_id not in pending:
+            continue  # decided already (a second tab, a resent message): nothing to do twice
+        if approval.get("approved") is True:
+            app.approve(job_id, call_id)
+        else:
+            app.reject(job_id, call_id, reason=str(approval.get("reason") or "").strip() or "denied by the user")
+    asked = [p.id for p in app.stream(job_id, follow=False) if p.type == "approval_requested"]
+    return asked[-1] if asked else None
 
 
 def _chat_input(body: Any) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 """A job's stream as the Vercel AI SDK UI message stream (protocol ``v1``, the ``ai`` npm package's
 ``uiMessageChunkSchema``): ``start``, ``start-step``, ``text-start``, ``text-delta``, ``text-end``,
-``tool-input-available``, ``tool-output-available``, ``finish-step``, ``finish``, ``error``.
+``tool-input-available``, ``tool-approval-request``, ``tool-output-available``, ``tool-output-denied``,
+``finish-step``, ``finish``, ``error``.
 
 One run of the job (``job_started`` / ``job_continued`` / ``job_retried`` up to ``job_finished``,
 ``job_failed``, ``job_cancelled`` or a final wait) is one assistant UI message; each turn is one
@@ -13,6 +14,12 @@ already shown sends nothing until it goes further. When it says something else, 
 cannot be taken back chunk by chunk, so the message is sent again from its ``start`` under a new
 ``messageId``: ``readUIMessageStream`` and ``useChat``'s resume reset their state on a new id, and
 the assembled message equals the transcript.
+
+A call waiting for a person's approval (``approval_requested``) is sent as its tool part
+(``tool-input-available``) and a ``tool-approval-request`` whose ``approvalId`` is the call id: the
+AI SDK shows it ``approval-requested``. When the run goes on, the same message goes on (no new
+``start``): an approved call's result comes as ``tool-output-available``, a rejected one as
+``tool-output-denied`` (the model still reads the reason from its tool result).
 """
 
 from __future__ import annotations
@@ -56,9 +63,14 @@ class UIMessageEncoder:
         self._messages = messages
         self.message_id: str | None = None
         self.ended = False  # the message ended: the HTTP response can end
+        # The next message start goes out under an id of its own: the client holds a state this run's parts
+        # no longer rebuild (see pipelines.web.sse), and the AI SDK's readers reset on a new id.
+        self.again = False
         self._base = job_id
         self._resets = 0
         self._log: list[Chunk] = []  # chunks of the open message after its start, to send it again
+        self._asked: set[str] = set()  # calls sent as waiting for approval: their input is shown already
+        self._denied: set[str] = set()  # calls a person rejected: shown as denied, not as a result
         self._end_step()
 
     def _end_step(self) -> None:
@@ -80,10 +92,15 @@ class UIMessageEncoder:
         if kind in RUN_STARTS:
             return [*self._finish("other"), *self._start(f"{self.job_id}-{part.id}")]
         if kind in ENDS:
+            # A call waiting for approval is shown whether or not the run goes on after it.
+            out = self._ask(part) if kind == "approval_requested" and self.message_id is not None else []
             if kind in _WAITS and not final:
-                return []
+                return out
             error = part.data.get("error") if kind == "job_failed" else None
-            return self._finish(ENDS[kind], None if error is None else str(error))
+            return out + self._finish(ENDS[kind], None if error is None else str(error))
+        if kind == "call_rejected":
+            self._denied.add(str(part.data.get("call_id")))
+            return []
         if part.turn is None or kind not in ("attempt_started", "text_delta", "turn_started", "turn_committed"):
             return []
         out = [] if self.message_id is not None else self._start(f"{self.job_id}-{part.id}")
@@ -101,9 +118,11 @@ class UIMessageEncoder:
     # --- message and steps -------------------------------------------------------------------
     def _start(self, message_id: str) -> list[Chunk]:
         self._base, self._resets, self._log, self.ended = message_id, 0, [], False
-        self.message_id = message_id
+        self.message_id = message_id + ("-again" if self.again else "")
+        self.again = False
+        self._asked, self._denied = set(), set()
         self._end_step()
-        return [{"type": "start", "messageId": message_id}]
+        return [{"type": "start", "messageId": self.message_id}]
 
     def _emit(self, *chunks: Chunk) -> list[Chunk]:
         self._log.extend(chunks)
@@ -177,7 +196,9 @@ class UIMessageEncoder:
         self._shown, self._shown_len, self._shown_text = ([text] if text else []), len(text), text
 
     def _text_start(self) -> Chunk:
-        self._text_id = f"{self._base}-t{self._turn}-{self._resets}-{len(self._log)}"
+        # Made of what a replay of the same parts rebuilds (no count of chunks sent): a client resuming
+        # from a cursor inside the part gets the ids its own text-start used.
+        self._text_id = f"{self._base}-t{self._turn}-{self._resets}"
         return {"type": "text-start", "id": self._text_id}
 
     def _rewrite(self, target: str) -> list[Chunk]:
@@ -193,6 +214,28 @@ class UIMessageEncoder:
             self._show(target)
         return [{"type": "start", "messageId": self.message_id}, *self._log]
 
+    # --- approvals ---------------------------------------------------------------------------
+    def _ask(self, part: Event) -> list[Chunk]:
+        """The calls ``part`` (``approval_requested``) waits on, each as a tool part awaiting approval.
+
+        The text part ends first, whether or not the message does: the client that
+        gets this part as its last ends it, and the response the run goes on in
+        must find it in the same state.
+        """
+        out: list[Chunk] = []
+        if self._text_id is not None:
+            out += self._emit({"type": "text-end", "id": self._text_id})
+            self._text_id = None
+        for call in part.data.get("calls") or []:
+            call_id = str(call.get("call_id", "")) if isinstance(call, dict) else ""
+            if not call_id or call_id in self._asked:
+                continue
+            self._asked.add(call_id)
+            out += self._emit({"type": "tool-input-available", "toolCallId": call_id, "toolName": str(call.get("tool")),
+                               "input": _arguments(call.get("arguments"))},
+                              {"type": "tool-approval-request", "toolCallId": call_id, "approvalId": call_id})
+        return out
+
     # --- a committed turn --------------------------------------------------------------------
     def _commit(self, part: Event) -> list[Chunk]:
         span = part.data.get("messages")
@@ -204,7 +247,7 @@ class UIMessageEncoder:
         if self._text_id is not None:
             out += self._emit({"type": "text-end", "id": self._text_id})
             self._text_id = None
-        out += self._emit(*_tool_chunks(assistants, committed))
+        out += self._emit(*_tool_chunks(assistants, committed, self._asked, self._denied))
         self._end_step()
         return out + self._emit({"type": "finish-step"})
 
@@ -218,8 +261,13 @@ def _text_of(message: Message) -> str:
     return ""
 
 
-def _tool_chunks(assistants: list[Message], committed: list[Message]) -> list[Chunk]:
-    """A turn's tool calls (``tool-input-available``) and the results it committed (``tool-output-available``)."""
+def _tool_chunks(assistants: list[Message], committed: list[Message], asked: set[str],
+                 denied: set[str]) -> list[Chunk]:
+    """A turn's tool calls (``tool-input-available``) and the results it committed (``tool-output-available``).
+
+    A call already sent as awaiting approval is not sent again (that would take its approval away); a
+    rejected call is ``tool-output-denied``.
+    """
     out: list[Chunk] = []
     called: set[str] = set()
     for message in assistants:
@@ -227,12 +275,15 @@ def _tool_chunks(assistants: list[Message], committed: list[Message]) -> list[Ch
             function = call.get("function") or {}
             call_id, name = str(call.get("id", "")), str(function.get("name", ""))
             called.add(call_id)
+            if call_id in asked:
+                continue
             out.append({"type": "tool-input-available", "toolCallId": call_id, "toolName": name,
                         "input": _arguments(function.get("arguments"))})
     for message in committed:
         call_id = str(message.get("tool_call_id", ""))
         if message.get("role") == "tool" and call_id in called:
-            out.append({"type": "tool-output-available", "toolCallId": call_id, "output": message.get("content")})
+            out.append({"type": "tool-output-denied", "toolCallId": call_id} if call_id in denied else
+                       {"type": "tool-output-available", "toolCallId": call_id, "output": message.get("content")})
     return out
 
 

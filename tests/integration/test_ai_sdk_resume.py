@@ -1,0 +1,162 @@
+"""The AI SDK stream cut after any chunk and resumed, read by the `ai` npm package itself (tests/node/chat_cuts.mjs).
+
+Every chunk of the ``ai-sdk`` format carries an ``id:`` (``<part id>:<k>``), so a client cut off
+after any chunk resumes with ``Last-Event-ID`` and assembles exactly the transcript: through the
+package's own reader (``readUIMessageStream``) on a finished run, and through ``AbstractChat``
+(``sendMessage``, a dropped connection, ``resumeStream()``) on a run that is going on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from examples.chat.app import build_app
+from phases.model import ModelRequest, ModelResponse
+from pipelines import Agent, App, tool
+from pipelines.engine.models import Message
+from pipelines.testing import ScriptedModel, call, reply
+from tests import node_tools
+from tests.integration.test_sse import NODE_DIR, lookup, serve
+
+TEXT = "Order A-1 left the warehouse yesterday; it should arrive within two days."
+
+
+class SlowModel(ScriptedModel):
+    """The scripted answers, each piece of text a little after the last: the run goes on while it is read."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        if request.on_delta is None:
+            return super().complete(request)
+        on_delta = request.on_delta
+
+        def slowly(piece: str) -> None:
+            time.sleep(0.01)
+            on_delta(piece)
+        return super().complete(dataclasses.replace(request, on_delta=slowly))
+
+
+def chat_app(model: ScriptedModel | None = None) -> App:
+    model = model or ScriptedModel(lambda msgs: TEXT if msgs[-1]["role"] == "tool" else reply(
+        "Checking.", call("lookup", order="A-1")))
+    return App(storage=MemoryStorage(), scheduler=MemoryScheduler(), agents=[Agent(name="a", model=model,
+                                                                                     tools=[lookup])])
+
+
+def node(*args: str) -> Any:
+    if (reason := node_tools.skip_reason()) is not None:
+        pytest.skip(reason)
+    if not node_tools.installed():
+        pytest.fail("tests/node has no node_modules: run `make node-deps` (npm ci in tests/node)")
+    out = subprocess.run(["node", str(NODE_DIR / "chat_cuts.mjs"), *args], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return json.loads(out.stdout)
+
+
+def expected_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The UI message parts a run's committed messages make: per assistant message a step, its text, its tools."""
+    results = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+    parts: list[dict[str, Any]] = []
+    for m in (m for m in messages if m["role"] == "assistant"):
+        parts.append({"type": "step-start"})
+        if m.get("content"):
+            parts.append({"type": "text", "text": m["content"], "state": "done"})
+        for c in m.get("tool_calls") or []:
+            part = {"type": f"tool-{c['function']['name']}", "toolCallId": c["id"], "input":
+                    json.loads(c["function"]["arguments"]), "state": "input-available"}
+            if c["id"] in results:
+                part.update(state="output-available", output=results[c["id"]])
+            parts.append(part)
+    return parts
+
+
+def run_messages(app: App, job_id: str) -> list[dict[str, Any]]:
+    msgs = app.messages(job_id)
+    last_user = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+    return msgs[last_user + 1:]
+
+
+def test_a_finished_run_cut_after_any_chunk_and_resumed_by_last_event_id_assembles_the_transcript() -> None:
+    app = chat_app()
+    app.run_agent("a", job_id="done", messages=["where is A-1?"])
+    app.drain()
+    app.run_agent("a", job_id="done", user="and again?")  # a second run: the cursor's run is the one resumed
+    app.drain()
+    want = expected_parts(run_messages(app, "done"))
+    assert [p["type"] for p in want].count("step-start") == 2
+    with serve(build_app(app, agent="a")) as base:
+        result = node("reader", base + "/chat", "done")
+    assert result["events"] >= 13
+    wrong = [(c["cut"], c["after"], c["errors"], c["parts"]) for c in result["cuts"]
+             if c["status"] != 200 or c["errors"] or c["parts"] != want]
+    assert wrong == [], f"{len(wrong)} of {result['events']} cut points assembled something else"
+
+
+def test_a_live_run_dropped_after_any_chunk_and_resumed_by_abstract_chat_holds_the_transcript() -> None:
+    app = chat_app(SlowModel(lambda msgs: TEXT if msgs[-1]["role"] == "tool" else reply(
+        "Checking the order.", call("lookup", order="A-1"))))
+    with serve(build_app(app, agent="a")) as base:
+        results = node("chat", base + "/chat", "live", "where is A-1?")
+    assert len(results) >= 13 and not results[-1]["dropped"] and all(r["dropped"] for r in results[:-1])
+    wrong = []
+    for r in results:
+        want = [{"role": "user", "parts": [{"type": "text", "text": "where is A-1?"}]},
+                {"role": "assistant", "parts": expected_parts(run_messages(app, f"live-{r['cut']}"))}]
+        if r["errors"] != ([] if not r["dropped"] else r["errors"][:1]) or r["status"] != "ready" \
+                or r["messages"] != want:
+            wrong.append((r["cut"], r["after"], r["errors"], r["messages"]))
+    assert all("network error" in r["errors"][0] for r in results if r["dropped"])
+    assert wrong == [], f"{len(wrong)} of {len(results)} cut points ended wrong: {wrong[:3]}"
+
+
+# --- a call waiting for approval --------------------------------------------------------------------
+@tool(needs_approval=True)
+def refund(order: str) -> str:
+    """Refund an order."""
+    return f"refunded {order}"
+
+
+def refunding(msgs: list[Message]) -> Any:
+    last = msgs[-1]
+    if last["role"] == "tool":
+        return f"Result: {last['content']}"
+    return reply("I will refund order A-1.", call("refund", order="A-1"))
+
+
+@pytest.mark.parametrize("verdict", ["approve", "deny"])
+def test_a_call_waiting_for_approval_is_answered_through_abstract_chat_and_the_run_goes_on_in_the_same_message(
+        verdict: str) -> None:
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(refunding), tools=[refund])])
+    with serve(build_app(app, agent="a")) as base:
+        got = node("approve", base + "/chat", f"r-{verdict}", "refund A-1 please", verdict, "not this one")
+        replayed = node("reader", base + "/chat", f"r-{verdict}")  # the finished run, cut and resumed anywhere
+    assert got["errors"] == []
+    call_id = app.messages(f"r-{verdict}")[1]["tool_calls"][0]["id"]
+    user = {"role": "user", "parts": [{"type": "text", "text": "refund A-1 please"}]}
+    said = [{"type": "step-start"}, {"type": "text", "text": "I will refund order A-1.", "state": "done"}]
+    asked = {"type": "tool-refund", "toolCallId": call_id, "input": {"order": "A-1"}}
+    assert got["asked"] == [user, {"role": "assistant", "parts": [
+        *said, {**asked, "state": "approval-requested", "approval": {"id": call_id}}]}]
+    approved = verdict == "approve"
+    answer = {"id": call_id, "approved": approved, "reason": "not this one"}
+    assert got["responded"][1]["parts"][-1] == {**asked, "state": "approval-responded", "approval": answer}
+    # The run went on in the same message: the call's outcome, then the next turn; nothing twice.
+    result = app.messages(f"r-{verdict}")[2]["content"]
+    tool_part = ({**asked, "state": "output-available", "output": "refunded A-1", "approval": answer} if approved
+                 else {**asked, "state": "output-denied", "approval": answer})
+    assert got["after"] == [user, {"role": "assistant", "parts": [
+        *said, tool_part, {"type": "step-start"}, {"type": "text", "text": f"Result: {result}", "state": "done"}]}]
+    # A replay knows the call was asked about (not what was answered: the SDK's answer stays on its side).
+    tool_part["approval"] = {"id": call_id}
+    want = [*said, tool_part, {"type": "step-start"}, {"type": "text", "text": f"Result: {result}", "state": "done"}]
+    assert [c["cut"] for c in replayed["cuts"] if c["parts"] != want or c["errors"]] == []
+    assert app.get(f"r-{verdict}").status.value == "complete"
+    assert ("not this one" in result) is not approved  # a rejection's reason reached the model

@@ -1,0 +1,189 @@
+// Cuts a phaserunner chat stream after each of its chunks and resumes it, with the `ai` package itself;
+// prints what the package assembled at every cut (as JSON) for tests/integration/test_ai_sdk_resume.py
+// to compare with the transcript.
+//
+//   node chat_cuts.mjs reader <api, e.g. http://127.0.0.1:PORT/chat> <chat id>
+//     The run's stream is read whole, then for each cut k: its first k events, then what
+//     GET <api>/<id>/stream answers to `Last-Event-ID: <id of event k>`, assembled by
+//     readUIMessageStream (chunks parsed and validated by DefaultChatTransport's own parser).
+//   node chat_cuts.mjs chat <api> <chat id prefix> <text>
+//     For each cut k = 1, 2, ... until a response ends before its k-th event: a fresh AbstractChat sends <text> (POST <api>, a new run); the connection drops
+//     after the k-th event (a network TypeError, which AbstractChat keeps resumable); resumeStream()
+//     reconnects with the last event id it saw. Prints the chat's messages once the resume ended.
+//   node chat_cuts.mjs approve <api> <chat id> <text> <approve|deny> <reason>
+//     AbstractChat sends <text>; the answer ends waiting for approval; addToolApprovalResponse and a
+//     sendMessage() send the response (as useChat does with sendAutomaticallyWhen); prints the
+//     chat's messages after each answer.
+import { AbstractChat, DefaultChatTransport, readUIMessageStream } from "ai";
+
+const [mode, api, ...rest] = process.argv.slice(2);
+
+// The assembled parts, keeping only what the transcript can say.
+function parts(message) {
+  return message.parts.map((p) => {
+    if (p.type === "step-start") return { type: p.type };
+    if (p.type === "text") return { type: p.type, text: p.text, state: p.state };
+    if (p.type.startsWith("tool-")) {
+      const out = { type: p.type, toolCallId: p.toolCallId, state: p.state, input: p.input };
+      if (p.output !== undefined) out.output = p.output;
+      if (p.approval !== undefined) out.approval = p.approval;
+      return out;
+    }
+    return p;
+  });
+}
+
+function summary(messages) {
+  return messages.map((m) => ({ role: m.role, parts: parts(m) }));
+}
+
+// SSE events of a body: [{ id, raw }] (raw: the event's text with its blank line).
+function events(text) {
+  return text.split("\n\n").filter((e) => e.trim() && !e.startsWith(":")).map((raw) => {
+    const id = raw.split("\n").find((l) => l.startsWith("id: "));
+    return { id: id ? id.slice(4) : null, raw: raw + "\n\n" };
+  });
+}
+
+function bytes(text) {
+  return new ReadableStream({
+    start(controller) {
+      controller.enqueue(new TextEncoder().encode(text));
+      controller.close();
+    },
+  });
+}
+
+async function assemble(text) {
+  const stream = new DefaultChatTransport({ api }).processResponseStream(bytes(text));
+  let last;
+  const errors = [];
+  try {
+    for await (const message of readUIMessageStream({ stream, onError: (e) => errors.push(String(e)) })) {
+      last = message;
+    }
+  } catch (e) {
+    errors.push(String(e));
+  }
+  return { parts: last ? parts(last) : null, errors };
+}
+
+async function reader(chatId) {
+  const url = `${api}/${encodeURIComponent(chatId)}/stream`;
+  const whole = events(await (await fetch(url)).text()).filter((e) => !e.raw.startsWith("data: [DONE]"));
+  const cuts = [];
+  for (let k = 1; k <= whole.length; k++) {
+    // As EventSource does: the last id received, whichever event carried it.
+    const after = whole.slice(0, k).reverse().find((e) => e.id !== null)?.id;
+    const response = await fetch(url, { headers: after ? { "Last-Event-ID": after } : {} });
+    const resumed = await response.text();
+    const text = whole.slice(0, k).map((e) => e.raw).join("") + resumed;
+    cuts.push({ cut: k, after, status: response.status, ...(await assemble(text)) });
+  }
+  return { events: whole.length, cuts };
+}
+
+class Chat extends AbstractChat {
+  constructor(options) {
+    const state = {
+      status: "ready",
+      error: undefined,
+      messages: [],
+      pushMessage(m) { this.messages = [...this.messages, m]; },
+      popMessage() { this.messages = this.messages.slice(0, -1); },
+      replaceMessage(i, m) { this.messages = this.messages.map((x, j) => (j === i ? m : x)); },
+      snapshot: (thing) => structuredClone(thing),
+    };
+    super({ ...options, state });
+  }
+}
+
+// A fetch whose POST responses drop after `cut` SSE events, as a lost connection does.
+function droppingFetch(cut, seen) {
+  return async (url, init) => {
+    const response = await fetch(url, init);
+    if (init?.method !== "POST" || cut == null || !response.body) {
+      return response;
+    }
+    const upstream = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    let passed = 0;
+    let cutNow = false;
+    const body = new ReadableStream({
+      async pull(controller) {
+        if (cutNow) {
+          // A dropped connection is noticed well after its last bytes arrived: by then the chat has
+          // processed them (an error right away would discard what the parsing pipes still hold).
+          await new Promise((resolve) => setTimeout(resolve, 200));
+          controller.error(new TypeError("network error: connection lost"));
+          return;
+        }
+        const { done, value } = await upstream.read();
+        if (done) {
+          controller.close();
+          return;
+        }
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.indexOf("\n\n")) !== -1) {
+          const raw = buffer.slice(0, end + 2);
+          buffer = buffer.slice(end + 2);
+          controller.enqueue(new TextEncoder().encode(raw));
+          const [event] = events(raw);
+          if (event != null && !event.raw.startsWith("data: [DONE]")) {
+            if (event.id != null) seen.last = event.id;
+            if (++passed >= cut) {
+              await upstream.cancel();
+              cutNow = true;
+              return;
+            }
+          }
+        }
+      },
+    });
+    return new Response(body, { status: response.status, headers: response.headers });
+  };
+}
+
+async function chat(prefix, text) {
+  const results = [];
+  for (let k = 1; k <= 500; k++) {
+    const seen = { last: null };
+    const errors = [];
+    const transport = new DefaultChatTransport({
+      api,
+      fetch: droppingFetch(k, seen),
+      // Resume where the drop left it: the chunks after the last one received, on top of what the chat holds.
+      resumeStreamIsReplay: false,
+      prepareReconnectToStreamRequest: ({ headers }) => ({ headers: { ...headers, "Last-Event-ID": seen.last } }),
+    });
+    const c = new Chat({ id: `${prefix}-${k}`, transport, onError: (e) => errors.push(String(e)) });
+    await c.sendMessage({ text });
+    const dropped = c.status === "error";
+    if (dropped) await c.resumeStream();
+    results.push({ cut: k, dropped, after: seen.last, status: c.status, errors, messages: summary(c.messages) });
+    if (!dropped) break;
+  }
+  return results;
+}
+
+async function approve(chatId, text, verdict, reason) {
+  const errors = [];
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  await c.sendMessage({ text });
+  const asked = summary(c.messages);
+  const pending = c.lastMessage.parts.find((p) => p.state === "approval-requested");
+  if (!pending) return { asked, errors };
+  await c.addToolApprovalResponse({ id: pending.approval.id, approved: verdict === "approve", reason });
+  const responded = summary(c.messages);
+  await c.sendMessage();
+  return { asked, responded, after: summary(c.messages), errors };
+}
+
+let result;
+if (mode === "reader") result = await reader(rest[0]);
+else if (mode === "chat") result = await chat(rest[0], rest[1]);
+else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
+else throw new Error(`unknown mode ${mode}`);
+console.log(JSON.stringify(result));
