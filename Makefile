@@ -1,5 +1,5 @@
 # phaserunner: `make demo` runs the example offline; `make test` sets up .venv and runs every check;
-# `make docs` builds the API reference into site/.
+# `make docs` builds the docs site (the guide in docs/guide, the API reference) into site/.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -45,7 +45,8 @@ redis:
 pytest: install redis
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The API reference (mkdocs + mkdocstrings, static analysis: nothing imported, nothing fetched).
+# The guide and the API reference (mkdocs + mkdocstrings, static analysis: nothing imported, nothing fetched;
+# the CLI page is written from the parsers by a child process, docs/hooks/cli_reference.py).
 docs: install
 	$(VENV)/bin/mkdocs build --strict
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from adapters._memory_history import NO_HISTORY, StoredHistory, dump_apart, stored_dict
 from adapters.base import INBOX_OPEN, Feature, parse_cursor
 from adapters.live_wakeup import LoopWakeups
 from pipelines.engine.errors import (
@@ -46,7 +47,6 @@ from pipelines.engine.models import (
     dump_events,
     dump_json,
     dump_logs,
-    dump_record,
     validate_job_id,
 )
 
@@ -91,7 +91,8 @@ class VirtualClock:
 
 @dataclass
 class _Job:
-    record: str
+    record: str  # the record's JSON text without its turn history, which is kept apart:
+    history: StoredHistory = NO_HISTORY  # (see adapters._memory_history)
     messages: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -155,6 +156,8 @@ class MemoryStorage:
             rec = JobRecord.model_validate_json(job.record)
         except ValidationError as exc:
             raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
+        if job.history.marks:
+            rec.history = list(job.history.marks)  # frozen marks, shared like the Redis adapter's
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
@@ -166,21 +169,21 @@ class MemoryStorage:
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
                    events: Sequence[Event] = ()) -> None:
         validate_job_id(record.job_id)
-        text = dump_record(record, f"the record of job {record.job_id!r}")
+        text, history, _ = dump_apart(record, NO_HISTORY, f"the record of job {record.job_id!r}")
         msgs = [dump_json(m, "a transcript message") for m in messages]
         log_lines = dump_logs(logs)
         event_lines = dump_events(events)
         with self._lock:
             if record.job_id in self._jobs:
                 raise JobConflictError(f"job {record.job_id!r} already exists")
-            self._jobs[record.job_id] = _Job(record=text, messages=msgs, logs=log_lines, events=event_lines,
-                                             live=list(event_lines), version=record.version)
+            self._jobs[record.job_id] = _Job(record=text, history=history, messages=msgs, logs=log_lines,
+                                             events=event_lines, live=list(event_lines), version=record.version)
             self._published.notify_all()
             self._live_waiters.notify(record.job_id)
             self._set_due(record)
             self._set_listed(record.job_id, record)
             self.writes += 1
-            self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
+            self.bytes_written += len(text) + sum(map(len, (*history.lines, *msgs, *log_lines)))
 
     def _set_due(self, record: JobRecord) -> None:
         if record.status is JobStatus.RUNNING and record.checkpoint is not None:
@@ -214,7 +217,11 @@ class MemoryStorage:
     def commit(self, commit: Commit) -> CommitReply:
         # Serialise before taking the lock: a value JSON cannot carry fails
         # here, with nothing written (I1).
-        text = dump_record(commit.record, f"the record of job {commit.job_id!r}")
+        # The marks held now, read without the lock: the lines of the marks a commit keeps are those of
+        # the very objects, whichever record held them, so a commit landing meanwhile changes nothing.
+        stored = self._jobs.get(commit.job_id)
+        held = NO_HISTORY if stored is None else stored.history
+        text, history, added = dump_apart(commit.record, held, f"the record of job {commit.job_id!r}")
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         log_lines = dump_logs(commit.logs)
         event_lines = dump_events(commit.events)
@@ -247,6 +254,7 @@ class MemoryStorage:
                 self._published.notify_all()
                 self._live_waiters.notify(commit.job_id)
             job.record = text
+            job.history = history
             job.version = commit.record.version
             job.token = commit.token
             if commit.keep_journal:
@@ -262,7 +270,7 @@ class MemoryStorage:
             self._set_due(commit.record)
             self._set_listed(commit.job_id, commit.record)
             self.writes += 1
-            self.bytes_written += len(text) + sum(map(len, msgs)) + sum(map(len, log_lines))
+            self.bytes_written += len(text) + added + sum(map(len, msgs)) + sum(map(len, log_lines))
             return CommitReply(job.control, len(job.inbox))
 
     def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
@@ -506,7 +514,7 @@ class MemoryStorage:
             if job is None:
                 return {}
             return {
-                "record": json.loads(job.record),
+                "record": stored_dict(job.record, job.history),
                 "messages": [json.loads(m) for m in job.messages],
                 "logs": [json.loads(line) for line in job.logs],
                 "events": [json.loads(line) for line in job.events],

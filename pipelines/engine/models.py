@@ -42,6 +42,7 @@ __all__ = [
     "dump_json",
     "dump_events",
     "dump_logs",
+    "dump_marks",
     "dump_record",
     "encode_plain",
     "to_json_value",
@@ -703,6 +704,26 @@ def dump_record(record: JobRecord, what: str) -> str:
     written by this function: adapters call it before touching storage.
     """
     return _model_json(record, what, exclude_defaults=True)
+
+
+def dump_marks(marks: Sequence[TurnMark], what: str, *, start: int = 0) -> list[str]:
+    """The lines of ``marks[start:]``, for a storage that keeps a record's turn history apart, a mark a line.
+
+    Checked like :func:`dump_record` (a refused mark is named ``history[i]``, its place in the
+    record); the record itself is then dumped without its history. A history changes by a mark
+    a turn but holds up to ``HISTORY_LIMIT``, so a storage that knows the lines of the marks it
+    already holds (the very objects it handed out) dumps only the new ones.
+    """
+    lines = []
+    for i in range(start, len(marks)):
+        mark = marks[i]
+        try:
+            _scan(mark)
+        except _RefusedError as exc:
+            raise StateNotSerializableError(
+                f"{what}: history[{i}].{''.join(reversed(exc.args[1:]))} {exc.args[0]}") from None
+        lines.append(check_size(mark.model_dump_json(), what))
+    return lines
 
 
 class CommitReply(NamedTuple):

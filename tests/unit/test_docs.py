@@ -79,9 +79,13 @@ def test_the_site_builds_strictly_offline_without_importing_the_code(site: Path)
     assert "InvalidInputError" in errors_page
     pages = sorted(p.name for p in (site / "reference").iterdir() if p.is_dir())
     assert pages == ["agents", "app", "cli", "errors", "pipelines", "storage", "testing"]
-    guide = sorted(p.name for p in (site / "guide").iterdir() if p.is_dir())
-    assert guide == ["agents", "install", "long-lived", "operations", "pipelines", "production", "streaming",
-                     "testing"]
+    # Every guide page is in the navigation (no page only a search finds) and built.
+    pages_md = sorted(p.stem for p in (ROOT / "docs" / "guide").glob("*.md"))
+    nav = re.findall(r"^\s+- [^:]+: guide/([\w-]+)\.md$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
+    assert sorted(nav) == pages_md
+    assert sorted(p.name for p in (site / "guide").iterdir() if p.is_dir()) == pages_md
+    assert {"agents", "install", "long-lived", "operations", "pipelines", "production", "streaming",
+            "testing"} <= set(pages_md)
     assert not (site / "hooks").exists()  # the build's own code is not published
 
 

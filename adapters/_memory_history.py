@@ -1,0 +1,63 @@
+"""A job's turn history as :class:`~adapters.memory.MemoryStorage` keeps it: apart from the record, a mark a line.
+
+As on Redis (``adapters.redis``): the history changes by one mark a turn but
+holds up to ``HISTORY_LIMIT`` of them, so writing and parsing it whole with
+every record made a late turn cost more than an early one. The engine builds
+each history from the one it loaded (drop from the front, append), so the
+marks it keeps are the very objects storage handed out: their lines are known
+and only the new marks are checked and dumped. Anything else (a hand-made
+record, a history rebuilt) is dumped whole, checked by the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from pipelines.engine.models import JobRecord, TurnMark, dump_marks, dump_record
+
+__all__ = ["NO_HISTORY", "StoredHistory", "dump_apart", "stored_dict"]
+
+
+class StoredHistory(NamedTuple):
+    """The marks a record holds (the objects loads hand out, frozen) and their stored lines."""
+
+    marks: tuple[TurnMark, ...] = ()
+    lines: tuple[str, ...] = ()
+
+
+NO_HISTORY = StoredHistory()
+
+
+def dump_apart(record: JobRecord, held: StoredHistory, what: str) -> tuple[str, StoredHistory, int]:
+    """``record``'s text without its history, the history to store, and the bytes of the lines it adds.
+
+    ``held``: what storage holds now. Raises like :func:`~pipelines.engine.models.dump_record`,
+    before anything is written.
+    """
+    marks = record.history
+    text = dump_record(record.model_copy(update={"history": []}) if marks else record, what)
+    kept = _kept(marks, held)
+    drop = len(held.marks) - kept
+    new = dump_marks(marks, what, start=kept)
+    return text, StoredHistory(tuple(marks), (*held.lines[drop:], *new)), sum(map(len, new))
+
+
+def _kept(marks: list[TurnMark], held: StoredHistory) -> int:
+    """How many marks in front of ``marks`` are the held ones' tail, object for object (0: none known)."""
+    if not marks or not held.marks:
+        return 0
+    first = marks[0]
+    drop = next((i for i, m in enumerate(held.marks) if m is first), -1)
+    kept = len(held.marks) - drop
+    if drop < 0 or kept > len(marks) or any(a is not b for a, b in zip(marks, held.marks[drop:], strict=False)):
+        return 0
+    return kept
+
+
+def stored_dict(text: str, held: StoredHistory) -> dict[str, Any]:
+    """The stored record as one JSON document (``MemoryStorage.inspect``): its text with the history put back."""
+    data: dict[str, Any] = json.loads(text)
+    if held.lines:
+        data["history"] = [json.loads(line) for line in held.lines]
+    return data
