@@ -174,7 +174,19 @@ def _job_context(ui: UI, job_id: str) -> dict[str, Any]:
     return {"job": _row(rec), "rec": rec, "view": view, "skipped": start, "messages": _conversation(messages, start),
             "results": results, "logs": ui.app.logs(job_id)[-500:], "events": ui.app.events(job_id, limit=500),
             "state": state, "ledger": _ledger(rec), "pending": list(view.pending_calls),
-            "finished": view.finished, "actions": _actions(rec)}
+            "finished": view.finished, "actions": _actions(rec),
+            "pending_reply": _pending_reply(rec, view.pending_calls)}
+
+
+def _pending_reply(rec: JobRecord, pending: object) -> dict[str, Any] | None:
+    """The model's reply of the open turn while its calls wait for approval: shown, labelled, not yet committed."""
+    if rec.status is not JobStatus.WAITING or not pending or rec.checkpoint is None:
+        return None
+    answer = rec.checkpoint.journal.get(journal.MODEL)
+    message = answer.get("message") if isinstance(answer, dict) else None
+    if not isinstance(message, dict):
+        return None
+    return _conversation([message], rec.transcript_len)[0]
 
 
 def _conversation(messages: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@
     var text = document.getElementById("typing-text");
     if (!box || !text) { return; }
     text.textContent = buffer.text;
-    box.hidden = !buffer.text;
+    // A reply waiting for approval is rendered by the server, labelled so: the streamed copy is not shown twice.
+    box.hidden = !buffer.text || !!document.getElementById("pending-reply");
   }
 
   function flash(message) {

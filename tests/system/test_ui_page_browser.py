@@ -1,0 +1,127 @@
+"""The web page's round-2 features (issue 35) in headless Debian chromium, against an in-process App.
+
+The App is a real one (memory storage, the memory scheduler drained by the
+test) served by a real uvicorn on 127.0.0.1; the browser is chromium driven by
+selenium + chromedriver. What is checked is what a person sees and does.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from pipelines import Agent, App, tool
+from pipelines.testing import ScriptedModel, reply
+
+webdriver = pytest.importorskip("selenium.webdriver")
+uvicorn = pytest.importorskip("uvicorn")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+
+from pipelines.web.ui import ui_app  # noqa: E402
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                                reason="Debian's chromium and chromium-driver are missing (.ci/run installs them)")
+SNEAKY = "alice\u202e5 :tnuoma\u202c"
+
+
+@tool(needs_approval=True)
+def pay(to: str) -> str:
+    """Pay someone."""
+    return f"paid {to}"
+
+
+@tool
+def lookup(order: int) -> str:
+    """Look an order up."""
+    return f"order {order}: shipped"
+
+
+def _model(msgs: list[dict[str, Any]]) -> dict[str, Any]:
+    last = msgs[-1]
+    text = str(last.get("content") or "")
+    if last.get("role") == "user" and "pay" in text:
+        return reply("I will pay now.", {"id": "call_pay", "type": "function",
+                                          "function": {"name": "pay", "arguments": json.dumps({"to": SNEAKY})}})
+    turns = sum(1 for m in msgs if m.get("role") == "assistant")
+    if last.get("role") != "assistant" and turns < 3 and "look" in str(msgs[1].get("content") or ""):
+        return reply(f"looking ({turns})", {"id": f"call_{turns}", "type": "function",
+                                            "function": {"name": "lookup", "arguments": json.dumps({"order": turns})}})
+    return reply(f"you said: {text}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def app() -> App:
+    return App(storage=MemoryStorage(), scheduler=MemoryScheduler(), provenance=False,
+               agents=[Agent(name="desk", model=ScriptedModel(_model), tools=[pay, lookup])])
+
+
+@pytest.fixture
+def base(app: App) -> Iterator[str]:
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(ui_app(app), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    with tempfile.TemporaryDirectory(prefix="pr-chromium-") as profile:
+        options = Options()
+        options.binary_location = CHROMIUM
+        for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                    f"--user-data-dir={profile}", "--window-size=1280,1000"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.implicitly_wait(0)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+
+
+def text_of(driver: WebDriver, css: str) -> str:
+    text = driver.execute_script("var e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
+    return str(text or "").strip()
+
+
+def test_a_reply_waiting_for_approval_is_labelled_so_and_shows_hidden_characters(
+        app: App, base: str, browser: WebDriver) -> None:
+    app.run_agent("desk", job_id="pay-1", user="pay alice")
+    app.drain()
+    browser.get(f"{base}/jobs/pay-1")
+    assert text_of(browser, "#pending-reply .who").lower() == "assistant (waiting for approval)"
+    assert "I will pay now." in text_of(browser, "#pending-reply")
+    assert not browser.find_element(By.ID, "typing").is_displayed()
+    shown = text_of(browser, "#approvals .arguments")
+    assert "<U+202E>" in shown and "<U+202C>" in shown and "\u202e" not in shown
+    assert text_of(browser, "#approvals .call-id") == "call_pay"  # the call id as it is
