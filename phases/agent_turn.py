@@ -358,17 +358,21 @@ def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse
     # Small on purpose: the transcript already holds arguments and results;
     # events say what happened, in order, with the turn number. They are built
     # once the turn's work is done; turn_started keeps the time the turn began.
-    ctx.emit_at(ctx.started_at, "turn_started", turn=turn)
+    # Each event carries the time its step was journaled in this attempt (a timeline's spans), else now.
+    ctx.emit_at(ctx.started_at, "turn_started", turn=turn, attempt=ctx.attempt)
     usage = response.usage
-    ctx.emit("model_response", turn=turn, finish_reason=response.finish_reason, tool_calls=len(response.tool_calls),
-             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd)
+    answered = ctx.recorded_at(journal.MODEL)
+    ctx.emit_at(answered, "model_response", turn=turn, finish_reason=response.finish_reason,
+                tool_calls=len(response.tool_calls), prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd)
     names = {c["id"]: (c.get("function") or {}).get("name") for c in response.tool_calls}
     for call_id, name in names.items():
-        ctx.emit("tool_call", turn=turn, call_id=call_id, tool=name)
+        ctx.emit_at(answered, "tool_call", turn=turn, call_id=call_id, tool=name)
     for msg in results:
         content = msg.get("content")
-        ctx.emit("tool_result", turn=turn, call_id=msg["tool_call_id"], tool=names.get(msg["tool_call_id"]),
-                 error=isinstance(content, str) and content.startswith("Error:"))
+        ctx.emit_at(ctx.recorded_at(journal.tool_key(str(msg["tool_call_id"]))), "tool_result", turn=turn,
+                    call_id=msg["tool_call_id"], tool=names.get(msg["tool_call_id"]),
+                    error=isinstance(content, str) and content.startswith("Error:"))
 
 
 def _over_budget(usage: Usage, cfg: AgentConfig) -> str:

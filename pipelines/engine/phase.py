@@ -312,6 +312,7 @@ class PhaseContext(Generic[S]):
         # What a person supplied (approvals, recorded outcomes) reads like any
         # journaled step; a step the phase itself journaled wins.
         self._journal: dict[str, JSONValue] = {**checkpoint.inputs, **checkpoint.journal}
+        self._recorded_at: dict[str, float] = {}  # when this attempt journaled each step (timelines)
         self._lock = threading.Lock()
         self._buffer = _Buffered()
         self._on_commit: list[Callable[[Checkpoint[Any]], None]] = []
@@ -493,6 +494,13 @@ class PhaseContext(Generic[S]):
                            value=value, parts=parts)
         with self._lock:
             self._journal[key] = value
+            self._recorded_at[key] = self._clock()
+
+    def recorded_at(self, key: str) -> float:
+        """When this attempt journaled ``key`` (the scheduler's clock); now, if an earlier attempt or a person did."""
+        with self._lock:
+            at = self._recorded_at.get(key)
+        return self._clock() if at is None else at
 
     def on_commit(self, fn: Callable[[Checkpoint[Any]], None]) -> None:
         """Call ``fn(new_checkpoint)`` once this phase's commit has landed (moving on to a next phase).

@@ -41,6 +41,7 @@ from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
 from pipelines.web.auth import guarded, login, login_form, logout, refusal
 from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers, pretty_json
 from pipelines.web.sse import sse_response
+from pipelines.web.timeline import timeline
 
 __all__ = ["COUNT_LIMIT", "CSP", "PAGE_SIZE", "check_bind", "ui_app"]
 
@@ -171,8 +172,9 @@ def _job_context(ui: UI, job_id: str) -> dict[str, Any]:
     messages = ui.app.messages(job_id, start)
     results = {str(m.get("tool_call_id")): m for m in messages if m.get("role") == "tool"}
     state = None if rec.checkpoint is None else rec.checkpoint.state
+    events = ui.app.events(job_id, limit=500)
     return {"job": _row(rec), "rec": rec, "view": view, "skipped": start, "messages": _conversation(messages, start),
-            "results": results, "logs": ui.app.logs(job_id)[-500:], "events": ui.app.events(job_id, limit=500),
+            "results": results, "logs": ui.app.logs(job_id)[-500:], "events": events, "turns": timeline(events),
             "state": state, "ledger": _ledger(rec), "pending": list(view.pending_calls),
             "finished": view.finished, "actions": _actions(rec),
             "pending_reply": _pending_reply(rec, view.pending_calls)}

@@ -7,6 +7,7 @@ selenium + chromedriver. What is checked is what a person sees and does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import tempfile
@@ -74,19 +75,8 @@ def app() -> App:
 
 @pytest.fixture
 def base(app: App) -> Iterator[str]:
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(ui_app(app), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with _served(app) as url:
+        yield url
 
 
 @pytest.fixture
@@ -125,3 +115,74 @@ def test_a_reply_waiting_for_approval_is_labelled_so_and_shows_hidden_characters
     shown = text_of(browser, "#approvals .arguments")
     assert "<U+202E>" in shown and "<U+202C>" in shown and "\u202e" not in shown
     assert text_of(browser, "#approvals .call-id") == "call_pay"  # the call id as it is
+
+
+def test_the_timeline_shows_each_turn_with_its_spans_attempts_and_opens_the_turn(browser: WebDriver) -> None:
+    import os
+
+    from adapters.memory import VirtualClock
+    from pipelines.engine.errors import TransientModelError
+
+    clock = VirtualClock(1_800_000_000)
+    failed: list[int] = []
+
+    @tool
+    def search(order: int) -> str:
+        """Search orders."""
+        clock.advance(0.5 + order)  # the tool's time, on the scheduler's clock
+        return f"order {order}"
+
+    def model(msgs: list[dict[str, Any]]) -> dict[str, Any]:
+        clock.advance(2.0)  # the model's time
+        n = sum(1 for m in msgs if m.get("role") == "assistant")
+        if n == 1 and not failed:
+            failed.append(1)
+            raise TransientModelError("rate limited (429)", retry_after=3.0)
+        if n < 2:
+            return reply(f"step {n}", {"id": f"call_{n}", "type": "function",
+                                       "function": {"name": "search", "arguments": json.dumps({"order": n})}})
+        return reply("all done")
+
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(clock=clock), provenance=False,
+              agents=[Agent(name="desk", model=ScriptedModel(model), tools=[search])])
+    app.run_agent("desk", job_id="long-1", user="find my orders")
+    app.drain()
+    with _served(app) as url:
+        browser.get(f"{url}/jobs/long-1")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tr.turn")
+        assert [r.get_attribute("data-turn") for r in rows] == ["1", "2", "3"]
+        first = text_of(browser, "#turn-1")
+        assert "2.00s" in first and "search 0.50s" in first  # model 2s, then the tool
+        second = text_of(browser, "#turn-2")
+        assert "attempt 2 (1 retried)" in second and "search 1.50s" in second
+        bars = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#turn-2 rect')).map(r => r.textContent);")
+        assert bars == ["attempt failed, retried: model: rate limited (429): 3.00s", "model: 2.00s", "search: 1.50s"]
+        browser.set_window_size(1280, 700)
+        if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+            from tests.system.conftest import ROOT
+
+            browser.execute_script("document.getElementById('timeline').scrollIntoView();")
+            browser.save_screenshot(str(ROOT / "docs" / "images" / "ui-timeline.png"))
+        browser.find_element(By.CSS_SELECTOR, "#turn-2 a.open-turn").click()
+        assert browser.execute_script("return location.hash;") == "#m-3"
+        assert "step 1" in text_of(browser, "#m-3")  # the turn's first message, highlighted as the target
+        assert text_of(browser, "#m-2 .call-id") == "call_0"  # a call id as it is, not upper-cased with its label
+        assert browser.execute_script("return document.querySelector(':target').id;") == "m-3"
+
+
+@contextlib.contextmanager
+def _served(app: App) -> Iterator[str]:
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(ui_app(app), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
