@@ -134,7 +134,9 @@ def test_workers_sigkilled_mid_run_lose_nothing_and_apply_no_effect_twice(procs:
     jobs = [f"kill-{i:02d}" for i in range(30)]
     start_jobs(app, jobs, TURNS)
     max_kills = 4
-    deadline = time.monotonic() + 100
+    # After two kills one worker may work alone while the others warm up (a minute under load): a bound
+    # on progress, not a speed goal.
+    deadline = time.monotonic() + 200
     lost_since: dict[str, float] = {}
     while time.monotonic() < deadline:
         killer.tick(killing=len(killer.kills) < max_kills)
