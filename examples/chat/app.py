@@ -10,6 +10,7 @@ Routes:
   awaiting it; the message ``useChat`` sends after ``addToolApprovalResponse({id, approved, reason})``
   (its last assistant message holds the answered parts) approves or rejects the calls
   (``app.approve`` / ``app.reject``, the reason kept) and streams the run going on, the same message.
+  The text of each turn comes once the turn committed (see ``hold_text`` in :mod:`pipelines.web.sse`).
 - ``GET /chat/{id}/stream`` resumes it (``Last-Event-ID`` or ``?cursor=``; ``useChat``'s resume
   replays the latest answer).
 - ``GET /`` a page that renders tokens as they arrive and reconnects with ``Last-Event-ID``.
@@ -91,7 +92,9 @@ def build_app(app: App, *, agent: str = "chat") -> Starlette:
         if body.get("stream") is False:
             return JSONResponse({"id": job_id}, status_code=202)
         # After approvals the client holds the message up to the wait: it gets what follows, in that message.
-        return sse_response(app, job_id, request, format=_format(request), after=after)
+        # useChat's send path appends whatever text it gets, so each turn's text comes once committed
+        # (a retried attempt that says something else is never shown); GET .../stream streams it live.
+        return sse_response(app, job_id, request, format=_format(request), after=after, hold_text=True)
 
     async def stream(request: Request) -> Response:
         try:

@@ -15,6 +15,13 @@ cannot be taken back chunk by chunk, so the message is sent again from its ``sta
 ``messageId``: ``readUIMessageStream`` and ``useChat``'s resume reset their state on a new id, and
 the assembled message equals the transcript.
 
+That reset happens only where the reader resets on a new id: ``readUIMessageStream`` and
+``useChat``'s resume (``trigger === "resume-stream"``). ``useChat``'s send path (the response to
+``sendMessage``) appends to the message it holds, so text once sent stays. With ``hold_text`` the
+encoder sends no text while a turn runs: each turn's text comes whole at its ``turn_committed``,
+from the transcript (or at an approval wait, whose model answer is already journaled), so the send
+path never shows an attempt that is then abandoned. The steps and tool parts still come as they happen.
+
 A call waiting for a person's approval (``approval_requested``) is sent as its tool part
 (``tool-input-available``) and a ``tool-approval-request`` whose ``approvalId`` is the call id: the
 AI SDK shows it ``approval-requested``. When the run goes on, the same message goes on (no new
@@ -58,8 +65,10 @@ class UIMessageEncoder:
     state a client holds (a resume from ``Last-Event-ID``).
     """
 
-    def __init__(self, job_id: str, messages: Callable[[int, int], list[Message]]) -> None:
+    def __init__(self, job_id: str, messages: Callable[[int, int], list[Message]], *,
+                 hold_text: bool = False) -> None:
         self.job_id = job_id
+        self.hold_text = hold_text
         self._messages = messages
         self.message_id: str | None = None
         self.ended = False  # the message ended: the HTTP response can end
@@ -74,6 +83,7 @@ class UIMessageEncoder:
         self._end_step()
 
     def _end_step(self) -> None:
+        self._held: list[str] = []  # hold_text: the latest attempt's text, not sent yet
         self._turn: int | None = None
         self._attempt: str | None = None
         self._text_id: str | None = None
@@ -110,10 +120,16 @@ class UIMessageEncoder:
         if part.turn != self._turn:
             out += self._open_step(part.turn)
         if kind == "attempt_started" or (kind == "text_delta" and self._attempt is None):
-            self._attempt, self._current_len = str(attempt), 0
+            self._attempt, self._current_len, self._held = str(attempt), 0, []
         if kind == "text_delta" and str(attempt) == self._attempt:
-            out += self._add_text(str(part.data.get("text", "")))
+            out += self._delta(str(part.data.get("text", "")))
         return out
+
+    def _delta(self, piece: str) -> list[Chunk]:
+        if self.hold_text:
+            self._held.append(piece)
+            return []
+        return self._add_text(piece)
 
     # --- message and steps -------------------------------------------------------------------
     def _start(self, message_id: str) -> list[Chunk]:
@@ -222,7 +238,9 @@ class UIMessageEncoder:
         gets this part as its last ends it, and the response the run goes on in
         must find it in the same state.
         """
-        out: list[Chunk] = []
+        # The model's answer is journaled before a call waits: the latest attempt's text is the turn's.
+        out = self._sync_text("".join(self._held)) if self.hold_text and self._held else []
+        self._held = []
         if self._text_id is not None:
             out += self._emit({"type": "text-end", "id": self._text_id})
             self._text_id = None

@@ -1,8 +1,11 @@
 """A job's live stream over Server-Sent Events, for Starlette and FastAPI: :func:`sse_response`.
 
-Every SSE event carries the part's cursor as its ``id:``, so a browser's
-``EventSource`` (or any client sending ``Last-Event-ID``) resumes where it
-stopped: nothing missed, nothing twice. Comment lines go out as heartbeats
+Every SSE event carries an ``id:``, so a browser's ``EventSource`` (or any
+client sending ``Last-Event-ID``) resumes where it stopped: nothing missed,
+nothing twice. In the ``parts`` format it is the part's cursor; in the
+``ai-sdk`` format a part can make several chunks, and each one's id is
+``<part id>:<k>`` (the k-th chunk made from that part), so a client cut off
+between two chunks of one part resumes between them too. Comment lines go out as heartbeats
 while nothing happens, so proxies keep the connection open. Storage is read
 through :meth:`~pipelines.app.App.astream`: on memory and Redis a waiting
 stream holds no thread (a thousand idle clients cost none of the executor's
@@ -36,7 +39,8 @@ _AI_SDK_HEADERS = {**_HEADERS, "x-vercel-ai-ui-message-stream": "v1"}
 
 
 def sse_response(app: App, job_id: str, request: Request, *, format: StreamFormat = "parts",
-                 after: str | None = None, heartbeat: float = HEARTBEAT_SECONDS) -> JobStreamResponse:
+                 after: str | None = None, heartbeat: float = HEARTBEAT_SECONDS,
+                 hold_text: bool = False) -> JobStreamResponse:
     """The stream of ``job_id`` as a ``text/event-stream`` response.
 
     The starting cursor is the ``Last-Event-ID`` header, else the ``cursor``
@@ -47,29 +51,47 @@ def sse_response(app: App, job_id: str, request: Request, *, format: StreamForma
     cursor is in (the latest run without a cursor), ending with it (see
     :mod:`pipelines.web.aisdk`). A malformed cursor, or one this job's stream
     never gave out, is answered 400 and an unknown job 404, with a JSON
-    ``{"error": ...}`` body, before anything is streamed.
+    ``{"error": ...}`` body, before anything is streamed. ``hold_text=True``
+    (``ai-sdk``): each turn's text comes whole once the turn committed, for a
+    reader that cannot take text back (``useChat``'s send path; see
+    :mod:`pipelines.web.aisdk`); its event ids end ``:h``, and a resume from
+    one holds the text too, whatever ``hold_text`` says.
     """
     if format not in ("parts", "ai-sdk"):
         raise InvalidInputError(f"format must be 'parts' or 'ai-sdk', got {format!r}")
     if not heartbeat > 0:
         raise InvalidInputError(f"heartbeat must be a positive number of seconds, got {heartbeat!r}")
     cursor = request.headers.get("last-event-id") or request.query_params.get("cursor") or after
-    return JobStreamResponse(app, job_id, request, cursor=cursor, format=format, heartbeat=heartbeat)
+    return JobStreamResponse(app, job_id, request, cursor=cursor, format=format, heartbeat=heartbeat,
+                             hold_text=hold_text)
+
+
+def _split(cursor: str | None) -> tuple[str | None, int | None, bool]:
+    """An ``ai-sdk`` event id ``<part id>:<k>[:h]`` as (part id, k, held); a bare part id is (part id, None, False)."""
+    if cursor is None or ":" not in cursor:
+        return cursor, None, False
+    held = cursor.endswith(":h")
+    part, _, k = cursor.removesuffix(":h").rpartition(":")
+    if not (part and k.isascii() and k.isdigit() and len(k) <= 9):
+        raise InvalidInputError(f"cursor {cursor!r:.60} is not an event id: expected <part id>:<chunk number>")
+    return part, int(k), held
 
 
 class JobStreamResponse(StreamingResponse):
     """The response :func:`sse_response` returns: checks the job and cursor when served, then streams."""
 
     def __init__(self, app: App, job_id: str, request: Request, *, cursor: str | None, format: StreamFormat,
-                 heartbeat: float) -> None:
+                 heartbeat: float, hold_text: bool = False) -> None:
         self.app, self.job_id, self.request = app, job_id, request
         self.cursor, self.format, self.heartbeat = cursor, format, heartbeat
+        self.chunk: int | None = None  # ai-sdk: the last chunk of the cursor's part the client has (None: all)
+        self.hold_text = hold_text
         headers = _AI_SDK_HEADERS if format == "ai-sdk" else _HEADERS
         super().__init__(_nothing(), media_type="text/event-stream", headers=headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            backlog = await asyncio.to_thread(self._backlog)
+            backlog = await self._backlog()
         except JobNotFoundError as exc:
             await JSONResponse({"error": str(exc)}, status_code=404)(scope, receive, send)
             return
@@ -79,11 +101,16 @@ class JobStreamResponse(StreamingResponse):
         self.body_iterator = self._events(backlog)
         await super().__call__(scope, receive, send)
 
-    def _backlog(self) -> list[Event]:
+    async def _backlog(self) -> list[Event]:
         """Every part stored now, after checking the job and the cursor (raises before anything is sent)."""
+        if self.format == "ai-sdk":
+            self.cursor, self.chunk, held = _split(self.cursor)
+            # Resumed from a stream that held its text: the chunks to match are that stream's.
+            self.hold_text = self.hold_text or held
         if self.cursor is not None:
-            list(self.app.stream(self.job_id, after=self.cursor, follow=False, timeout=0))  # checks it
-        parts = list(self.app.stream(self.job_id, follow=False))
+            async for _ in self.app.astream(self.job_id, after=self.cursor, follow=False, timeout=0):
+                pass  # read to its end: that checks the cursor
+        parts = [part async for part in self.app.astream(self.job_id, follow=False)]
         if self.cursor is not None and (not parts or not _comparable(self.cursor, parts[-1].id)
                                         or _key(self.cursor) > _key(parts[-1].id)):
             raise InvalidInputError(f"cursor {self.cursor!r:.60} is not a part id of job {self.job_id!r}'s stream")
@@ -91,10 +118,11 @@ class JobStreamResponse(StreamingResponse):
 
     async def _events(self, backlog: list[Event]) -> AsyncIterator[str]:
         if self.format == "ai-sdk":
-            encoder = UIMessageEncoder(self.job_id, lambda a, b: self.app.messages(self.job_id, a, b))
+            encoder = UIMessageEncoder(self.job_id, lambda a, b: self.app.messages(self.job_id, a, b),
+                                       hold_text=self.hold_text)
             emit = _AiSdkEmitter(encoder)
             # The encoder reads the transcript at each turn's end: a storage round trip, so off the event loop.
-            first = await asyncio.to_thread(emit.replay, backlog, self.cursor)
+            first = await asyncio.to_thread(emit.replay_ai, backlog, self.cursor, self.chunk)
             async for text in self._follow(first, backlog, emit):
                 yield text
             return
@@ -225,25 +253,44 @@ class _PartsEmitter(_Emitter):
 
 
 class _AiSdkEmitter(_Emitter):
-    """``format="ai-sdk"``: UI message chunks; a part's id goes on the last chunk it produced."""
+    """``format="ai-sdk"``: UI message chunks, the k-th made from a part with the id ``<part id>:<k>``."""
 
     def __init__(self, encoder: UIMessageEncoder) -> None:
         self.encoder = encoder
 
     def replay(self, backlog: list[Event], cursor: str | None) -> list[str]:
-        if cursor is None:
-            run = backlog[run_start(backlog):]
-            seen: list[Event] = []
-        else:
-            upto = sum(1 for _ in _before(backlog, cursor))
-            first = run_start(backlog, upto - 1) if upto else 0
-            run, seen = backlog[upto:], backlog[first:upto]
-        for i, part in enumerate(seen):  # rebuild what the client holds, silently
-            self.encoder.feed(part, final=not (i + 1 < len(seen) or run))
-        self.done = self.encoder.ended and not run
+        return self.replay_ai(backlog, cursor, None)
+
+    def replay_ai(self, backlog: list[Event], cursor: str | None, chunk: int | None) -> list[str]:
+        """The chunks a client that has everything up to chunk ``chunk`` of part ``cursor`` is missing.
+
+        The encoder's output is a function of the parts alone, so feeding the
+        run's parts again from its start rebuilds what the client holds; of the
+        cursor's own part only the chunks after ``chunk`` go out.
+        """
+        upto = 0 if cursor is None else sum(1 for _ in _before(backlog, cursor))
+        if cursor is None or (chunk is not None and (not upto or backlog[upto - 1].id != cursor)):
+            # No cursor, or its part is gone (a Redis stream keeps about one turn): what the client holds
+            # cannot be rebuilt, so it gets the whole run's message under an id of its own, which the AI
+            # SDK's readers reset on.
+            self.encoder.again = cursor is not None
+            return self._send(backlog[run_start(backlog, upto - 1 if upto else None):], skip=None)
+        first = run_start(backlog, upto - 1)
+        seen, run = backlog[first:upto - 1], backlog[upto - 1:]
+        for part in seen:  # rebuild what the client holds, silently
+            self.encoder.feed(part, final=False)
+        if chunk is None:  # a bare part id: the client has all of that part's chunks
+            self.encoder.feed(run[0], final=len(run) == 1)
+            self.done = self.encoder.ended and len(run) == 1
+            return [] if self.done else self._send(run[1:], skip=None)
+        return self._send(run, skip=chunk)
+
+    def _send(self, run: list[Event], *, skip: int | None) -> list[str]:
+        """The chunks of ``run``'s parts, without the first part's chunks up to number ``skip``."""
         out: list[str] = []
         for i, part in enumerate(run):
-            out += self._chunks(part, final=i + 1 == len(run))
+            events = self._chunks(part, final=i + 1 == len(run))
+            out += events[skip + 1:] if i == 0 and skip is not None else events
             if self.done:
                 break
         return out
@@ -257,7 +304,8 @@ class _AiSdkEmitter(_Emitter):
     def _chunks(self, part: Event, *, final: bool) -> list[str]:
         chunks = self.encoder.feed(part, final=final)
         self.done = self.encoder.ended
-        return [_event(c, part.id if i + 1 == len(chunks) else None) for i, c in enumerate(chunks)]
+        held = ":h" if self.encoder.hold_text else ""
+        return [_event(c, f"{part.id}:{i}{held}") for i, c in enumerate(chunks)]
 
     def close(self) -> list[str]:
         return ["data: [DONE]\n\n"]

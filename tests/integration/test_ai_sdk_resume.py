@@ -20,7 +20,7 @@ from adapters.memory import MemoryScheduler, MemoryStorage
 from examples.chat.app import build_app
 from phases.model import ModelRequest, ModelResponse
 from pipelines import Agent, App, tool
-from pipelines.engine.models import Message
+from pipelines.engine.models import Message, Usage
 from pipelines.testing import ScriptedModel, call, reply
 from tests import node_tools
 from tests.integration.test_sse import NODE_DIR, lookup, serve
@@ -160,3 +160,36 @@ def test_a_call_waiting_for_approval_is_answered_through_abstract_chat_and_the_r
     assert [c["cut"] for c in replayed["cuts"] if c["parts"] != want or c["errors"]] == []
     assert app.get(f"r-{verdict}").status.value == "complete"
     assert ("not this one" in result) is not approved  # a rejection's reason reached the model
+
+
+# --- a retried attempt that says something else ----------------------------------------------------
+class SaysSomethingElse:
+    """A provider stream that breaks once, after some text; the retry says something else."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        assert request.on_delta is not None and request.on_restart is not None
+        for word in ("I think ", "the answer ", "is probably "):
+            request.on_delta(word)
+            time.sleep(0.02)
+        request.on_restart()
+        for i in range(0, len(TEXT), 10):
+            request.on_delta(TEXT[i:i + 10])
+            time.sleep(0.02)
+        return ModelResponse(message={"role": "assistant", "content": TEXT}, finish_reason="stop",
+                             usage=Usage(model_calls=2))
+
+
+def test_use_chats_send_path_shows_only_the_attempt_that_committed() -> None:
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=SaysSomethingElse(), stream_retries=2)])  # type: ignore[arg-type]
+    with serve(build_app(app, agent="a")) as base:
+        sent = node("send", base + "/chat", "retried", "hi")
+        replayed = node("reader", base + "/chat", "retried")  # the resume path, cut anywhere, streams it live
+    committed = app.messages("retried")[-1]["content"]
+    assert committed.startswith("Order A-1") and "probably" not in committed
+    assert sent["errors"] == [] and sent["status"] == "ready"
+    assert sent["messages"] == [{"role": "user", "parts": [{"type": "text", "text": "hi"}]},
+                                {"role": "assistant", "parts": [{"type": "step-start"},
+                                                                {"type": "text", "text": committed, "state": "done"}]}]
+    want = [{"type": "step-start"}, {"type": "text", "text": committed, "state": "done"}]
+    assert [c["cut"] for c in replayed["cuts"] if c["parts"] != want or c["errors"]] == []

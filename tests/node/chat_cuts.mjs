@@ -10,6 +10,8 @@
 //     For each cut k = 1, 2, ... until a response ends before its k-th event: a fresh AbstractChat sends <text> (POST <api>, a new run); the connection drops
 //     after the k-th event (a network TypeError, which AbstractChat keeps resumable); resumeStream()
 //     reconnects with the last event id it saw. Prints the chat's messages once the resume ended.
+//   node chat_cuts.mjs send <api> <chat id> <text>
+//     AbstractChat sends <text> (useChat's send path); prints the chat's messages once the answer ended.
 //   node chat_cuts.mjs approve <api> <chat id> <text> <approve|deny> <reason>
 //     AbstractChat sends <text>; the answer ends waiting for approval; addToolApprovalResponse and a
 //     sendMessage() send the response (as useChat does with sendAutomaticallyWhen); prints the
@@ -181,8 +183,16 @@ async function approve(chatId, text, verdict, reason) {
   return { asked, responded, after: summary(c.messages), errors };
 }
 
+async function send(chatId, text) {
+  const errors = [];
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  await c.sendMessage({ text });
+  return { messages: summary(c.messages), status: c.status, errors };
+}
+
 let result;
-if (mode === "reader") result = await reader(rest[0]);
+if (mode === "send") result = await send(rest[0], rest[1]);
+else if (mode === "reader") result = await reader(rest[0]);
 else if (mode === "chat") result = await chat(rest[0], rest[1]);
 else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
 else throw new Error(`unknown mode ${mode}`);
