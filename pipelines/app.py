@@ -26,17 +26,13 @@ from adapters.base import (
     CountingIndex,
     FlowCapable,
     InProcessScheduler,
-    NamedQueues,
     RetentionStore,
     Scheduler,
     Storage,
     VersionedSchema,
 )
-from phases import approvals, titles
+from phases import approvals
 from phases.callbacks import CALLBACKS, check_callbacks
-from phases.run_input import check_tags
-from pipelines import streams
-from pipelines.agent import Agent
 from pipelines.engine import children, control, flow, inbox, transitions, versions, writer
 from pipelines.engine.capabilities import Feature, as_feature, has
 from pipelines.engine.env import RunEnv
@@ -56,8 +52,9 @@ from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, advanc
 from pipelines.engine.start import RetryMode, check_retry_mode, start_job
 from pipelines.handle import JobView, RunHandle
 from pipelines.provenance import current_commit, with_provenance
+from pipelines.read_model import ReadModel, tags_of
 
-__all__ = ["App", "PipelineSource", "RetentionStore"]
+__all__ = ["App", "PipelineSource", "RetentionStore", "tags_of"]
 
 logger = logging.getLogger("pipelines")
 
@@ -162,6 +159,8 @@ class App:
         self._pipelines: dict[str, Pipeline] = {}
         self._agents: dict[str, PipelineSource] = {}
         self.schemas: dict[str, type[BaseModel]] = {}
+        #: What the web page, the CLI and services read (pipelines.read_model); the registries are shared.
+        self.read = ReadModel(storage, scheduler, agents=self._agents, pipelines=self._pipelines, typed=self)
         for schema in schemas:
             self.add_schema(schema)
         for name, phases in (pipelines or {}).items():
@@ -311,76 +310,60 @@ class App:
         """A handle on an existing run (``app.handle(id).wait()``)."""
         return RunHandle(self, validate_job_id(job_id))
 
-    # --- reading -----------------------------------------------------------------------------
+    # --- reading: a thin face over the read model (pipelines.read_model) ----------------------
     def get(self, job_id: str) -> JobView | None:
         """The job as a :class:`JobView` (typed result and state), or ``None`` for an unknown id."""
-        record = self.storage.get_job(validate_job_id(job_id))
-        return None if record is None else self.view(record)
+        return self.read.get(job_id)
 
     def view(self, record: JobRecord) -> JobView:
         """``record`` as a :class:`JobView`."""
-        source = self._agents.get(record.pipeline)
-        result = source.typed_result(record, self) if source is not None else record.result
-        pipeline = self._pipelines.get(record.pipeline)
-        state = None if record.checkpoint is None else record.checkpoint.state
-        if pipeline is not None and pipeline.state is not None and state is not None:
-            state = pipeline.state.model_validate(state)
-        return JobView(record=record, result=result, state=state,
-                       pending_calls=tuple(approvals.pending_calls_of(record)), title=self._title(record, source))
-
-    def _title(self, record: JobRecord, source: PipelineSource | None) -> str | None:
-        """A conversation's title (from its title job, when its agent has a ``title_agent``)."""
-        if record.title or not isinstance(source, Agent) or source.config.title_agent is None:
-            return record.title
-        return titles.title_of(record, self.storage.get_job(titles.title_job_id(record.job_id)))
+        return self.read.view(record)
 
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """The committed transcript ``[start:stop]``."""
-        control.load_job(self.storage, job_id)
-        return self.storage.messages(job_id, start, stop)
+        return self.read.messages(job_id, start, stop)
 
     def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
         """Committed events after the cursor ``after`` (an event id)."""
-        control.load_job(self.storage, job_id)
-        return self.storage.events(job_id, after=after, limit=limit)
+        return self.read.events(job_id, after=after, limit=limit)
 
     def logs(self, job_id: str) -> list[LogEntry]:
         """The job's human-readable log."""
-        control.load_job(self.storage, job_id)
-        return self.storage.logs(job_id)
+        return self.read.logs(job_id)
 
     def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
                timeout: float | None = None) -> Iterator[Event]:
         """The job's parts from the cursor ``after``: events and text as it arrives (see :mod:`pipelines.streams`)."""
-        return streams.follow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+        return self.read.stream(job_id, after=after, follow=follow, timeout=timeout)
 
     def astream(self, job_id: str, *, after: str | None = None, follow: bool = True,
                 timeout: float | None = None) -> AsyncIterator[Event]:
         """:meth:`stream` for ``async`` code."""
-        return streams.afollow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+        return self.read.astream(job_id, after=after, follow=follow, timeout=timeout)
 
     def jobs(self, *, status: JobStatus | None = None, tags: Sequence[str] = (), limit: int = 1000) -> list[JobView]:
-        """Jobs (oldest first), optionally only those in ``status`` carrying every tag in ``tags``.
-
-        Tags are read from each listed record: the filter applies to the
-        ``limit`` records storage lists (no tag index yet).
-        """
-        wanted = check_tags(list(tags))
-        records = self.storage.list_jobs(status=status, limit=limit)
-        picked = [r for r in records if set(wanted) <= set(tags_of(r))]
-        return [self.view(r) for r in sorted(picked, key=lambda r: (r.created_at, r.job_id))]
+        """Jobs (oldest first), optionally only those in ``status`` carrying every tag in ``tags``."""
+        return self.read.jobs(status=status, tags=tags, limit=limit)
 
     def queue_of(self, priority: str | None = None) -> str | None:
         """The queue a run of ``priority`` waits on, as its scheduler names it; ``None`` for an in-process one."""
-        queues = as_feature(self.scheduler, Feature.NAMED_QUEUES, NamedQueues)  # type: ignore[type-abstract]
-        return None if queues is None else queues.queue_for(priority)
+        return self.read.queue_of(priority)
 
     @property
     def storage_path(self) -> str | None:
         """Where a file storage (SQLite) keeps its data; ``None`` for a server or memory."""
-        schema = as_feature(self.storage, Feature.SCHEMA, VersionedSchema)  # type: ignore[type-abstract]
-        return None if schema is None else schema.path
+        return self.read.storage_path
 
+    @property
+    def has_listing_index(self) -> bool:
+        """Whether the storage keeps listing indexes: counts without reading records, pages by cursor."""
+        return self.read.has_listing_index
+
+    def count_jobs(self, status: JobStatus | None = None) -> int | None:
+        """How many jobs there are (in ``status``), from the listing index; ``None`` when the storage has none."""
+        return self.read.count_jobs(status)
+
+    # --- operating on the storage ---------------------------------------------------------------
     def migrate_storage(self) -> tuple[int, int]:
         """Upgrade the storage's schema to this version (``pipelines migrate``): ``(before, after)``."""
         schema = as_feature(self.storage, Feature.SCHEMA, VersionedSchema)  # type: ignore[type-abstract]
@@ -388,16 +371,6 @@ class App:
             raise ConfigurationError(f"{type(self.storage).__name__} keeps no schema version: nothing to migrate "
                                      "(pipelines migrate upgrades an SQLite file)")
         return schema.migrate()
-
-    @property
-    def has_listing_index(self) -> bool:
-        """Whether the storage keeps listing indexes: counts without reading records, pages by cursor."""
-        return has(self.storage, Feature.COUNTS)
-
-    def count_jobs(self, status: JobStatus | None = None) -> int | None:
-        """How many jobs there are (in ``status``), from the listing index; ``None`` when the storage has none."""
-        counter = as_feature(self.storage, Feature.COUNTS, CountingIndex)  # type: ignore[type-abstract]
-        return None if counter is None else counter.count_jobs(status=status)
 
     def reindex(self) -> int:
         """Put jobs stored before the listing indexes existed into them (safe while workers run); how many."""
@@ -722,9 +695,3 @@ def _tools_of(agent: Any) -> list[Any]:
     config = getattr(agent, "config", None)
     tmap = getattr(config, "tmap", None) if getattr(config, "tools_provider", None) is None else None
     return list(tmap.values()) if isinstance(tmap, Mapping) else []
-
-
-def tags_of(record: JobRecord) -> list[str]:
-    """The tags a run was started with (provenance included)."""
-    tags = record.options.get("tags")
-    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []

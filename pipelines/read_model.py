@@ -1,0 +1,132 @@
+"""The App's read model: what the web page, the CLI and a service read about runs, without writing anything.
+
+A :class:`ReadModel` answers from storage and from the App's registry of
+agents and pipelines (to type a result or a state): job views, transcripts,
+logs, events and the live stream by cursor, listings and counts, and the
+names of where a run waits. The App exposes it as ``app.read`` and keeps its
+own methods of the same names (``app.get``, ``app.jobs``, ...) as a thin face
+over it. Nothing here starts, changes or deletes a run; those are the App's
+runs and operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from adapters.base import CountingIndex, NamedQueues, Scheduler, Storage, VersionedSchema
+from phases import approvals, titles
+from phases.run_input import check_tags
+from pipelines import streams
+from pipelines.agent import Agent
+from pipelines.engine import control
+from pipelines.engine.capabilities import Feature, as_feature, has
+from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, validate_job_id
+from pipelines.handle import JobView
+
+if TYPE_CHECKING:
+    from pipelines.engine.phase import Pipeline
+
+__all__ = ["ReadModel", "tags_of"]
+
+
+def tags_of(record: JobRecord) -> list[str]:
+    """The tags a run was started with (provenance included)."""
+    tags = record.options.get("tags")
+    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+
+class ReadModel:
+    """Reads about runs (see the module doc). ``agents`` / ``pipelines``: the App's registries, by name,
+    shared (not copied), so an agent added later is known here too; ``typed``: the App the agents type their
+    results with (its ``schemas``)."""
+
+    def __init__(self, storage: Storage, scheduler: Scheduler, *, agents: Mapping[str, Any],
+                 pipelines: Mapping[str, Pipeline], typed: Any) -> None:
+        self.storage = storage
+        self.scheduler = scheduler
+        self._agents = agents
+        self._pipelines = pipelines
+        self._typed = typed
+
+    # --- one run -----------------------------------------------------------------------------
+    def get(self, job_id: str) -> JobView | None:
+        """The job as a :class:`JobView` (typed result and state), or ``None`` for an unknown id."""
+        record = self.storage.get_job(validate_job_id(job_id))
+        return None if record is None else self.view(record)
+
+    def view(self, record: JobRecord) -> JobView:
+        """``record`` as a :class:`JobView`."""
+        source = self._agents.get(record.pipeline)
+        result = source.typed_result(record, self._typed) if source is not None else record.result
+        pipeline = self._pipelines.get(record.pipeline)
+        state = None if record.checkpoint is None else record.checkpoint.state
+        if pipeline is not None and pipeline.state is not None and state is not None:
+            state = pipeline.state.model_validate(state)
+        return JobView(record=record, result=result, state=state,
+                       pending_calls=tuple(approvals.pending_calls_of(record)), title=self._title(record, source))
+
+    def _title(self, record: JobRecord, source: Any) -> str | None:
+        """A conversation's title (from its title job, when its agent has a ``title_agent``)."""
+        if record.title or not isinstance(source, Agent) or source.config.title_agent is None:
+            return record.title
+        return titles.title_of(record, self.storage.get_job(titles.title_job_id(record.job_id)))
+
+    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        """The committed transcript ``[start:stop]``."""
+        control.load_job(self.storage, job_id)
+        return self.storage.messages(job_id, start, stop)
+
+    def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """Committed events after the cursor ``after`` (an event id)."""
+        control.load_job(self.storage, job_id)
+        return self.storage.events(job_id, after=after, limit=limit)
+
+    def logs(self, job_id: str) -> list[LogEntry]:
+        """The job's human-readable log."""
+        control.load_job(self.storage, job_id)
+        return self.storage.logs(job_id)
+
+    def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
+               timeout: float | None = None) -> Iterator[Event]:
+        """The job's parts from the cursor ``after``: events and text as it arrives (see :mod:`pipelines.streams`)."""
+        return streams.follow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+
+    def astream(self, job_id: str, *, after: str | None = None, follow: bool = True,
+                timeout: float | None = None) -> AsyncIterator[Event]:
+        """:meth:`stream` for ``async`` code."""
+        return streams.afollow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+
+    # --- many runs ---------------------------------------------------------------------------
+    def jobs(self, *, status: JobStatus | None = None, tags: Sequence[str] = (), limit: int = 1000) -> list[JobView]:
+        """Jobs (oldest first), optionally only those in ``status`` carrying every tag in ``tags``.
+
+        Tags are read from each listed record: the filter applies to the
+        ``limit`` records storage lists (no tag index yet).
+        """
+        wanted = check_tags(list(tags))
+        records = self.storage.list_jobs(status=status, limit=limit)
+        picked = [r for r in records if set(wanted) <= set(tags_of(r))]
+        return [self.view(r) for r in sorted(picked, key=lambda r: (r.created_at, r.job_id))]
+
+    @property
+    def has_listing_index(self) -> bool:
+        """Whether the storage keeps listing indexes: counts without reading records, pages by cursor."""
+        return has(self.storage, Feature.COUNTS)
+
+    def count_jobs(self, status: JobStatus | None = None) -> int | None:
+        """How many jobs there are (in ``status``), from the listing index; ``None`` when the storage has none."""
+        counter = as_feature(self.storage, Feature.COUNTS, CountingIndex)  # type: ignore[type-abstract]
+        return None if counter is None else counter.count_jobs(status=status)
+
+    # --- where things are --------------------------------------------------------------------
+    def queue_of(self, priority: str | None = None) -> str | None:
+        """The queue a run of ``priority`` waits on, as its scheduler names it; ``None`` for an in-process one."""
+        queues = as_feature(self.scheduler, Feature.NAMED_QUEUES, NamedQueues)  # type: ignore[type-abstract]
+        return None if queues is None else queues.queue_for(priority)
+
+    @property
+    def storage_path(self) -> str | None:
+        """Where a file storage (SQLite) keeps its data; ``None`` for a server or memory."""
+        schema = as_feature(self.storage, Feature.SCHEMA, VersionedSchema)  # type: ignore[type-abstract]
+        return None if schema is None else schema.path
