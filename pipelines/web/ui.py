@@ -38,6 +38,7 @@ from phases import journal
 from pipelines.app import App, tags_of
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, JobNotFoundError
 from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
+from pipelines.web.acts import ACTIONS, act
 from pipelines.web.auth import guarded, login, login_form, logout, refusal
 from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers, pretty_json
 from pipelines.web.sse import sse_response
@@ -177,7 +178,7 @@ def _job_context(ui: UI, job_id: str) -> dict[str, Any]:
             "results": results, "logs": ui.app.logs(job_id)[-500:], "events": events, "turns": timeline(events),
             "state": state, "ledger": _ledger(rec), "pending": list(view.pending_calls),
             "finished": view.finished, "actions": _actions(rec),
-            "pending_reply": _pending_reply(rec, view.pending_calls)}
+            "pending_reply": _pending_reply(rec, view.pending_calls), "is_agent": rec.pipeline in ui.app.agents}
 
 
 def _pending_reply(rec: JobRecord, pending: object) -> dict[str, Any] | None:
@@ -251,6 +252,8 @@ def _stream_endpoint(ui: UI) -> Callable[[Request], Awaitable[Response]]:
 # --- actions --------------------------------------------------------------------------------------
 def _act(ui: UI, request: Request) -> Response:
     job_id, action = request.path_params["job_id"], request.path_params["action"]
+    if action in ACTIONS:  # the ones with a confirm step of their own
+        return act(ui, request, job_id, action)
     form: dict[str, str] = request.state.form
     app = ui.app
     call_id = form.get("call_id", "")
@@ -264,7 +267,7 @@ def _act(ui: UI, request: Request) -> Response:
     }
     step = steps.get(action)
     if step is None:
-        raise InvalidInputError(f"unknown action {action[:40]!r}; one of {', '.join(steps)}")
+        raise InvalidInputError(f"unknown action {action[:40]!r}; one of {', '.join([*steps, *sorted(ACTIONS)])}")
     step()
     root = request.scope.get("root_path", "")
     return RedirectResponse(f"{root}/jobs/{job_id}", status_code=303)

@@ -1,0 +1,74 @@
+"""The page's bigger actions, each with a confirm step: fork or rerun from a turn, send a message (or continue).
+
+The first POST (CSRF-checked like every POST) changes nothing: it renders what
+the action will do, with its options, and a second form carrying
+``confirmed=yes``. That one acts through the App (``app.fork`` / ``app.rerun``
+/ ``app.send``) and the page says what it did, with a link to the job it made
+or moved.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pipelines.engine.errors import InvalidInputError, JobNotFoundError
+from pipelines.engine.models import validate_job_id
+from pipelines.web.core import UI
+
+__all__ = ["ACTIONS", "act"]
+
+ACTIONS = frozenset({"fork", "send"})
+MAX_MESSAGE_CHARS = 32_000
+
+
+def act(ui: UI, request: Request, job_id: str, action: str) -> Response:
+    """Confirm (``confirmed`` missing) or do ``action`` on ``job_id`` from the posted form."""
+    form: dict[str, str] = request.state.form
+    view = ui.app.get(job_id)
+    if view is None:
+        raise JobNotFoundError(f"job {job_id!r} not found")
+    plan = _fork_plan(job_id, form) if action == "fork" else _send_plan(view.finished, form)
+    if form.get("confirmed") != "yes":
+        return ui.render(request, "confirm.html", job_id=job_id, action=action, plan=plan)
+    if action == "fork":
+        handle = (ui.app.rerun(job_id, from_turn=plan["at_turn"], new_job_id=plan["new_job_id"], **plan["options"])
+                  if plan["run"] else
+                  ui.app.fork(job_id, at_turn=plan["at_turn"], new_job_id=plan["new_job_id"], **plan["options"]))
+        target = handle.job_id
+        did = (f"forked {job_id} after turn {plan['at_turn']} into {target}, "
+               + ("running now" if plan["run"] else "paused (resume it from its page)"))
+    else:
+        ui.app.send(job_id, [plan["text"]])
+        target = job_id
+        did = f"{'continued' if view.finished else 'sent a message to'} {job_id}"
+    return ui.render(request, "done.html", did=did, target=target)
+
+
+def _fork_plan(job_id: str, form: dict[str, str]) -> dict[str, Any]:
+    raw = form.get("at_turn", "")
+    if not raw.isdigit() or len(raw) > 9:
+        raise InvalidInputError(f"at_turn must be a whole number >= 0, got {raw[:40]!r}")
+    at_turn = int(raw)
+    new_id = form.get("new_job_id", "").strip() or f"{job_id[:80]}-fork{at_turn}-{secrets.token_hex(3)}"
+    validate_job_id(new_id)
+    options: dict[str, Any] = {}
+    max_turns = form.get("max_turns", "").strip()
+    if max_turns:
+        if not max_turns.isdigit() or not 1 <= int(max_turns) <= 10_000:
+            raise InvalidInputError(f"max_turns must be a whole number from 1 to 10000, got {max_turns[:40]!r}")
+        options["max_turns"] = int(max_turns)
+    return {"at_turn": at_turn, "new_job_id": new_id, "run": form.get("run") == "yes", "options": options,
+            "max_turns": max_turns}
+
+
+def _send_plan(finished: bool, form: dict[str, str]) -> dict[str, Any]:
+    text = form.get("text", "")
+    if not text.strip():
+        raise InvalidInputError("write a message to send")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise InvalidInputError(f"a message is at most {MAX_MESSAGE_CHARS} characters, got {len(text)}")
+    return {"text": text, "continue": finished}
