@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-__all__ = ["LoopWakeups"]
+__all__ = ["LoopWakeups", "wait_on"]
 
 
 class LoopWakeups:
@@ -52,6 +52,19 @@ class LoopWakeups:
         if key is not None:
             return len(self._waiting.get(key, ()))
         return sum(map(len, self._waiting.values()))
+
+
+async def wait_on(woken: asyncio.Future[None], timeout: float) -> None:
+    """Until ``woken`` is resolved or ``timeout`` seconds passed; ``woken`` is cancelled if it was not.
+
+    Not ``asyncio.wait_for``: on Python 3.11 a cancellation that lands as the
+    future resolves is swallowed there, and a follower asked to stop (a client
+    that left) would follow on for good.
+    """
+    try:
+        await asyncio.wait({woken}, timeout=max(0.0, timeout))
+    finally:
+        woken.cancel()  # a no-op once resolved; else nobody resolves it later
 
 
 def _resolve(woken: asyncio.Future[None]) -> None:

@@ -8,7 +8,6 @@ advances in due order on a virtual clock: ``drain()`` never sleeps, and
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import json
@@ -23,7 +22,7 @@ from pydantic import ValidationError
 
 from adapters._memory_history import NO_HISTORY, StoredHistory, dump_apart, stored_dict
 from adapters.base import INBOX_OPEN, Feature, parse_cursor
-from adapters.live_wakeup import LoopWakeups
+from adapters.live_wakeup import LoopWakeups, wait_on
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -335,9 +334,7 @@ class MemoryStorage:
                 # Registered under the lock that publish() holds: nothing lands between the look and the wait.
                 woken = self._live_waiters.add(job_id)
             try:
-                await asyncio.wait_for(woken, left)
-            except TimeoutError:
-                pass
+                await wait_on(woken, left)
             finally:
                 with self._lock:
                     self._live_waiters.discard(job_id, woken)

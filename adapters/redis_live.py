@@ -32,7 +32,7 @@ from redis.exceptions import NoScriptError, RedisError
 from adapters.redis_archive import entry_key
 from adapters.redis_common import _mapped
 from adapters.redis_keys import JobKeys
-from adapters.redis_live_async import loop_reads
+from adapters.redis_live_async import LoopReads, loop_reads
 from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import Event
 
@@ -131,24 +131,24 @@ class RedisLiveReads:
             return []
         live = self.keys(job_id).live
         reads = loop_reads(self)
-        client = reads.client_for(live)
-        if client is None:
+        if not reads.usable(live):
             return await asyncio.to_thread(self.read_live, job_id, after=after, limit=limit, block=block)
         if block is None or block <= 0:
-            return await self._aread_now(client, job_id, after, limit)
+            return await self._aread_now(reads, job_id, after, limit)
         deadline = time.monotonic() + block
         while True:
-            await reads.wait(live, after or "0-0", deadline - time.monotonic())
-            parts = await self._aread_now(client, job_id, after, limit)
+            woken = await reads.wait(live, after or "0-0", deadline - time.monotonic())
+            parts = await self._aread_now(reads, job_id, after, limit, quiet=not woken)
             # Woken with nothing to read (the shared XREAD failed on another follower's key): wait on.
             if parts or time.monotonic() >= deadline:
                 return parts
 
-    async def _aread_now(self, client: Any, job_id: str, after: str | None, limit: int) -> list[Event]:
+    async def _aread_now(self, reads: LoopReads, job_id: str, after: str | None, limit: int, *,
+                         quiet: bool = False) -> list[Event]:
         what = f"reading the live stream of job {job_id!r}"
         try:
-            reply = await client.evalsha(self._read_live.sha, 1, self.keys(job_id).live, after or "", str(limit))
-        except RedisError:  # the sync read loads the script, follows a new slot map and retries
+            reply = await reads.evalsha(self.keys(job_id).live, self._read_live, after or "", str(limit), quiet=quiet)
+        except RedisError:  # a failover, a dropped connection: the sync read follows a new slot map and retries
             return await asyncio.to_thread(self._read_now, job_id, after, limit)
         self._check_types(job_id, reply, what)
         if reply is not None and not int(reply[1]):

@@ -28,14 +28,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 
+from adapters.live_wakeup import wait_on
 from adapters.redis_archive import entry_key
 
 __all__ = ["LoopReads", "async_connection_args", "loop_reads"]
@@ -53,16 +54,29 @@ _SETTINGS = ("host", "port", "path", "db", "username", "password", "credential_p
              "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data", "ssl_ca_path", "ssl_check_hostname",
              "ssl_min_version", "ssl_ciphers", "ssl_password")
 _POOL = 32  # connections a loop's reads of one node share (a wait holds none of them)
+_QUIET = 4  # of which quiet followers' reads use at most this many
+# Keys one XREAD names at most. Every entry on any of its keys ends the XREAD and the next names them all again,
+# so a busy stream beside a thousand quiet ones would re-send a thousand keys per batch of text: with a few
+# dozen a group, a batch costs the quiet ones next to it only (one connection per group).
+_KEYS = 64
 _SLACK = 5.0  # the XREAD connection's socket timeout over its longest block: a wait is never taken for a dead server
 
 _lock = threading.Lock()  # the registry of loops is shared by every thread's loop
 
+T = TypeVar("T")
 _Args = tuple[type[aredis.connection.AbstractConnection], dict[str, Any]]
 
 
 class _Node(NamedTuple):
     client: aredis.Redis  # pooled: the reads, and CLIENT UNBLOCK
     args: _Args  # how to open the node's XREAD connection
+    # How many reads use the pool at once (so how many connections it opens). Not a BlockingConnectionPool:
+    # on Python 3.11 a cancellation that lands while it hands over a connection can be lost, and a follower
+    # whose client left would read on for good.
+    slots: asyncio.Semaphore
+    # Reads after a wait that ran out (a quiet follower's periodic look) take these, never the slots above: a
+    # thousand quiet followers whose waits end together queue behind each other, not ahead of a busy one.
+    quiet_slots: asyncio.Semaphore
 
 
 def async_connection_args(pool: Any) -> _Args | None:
@@ -102,33 +116,47 @@ class LoopReads:
     def __init__(self, client: Any, cluster: bool, max_block: float, *, on_close: Callable[[], None]) -> None:
         self._client, self._cluster, self._max_block = client, cluster, max_block
         self._nodes: dict[Hashable, _Node] = {}
-        self._groups: dict[Hashable, _Group] = {}
+        self._groups: dict[Hashable, list[_Group]] = {}  # per node (and slot): its XREADs, each on a few keys
         self._on_close = on_close
         self._keeper = asyncio.get_running_loop().create_task(self._keep())
 
-    def client_for(self, key: str) -> aredis.Redis | None:
-        """The pooled client of the node holding ``key``; ``None`` if that connection has no asyncio twin."""
-        node = self._node(key)
-        return None if node is None else node.client
+    def usable(self, key: str) -> bool:
+        """Whether ``key``'s node has an asyncio client here (``False``: its connection class has no twin)."""
+        return self._node(key) is not None
 
-    async def wait(self, key: str, cursor: str, timeout: float) -> None:
-        """Until ``key`` has an entry after ``cursor`` or ``timeout`` seconds passed; holds no thread."""
+    async def evalsha(self, key: str, script: Any, *args: str, quiet: bool = False) -> Any:
+        """Run ``script`` (a registered sync ``Script``: its ``sha`` and text) on ``key``, its one key, on the node
+        holding it, loading it there first if that node lacks it; redis-py's errors as they are.
+
+        ``quiet``: the read of a follower whose wait ran out (it queues with the other quiet ones).
+        """
+        node = self._node(key)
+        assert node is not None, "asked only after usable(key)"
+        async with node.quiet_slots if quiet else node.slots:
+            try:
+                return await _uncancelled(node.client.evalsha(script.sha, 1, key, *args))
+            except redis.exceptions.NoScriptError:  # a new or flushed server (on a Cluster: node)
+                await _uncancelled(node.client.script_load(script.script))
+                return await _uncancelled(node.client.evalsha(script.sha, 1, key, *args))
+
+    async def wait(self, key: str, cursor: str, timeout: float) -> bool:
+        """Until ``key`` has an entry after ``cursor`` (``True``) or ``timeout`` seconds passed; holds no thread."""
         node = self._node(key)
         if node is None:
-            return
+            return False
         name = (node.args[1].get("host"), node.args[1].get("port"), self._client.keyslot(key)) if self._cluster \
             else "redis"
-        group = self._groups.get(name)
+        groups = self._groups.setdefault(name, [])
+        group = next((g for g in groups if g.holds(key)), None) or next((g for g in groups if g.size() < _KEYS), None)
         if group is None:
-            group = self._groups[name] = _Group(lambda: _reader(node.args, self._max_block), node.client,
-                                                self._max_block)
+            group = _Group(lambda: _reader(node.args, self._max_block), node.client, self._max_block)
+            groups.append(group)
         woken = group.add(key, cursor)
         try:
-            await asyncio.wait_for(woken, timeout)
-        except TimeoutError:
-            pass
+            await wait_on(woken, timeout)
         finally:
             group.discard(key, woken)
+        return not woken.cancelled()
 
     def _node(self, key: str) -> _Node | None:
         if self._cluster:
@@ -142,9 +170,9 @@ class LoopReads:
             args = None if pool is None else async_connection_args(pool)
             if args is None:
                 return None
-            node = self._nodes[address] = _Node(aredis.Redis(connection_pool=aredis.BlockingConnectionPool(
-                connection_class=args[0], max_connections=_POOL, timeout=None,
-                retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), 3), **args[1])), args)
+            node = self._nodes[address] = _Node(aredis.Redis(connection_pool=aredis.ConnectionPool(
+                connection_class=args[0], retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), 3),
+                **args[1])), args, asyncio.Semaphore(_POOL - _QUIET), asyncio.Semaphore(_QUIET))
         return node
 
     async def _keep(self) -> None:
@@ -152,8 +180,9 @@ class LoopReads:
             await asyncio.get_running_loop().create_future()  # until cancelled: the loop is ending
         finally:
             self._on_close()
-            for group in self._groups.values():
-                await group.aclose()
+            for groups in self._groups.values():
+                for group in groups:
+                    await group.aclose()
             for node in self._nodes.values():
                 with contextlib.suppress(Exception):  # a connection that is already gone
                     await node.client.aclose(close_connection_pool=True)
@@ -210,6 +239,15 @@ class _Group:
         since = self._reading.get(key)
         return since is None or since > at
 
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` is named here: a follower waits on it, the XREAD in flight names it, or it was just
+        woken here. A follower back from its read (or from a wait that ran out) lands where it is covered."""
+        return key in self._waiting or key in self._recent or (self._reading is not None and key in self._reading)
+
+    def size(self) -> int:
+        """How many keys this group names now."""
+        return len(self._waiting.keys() | self._recent.keys() | (self._reading or {}).keys())
+
     def discard(self, key: str, woken: asyncio.Future[None]) -> None:
         """Forget a follower that stopped waiting (the XREAD in flight may still name its key: harmless)."""
         waiting = self._waiting.get(key)
@@ -244,15 +282,15 @@ class _Group:
         if self._reader is None:
             self._reader, self._reader_id = self._connect(), None
         if self._reader_id is None:
-            self._reader_id = int(await self._reader.client_id())
+            self._reader_id = int(await _uncancelled(self._reader.client_id()))
         cursors = dict(self._recent)
         for key, waiting in self._waiting.items():
             cursors[key] = min(cursors.get(key, (2**64, 0)), *waiting.values())
         self._recent, self._reading = {}, cursors
         self._round += 1
         try:
-            return await self._reader.xread({k: f"{ms}-{seq}" for k, (ms, seq) in cursors.items()},
-                                            count=1, block=self._block_ms)
+            return await _uncancelled(self._reader.xread({k: f"{ms}-{seq}" for k, (ms, seq) in cursors.items()},
+                                                         count=1, block=self._block_ms))
         finally:
             self._reading = None
 
@@ -284,7 +322,7 @@ class _Group:
         pause = 0.001
         with contextlib.suppress(redis.RedisError, OSError):  # else the follower's own timeout ends its wait
             while self._round == round_ and self._reading is not None and self._reader_id is not None:
-                if await self._bell.client_unblock(self._reader_id):
+                if await _uncancelled(self._bell.client_unblock(self._reader_id)):
                     return
                 # Not blocked (yet): the XREAD was sent but has not reached the server. Try again shortly.
                 await asyncio.sleep(pause)
@@ -300,6 +338,23 @@ class _Group:
             ring.cancel()
         await self._drop_reader()
         self._wake_all()
+
+
+async def _uncancelled(call: Awaitable[T]) -> T:
+    """``await call``, raising a cancellation of this task that came in meanwhile.
+
+    redis-py's asyncio client can return a reply when the task awaiting it was
+    cancelled (seen with Python 3.11 under load: about one cancelled follower
+    in a hundred); the cancellation is then lost and a follower whose client
+    left would follow on for good (and a loop that ends would wait for it).
+    A normal return while the task's cancel count went up is such a case.
+    """
+    task = asyncio.current_task()
+    before = 0 if task is None else task.cancelling()
+    result = await call
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
+    return result
 
 
 def _text(value: Any) -> str:

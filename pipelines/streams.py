@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -47,10 +48,12 @@ _PAGE = 1000  # parts a read returns at most (Storage.read_live's default limit)
 # What a worker publishes outside any commit. A batch of only these cannot have come with a change of status
 # (a run ends by a commit, whose events land in the live stream too), so no status read follows it.
 _PUBLISHED = frozenset({"attempt_started", "text_delta"})
-# An async follower reads the job's status (a storage call that may block) in one of these threads, shared by
-# every follower of the process: however many wait, and however their waits line up, they use at most two.
-_STATUS_THREADS = 2
-_status_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a forked child makes its own
+# An async follower reads the job's status (a storage call that may block) in a thread, shared by every
+# follower of the process: however many wait, and however their waits line up, they use two threads. A look
+# after a commit's parts came while following (the job may have ended) goes to one; every other look (a
+# follower starting, or one whose wait ran out) to the other, so a thousand quiet followers looking together,
+# or connecting together, never hold up the one whose job is streaming.
+_status_pools: tuple[int, dict[bool, ThreadPoolExecutor]] | None = None  # (pid, pools): a forked child makes its own
 _status_lock = threading.Lock()
 T = TypeVar("T")
 
@@ -99,9 +102,10 @@ def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
             yield part
 
 
-def _left(deadline: float | None) -> float:
-    """How long the next blocking read may wait."""
-    return _WAIT if deadline is None else min(_WAIT, deadline - time.monotonic())
+def _left(deadline: float | None, spread: float = 0.0) -> float:
+    """How long the next blocking read may wait: ``_WAIT``, less a random part of ``spread`` of it."""
+    wait = _WAIT * (1.0 - spread * random.random()) if spread else _WAIT
+    return wait if deadline is None else min(wait, deadline - time.monotonic())
 
 
 def _waited(parts: list[Event]) -> tuple[bool, bool]:
@@ -145,23 +149,27 @@ async def _awaited(storage: Storage, reader: AsyncLiveStore, job_id: str, after:
                    timeout: float | None) -> AsyncIterator[Event]:
     """:func:`_steps` with ``await reader.aread_live`` for each read: the same steps, in the same order."""
     cursor = check_cursor(after)
-    await _briefly(load_job, storage, job_id)
+    await _briefly(load_job, storage, job_id, routine=True)
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     drained = settled = False
+    routine = True  # no wait has brought a commit's parts yet
     while True:
         parts = [] if drained else await reader.aread_live(job_id, after=cursor)
         if not parts:
             if not follow:
                 return
-            if not settled and await _briefly(_finished, storage, job_id):
+            if not settled and await _briefly(_finished, storage, job_id, routine=routine):
                 for part in await reader.aread_live(job_id, after=cursor):
                     yield part
                 return
-            left = _left(deadline)
+            # Followers that connected together (a server restart) would otherwise look at their jobs'
+            # statuses together, every _WAIT, a thousand at once; a spread wait evens that out.
+            left = _left(deadline, spread=0.25)
             if left <= 0:
                 return
             parts = await reader.aread_live(job_id, after=cursor, block=left)
             drained, settled = _waited(parts)
+            routine = not parts
         else:
             drained = settled = False
         for part in parts:
@@ -169,13 +177,14 @@ async def _awaited(storage: Storage, reader: AsyncLiveStore, job_id: str, after:
             yield part
 
 
-async def _briefly(fn: Callable[[Storage, str], T], storage: Storage, job_id: str) -> T:
-    """``fn(storage, job_id)``, a short blocking storage call, in the followers' small pool of threads."""
-    global _status_pool
+async def _briefly(fn: Callable[[Storage, str], T], storage: Storage, job_id: str, *, routine: bool) -> T:
+    """``fn(storage, job_id)``, a short blocking storage call, in one of the followers' two threads."""
+    global _status_pools
     with _status_lock:
-        if _status_pool is None or _status_pool[0] != os.getpid():
-            _status_pool = os.getpid(), ThreadPoolExecutor(_STATUS_THREADS, thread_name_prefix="pipelines-follow")
-        pool = _status_pool[1]
+        if _status_pools is None or _status_pools[0] != os.getpid():
+            _status_pools = os.getpid(), {q: ThreadPoolExecutor(1, thread_name_prefix="pipelines-follow")
+                                          for q in (False, True)}
+        pool = _status_pools[1][routine]
     return await asyncio.get_running_loop().run_in_executor(pool, fn, storage, job_id)
 
 
