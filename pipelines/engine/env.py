@@ -2,7 +2,7 @@
 
 The App builds one :class:`RunEnv` when it is made and hands it to every
 phase it advances (``PhaseContext.env``) and, through the phase, to every tool
-(``ToolContext.env``). Nothing here is found through a ``ContextVar`` or a
+(``ToolContext.env``). Nothing here is found through a context variable or a
 registry keyed by job id: a phase or tool sees the same environment on any
 thread (a tool's timeout thread, the async bridge's loop thread, a tool pool
 thread), in an RQ work-horse or a Celery worker, because the object travels
