@@ -44,6 +44,10 @@ __all__ = ["FINISHED", "afollow", "follow", "turn_texts"]
 FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 
 _WAIT = 5.0  # one blocking read at most this long, then the job's status is looked at again
+# An async follower's wait holds no thread, so it may last longer: a job's end comes as parts in the live stream
+# (the final commit writes them), and this look only catches a job that vanished (deleted) while followed. A
+# thousand idle followers then look at 33 statuses a second, not 200.
+_AWAIT = 30.0
 _PAGE = 1000  # parts a read returns at most (Storage.read_live's default limit)
 # What a worker publishes outside any commit. A batch of only these cannot have come with a change of status
 # (a run ends by a commit, whose events land in the live stream too), so no status read follows it.
@@ -102,9 +106,9 @@ def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
             yield part
 
 
-def _left(deadline: float | None, spread: float = 0.0) -> float:
-    """How long the next blocking read may wait: ``_WAIT``, less a random part of ``spread`` of it."""
-    wait = _WAIT * (1.0 - spread * random.random()) if spread else _WAIT
+def _left(deadline: float | None, most: float | None = None, spread: float = 0.0) -> float:
+    """How long the next blocking read may wait: ``most`` (``_WAIT``), less a random part of ``spread`` of it."""
+    wait = (_WAIT if most is None else most) * (1.0 - spread * random.random())
     return wait if deadline is None else min(wait, deadline - time.monotonic())
 
 
@@ -164,7 +168,7 @@ async def _awaited(storage: Storage, reader: AsyncLiveStore, job_id: str, after:
                 return
             # Followers that connected together (a server restart) would otherwise look at their jobs'
             # statuses together, every _WAIT, a thousand at once; a spread wait evens that out.
-            left = _left(deadline, spread=0.25)
+            left = _left(deadline, _AWAIT, spread=0.25)
             if left <= 0:
                 return
             parts = await reader.aread_live(job_id, after=cursor, block=left)

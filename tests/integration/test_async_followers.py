@@ -149,9 +149,9 @@ async def follow_idle_and_active(app: App) -> tuple[CountingExecutor, int, list[
 def test_idle_async_followers_hold_no_thread_and_an_active_one_receives_every_part_in_order(
         app: App, monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(app.storage, AsyncLiveStore)
-    # Waits end every 0.2 s instead of 5: each idle follower looks at its job's status many times meanwhile,
+    # Waits end every 0.2 s instead of 30: each idle follower looks at its job's status many times meanwhile,
     # all of them at once, as followers that connected together do.
-    monkeypatch.setattr(streams, "_WAIT", 0.2)
+    monkeypatch.setattr(streams, "_AWAIT", 0.2)
     for i in range(IDLE):
         app.run_agent("a", job_id=f"idle-{i}", messages=["where is A-1?"])
     app.run_agent("a", job_id="active", messages=["where is A-1?"])
