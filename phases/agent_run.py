@@ -25,7 +25,7 @@ from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext
 
 Outcome = TypeVar("Outcome", Next, Done, Fail, Next | Done | Fail)
 
-__all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "extended_view", "first_turn",
+__all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "extended_view", "first_turn", "quiet",
            "resolve_run", "run_turn_calls", "tool_contexts", "turn_ended", "turn_messages", "view_key"]
 
 TOOLS_KEY = journal.TOOLS_NAMES
@@ -60,7 +60,16 @@ def tool_contexts(ctx: PhaseContext[Any], cfg: AgentConfig) -> dict[str, Any]:
 
 
 def callbacks_of(cfg: AgentConfig) -> dict[str, Any]:
-    return {name: getattr(cfg, name) for name in CALLBACKS}
+    """The agent's lifecycle callbacks that are set, by name (worked out once per config: it is frozen)."""
+    found: dict[str, Any] | None = cfg.__dict__.get("_callbacks")
+    if found is None:
+        found = cfg.__dict__["_callbacks"] = {n: fn for n in CALLBACKS if (fn := getattr(cfg, n)) is not None}
+    return found
+
+
+def quiet(ctx: PhaseContext[Any], cfg: AgentConfig) -> bool:
+    """No lifecycle callback to call, the agent's or the run's: a turn then builds none of their arguments."""
+    return not callbacks_of(cfg) and not len(ctx.env.callbacks)
 
 
 def resolve_run(ctx: PhaseContext[Any], cfg: AgentConfig) -> AgentConfig:
@@ -152,7 +161,8 @@ def first_turn(ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message]) ->
     for text in warnings:
         ctx.log(text, "warn")
         ctx.emit("agent_warning", turn=1, message=text)
-    fire(ctx, callbacks_of(cfg), "on_start", turn=1, context=context_of(ctx))
+    if not quiet(ctx, cfg):
+        fire(ctx, callbacks_of(cfg), "on_start", turn=1, context=context_of(ctx))
 
 
 def run_turn_calls(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse, turn: int) -> list[Message]:
@@ -164,6 +174,8 @@ def run_turn_calls(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResp
         return [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
     offered = cfg.tmap if response.tools_offered is None else {
         n: t for n, t in cfg.tmap.items() if n in response.tools_offered}
+    if quiet(ctx, cfg):
+        return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout)
     hooks, context = callbacks_of(cfg), context_of(ctx)
     for c in calls:
         fn = c.get("function") or {}
@@ -179,12 +191,16 @@ def run_turn_calls(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResp
 
 def turn_ended(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse, turn: int) -> None:
     """``on_turn_end`` with the turn's usage and finish reason."""
+    if quiet(ctx, cfg):
+        return
     fire(ctx, callbacks_of(cfg), "on_turn_end", turn=turn + 1, context=context_of(ctx),
          usage=response.usage.model_dump(), finish_reason=response.finish_reason)
 
 
 def ended(ctx: PhaseContext[Any], cfg: AgentConfig, outcome: Outcome, usage: Usage, turn: int) -> Outcome:
     """``on_end`` (the job's total usage, result, reason) when ``outcome`` ends the run; returns ``outcome``."""
+    if quiet(ctx, cfg):
+        return outcome
     if isinstance(outcome, Done):
         fire(ctx, callbacks_of(cfg), "on_end", turn=turn + 1, context=context_of(ctx), usage=usage.model_dump(),
              result=outcome.result, reason=outcome.reason or "done")

@@ -195,7 +195,9 @@ class AgentTurn:
             past = [*past, *sent]
         # Each step above only appended to what the cache held: its ids plus those of the appended messages.
         ids = (held.ids | call_ids(past[len(held.messages):])) if len(past) > len(held.messages) else held.ids
-        fire(ctx, agent_run.callbacks_of(cfg), "on_turn_start", turn=state.turn + 1, context=agent_run.context_of(ctx))
+        if not agent_run.quiet(ctx, cfg):
+            fire(ctx, agent_run.callbacks_of(cfg), "on_turn_start", turn=state.turn + 1,
+                 context=agent_run.context_of(ctx))
         # Tools read the run's context from their ToolContext, which the tool runner builds from this scope.
         ctx.tool_scope = ToolScope(agent_run.context_of(ctx), agent_run.tool_contexts(ctx, cfg))
         try:
@@ -306,7 +308,8 @@ class AgentTurn:
         info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=response.tool_calls, tool_results=results,
                         state=state, usage=response.usage)
         truncated = response.finish_reason == "length"
-        outcome: Next | Done | Fail = _decide(ctx, cfg, info, truncated, ctx.job_usage + response.usage)
+        total = ctx.job_usage + response.usage
+        outcome: Next | Done | Fail = _decide(ctx, cfg, info, truncated, total)
         if isinstance(outcome, Done):
             outcome = Done(result=_result_of(message, results), reason=outcome.reason)
             if cfg.output_schema is not None:
@@ -314,7 +317,7 @@ class AgentTurn:
                 outcome = _structured(ctx, model, cfg.output_schema, agent_run.turn_messages(cfg, past),
                                       new_messages, outcome, params, state.turn)
         agent_run.turn_ended(ctx, cfg, response, state.turn)
-        agent_run.ended(ctx, cfg, outcome, ctx.job_usage + response.usage, state.turn)
+        agent_run.ended(ctx, cfg, outcome, total, state.turn)
         ctx.append_messages(new_messages)
         if not isinstance(outcome, Fail):
             # Closes the turn for a live-stream client: no text of it follows; these messages are its truth.
@@ -351,7 +354,8 @@ def _decide(ctx: PhaseContext[Any], cfg: AgentConfig, info: TurnInfo, truncated:
     if over:
         ctx.log(f"budget reached at turn {n}: {over}", "warn")
         return Done(reason="budget")
-    return Next(TURN_PHASE, state=AgentState(turn=n))
+    # The state's JSON form (what AgentState(turn=n) dumps to): the runner stores it as it is.
+    return Next(TURN_PHASE, state={"turn": n})
 
 
 def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse, results: list[Message]) -> None:

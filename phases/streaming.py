@@ -227,10 +227,12 @@ class _Flusher:
         # flushing (it looks at the deadlines again before it sleeps).
         self._wake_at: float | None = None
         self._thread: Daemon | None = None
+        self._active = False  # something was scheduled since the thread last looked
 
     def schedule(self, sink: DeltaSink, at: float) -> None:
         with self._cond:
             self._due[sink] = at
+            self._active = True
             if self._thread is None or not self._thread.alive:
                 # The first time, or the loop ended (only something no `except Exception` stops does
                 # that, a flush is otherwise caught): without a new one no held-back text would go out
@@ -249,14 +251,30 @@ class _Flusher:
         with self._cond:
             self._due.pop(sink, None)  # no wake-up: the thread finds nothing due and sleeps on
 
+    def _next_look(self, now: float) -> float | None:
+        """When the thread, finding nothing due at ``now``, looks again (``None``: once woken); under the lock.
+
+        While turns stream it looks again one first window later even if nothing is
+        held back then: a sink scheduled meanwhile has a deadline at least that late,
+        so it need not wake the thread. Busy streaming costs one wake-up a window,
+        not one a turn (each a GIL handover, which a turn on a loaded machine waits for).
+        """
+        wake = min(self._due.values(), default=None)
+        if self._active:
+            self._active = False
+            tick = now + FIRST_FLUSH_SECONDS
+            wake = tick if wake is None else min(wake, tick)
+        self._wake_at = wake
+        return wake
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 now = time.monotonic()
                 due = [s for s, at in self._due.items() if at <= now]
                 if not due:
-                    self._wake_at = min(self._due.values(), default=None)
-                    self._cond.wait(None if self._wake_at is None else self._wake_at - now)
+                    wake = self._next_look(now)
+                    self._cond.wait(None if wake is None else wake - now)
                     continue
                 for sink in due:
                     del self._due[sink]

@@ -10,7 +10,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum, StrEnum
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
@@ -342,6 +342,21 @@ def to_json_value(value: Any, *, what: str = "value") -> JSONValue:
         raise StateNotSerializableError(f"{what} {exc}") from None
 
 
+def json_data(data: dict[str, Any], what: Callable[[], str]) -> dict[str, Any]:
+    """``data`` (a dict made for the call, like keyword arguments) in JSON form, by :func:`to_json_value`'s rules.
+
+    ``data`` itself when it is plain already, which is what the hot path sees: then
+    ``what()``, the description an error would carry, is never built.
+    """
+    try:
+        if _plain_dict(data, MAX_VALUE_DEPTH):
+            return data
+    except _RefusedError:
+        pass  # to_json_value says why, naming what()
+    plain: dict[str, Any] = to_json_value(data, what=what())
+    return plain
+
+
 def _model_data(model: BaseModel) -> Any:
     try:
         return model.model_dump(mode="json")
@@ -424,6 +439,10 @@ class Usage(BaseModel):
             model_calls=self.model_calls + other.model_calls,
             unknown_cost_calls=self.unknown_cost_calls + other.unknown_cost_calls,
         )
+
+
+NO_USAGE: Final = Usage()
+"""No usage: shared by every record, context and buffer that has none yet (frozen, so sharing is safe)."""
 
 
 def _nothing(usage: Usage) -> bool:
@@ -756,10 +775,19 @@ def _event_json(e: Event) -> str:
         usual = (type(ts) is float and _isfinite(ts) and type(kind) is str and kind.isascii()
                  and (turn is None or (type(turn) is int and -_INT_BOUND < turn < _INT_BOUND))
                  and (phase is None or (type(phase) is str and phase.isascii()))
-                 and (not data or (type(data) is dict and _plain_dict(data, MAX_VALUE_DEPTH))))
+                 and type(data) is dict and (not data or _plain_dict(data, MAX_VALUE_DEPTH)))
     except _RefusedError:
         usual = False
     if not usual or len(f) != len(_EVENT_FIELDS):
         return _model_json(e, f"event {e.type!r}", exclude=_NO_ID, exclude_defaults=True)
-    text = e.model_dump_json(exclude=_NO_ID, exclude_defaults=True)
+    # What model_dump_json(exclude=_NO_ID, exclude_defaults=True) writes (the same keys, order and text),
+    # without pydantic's model serializer, which costs more than the check above for an event's five fields.
+    out: dict[str, Any] = {"timestamp": ts, "type": kind}
+    if turn is not None:
+        out["turn"] = turn
+    if phase is not None:
+        out["phase"] = phase
+    if data:
+        out["data"] = data
+    text = _to_json(out).decode()
     return text if len(text) * 4 <= MAX_VALUE_BYTES else check_size(text, f"event {kind!r}")

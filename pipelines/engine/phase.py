@@ -21,6 +21,7 @@ from pipelines.engine._aio import resolve
 from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
 from pipelines.engine.models import (
+    NO_USAGE,
     Checkpoint,
     Event,
     JSONValue,
@@ -29,6 +30,7 @@ from pipelines.engine.models import (
     Message,
     Usage,
     check_messages,
+    json_data,
     to_json_value,
 )
 
@@ -237,7 +239,7 @@ class PhaseOutput:
         self.logs = list(logs)
         self.messages = list(messages)
         self.events = list(events)
-        self.usage = usage or Usage()
+        self.usage = usage or NO_USAGE
         # Journal keys whose usage is in ``usage`` (so a kept journal does not count them twice).
         self.usage_keys = list(usage_keys)
         # How many messages the phase took from the job's inbox (its commit removes them there).
@@ -251,7 +253,7 @@ class _Buffered:
     logs: list[LogEntry] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = NO_USAGE
     usage_keys: list[str] = field(default_factory=list)
     take_inbox: int = 0
 
@@ -292,7 +294,7 @@ class PhaseContext(Generic[S]):
         self.checkpoint = checkpoint
         self.attempt = attempt
         #: Model usage of the job committed before this phase (for budgets).
-        self.job_usage = usage or Usage()
+        self.job_usage = usage or NO_USAGE
         #: Per-run options stored with the job (``run_agent(..., max_turns=...)``).
         self.options: dict[str, JSONValue] = dict(options or {})
         self._version = version
@@ -365,7 +367,7 @@ class PhaseContext(Generic[S]):
     def emit_at(self, timestamp: float, type_: str, *, turn: int | None = None, **data: Any) -> None:
         """:meth:`emit` an event of something that happened at ``timestamp`` (the scheduler's clock), earlier."""
         event = Event(timestamp=timestamp, type=type_, turn=turn, phase=self.phase,
-                      data=to_json_value(data, what=f"data of event {type_!r}"))
+                      data=json_data(data, lambda: f"data of event {type_!r}"))
         with self._lock:
             self._buffer.events.append(event)
 

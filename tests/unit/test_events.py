@@ -126,3 +126,18 @@ def test_turn_started_carries_the_time_the_turn_began_not_when_its_events_were_b
         started, answered = events[("turn_started", turn)], events[("model_response", turn)]
         assert answered - started == pytest.approx(7.0)  # the turn began before the model's 7 s, not after
     assert events[("turn_started", 2)] >= events[("turn_committed", 1)]  # still in order across turns
+
+
+@pytest.mark.parametrize("event", [
+    Event(timestamp=1796315405.5010378, type="tool_result", turn=3, phase="turn",
+          data={"call_id": "c", "tool": "add", "error": False, "n": [1, 2.5, None, {"k": "é"}]}),
+    Event(timestamp=0.1, type="job_started"),
+    Event(id="12", timestamp=1e16, type="x", turn=0, data={}),
+    Event(timestamp=-2.0, type="y", phase="p", data={"big": 10**30, "s": "a \U0001f600 pair"}),
+], ids=["full", "bare", "with-id", "odd-values"])
+def test_an_event_line_is_the_text_pydantic_writes_for_it(event: Event) -> None:
+    # dump_events builds an event's line itself on the hot path: it must be exactly the model's own dump.
+    from pipelines.engine.models import dump_events
+
+    assert dump_events([event]) == [event.model_dump_json(exclude={"id"}, exclude_defaults=True)]
+    assert Event.model_validate_json(dump_events([event])[0]) == event.model_copy(update={"id": ""})

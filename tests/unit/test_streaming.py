@@ -267,6 +267,32 @@ def test_the_flusher_is_woken_once_for_turns_whose_deadlines_come_after_the_one_
     assert len(notified) == 2 and flusher._wake_at == 9.0
 
 
+def test_turns_that_stream_one_after_another_do_not_wake_the_flusher_each() -> None:
+    # Each turn schedules its sink one first window ahead and cancels it when its answer is complete,
+    # long before: the thread, looking once a window while turns stream, never has to be woken.
+    from phases import streaming
+
+    flusher = streaming._Flusher()
+    flusher._thread = streaming.Daemon()  # taken as running; the test plays the thread's looks itself
+    notified: list[int] = []
+    flusher._cond.notify = lambda n=1: notified.append(n)  # type: ignore[method-assign]
+    window = streaming.FIRST_FLUSH_SECONDS
+    looks = 0.0
+    for turn in range(100):
+        now = turn * window / 4  # four turns a window
+        while looks + window <= now:  # the thread's wake-ups so far
+            looks += window
+            with flusher._cond:
+                flusher._next_look(looks)
+        sink = streaming.DeltaSink(_TextCtx(until="x"), 1)  # type: ignore[arg-type]
+        flusher.schedule(sink, now + window)
+        flusher.cancel(sink)
+    assert len(notified) == 1  # the first turn, when the thread waited for no work
+    with flusher._cond:
+        assert flusher._next_look(looks + window) is not None  # still streaming: it looks again
+        assert flusher._next_look(looks + 2 * window) is None  # a window without a turn: it waits to be woken
+
+
 def test_a_flusher_loop_that_ended_is_started_again_by_the_next_schedule() -> None:
     from phases import streaming
 
