@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from pipelines.engine.models import JobRecord, TurnMark, dump_marks, dump_record
+from pipelines.engine.models import JobRecord, TurnMark, dump_marks, dump_record_apart
 
 __all__ = ["NO_HISTORY", "StoredHistory", "dump_apart", "stored_dict"]
 
@@ -36,7 +36,7 @@ def dump_apart(record: JobRecord, held: StoredHistory, what: str) -> tuple[str, 
     before anything is written.
     """
     marks = record.history
-    text = dump_record(record.model_copy(update={"history": []}) if marks else record, what)
+    text = dump_record_apart(record, what)
     kept = _kept(marks, held)
     drop = len(held.marks) - kept
     new = dump_marks(marks, what, start=kept)
@@ -48,7 +48,12 @@ def _kept(marks: list[TurnMark], held: StoredHistory) -> int:
     if not marks or not held.marks:
         return 0
     first = marks[0]
-    drop = next((i for i, m in enumerate(held.marks) if m is first), -1)
+    if held.marks[0] is first:  # the usual case: nothing dropped yet, or (next) one mark dropped
+        drop = 0
+    elif len(held.marks) > 1 and held.marks[1] is first:
+        drop = 1
+    else:
+        drop = next((i for i, m in enumerate(held.marks) if m is first), -1)
     kept = len(held.marks) - drop
     if drop < 0 or kept > len(marks) or any(a is not b for a, b in zip(marks, held.marks[drop:], strict=False)):
         return 0

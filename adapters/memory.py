@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import ValidationError
 
@@ -521,13 +521,13 @@ class MemoryStorage:
             }
 
 
-@dataclass(order=True)
-class _Entry:
+class _Entry(NamedTuple):
+    # A tuple, so the heap compares entries in C: (due, rank, seq) decide, seq being unique.
     due: float
     rank: int  # 0 interactive, 1 background: at the same due time, interactive runs first
     seq: int
-    job_id: str = field(compare=False)
-    pipeline: str = field(compare=False)
+    job_id: str
+    pipeline: str
 
 
 def _rank(priority: str | None) -> int:

@@ -13,6 +13,7 @@ import concurrent.futures
 import inspect
 import os
 import threading
+import types
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -58,6 +59,17 @@ async def _as_coroutine(awaitable: Awaitable[T]) -> T:
 
 def resolve(value: Any) -> Any:
     """Await ``value`` if it is awaitable (an ``async def`` result), else return it."""
+    t = type(value)
+    if t in _NOT_AWAITABLE:  # what a turn step returns, every time: no ABC check (most of the step's own cost)
+        return value
     if inspect.isawaitable(value):
         return run_sync(value)
+    if t is not types.GeneratorType and len(_NOT_AWAITABLE) < _KEPT:
+        # Awaitable or not is a property of the type (Awaitable's check looks at the class), except for
+        # generators, which a flag on their code makes awaitable.
+        _NOT_AWAITABLE.add(t)
     return value
+
+
+_NOT_AWAITABLE: set[type] = {dict, list, str, int, float, bool, type(None)}
+_KEPT = 512  # types remembered at most (a bound, in case a process makes classes on the fly)

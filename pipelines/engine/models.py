@@ -44,6 +44,7 @@ __all__ = [
     "dump_logs",
     "dump_marks",
     "dump_record",
+    "dump_record_apart",
     "encode_plain",
     "to_json_value",
     "validate_job_id",
@@ -635,10 +636,13 @@ class Commit(BaseModel):
 _ENTRY_FIELDS: Final = frozenset({"journal", "inputs"})
 
 
-def _check_fields(model: BaseModel, what: str) -> None:
-    """Check every stored field of ``model`` (and of the models in it) by the rules of :func:`to_json_value`."""
+def _check_fields(model: BaseModel, what: str, skip: frozenset[str] = frozenset()) -> None:
+    """Check every stored field of ``model`` (and of the models in it) by the rules of :func:`to_json_value`.
+
+    ``skip``: top-level fields not written with it (a record's history kept apart).
+    """
     try:
-        _scan(model)
+        _scan(model, skip)
     except _RefusedError as exc:
         raise StateNotSerializableError(f"{what}: {''.join(reversed(exc.args[1:]))} {exc.args[0]}") from None
 
@@ -654,11 +658,13 @@ def _excluded(cls: type[BaseModel]) -> frozenset[str]:
 _EXCLUDED: dict[type[BaseModel], frozenset[str]] = {}
 
 
-def _scan(model: BaseModel) -> None:
+def _scan(model: BaseModel, also: frozenset[str] = frozenset()) -> None:
     # Most fields are short ASCII strings, ints, floats or None: settled inline here, since a
     # call per field would cost more than the dump itself. The path of a refused value is built
     # only on the way out of a failure (exc.args[1:], innermost first), never on the hot path.
     skip = _excluded(type(model))
+    if also:
+        skip = skip | also
     for name, value in model.__dict__.items():
         t = type(value)
         if t is str:
@@ -670,9 +676,23 @@ def _scan(model: BaseModel) -> None:
         elif t is dict or t is list:
             ok = not value
         else:
-            ok = value is None or t is bool or (isinstance(value, Enum) and type(value.value) in _ENUM_VALUE_TYPES)
+            ok = value is None or t is bool or t in _PLAIN_ENUMS or _stored_as_value(value)
         if not ok and name not in skip:
             _scan_field(value, name)
+
+
+def _stored_as_value(value: Any) -> bool:
+    """Whether ``value`` is an enum member stored as its value (a str or an int); remembers enums all of whose are."""
+    if not isinstance(value, Enum):
+        return False
+    cls = type(value)
+    if all(type(m.value) in _ENUM_VALUE_TYPES for m in cls):  # members are fixed when the class is made
+        _PLAIN_ENUMS.add(cls)
+        return True
+    return type(value.value) in _ENUM_VALUE_TYPES
+
+
+_PLAIN_ENUMS: set[type] = set()  # enum classes every member of which is stored as its value (JobStatus, ...)
 
 
 def _scan_field(value: Any, name: str) -> None:
@@ -723,6 +743,20 @@ def dump_record(record: JobRecord, what: str) -> str:
     written by this function: adapters call it before touching storage.
     """
     return _model_json(record, what, exclude_defaults=True)
+
+
+def dump_record_apart(record: JobRecord, what: str) -> str:
+    """:func:`dump_record` without the turn history, for a storage that keeps it apart (:func:`dump_marks`)."""
+    _check_fields(record, what, _HISTORY)
+    try:
+        text = record.model_dump_json(exclude_defaults=True, exclude=_NO_HISTORY)
+    except (ValueError, RecursionError) as exc:  # a safety net: _check_fields should have said why
+        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
+    return check_size(text, what)
+
+
+_HISTORY: Final = frozenset({"history"})
+_NO_HISTORY: Final[set[str]] = {"history"}
 
 
 def dump_marks(marks: Sequence[TurnMark], what: str, *, start: int = 0) -> list[str]:
