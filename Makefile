@@ -79,6 +79,7 @@ bench: install
 	$(PY) -m bench.scale_bench $(SCALE_ARGS)  # figures 9-10: advance --due with 100,000 finished jobs; Redis cost per turn
 	$(PY) -m bench.startup_bench $(STARTUP_ARGS)  # figure 11: worker start -> first turn committed, litellm really used
 	$(PY) -m bench.latency_bench $(LATENCY_ARGS)  # figures 12-13: turn-to-turn latency, cold-cache late/early
+	$(PY) -m bench.stream_followers $(FOLLOWERS_ARGS)  # figure 14: SSE delta latency beside 1,000 idle followers
 
 chaos: install
 	$(PY) bench/chaos.py $(ARGS)

@@ -16,11 +16,18 @@ every key. Keys whose followers were just woken stay in the next ``XREAD``
 at the id that woke them, so a follower back from its read is already
 covered (no ``CLIENT UNBLOCK`` per batch of text).
 
-One ``XREAD`` names keys of one slot only on a Redis Cluster, so there a
-group is one slot on one node (a bucketed layout has at most ``buckets``);
-a standalone Redis has one group. A connection class with no asyncio twin
-(Sentinel, a custom class) has no async client here: those reads run in a
-thread, as ``read_live`` does.
+A group names at most ``_KEYS`` (64) keys: an entry on any key ends its
+``XREAD`` and the next one names all its keys again, so a busy stream costs
+only the few quiet ones beside it; a thousand followers use 16 connections.
+One ``XREAD`` names keys of one slot only on a Redis Cluster, so there each
+group is on one slot of one node (a bucketed layout has at most ``buckets``
+slots). A connection class with no asyncio twin (Sentinel, a custom class)
+has no async client here: those reads run in a thread, as ``read_live`` does.
+
+The reads share a pool of ``_POOL`` connections per node; those of quiet
+followers (a wait that ran out) take at most ``_QUIET`` of them, so a
+thousand quiet followers whose waits end together never queue ahead of a
+busy one.
 """
 
 from __future__ import annotations
