@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from pipelines.engine._daemon import Daemon, start_daemon
@@ -44,6 +45,7 @@ FLUSH_CHARS = 1000
 """... or until it is this long."""
 
 _log = logging.getLogger(__name__)
+_monotonic = time.monotonic  # bound once: read for every piece of text
 
 
 class DeltaSink:
@@ -63,32 +65,39 @@ class DeltaSink:
         # whole at every piece and every batch, quadratic in the answer (~500 MB for 1 MB of text).
         self._sent: list[str] = []  # every batch published so far in this attempt (or handed to final_parts)
         self._sent_len = 0
-        self._pending: list[str] = []
-        self._pending_len = 0
+        # Pieces not yet sent. A model hands over every token, so they are appended without the lock
+        # (which cost more than the rest of the call): a deque's append is atomic, and a batch pops the
+        # pieces there when it is taken, so one appended meanwhile waits for the next batch.
+        self._pending: deque[str] = deque()
+        self._pending_len = 0  # characters pending: only the size rule reads it (see __call__)
         self._started = False
         self._window_end: float | None = None  # when the batch being filled goes out; None before any text
         self._scheduled = False  # the flusher holds a deadline for this sink's pending text
         self._failed: tuple[str, Exception] | None = None  # (attempt, error): a batch the flusher lost
-        self._lock = threading.Lock()  # guards the pending text (the model's thread appends while we send)
+        self._lock = threading.Lock()  # guards taking the pending text and what was sent (not the appends)
         self._publishing = threading.Lock()  # one batch on the wire at a time, in the order they were taken
 
     def __call__(self, text: str) -> None:
         if not isinstance(text, str) or not text:
             return
-        with self._lock:
-            self._pending.append(text)
-            self._pending_len += len(text)
-            now = time.monotonic()
-            if self._window_end is None:
-                self._window_end = now + self.first_flush_seconds
-            due = self._pending_len >= self.flush_chars or now >= self._window_end
-            if not due and not self._scheduled:
-                # Text that arrives inside the window goes out when the window ends, not when
-                # (if ever) the next piece arrives: a slow stream is never held back longer.
-                self._scheduled = True
-                _flusher().schedule(self, self._window_end)
-        if due:
+        self._pending.append(text)
+        # Added outside the lock: a batch taken at this very moment may leave the count off by a piece,
+        # which only moves when the size rule sends a batch; the text sent is exactly what was appended.
+        self._pending_len += len(text)
+        now = _monotonic()
+        end = self._window_end
+        if end is None:  # the attempt's first text (only the model's thread sets it from None)
+            end = self._window_end = now + self.first_flush_seconds
+        if self._pending_len >= self.flush_chars or now >= end:
             self.flush()
+        elif not self._scheduled:
+            with self._lock:
+                if not self._scheduled:
+                    # Text that arrives inside the window goes out when the window ends, not when
+                    # (if ever) the next piece arrives: a slow stream is never held back longer.
+                    self._scheduled = True
+                    at = self._window_end  # a batch sent meanwhile started a later window
+                    _flusher().schedule(self, end if at is None else at)
 
     def flush(self) -> None:
         """Publish what is pending (with ``attempt_started`` first, once).
@@ -114,7 +123,7 @@ class DeltaSink:
                 batch = self._take_pending()
                 parts = self._parts(batch)
                 self._mark_sent(batch)
-                self._window_end = time.monotonic() + self.flush_seconds
+                self._window_end = _monotonic() + self.flush_seconds
             if parts:
                 try:
                     self.ctx.publish_parts(parts)
@@ -130,7 +139,8 @@ class DeltaSink:
             self._unschedule()
             self._restarts += 1
             self.attempt = f"{self.ctx.attempt_id}.{self._restarts}"
-            self._pending, self._pending_len, self._sent, self._sent_len = [], 0, [], 0
+            self._pending.clear()  # the model's thread restarts: it appends nothing meanwhile
+            self._pending_len, self._sent, self._sent_len = 0, [], 0
             self._started = False
             self._window_end = None
 
@@ -141,9 +151,11 @@ class DeltaSink:
             return "".join(self._sent)
 
     def _take_pending(self) -> str:
-        # Under self._lock: the pending pieces as one batch, and none left pending.
-        batch = "".join(self._pending)
-        self._pending, self._pending_len = [], 0
+        # Under self._lock: the pieces pending now, as one batch. Popped, not swapped for a new deque:
+        # the model's thread may be appending to this one, and its piece must not be lost.
+        pending = self._pending
+        batch = "".join([pending.popleft() for _ in range(len(pending))])
+        self._pending_len = 0
         return batch
 
     def _mark_sent(self, batch: str) -> None:

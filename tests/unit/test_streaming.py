@@ -455,3 +455,29 @@ def test_a_storage_without_the_capability_gets_the_journal_write_then_the_publis
     app.drain()
     assert calls[calls.index("step:model") + 1] == "publish"
     assert turn_texts(list(app.stream("j"))) == {1: "hello"} == assistant_texts(app)
+
+
+def test_pieces_appended_while_another_thread_sends_batches_all_go_out_once_and_in_order() -> None:
+    # The model's thread appends without the sink's lock; batches taken meanwhile (here by a thread
+    # flushing in a loop, as the flusher does when a window ends) must neither lose nor repeat a piece.
+    from phases.streaming import DeltaSink
+
+    ctx = _TextCtx()
+    sink = DeltaSink(ctx, 1, flush_seconds=60, first_flush_seconds=60, flush_chars=10**9)  # type: ignore[arg-type]
+    pieces = [f"<{i}>" for i in range(20_000)]
+    done = threading.Event()
+
+    def flush_while_appending() -> None:
+        while not done.is_set():
+            sink.flush()
+
+    flusher = threading.Thread(target=flush_while_appending)
+    flusher.start()
+    try:
+        for piece in pieces:
+            sink(piece)
+    finally:
+        done.set()
+        flusher.join()
+    sink.finish("".join(pieces))
+    assert "".join(ctx.published) == "".join(pieces)
