@@ -11,8 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TypeVar
 
-__all__ = ["LoopWakeups", "wait_on"]
+__all__ = ["LoopWakeups", "forget_waiter", "wait_on"]
+
+K = TypeVar("K")
+W = TypeVar("W")
+V = TypeVar("V")
+
+
+def forget_waiter(waiting: dict[K, dict[W, V]], key: K, woken: W) -> None:
+    """Drop ``woken`` from ``waiting[key]``, and the key once nobody waits on it (a reader that stopped)."""
+    waiters = waiting.get(key)
+    if waiters is not None:
+        waiters.pop(woken, None)
+        if not waiters:
+            del waiting[key]
 
 
 class LoopWakeups:
@@ -35,11 +49,7 @@ class LoopWakeups:
 
     def discard(self, key: str, woken: asyncio.Future[None]) -> None:
         """Forget ``woken`` (its reader stopped waiting: woken, timed out or cancelled)."""
-        waiting = self._waiting.get(key)
-        if waiting is not None:
-            waiting.pop(woken, None)
-            if not waiting:
-                del self._waiting[key]
+        forget_waiter(self._waiting, key, woken)
 
     def notify(self, key: str) -> None:
         """Wake every reader waiting for ``key``, each in its own loop."""

@@ -43,7 +43,7 @@ import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 
-from adapters.live_wakeup import wait_on
+from adapters.live_wakeup import forget_waiter, wait_on
 from adapters.redis_archive import entry_key
 
 __all__ = ["LoopReads", "async_connection_args", "loop_reads"]
@@ -257,11 +257,7 @@ class _Group:
 
     def discard(self, key: str, woken: asyncio.Future[None]) -> None:
         """Forget a follower that stopped waiting (the XREAD in flight may still name its key: harmless)."""
-        waiting = self._waiting.get(key)
-        if waiting is not None:
-            waiting.pop(woken, None)
-            if not waiting:
-                del self._waiting[key]
+        forget_waiter(self._waiting, key, woken)
 
     async def _run(self) -> None:
         pause = 0.0
