@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipelines.engine.errors import JobFailedError, JobNotFoundError, WaitTimeoutError
-from pipelines.engine.models import Event, JobRecord, JobStatus, Usage
+from pipelines.engine.models import FINISHED_STATUSES, Event, JobRecord, JobStatus, Usage
 
 __all__ = ["FINISHED", "JobView", "RunHandle"]
 
-FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+FINISHED = FINISHED_STATUSES
 """Statuses a run stays in until someone acts: what :meth:`RunHandle.wait` waits for."""
 
 

@@ -37,11 +37,11 @@ from adapters.base import AsyncLiveStore, Storage
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.control import load_job
 from pipelines.engine.events import check_cursor
-from pipelines.engine.models import Event, JobStatus
+from pipelines.engine.models import FINISHED_STATUSES, Event
 
 __all__ = ["FINISHED", "afollow", "follow", "turn_texts"]
 
-FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+FINISHED = FINISHED_STATUSES
 
 _WAIT = 5.0  # one blocking read at most this long, then the job's status is looked at again
 # An async follower's wait holds no thread, so it may last longer: a job's end comes as parts in the live stream

@@ -20,6 +20,7 @@ from pydantic_core import to_json as _to_json
 from pipelines.engine.errors import InvalidJobIdError, StateNotSerializableError, ValueTooLargeError
 
 __all__ = [
+    "FINISHED_STATUSES",
     "JOB_ID_PATTERN",
     "MAX_INT_DIGITS",
     "MAX_JSON_DEPTH",
@@ -375,6 +376,11 @@ class JobStatus(StrEnum):
     COMPLETE = "complete"
     ERROR = "error"
     CANCELLED = "cancelled"
+
+
+FINISHED_STATUSES = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+"""The statuses in which a job is finished: no turn runs and no person is asked anything (the one definition;
+``transitions.FINISHED``, ``streams.FINISHED`` and ``handle.FINISHED`` name it)."""
 
 
 class LogEntry(BaseModel):

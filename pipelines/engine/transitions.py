@@ -26,6 +26,7 @@ from pydantic_core import from_json
 from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.engine.events import make_event
 from pipelines.engine.models import (
+    FINISHED_STATUSES,
     Checkpoint,
     Commit,
     Event,
@@ -71,7 +72,7 @@ ACTIVE = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 """Statuses a restart must not touch: wait for the job, or cancel it first."""
 FINAL = (JobStatus.COMPLETE, JobStatus.CANCELLED)
 """Statuses nothing but an explicit restart leaves."""
-FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
+FINISHED = FINISHED_STATUSES
 """Statuses retention and ``delete`` may remove: no turn runs and no person is asked anything."""
 
 CHILDREN = "children"

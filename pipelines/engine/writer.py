@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from adapters.base import RetentionStore, StepPublisher
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.events import publish as publish_events
-from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus, Usage
+from pipelines.engine.models import FINISHED_STATUSES, Commit, CommitReply, JobRecord, JobStatus, Usage
 
 if TYPE_CHECKING:
     from adapters.base import Scheduler, Storage
@@ -45,9 +45,8 @@ __all__ = [
     "send",
 ]
 
-# Kept here, not imported from transitions, so the writer depends on no transition code.
-_FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
-_CHILDREN = "children"
+# Not imported from transitions, which imports the phase protocol, which journals through this module.
+_CHILDREN = "children"  # transitions.CHILDREN: record.waiting["kind"] of a parent waiting for its children
 
 
 def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: bool = True) -> CommitReply:
@@ -87,7 +86,7 @@ def _wake_family(storage: Storage, scheduler: Scheduler, new: JobRecord) -> None
     if new.status is JobStatus.WAITING and (new.waiting or {}).get("kind") == _CHILDREN:
         # A child may have finished before this wait was committed: look now.
         scheduler.schedule_advance(new.job_id, 0.0, pipeline=new.pipeline)
-    elif new.parent_job is not None and new.status in _FINISHED:
+    elif new.parent_job is not None and new.status in FINISHED_STATUSES:
         parent = storage.get_job(new.parent_job)
         if parent is not None and parent.status is JobStatus.WAITING:
             scheduler.schedule_advance(parent.job_id, 0.0, pipeline=parent.pipeline)
