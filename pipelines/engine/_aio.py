@@ -33,12 +33,28 @@ def _forget_loops_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_loops_after_fork)
 
 
+class _OwnedLoop:
+    """A thread's loop, closed when the thread's locals go (the thread ended): a worker or timeout thread that
+    ran one ``async def`` tool must not leave an open loop and its self-pipe behind for the collector."""
+
+    __slots__ = ("loop",)
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def __del__(self) -> None:
+        try:
+            if not self.loop.is_running():
+                self.loop.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to tell
+            pass
+
+
 def _loop() -> asyncio.AbstractEventLoop:
-    loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
-    if loop is None or loop.is_closed():
-        loop = asyncio.new_event_loop()
-        _local.loop = loop
-    return loop
+    owned: _OwnedLoop | None = getattr(_local, "owned", None)
+    if owned is None or owned.loop.is_closed():
+        owned = _local.owned = _OwnedLoop()
+    return owned.loop
 
 
 def run_sync(awaitable: Awaitable[T]) -> T:

@@ -23,8 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def make_dry_run(target: str) -> list[str]:
     """The commands `make -n <target>` would run, with the venv already built (so only the target's own)."""
-    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", target], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60, check=True)
+    # Run under `make test` itself (as CI does), the child make would inherit MAKEFLAGS/MAKELEVEL and print
+    # "Entering directory" lines: clear them so the listing is the one a person typing the command sees.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", target], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=True, env=env)
     return [line for line in out.stdout.splitlines() if line.strip()]
 
 
