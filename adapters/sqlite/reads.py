@@ -17,6 +17,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from adapters.base import parse_cursor
+from adapters.live_wakeup import wait_on
 from adapters.sqlite.connection import Database
 from adapters.sqlite.wakeup import Wakeup
 from pipelines.engine.errors import CorruptRecordError, InvalidInputError
@@ -27,6 +28,7 @@ __all__ = ["RECORD_COLUMNS", "SQLiteReads", "load_record", "position"]
 
 logger = logging.getLogger("pipelines")
 
+_HEADS_CHUNK = 500  # job ids per query of the followers' watcher (SQLite's bound-parameter limit is far above)
 _SQL_INT_MAX = 2**63 - 1  # a cursor past it names a place after every part SQLite can number
 
 RECORD_COLUMNS = ("job_id, record, version, journal_version, control, dropped, "
@@ -151,6 +153,40 @@ class SQLiteReads:
             if rows or not known or left <= 0:
                 return _events(job_id, rows)
             self._wakeup.wait(seen, left)
+
+    async def aread_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
+                         block: float | None = None) -> list[Event]:
+        """:meth:`read_live` for ``async`` code: the wait is a future (no thread), woken by this process's
+        writes within milliseconds and by other processes' within a poll (see :mod:`adapters.sqlite.alive`)."""
+        start = position(after, "stream cursor")
+        deadline = time.monotonic() + (block or 0.0)
+        followers = self._wakeup.followers(self._heads)
+        while True:
+            # One indexed read on the loop's thread: a WAL reader never waits for a writer.
+            rows, known = self._db.read(lambda c: _live_rows(c, job_id, start, limit),
+                                        f"reading the live stream of job {job_id!r}")
+            left = deadline - time.monotonic()
+            if rows or not known or left <= 0:
+                return _events(job_id, rows)
+            woken = followers.add(job_id, start)
+            try:
+                await wait_on(woken, left)
+            finally:
+                followers.discard(job_id, woken)
+
+    def _heads(self, job_ids: list[str]) -> dict[str, int]:
+        """The highest part number of each of ``job_ids`` that exists (0 without parts)."""
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for lo in range(0, len(job_ids), _HEADS_CHUNK):
+                chunk = job_ids[lo : lo + _HEADS_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                out.update((r[0], r[1] or 0) for r in conn.execute(
+                    f"SELECT job_id, (SELECT max(seq) FROM parts WHERE parts.job_id = jobs.job_id) FROM jobs "
+                    f"WHERE job_id IN ({marks})", chunk))
+            return out
+
+        return self._db.read(read, "reading the heads of the followed live streams")
 
     def inbox(self, job_id: str, count: int) -> list[Message]:
         """The first ``count`` messages waiting in the job's inbox, in the order they were sent."""

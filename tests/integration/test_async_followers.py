@@ -1,7 +1,8 @@
 """Async followers hold no thread while they wait: many idle ones, and an active one that misses nothing.
 
-``app.astream`` on memory (a future the publisher resolves) and on a real
-Redis (one multiplexed ``XREAD BLOCK`` per event loop) and a Redis Cluster.
+``app.astream`` on memory (a future the publisher resolves), on an SQLite file
+(futures one watcher per event loop resolves), and on a real Redis (one
+multiplexed ``XREAD BLOCK`` per event loop) and a Redis Cluster.
 The loop's default executor is replaced by one that counts the calls running
 in it, and is large enough that a follower holding a thread would show.
 """
@@ -14,15 +15,18 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from adapters.base import AsyncLiveStore, Storage
+from adapters.local import LocalScheduler
 from adapters.memory import MemoryScheduler, MemoryStorage
 from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
+from adapters.sqlite import SQLiteStorage
 from pipelines import Agent, App, streams, tool
 from pipelines.engine.errors import CorruptRecordError
 from pipelines.engine.models import Event
@@ -83,12 +87,17 @@ def make_app(storage: Storage, scheduler: Any) -> App:
     return App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=model(), tools=[lookup])])
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis),
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis),
                         pytest.param("cluster", marks=pytest.mark.redis)])
-def app(request: pytest.FixtureRequest) -> Iterator[App]:
+def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[App]:
     """An App whose queue nothing consumes: the test advances the active job itself, in a plain thread."""
     if request.param == "memory":
         yield make_app(MemoryStorage(), MemoryScheduler())
+        return
+    if request.param == "sqlite":
+        sqlite = SQLiteStorage(str(tmp_path / "followers.db"))
+        yield make_app(sqlite, LocalScheduler(workers=0))
+        sqlite.close()
         return
     if request.param == "redis":
         storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="afollow")
