@@ -22,6 +22,9 @@ dup     every advance is enqueued 3 times under distinct RQ ids.
 redis   redis-server (``appendonly yes``) is stopped with SIGTERM mid-run and
         started again on the same port and dir; the workers must ride it out.
 faults  each model fault through an agent on the memory adapters.
+sqlite  W1 jobs on one SQLite file, one worker process and then four sharing
+        it, a random one SIGKILLed every ``--kill-every`` seconds (see
+        ``bench/chaos_sqlite.py``); needs no Redis.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
+from bench import chaos_sqlite  # noqa: E402
 from bench.chaos_lib import (  # noqa: E402
     Killer,
     Procs,
@@ -59,7 +63,7 @@ from bench.chaos_lib import (  # noqa: E402
 )
 from pipelines.app import App  # noqa: E402
 from pipelines.engine.errors import PipelineError  # noqa: E402
-from tests.apps import chaos_app  # noqa: E402
+from tests.apps import chaos_app, sqlite_app  # noqa: E402
 
 TITLE = "phaserunner chaos and fault figures"
 
@@ -346,11 +350,22 @@ def scenario_faults(t: Table) -> None:
         t.add("model fault", r.name, r.outcome, r.expected, r.ok)
 
 
+def scenario_sqlite(cfg: Config, t: Table) -> None:
+    jobs = max(2, cfg.jobs // 2)  # a file's workers turn over slower than Redis's: half the kill scenario's jobs
+    for processes in (1, 4):
+        say(f"sqlite: {jobs} jobs x {sqlite_app.TURNS} turns, {processes} process(es) on one file, "
+            f"a kill every ~{cfg.kill_every:g}s")
+        found = chaos_sqlite.run_sqlite_chaos(processes, jobs, kill_every=cfg.kill_every, timeout=cfg.timeout,
+                                              seed=cfg.seed, say=say)
+        say(f"sqlite x{processes}: {found.complete}/{jobs} complete in {found.seconds:.0f}s, {found.kills} kills")
+        chaos_sqlite.add_rows(t, found, sqlite_app.TURNS)
+
+
 # --- main --------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/chaos.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a smaller run (~1 min)")
-    p.add_argument("--only", default="kill,dup,redis,faults", help="comma-separated scenarios")
+    p.add_argument("--only", default="kill,dup,redis,faults,sqlite", help="comma-separated scenarios")
     p.add_argument("--jobs", type=int, help="jobs in the kill scenario (default 200; --quick 40)")
     p.add_argument("--turns", type=int, help="turns per job (default 10; --quick 5)")
     p.add_argument("--workers", type=int, help="workers in the kill scenario (default 4)")
@@ -365,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, attr) is not None:
             setattr(cfg, attr, getattr(args, attr))
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    unknown = only - {"kill", "dup", "redis", "faults", "clean"}
+    unknown = only - {"kill", "dup", "redis", "faults", "clean", "sqlite"}
     if unknown:
         p.error(f"unknown scenarios: {sorted(unknown)}")
     t = Table()
@@ -383,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         if "faults" in only:
             say("faults: each model fault through an agent on the memory adapters")
             scenario_faults(t)
+        if "sqlite" in only:
+            scenario_sqlite(cfg, t)
     finally:
         server.stop()
     wall = time.monotonic() - started

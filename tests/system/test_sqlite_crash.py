@@ -4,12 +4,11 @@ committing to one file at once: no lock error reaches a caller, every turn is co
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,39 +16,10 @@ import pytest
 from adapters.sqlite import SQLiteStorage
 from pipelines import JobStatus
 from tests.apps import sqlite_app
+from tests.apps.sqlite_app import Workers
 from tests.redis_server import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Workers:
-    """Worker processes of ``tests.apps.sqlite_app`` on one file; each logs to its own file."""
-
-    def __init__(self, path: Path, logdir: Path) -> None:
-        self.env = {**os.environ, "PIPELINES_SQLITE_PATH": str(path), "PIPELINES_WORKERS": "2"}
-        self.logdir = logdir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.started = 0
-
-    def start(self) -> subprocess.Popen[bytes]:
-        self.started += 1
-        with open(self.logdir / f"w{self.started}.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "tests.apps.sqlite_app"], cwd=ROOT, env=self.env,
-                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        self.procs.append(proc)
-        return proc
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        self.procs.remove(proc)
-
-    def stop_all(self) -> None:
-        for proc in list(self.procs):
-            self.kill(proc)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.logdir.glob("*.log"))
 
 
 def unfinished(storage: SQLiteStorage, ids: list[str]) -> list[str]:
@@ -59,13 +29,15 @@ def unfinished(storage: SQLiteStorage, ids: list[str]) -> list[str]:
 @pytest.mark.parametrize("processes", [1, 4])
 def test_kill_9_at_random_every_job_completes_with_its_exact_transcript(tmp_path: Path, processes: int,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "w1.db"
+    path, effects = tmp_path / "w1.db", tmp_path / "effects.db"
     monkeypatch.setenv("PIPELINES_SQLITE_PATH", str(path))
+    monkeypatch.setenv("PIPELINES_EFFECTS_PATH", str(effects))  # the tool's effects, counted in their own file
     starter = sqlite_app.build(workers=0)  # the web process: it starts runs and runs none
     # Twelve jobs per process: four fast processes once finished twelve jobs before the third kill landed.
+    # Even jobs use the retry tool, odd ones the non-idempotent one that reconciles after a crash.
     ids = [f"w1-{n}" for n in range(12 * processes)]
-    for job_id in ids:
-        starter.run_agent("w1", job_id=job_id, user="go")
+    for n, job_id in enumerate(ids):
+        starter.run_agent("w1" if n % 2 == 0 else sqlite_app.RECONCILE_AGENT, job_id=job_id, user="go")
     storage = starter.storage
     assert isinstance(storage, SQLiteStorage)
     workers = Workers(path, tmp_path)
@@ -95,6 +67,16 @@ def test_kill_9_at_random_every_job_completes_with_its_exact_transcript(tmp_path
         assert calls == answers and len(set(calls)) == len(calls)  # each call answered once, in order
         record = storage.get_job(job_id)
         assert record is not None and record.transcript_len == len(messages) and record.result == "done"
+    conn = sqlite_app.effects_db(str(effects))
+    applied = Counter(key for (key,) in conn.execute("SELECT key FROM applied"))
+    conn.close()
+    for n, job_id in enumerate(ids):
+        calls = [m["tool_calls"][0]["id"] for m in storage.messages(job_id) if m.get("tool_calls")]
+        counts = [applied[f"{job_id}/{c}"] for c in calls]
+        assert all(counts), (job_id, counts)  # every call's effect landed
+        if n % 2:  # reconcile: never applied twice, however the kills fell
+            assert counts == [1] * len(calls), (job_id, counts)
+    assert sum(applied.values()) - len(applied) <= kills  # retry: again only after a kill mid-call
 
 
 _COMMITTER = """
