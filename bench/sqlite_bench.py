@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -46,6 +47,8 @@ def run_sqlite(jobs: int, turns: int, synchronous: str, workers: int) -> dict[st
         _wait(app, ids)
     seconds = time.perf_counter() - started
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    app.storage.close()  # type: ignore[attr-defined]
+    shutil.rmtree(folder, ignore_errors=True)
     return {"turns/s": jobs * turns / seconds, "seconds": seconds, "bytes": size}
 
 

@@ -18,6 +18,12 @@ stateless scripted model; no network):
   (bench/peers/langgraph_w1.py; pinned with hashes by
   bench/peers/requirements.txt, installed into bench/peers/.venv).
 
+Ours on the embedded durable default (``P1q``) is ``bench/sqlite_bench.py``'s
+run: ``SQLiteStorage`` with ``synchronous=FULL`` (the default) on a temp file
+and one ``LocalScheduler`` worker thread, as ``SqliteSaver`` runs one
+``graph.invoke`` at a time; its ratio to ``SqliteSaver`` has the issue's
+target (>= 2x).
+
 Ours is figure 1a of ``make bench`` (``Agent.run`` on ``MemoryStorage`` +
 ``MemoryScheduler``, then ``drain()``), timed in this process, once as 1a
 runs it (``stream`` on, the default: each turn's text also goes to the job's
@@ -136,12 +142,22 @@ def ours(a: argparse.Namespace, tag: str, stream: bool) -> float:
     return a.jobs * a.turns / memory_run(a.jobs, a.turns, w1_agent(a.turns, stream), tag)
 
 
+def ours_sqlite(a: argparse.Namespace) -> float:
+    """W1 on SQLite FULL, one local worker thread (bench/sqlite_bench.py's run)."""
+    from bench.sqlite_bench import run_sqlite
+
+    return float(run_sqlite(a.jobs, a.turns, "FULL", workers=1)["turns/s"])
+
+
 def report(a: argparse.Namespace, rates: dict[str, list[float]], info: dict[str, dict[str, Any]],
            notes: list[str]) -> Report:
     rep = Report(notes=notes)
     size = f"{a.jobs}x{a.turns}"
     rep.add("P1", f"phaserunner, memory adapters + ScriptedModel ({size}; = make bench 1a)", rates["ours"], "turns/s")
     rep.add("P1s", "phaserunner, the same with stream=False (no live text stream)", rates["ours-nostream"], "turns/s")
+    if rates.get("ours-sqlite"):
+        rep.add("P1q", "phaserunner, SQLite FULL (temp file) + LocalScheduler(workers=1), stream=False",
+                rates["ours-sqlite"], "turns/s")
     names = {
         "cl-pipelines": "cl-pipelines {@claritylabs/cl-pipelines}, memory adapters + MockLanguageModelV4",
         "langgraph-memory": "LangGraph {langgraph}, StateGraph + InMemorySaver",
@@ -153,6 +169,9 @@ def report(a: argparse.Namespace, rates: dict[str, list[float]], info: dict[str,
     for i, peer in enumerate(present):
         rep.ratio(f"R{i + 1}", f"phaserunner / {peer}", rates["ours"], rates[peer])
         rep.ratio(f"R{i + 1}s", f"phaserunner (stream=False) / {peer}", rates["ours-nostream"], rates[peer])
+    if rates.get("ours-sqlite") and rates.get("langgraph-sqlite"):
+        rep.ratio("RQ", "phaserunner on SQLite FULL / langgraph-sqlite", rates["ours-sqlite"],
+                  rates["langgraph-sqlite"], ">= 2", lambda v: v >= 2.0)
     for peer in present:
         v = info[peer]
         extra = f"; node {v['node']}" if "node" in v else f"; durability={v['durability']}"
@@ -184,11 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     say(f"bench-peers: W1 {a.jobs} jobs x {a.turns} turns, {a.runs} rounds of: ours, {', '.join(wanted)}")
     memory_run(a.warm, a.turns, w1_agent(a.turns, True), "warm")
     memory_run(a.warm, a.turns, w1_agent(a.turns, False), "warm-s")
-    rates: dict[str, list[float]] = {"ours": [], "ours-nostream": [], **{w: [] for w in wanted}}
+    rates: dict[str, list[float]] = {"ours": [], "ours-nostream": [], "ours-sqlite": [], **{w: [] for w in wanted}}
     info: dict[str, dict[str, Any]] = {}
     for r in range(a.runs):
         rates["ours"].append(ours(a, f"r{r}", True))
         rates["ours-nostream"].append(ours(a, f"s{r}", False))
+        if "langgraph-sqlite" in wanted:
+            rates["ours-sqlite"].append(ours_sqlite(a))
         for peer in wanted:
             info[peer] = run_peer(peer, a)
             rates[peer].extend(info[peer]["turns_per_s"])
