@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -33,23 +32,19 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from adapters.base import page_cursor, parse_cursor
 from phases import journal
-from pipelines.app import App, tags_of
+from pipelines.app import App
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, JobNotFoundError
-from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
+from pipelines.engine.models import JobRecord, JobStatus
 from pipelines.web.acts import ACTIONS, act
 from pipelines.web.auth import guarded, login, login_form, logout, refusal
 from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers, pretty_json
+from pipelines.web.jobs import COUNT_LIMIT, PAGE_SIZE, jobs_page, row
 from pipelines.web.sse import sse_response
 from pipelines.web.timeline import timeline
 
 __all__ = ["COUNT_LIMIT", "CSP", "PAGE_SIZE", "check_bind", "ui_app"]
 
-PAGE_SIZE = 50
-COUNT_LIMIT = 10_000
-"""Records read to count jobs by status or filter by name (storage has no status counter yet): past it
-the page says "at least"."""
 TRANSCRIPT_LIMIT = 1000  # the page shows the last messages of a longer conversation
 
 
@@ -74,7 +69,7 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
     ui = UI(app, token=token, read_only=bool(read_only))
     page = functools.partial(guarded, ui)
     routes = [
-        Route("/", page(_jobs_page)),
+        Route("/", page(jobs_page)),
         Route("/login", page(login_form, login=True)),
         Route("/login", page(login, login=True), methods=["POST"]),
         Route("/logout", page(logout), methods=["POST"]),
@@ -85,82 +80,6 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Headers)])
-
-
-# --- the jobs table -----------------------------------------------------------------------------
-def _query_int(request: Request, name: str, default: int) -> int:
-    raw = request.query_params.get(name) or str(default)
-    if not raw.isdigit() or int(raw) < 1 or len(raw) > 9:
-        raise InvalidInputError(f"{name} must be a whole number >= 1, got {raw[:40]!r}")
-    return int(raw)
-
-
-def _query_status(request: Request) -> JobStatus | None:
-    raw = request.query_params.get("status") or ""
-    if raw and raw not in {s.value for s in JobStatus}:
-        raise InvalidInputError(f"unknown status {raw[:40]!r}; one of {', '.join(s.value for s in JobStatus)}")
-    return JobStatus(raw) if raw else None
-
-
-def _jobs_page(ui: UI, request: Request) -> Response:
-    status, page = _query_status(request), _query_int(request, "page", 1)
-    name, q = request.query_params.get("name", "").strip(), request.query_params.get("q", "").strip()
-    before = request.query_params.get("before") or None
-    rows, more = _search(ui.app, q) if q else _page(ui.app, status, name, page, before)
-    partial = bool(request.query_params.get("partial"))  # the table's live refresh: rows only, no counts
-    counts, capped = ({}, False) if partial else _counts(ui.app)
-    args = {"status": status.value if status else "", "name": name, "q": q}
-    link = functools.partial(_page_link, {k: v for k, v in args.items() if v})
-    template = "jobs_rows.html" if partial else "jobs.html"
-    # "next" carries the last row's cursor: the next page is read from the index, not counted from the top.
-    after = {"before": page_cursor(rows[-1])} if rows and not name and ui.app.has_listing_index else {}
-    return ui.render(request, template, rows=[_row(r) for r in rows], counts=counts, capped=capped, page=page,
-                     prev=link(page - 1) if page > 1 else None, next=link(page + 1, after) if more else None,
-                     statuses=[s.value for s in JobStatus], names=ui.app.names, status=args["status"], name=name, q=q)
-
-
-def _page_link(args: dict[str, str], page: int, cursor: dict[str, str] | None = None) -> str:
-    return "?" + urlencode({**args, "page": page, **(cursor or {})})
-
-
-def _search(app: App, q: str) -> tuple[list[JobRecord], bool]:
-    validate_job_id(q)  # a malformed id is named as such, not "no match"
-    view = app.get(q)
-    return ([view.record] if view else []), False
-
-
-def _page(app: App, status: JobStatus | None, name: str, page: int,
-          before: str | None = None) -> tuple[list[JobRecord], bool]:
-    """One page of jobs, newest first, from storage's listing: only the records up to this page are read.
-
-    With ``before`` (a cursor from the previous page's "next" link) only this page's records are read.
-    """
-    start = (page - 1) * PAGE_SIZE
-    if name:  # no name index yet: filter a bounded listing
-        records = [r for r in app.storage.list_jobs(status=status, limit=COUNT_LIMIT) if r.pipeline == name]
-    elif before is not None:
-        parse_cursor(before)  # a malformed cursor is a 400 naming it, whatever the storage
-        records = app.storage.list_jobs(status=status, limit=PAGE_SIZE + 1, before=before)
-        return records[:PAGE_SIZE], len(records) > PAGE_SIZE
-    else:
-        records = app.storage.list_jobs(status=status, limit=start + PAGE_SIZE + 1)
-    return records[start:start + PAGE_SIZE], len(records) > start + PAGE_SIZE
-
-
-def _counts(app: App) -> tuple[dict[str, int], bool]:
-    if app.has_listing_index:  # a storage with a status index answers without reading records
-        return {s.value: int(app.count_jobs(status=s) or 0) for s in JobStatus}, False
-    records = app.storage.list_jobs(limit=COUNT_LIMIT)
-    counts = {s.value: 0 for s in JobStatus}
-    for r in records:
-        counts[r.status.value] += 1
-    return counts, len(records) >= COUNT_LIMIT
-
-
-def _row(r: JobRecord) -> dict[str, Any]:
-    return {"id": r.job_id, "status": r.status.value, "pipeline": r.pipeline, "turns": r.phases_done,
-            "updated": r.updated_at, "tokens": r.usage.total_tokens, "cost": r.usage.cost_usd,
-            "tags": tags_of(r), "error": r.error or ""}
 
 
 # --- one job --------------------------------------------------------------------------------------
@@ -174,7 +93,7 @@ def _job_context(ui: UI, job_id: str) -> dict[str, Any]:
     results = {str(m.get("tool_call_id")): m for m in messages if m.get("role") == "tool"}
     state = None if rec.checkpoint is None else rec.checkpoint.state
     events = ui.app.events(job_id, limit=500)
-    return {"job": _row(rec), "rec": rec, "view": view, "skipped": start, "messages": _conversation(messages, start),
+    return {"job": row(rec), "rec": rec, "view": view, "skipped": start, "messages": _conversation(messages, start),
             "results": results, "logs": ui.app.logs(job_id)[-500:], "events": events, "turns": timeline(events),
             "state": state, "ledger": _ledger(rec), "pending": list(view.pending_calls),
             "finished": view.finished, "actions": _actions(rec),

@@ -100,14 +100,34 @@
     }
   });
 
+  // The rows shown are refreshed by id, in the order shown: a job that changes is updated where it is (rows
+  // never jump under the cursor); how many others changed since the page loaded is said above the table.
   function refreshRows() {
+    var table = document.getElementById("jobs");
+    var now = document.getElementById("job-rows");
+    if (!table || !now) { return; }
+    var ids = [];
+    now.querySelectorAll("tr[data-job]").forEach(function (tr) { ids.push(tr.getAttribute("data-job")); });
     var q = new URLSearchParams(window.location.search);
+    q.delete("before"); q.delete("back"); q.delete("page");
     q.set("partial", "1");
+    q.set("ids", ids.join(","));
+    q.set("loaded", table.getAttribute("data-loaded") || "");
     fetch(window.location.pathname + "?" + q.toString(), { credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
-        var now = document.getElementById("job-rows");
-        if (html !== null && now) { now.outerHTML = html; }
+        var current = document.getElementById("job-rows");
+        if (html === null || !current) { return; }
+        if (ids.length) { current.outerHTML = html; }
+        var fresh = document.getElementById("job-rows");
+        var n = parseInt((fresh && fresh.getAttribute("data-newer")) || "0", 10) || 0;
+        var newer = document.getElementById("newer");
+        var count = document.getElementById("newer-n");
+        if (newer && count) {
+          count.textContent = String(n);
+          newer.setAttribute("href", window.location.pathname + window.location.search);
+          newer.hidden = n === 0;
+        }
       });
   }
 
