@@ -126,7 +126,8 @@ class MemoryStorage:
     #: What it can do beyond the port, declared once (checked by pipelines.engine.capabilities; the contract
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW})
+        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
+        Feature.RECENT})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
@@ -427,6 +428,26 @@ class MemoryStorage:
             lines = [] if job is None else job.events[start : start + max(0, limit)]
         return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
                 for i, line in enumerate(lines)]
+
+    def recent_events(self, job_id: str, *, before: str | None = None, limit: int = 100) -> list[Event]:
+        """Committed events newest first, before the cursor ``before`` (ids are 1-based positions)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            events = [] if job is None else job.events
+            stop = len(events) if before is None else min(len(events), _position(before, "event cursor") - 1)
+            start = max(0, stop - max(0, limit))
+            lines = events[start:max(start, stop)]
+        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
+                for i, line in reversed(list(enumerate(lines)))]
+
+    def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
+        """The ``limit`` log entries before the last ``skip``, oldest first, and how many there are."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            logs = [] if job is None else job.logs
+            stop = max(0, len(logs) - max(0, skip))
+            lines, total = logs[max(0, stop - max(0, limit)):stop], len(logs)
+        return [LogEntry.model_validate_json(line) for line in lines], total
 
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         with self._lock:
