@@ -141,7 +141,7 @@ def test_job_page_shows_conversation_approval_ledger_log_events_and_state(app: A
     assert "approval needed for refund (r1)" in html  # the log
     assert "<b>approval_requested</b>" in html  # the event timeline
     assert 'id="state"' in html and "&#34;turn&#34;: 0" in html
-    assert client.get("/jobs/w1/live").text.startswith('<div id="job-status" data-status="waiting"')
+    assert client.get("/jobs/w1/live").text.startswith('<div id="job-top"><div id="job-status" data-status="waiting"')
 
 
 def test_stream_endpoint_serves_the_jobs_parts(app: App, client: TestClient) -> None:

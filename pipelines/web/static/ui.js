@@ -29,12 +29,42 @@
     f.hidden = !message;
   }
 
+  // A committed event patches the page: the parts that change are swapped, and only the messages committed
+  // after those shown are appended (a long conversation is never sent again). A transcript cut back reloads.
+  function swap(doc, id) {
+    var fresh = doc.getElementById(id);
+    var old = document.getElementById(id);
+    if (fresh && old) { old.replaceWith(document.adoptNode(fresh)); }
+  }
+
   function refresh() {
-    fetch(jobBox.getAttribute("data-live-url"), { credentials: "same-origin", headers: { accept: "text/html" } })
+    var box = document.getElementById("messages");
+    var q = new URLSearchParams(window.location.search);
+    q.delete("upto");
+    if (box && box.getAttribute("data-follow") === "yes") {
+      q.set("from", box.getAttribute("data-len") || "0");
+      q.set("first", box.getAttribute("data-first") || "0");
+    }
+    fetch(jobBox.getAttribute("data-live-url") + "?" + q.toString(),
+          { credentials: "same-origin", headers: { accept: "text/html" } })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (html === null) { return; }
-        jobBox.innerHTML = html;
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var added = doc.getElementById("live-messages");
+        if (added && added.getAttribute("data-reset") === "yes") { window.location.reload(); return; }
+        swap(doc, "job-top");
+        swap(doc, "transcript-tail");
+        swap(doc, "job-bottom");
+        if (added && box && box.getAttribute("data-follow") === "yes") {
+          var none = document.getElementById("no-messages");
+          if (none && added.firstElementChild) { none.remove(); }
+          while (added.firstElementChild) { box.appendChild(document.adoptNode(added.firstElementChild)); }
+          box.setAttribute("data-len", added.getAttribute("data-len") || box.getAttribute("data-len"));
+          var count = document.getElementById("transcript-count");
+          var n = parseInt(box.getAttribute("data-len") || "0", 10);
+          if (count) { count.textContent = n + (n === 1 ? " message" : " messages"); }
+        }
         showTyping();
         if (finished()) { stopStream(); } else { startStream(); }
       });
