@@ -21,6 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 from pydantic import ValidationError
 
 from adapters._memory_history import NO_HISTORY, StoredHistory, dump_apart, stored_dict
+from adapters._memory_listing import SortedIndex
 from adapters.base import INBOX_OPEN, Feature, parse_cursor
 from adapters.live_wakeup import LoopWakeups, wait_on
 from pipelines.engine.errors import (
@@ -134,8 +135,8 @@ class MemoryStorage:
         self._due: dict[str, float] = {}
         self._finished: dict[str, float] = {}  # finished job id -> when it finished (retention reads it)
         # The listing indexes: job id -> updated_at, per status (the "all jobs" one is self._updated).
-        self._updated: dict[str, float] = {}
-        self._by_status: dict[JobStatus, dict[str, float]] = {s: {} for s in JobStatus}
+        self._updated = SortedIndex()
+        self._by_status: dict[JobStatus, SortedIndex] = {s: SortedIndex() for s in JobStatus}
         self._status: dict[str, JobStatus] = {}  # which of _by_status holds each job (a commit moves it from there)
         self._lock = threading.RLock()
         self._published = threading.Condition(self._lock)  # wakes readers following a live stream
@@ -469,8 +470,7 @@ class MemoryStorage:
         out: list[JobRecord] = []
         with self._lock:
             index = self._updated if status is None else self._by_status[status]
-            entries = sorted(((t, j) for j, t in index.items() if cursor is None or (t, j) < cursor), reverse=True)
-            for _, job_id in entries:
+            for job_id in index.newest(cursor):  # sorted as it is kept: a page reads a page
                 if len(out) >= limit:
                     break
                 rec = self._readable(job_id, self._jobs[job_id])
