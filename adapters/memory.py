@@ -616,6 +616,12 @@ class MemoryScheduler:
         with self._lock:
             return self._heap[0].due if self._heap else None
 
+    def advances(self) -> list[tuple[float, str, str]]:
+        """The scheduled advances, earliest first, as ``(due, priority, job id)`` (for people: the web page)."""
+        with self._lock:
+            entries = sorted(self._heap)
+        return [(e.due, "background" if e.rank else "interactive", e.job_id) for e in entries]
+
     def run_next(self) -> bool:
         """Run the earliest scheduled advance, moving the clock to its due time. ``False`` if none."""
         with self._lock:

@@ -41,6 +41,7 @@ from pipelines.web.auth import guarded, login, login_form, logout, refusal
 from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers
 from pipelines.web.jobs import COUNT_LIMIT, PAGE_SIZE, jobs_page
 from pipelines.web.sse import sse_response
+from pipelines.web.workers import workers_page
 
 __all__ = ["COUNT_LIMIT", "CSP", "PAGE_SIZE", "check_bind", "ui_app"]
 
@@ -70,6 +71,7 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
         Route("/login", page(login_form, login=True)),
         Route("/login", page(login, login=True), methods=["POST"]),
         Route("/logout", page(logout), methods=["POST"]),
+        Route("/workers", page(workers_page)),
         Route("/jobs/{job_id}", page(_job_page)),
         Route("/jobs/{job_id}/live", page(_job_live)),
         Route("/jobs/{job_id}/stream", _stream_endpoint(ui)),

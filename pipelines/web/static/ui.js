@@ -19,6 +19,10 @@
     if (!box || !text) { return; }
     text.textContent = buffer.text;
     // A reply waiting for approval is rendered by the server, labelled so: the streamed copy is not shown twice.
+    // The text of an attempt whose worker was lost is dropped: that attempt never commits, the turn runs again.
+    var status = document.getElementById("job-status");
+    var lost = !!status && status.getAttribute("data-place") === "worker lost";
+    if (lost) { buffer.text = ""; }
     box.hidden = !buffer.text || !!document.getElementById("pending-reply");
   }
 
@@ -162,5 +166,8 @@
   }
 
   if (jobBox && !finished()) { startStream(); }
+  // A worker that dies sends nothing: while the job runs, the page looks again every 5 s (the look sends no
+  // message already shown), so a lost worker is said within seconds of its lease running out.
+  if (jobBox) { window.setInterval(function () { if (!finished() && !document.hidden) { refresh(); } }, 5000); }
   if (rows) { window.setInterval(refreshRows, 3000); }
 }());
