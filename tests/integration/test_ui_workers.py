@@ -95,3 +95,15 @@ def test_a_job_whose_worker_died_says_worker_lost_until_a_worker_takes_it_again(
     assert ">in flight</span>" in client.get("/jobs/held").text
     assert app.storage.acquire_lease("dead", "owner-new", 30) is not None  # the next worker takes the turn
     assert ">in flight</span>" in client.get("/jobs/dead/live").text
+
+
+def test_the_timeline_says_what_attempts_fenced_off_paid(app: App, clock: VirtualClock, client: TestClient) -> None:
+    from pipelines.engine.models import Usage
+
+    lost_and_held(app, clock)
+    assert 'id="fenced"' not in client.get("/jobs/held").text
+    app.storage.add_dropped_usage("held", Usage(prompt_tokens=90, completion_tokens=10, cost_usd=0.0125,
+                                                model_calls=1), token="attempt-1")
+    page = client.get("/jobs/held").text
+    assert re.search(r'id="fenced">1 model call of attempts <b>fenced off</b>.*?cost \$0\.012500 and 100 tokens',
+                     page)
