@@ -31,6 +31,7 @@ SCAN_LIMIT = 5000
 """Records one request reads at most while filtering (a search past it goes on from the next link)."""
 BATCH = 250  # records per list_jobs call while scanning
 MAX_IDS = 200  # rows a live refresh may ask for
+NEWER_SCAN = 50  # the newest records a refresh reads to count what changed since the page loaded
 MAX_TEXT = 200
 
 
@@ -146,13 +147,13 @@ def _start(until: float | None) -> str | None:
 
 def refresh(app: App, ids: list[str], loaded: float | None, query: Query) -> tuple[list[JobRecord], int]:
     """The live refresh: the records of ``ids`` (in that order, missing ones left out) and how many jobs
-    matching ``query`` were updated after ``loaded`` (the newest page's worth at most)."""
+    matching ``query`` were updated after ``loaded`` (among the :data:`NEWER_SCAN` newest)."""
     if len(ids) > MAX_IDS:
         raise InvalidInputError(f"a refresh asks for at most {MAX_IDS} rows, got {len(ids)}")
     rows = [r for r in (app.storage.get_job(validate_job_id(i)) for i in ids) if r is not None]
     newer = 0
     if loaded is not None:
         shown = set(ids)
-        recent = app.storage.list_jobs(status=query.status, limit=BATCH)
+        recent = app.storage.list_jobs(status=query.status, limit=NEWER_SCAN)
         newer = sum(1 for r in recent if r.updated_at > loaded and r.job_id not in shown and query.matches(r))
     return rows, newer

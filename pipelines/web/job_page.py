@@ -6,12 +6,14 @@
   (``?events_before=<event id>``), and the log's latest lines likewise
   (``?logs_skip=n``); both are read from the end of the job's history where
   the storage can (``Feature.RECENT``), so a page costs a page.
-* The timeline covers the turns of the latest :data:`TIMELINE_EVENTS` events.
-* The live refresh (``/jobs/<id>/live?from=n``) sends the parts of the page
-  that change (status, approvals, actions, timeline; ledger, usage, log,
-  events, state) and only the messages committed after the ``n`` the page
-  already shows: a 1,200-message conversation is not sent again after each
-  event. A transcript cut back (a full retry) makes the page reload.
+* The timeline shows the latest :data:`TIMELINE_TURNS` turns of the latest
+  :data:`TIMELINE_EVENTS` events.
+* The live refresh (``/jobs/<id>/live?from=n&logs_seen=k&events_seen=id``)
+  sends the parts of the page that change (status, approvals, actions,
+  timeline; ledger, usage, state) and, of the conversation, the log and the
+  events, only what came after what the page shows: a 1,200-message
+  conversation is not sent again after each event. A transcript cut back (a
+  full retry) makes the page reload.
 """
 
 from __future__ import annotations
@@ -22,18 +24,19 @@ from starlette.requests import Request
 
 from phases import journal
 from pipelines.engine.errors import InvalidInputError, JobNotFoundError
-from pipelines.engine.models import JobRecord, JobStatus
+from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry
 from pipelines.web import work
 from pipelines.web.core import UI, pretty_json
 from pipelines.web.jobs import row
 from pipelines.web.timeline import timeline
 
-__all__ = ["EVENTS_PAGE", "LOGS_PAGE", "MESSAGES_PAGE", "TIMELINE_EVENTS", "context"]
+__all__ = ["EVENTS_PAGE", "LOGS_PAGE", "MESSAGES_PAGE", "TIMELINE_EVENTS", "TIMELINE_TURNS", "context"]
 
 MESSAGES_PAGE = 100
 EVENTS_PAGE = 100
 LOGS_PAGE = 100
-TIMELINE_EVENTS = 600
+TIMELINE_EVENTS = 300  # the latest events the timeline is drawn from
+TIMELINE_TURNS = 40  # rows of the timeline at most: the latest turns
 
 
 def _number(request: Request, name: str) -> int | None:
@@ -65,10 +68,17 @@ def context(ui: UI, request: Request, *, live: bool = False) -> dict[str, Any]:
         window_start = start
     messages = ui.app.messages(job_id, start, stop) if stop > start else []
     events_before = request.query_params.get("events_before") or None
-    events = ui.app.read.recent_events(job_id, before=events_before, limit=EVENTS_PAGE)
     logs_skip = _number(request, "logs_skip") or 0
-    logs, logs_total = ui.app.read.recent_logs(job_id, skip=logs_skip, limit=LOGS_PAGE)
-    spans = ui.app.read.recent_events(job_id, limit=TIMELINE_EVENTS)[::-1]
+    if live:  # the log and the events are patched too: only what came after what the page shows
+        events: list[Event] = []
+        logs: list[LogEntry] = []
+        new_logs, logs_total = _new_logs(ui, request, job_id)
+        new_events = _new_events(ui, request, job_id)
+    else:
+        events = ui.app.read.recent_events(job_id, before=events_before, limit=EVENTS_PAGE)
+        logs, logs_total = ui.app.read.recent_logs(job_id, skip=logs_skip, limit=LOGS_PAGE)
+        new_logs = new_events = None
+    turns = timeline(ui.app.read.recent_events(job_id, limit=TIMELINE_EVENTS)[::-1])
     state = None if rec.checkpoint is None else rec.checkpoint.state
     place = work.place(ui.app, rec)
     return {"job": row(rec, place), "rec": rec, "view": view, "place": place or "",
@@ -77,9 +87,33 @@ def context(ui: UI, request: Request, *, live: bool = False) -> dict[str, Any]:
             "events": events, "older_events": events[-1].id if len(events) == EVENTS_PAGE else None,
             "events_paged": events_before is not None,
             "logs": logs[::-1], "logs_skip": logs_skip, "logs_total": logs_total, "logs_page": LOGS_PAGE,
-            "turns": timeline(spans), "state": state, "ledger": _ledger(rec), "pending": list(view.pending_calls),
+            "new_logs": new_logs, "new_events": new_events,
+            "turns": turns[-TIMELINE_TURNS:], "state": state, "ledger": _ledger(rec),
+            "pending": list(view.pending_calls),
             "finished": view.finished, "actions": _actions(rec),
             "pending_reply": _pending_reply(rec, view.pending_calls), "is_agent": rec.pipeline in ui.app.agents}
+
+
+def _new_logs(ui: UI, request: Request, job_id: str) -> tuple[list[LogEntry] | None, int]:
+    """The log lines after the ``logs_seen`` the page shows (newest first); ``None`` when it does not follow."""
+    seen = _number(request, "logs_seen")
+    if seen is None:
+        return None, 0
+    _, total = ui.app.read.recent_logs(job_id, limit=0)
+    if total <= seen:
+        return [], total
+    fresh, total = ui.app.read.recent_logs(job_id, limit=min(LOGS_PAGE, total - seen))
+    return fresh[::-1], total
+
+
+def _new_events(ui: UI, request: Request, job_id: str) -> list[Event] | None:
+    """The events after ``events_seen`` (newest first; "": the page shows none yet); ``None``: not asked."""
+    if "events_seen" not in request.query_params:
+        return None
+    seen = request.query_params["events_seen"] or None
+    if seen is None:
+        return ui.app.read.recent_events(job_id, limit=EVENTS_PAGE)
+    return ui.app.read.events(job_id, after=seen, limit=EVENTS_PAGE)[::-1]
 
 
 def _pending_reply(rec: JobRecord, pending: object) -> dict[str, Any] | None:

@@ -114,3 +114,28 @@ def test_the_live_refresh_sends_only_the_messages_committed_since_those_shown(ap
     assert shown(client.get("/jobs/chat/live", params={"from": 2}).text) == [2, 3]
     cut = client.get("/jobs/chat/live", params={"from": 9}).text  # more than it has: cut back, reload
     assert 'data-reset="yes"' in cut
+
+
+def test_the_live_refresh_sends_only_the_log_lines_and_events_after_those_shown(app: App,
+                                                                               client: TestClient) -> None:
+    app.run_agent("desk", job_id="chat", user="hello")
+    app.drain()
+    page = client.get("/jobs/chat").text
+    newest = re.search(r'id="event-list" data-newest="([^"]+)"', page)
+    lines = re.search(r'id="log-lines" data-total="(\d+)"', page)
+    assert newest is not None and lines is not None
+    quiet = client.get("/jobs/chat/live", params={"from": 2, "logs_seen": lines.group(1),
+                                                   "events_seen": newest.group(1)}).text
+    assert '<div id="live-logs" data-total="' + lines.group(1) + '"></div>' in quiet
+    assert '<ul id="live-events"></ul>' in quiet
+    app.send("chat", ["again"])
+    app.drain()
+    fresh = client.get("/jobs/chat/live", params={"from": 2, "logs_seen": lines.group(1),
+                                                   "events_seen": newest.group(1)}).text
+    new_events = re.findall(r'<li data-event="([^"]+)">', fresh.split('<ul id="live-events">', 1)[1])
+    after = [e.id for e in app.events("chat", after=newest.group(1))]
+    assert new_events == after[::-1] and new_events  # only the new ones, newest first
+    new_lines = fresh.split('<div id="live-logs"', 1)[1].split("</div>", 1)[0]
+    assert int(re.search(r'data-total="(\d+)"', new_lines).group(1)) > int(lines.group(1))  # type: ignore[union-attr]
+    assert "job started" not in new_lines  # the first run's lines are not sent again
+    assert "live-logs" not in client.get("/jobs/chat/live").text  # a page not following the log asks for none

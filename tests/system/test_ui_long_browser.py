@@ -63,3 +63,7 @@ def test_a_committed_turn_appends_its_messages_in_place(app: App, base: str, bro
         ".map(e => new URL(e.name).searchParams.get('from'));")
     assert asked and all(a is not None and int(a) >= 1 for a in asked), asked
     assert "paid" in text_of(browser, "#messages")
+    # The log and the events were patched too: new ones on top, none twice, the same as a fresh page's.
+    shown_events = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#event-list li')).map(li => li.getAttribute('data-event'));")
+    assert shown_events == [e.id for e in app.events("pay-1")][::-1]

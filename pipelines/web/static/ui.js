@@ -7,6 +7,7 @@
   var buffer = { turn: null, attempt: null, text: "" };
   var source = null;
   var pending = null;
+  var LOGS_PAGE = 100, EVENTS_PAGE = 100;  // pipelines.web.job_page's pages
 
   function finished() {
     var s = document.getElementById("job-status");
@@ -49,6 +50,14 @@
       q.set("from", box.getAttribute("data-len") || "0");
       q.set("first", box.getAttribute("data-first") || "0");
     }
+    var logLines = document.getElementById("log-lines");
+    if (logLines && logLines.getAttribute("data-follow") === "yes") {
+      q.set("logs_seen", logLines.getAttribute("data-total") || "0");
+    }
+    var eventList = document.getElementById("event-list");
+    if (eventList && eventList.getAttribute("data-follow") === "yes") {
+      q.set("events_seen", eventList.getAttribute("data-newest") || "");
+    }
     fetch(jobBox.getAttribute("data-live-url") + "?" + q.toString(),
           { credentials: "same-origin", headers: { accept: "text/html" } })
       .then(function (r) { return r.ok ? r.text() : null; })
@@ -69,9 +78,29 @@
           var n = parseInt(box.getAttribute("data-len") || "0", 10);
           if (count) { count.textContent = n + (n === 1 ? " message" : " messages"); }
         }
+        prepend(doc.getElementById("live-logs"), logLines, LOGS_PAGE);
+        if (logLines && doc.getElementById("live-logs")) {
+          logLines.setAttribute("data-total", doc.getElementById("live-logs").getAttribute("data-total") || "0");
+          var logCount = document.getElementById("log-count");
+          if (logCount) { logCount.textContent = logLines.getAttribute("data-total"); }
+          var empty = document.getElementById("log-empty");
+          if (empty && logLines.firstElementChild) { empty.remove(); }
+        }
+        prepend(doc.getElementById("live-events"), eventList, EVENTS_PAGE);
+        if (eventList && eventList.firstElementChild) {
+          eventList.setAttribute("data-newest", eventList.firstElementChild.getAttribute("data-event") || "");
+        }
         showTyping();
         if (finished()) { stopStream(); } else { startStream(); }
       });
+  }
+
+  // New lines and events come newest first: they go on top, and the list keeps one page.
+  function prepend(fresh, list, keep) {
+    if (!fresh || !list) { return; }
+    var items = Array.prototype.slice.call(fresh.children);
+    for (var i = items.length - 1; i >= 0; i--) { list.insertBefore(document.adoptNode(items[i]), list.firstChild); }
+    while (list.children.length > keep) { list.removeChild(list.lastElementChild); }
   }
 
   function soon() {
