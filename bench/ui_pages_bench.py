@@ -77,7 +77,7 @@ def _line(name: str, times: list[float], size: int) -> str:
 def _requests(app: App, jobs: int) -> list[tuple[str, str]]:
     shown = app.storage.list_jobs(limit=50)
     ids = ",".join(r.job_id for r in shown)
-    depth = min(90_000, jobs // 2)  # jobs deep: 90,000 of 100,000
+    depth = min(90_000, jobs * 9 // 10)  # jobs deep: 90,000 of 100,000
     deep = app.storage.get_job(f"job-{jobs - depth:06d}")
     assert deep is not None
     total = app.storage.get_job(LONG).transcript_len  # type: ignore[union-attr]
