@@ -139,3 +139,24 @@ def test_the_live_refresh_sends_only_the_log_lines_and_events_after_those_shown(
     assert int(re.search(r'data-total="(\d+)"', new_lines).group(1)) > int(lines.group(1))  # type: ignore[union-attr]
     assert "job started" not in new_lines  # the first run's lines are not sent again
     assert "live-logs" not in client.get("/jobs/chat/live").text  # a page not following the log asks for none
+
+
+def test_bad_paging_input_is_a_400_naming_it(app: App, client: TestClient) -> None:
+    long_job(app, messages=10, events=10, logs=10)
+    cases = [("/jobs/long", {"events_before": "yesterday"}, "cursor"),
+             ("/jobs/long", {"logs_skip": "-1"}, "logs_skip must be a whole number"),
+             ("/jobs/long/live", {"from": "1e9"}, "from must be a whole number"),
+             ("/jobs/long/live", {"events_seen": "1; DROP"}, "cursor"),
+             ("/jobs/long/live", {"logs_seen": "x"}, "logs_seen must be a whole number"),
+             ("/", {"partial": "1", "ids": "a b"}, "invalid job id"),
+             ("/", {"partial": "1", "ids": "a", "loaded": "soon"}, "loaded must be a time"),
+             ("/", {"before": "1.0/ok", "back": "nonsense", "page": "2"}, None)]
+    for path, params, text in cases:
+        response = client.get(path, params=params)
+        if text is None:  # a bad cursor in "back" is only read when "previous" is followed
+            assert response.status_code == 200
+            prev = re.search(r'href="\?([^"]*)" id="prev"', response.text)
+            assert prev is not None and client.get("/?" + html.unescape(prev.group(1))).status_code == 400
+            continue
+        assert response.status_code == 400, (path, params, response.status_code)
+        assert text in response.text, (path, params)
