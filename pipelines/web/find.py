@@ -150,10 +150,16 @@ def refresh(app: App, ids: list[str], loaded: float | None, query: Query) -> tup
     matching ``query`` were updated after ``loaded`` (among the :data:`NEWER_SCAN` newest)."""
     if len(ids) > MAX_IDS:
         raise InvalidInputError(f"a refresh asks for at most {MAX_IDS} rows, got {len(ids)}")
-    rows = [r for r in (app.storage.get_job(validate_job_id(i)) for i in ids) if r is not None]
+    for job_id in ids:
+        validate_job_id(job_id)
     newer = 0
+    listed: dict[str, JobRecord] = {}
     if loaded is not None:
         shown = set(ids)
         recent = app.storage.list_jobs(status=query.status, limit=NEWER_SCAN)
         newer = sum(1 for r in recent if r.updated_at > loaded and r.job_id not in shown and query.matches(r))
-    return rows, newer
+        # Rows of the newest page come with that one read; a running job is read whole (its journal says
+        # whether its worker was lost), and so is any row the listing did not hold.
+        listed = {r.job_id: r for r in recent if r.status is not JobStatus.RUNNING}
+    rows = [listed.get(i) or app.storage.get_job(i) for i in ids]
+    return [r for r in rows if r is not None], newer
