@@ -80,6 +80,7 @@ bench: install
 	$(PY) -m bench.startup_bench $(STARTUP_ARGS)  # figure 11: worker start -> first turn committed, litellm really used
 	$(PY) -m bench.latency_bench $(LATENCY_ARGS)  # figures 12-13: turn-to-turn latency, cold-cache late/early
 	$(PY) -m bench.stream_followers $(FOLLOWERS_ARGS)  # figure 14: SSE delta latency beside 1,000 idle followers
+	$(PY) -m bench.ui_pages_bench $(UI_ARGS)  # figure 15: web page time and bytes, 100,000 jobs, a 1,200-message job
 
 chaos: install
 	$(PY) bench/chaos.py $(ARGS)

@@ -86,6 +86,7 @@ __all__ = [
     "FEATURE_PROTOCOLS",
     "Feature",
     "FlowStore",
+    "RecentHistory",
     "HistoryStore",
     "INBOX_OPEN",
     "InProcessScheduler",
@@ -227,6 +228,24 @@ class HistoryStore(Protocol):
 
 
 @runtime_checkable
+class RecentHistory(Protocol):
+    """A storage that reads a job's history from its end (a capability: memory, Redis and SQLite have it).
+
+    A page shows a long job's latest events and log lines, a page at a time,
+    at the cost of that page: not the whole history read to show its end.
+    """
+
+    def recent_events(self, job_id: str, *, before: str | None = None, limit: int = 100) -> list[Event]:
+        """Committed events newest first, each with its ``id``; only those before the cursor ``before``."""
+        ...
+
+    def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
+        """Up to ``limit`` log entries that come before the job's last ``skip`` (oldest first), and how many
+        entries the job has."""
+        ...
+
+
+@runtime_checkable
 class LiveStore(Protocol):
     """The live stream of a job: every committed event again, plus ephemeral parts a worker publishes.
 
@@ -356,6 +375,7 @@ class Feature(StrEnum):
     IN_PROCESS = "in_process"  # InProcessScheduler: runs advances in this process (attach, drain)
     NAMED_QUEUES = "named_queues"  # NamedQueues: says which queue a run waits on
     SCHEMA = "schema"  # VersionedSchema: a file with a schema version that `pipelines migrate` upgrades
+    RECENT = "recent"  # RecentHistory: a job's latest events and log lines, read from the end
 
 
 @runtime_checkable
@@ -525,6 +545,7 @@ FEATURE_PROTOCOLS: dict[Feature, type] = {
     Feature.IN_PROCESS: InProcessScheduler,
     Feature.NAMED_QUEUES: NamedQueues,
     Feature.SCHEMA: VersionedSchema,
+    Feature.RECENT: RecentHistory,
 }
 """The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
 contract suites check both ways)."""

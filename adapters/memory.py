@@ -21,6 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 from pydantic import ValidationError
 
 from adapters._memory_history import NO_HISTORY, StoredHistory, dump_apart, stored_dict
+from adapters._memory_listing import SortedIndex
 from adapters.base import INBOX_OPEN, Feature, parse_cursor
 from adapters.live_wakeup import LoopWakeups, wait_on
 from pipelines.engine.errors import (
@@ -126,15 +127,16 @@ class MemoryStorage:
     #: What it can do beyond the port, declared once (checked by pipelines.engine.capabilities; the contract
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW})
+        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
+        Feature.RECENT})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
         self._due: dict[str, float] = {}
         self._finished: dict[str, float] = {}  # finished job id -> when it finished (retention reads it)
         # The listing indexes: job id -> updated_at, per status (the "all jobs" one is self._updated).
-        self._updated: dict[str, float] = {}
-        self._by_status: dict[JobStatus, dict[str, float]] = {s: {} for s in JobStatus}
+        self._updated = SortedIndex()
+        self._by_status: dict[JobStatus, SortedIndex] = {s: SortedIndex() for s in JobStatus}
         self._status: dict[str, JobStatus] = {}  # which of _by_status holds each job (a commit moves it from there)
         self._lock = threading.RLock()
         self._published = threading.Condition(self._lock)  # wakes readers following a live stream
@@ -428,6 +430,26 @@ class MemoryStorage:
         return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
                 for i, line in enumerate(lines)]
 
+    def recent_events(self, job_id: str, *, before: str | None = None, limit: int = 100) -> list[Event]:
+        """Committed events newest first, before the cursor ``before`` (ids are 1-based positions)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            events = [] if job is None else job.events
+            stop = len(events) if before is None else min(len(events), _position(before, "event cursor") - 1)
+            start = max(0, stop - max(0, limit))
+            lines = events[start:max(start, stop)]
+        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
+                for i, line in reversed(list(enumerate(lines)))]
+
+    def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
+        """The ``limit`` log entries before the last ``skip``, oldest first, and how many there are."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            logs = [] if job is None else job.logs
+            stop = max(0, len(logs) - max(0, skip))
+            lines, total = logs[max(0, stop - max(0, limit)):stop], len(logs)
+        return [LogEntry.model_validate_json(line) for line in lines], total
+
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         with self._lock:
             due = sorted((t, j) for j, t in self._due.items() if t <= now)
@@ -448,8 +470,7 @@ class MemoryStorage:
         out: list[JobRecord] = []
         with self._lock:
             index = self._updated if status is None else self._by_status[status]
-            entries = sorted(((t, j) for j, t in index.items() if cursor is None or (t, j) < cursor), reverse=True)
-            for _, job_id in entries:
+            for job_id in index.newest(cursor):  # sorted as it is kept: a page reads a page
                 if len(out) >= limit:
                     break
                 rec = self._readable(job_id, self._jobs[job_id])
@@ -594,6 +615,12 @@ class MemoryScheduler:
     def next_due(self) -> float | None:
         with self._lock:
             return self._heap[0].due if self._heap else None
+
+    def advances(self) -> list[tuple[float, str, str]]:
+        """The scheduled advances, earliest first, as ``(due, priority, job id)`` (for people: the web page)."""
+        with self._lock:
+            entries = sorted(self._heap)
+        return [(e.due, "background" if e.rank else "interactive", e.job_id) for e in entries]
 
     def run_next(self) -> bool:
         """Run the earliest scheduled advance, moving the clock to its due time. ``False`` if none."""

@@ -80,6 +80,7 @@ from adapters.redis_keys import (
 )
 from adapters.redis_listing import RedisIndexReads
 from adapters.redis_live import RedisLiveReads
+from adapters.redis_recent import RedisRecentReads
 from adapters.redis_refs import JournalValues, slice_parts
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -137,7 +138,7 @@ class _Base(NamedTuple):
     size: int  # bytes of lines, for the bound
 
 
-class RedisStorage(RedisIndexReads, RedisLiveReads):
+class RedisStorage(RedisIndexReads, RedisLiveReads, RedisRecentReads):
     """The :class:`~adapters.base.Storage` port on Redis (standalone, Sentinel or Cluster; no modules).
 
     ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` or
@@ -170,7 +171,8 @@ class RedisStorage(RedisIndexReads, RedisLiveReads):
     #: What it can do beyond the port, declared once (checked by pipelines.engine.capabilities; the contract
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW})
+        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
+        Feature.RECENT})
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,

@@ -366,9 +366,11 @@ def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse
     ctx.emit_at(ctx.started_at, "turn_started", turn=turn, attempt=ctx.attempt)
     usage = response.usage
     answered = ctx.recorded_at(journal.MODEL)
+    # "reused": the answer was journaled by an earlier attempt of this turn (a timeline draws no model call here).
+    reused = {} if ctx.journaled_here(journal.MODEL) else {"reused": True}
     ctx.emit_at(answered, "model_response", turn=turn, finish_reason=response.finish_reason,
                 tool_calls=len(response.tool_calls), prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd)
+                completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd, **reused)
     names = {c["id"]: (c.get("function") or {}).get("name") for c in response.tool_calls}
     for call_id, name in names.items():
         ctx.emit_at(answered, "tool_call", turn=turn, call_id=call_id, tool=name)

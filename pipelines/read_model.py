@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import CountingIndex, NamedQueues, Scheduler, Storage, VersionedSchema
+from adapters.base import CountingIndex, NamedQueues, RecentHistory, Scheduler, Storage, VersionedSchema
 from phases import approvals, titles
 from phases.run_input import check_tags
 from pipelines import streams
@@ -86,6 +86,38 @@ class ReadModel:
         """The job's human-readable log."""
         control.load_job(self.storage, job_id)
         return self.storage.logs(job_id)
+
+    def recent_events(self, job_id: str, *, before: str | None = None, limit: int = 100) -> list[Event]:
+        """Committed events newest first, only those before the cursor ``before`` (an event id).
+
+        Read from the end where the storage can (``Feature.RECENT``: a page costs a page); elsewhere the
+        events are read from the start and the page cut from them.
+        """
+        control.load_job(self.storage, job_id)
+        recent = as_feature(self.storage, Feature.RECENT, RecentHistory)  # type: ignore[type-abstract]
+        if recent is not None:
+            return recent.recent_events(job_id, before=before, limit=limit)
+        events = self._all_events(job_id)
+        stop = next((i for i, e in enumerate(events) if e.id == before), len(events)) if before else len(events)
+        return events[max(0, stop - max(0, limit)):stop][::-1]
+
+    def _all_events(self, job_id: str) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            page = self.storage.events(job_id, after=out[-1].id if out else None, limit=1000)
+            out.extend(page)
+            if len(page) < 1000:
+                return out
+
+    def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
+        """Up to ``limit`` log entries before the job's last ``skip`` (oldest first), and how many it has."""
+        control.load_job(self.storage, job_id)
+        recent = as_feature(self.storage, Feature.RECENT, RecentHistory)  # type: ignore[type-abstract]
+        if recent is not None:
+            return recent.recent_logs(job_id, skip=skip, limit=limit)
+        logs = self.storage.logs(job_id)
+        stop = max(0, len(logs) - max(0, skip))
+        return logs[max(0, stop - max(0, limit)):stop], len(logs)
 
     def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
                timeout: float | None = None) -> Iterator[Event]:

@@ -139,6 +139,31 @@ class SQLiteReads:
             (job_id, start, max(0, limit))).fetchall(), f"reading the events of job {job_id!r}")
         return _events(job_id, rows)
 
+    def recent_events(self, job_id: str, *, before: str | None = None, limit: int = 100) -> list[Event]:
+        """Committed events newest first, before the cursor ``before`` (a part number)."""
+        stop = position(before, "event cursor") if before is not None else _SQL_INT_MAX
+        rows = self._db.read(lambda c: c.execute(
+            "SELECT seq, body FROM parts WHERE job_id = ? AND durable = 1 AND seq < ? ORDER BY seq DESC LIMIT ?",
+            (job_id, stop, max(0, limit))).fetchall(), f"reading the events of job {job_id!r}")
+        return _events(job_id, rows)
+
+    def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
+        """The ``limit`` log entries before the last ``skip``, oldest first, and how many there are."""
+        def read(conn: sqlite3.Connection) -> tuple[list[Any], int]:
+            # Positions run 0, 1, 2, ... (writes.append): the last one tells how many, from the key, no count.
+            top = conn.execute("SELECT max(pos) FROM logs WHERE job_id = ?", (job_id,)).fetchone()[0]
+            total = 0 if top is None else int(top) + 1
+            stop = max(0, total - max(0, skip))
+            rows = conn.execute("SELECT body FROM logs WHERE job_id = ? AND pos >= ? AND pos < ? ORDER BY pos",
+                                (job_id, max(0, stop - max(0, limit)), stop)).fetchall()
+            return rows, int(total)
+
+        rows, total = self._db.read(read, f"reading the logs of job {job_id!r}")
+        try:
+            return [LogEntry.model_validate_json(r[0]) for r in rows], total
+        except ValidationError as exc:
+            raise CorruptRecordError(f"a stored log entry of job {job_id!r} does not parse: {exc}") from exc
+
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
                   block: float | None = None) -> list[Event]:
         """Parts after the cursor; waits up to ``block`` seconds for one (woken at once by this process's

@@ -504,6 +504,11 @@ class PhaseContext(Generic[S]):
             at = self._recorded_at.get(key)
         return self._clock() if at is None else at
 
+    def journaled_here(self, key: str) -> bool:
+        """Whether this attempt journaled ``key`` itself (``False``: an earlier attempt or a person did, or nobody)."""
+        with self._lock:
+            return key in self._recorded_at
+
     def on_commit(self, fn: Callable[[Checkpoint[Any]], None]) -> None:
         """Call ``fn(new_checkpoint)`` once this phase's commit has landed (moving on to a next phase).
 

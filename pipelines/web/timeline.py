@@ -18,6 +18,11 @@ from pipelines.engine.models import Event
 __all__ = ["Span", "Turn", "timeline"]
 
 WIDTH = 1000  # the SVG's user units across
+# What explains a turn that reused a model answer journaled by an earlier attempt: it waited (a person, a
+# child run, a pause) or was retried. Without one of these, the earlier attempt was abandoned: its worker was
+# lost or fenced off before it could commit.
+_WAITED = frozenset({"retry_scheduled", "approval_requested", "job_waiting", "call_approved", "call_rejected",
+                     "children_finished", "job_paused", "job_resumed", "job_retried", "job_continued"})
 _READY = frozenset({"job_started", "turn_committed", "call_approved", "call_rejected", "job_retried", "job_resumed",
                     "job_continued", "children_finished", "job_forked"})
 
@@ -48,6 +53,14 @@ class Turn:
     cost: float = 0.0
     tokens: int = 0
     first_message: int | None = None
+    waited: bool = False  # a wait or a retry came between the turn's first attempt and this one
+    reused: bool = False  # the model's answer was journaled by an earlier attempt
+
+    @property
+    def abandoned(self) -> bool:
+        """An earlier attempt answered and never committed, with no wait or retry to explain it: its worker
+        was lost or fenced off."""
+        return self.reused and not self.waited
 
     @property
     def seconds(self) -> float:
@@ -65,15 +78,18 @@ def timeline(events: Sequence[Event]) -> list[Turn]:
     backoff: list[Span] = []
     calls: dict[str, str] = {}
     answered = 0.0
+    waited = False
     for e in events:
         data: dict[str, Any] = e.data if isinstance(e.data, dict) else {}
+        waited = waited or e.type in _WAITED
         if e.type == "retry_scheduled":
             retries.append(str(data.get("reason") or "retried"))
             ready = e.timestamp + float(data.get("delay") or 0)
             backoff.append(Span("retry", f"attempt failed, retried: {retries[-1]}", e.timestamp, ready, error=True))
         elif e.type == "turn_started" and e.turn is not None:
             turn = turns[e.turn] = Turn(n=e.turn, start=e.timestamp, attempt=int(data.get("attempt") or 0),
-                                        retries=retries)
+                                        retries=retries, waited=waited)
+            waited = False
             turn.spans.extend(backoff)
             retries, backoff = [], []
             if ready is not None and ready < e.timestamp:
@@ -81,6 +97,8 @@ def timeline(events: Sequence[Event]) -> list[Turn]:
             answered = e.timestamp
         elif e.turn in turns:
             answered = _within(turns[e.turn], e, data, calls, answered)
+        if e.type == "turn_committed":
+            waited = False
         if e.type in _READY:
             ready = e.timestamp
     rows = sorted(turns.values(), key=lambda t: t.n)
@@ -90,7 +108,11 @@ def timeline(events: Sequence[Event]) -> list[Turn]:
 
 def _within(turn: Turn, e: Event, data: dict[str, Any], calls: dict[str, str], answered: float) -> float:
     """Add one event of a started turn; returns when the model answered (where the tools' spans begin)."""
-    if e.type == "model_response":
+    if e.type == "model_response" and data.get("reused"):  # no model call in this attempt: nothing to draw
+        turn.reused, answered = True, turn.start
+        turn.cost += float(data.get("cost_usd") or 0)
+        turn.tokens += int(data.get("prompt_tokens") or 0) + int(data.get("completion_tokens") or 0)
+    elif e.type == "model_response":
         answered = e.timestamp
         turn.spans.append(Span("model", "model", turn.start, e.timestamp))
         turn.cost += float(data.get("cost_usd") or 0)

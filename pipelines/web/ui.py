@@ -1,9 +1,11 @@
 """The web page to watch and steer runs: :func:`ui_app` (an ASGI app) and ``pipelines ui``.
 
 A client of the :class:`~pipelines.app.App`, like the CLI: it reads with
-``app.get`` / ``messages`` / ``logs`` / ``events`` / ``storage.list_jobs`` and
-acts with ``approve`` / ``reject`` / ``retry`` / ``cancel`` / ``pause`` /
-``resume``; tokens arrive through :func:`pipelines.web.sse.sse_response`.
+``app.get`` / ``messages`` / ``read.recent_events`` / ``read.recent_logs`` /
+``storage.list_jobs`` and acts with ``approve`` / ``reject`` / ``retry`` /
+``cancel`` / ``pause`` / ``resume`` / ``fork`` / ``send``; tokens arrive
+through :func:`pipelines.web.sse.sse_response`. The jobs page is
+:mod:`pipelines.web.jobs`, a job's page :mod:`pipelines.web.job_page`.
 Server-rendered HTML (jinja2, autoescaped) with one small static script; every
 asset ships in the package (no CDN, no build step)::
 
@@ -23,8 +25,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
-from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -33,24 +33,17 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from adapters.base import page_cursor, parse_cursor
-from phases import journal
-from pipelines.app import App, tags_of
-from pipelines.engine.errors import ConfigurationError, InvalidInputError, JobNotFoundError
-from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
+from pipelines.app import App
+from pipelines.engine.errors import ConfigurationError, InvalidInputError
+from pipelines.web import job_page
 from pipelines.web.acts import ACTIONS, act
 from pipelines.web.auth import guarded, login, login_form, logout, refusal
-from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers, pretty_json
+from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers
+from pipelines.web.jobs import COUNT_LIMIT, PAGE_SIZE, jobs_page
 from pipelines.web.sse import sse_response
-from pipelines.web.timeline import timeline
+from pipelines.web.workers import workers_page
 
 __all__ = ["COUNT_LIMIT", "CSP", "PAGE_SIZE", "check_bind", "ui_app"]
-
-PAGE_SIZE = 50
-COUNT_LIMIT = 10_000
-"""Records read to count jobs by status or filter by name (storage has no status counter yet): past it
-the page says "at least"."""
-TRANSCRIPT_LIMIT = 1000  # the page shows the last messages of a longer conversation
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -74,10 +67,11 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
     ui = UI(app, token=token, read_only=bool(read_only))
     page = functools.partial(guarded, ui)
     routes = [
-        Route("/", page(_jobs_page)),
+        Route("/", page(jobs_page)),
         Route("/login", page(login_form, login=True)),
         Route("/login", page(login, login=True), methods=["POST"]),
         Route("/logout", page(logout), methods=["POST"]),
+        Route("/workers", page(workers_page)),
         Route("/jobs/{job_id}", page(_job_page)),
         Route("/jobs/{job_id}/live", page(_job_live)),
         Route("/jobs/{job_id}/stream", _stream_endpoint(ui)),
@@ -87,156 +81,13 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
     return Starlette(routes=routes, middleware=[Middleware(Headers)])
 
 
-# --- the jobs table -----------------------------------------------------------------------------
-def _query_int(request: Request, name: str, default: int) -> int:
-    raw = request.query_params.get(name) or str(default)
-    if not raw.isdigit() or int(raw) < 1 or len(raw) > 9:
-        raise InvalidInputError(f"{name} must be a whole number >= 1, got {raw[:40]!r}")
-    return int(raw)
-
-
-def _query_status(request: Request) -> JobStatus | None:
-    raw = request.query_params.get("status") or ""
-    if raw and raw not in {s.value for s in JobStatus}:
-        raise InvalidInputError(f"unknown status {raw[:40]!r}; one of {', '.join(s.value for s in JobStatus)}")
-    return JobStatus(raw) if raw else None
-
-
-def _jobs_page(ui: UI, request: Request) -> Response:
-    status, page = _query_status(request), _query_int(request, "page", 1)
-    name, q = request.query_params.get("name", "").strip(), request.query_params.get("q", "").strip()
-    before = request.query_params.get("before") or None
-    rows, more = _search(ui.app, q) if q else _page(ui.app, status, name, page, before)
-    partial = bool(request.query_params.get("partial"))  # the table's live refresh: rows only, no counts
-    counts, capped = ({}, False) if partial else _counts(ui.app)
-    args = {"status": status.value if status else "", "name": name, "q": q}
-    link = functools.partial(_page_link, {k: v for k, v in args.items() if v})
-    template = "jobs_rows.html" if partial else "jobs.html"
-    # "next" carries the last row's cursor: the next page is read from the index, not counted from the top.
-    after = {"before": page_cursor(rows[-1])} if rows and not name and ui.app.has_listing_index else {}
-    return ui.render(request, template, rows=[_row(r) for r in rows], counts=counts, capped=capped, page=page,
-                     prev=link(page - 1) if page > 1 else None, next=link(page + 1, after) if more else None,
-                     statuses=[s.value for s in JobStatus], names=ui.app.names, status=args["status"], name=name, q=q)
-
-
-def _page_link(args: dict[str, str], page: int, cursor: dict[str, str] | None = None) -> str:
-    return "?" + urlencode({**args, "page": page, **(cursor or {})})
-
-
-def _search(app: App, q: str) -> tuple[list[JobRecord], bool]:
-    validate_job_id(q)  # a malformed id is named as such, not "no match"
-    view = app.get(q)
-    return ([view.record] if view else []), False
-
-
-def _page(app: App, status: JobStatus | None, name: str, page: int,
-          before: str | None = None) -> tuple[list[JobRecord], bool]:
-    """One page of jobs, newest first, from storage's listing: only the records up to this page are read.
-
-    With ``before`` (a cursor from the previous page's "next" link) only this page's records are read.
-    """
-    start = (page - 1) * PAGE_SIZE
-    if name:  # no name index yet: filter a bounded listing
-        records = [r for r in app.storage.list_jobs(status=status, limit=COUNT_LIMIT) if r.pipeline == name]
-    elif before is not None:
-        parse_cursor(before)  # a malformed cursor is a 400 naming it, whatever the storage
-        records = app.storage.list_jobs(status=status, limit=PAGE_SIZE + 1, before=before)
-        return records[:PAGE_SIZE], len(records) > PAGE_SIZE
-    else:
-        records = app.storage.list_jobs(status=status, limit=start + PAGE_SIZE + 1)
-    return records[start:start + PAGE_SIZE], len(records) > start + PAGE_SIZE
-
-
-def _counts(app: App) -> tuple[dict[str, int], bool]:
-    if app.has_listing_index:  # a storage with a status index answers without reading records
-        return {s.value: int(app.count_jobs(status=s) or 0) for s in JobStatus}, False
-    records = app.storage.list_jobs(limit=COUNT_LIMIT)
-    counts = {s.value: 0 for s in JobStatus}
-    for r in records:
-        counts[r.status.value] += 1
-    return counts, len(records) >= COUNT_LIMIT
-
-
-def _row(r: JobRecord) -> dict[str, Any]:
-    return {"id": r.job_id, "status": r.status.value, "pipeline": r.pipeline, "turns": r.phases_done,
-            "updated": r.updated_at, "tokens": r.usage.total_tokens, "cost": r.usage.cost_usd,
-            "tags": tags_of(r), "error": r.error or ""}
-
-
 # --- one job --------------------------------------------------------------------------------------
-def _job_context(ui: UI, job_id: str) -> dict[str, Any]:
-    view = ui.app.get(job_id)
-    if view is None:
-        raise JobNotFoundError(f"job {job_id!r} not found")
-    rec = view.record
-    start = max(0, rec.transcript_len - TRANSCRIPT_LIMIT)
-    messages = ui.app.messages(job_id, start)
-    results = {str(m.get("tool_call_id")): m for m in messages if m.get("role") == "tool"}
-    state = None if rec.checkpoint is None else rec.checkpoint.state
-    events = ui.app.events(job_id, limit=500)
-    return {"job": _row(rec), "rec": rec, "view": view, "skipped": start, "messages": _conversation(messages, start),
-            "results": results, "logs": ui.app.logs(job_id)[-500:], "events": events, "turns": timeline(events),
-            "state": state, "ledger": _ledger(rec), "pending": list(view.pending_calls),
-            "finished": view.finished, "actions": _actions(rec),
-            "pending_reply": _pending_reply(rec, view.pending_calls), "is_agent": rec.pipeline in ui.app.agents}
-
-
-def _pending_reply(rec: JobRecord, pending: object) -> dict[str, Any] | None:
-    """The model's reply of the open turn while its calls wait for approval: shown, labelled, not yet committed."""
-    if rec.status is not JobStatus.WAITING or not pending or rec.checkpoint is None:
-        return None
-    answer = rec.checkpoint.journal.get(journal.MODEL)
-    message = answer.get("message") if isinstance(answer, dict) else None
-    if not isinstance(message, dict):
-        return None
-    return _conversation([message], rec.transcript_len)[0]
-
-
-def _conversation(messages: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
-    out = []
-    for i, m in enumerate(messages, start):
-        content = m.get("content")
-        text = content if isinstance(content, str) else ("" if content is None else pretty_json(content))
-        calls = [{"id": c.get("id", ""), "name": (c.get("function") or {}).get("name", "?"),
-                  "arguments": (c.get("function") or {}).get("arguments", "")}
-                 for c in m.get("tool_calls") or [] if isinstance(c, dict)]
-        out.append({"n": i, "role": str(m.get("role", "?")), "text": text, "calls": calls,
-                    "call_id": m.get("tool_call_id"), "name": m.get("name")})
-    return out
-
-
-def _ledger(rec: JobRecord) -> list[dict[str, str]]:
-    """Each tool call of the open turn: intended (answered by the model), started, done, interrupted."""
-    entries = {} if rec.checkpoint is None else rec.checkpoint.journal
-    started = entries.get(journal.TOOLS_STARTED)
-    started_ids = {str(i) for i in started} if isinstance(started, list) else set()
-    stuck = rec.status is JobStatus.WAITING and (rec.waiting or {}).get("kind") != "approval"
-    rows = []
-    for call in journal.model_calls(entries):
-        call_id = str(call.get("id", ""))
-        if journal.tool_key(call_id) in entries:
-            state = "done"
-        elif call_id in started_ids:
-            state = "interrupted" if stuck or rec.status is JobStatus.ERROR else "started"
-        else:
-            state = "intended"
-        rows.append({"id": call_id, "name": str((call.get("function") or {}).get("name", "?")), "state": state})
-    return rows
-
-
-def _actions(rec: JobRecord) -> list[str]:
-    s = rec.status
-    return [a for a, ok in (("pause", s is JobStatus.RUNNING), ("resume", s is JobStatus.PAUSED),
-                            ("cancel", s in (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)),
-                            ("retry", s in (JobStatus.ERROR, JobStatus.CANCELLED))) if ok]
-
-
 def _job_page(ui: UI, request: Request) -> Response:
-    return ui.render(request, "job.html", **_job_context(ui, request.path_params["job_id"]))
+    return ui.render(request, "job.html", **job_page.context(ui, request))
 
 
 def _job_live(ui: UI, request: Request) -> Response:
-    return ui.render(request, "job_live.html", **_job_context(ui, request.path_params["job_id"]))
+    return ui.render(request, "job_live.html", **job_page.context(ui, request, live=True))
 
 
 def _stream_endpoint(ui: UI) -> Callable[[Request], Awaitable[Response]]:

@@ -7,6 +7,7 @@
   var buffer = { turn: null, attempt: null, text: "" };
   var source = null;
   var pending = null;
+  var LOGS_PAGE = 100, EVENTS_PAGE = 100;  // pipelines.web.job_page's pages
 
   function finished() {
     var s = document.getElementById("job-status");
@@ -19,6 +20,10 @@
     if (!box || !text) { return; }
     text.textContent = buffer.text;
     // A reply waiting for approval is rendered by the server, labelled so: the streamed copy is not shown twice.
+    // The text of an attempt whose worker was lost is dropped: that attempt never commits, the turn runs again.
+    var status = document.getElementById("job-status");
+    var lost = !!status && status.getAttribute("data-place") === "worker lost";
+    if (lost) { buffer.text = ""; }
     box.hidden = !buffer.text || !!document.getElementById("pending-reply");
   }
 
@@ -29,15 +34,73 @@
     f.hidden = !message;
   }
 
+  // A committed event patches the page: the parts that change are swapped, and only the messages committed
+  // after those shown are appended (a long conversation is never sent again). A transcript cut back reloads.
+  function swap(doc, id) {
+    var fresh = doc.getElementById(id);
+    var old = document.getElementById(id);
+    if (fresh && old) { old.replaceWith(document.adoptNode(fresh)); }
+  }
+
   function refresh() {
-    fetch(jobBox.getAttribute("data-live-url"), { credentials: "same-origin", headers: { accept: "text/html" } })
+    var box = document.getElementById("messages");
+    var q = new URLSearchParams(window.location.search);
+    q.delete("upto");
+    if (box && box.getAttribute("data-follow") === "yes") {
+      q.set("from", box.getAttribute("data-len") || "0");
+      q.set("first", box.getAttribute("data-first") || "0");
+    }
+    var logLines = document.getElementById("log-lines");
+    if (logLines && logLines.getAttribute("data-follow") === "yes") {
+      q.set("logs_seen", logLines.getAttribute("data-total") || "0");
+    }
+    var eventList = document.getElementById("event-list");
+    if (eventList && eventList.getAttribute("data-follow") === "yes") {
+      q.set("events_seen", eventList.getAttribute("data-newest") || "");
+    }
+    fetch(jobBox.getAttribute("data-live-url") + "?" + q.toString(),
+          { credentials: "same-origin", headers: { accept: "text/html" } })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (html === null) { return; }
-        jobBox.innerHTML = html;
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var added = doc.getElementById("live-messages");
+        if (added && added.getAttribute("data-reset") === "yes") { window.location.reload(); return; }
+        swap(doc, "job-top");
+        swap(doc, "transcript-tail");
+        swap(doc, "job-bottom");
+        if (added && box && box.getAttribute("data-follow") === "yes") {
+          var none = document.getElementById("no-messages");
+          if (none && added.firstElementChild) { none.remove(); }
+          while (added.firstElementChild) { box.appendChild(document.adoptNode(added.firstElementChild)); }
+          box.setAttribute("data-len", added.getAttribute("data-len") || box.getAttribute("data-len"));
+          var count = document.getElementById("transcript-count");
+          var n = parseInt(box.getAttribute("data-len") || "0", 10);
+          if (count) { count.textContent = n + (n === 1 ? " message" : " messages"); }
+        }
+        prepend(doc.getElementById("live-logs"), logLines, LOGS_PAGE);
+        if (logLines && doc.getElementById("live-logs")) {
+          logLines.setAttribute("data-total", doc.getElementById("live-logs").getAttribute("data-total") || "0");
+          var logCount = document.getElementById("log-count");
+          if (logCount) { logCount.textContent = logLines.getAttribute("data-total"); }
+          var empty = document.getElementById("log-empty");
+          if (empty && logLines.firstElementChild) { empty.remove(); }
+        }
+        prepend(doc.getElementById("live-events"), eventList, EVENTS_PAGE);
+        if (eventList && eventList.firstElementChild) {
+          eventList.setAttribute("data-newest", eventList.firstElementChild.getAttribute("data-event") || "");
+        }
         showTyping();
         if (finished()) { stopStream(); } else { startStream(); }
       });
+  }
+
+  // New lines and events come newest first: they go on top, and the list keeps one page.
+  function prepend(fresh, list, keep) {
+    if (!fresh || !list) { return; }
+    var items = Array.prototype.slice.call(fresh.children);
+    for (var i = items.length - 1; i >= 0; i--) { list.insertBefore(document.adoptNode(items[i]), list.firstChild); }
+    while (list.children.length > keep) { list.removeChild(list.lastElementChild); }
   }
 
   function soon() {
@@ -100,17 +163,40 @@
     }
   });
 
+  // The rows shown are refreshed by id, in the order shown: a job that changes is updated where it is (rows
+  // never jump under the cursor); how many others changed since the page loaded is said above the table.
   function refreshRows() {
+    var table = document.getElementById("jobs");
+    var now = document.getElementById("job-rows");
+    if (!table || !now) { return; }
+    var ids = [];
+    now.querySelectorAll("tr[data-job]").forEach(function (tr) { ids.push(tr.getAttribute("data-job")); });
     var q = new URLSearchParams(window.location.search);
+    q.delete("before"); q.delete("back"); q.delete("page");
     q.set("partial", "1");
+    q.set("ids", ids.join(","));
+    q.set("loaded", table.getAttribute("data-loaded") || "");
     fetch(window.location.pathname + "?" + q.toString(), { credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
-        var now = document.getElementById("job-rows");
-        if (html !== null && now) { now.outerHTML = html; }
+        var current = document.getElementById("job-rows");
+        if (html === null || !current) { return; }
+        if (ids.length) { current.outerHTML = html; }
+        var fresh = document.getElementById("job-rows");
+        var n = parseInt((fresh && fresh.getAttribute("data-newer")) || "0", 10) || 0;
+        var newer = document.getElementById("newer");
+        var count = document.getElementById("newer-n");
+        if (newer && count) {
+          count.textContent = String(n);
+          newer.setAttribute("href", window.location.pathname + window.location.search);
+          newer.hidden = n === 0;
+        }
       });
   }
 
   if (jobBox && !finished()) { startStream(); }
+  // A worker that dies sends nothing: while the job runs, the page looks again every 5 s (the look sends no
+  // message already shown), so a lost worker is said within seconds of its lease running out.
+  if (jobBox) { window.setInterval(function () { if (!finished() && !document.hidden) { refresh(); } }, 5000); }
   if (rows) { window.setInterval(refreshRows, 3000); }
 }());

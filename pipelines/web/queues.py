@@ -1,0 +1,144 @@
+"""What the workers page reads from the scheduler: queue depths, live workers, and whether a due job's
+advance still waits in a queue. Read only: nothing here enqueues, moves or deletes a message.
+
+The storage says what is due (I7); the queue is the fast path. A job that is
+due, held by no worker and whose advance is in no queue was lost by the queue
+(``pipelines advance --due`` sends it again). How much of this a scheduler
+tells depends on it: RQ (queues, registries, workers and what each runs), the
+in-process memory scheduler (its pending advances); any other says nothing
+and the page says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pipelines.app import App
+from pipelines.engine.models import JobRecord
+
+__all__ = ["QueueRow", "Report", "WorkerRow", "age", "report"]
+
+
+@dataclass
+class QueueRow:
+    name: str
+    priority: str
+    waiting: int  # ready now
+    scheduled: int  # delayed (a retry's backoff, a delay)
+    running: int | None = None  # taken by a worker (RQ's started registry)
+
+
+@dataclass
+class WorkerRow:
+    name: str
+    alive: bool
+    state: str
+    job_id: str | None = None  # the job whose advance it runs now
+    since: float | None = None  # when it started that advance
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    scheduler: str
+    queues: list[QueueRow] = field(default_factory=list)
+    workers: list[WorkerRow] | None = None  # None: this scheduler does not tell
+    note: str = ""
+    is_queued: Callable[[JobRecord], bool] | None = field(default=None, repr=False)
+
+    def queued(self, records: list[JobRecord]) -> set[str] | None:
+        """Which of ``records`` have their advance in a queue; ``None`` when the scheduler does not tell."""
+        return None if self.is_queued is None else {r.job_id for r in records if self.is_queued(r)}
+
+
+def report(app: App) -> Report:
+    """What the App's scheduler tells about its queues and workers."""
+    scheduler = app.scheduler
+    name = type(scheduler).__name__
+    rq = _rq_class()
+    if rq is not None and isinstance(scheduler, rq):
+        return _rq_report(scheduler, name)
+    from adapters.memory import MemoryScheduler
+
+    if isinstance(scheduler, MemoryScheduler):
+        return _memory_report(scheduler, name)
+    return Report(scheduler=name, note=f"{name} does not report its queues or workers")
+
+
+def _rq_class() -> type | None:
+    try:
+        from adapters.rq import RQScheduler
+    except ImportError:  # rq not installed: this app cannot be using it
+        return None
+    return RQScheduler
+
+
+def _memory_report(scheduler: Any, name: str) -> Report:
+    now = scheduler.now()
+    advances = scheduler.advances()
+    rows = [QueueRow(name="in-process", priority=p, waiting=sum(1 for due, q, _ in advances if q == p and due <= now),
+                     scheduled=sum(1 for due, q, _ in advances if q == p and due > now))
+            for p in ("interactive", "background")]
+    pending = {job_id for _, _, job_id in advances}
+    return Report(scheduler=name, queues=rows, workers=None, is_queued=lambda r: r.job_id in pending,
+                  note="advances run in this process (drain / run_due): there are no worker processes")
+
+
+def _rq_report(scheduler: Any, name: str) -> Report:
+    from rq import Worker
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    from adapters.rq import rq_job_id
+    from pipelines.health import _alive
+
+    conn = scheduler.connection
+    queues = dict(scheduler.queues)
+    rows = [QueueRow(name=q.name, priority=p, waiting=q.count, scheduled=q.scheduled_job_registry.count,
+                     running=q.started_job_registry.count) for p, q in queues.items()]
+    names = {q.name for q in queues.values()}
+    workers = [w for w in Worker.all(connection=conn) if names & set(w.queue_names())]
+    alive = {w.name for w in _alive(conn, workers)}
+    out = Report(scheduler=name, queues=rows, workers=[])
+    for w in workers:
+        row = WorkerRow(name=w.name, alive=w.name in alive, state=str(w.get_state()),
+                        detail=f"{w.hostname or '?'} pid {w.pid}")
+        current = w.get_current_job_id()
+        if current:
+            try:
+                job = Job.fetch(current, connection=conn, serializer=JSONSerializer)
+                row.job_id = str(job.args[0]) if job.args else None
+                row.since = _seconds(job.started_at)
+            except Exception:  # noqa: BLE001 - the message finished or expired between the two reads
+                row.job_id = None
+        assert out.workers is not None
+        out.workers.append(row)
+
+    def queued(record: JobRecord) -> bool:
+        rq_id = rq_job_id(record.job_id, record.version, scheduler.namespace)
+        for q in queues.values():
+            if conn.lpos(q.key, rq_id) is not None or conn.zscore(q.scheduled_job_registry.key, rq_id) is not None \
+                    or conn.zscore(q.started_job_registry.key, rq_id) is not None:
+                return True
+        return False
+
+    out.is_queued = queued
+    return out
+
+
+def _seconds(when: datetime | None) -> float | None:
+    if when is None:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def age(since: float | None, now: float | None = None) -> str:
+    """``since`` as a short age ("12 s", "3 min")."""
+    if since is None:
+        return "-"
+    seconds = max(0.0, (time.time() if now is None else now) - since)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
