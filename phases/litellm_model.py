@@ -25,8 +25,10 @@ default), the call is made with ``stream=True`` and
 ``on_delta`` as it arrives and the chunks are rebuilt with
 ``litellm.stream_chunk_builder`` into the same :class:`~phases.model.ModelResponse`
 (text, tool calls whose arguments came split, usage, finish reason, provider
-fields). A stream that breaks after it started is retried as the same call up
-to ``request.stream_retries`` times (``on_restart()`` first), then raises
+fields); :mod:`phases.litellm_stream` says how an OpenAI-compatible stream
+is read at the SDK's level, with litellm's wrapper on merged chunks. A
+stream that breaks after it started is retried as the same call up to
+``request.stream_retries`` times (``on_restart()`` first), then raises
 ``TransientModelError``; a dropped attempt's usage is added to the answer's.
 ``params={"stream": False}`` keeps the plain call.
 
