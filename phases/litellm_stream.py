@@ -13,8 +13,8 @@ When the source ends, litellm's wrapper gets the merged chunks (and the
 error that ended the source, if any) as its source and does everything it
 would have done, per merged chunk: its chunk processing, finish reasons,
 error mapping (a connection lost mid-stream is its ``MidStreamFallbackError``,
-an error event or a stream ended without a finish reason too), its logging
-callbacks, then ``stream_chunk_builder`` (text, tool calls, usage, provider
+an error event or a stream ended without a finish reason too), its end of
+stream, then ``stream_chunk_builder`` (text, tool calls, usage, provider
 fields). The answer is the one litellm builds; only its per-chunk work is
 done once per run instead of once per token.
 
@@ -24,8 +24,8 @@ tool call) is passed on as it came. A run of identical pieces is never
 merged, so litellm's loop guard (the same chunk ``REPEATED_STREAMING_CHUNK_LIMIT``
 times raises) still fires; the source is not read past the point where it will.
 Everything else (another provider, a mocked response, ``merge_reasoning_content_in_choices``,
-litellm ``post_call_rules``, ``LITELLM_MAX_STREAMING_DURATION_SECONDS``) goes
-through litellm's wrapper chunk by chunk, as before.
+litellm ``post_call_rules``, ``LITELLM_MAX_STREAMING_DURATION_SECONDS``, any litellm
+callback configured) goes through litellm's wrapper chunk by chunk, as before.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _stream_once(model: LiteLLMModel, kwargs: dict[str, Any], params: dict[str, 
                  on_delta: Callable[[str], None]) -> list[Any]:
     """One streamed attempt: every chunk litellm yields, the text handed to ``on_delta`` as it comes."""
     stream = model._call_once(kwargs, params)
-    source = _sdk_source(stream)
+    source = _sdk_source(stream, params)
     hand_over: Callable[[str], None] | None = on_delta
     if source is not None:
         _read_ahead(stream, source, on_delta)  # the text is handed over here, litellm reads merged chunks below
@@ -144,8 +144,19 @@ def _delta_text(chunk: Any) -> str | None:
 # --- reading the OpenAI SDK's stream under litellm's wrapper ---------------------------------------
 
 
-def _sdk_source(stream: Any) -> Any:
-    """The OpenAI SDK stream under litellm's wrapper, when its chunks may be read here; else None."""
+# litellm's callback lists: with any of them set, its logging is someone's data (see _sdk_source).
+_CALLBACK_LISTS = ("callbacks", "success_callback", "_async_success_callback", "failure_callback",
+                   "_async_failure_callback", "input_callback", "_async_input_callback", "service_callback",
+                   "audit_log_callbacks")
+
+
+def _sdk_source(stream: Any, params: dict[str, Any]) -> Any:
+    """The OpenAI SDK stream under litellm's wrapper, when its chunks may be read here; else None.
+
+    Not with litellm callbacks (global or in ``params``): they would see merged chunks, and litellm's
+    logging of the last chunk and of the whole answer, submitted to its thread pool a few µs apart
+    instead of milliseconds, raced into logging the answer twice (its check-then-set duplicate guard).
+    """
     from phases.litellm_model import _litellm
 
     lm = _litellm()
@@ -158,6 +169,8 @@ def _sdk_source(stream: Any) -> Any:
     if (getattr(stream, "merge_reasoning_content_in_choices", False) or lm.post_call_rules
             or getattr(constants, "LITELLM_MAX_STREAMING_DURATION_SECONDS", None) is not None):
         return None  # per-chunk work of litellm's that merged chunks would change
+    if any(getattr(lm, name, None) for name in _CALLBACK_LISTS) or any("callback" in key for key in params):
+        return None
     return source
 
 

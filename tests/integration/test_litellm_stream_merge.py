@@ -70,7 +70,7 @@ def test_the_merged_read_gives_the_answer_and_deltas_of_litellms_own(fake_openai
     merged, merged_deltas = read(fake_openai, SHAPES[shape])
     assert len(merged_runs) == 1, "the merged path was not taken"
     with monkeypatch.context() as m:
-        m.setattr(litellm_stream, "_sdk_source", lambda stream: None)
+        m.setattr(litellm_stream, "_sdk_source", lambda stream, params: None)
         chunk_by_chunk, deltas = read(fake_openai, SHAPES[shape])
     assert len(merged_runs) == 1
     assert merged.message == chunk_by_chunk.message
@@ -96,7 +96,7 @@ def test_a_model_repeating_itself_still_breaks_the_stream(fake_openai: FakeOpenA
 
     monkeypatch.setattr(litellm, "REPEATED_STREAMING_CHUNK_LIMIT", 5)
     if not merged:
-        monkeypatch.setattr(litellm_stream, "_sdk_source", lambda stream: None)
+        monkeypatch.setattr(litellm_stream, "_sdk_source", lambda stream, params: None)
     with pytest.raises(TransientModelError, match="repeating the same chunk") as err:
         read(fake_openai, streamed(text_reply("Hi. " + "abc" * 60), chunk_chars=3))
     assert "sk-test-merge" not in str(err.value)
@@ -181,3 +181,30 @@ def test_identical_pieces_stay_apart_for_litellms_loop_guard() -> None:
         assert not merger.looping
         merger.add(chunk({"content": "abc"}))
     assert merger.looping
+
+
+def test_with_a_litellm_callback_the_stream_is_read_chunk_by_chunk_and_logged_once(
+        fake_openai: FakeOpenAI, merged_runs: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Merged, litellm's logging of the last chunk and of the whole answer raced into two logs of the answer."""
+    import time
+
+    import litellm
+
+    logged: list[Any] = []
+
+    def callback(kwargs: dict[str, Any], response: Any, start: Any, end: Any) -> None:
+        logged.append(response)
+
+    monkeypatch.setattr(litellm, "success_callback", [callback])
+    response, _ = read(fake_openai, SHAPES["text and two tool calls, reasoning"])
+    assert merged_runs == []
+    deadline = time.monotonic() + 10
+    while not any(isinstance(x, litellm.ModelResponse) for x in logged) and time.monotonic() < deadline:
+        time.sleep(0.02)  # litellm logs on its thread pool
+    time.sleep(0.3)  # a second log of the answer would come about now
+    answers = [x for x in logged if isinstance(x, litellm.ModelResponse)]
+    assert len(answers) == 1
+    message = answers[0].choices[0].message
+    assert message.content == response.message["content"]
+    assert [c.function.arguments for c in message.tool_calls] == [c["function"]["arguments"]
+                                                                  for c in response.tool_calls]
