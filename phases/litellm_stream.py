@@ -117,6 +117,11 @@ def _stream_once(model: LiteLLMModel, kwargs: dict[str, Any], params: dict[str, 
             text = _delta_text(chunk)
             if text:
                 hand_over(text)  # outside the try: a failing sink is not a broken provider stream
+        elif not chunk.choices and getattr(stream, "sent_stream_usage", False) is True:
+            # The usage chunk, litellm's last: its next next() only builds the whole answer again (~5 ms) for a
+            # success log its logger drops as a duplicate, then closes the stream.
+            stream.close()
+            return chunks
 
 
 def _broken(model: LiteLLMModel, error: ModelError, chunks: list[Any], kwargs: dict[str, Any]) -> ModelError:
