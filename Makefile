@@ -81,6 +81,8 @@ bench: install
 	$(PY) -m bench.latency_bench $(LATENCY_ARGS)  # figures 12-13: turn-to-turn latency, cold-cache late/early
 	$(PY) -m bench.stream_followers $(FOLLOWERS_ARGS)  # figure 14: SSE delta latency beside 1,000 idle followers
 	$(PY) -m bench.ui_pages_bench $(UI_ARGS)  # figure 15: web page time and bytes, 100,000 jobs, a 1,200-message job
+	$(PY) -m bench.model_chunk_bench $(CHUNK_ARGS)  # figure 16: client CPU per streamed chunk: raw SSE, openai SDK, litellm, ours
+	$(PY) -m bench.stream_active $(ACTIVE_ARGS)  # figure 17: 25-100 concurrent streamed model calls in one process
 
 chaos: install
 	$(PY) bench/chaos.py $(ARGS)

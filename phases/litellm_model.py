@@ -25,8 +25,10 @@ default), the call is made with ``stream=True`` and
 ``on_delta`` as it arrives and the chunks are rebuilt with
 ``litellm.stream_chunk_builder`` into the same :class:`~phases.model.ModelResponse`
 (text, tool calls whose arguments came split, usage, finish reason, provider
-fields). A stream that breaks after it started is retried as the same call up
-to ``request.stream_retries`` times (``on_restart()`` first), then raises
+fields); :mod:`phases.litellm_stream` says how an OpenAI-compatible stream
+is read at the SDK's level, with litellm's wrapper on merged chunks. A
+stream that breaks after it started is retried as the same call up to
+``request.stream_retries`` times (``on_restart()`` first), then raises
 ``TransientModelError``; a dropped attempt's usage is added to the answer's.
 ``params={"stream": False}`` keeps the plain call.
 
@@ -38,24 +40,26 @@ to ``request.stream_retries`` times (``on_restart()`` first), then raises
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import logging
 import math
 import os
-import re
 import threading
-import time
 import warnings
-from collections.abc import Callable, Mapping
-from email.utils import parsedate_to_datetime
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import tenacity
 
+# The error translation and the streamed call live in their own modules; the names tests and benches
+# import from here stay importable from here.
+from phases.litellm_errors import _is_loopback_url, _is_secret_name, _RetryableError, _translate, _without_secrets
+from phases.litellm_errors import _redact as _redact
+from phases.litellm_errors import _retry_after as _retry_after
+from phases.litellm_stream import _complete_streamed
 from phases.model import ModelRequest, ModelResponse
-from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError, bound_retry_after
+from pipelines.engine.errors import PermanentModelError, TransientModelError
 from pipelines.engine.models import Message, Usage
 
 logger = logging.getLogger("pipelines")
@@ -64,23 +68,6 @@ __all__ = ["BLOCK_REMOTE_MODELS_ENV", "LiteLLMModel", "warm", "warm_in_backgroun
 
 BLOCK_REMOTE_MODELS_ENV = "PIPELINES_BLOCK_REMOTE_MODELS"
 """When this environment variable is "1" (the test suite sets it), only loopback or mocked calls run."""
-
-# Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
-# friends visible while catching access_token, id_token and the like.
-_SECRET_NAME = re.compile(r"key|token(?!s)|secret|passw|authoriz|credential|cookie|session", re.IGNORECASE)
-# Every header value is treated as secret: auth schemes vary by provider.
-_HEADER_PARAMS = frozenset({"headers", "extra_headers", "default_headers"})
-# Environment variables whose values litellm may read as credentials.
-_SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
-# Shapes of credentials that redaction masks even when they came from elsewhere.
-_SECRET_SHAPES = (
-    (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
-    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
-    (re.compile(r"(?i)([?&](?:api[_-]?)?key=)[^&\s'\"]+"), r"\1***"),  # ?key=... (Gemini and others)
-)
-# Shorter values are not masked: replacing every "ab" in a message helps nobody.
-_MIN_SECRET_LEN = 4
 
 _litellm_module: Any = None
 
@@ -274,73 +261,10 @@ class LiteLLMModel:
             reraise=True,
         )
 
-    # --- streaming ---------------------------------------------------------------
-
     def _complete_streamed(self, request: ModelRequest, kwargs: dict[str, Any],
                            params: dict[str, Any]) -> ModelResponse:
-        """The streamed call: each text delta goes to ``request.on_delta`` as it arrives.
-
-        Failures before the stream starts follow the same retry policy as a
-        plain call. A stream that breaks after it started (litellm's
-        ``MidStreamFallbackError``, an error chunk) is run again as the same
-        call up to ``request.stream_retries`` times, ``request.on_restart()``
-        first; the usage of every dropped attempt is added to the answer's.
-        Past those retries it raises :class:`TransientModelError` (the turn is
-        run again later).
-        """
-        options = {**(params.get("stream_options") or {}), "include_usage": True}
-        kwargs = {**kwargs, "stream": True, "stream_options": options}
-        on_delta = request.on_delta
-        assert on_delta is not None
-        _warm_stream()
-        dropped = Usage()
-        broken: _BrokenStreamError | None = None
-        for attempt in range(max(0, request.stream_retries) + 1):
-            if attempt and request.on_restart is not None:
-                request.on_restart()
-            try:
-                chunks = self._retrying()(self._stream_once, kwargs, params, on_delta)
-            except _BrokenStreamError as exc:
-                dropped += exc.usage
-                broken = exc
-                continue
-            response = self._to_response(_litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]))
-            return response.model_copy(update={"usage": response.usage + dropped})
-        raise TransientModelError(f"{broken} (the stream broke {request.stream_retries + 1} time(s); "
-                                  f"the turn is run again later)")
-
-    def _stream_once(self, kwargs: dict[str, Any], params: dict[str, Any],
-                     on_delta: Callable[[str], None]) -> list[Any]:
-        """One streamed attempt: every chunk, the text handed to ``on_delta`` as it comes."""
-        stream = self._call_once(kwargs, params)
-        chunks: list[Any] = []
-        iterator = iter(stream)
-        while True:
-            error = None
-            try:
-                chunk = next(iterator, None)
-            except Exception as exc:  # noqa: BLE001 - every backend failure is translated below
-                error = _translate(exc, self.model, params)
-            if error is not None:
-                # Outside the except block, as in _call_once: no unredacted __context__.
-                raise self._broken(error, chunks, kwargs)
-            if chunk is None:
-                return chunks
-            chunks.append(chunk)
-            text = _delta_text(chunk)
-            if text:
-                on_delta(text)  # outside the try: a failing sink is not a broken provider stream
-
-    def _broken(self, error: ModelError, chunks: list[Any], kwargs: dict[str, Any]) -> ModelError:
-        """A mid-stream failure as an error to raise: a permanent one as is, else a broken stream with its usage."""
-        if not isinstance(error, TransientModelError):
-            return error
-        usage = Usage(model_calls=1, unknown_cost_calls=1)
-        with contextlib.suppress(Exception):  # an estimate only: litellm counts the partial answer's tokens
-            partial = _litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]) if chunks else None
-            if partial is not None:
-                usage = self._usage(partial)
-        return _BrokenStreamError(str(error), usage=usage)
+        """The streamed call (:mod:`phases.litellm_stream`): each text delta goes to ``request.on_delta``."""
+        return _complete_streamed(self, request, kwargs, params)
 
     # --- one attempt, and the retry policy ---------------------------------
 
@@ -420,26 +344,6 @@ class LiteLLMModel:
         )
 
 
-class _RetryableError(TransientModelError):
-    """A transient failure of one attempt: retried within the budget, then re-raised as TransientModelError."""
-
-
-class _BrokenStreamError(TransientModelError):
-    """A provider stream that failed after it started; ``usage`` is what the dropped attempt cost."""
-
-    def __init__(self, message: str, *, usage: Usage) -> None:
-        super().__init__(message)
-        self.usage = usage
-
-
-def _delta_text(chunk: Any) -> str | None:
-    """The text a stream chunk adds to the answer (None for role, tool call, finish and usage chunks)."""
-    choices = getattr(chunk, "choices", None) or []
-    delta = getattr(choices[0], "delta", None) if choices else None
-    text = getattr(delta, "content", None)
-    return text if isinstance(text, str) else None
-
-
 def _plain_message(message: Any) -> Message:
     """The assistant message as plain JSON, provider fields kept, ``None`` values dropped."""
     if hasattr(message, "model_dump"):
@@ -451,118 +355,3 @@ def _plain_message(message: Any) -> Message:
     data.setdefault("role", "assistant")
     plain: Message = json.loads(json.dumps(data, default=str))
     return plain
-
-
-# --- error translation ---------------------------------------------------------
-
-
-def _translate(exc: Exception, model: str, params: Mapping[str, Any]) -> ModelError:
-    """Map a litellm/OpenAI SDK exception to ours, with secrets masked in the message."""
-    lm = _litellm()
-    status = getattr(exc, "status_code", None)
-    text = str(exc)
-    # litellm's messages already start with their class ("litellm.RateLimitError: ...").
-    detail = _redact(text if text.startswith("litellm.") else f"{type(exc).__name__}: {text}", params)
-    permanent: list[tuple[Any, int | None, str]] = [
-        (lm.ContextWindowExceededError, None, f"context window exceeded for model {model}"),
-        (lm.AuthenticationError, 401, f"authentication failed for model {model} (check api_key)"),
-        (lm.PermissionDeniedError, 403, f"permission denied for model {model}"),
-        (lm.NotFoundError, 404, f"model {model} or its endpoint was not found"),
-        (lm.BadRequestError, 400, f"bad request to model {model}"),
-        (lm.UnprocessableEntityError, 422, f"bad request to model {model}"),
-    ]
-    for cls, code, what in permanent:
-        if isinstance(exc, cls) or (code is not None and status == code):
-            return PermanentModelError(f"{what}: {detail}")
-    transient = (lm.RateLimitError, lm.Timeout, lm.InternalServerError, lm.BadGatewayError,
-                 lm.ServiceUnavailableError, lm.APIConnectionError)
-    if isinstance(exc, transient) or (isinstance(status, int) and (status in (408, 409, 429, 529) or status >= 500)):
-        return _RetryableError(f"model {model} is unavailable for now: {detail}", retry_after=_retry_after(exc))
-    return PermanentModelError(f"model call to {model} failed: {detail}")
-
-
-def _retry_after(exc: Exception) -> float | None:
-    """The server's Retry-After hint in seconds (``retry-after-ms``, seconds or an HTTP date), if any.
-
-    Bounded before use (:func:`~pipelines.engine.errors.bound_retry_after`): ``inf``, ``1e9`` or a date
-    years ahead is the documented maximum, ``nan`` no hint; else the retry waits, and a rate-limited
-    model stays blocked for every job, for ever.
-    """
-    headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
-    if not headers:
-        return None
-    lower = {str(k).lower(): str(v) for k, v in dict(headers).items()}
-    try:
-        if "retry-after-ms" in lower:
-            return bound_retry_after(float(lower["retry-after-ms"]) / 1000)
-        value = lower.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return bound_retry_after(float(value))
-        except ValueError:
-            return bound_retry_after(parsedate_to_datetime(value).timestamp() - time.time())
-    except (ValueError, TypeError, OverflowError):
-        return None
-
-
-def _is_secret_name(name: str) -> bool:
-    return name.lower() in _HEADER_PARAMS or bool(_SECRET_NAME.search(name))
-
-
-def _without_secrets(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _without_secrets(v) for k, v in value.items() if not _is_secret_name(str(k))}
-    if isinstance(value, list | tuple):
-        return [_without_secrets(v) for v in value]
-    return value
-
-
-def _collect_strings(value: Any, into: set[str]) -> None:
-    if isinstance(value, str):
-        into.add(value)
-        # "Bearer sk-..." may show up in an error as the bare token.
-        into.update(part for part in value.split() if len(part) >= 8)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            _collect_strings(item, into)
-    elif isinstance(value, list | tuple | set):
-        for item in value:
-            _collect_strings(item, into)
-
-
-def _secret_values(params: Mapping[str, Any]) -> set[str]:
-    found: set[str] = set()
-    for name, value in params.items():
-        if _is_secret_name(str(name)):
-            _collect_strings(value, found)
-        elif isinstance(value, Mapping):
-            found |= _secret_values(value)
-    found = {s for s in found if len(s) >= _MIN_SECRET_LEN}
-    # Environment values get a higher bar: flags like "true" are not secrets.
-    found.update(v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8)
-    return found
-
-
-def _redact(text: str, params: Mapping[str, Any]) -> str:
-    """``text`` with every secret value of ``params`` (and credential-shaped strings) replaced by ``***``."""
-    for secret in sorted(_secret_values(params), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    for shape, replacement in _SECRET_SHAPES:
-        text = shape.sub(replacement, text)
-    return text
-
-
-def _is_loopback_url(url: str) -> bool:
-    try:
-        host = urlsplit(url).hostname
-    except ValueError:
-        return False
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -179,7 +179,8 @@ def long_w1(body: dict[str, Any]) -> Reply:
     assert reply.message is not None
     if reply.message.get("tool_calls"):
         reply = Reply(message={**reply.message, "content": LONG}, finish_reason=reply.finish_reason)
-    return streamed(reply, chunk_chars=5)
+    # 2 ms apart: the sink's batches follow the model's pace, not how fast the client reads a burst.
+    return streamed(reply, chunk_chars=5, chunk_delay=0.002)
 
 
 def test_an_agents_streamed_text_is_its_committed_text(fake_openai: FakeOpenAI) -> None:

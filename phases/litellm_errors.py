@@ -1,0 +1,162 @@
+"""How a litellm failure reaches the agent turn: our error classes, the Retry-After hint, no secret in any message.
+
+:func:`_translate` maps a litellm / OpenAI SDK exception to
+:class:`~pipelines.engine.errors.PermanentModelError` or a retryable
+:class:`~pipelines.engine.errors.TransientModelError`, its message redacted:
+every value of a secret-looking parameter (api keys, auth headers) and
+every credential-shaped string becomes ``***``. The parameter names that
+count as secret also decide what :meth:`LiteLLMModel.safe_params` shows.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError, bound_retry_after
+
+__all__: list[str] = []  # private helpers of phases.litellm_model, which re-exports what tests and benches use
+
+# Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
+# friends visible while catching access_token, id_token and the like.
+_SECRET_NAME = re.compile(r"key|token(?!s)|secret|passw|authoriz|credential|cookie|session", re.IGNORECASE)
+# Every header value is treated as secret: auth schemes vary by provider.
+_HEADER_PARAMS = frozenset({"headers", "extra_headers", "default_headers"})
+# Environment variables whose values litellm may read as credentials.
+_SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
+# Shapes of credentials that redaction masks even when they came from elsewhere.
+_SECRET_SHAPES = (
+    (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
+    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
+    (re.compile(r"(?i)([?&](?:api[_-]?)?key=)[^&\s'\"]+"), r"\1***"),  # ?key=... (Gemini and others)
+)
+# Shorter values are not masked: replacing every "ab" in a message helps nobody.
+_MIN_SECRET_LEN = 4
+
+
+class _RetryableError(TransientModelError):
+    """A transient failure of one attempt: retried within the budget, then re-raised as TransientModelError."""
+
+
+# --- error translation ---------------------------------------------------------
+
+
+def _translate(exc: Exception, model: str, params: Mapping[str, Any]) -> ModelError:
+    """Map a litellm/OpenAI SDK exception to ours, with secrets masked in the message."""
+    from phases.litellm_model import _litellm  # the one configured import of litellm
+
+    lm = _litellm()
+    status = getattr(exc, "status_code", None)
+    text = str(exc)
+    # litellm's messages already start with their class ("litellm.RateLimitError: ...").
+    detail = _redact(text if text.startswith("litellm.") else f"{type(exc).__name__}: {text}", params)
+    permanent: list[tuple[Any, int | None, str]] = [
+        (lm.ContextWindowExceededError, None, f"context window exceeded for model {model}"),
+        (lm.AuthenticationError, 401, f"authentication failed for model {model} (check api_key)"),
+        (lm.PermissionDeniedError, 403, f"permission denied for model {model}"),
+        (lm.NotFoundError, 404, f"model {model} or its endpoint was not found"),
+        (lm.BadRequestError, 400, f"bad request to model {model}"),
+        (lm.UnprocessableEntityError, 422, f"bad request to model {model}"),
+    ]
+    for cls, code, what in permanent:
+        if isinstance(exc, cls) or (code is not None and status == code):
+            return PermanentModelError(f"{what}: {detail}")
+    transient = (lm.RateLimitError, lm.Timeout, lm.InternalServerError, lm.BadGatewayError,
+                 lm.ServiceUnavailableError, lm.APIConnectionError)
+    if isinstance(exc, transient) or (isinstance(status, int) and (status in (408, 409, 429, 529) or status >= 500)):
+        return _RetryableError(f"model {model} is unavailable for now: {detail}", retry_after=_retry_after(exc))
+    return PermanentModelError(f"model call to {model} failed: {detail}")
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """The server's Retry-After hint in seconds (``retry-after-ms``, seconds or an HTTP date), if any.
+
+    Bounded before use (:func:`~pipelines.engine.errors.bound_retry_after`): ``inf``, ``1e9`` or a date
+    years ahead is the documented maximum, ``nan`` no hint; else the retry waits, and a rate-limited
+    model stays blocked for every job, for ever.
+    """
+    headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
+    if not headers:
+        return None
+    lower = {str(k).lower(): str(v) for k, v in dict(headers).items()}
+    try:
+        if "retry-after-ms" in lower:
+            return bound_retry_after(float(lower["retry-after-ms"]) / 1000)
+        value = lower.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return bound_retry_after(float(value))
+        except ValueError:
+            return bound_retry_after(parsedate_to_datetime(value).timestamp() - time.time())
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _is_secret_name(name: str) -> bool:
+    return name.lower() in _HEADER_PARAMS or bool(_SECRET_NAME.search(name))
+
+
+def _without_secrets(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_secrets(v) for k, v in value.items() if not _is_secret_name(str(k))}
+    if isinstance(value, list | tuple):
+        return [_without_secrets(v) for v in value]
+    return value
+
+
+def _collect_strings(value: Any, into: set[str]) -> None:
+    if isinstance(value, str):
+        into.add(value)
+        # "Bearer sk-..." may show up in an error as the bare token.
+        into.update(part for part in value.split() if len(part) >= 8)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _collect_strings(item, into)
+    elif isinstance(value, list | tuple | set):
+        for item in value:
+            _collect_strings(item, into)
+
+
+def _secret_values(params: Mapping[str, Any]) -> set[str]:
+    found: set[str] = set()
+    for name, value in params.items():
+        if _is_secret_name(str(name)):
+            _collect_strings(value, found)
+        elif isinstance(value, Mapping):
+            found |= _secret_values(value)
+    found = {s for s in found if len(s) >= _MIN_SECRET_LEN}
+    # Environment values get a higher bar: flags like "true" are not secrets.
+    found.update(v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8)
+    return found
+
+
+def _redact(text: str, params: Mapping[str, Any]) -> str:
+    """``text`` with every secret value of ``params`` (and credential-shaped strings) replaced by ``***``."""
+    for secret in sorted(_secret_values(params), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    for shape, replacement in _SECRET_SHAPES:
+        text = shape.sub(replacement, text)
+    return text
+
+
+def _is_loopback_url(url: str) -> bool:
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        return False
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
