@@ -383,13 +383,16 @@ class Procs:
                     "CHAOS_REDIS_URL": self.url, "FAKE_OPENAI_BASE": base, **env}
         self.env.pop("PIPELINES_APP", None)
 
-    def start_worker(self, slot: int, *, simple: bool = True, sweep_interval: float = 1.0,
-                     sweep_grace: float = 2.0, log_level: str = "WARNING") -> str:
+    def start_worker(self, slot: int, *, simple: bool = True, sweep_interval: float | None = 1.0,
+                     sweep_grace: float | None = 2.0, log_level: str = "WARNING", app: str = APP_PATH) -> str:
+        """Start a worker of ``app``; ``None`` for the sweep settings leaves the worker's defaults."""
         self.generation += 1
         name = f"w{slot}-g{self.generation}"
-        args = [sys.executable, "-m", "pipelines", "worker", "--app", APP_PATH, "--name", name,
-                "--sweep-interval", f"{sweep_interval:g}", "--sweep-grace", f"{sweep_grace:g}",
-                "--log-level", log_level]
+        args = [sys.executable, "-m", "pipelines", "worker", "--app", app, "--name", name, "--log-level", log_level]
+        if sweep_interval is not None:
+            args += ["--sweep-interval", f"{sweep_interval:g}"]
+        if sweep_grace is not None:
+            args += ["--sweep-grace", f"{sweep_grace:g}"]
         if simple:
             args.append("--simple")
         self.workers[name] = self._spawn(name, args, self.env)
