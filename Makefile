@@ -42,8 +42,13 @@ typecheck: install
 redis:
 	$(PYTHON) -m tests.redis_server
 
+# pytest runs on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in this one process). Each xdist worker is its
+# own pytest session: its own redis-server, Redis Cluster, S3 server and ports, all picked free (tests/conftest.py).
+# Tests are handed out one at a time, the slowest files first (--dist worksteal), so no worker idles at the end.
+PYTEST_WORKERS ?= auto
+
 pytest: install redis
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The guide and the API reference (mkdocs + mkdocstrings, static analysis: nothing imported, nothing fetched;
 # the CLI page is written from the parsers by a child process, docs/hooks/cli_reference.py).
