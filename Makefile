@@ -44,7 +44,8 @@ redis:
 
 # pytest runs on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in this one process). Each xdist worker is its
 # own pytest session: its own redis-server, Redis Cluster, S3 server and ports, all picked free (tests/conftest.py).
-# Tests are handed out one at a time, the slowest files first (--dist worksteal), so no worker idles at the end.
+# The scenarios with worker processes are handed out first (tests/conftest.py), and a worker that runs out of
+# tests takes half of another's (--dist worksteal), so neither idles while the other has a queue.
 PYTEST_WORKERS ?= auto
 
 pytest: install redis
