@@ -42,8 +42,14 @@ typecheck: install
 redis:
 	$(PYTHON) -m tests.redis_server
 
+# pytest runs on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in this one process). Each xdist worker is its
+# own pytest session: its own redis-server, Redis Cluster, S3 server and ports, all picked free (tests/conftest.py).
+# The scenarios with worker processes are handed out first (tests/conftest.py), and a worker that runs out of
+# tests takes half of another's (--dist worksteal), so neither idles while the other has a queue.
+PYTEST_WORKERS ?= auto
+
 pytest: install redis
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The guide and the API reference (mkdocs + mkdocstrings, static analysis: nothing imported, nothing fetched;
 # the CLI page is written from the parsers by a child process, docs/hooks/cli_reference.py).

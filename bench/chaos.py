@@ -25,6 +25,10 @@ faults  each model fault through an agent on the memory adapters.
 sqlite  W1 jobs on one SQLite file, one worker process and then four sharing
         it, a random one SIGKILLed every ``--kill-every`` seconds (see
         ``bench/chaos_sqlite.py``); needs no Redis.
+recovery  DEFAULT settings (the App's lease, the worker's sweep): a job's
+        worker is SIGKILLed (its pid alone, as the OOM killer does) mid-turn,
+        at a random point of its lease's renewal cycle; the figure is the time
+        from the kill to the job's next turn starting on another worker.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,6 +86,7 @@ class Config:
     redis_jobs: int = 100
     timeout: float = 300.0  # per scenario
     seed: int = 7
+    recoveries: int = 6
 
 
 @dataclass
@@ -326,6 +332,87 @@ def scenario_redis(cfg: Config, server: W1Server, t: Table) -> None:
         procs.cleanup()
 
 
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _wait(what: str, check: Any, timeout: float, procs: Procs) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise RuntimeError(f"recovery: timed out after {timeout:.0f}s waiting for {what}\n{procs.logs()}")
+
+
+def scenario_recovery(cfg: Config, t: Table) -> None:
+    """Kill -> next turn with nothing configured: ``tests.apps.redis_app`` with the App's default lease, workers
+    started with no sweep option (forking workers, as ``pipelines worker`` runs by default)."""
+    import importlib
+    import random
+
+    from pipelines.engine.runner import DEFAULT_LEASE_SECONDS
+
+    name = "recovery"
+    procs = Procs()
+    rng = random.Random(cfg.seed)
+    try:
+        url = procs.start_redis()
+        procs.configure("", REDIS_URL=url, PIPELINES_NAP="120")
+        procs.env.pop("PIPELINES_LEASE", None)  # the default, whatever the caller's environment says
+        os.environ["REDIS_URL"] = url
+        os.environ.pop("PIPELINES_LEASE", None)
+        from tests.apps import redis_app
+
+        redis_app = importlib.reload(redis_app)  # built on this scenario's redis-server
+        app, client = redis_app.app, redis.Redis.from_url(url)
+        app_path = redis_app.APP_PATH
+
+        def start(slot: int) -> str:
+            return procs.start_worker(slot, simple=False, sweep_interval=None, sweep_grace=None, app=app_path)
+
+        for slot in range(2):
+            start(slot)
+        procs.wait_ready(client, 2)
+        say(f"{name}: {cfg.recoveries} kills mid-turn, default lease {DEFAULT_LEASE_SECONDS:g} s, default sweep")
+        took: list[float] = []
+        for i in range(cfg.recoveries):
+            job = f"recover-{i}"
+            app.run_pipeline("sleepy", job_id=job)
+            started = _wait(f"{job} to start its turn", lambda j=job: next(
+                (e for e in client.lrange(redis_app.NAP_STARTED, 0, -1) if e.decode().split()[0] == j), None),
+                60, procs)
+            horse = int(started.decode().split()[1])
+            worker = _parent_of(horse)
+            victim = next(n for n, p in procs.workers.items() if p.pid == worker)
+            time.sleep(rng.uniform(0, DEFAULT_LEASE_SECONDS / 3 + 0.5))  # anywhere in the renewal cycle
+            killed_at = time.time()
+            os.kill(worker, signal.SIGKILL)  # the worker's pid alone: its horse ends with it (Lifeline)
+            procs.workers.pop(victim).wait(10)
+            start(i + 2)  # as a supervisor would; whichever worker sweeps first takes the job over
+
+            def next_turn(j: str = job, killed: int = horse) -> float | None:
+                runs = [e.decode().split() for e in client.lrange(redis_app.NAP_RUNS, 0, -1)]
+                return next((float(r[2]) for r in runs if r[0] == j and int(r[1]) != killed), None)
+
+            took.append(_wait(f"{job}'s next turn", next_turn, 120, procs) - killed_at)
+            _wait(f"{job} to complete", lambda j=job: (r := app.storage.get_job(j)) is not None
+                  and r.status.value == "complete", 60, procs)
+            procs.wait_ready(client, 2)
+            say(f"{name}: {job} ran again {took[-1]:.1f} s after its worker was killed")
+        m, _, mx = quantiles(took)
+        t.add(name, f"kill -9 -> the job's next turn starts, defaults, median / max ({len(took)} kills)",
+              f"{secs(m)} / {secs(mx)}", f"~10 s (lease {DEFAULT_LEASE_SECONDS:g} s renewed every third, "
+              "sweep every 2 s)", mx <= DEFAULT_LEASE_SECONDS + 3)
+        t.add(name, "each, in seconds", " ".join(f"{v:.1f}" for v in took), "", None)
+    finally:
+        procs.cleanup()
+
+
 def scenario_clean(server: W1Server, t: Table) -> None:
     """One job through the same server on the memory adapters: the 'clean run' the others compare with."""
     from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
@@ -365,7 +452,7 @@ def scenario_sqlite(cfg: Config, t: Table) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/chaos.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a smaller run (~1 min)")
-    p.add_argument("--only", default="kill,dup,redis,faults,sqlite", help="comma-separated scenarios")
+    p.add_argument("--only", default="kill,dup,redis,faults,recovery,sqlite", help="comma-separated scenarios")
     p.add_argument("--jobs", type=int, help="jobs in the kill scenario (default 200; --quick 40)")
     p.add_argument("--turns", type=int, help="turns per job (default 10; --quick 5)")
     p.add_argument("--workers", type=int, help="workers in the kill scenario (default 4)")
@@ -376,11 +463,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(seed=args.seed)
     if args.quick:
         cfg.jobs, cfg.turns, cfg.dup_jobs, cfg.redis_jobs, cfg.workers, cfg.timeout = 40, 5, 20, 20, 3, 180
+        cfg.recoveries = 3
     for attr in ("jobs", "turns", "workers", "kill_every", "lease"):
         if getattr(args, attr) is not None:
             setattr(cfg, attr, getattr(args, attr))
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    unknown = only - {"kill", "dup", "redis", "faults", "clean", "sqlite"}
+    unknown = only - {"kill", "dup", "redis", "faults", "clean", "recovery", "sqlite"}
     if unknown:
         p.error(f"unknown scenarios: {sorted(unknown)}")
     t = Table()
@@ -388,13 +476,15 @@ def main(argv: list[str] | None = None) -> int:
     server = W1Server()
     try:
         scenario_clean(server, t)
-        if only & {"kill", "dup", "redis"} and find_redis_server() is None:
-            t.notes.append("redis-server not found: kill, dup and redis scenarios skipped")
-            only -= {"kill", "dup", "redis"}
+        if only & {"kill", "dup", "redis", "recovery"} and find_redis_server() is None:
+            t.notes.append("redis-server not found: kill, dup, redis and recovery scenarios skipped")
+            only -= {"kill", "dup", "redis", "recovery"}
         for key, fn in (("kill", scenario_kill), ("dup", scenario_dup), ("redis", scenario_redis)):
             if key in only:
                 with contextlib.ExitStack():
                     fn(cfg, server, t)
+        if "recovery" in only:
+            scenario_recovery(cfg, t)
         if "faults" in only:
             say("faults: each model fault through an agent on the memory adapters")
             scenario_faults(t)

@@ -239,6 +239,7 @@ class EffectsCheck:
     repeats_after_outage: int = 0  # ... whose earlier application was just before or during a Redis outage
     repeats_unexplained: int = 0
     extra_applications: int = 0  # applications beyond one per key
+    unexplained: list[str] = field(default_factory=list)  # "<key>: (time, pid), ..." of each unexplained repeat
 
     @property
     def ok(self) -> bool:
@@ -287,6 +288,8 @@ def check_effects(client: redis.Redis, job_ids: list[str], turns: int, kills: Se
                                 for prev, nxt in pairs)
                 if len(apps) != n or not (by_kill or by_outage):
                     out.repeats_unexplained += 1
+                    kills_seen = [(p, killed[p]) for _, p in apps if p in killed]
+                    out.unexplained.append(f"{key}: applied (time, pid) {apps}; killed (pid, time) {kills_seen}")
                 elif by_kill:
                     out.repeats_after_kill += 1
                 else:
@@ -383,13 +386,16 @@ class Procs:
                     "CHAOS_REDIS_URL": self.url, "FAKE_OPENAI_BASE": base, **env}
         self.env.pop("PIPELINES_APP", None)
 
-    def start_worker(self, slot: int, *, simple: bool = True, sweep_interval: float = 1.0,
-                     sweep_grace: float = 2.0, log_level: str = "WARNING") -> str:
+    def start_worker(self, slot: int, *, simple: bool = True, sweep_interval: float | None = 1.0,
+                     sweep_grace: float | None = 2.0, log_level: str = "WARNING", app: str = APP_PATH) -> str:
+        """Start a worker of ``app``; ``None`` for the sweep settings leaves the worker's defaults."""
         self.generation += 1
         name = f"w{slot}-g{self.generation}"
-        args = [sys.executable, "-m", "pipelines", "worker", "--app", APP_PATH, "--name", name,
-                "--sweep-interval", f"{sweep_interval:g}", "--sweep-grace", f"{sweep_grace:g}",
-                "--log-level", log_level]
+        args = [sys.executable, "-m", "pipelines", "worker", "--app", app, "--name", name, "--log-level", log_level]
+        if sweep_interval is not None:
+            args += ["--sweep-interval", f"{sweep_interval:g}"]
+        if sweep_grace is not None:
+            args += ["--sweep-grace", f"{sweep_grace:g}"]
         if simple:
             args.append("--simple")
         self.workers[name] = self._spawn(name, args, self.env)
@@ -524,8 +530,11 @@ class Killer:
         self._follow()
 
     def _kill(self, name: str) -> None:
-        at = time.time()
         pids = self.procs.kill_worker(name)
+        # Once it is dead (kill_worker waits for it): before the SIGKILL lands (the /proc scan for its children
+        # takes a while on a busy machine) the victim may still apply an effect, which a time taken before
+        # the kill would leave "unexplained" when the turn runs again.
+        at = time.time()
         kill = Kill(at=at, name=name, pids=pids)
         # The dead worker's RQ hash still names the RQ job it was running.
         current = _current_rq_job(self.client, name)

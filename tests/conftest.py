@@ -64,6 +64,14 @@ _FINDERS: dict[str, tuple[Callable[[], str | None], str]] = {
 }
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # In a parallel run (pytest-xdist, `make test`), the scenarios with worker processes go first: handed out
+    # first, they run beside the quick tests instead of making up the run's tail. Every xdist worker sorts the
+    # same collection the same way, as xdist requires; a run in one process keeps the files' order.
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("system") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     try:
         redis_required()  # a bad REQUIRE_REDIS value stops the run before any test

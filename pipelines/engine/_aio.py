@@ -37,12 +37,18 @@ class _OwnedLoop:
     """A thread's loop, closed when the thread's locals go (the thread ended): a worker or timeout thread that
     ran one ``async def`` tool must not leave an open loop and its self-pipe behind for the collector."""
 
-    __slots__ = ("loop",)
+    __slots__ = ("loop", "pid")
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.pid = os.getpid()
 
     def __del__(self) -> None:
+        # Never in a forked child (a subprocess's preexec_fn, an RQ horse): the loop is the parent's, and
+        # closing it would unregister its self-pipe from the epoll instance both processes share, so the
+        # parent's loop would never be woken by another thread again (a tool's result from the pool hung).
+        if os.getpid() != self.pid:
+            return
         try:
             if not self.loop.is_running():
                 self.loop.close()

@@ -61,8 +61,9 @@ logger = logging.getLogger("pipelines")
 STORAGE_RETRY_SECONDS = 5.0
 """How soon a phase that lost its storage connection mid-way is tried again."""
 
-DEFAULT_LEASE_SECONDS = 60.0
-"""Lease time to live. The lease keeper renews it every third of that while a phase runs."""
+DEFAULT_LEASE_SECONDS = 10.0
+"""Lease time to live. The lease keeper renews it every third of that while a phase runs, so a killed
+worker's lease runs out 6.7-10 s after its death and the worker's sweep re-sends the turn (issue 34)."""
 
 
 class AdvanceResult(StrEnum):

@@ -6,7 +6,7 @@ Configured from the environment, like a real deployment::
     REDIS_CLUSTER_URL  a Redis Cluster node: the jobs live there (RQ's queues stay on REDIS_URL)
     PIPELINES_REPLICAS replicas that must acknowledge each write on the cluster (default 0)
     PIPELINES_QUEUE    RQ queue name (default "pipelines")
-    PIPELINES_LEASE    App lease seconds (default 60; the kill test uses 3)
+    PIPELINES_LEASE    App lease seconds (default: the App's default; most kill tests use 3)
     PIPELINES_NAP      seconds the first run of a job's "nap" phase sleeps (default 30)
     FAKE_OPENAI_BASE   http://127.0.0.1:PORT/v1 of tests/fake_openai.py, for the agent
 """
@@ -27,6 +27,8 @@ from pipelines.app import App, PipelineSource
 APP_PATH = "tests.apps.redis_app:app"
 NAP_STARTED = "test:nap-started"
 """A Redis list of "<job id> <pid>": who started a first (long) nap, for the kill test."""
+NAP_RUNS = "test:nap-runs"
+"""A Redis list of "<job id> <pid> <unix time>": every start of a nap, the first and the recovering one."""
 
 
 def _one(ctx: PhaseContext[Any]) -> Next:
@@ -48,6 +50,7 @@ def _start(ctx: PhaseContext[Any]) -> Next:
 
 def _nap(ctx: PhaseContext[Any]) -> Next:
     client = scheduler.connection  # the plain Redis, also when the jobs are on a cluster
+    client.rpush(NAP_RUNS, f"{ctx.job_id} {os.getpid()} {time.time()}")
     # Only a job's first nap is long: that is the run the test kills; the
     # run that recovers it is quick.
     if client.incr(f"test:nap:{ctx.job_id}") == 1:
@@ -94,5 +97,6 @@ app = App(
         "stepper": [Phase("start", _start), Phase("nap", _nap_after_a_step), Phase("end", _end)],
     },
     agents=_agents(),
-    lease_seconds=float(os.environ.get("PIPELINES_LEASE", "60")),
+    # Unset: the App's default lease, as a deployment that never names one gets.
+    **({"lease_seconds": float(os.environ["PIPELINES_LEASE"])} if os.environ.get("PIPELINES_LEASE") else {}),
 )

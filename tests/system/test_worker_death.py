@@ -65,3 +65,25 @@ def test_kill_9_of_a_worker_ends_its_horse_and_its_scheduler_and_frees_the_lock(
     rec = app.storage.get_job("orphan")
     assert rec is not None and rec.result["napped_in"] != horse
     assert int(client.get("test:nap:orphan") or 0) == 2  # the killed nap, then the heir's
+
+
+def test_kill_9_mid_turn_with_default_settings_another_worker_finishes_the_job(
+    cluster: Cluster, app: App, client: redis.Redis
+) -> None:
+    # Nothing configured: the App's default lease (renewed while the turn runs) and the worker's default sweep.
+    # How soon the job runs again is measured by `make chaos` (its recovery scenario), not asserted here.
+    assert "PIPELINES_LEASE" not in cluster.env
+    cluster.env["PIPELINES_NAP"] = "600"  # the first nap: far longer than this test may take
+    doomed = cluster.worker("doomed")
+    horse = _start_nap(cluster, app, client, "default-orphan")
+    assert Cluster.children(doomed.pid).count(horse) == 1  # the doomed worker's horse runs the turn
+    cluster.worker("survivor")
+
+    os.kill(doomed.pid, signal.SIGKILL)  # mid-turn, the worker's pid alone
+    doomed.wait(10)
+    wait_for("another worker to finish the job",
+             lambda: (r := app.storage.get_job("default-orphan")) is not None and r.status is JobStatus.COMPLETE,
+             100, cluster.logs)
+    rec = app.storage.get_job("default-orphan")
+    assert rec is not None and rec.result["napped_in"] != horse
+    assert int(client.get("test:nap:default-orphan") or 0) == 2  # the killed turn, then the one that finished it

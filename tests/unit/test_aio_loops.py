@@ -57,3 +57,21 @@ def test_a_loop_closed_by_someone_else_is_replaced() -> None:
     second = run_sync(_loop_of_this_call())
     assert second is not first and not second.is_closed()
     assert _aio._local.owned.loop is second
+
+
+
+def test_a_fork_leaves_the_parents_loop_wakeable_by_other_threads() -> None:
+    # A child forked by subprocess with a preexec_fn runs the at-fork hooks, which forget the inherited loops.
+    # Closing them there unregistered the parent's self-pipe from the epoll instance the two share: a result
+    # handed over from a pool thread never woke the parent's loop again (tests hung in the tool runner).
+    import subprocess
+
+    loop: Any = run_sync(_loop_of_this_call())  # this thread's loop exists before the fork
+    subprocess.run([sys.executable, "-c", "pass"], preexec_fn=lambda: None, check=True, timeout=60)
+    gc.collect()
+    assert not loop.is_closed()
+    loop._write_to_self()  # what call_soon_threadsafe does from another thread
+    woken = loop._selector.select(5)  # what the loop waits on: the kernel's epoll instance
+    loop._read_from_self()
+    assert [key.fd for key, _ in woken] == [loop._ssock.fileno()]
+    assert run_sync(_loop_of_this_call()) is loop

@@ -36,12 +36,12 @@ def _receiver(node: ast.expr) -> str | None:
     return None
 
 
-def _storage_writes(path: Path) -> list[str]:
+def _storage_writes(path: Path, root: Path = ROOT) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITES
                 and _receiver(node.func.value) in STORAGE_NAMES):
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)}")
+            found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node.func)}")
     return found
 
 
@@ -61,13 +61,12 @@ def test_the_scan_sees_the_writers_own_calls() -> None:
     assert seen == WRITES
 
 
-def test_the_scan_finds_a_write_outside_the_writer() -> None:
-    planted = ROOT / "pipelines" / "_planted_for_test.py"
+def test_the_scan_finds_a_write_outside_the_writer(tmp_path: Path) -> None:
+    # Planted in a copy's layout, never in the checkout: the scans of other tests (run in parallel) read it.
+    planted = tmp_path / "pipelines" / "_planted_for_test.py"
+    planted.parent.mkdir()
     planted.write_text("def f(app, c):\n    app.storage.commit(c)\n    app.commit(c)\n")
-    try:
-        assert _storage_writes(planted) == ["pipelines/_planted_for_test.py:2 app.storage.commit"]
-    finally:
-        planted.unlink()
+    assert _storage_writes(planted, tmp_path) == ["pipelines/_planted_for_test.py:2 app.storage.commit"]
 
 
 def test_transitions_write_nothing() -> None:
