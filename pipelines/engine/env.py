@@ -36,7 +36,7 @@ from pipelines.engine.errors import ConfigurationError
 if TYPE_CHECKING:
     from adapters.base import Scheduler, Storage
     from pipelines.engine.flow import FlowControl
-    from pipelines.engine.phase import Pipeline
+    from pipelines.engine.phase.pipeline import Pipeline
 
 __all__ = ["EMPTY_ENV", "ChildRuns", "RunCallbacks", "RunEnv"]
 

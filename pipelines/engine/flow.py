@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError, bound_retry_after
 from pipelines.engine.leases import LEASE_KEEPER
-from pipelines.engine.phase import RetryLater
+from pipelines.engine.phase.outcomes import RetryLater
 
 if TYPE_CHECKING:
     from adapters.base import FlowStore, Scheduler

@@ -123,7 +123,7 @@ def _imports(path: Path) -> set[str]:
 def test_the_engine_imports_only_itself_and_the_ports() -> None:
     root = Path(__file__).resolve().parents[2]
     ours = ("pipelines", "phases", "adapters")
-    for path in (root / "pipelines" / "engine").glob("*.py"):
+    for path in (root / "pipelines" / "engine").rglob("*.py"):
         bad = {m for m in _imports(path) if m.split(".")[0] in ours
                and not m.startswith(("pipelines.engine", "adapters.base")) and m != "pipelines"}
         assert bad == set(), f"{path.name} imports {sorted(bad)}"
@@ -132,7 +132,7 @@ def test_the_engine_imports_only_itself_and_the_ports() -> None:
 def test_adapters_and_phases_import_only_the_engine_and_the_ports() -> None:
     root = Path(__file__).resolve().parents[2]
     for folder in ("adapters", "phases"):
-        for path in (root / folder).glob("*.py"):
+        for path in (root / folder).rglob("*.py"):
             bad = {m for m in _imports(path) if m.startswith("pipelines") and not m.startswith("pipelines.engine")
                    and m != "pipelines"}
             assert bad == set(), f"{folder}/{path.name} imports {sorted(bad)}"

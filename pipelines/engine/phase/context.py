@@ -1,25 +1,21 @@
-"""The phase protocol: what a phase is, what it sees, what it returns.
+"""What a running phase sees and can do: :class:`PhaseContext`, created by the runner for each attempt.
 
-A phase is ``Phase(name=..., run=fn)`` where ``fn(ctx)`` (plain or
-``async def``) returns ``Next``, ``Done`` or ``Fail``. Inside, ``ctx.step``
-journals results so a re-run after a crash does not repeat finished work.
+Its writes go through :mod:`pipelines.engine.writer` (journaled steps, mid-phase saves, live parts);
+the rest it buffers for the phase's commit (:class:`~pipelines.engine.phase.outcomes.PhaseOutput`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ValidationError
-
 from pipelines.engine import versions, writer
 from pipelines.engine._aio import resolve
 from pipelines.engine.env import EMPTY_ENV, RunEnv
-from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, StaleVersionError, StateValidationError
+from pipelines.engine.errors import InvalidInputError, StaleVersionError
 from pipelines.engine.models import (
     NO_USAGE,
     Checkpoint,
@@ -33,27 +29,12 @@ from pipelines.engine.models import (
     json_data,
     to_json_value,
 )
+from pipelines.engine.phase.outcomes import PhaseOutput
 
 if TYPE_CHECKING:
     from adapters.base import Storage
 
-__all__ = [
-    "INBOX_STEP",
-    "DeltaTarget",
-    "Done",
-    "Fail",
-    "FailJob",
-    "Next",
-    "Outcome",
-    "Phase",
-    "PhaseContext",
-    "PhaseOutput",
-    "Pipeline",
-    "RetryLater",
-    "ToolScope",
-    "WaitForInput",
-    "validate_state",
-]
+__all__ = ["INBOX_STEP", "DeltaTarget", "PhaseContext", "ToolScope"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -62,86 +43,6 @@ _LEVELS = ("info", "warn", "error")
 
 INBOX_STEP = "inbox"
 """The journal key under which a phase's taken inbox messages are kept for a re-run."""
-
-
-@dataclass(frozen=True)
-class Next:
-    """Go on with ``next_phase`` (after ``delay`` seconds) with ``state``.
-
-    ``state=None`` keeps the current state.
-    """
-
-    next_phase: str
-    state: Any = None
-    delay: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.delay, int | float) or isinstance(self.delay, bool) or not (
-            0 <= self.delay < math.inf
-        ):
-            raise InvalidInputError(f"Next.delay must be a finite number of seconds >= 0, got {self.delay!r}")
-
-
-@dataclass(frozen=True)
-class Done:
-    """The job is complete; ``result`` (JSON) stays readable on the record.
-
-    ``reason`` (optional) says why it stopped, e.g. ``"max_turns"``; it is
-    stored as ``record.stop_reason``.
-    """
-
-    result: Any = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Fail:
-    """The job ends in status ``error`` with ``error``; the last good checkpoint is kept."""
-
-    error: str
-
-
-Outcome = Next | Done | Fail
-
-
-class RetryLater(Exception):  # noqa: N818 - a control signal, not an error
-    """Raised by a phase to end this attempt and run the same phase again after ``delay``.
-
-    Steps already journaled are kept, so the retry does not repeat them.
-    """
-
-    def __init__(self, delay: float, reason: str = "") -> None:
-        if not isinstance(delay, int | float) or not math.isfinite(delay):
-            raise InvalidInputError(f"RetryLater needs a finite delay in seconds, got {delay!r}")
-        super().__init__(reason or f"retry in {delay:.1f}s")
-        self.delay = max(0.0, float(delay))
-        self.reason = reason
-
-
-class WaitForInput(Exception):  # noqa: N818 - a control signal, not an error
-    """Raised by a phase or tool to park the job in status ``waiting`` until a person acts.
-
-    The checkpoint and the journal stay; ``reason`` and ``call_id`` are readable
-    on the record (``record.waiting``) until the job is resumed.
-    """
-
-    def __init__(self, reason: str, *, call_id: str | None = None, details: dict[str, Any] | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.call_id = call_id
-        self.details = details or {}
-
-
-class FailJob(Exception):  # noqa: N818 - a control signal, not an error
-    """Raised by a tool or step to fail the whole job on purpose with ``error``."""
-
-    def __init__(self, error: str) -> None:
-        super().__init__(error)
-        self.error = error
-
-
-PhaseFn = Callable[["PhaseContext[Any]"], "Outcome | Awaitable[Outcome]"]
-
 
 class DeltaTarget(Protocol):
     """Where a streaming model call sends its text: ``target(text)`` per piece.
@@ -159,91 +60,6 @@ class DeltaTarget(Protocol):
     def restart(self) -> None: ...
 
     def flush(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Phase:
-    """A named unit of work. ``run(ctx)`` may be ``def`` or ``async def``.
-
-    ``state_model``: when given, the stored state is validated into this
-    pydantic model before ``run`` sees it (a stored state that no longer
-    validates fails the job with a clear error instead of a crash deep inside).
-    """
-
-    name: str
-    run: PhaseFn
-    state_model: type[BaseModel] | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidPipelineError(f"a phase needs a non-empty name, got {self.name!r}")
-        if not callable(self.run):
-            raise InvalidPipelineError(f"phase {self.name!r}: run must be callable, got {type(self.run).__name__}")
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """Phases and, optionally, the pydantic model of their state (declared once, like a typed graph).
-
-    ``Pipeline(phases=[Phase("fetch", fetch), Phase("report", report)], state=MyState)``:
-    every phase then sees ``ctx.state`` as a ``MyState`` (a phase's own
-    ``state_model`` wins), and a job's stored state is read back typed. The
-    first phase is where a new job starts.
-    """
-
-    phases: Sequence[Phase]
-    state: type[BaseModel] | None = None
-    # The code version that writes this pipeline's jobs, and {from_version: fn(state)} upgrades of
-    # older jobs' states (see pipelines.engine.versions). None: jobs are not versioned.
-    version: str | None = None
-    migrations: Mapping[str, Callable[[Any], Any]] | None = None
-
-    def __post_init__(self) -> None:
-        phases = self.phases
-        if isinstance(phases, Phase) or not isinstance(phases, Sequence):
-            raise InvalidPipelineError(f"phases must be a list of Phase, got {type(phases).__name__}")
-        if not phases:
-            raise InvalidPipelineError("a pipeline needs at least one phase; got an empty list")
-        seen: set[str] = set()
-        for p in phases:
-            if not isinstance(p, Phase):
-                raise InvalidPipelineError(f"phases must be Phase objects, got {type(p).__name__}")
-            if p.name in seen:
-                raise InvalidPipelineError(f"duplicate phase name {p.name!r}")
-            seen.add(p.name)
-        if self.state is not None and not (isinstance(self.state, type) and issubclass(self.state, BaseModel)):
-            raise InvalidPipelineError(f"state must be a pydantic model class, got {self.state!r}")
-        object.__setattr__(self, "phases", tuple(phases))
-        version = versions.check_version(self.version)
-        object.__setattr__(self, "version", version)
-        object.__setattr__(self, "migrations", versions.check_migrations(self.migrations, version) or None)
-
-    @property
-    def by_name(self) -> dict[str, Phase]:
-        return {p.name: p for p in self.phases}
-
-    @property
-    def first(self) -> str:
-        return self.phases[0].name
-
-    def state_model_of(self, phase: Phase) -> type[BaseModel] | None:
-        return phase.state_model or self.state
-
-
-class PhaseOutput:
-    """What a phase produced besides its outcome (from the phase context's buffer)."""
-
-    def __init__(self, *, logs: Sequence[LogEntry] = (), messages: Sequence[Message] = (),
-                 events: Sequence[Event] = (), usage: Usage | None = None,
-                 usage_keys: Sequence[str] = (), take_inbox: int = 0) -> None:
-        self.logs = list(logs)
-        self.messages = list(messages)
-        self.events = list(events)
-        self.usage = usage or NO_USAGE
-        # Journal keys whose usage is in ``usage`` (so a kept journal does not count them twice).
-        self.usage_keys = list(usage_keys)
-        # How many messages the phase took from the job's inbox (its commit removes them there).
-        self.take_inbox = take_inbox
 
 
 @dataclass
@@ -533,16 +349,3 @@ class PhaseContext(Generic[S]):
             except Exception:
                 logging.getLogger("pipelines").warning("job %s: on_commit callback failed", self.job_id,
                                                        exc_info=True)
-
-
-def validate_state(phase: Phase, state: Any, model: type[BaseModel] | None = None) -> Any:
-    """Validate stored ``state`` into ``model`` (default: ``phase.state_model``), if there is one."""
-    model = model or phase.state_model
-    if model is None or isinstance(state, model):
-        return state
-    try:
-        return model.model_validate(state)
-    except ValidationError as exc:
-        raise StateValidationError(
-            f"stored state does not validate against {model.__name__} for phase {phase.name!r}: {exc}"
-        ) from exc

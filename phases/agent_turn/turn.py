@@ -1,96 +1,40 @@
-"""The agent turn: one phase that calls the model, runs the tools it asked for, and commits.
+"""The agent turn phase: :class:`AgentTurn` reads the history, calls the model, runs the tools, decides.
 
-Step by step (each step journaled, so a re-run after a crash repeats nothing
-that finished, I5):
-
-1. ``model``: the model call; its response is journaled.
-2. ``tools:started``: the ids of the calls about to run (the ledger's
-   "started"; the model response is their "intended").
-3. ``tool:<call id>``: each tool's result, journaled as each finishes
-   (the ledger's "done"). Calls run concurrently: threads for ``def`` tools,
-   the runner's event loop for ``async def`` ones.
-4. Stop check; the runner commits the new messages (append-only) with the
-   next turn, or completes the job.
-
-A call found started but not done after a crash follows its tool's
-``on_interrupted`` policy (retry / fail / reconcile / ask).
+The model call itself is :mod:`phases.agent_turn.model_call`, the tools run in
+:mod:`phases.tool_runner`, and the end of the turn is :mod:`phases.agent_turn.ending`.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from phases import agent_run, flow_limits, journal
+from phases import agent_run, journal
 from phases.agent_config import AgentConfig
+from phases.agent_turn.ending import _decide, _emit_turn_events, _over_budget, _result_of
+from phases.agent_turn.model_call import _call_model, _content_of, _structured
+from phases.agent_turn.plan import TURN_PHASE, AgentState, TurnPlan, resolve_model
 from phases.callbacks import fire
 from phases.compaction import estimate_tokens, find_cut, marker, summary_request
 from phases.history_cache import Held, HistoryCache, View
-from phases.model import Model, ModelRequest, ModelResponse
-from phases.observe import notify
-from phases.stop import TurnInfo, should_stop
+from phases.model import Model, ModelResponse
+from phases.stop import TurnInfo
 from phases.streaming import DeltaSink
 from phases.titles import start_title
-from phases.tool_calls import call_ids, normalise_tool_calls
+from phases.tool_calls import call_ids
 from phases.tool_runner import run_tools, tool_message
-from phases.tools import Tool
 from phases.view_migration import ViewMigration, migrate_view
-from pipelines.engine import telemetry
-from pipelines.engine._aio import resolve
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, StaleVersionError, TransientModelError
-from pipelines.engine.models import JSONValue, Message, Usage
+from pipelines.engine.models import Message
 from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseContext, RetryLater, ToolScope
 
-__all__ = ["TURN_PHASE", "AgentState", "AgentTurn", "PrepareTurn", "TurnPlan", "build_agent_phase", "resolve_model"]
+__all__ = ["AgentTurn", "build_agent_phase"]
 
-TURN_PHASE = "turn"
 logger = logging.getLogger("pipelines")
-
-class AgentState(BaseModel):
-    """The small per-job state of an agent run (the transcript lives apart from it)."""
-
-    turn: int = 0  # turns completed in this run
-
-
-def resolve_model(model: str | Model, params: Mapping[str, Any] | None) -> Model:
-    """A litellm model string becomes a ``LiteLLMModel``; a ``Model`` object is used as it is."""
-    if isinstance(model, str):
-        if not model:
-            raise InvalidInputError("model must be a litellm model string like 'openai/gpt-4o-mini' or a Model")
-        # Imported here, not at module top: `import phases` must stay light.
-        # (LiteLLMModel itself imports litellm only at its first call.)
-        module = importlib.import_module("phases.litellm_model")
-        built: Model = module.LiteLLMModel(model, params=dict(params or {}))
-        return built
-    if not callable(getattr(model, "complete", None)):
-        raise InvalidInputError(f"model must be a litellm model string or have complete(), got {type(model).__name__}")
-    return model
-
-
-@dataclass
-class TurnPlan:
-    """What one turn will send; a ``prepare_turn`` hook may change it for this turn only.
-
-    ``tools`` may be narrowed to a subset of the agent's tools (the agent's
-    tools are the universe: a replay after a crash must find them by name).
-    """
-
-    job_id: str
-    turn: int
-    model: str | Model
-    params: dict[str, Any]
-    tools: list[Tool]
-    messages: list[Message]
-
-
-PrepareTurn = Callable[[TurnPlan], "TurnPlan | None"]
 
 
 def build_agent_phase(*, model: str | Model, **options: Any) -> Phase:
@@ -333,141 +277,3 @@ class AgentTurn:
         else:
             self.history.forget(ctx.job_id)
         return outcome
-
-
-def _decide(ctx: PhaseContext[Any], cfg: AgentConfig, info: TurnInfo, truncated: bool, usage: Usage) -> Next | Done:
-    """Stop or go on, after a turn's tools ran."""
-    n = info.turn
-    if truncated:
-        ctx.log(f"model answer truncated (finish_reason=length) at turn {n}; stopping", "warn")
-        return Done(reason="truncated")
-    if not info.tool_calls:
-        return Done(reason="done")
-    reason = should_stop(cfg.stop_when, info)
-    if reason is not None:
-        ctx.log(f"stopped by {reason} at turn {n}")
-        return Done(reason="stop_when")
-    if n >= cfg.max_turns:
-        ctx.log(f"stopped: max_turns={cfg.max_turns} reached with tool calls pending a reply", "warn")
-        return Done(reason="max_turns")
-    over = _over_budget(usage, cfg)
-    if over:
-        ctx.log(f"budget reached at turn {n}: {over}", "warn")
-        return Done(reason="budget")
-    # The state's JSON form (what AgentState(turn=n) dumps to): the runner stores it as it is.
-    return Next(TURN_PHASE, state={"turn": n})
-
-
-def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse, results: list[Message]) -> None:
-    # Small on purpose: the transcript already holds arguments and results;
-    # events say what happened, in order, with the turn number. They are built
-    # once the turn's work is done; turn_started keeps the time the turn began.
-    # Each event carries the time its step was journaled in this attempt (a timeline's spans), else now.
-    ctx.emit_at(ctx.started_at, "turn_started", turn=turn, attempt=ctx.attempt)
-    usage = response.usage
-    answered = ctx.recorded_at(journal.MODEL)
-    # "reused": the answer was journaled by an earlier attempt of this turn (a timeline draws no model call here).
-    reused = {} if ctx.journaled_here(journal.MODEL) else {"reused": True}
-    ctx.emit_at(answered, "model_response", turn=turn, finish_reason=response.finish_reason,
-                tool_calls=len(response.tool_calls), prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd, **reused)
-    names = {c["id"]: (c.get("function") or {}).get("name") for c in response.tool_calls}
-    for call_id, name in names.items():
-        ctx.emit_at(answered, "tool_call", turn=turn, call_id=call_id, tool=name)
-    for msg in results:
-        content = msg.get("content")
-        ctx.emit_at(ctx.recorded_at(journal.tool_key(str(msg["tool_call_id"]))), "tool_result", turn=turn,
-                    call_id=msg["tool_call_id"], tool=names.get(msg["tool_call_id"]),
-                    error=isinstance(content, str) and content.startswith("Error:"))
-
-
-def _over_budget(usage: Usage, cfg: AgentConfig) -> str:
-    if cfg.max_tokens is not None and usage.total_tokens >= cfg.max_tokens:
-        return f"max_tokens={cfg.max_tokens} (used {usage.total_tokens})"
-    if cfg.max_cost_usd is not None and usage.cost_usd >= cfg.max_cost_usd:
-        return f"max_cost_usd={cfg.max_cost_usd} (used {usage.cost_usd:.4f})"
-    return ""
-
-
-_STRUCTURED_NUDGE = "Now reply with only a JSON object that matches the required schema, and nothing else."
-
-
-def _structured(ctx: PhaseContext[Any], model: Model, schema: type[BaseModel], history: list[Message],
-                new_messages: list[Message], done: Done, params: dict[str, Any], turn: int) -> Done | Fail:
-    """Validate the final answer against ``schema``; if it does not fit, ask once more without tools."""
-    obj = _parse(schema, new_messages[0].get("content"))
-    if obj is None:
-        # One follow-up call, journaled like the turn's own model call. No
-        # tools are offered, so response_format is safe to send.
-        nudge: Message = {"role": "user", "content": _STRUCTURED_NUDGE}
-        key = journal.structured_key(ctx.attempt)
-        raw = ctx.step(key, lambda: _call_model(model, ctx, [*history, *new_messages, nudge], [], params, turn,
-                                                schema))
-        follow = ModelResponse.model_validate(raw)
-        ctx.add_usage(follow.usage, key=key)
-        new_messages += [nudge, follow.message]
-        text = follow.message.get("content")
-        obj = _parse(schema, text)
-        if obj is None:
-            return Fail(f"the answer does not validate against {schema.__name__}; the model said: {str(text)[:1000]}")
-    return Done(result=obj.model_dump(mode="json"), reason=done.reason)
-
-
-def _parse(schema: type[BaseModel], text: Any) -> BaseModel | None:
-    if not isinstance(text, str) or not text.strip():
-        return None
-    candidate = text.strip()
-    if candidate.startswith("```"):
-        # Models often fence JSON in markdown; accept ```json ... ``` too.
-        candidate = candidate.strip("`").removeprefix("json").strip()
-    try:
-        return schema.model_validate_json(candidate)
-    except ValidationError:
-        return None
-
-
-def _content_of(answer: JSONValue) -> str | None:
-    """The text of a journaled model answer (a ``ModelResponse`` in JSON form), if it has one."""
-    message = answer.get("message") if isinstance(answer, dict) else None
-    content = message.get("content") if isinstance(message, dict) else None
-    return content if isinstance(content, str) else None
-
-
-def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
-                params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None, *,
-                taken: frozenset[str] | None = None) -> ModelResponse:
-    request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
-                           response_format=response_format, on_delta=ctx.on_delta,
-                           stream_retries=ctx.on_delta.retries if ctx.on_delta else 0,
-                           on_restart=ctx.on_delta.restart if ctx.on_delta else None)
-    notify("model", ctx.job_id, str(turn))
-    started = time.monotonic()
-    # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
-    with telemetry.model_span(None) as current, \
-            flow_limits.limited_call(ctx.env.active_flow(), model, messages) as settle:
-        response = resolve(model.complete(request))
-        if not isinstance(response, ModelResponse):
-            response = ModelResponse.model_validate(response)
-        settle(response.usage.total_tokens)
-        if current is not None and response.model:
-            current.update_name(f"chat {response.model}")
-            current.set_attribute("gen_ai.request.model", response.model)
-        usage = response.usage
-        telemetry.record_model(current, model=response.model, input_tokens=usage.prompt_tokens,
-                               output_tokens=usage.completion_tokens, finish_reason=response.finish_reason,
-                               cost_usd=usage.cost_usd, started=started)
-    message = dict(response.message)
-    message.setdefault("role", "assistant")
-    # Tool call ids key the journal and the idempotency key: fixed here (unique
-    # in the transcript, every call well-formed) before the answer is journaled,
-    # so a re-run replays the same ids and the model sees each call answered.
-    # ``taken``: the ids of the whole transcript (the turn's answer); without it, those of ``messages``.
-    message = normalise_tool_calls(message, turn, messages if taken is None else (), taken=taken)
-    return response.model_copy(update={"message": message})
-
-
-def _result_of(message: Message, results: list[Message]) -> Any:
-    content = message.get("content")
-    if content:
-        return content
-    return results[-1]["content"] if results else None

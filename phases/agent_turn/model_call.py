@@ -1,0 +1,96 @@
+"""A turn's model call: the request sent (under the App's rate limits, in a span), the answer normalised,
+and the structured-output follow-up when the final answer does not fit the schema."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from phases import flow_limits, journal
+from phases.model import Model, ModelRequest, ModelResponse
+from phases.observe import notify
+from phases.tool_calls import normalise_tool_calls
+from pipelines.engine import telemetry
+from pipelines.engine._aio import resolve
+from pipelines.engine.models import JSONValue, Message
+from pipelines.engine.phase import Done, Fail, PhaseContext
+
+__all__: list[str] = []
+
+_STRUCTURED_NUDGE = "Now reply with only a JSON object that matches the required schema, and nothing else."
+
+
+def _structured(ctx: PhaseContext[Any], model: Model, schema: type[BaseModel], history: list[Message],
+                new_messages: list[Message], done: Done, params: dict[str, Any], turn: int) -> Done | Fail:
+    """Validate the final answer against ``schema``; if it does not fit, ask once more without tools."""
+    obj = _parse(schema, new_messages[0].get("content"))
+    if obj is None:
+        # One follow-up call, journaled like the turn's own model call. No
+        # tools are offered, so response_format is safe to send.
+        nudge: Message = {"role": "user", "content": _STRUCTURED_NUDGE}
+        key = journal.structured_key(ctx.attempt)
+        raw = ctx.step(key, lambda: _call_model(model, ctx, [*history, *new_messages, nudge], [], params, turn,
+                                                schema))
+        follow = ModelResponse.model_validate(raw)
+        ctx.add_usage(follow.usage, key=key)
+        new_messages += [nudge, follow.message]
+        text = follow.message.get("content")
+        obj = _parse(schema, text)
+        if obj is None:
+            return Fail(f"the answer does not validate against {schema.__name__}; the model said: {str(text)[:1000]}")
+    return Done(result=obj.model_dump(mode="json"), reason=done.reason)
+
+
+def _parse(schema: type[BaseModel], text: Any) -> BaseModel | None:
+    if not isinstance(text, str) or not text.strip():
+        return None
+    candidate = text.strip()
+    if candidate.startswith("```"):
+        # Models often fence JSON in markdown; accept ```json ... ``` too.
+        candidate = candidate.strip("`").removeprefix("json").strip()
+    try:
+        return schema.model_validate_json(candidate)
+    except ValidationError:
+        return None
+
+
+def _content_of(answer: JSONValue) -> str | None:
+    """The text of a journaled model answer (a ``ModelResponse`` in JSON form), if it has one."""
+    message = answer.get("message") if isinstance(answer, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else None
+
+
+def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
+                params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None, *,
+                taken: frozenset[str] | None = None) -> ModelResponse:
+    request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
+                           response_format=response_format, on_delta=ctx.on_delta,
+                           stream_retries=ctx.on_delta.retries if ctx.on_delta else 0,
+                           on_restart=ctx.on_delta.restart if ctx.on_delta else None)
+    notify("model", ctx.job_id, str(turn))
+    started = time.monotonic()
+    # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
+    with telemetry.model_span(None) as current, \
+            flow_limits.limited_call(ctx.env.active_flow(), model, messages) as settle:
+        response = resolve(model.complete(request))
+        if not isinstance(response, ModelResponse):
+            response = ModelResponse.model_validate(response)
+        settle(response.usage.total_tokens)
+        if current is not None and response.model:
+            current.update_name(f"chat {response.model}")
+            current.set_attribute("gen_ai.request.model", response.model)
+        usage = response.usage
+        telemetry.record_model(current, model=response.model, input_tokens=usage.prompt_tokens,
+                               output_tokens=usage.completion_tokens, finish_reason=response.finish_reason,
+                               cost_usd=usage.cost_usd, started=started)
+    message = dict(response.message)
+    message.setdefault("role", "assistant")
+    # Tool call ids key the journal and the idempotency key: fixed here (unique
+    # in the transcript, every call well-formed) before the answer is journaled,
+    # so a re-run replays the same ids and the model sees each call answered.
+    # ``taken``: the ids of the whole transcript (the turn's answer); without it, those of ``messages``.
+    message = normalise_tool_calls(message, turn, messages if taken is None else (), taken=taken)
+    return response.model_copy(update={"message": message})

@@ -1,0 +1,150 @@
+"""Running a turn's calls: the ledger (started, done), then one call inline or all at once, each journaled."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import os
+from typing import Any
+
+from phases import journal
+from phases.tool_runner.calls import _is_async, _policy, tool_message
+from phases.tool_runner.gates import _apply_interrupt_policies, _check_approvals, _refuse_extra_children
+from phases.tool_runner.invoke import _cancelling, _invoke_async, _invoke_sync
+from phases.tools import Tool, check_timeout
+from pipelines.engine._aio import run_sync
+from pipelines.engine.models import Message
+from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
+
+__all__ = ["run_tools"]
+
+# Shared by every turn in the process: tool calls are I/O-bound, and a pool
+# per turn would cost thread start-up on the hot path.
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="pipelines-tool")
+
+
+def _new_pool_after_fork() -> None:
+    # A forked child inherits the executor object but none of its threads.
+    global _POOL
+    _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="pipelines-tool")
+
+
+os.register_at_fork(after_in_child=_new_pool_after_fork)
+
+def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int, *,
+              default_timeout: float | None = None) -> list[Message]:
+    """Run a turn's tool calls (ids unique, as the agent turn makes them) and return their tool messages.
+
+    Each result is journaled as ``tool:<call id>``, so a re-run after a crash
+    runs only the calls not done. ``default_timeout`` (seconds) bounds every
+    call of a tool without a ``timeout`` of its own; see :class:`Tool`.
+    """
+    default_timeout = check_timeout(default_timeout, "default_timeout")
+    if not calls:
+        return []
+    _refuse_extra_children(ctx, tmap, calls)
+    pending = [c for c in calls if not ctx.recorded(journal.tool_key(c['id']))[0]]
+    if pending:
+        _check_approvals(ctx, tmap, pending)
+        pending = [c for c in calls if not ctx.recorded(journal.tool_key(c['id']))[0]]
+    if pending:
+        seen, started = ctx.recorded(journal.TOOLS_STARTED)
+        interrupted = set(started or []) if seen else set()
+        if interrupted:
+            _apply_interrupt_policies(ctx, tmap, [c for c in pending if c["id"] in interrupted], turn)
+            pending = [c for c in calls if not ctx.recorded(journal.tool_key(c['id']))[0]]
+        if pending:
+            if any(_policy(tmap, c) != "retry" for c in pending):
+                # Only a tool that does not simply run again needs to know it
+                # may have started: for "retry" tools, running again is the
+                # recovery whether or not they started, so the write is saved.
+                ctx.record(journal.TOOLS_STARTED, [c["id"] for c in pending])
+            _execute(ctx, tmap, pending, turn, default_timeout)
+    return [tool_message(c, ctx.recorded(journal.tool_key(c['id']))[1]) for c in calls]
+
+
+def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,
+             default_timeout: float | None) -> None:
+    if len(calls) == 1 and not _is_async(tmap, calls[0]):
+        # The common case runs inline: no event loop, no thread hop.
+        ctx.record(journal.tool_key(calls[0]['id']), _invoke_sync(ctx, tmap, calls[0], turn, default_timeout))
+        return
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        outcomes = run_sync(_run_all(ctx, tmap, calls, turn, default_timeout, tasks))
+    except BaseException:
+        # Something stopped the loop mid-turn (a KeyboardInterrupt from a
+        # signal): what is left of this turn must not run in the next job's.
+        _cancel_left_over(tasks)
+        raise
+    failures = [o for o in outcomes if o is not None]
+    if failures:
+        # A dying process outranks a control signal from another call.
+        fatal = [f for f in failures if not isinstance(f, FailJob | RetryLater | WaitForInput)]
+        raise fatal[0] if fatal else _waits_merged(failures)
+
+
+def _waits_merged(failures: list[BaseException]) -> BaseException:
+    """Several calls waiting for child jobs wait as one (the job waits for them all); else the first signal."""
+    waits = [f for f in failures if isinstance(f, WaitForInput) and f.details.get("kind") == "children"]
+    if len(waits) < 2 or len(waits) != len(failures):
+        return failures[0]
+    calls = [c for w in waits for c in w.details.get("calls") or []]
+    return WaitForInput(f"waiting for {len(calls)} child jobs", call_id=waits[0].call_id,
+                        details={**waits[0].details, "calls": calls})
+
+
+async def _run_all(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,
+                   default_timeout: float | None, tasks: list[asyncio.Task[Any]]) -> list[BaseException | None]:
+    """Every call at once; ``tasks`` receives this task and the calls' tasks, for ``_cancel_left_over``."""
+    loop = asyncio.get_running_loop()
+    before = asyncio.all_tasks(loop)
+    me = asyncio.current_task(loop)
+    assert me is not None  # a coroutine run by run_sync always runs as a task
+    tasks.append(me)
+    tasks.extend(loop.create_task(_one(ctx, tmap, c, turn, default_timeout)) for c in calls)
+    try:
+        # Each call finishes (and journals) before a signal from one of them
+        # ends the turn: _one hands back what it raised instead of raising.
+        return list(await asyncio.gather(*tasks[1:]))
+    finally:
+        # Tasks a tool started and left behind would otherwise run, and could
+        # raise, inside whatever this thread's loop runs next: another job.
+        strays = [t for t in asyncio.all_tasks(loop) if t not in before and t not in tasks]
+        for t in strays:
+            t.cancel()
+        await asyncio.gather(*strays, return_exceptions=True)
+
+
+async def _one(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: dict[str, Any], turn: int,
+               default_timeout: float | None) -> BaseException | None:
+    loop = asyncio.get_running_loop()
+    try:
+        if _is_async(tmap, call):
+            content = await _invoke_async(ctx, tmap, call, turn, default_timeout)
+        else:
+            # In this task's context (the turn's span, when tracing), not the pool thread's empty one.
+            content = await loop.run_in_executor(_POOL, contextvars.copy_context().run, _invoke_sync, ctx, tmap,
+                                                 call, turn, default_timeout)
+        await loop.run_in_executor(_POOL, ctx.record, journal.tool_key(call['id']), content)
+    except BaseException as exc:  # returned, not raised: see below
+        # A KeyboardInterrupt or SystemExit raised out of a task escapes the
+        # event loop and strands the other calls' tasks on it; as a value it
+        # is raised by _execute once every call is done.
+        if isinstance(exc, asyncio.CancelledError) and _cancelling():
+            raise
+        return exc
+    return None
+
+
+def _cancel_left_over(tasks: list[asyncio.Task[Any]]) -> None:
+    pending = [t for t in tasks if not t.done()]
+    if not pending:
+        return
+    loop = pending[0].get_loop()
+    if loop.is_closed() or loop.is_running():
+        return  # a helper thread's loop (asyncio.run cleaned it up) or not ours to drive
+    for t in pending:
+        t.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))

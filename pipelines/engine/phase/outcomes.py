@@ -1,0 +1,105 @@
+"""What a phase returns or raises: its outcome (Next, Done, Fail), the signals, and what it produced besides."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.models import NO_USAGE, Event, LogEntry, Message, Usage
+
+__all__ = ["Done", "Fail", "FailJob", "Next", "Outcome", "PhaseOutput", "RetryLater", "WaitForInput"]
+
+
+@dataclass(frozen=True)
+class Next:
+    """Go on with ``next_phase`` (after ``delay`` seconds) with ``state``.
+
+    ``state=None`` keeps the current state.
+    """
+
+    next_phase: str
+    state: Any = None
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.delay, int | float) or isinstance(self.delay, bool) or not (
+            0 <= self.delay < math.inf
+        ):
+            raise InvalidInputError(f"Next.delay must be a finite number of seconds >= 0, got {self.delay!r}")
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job is complete; ``result`` (JSON) stays readable on the record.
+
+    ``reason`` (optional) says why it stopped, e.g. ``"max_turns"``; it is
+    stored as ``record.stop_reason``.
+    """
+
+    result: Any = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job ends in status ``error`` with ``error``; the last good checkpoint is kept."""
+
+    error: str
+
+
+Outcome = Next | Done | Fail
+
+
+class RetryLater(Exception):  # noqa: N818 - a control signal, not an error
+    """Raised by a phase to end this attempt and run the same phase again after ``delay``.
+
+    Steps already journaled are kept, so the retry does not repeat them.
+    """
+
+    def __init__(self, delay: float, reason: str = "") -> None:
+        if not isinstance(delay, int | float) or not math.isfinite(delay):
+            raise InvalidInputError(f"RetryLater needs a finite delay in seconds, got {delay!r}")
+        super().__init__(reason or f"retry in {delay:.1f}s")
+        self.delay = max(0.0, float(delay))
+        self.reason = reason
+
+
+class WaitForInput(Exception):  # noqa: N818 - a control signal, not an error
+    """Raised by a phase or tool to park the job in status ``waiting`` until a person acts.
+
+    The checkpoint and the journal stay; ``reason`` and ``call_id`` are readable
+    on the record (``record.waiting``) until the job is resumed.
+    """
+
+    def __init__(self, reason: str, *, call_id: str | None = None, details: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.call_id = call_id
+        self.details = details or {}
+
+
+class FailJob(Exception):  # noqa: N818 - a control signal, not an error
+    """Raised by a tool or step to fail the whole job on purpose with ``error``."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class PhaseOutput:
+    """What a phase produced besides its outcome (from the phase context's buffer)."""
+
+    def __init__(self, *, logs: Sequence[LogEntry] = (), messages: Sequence[Message] = (),
+                 events: Sequence[Event] = (), usage: Usage | None = None,
+                 usage_keys: Sequence[str] = (), take_inbox: int = 0) -> None:
+        self.logs = list(logs)
+        self.messages = list(messages)
+        self.events = list(events)
+        self.usage = usage or NO_USAGE
+        # Journal keys whose usage is in ``usage`` (so a kept journal does not count them twice).
+        self.usage_keys = list(usage_keys)
+        # How many messages the phase took from the job's inbox (its commit removes them there).
+        self.take_inbox = take_inbox

@@ -1,0 +1,45 @@
+"""The phase runner: ``advance_phase`` runs one phase of a job (``pipelines.engine.start`` writes jobs).
+
+One advance, step by step (DESIGN "The turn"):
+
+1. take the job's lease and load the record in one call; unknown, leased,
+   not running or not yet due → no-op (duplicates are normal, I6); a pause
+   or cancel requested while the last turn ran is applied here instead;
+2. run the phase; ``ctx.step`` journals results as it goes (I5);
+3. commit atomically, fenced on the version read (I1, I2); the commit also
+   releases the lease, so the next advance can start at once;
+4. schedule the next advance (the fast path; storage's due index is the
+   truth, I7).
+
+The commits themselves are built in :mod:`pipelines.engine.transitions`. Every
+failure ends as data (I9): status ``error``, a readable message, the last
+good checkpoint kept for ``retry_mode="resume"``.
+
+The runner is a package of four modules, from the entry down:
+
+- :mod:`~pipelines.engine.runner.advance`: the lease taken and let go (the entry points);
+- :mod:`~pipelines.engine.runner.turn`: the turns run under that lease, and their commits;
+- :mod:`~pipelines.engine.runner.attempt`: one phase attempt (its context, its outcome);
+- :mod:`~pipelines.engine.runner.results`: what an advance did.
+"""
+
+from __future__ import annotations
+
+from pipelines.engine.runner.advance import (
+    DEFAULT_LEASE_SECONDS,
+    advance_job,
+    advance_phase,
+    try_advance,
+)
+from pipelines.engine.runner.advance import as_pipeline as as_pipeline
+from pipelines.engine.runner.attempt import STORAGE_RETRY_SECONDS as STORAGE_RETRY_SECONDS
+from pipelines.engine.runner.results import AdvanceResult
+from pipelines.engine.runner.turn import PipelineFor as PipelineFor
+
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "AdvanceResult",
+    "advance_job",
+    "advance_phase",
+    "try_advance",
+]

@@ -1,0 +1,110 @@
+"""One phase attempt: its context, the phase run with whatever it raises made an outcome, mid-phase saves."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from adapters.base import Scheduler, Storage
+from pipelines.engine import transitions, versions, writer
+from pipelines.engine._aio import resolve
+from pipelines.engine.contain import contained, describe
+from pipelines.engine.env import RunEnv
+from pipelines.engine.errors import PipelineError, StaleVersionError, StorageUnavailableError
+from pipelines.engine.models import JobRecord, to_json_value
+from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext, Pipeline, RetryLater, WaitForInput
+from pipelines.engine.phase import validate_state as _validate_state
+
+__all__ = ["STORAGE_RETRY_SECONDS"]
+
+logger = logging.getLogger("pipelines")
+
+STORAGE_RETRY_SECONDS = 5.0
+"""How soon a phase that lost its storage connection mid-way is tried again."""
+
+class _Saver:
+    """``ctx.save_state``: commits the state mid-phase and tracks the record the phase now runs on."""
+
+    def __init__(self, record: JobRecord, storage: Storage, scheduler: Scheduler, owner: str) -> None:
+        self.record = record
+        self.storage = storage
+        self.scheduler = scheduler
+        self.owner = owner
+
+    def __call__(self, state: Any) -> int:
+        assert self.record.checkpoint is not None
+        value = to_json_value(state, what=f"state saved by phase {self.record.checkpoint.next_phase!r}")
+        commit = transitions.save_state(self.record, value, owner=self.owner, now=self.scheduler.now())
+        writer.save_state(self.storage, commit)
+        # Keep the open journal: the phase goes on with its steps.
+        assert commit.record.checkpoint is not None
+        journal = self.record.checkpoint.journal
+        self.record = commit.record.model_copy(
+            update={"checkpoint": commit.record.checkpoint.model_copy(update={"journal": journal})})
+        return self.record.version
+
+
+def _context(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: str,
+             saver: _Saver, migrating: versions.Migrating | None = None,
+             env: RunEnv | None = None) -> PhaseContext[Any]:
+    cp = record.checkpoint
+    assert cp is not None
+    return PhaseContext(job_id=record.job_id, checkpoint=cp, storage=storage, owner=owner, clock=scheduler.now,
+                        saver=saver, attempt=cp.attempt, usage=record.total_usage, version=record.version,
+                        transcript_len=record.transcript_len, options=record.options, inbox=record.inbox,
+                        migrating=migrating, env=env)
+
+
+def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> transitions.Outcome:
+    """Run the phase; whatever it raises becomes an outcome, except being fenced off."""
+    cp = ctx.checkpoint
+    phase = pipeline.by_name.get(cp.next_phase)
+    if phase is None:
+        return Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pipeline.by_name)}")
+    try:
+        state = _validate_state(phase, cp.state, pipeline.state_model_of(phase))
+        if state is not cp.state:  # no state model: the checkpoint already holds what the phase sees
+            ctx.checkpoint = cp.model_copy(update={"state": state})
+        outcome = resolve(phase.run(ctx))
+    except StaleVersionError:
+        raise
+    except (RetryLater, WaitForInput) as sig:
+        return sig
+    except StorageUnavailableError as exc:
+        # Storage went away mid-phase (a journal write failed): that is no
+        # reason to fail the job. Run the phase again shortly, reusing what
+        # was journaled; if storage is still down, this commit fails too and
+        # the lease runs out, so the sweep picks the job up later (I7).
+        return RetryLater(STORAGE_RETRY_SECONDS, f"storage unavailable: {exc}")
+    except FailJob as sig:
+        return Fail(sig.error)
+    except BaseException as exc:
+        # sys.exit() in user code too: the job's error, not the end of a worker serving other jobs.
+        if not contained(exc):
+            raise
+        logger.info("job %s: phase %s raised", record.job_id, cp.next_phase, exc_info=True)
+        return Fail(describe(exc))
+    if not isinstance(outcome, Next | Done | Fail | RetryLater | WaitForInput):
+        return Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; "
+                    "expected Next, Done, Fail, RetryLater or WaitForInput")
+    return outcome
+
+
+def _normalised(outcome: transitions.Outcome, rec: JobRecord, pipeline: Pipeline) -> transitions.Outcome:
+    """Check a Next's phase name and turn state / result into their stored JSON form."""
+    cp = rec.checkpoint
+    assert cp is not None
+    try:
+        if isinstance(outcome, Next):
+            if outcome.next_phase not in pipeline.by_name:
+                return Fail(f"phase {cp.next_phase!r} asked for unknown next phase {outcome.next_phase!r}; "
+                            f"phases are {', '.join(pipeline.by_name)}")
+            state = cp.state if outcome.state is None else outcome.state
+            value = to_json_value(state, what=f"state returned by phase {cp.next_phase!r}")
+            return Next(outcome.next_phase, state=value, delay=outcome.delay)
+        if isinstance(outcome, Done):
+            value = to_json_value(outcome.result, what=f"result returned by phase {cp.next_phase!r}")
+            return Done(result=value, reason=outcome.reason)
+    except PipelineError as exc:
+        return Fail(str(exc))
+    return outcome
