@@ -172,8 +172,7 @@ class SQLiteReads:
         deadline = time.monotonic() + (block or 0.0)
         while True:
             seen = self._wakeup.count
-            rows, known = self._db.read(lambda c: _live_rows(c, job_id, start, limit),
-                                        f"reading the live stream of job {job_id!r}")
+            rows, known = self._live(job_id, start, limit)
             left = deadline - time.monotonic()
             if rows or not known or left <= 0:
                 return _events(job_id, rows)
@@ -187,9 +186,7 @@ class SQLiteReads:
         deadline = time.monotonic() + (block or 0.0)
         followers = self._wakeup.followers(self._heads)
         while True:
-            # One indexed read on the loop's thread: a WAL reader never waits for a writer.
-            rows, known = self._db.read(lambda c: _live_rows(c, job_id, start, limit),
-                                        f"reading the live stream of job {job_id!r}")
+            rows, known = self._live(job_id, start, limit)  # on the loop's thread: a WAL read never waits
             left = deadline - time.monotonic()
             if rows or not known or left <= 0:
                 return _events(job_id, rows)
@@ -198,6 +195,11 @@ class SQLiteReads:
                 await wait_on(woken, left)
             finally:
                 followers.discard(job_id, woken)
+
+    def _live(self, job_id: str, start: int, limit: int) -> tuple[list[Any], bool]:
+        """The parts after ``start`` (rows), and whether the job exists; one read transaction."""
+        return self._db.read(lambda c: _live_rows(c, job_id, start, limit),
+                             f"reading the live stream of job {job_id!r}")
 
     def _heads(self, job_ids: list[str]) -> dict[str, int]:
         """The highest part number of each of ``job_ids`` that exists (0 without parts)."""
