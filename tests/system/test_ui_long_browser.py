@@ -67,3 +67,34 @@ def test_a_committed_turn_appends_its_messages_in_place(app: App, base: str, bro
     shown_events = browser.execute_script(
         "return Array.from(document.querySelectorAll('#event-list li')).map(li => li.getAttribute('data-event'));")
     assert shown_events == [e.id for e in app.events("pay-1")][::-1]
+
+
+def test_refreshes_that_overlap_add_each_message_and_event_once(app: App, base: str, browser: WebDriver) -> None:
+    """An action's refresh and a committed event's refresh ask from the same point when both are in flight:
+    what is new is added once (a slow server makes them overlap every time)."""
+    app.run_agent("desk", job_id="pay-2", user="pay alice")
+    app.drain()
+    browser.get(f"{base}/jobs/pay-2")
+    browser.execute_script("""
+        const real = window.fetch.bind(window);
+        window.fetch = (url, init) => real(url, init).then(
+            r => String(url).indexOf('/live?') >= 0 ? new Promise(ok => setTimeout(() => ok(r), 600)) : r);""")
+    browser.execute_script("document.querySelector('#approvals button.approve').click();")
+    deadline = time.monotonic() + 15
+    while app.get("pay-2").status is JobStatus.WAITING and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.05)
+    app.drain()
+    want_events = [e.id for e in app.events("pay-2")][::-1]
+    shown_events: list[str] = []
+    while time.monotonic() < deadline:
+        shown_events = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#event-list li')).map(li => li.getAttribute('data-event'));")
+        if len(messages_shown(browser)) >= 3 and len(shown_events) >= len(want_events):
+            break
+        time.sleep(0.1)
+    time.sleep(1.5)  # any refresh still in flight lands
+    shown_events = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#event-list li')).map(li => li.getAttribute('data-event'));")
+    assert shown_events == want_events
+    shown = messages_shown(browser)
+    assert shown == sorted(set(shown), key=lambda i: int(i[2:])) and shown[:3] == ["m-0", "m-1", "m-2"]

@@ -42,7 +42,16 @@
     if (fresh && old) { old.replaceWith(document.adoptNode(fresh)); }
   }
 
+  // One refresh at a time: two in flight would ask from the same point and both add what is new (an action's
+  // refresh, a committed event's and the 5 s look can meet). A refresh asked for meanwhile runs after it.
+  var inFlight = false, again = false;
   function refresh() {
+    if (inFlight) { again = true; return; }
+    inFlight = true;
+    var done = function () {
+      inFlight = false;
+      if (again) { again = false; refresh(); }
+    };
     var box = document.getElementById("messages");
     var q = new URLSearchParams(window.location.search);
     q.delete("upto");
@@ -65,14 +74,17 @@
         if (html === null) { return; }
         var doc = new DOMParser().parseFromString(html, "text/html");
         var added = doc.getElementById("live-messages");
-        if (added && added.getAttribute("data-reset") === "yes") { window.location.reload(); return; }
+        if (added && added.getAttribute("data-reset") === "yes") { again = false; window.location.reload(); return; }
         swap(doc, "job-top");
         swap(doc, "transcript-tail");
         swap(doc, "job-bottom");
         if (added && box && box.getAttribute("data-follow") === "yes") {
           var none = document.getElementById("no-messages");
           if (none && added.firstElementChild) { none.remove(); }
-          while (added.firstElementChild) { box.appendChild(document.adoptNode(added.firstElementChild)); }
+          while (added.firstElementChild) {
+            var m = document.adoptNode(added.firstElementChild);
+            if (!m.id || !document.getElementById(m.id)) { box.appendChild(m); }
+          }
           box.setAttribute("data-len", added.getAttribute("data-len") || box.getAttribute("data-len"));
           var count = document.getElementById("transcript-count");
           var n = parseInt(box.getAttribute("data-len") || "0", 10);
@@ -92,14 +104,22 @@
         }
         showTyping();
         if (finished()) { stopStream(); } else { startStream(); }
-      });
+      })
+      .catch(function () { /* a failed look is retried by the next event or the 5 s look */ })
+      .then(done);
   }
 
   // New lines and events come newest first: they go on top, and the list keeps one page.
   function prepend(fresh, list, keep) {
     if (!fresh || !list) { return; }
     var items = Array.prototype.slice.call(fresh.children);
-    for (var i = items.length - 1; i >= 0; i--) { list.insertBefore(document.adoptNode(items[i]), list.firstChild); }
+    var shown = {};
+    Array.prototype.forEach.call(list.children, function (li) { shown[li.getAttribute("data-event") || ""] = true; });
+    for (var i = items.length - 1; i >= 0; i--) {
+      var key = items[i].getAttribute("data-event");
+      if (key && shown[key]) { continue; }  // an event already shown is never shown twice
+      list.insertBefore(document.adoptNode(items[i]), list.firstChild);
+    }
     while (list.children.length > keep) { list.removeChild(list.lastElementChild); }
   }
 
