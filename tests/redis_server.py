@@ -40,6 +40,14 @@ def die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def ctrl_c_as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child a test stops with SIGINT, as Ctrl-C would: a shell's background job (a test run
+    started with ``&``, as CI may be) ignores SIGINT, a child inherits that, and Python then installs no
+    KeyboardInterrupt handler, so the child would rightly run on. Dies with its parent too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    die_with_parent()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

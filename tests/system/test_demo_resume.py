@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from adapters.sqlite import SQLiteStorage
-from tests.redis_server import die_with_parent
+from tests.redis_server import ctrl_c_as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PATH": "/usr/bin:/bin", "PIPELINES_BLOCK_REMOTE_MODELS": "1"}
+
 
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT])
@@ -21,7 +22,7 @@ def test_a_stopped_demo_resumes_its_job_where_it_stopped(tmp_path: Path, stop: s
     db = tmp_path / "demo.db"
     demo = [sys.executable, "-u", "examples/support_agent.py", "--db", str(db)]
     first = subprocess.Popen([*demo, "--pace", "0.5"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, preexec_fn=die_with_parent)
+                             stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_as_from_a_terminal)
     assert first.stdout is not None
     seen = []
     for line in first.stdout:  # the first turn committed; the second one's model call is under way

@@ -21,7 +21,7 @@ from pipelines.dev import dev_app
 from pipelines.engine.errors import ConfigurationError
 from tests.apps import dev_app as dev_module
 from tests.apps import sqlite_app
-from tests.redis_server import die_with_parent, free_port
+from tests.redis_server import ctrl_c_as_from_a_terminal, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def test_pipelines_dev_serves_runs_left_on_the_file_and_the_web_page(tmp_path: P
     with open(out, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "pipelines", "dev", "--app", "tests.apps.dev_app:app",
                                  "--db", str(db), "--workers", "2", "--port", str(web_port)], cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=ctrl_c_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(
