@@ -65,15 +65,25 @@ def sse_response(app: App, job_id: str, request: Request, *, format: StreamForma
                              hold_text=hold_text)
 
 
-def _split(cursor: str | None) -> tuple[str | None, int | None, bool]:
-    """An ``ai-sdk`` event id ``<part id>:<k>[:h]`` as (part id, k, held); a bare part id is (part id, None, False)."""
+def _split(cursor: str | None) -> tuple[str | None, int | None, str]:
+    """An ``ai-sdk`` event id ``<part id>:<k>[:<flags>]`` as (part id, k, flags); a bare part id is (part id, None, "").
+
+    The flags say how the stream that gave it out was made: ``h`` held its text, ``c`` was a replay of
+    a run's latest attempts only (see :meth:`_AiSdkEmitter.replay_ai`).
+    """
     if cursor is None or ":" not in cursor:
-        return cursor, None, False
-    held = cursor.endswith(":h")
-    part, _, k = cursor.removesuffix(":h").rpartition(":")
+        return cursor, None, ""
+    flags = ""
+    head, _, tail = cursor.rpartition(":")
+    if tail in _FLAGS:
+        cursor, flags = head, tail
+    part, _, k = cursor.rpartition(":")
     if not (part and k.isascii() and k.isdigit() and len(k) <= 9):
         raise InvalidInputError(f"cursor {cursor!r:.60} is not an event id: expected <part id>:<chunk number>")
-    return part, int(k), held
+    return part, int(k), flags
+
+
+_FLAGS = frozenset({"h", "c", "hc"})
 
 
 class JobStreamResponse(StreamingResponse):
@@ -85,6 +95,7 @@ class JobStreamResponse(StreamingResponse):
         self.cursor, self.format, self.heartbeat = cursor, format, heartbeat
         self.chunk: int | None = None  # ai-sdk: the last chunk of the cursor's part the client has (None: all)
         self.hold_text = hold_text
+        self.compacted = False  # ai-sdk: the cursor came from a replay of the latest attempts only
         headers = _AI_SDK_HEADERS if format == "ai-sdk" else _HEADERS
         super().__init__(_nothing(), media_type="text/event-stream", headers=headers)
 
@@ -103,9 +114,10 @@ class JobStreamResponse(StreamingResponse):
     async def _backlog(self) -> list[Event]:
         """Every part stored now, after checking the job and the cursor (raises before anything is sent)."""
         if self.format == "ai-sdk":
-            self.cursor, self.chunk, held = _split(self.cursor)
+            self.cursor, self.chunk, flags = _split(self.cursor)
             # Resumed from a stream that held its text: the chunks to match are that stream's.
-            self.hold_text = self.hold_text or held
+            self.hold_text = self.hold_text or "h" in flags
+            self.compacted = "c" in flags
         if self.cursor is not None:
             async for _ in self.app.astream(self.job_id, after=self.cursor, follow=False, timeout=0):
                 pass  # read to its end: that checks the cursor
@@ -119,7 +131,7 @@ class JobStreamResponse(StreamingResponse):
         if self.format == "ai-sdk":
             encoder = UIMessageEncoder(self.job_id, lambda a, b: self.app.messages(self.job_id, a, b),
                                        hold_text=self.hold_text)
-            emit = _AiSdkEmitter(encoder)
+            emit = _AiSdkEmitter(encoder, compacted=self.compacted)
             # The encoder reads the transcript at each turn's end: a storage round trip, so off the event loop.
             first = await asyncio.to_thread(emit.replay_ai, backlog, self.cursor, self.chunk)
             async for text in self._follow(first, backlog, emit):
@@ -264,8 +276,10 @@ class _PartsEmitter(_Emitter):
 class _AiSdkEmitter(_Emitter):
     """``format="ai-sdk"``: UI message chunks, the k-th made from a part with the id ``<part id>:<k>``."""
 
-    def __init__(self, encoder: UIMessageEncoder) -> None:
+    def __init__(self, encoder: UIMessageEncoder, *, compacted: bool = False) -> None:
         self.encoder = encoder
+        self.compacted = compacted  # the client's cursor came from a replay of latest attempts only
+        self.compact = False  # this stream is such a replay: its chunk ids say so (":c")
 
     def replay(self, backlog: list[Event], cursor: str | None) -> list[str]:
         return self.replay_ai(backlog, cursor, None)
@@ -276,14 +290,26 @@ class _AiSdkEmitter(_Emitter):
         The encoder's output is a function of the parts alone, so feeding the
         run's parts again from its start rebuilds what the client holds; of the
         cursor's own part only the chunks after ``chunk`` go out.
+
+        Without a cursor the client holds nothing of the run (``useChat``'s resume: the AI SDK's
+        ``DefaultChatTransport`` replays, ``resumeStreamIsReplay``): the run is sent with only each
+        turn's latest attempt, so an abandoned attempt's text is never sent and the message keeps the
+        run's one ``messageId``, which ``AbstractChat`` then replaces in place (a new id would add a
+        second assistant message). When that dropped text, the stream's chunk ids end ``:c``: what a
+        client holds from it is not what the parts rebuild, so a resume from one gets the run's message
+        again under an id of its own.
         """
         upto = 0 if cursor is None else sum(1 for _ in _before(backlog, cursor))
-        if cursor is None or (chunk is not None and (not upto or backlog[upto - 1].id != cursor)):
-            # No cursor, or its part is gone (a Redis stream keeps about one turn): what the client holds
-            # cannot be rebuilt, so it gets the whole run's message under an id of its own, which the AI
-            # SDK's readers reset on.
+        if cursor is None or self.compacted or (chunk is not None and (not upto or backlog[upto - 1].id != cursor)):
+            # No cursor, or what the client holds cannot be rebuilt (its part is gone: a Redis stream keeps
+            # about one turn; or it came from a replay of latest attempts): it gets the whole run's message,
+            # under an id of its own when it holds one, which the AI SDK's readers reset on.
             self.encoder.again = cursor is not None
-            return self._send(backlog[run_start(backlog, upto - 1 if upto else None):], skip=None)
+            run = backlog[run_start(backlog, upto - 1 if upto else None):]
+            shown = latest_attempts(run)
+            # Only a replay that dropped text is other than the function of the parts a cursor rebuilds.
+            self.compact = shown is not run
+            return self._send(shown, skip=None)
         first = run_start(backlog, upto - 1)
         seen, run = backlog[first:upto - 1], backlog[upto - 1:]
         for part in seen:  # rebuild what the client holds, silently
@@ -313,11 +339,39 @@ class _AiSdkEmitter(_Emitter):
     def _chunks(self, part: Event, *, final: bool) -> list[str]:
         chunks = self.encoder.feed(part, final=final)
         self.done = self.encoder.ended
-        held = ":h" if self.encoder.hold_text else ""
-        return [_event(c, f"{part.id}:{i}{held}") for i, c in enumerate(chunks)]
+        flags = ("h" if self.encoder.hold_text else "") + ("c" if self.compact else "")
+        suffix = f":{flags}" if flags else ""
+        return [_event(c, f"{part.id}:{i}{suffix}") for i, c in enumerate(chunks)]
 
     def close(self) -> list[str]:
         return ["data: [DONE]\n\n"]
+
+
+def latest_attempts(run: list[Event]) -> list[Event]:
+    """``run``'s parts without the text of attempts that a later attempt of the same turn contradicts.
+
+    Per turn, the latest attempt that sent text decides: an earlier attempt whose text it repeats or
+    goes on from (an attempt that reuses a journaled answer, after an approval or a crash, says the
+    same again) stays, and the encoder sends only what goes further; one that said something else
+    is dropped, so the replay never has to take text back.
+    """
+    said: dict[tuple[int, str], list[str]] = {}
+    latest: dict[int, str] = {}
+    for part in run:
+        if part.type == "text_delta" and part.turn is not None:
+            attempt = str(part.data.get("attempt"))
+            said.setdefault((part.turn, attempt), []).append(str(part.data.get("text", "")))
+            latest[part.turn] = attempt
+    final = {turn: "".join(said[(turn, attempt)]) for turn, attempt in latest.items()}
+    dropped = set()
+    for (turn, attempt), pieces in said.items():
+        text = "".join(pieces)
+        if not (final[turn].startswith(text) or text.startswith(final[turn])):
+            dropped.add((turn, attempt))
+    if not dropped:
+        return run
+    return [p for p in run if p.type != "text_delta" or p.turn is None
+            or (p.turn, str(p.data.get("attempt"))) not in dropped]
 
 
 def _after(parts: list[Event], cursor: str | None) -> list[Event]:

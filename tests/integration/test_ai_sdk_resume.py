@@ -193,3 +193,24 @@ def test_use_chats_send_path_shows_only_the_attempt_that_committed() -> None:
                                                                 {"type": "text", "text": committed, "state": "done"}]}]
     want = [{"type": "step-start"}, {"type": "text", "text": committed, "state": "done"}]
     assert [c["cut"] for c in replayed["cuts"] if c["parts"] != want or c["errors"]] == []
+
+
+def test_use_chats_resume_after_a_retried_attempt_replaces_the_message_it_holds() -> None:
+    """useChat's resume (DefaultChatTransport as it comes: no cursor, the answer replays the whole message)
+    after the send path dropped and a retried attempt said something else: one assistant message, the
+    attempt that committed, under the run's one messageId (a new id would add a second message)."""
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=SaysSomethingElse(), stream_retries=2)])  # type: ignore[arg-type]
+    with serve(build_app(app, agent="a")) as base:
+        results = node("replay", base + "/chat", "again", "hi", "800")
+    assert len(results) >= 3 and all(r["dropped"] for r in results[:-1]) and not results[-1]["dropped"]
+    wrong = []
+    for r in results:
+        committed = app.messages(f"again-{r['cut']}")[-1]["content"]
+        assert committed == TEXT
+        want = [{"role": "user", "parts": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "parts": [{"type": "step-start"},
+                                                {"type": "text", "text": committed, "state": "done"}]}]
+        if r["status"] != "ready" or r["messages"] != want:
+            wrong.append((r["cut"], r["errors"], r["messages"]))
+    assert wrong == [], f"{len(wrong)} of {len(results)} cut points ended wrong: {wrong[:3]}"

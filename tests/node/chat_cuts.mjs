@@ -10,6 +10,9 @@
 //     For each cut k = 1, 2, ... until a response ends before its k-th event: a fresh AbstractChat sends <text> (POST <api>, a new run); the connection drops
 //     after the k-th event (a network TypeError, which AbstractChat keeps resumable); resumeStream()
 //     reconnects with the last event id it saw. Prints the chat's messages once the resume ended.
+//   node chat_cuts.mjs replay <api> <chat id prefix> <text> <wait ms>
+//     As `chat`, with DefaultChatTransport as useChat makes it (its resume sends no cursor and takes the
+//     answer as a replay of the whole message); resumeStream() runs <wait ms> after the drop.
 //   node chat_cuts.mjs send <api> <chat id> <text>
 //     AbstractChat sends <text> (useChat's send path); prints the chat's messages once the answer ended.
 //   node chat_cuts.mjs approve <api> <chat id> <text> <approve|deny> <reason>
@@ -148,12 +151,12 @@ function droppingFetch(cut, seen) {
   };
 }
 
-async function chat(prefix, text) {
+async function chat(prefix, text, replay = false, wait = 0) {
   const results = [];
   for (let k = 1; k <= 500; k++) {
     const seen = { last: null };
     const errors = [];
-    const transport = new DefaultChatTransport({
+    const transport = new DefaultChatTransport(replay ? { api, fetch: droppingFetch(k, seen) } : {
       api,
       fetch: droppingFetch(k, seen),
       // Resume where the drop left it: the chunks after the last one received, on top of what the chat holds.
@@ -163,6 +166,7 @@ async function chat(prefix, text) {
     const c = new Chat({ id: `${prefix}-${k}`, transport, onError: (e) => errors.push(String(e)) });
     await c.sendMessage({ text });
     const dropped = c.status === "error";
+    if (dropped && wait) await new Promise((resolve) => setTimeout(resolve, wait));
     if (dropped) await c.resumeStream();
     results.push({ cut: k, dropped, after: seen.last, status: c.status, errors, messages: summary(c.messages) });
     if (!dropped) break;
@@ -194,6 +198,7 @@ let result;
 if (mode === "send") result = await send(rest[0], rest[1]);
 else if (mode === "reader") result = await reader(rest[0]);
 else if (mode === "chat") result = await chat(rest[0], rest[1]);
+else if (mode === "replay") result = await chat(rest[0], rest[1], true, Number(rest[2]));
 else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));

@@ -65,3 +65,23 @@ def test_a_failed_run_ends_with_an_error_and_a_waiting_one_only_when_nothing_fol
     encoder.feed(part(1, "job_started"))
     assert encoder.feed(part(2, "approval_requested"), final=False) == [] and not encoder.ended
     assert encoder.feed(part(3, "approval_requested"))[-1]["type"] == "finish" and encoder.ended
+
+
+def test_a_replay_keeps_only_the_attempts_the_latest_one_does_not_contradict() -> None:
+    from pipelines.web.sse import _split, latest_attempts
+
+    run = [part(1, "job_started"), part(2, "attempt_started", 1, attempt="a"),
+           part(3, "text_delta", 1, attempt="a", text="Goodbye"),
+           part(4, "attempt_started", 1, attempt="b"),
+           part(5, "text_delta", 1, attempt="b", text="Hello th"),  # says something else: "a" goes
+           part(6, "attempt_started", 1, attempt="c"),
+           part(7, "text_delta", 1, attempt="c", text="Hello there, friend."),  # goes on from "b": "b" stays
+           part(8, "turn_committed", 1, messages=[1, 2]), part(9, "job_finished")]
+    kept = latest_attempts(run)
+    assert [p.id for p in kept] == ["1", "2", "4", "5", "6", "7", "8", "9"]
+    chunks = encode(kept)
+    assert [c["type"] for c in chunks].count("start") == 1  # one messageId: nothing to take back
+    assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta") == "Hello there, friend."
+    same = run[:1] + run[3:]  # an attempt that says the same again (a reused journaled answer) drops nothing
+    assert latest_attempts(same) is same
+    assert _split("7:2:hc") == ("7", 2, "hc") and _split("7:2:c") == ("7", 2, "c") and _split("7:2") == ("7", 2, "")
