@@ -15,6 +15,7 @@ from pipelines.web.core import COOKIE, LOOPBACK_NAMES, UI, Endpoint
 __all__ = ["MAX_FORM_BYTES", "guarded", "login", "login_form", "logout", "refusal"]
 
 MAX_FORM_BYTES = 64 * 1024  # a reason to reject a call is the longest thing a form carries
+MAX_FORM_FIELDS = 64  # a bulk action's job ids (one page of the jobs table) and a few fields
 _STATUS_CODE = {JobNotFoundError: 404, JobConflictError: 409, InvalidInputError: 400}
 
 
@@ -66,10 +67,11 @@ async def _read_form(ui: UI, request: Request) -> Response | None:
         if len(body) > MAX_FORM_BYTES:
             return ui.render(request, "error.html", 413, message=f"a form is at most {MAX_FORM_BYTES} bytes")
     try:
-        pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=20, errors="strict")
+        pairs = parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS, errors="strict")
     except (UnicodeDecodeError, ValueError) as exc:
         return ui.render(request, "error.html", 400, message=f"unreadable form: {exc}")
     request.state.form = dict(pairs)
+    request.state.form_pairs = pairs  # a name sent more than once: the jobs ticked for a bulk action
     return None
 
 

@@ -38,6 +38,7 @@ from pipelines.engine.errors import ConfigurationError, InvalidInputError
 from pipelines.web import job_page
 from pipelines.web.acts import ACTIONS, act
 from pipelines.web.auth import guarded, login, login_form, logout, refusal
+from pipelines.web.bulk import bulk
 from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers
 from pipelines.web.jobs import COUNT_LIMIT, PAGE_SIZE, jobs_page
 from pipelines.web.sse import sse_response
@@ -72,6 +73,7 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
         Route("/login", page(login, login=True), methods=["POST"]),
         Route("/logout", page(logout), methods=["POST"]),
         Route("/workers", page(workers_page)),
+        Route("/bulk", page(bulk), methods=["POST"]),
         Route("/jobs/{job_id}", page(_job_page)),
         Route("/jobs/{job_id}/live", page(_job_live)),
         Route("/jobs/{job_id}/stream", _stream_endpoint(ui)),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
+from urllib.parse import urlencode
 
 with warnings.catch_warnings():  # starlette 0.52's testclient names an alias anyio deprecated
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -77,3 +79,66 @@ def test_the_confirm_step_needs_csrf_and_read_only_refuses(app: App) -> None:
         refused = c.post("/jobs/c1/send", data={"csrf": csrf_of(page), "text": "hi", "confirmed": "yes"})
     assert refused.status_code == 403
     assert app.get("x") is None and len(app.messages("c1")) == 2
+
+
+# --- bulk actions on the jobs page --------------------------------------------------------------
+def _post(c: TestClient, fields: list[tuple[str, str]]) -> Any:
+    """A form with a name sent more than once (the ticked jobs), as a browser sends it."""
+    return c.post("/bulk", content=urlencode(fields),
+                  headers={"content-type": "application/x-www-form-urlencoded"})
+
+
+def test_bulk_cancel_and_retry_confirm_first_then_act_on_each_ticked_job(app: App) -> None:
+    from tests.integration.test_ui import waiting_job
+
+    waiting_job(app, "w1")
+    waiting_job(app, "w2")
+    _chat(app)  # c1: complete, so cancelling it is refused and said so
+    app.run_pipeline("flaky", job_id="f1")
+    app.drain()
+    assert app.get("f1").status is JobStatus.ERROR  # type: ignore[union-attr]
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        page = c.get("/").text
+        assert 'form="bulk"' in page and 'id="bulk-cancel"' in page
+        ids = [("id", "w1"), ("id", "c1"), ("id", "w2"), ("id", "w1")]  # ticked twice: acted on once
+        ask = _post(c, [("csrf", csrf_of(page)), ("action", "cancel"), *ids])
+        assert ask.status_code == 200 and "Cancel 3 jobs" in ask.text and 'name="confirmed"' in ask.text
+        assert app.get("w1").status is JobStatus.WAITING  # type: ignore[union-attr]  # nothing done yet
+        done = _post(c, [("csrf", csrf_of(page)), ("action", "cancel"), ("confirmed", "yes"), *ids])
+        assert done.status_code == 200 and "cancel: 2 of 3 jobs done" in done.text
+        assert 'data-job="c1" data-ok="no"' in done.text and "already complete" in done.text
+        assert [app.get(j).status for j in ("w1", "w2", "c1")] == [  # type: ignore[union-attr]
+            JobStatus.CANCELLED, JobStatus.CANCELLED, JobStatus.COMPLETE]
+        again = _post(c, [("csrf", csrf_of(page)), ("action", "retry"), ("mode", "resume"),
+                                      ("confirmed", "yes"), ("id", "f1"), ("id", "w1")])
+        assert "retry: 2 of 2 jobs done" in again.text and "from its checkpoint" in again.text
+    app.drain()
+    assert app.get("f1").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    assert app.get("w1").status is JobStatus.WAITING  # type: ignore[union-attr]  # resumed: waits for its approval again
+
+
+def test_bulk_actions_refuse_bad_input_whole_and_read_only(app: App) -> None:
+    from tests.integration.test_ui import waiting_job
+
+    waiting_job(app, "w1")
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        token = csrf_of(c.get("/").text)
+        cases = {
+            "no job ticked": [("action", "cancel"), ("confirmed", "yes")],
+            "unknown action": [("action", "delete"), ("id", "w1"), ("confirmed", "yes")],
+            "bad mode": [("action", "retry"), ("mode", "sideways"), ("id", "w1"), ("confirmed", "yes")],
+            "bad id": [("action", "cancel"), ("id", "w1"), ("id", "a b/c"), ("confirmed", "yes")],
+            "too many": [("action", "cancel"), ("confirmed", "yes"), *[("id", f"j{i}") for i in range(51)]],
+        }
+        for what, fields in cases.items():
+            r = _post(c, [("csrf", token), *fields])
+            assert r.status_code == 400, what
+        assert _post(c, [("action", "cancel"), ("id", "w1"), ("confirmed", "yes")]).status_code == 403
+    assert app.get("w1").status is JobStatus.WAITING  # type: ignore[union-attr]  # nothing half done
+    bearer = {"authorization": "Bearer correct-horse"}
+    with TestClient(ui_app(app, token="correct-horse", read_only=True), base_url=LOCAL, headers=bearer) as c:
+        page = c.get("/").text
+        assert 'form="bulk"' not in page and 'id="bulk"' not in page
+        refused = _post(c, [("csrf", csrf_of(page)), ("action", "cancel"), ("id", "w1"),
+                                        ("confirmed", "yes")])
+    assert refused.status_code == 403 and app.get("w1").status is JobStatus.WAITING  # type: ignore[union-attr]

@@ -201,7 +201,13 @@
       .then(function (html) {
         var current = document.getElementById("job-rows");
         if (html === null || !current) { return; }
+        // The ticks of a bulk action survive the refresh: the rows are the same ones, read again.
+        var ticked = {};
+        current.querySelectorAll("input[name=id]:checked").forEach(function (box) { ticked[box.value] = true; });
         if (ids.length) { current.outerHTML = html; }
+        document.querySelectorAll("#job-rows input[name=id]").forEach(function (box) {
+          if (ticked[box.value]) { box.checked = true; }
+        });
         var fresh = document.getElementById("job-rows");
         var n = parseInt((fresh && fresh.getAttribute("data-newer")) || "0", 10) || 0;
         var newer = document.getElementById("newer");
