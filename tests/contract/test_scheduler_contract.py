@@ -15,6 +15,7 @@ import pytest
 
 from adapters.base import Scheduler
 from pipelines import JobStatus
+from tests.contract.ports import covers
 from tests.contract.scheduler_fixtures import HARNESSES, PARAMS, Harness, RQHarness
 
 
@@ -47,6 +48,7 @@ def json_only(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
+@covers("Scheduler.precision", "Scheduler.now")
 def test_precision_is_a_float_and_now_is_the_schedulers_epoch_clock(harness: Harness) -> None:
     s = harness.scheduler
     assert isinstance(s, Scheduler)
@@ -63,6 +65,7 @@ def test_precision_is_a_float_and_now_is_the_schedulers_epoch_clock(harness: Har
     assert before <= view.record.checkpoint.due_at <= harness.scheduler.now()
 
 
+@covers("Scheduler.schedule_advance")
 def test_schedule_advance_runs_the_job_which_completes_through_the_scheduler(harness: Harness) -> None:
     version = start(harness, "j1")
     assert harness.lose_messages() >= 1  # only our own request below can advance it
@@ -79,6 +82,7 @@ def test_schedule_advance_runs_the_job_which_completes_through_the_scheduler(har
     assert view is not None and view.status is JobStatus.COMPLETE and view.result == {"n": 2}
 
 
+@covers("Scheduler.schedule_advance", "Scheduler.now")
 def test_a_delayed_advance_is_not_delivered_before_its_time(harness: Harness) -> None:
     version = start(harness, "late")
     harness.lose_messages()
@@ -99,6 +103,7 @@ def test_a_delayed_advance_is_not_delivered_before_its_time(harness: Harness) ->
     assert harness.runs[("late", "a")] == 1
 
 
+@covers("Scheduler.schedule_advance")
 def test_duplicate_requests_for_a_turn_never_run_it_twice(harness: Harness) -> None:
     version = start(harness, "dup")
     s = harness.scheduler
@@ -120,6 +125,7 @@ def test_duplicate_requests_for_a_turn_never_run_it_twice(harness: Harness) -> N
     assert harness.app.get("dup") == done
 
 
+@covers("Scheduler.requeue")
 def test_requeue_resends_a_lost_advance_and_the_job_completes(harness: Harness) -> None:
     version = start(harness, "lost")
     assert harness.lose_messages() >= 1
@@ -148,6 +154,7 @@ def test_only_json_crosses_the_queue(harness: Harness) -> None:
         assert [json.loads(m) for m in raw] == [[ADVANCE_FUNC, None, ["wire:1.a_b", v], {}] for v in (1, 2)]
 
 
+@covers("Scheduler.schedule_advance")
 def test_background_advances_run_and_interactive_ones_due_as_well_go_first(harness: Harness) -> None:
     batch, chat = start(harness, "batch"), start(harness, "chat")
     harness.lose_messages()
@@ -159,6 +166,7 @@ def test_background_advances_run_and_interactive_ones_due_as_well_go_first(harne
     assert status(harness, "batch") is JobStatus.COMPLETE and status(harness, "chat") is JobStatus.COMPLETE
 
 
+@covers("Scheduler.schedule_advance")
 def test_an_unknown_priority_is_refused_and_nothing_is_sent(harness: Harness) -> None:
     version = start(harness, "prio")
     harness.lose_messages()
