@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from adapters.base import Scheduler
+from adapters.base import Backlog, BacklogProbe, Feature, InProcessScheduler, NamedQueues, Scheduler
 from pipelines import JobStatus
+from pipelines.engine.capabilities import as_feature
 from tests.contract.ports import covers
 from tests.contract.scheduler_fixtures import HARNESSES, PARAMS, Harness, RQHarness
+
+T = TypeVar("T")
 
 
 @pytest.fixture(params=PARAMS)
@@ -174,3 +177,88 @@ def test_an_unknown_priority_is_refused_and_nothing_is_sent(harness: Harness) ->
         harness.scheduler.schedule_advance("prio", 0, pipeline="p", version=version, priority="urgent")
     harness.run_all()
     assert harness.deliveries == []
+
+
+# --- the optional scheduler ports: each runs where the scheduler declares its feature ------------
+def feature(harness: Harness, which: Feature, protocol: type[T]) -> T:
+    found = as_feature(harness.scheduler, which, protocol)
+    if found is None:
+        pytest.skip(f"{type(harness.scheduler).__name__} does not declare {which.value}")
+    return found
+
+
+@covers("InProcessScheduler.attach", "InProcessScheduler.drain")
+def test_an_in_process_scheduler_runs_every_advance_through_what_is_attached(harness: Harness) -> None:
+    s = feature(harness, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
+    start(harness, "att")
+    seen: list[str] = []
+    s.attach(seen.append)  # from now on advances go here, not to the App
+    assert s.drain() == 1 and seen == ["att"]
+    assert harness.runs == {} and status(harness, "att") is JobStatus.RUNNING
+    assert s.drain() == 0  # nothing left
+
+    def advance(job_id: str) -> object:
+        seen.append(job_id)
+        return harness.app.advance(job_id)
+
+    s.attach(advance)
+    view = harness.app.get("att")
+    assert view is not None
+    s.schedule_advance("att", 0, pipeline="p", version=view.record.version)
+    assert s.drain() == 2  # the turn asked for, then the one the runner scheduled after it
+    assert seen == ["att"] * 3 and status(harness, "att") is JobStatus.COMPLETE
+    assert harness.runs == {("att", "a"): 1, ("att", "b"): 1}
+    start(harness, "loop")
+    with pytest.raises(RuntimeError, match="drain stopped after 1"):
+        s.drain(max_advances=1)  # the first turn schedules a second: past the bound
+
+
+@covers("Backlog.work_waiting")
+def test_work_waiting_sees_due_work_of_the_priority_or_a_higher_one(harness: Harness) -> None:
+    s = feature(harness, Feature.BACKLOG, Backlog)  # type: ignore[type-abstract]
+    versions = {job_id: start(harness, job_id) for job_id in ("bg", "chat", "later")}
+    harness.lose_messages()
+    assert not s.work_waiting() and not s.work_waiting("interactive") and not s.work_waiting("background")
+    sched = harness.scheduler
+    sched.schedule_advance("later", harness.delay, pipeline="p", version=versions["later"])
+    assert not s.work_waiting() and not s.work_waiting("background")  # not due yet
+    sched.schedule_advance("bg", 0, pipeline="p", version=versions["bg"], priority="background")
+    assert s.work_waiting("background")
+    assert not s.work_waiting("interactive") and not s.work_waiting()  # lower work does not hold back higher
+    sched.schedule_advance("chat", 0, pipeline="p", version=versions["chat"], priority="interactive")
+    assert s.work_waiting("interactive") and s.work_waiting() and s.work_waiting("background")
+    with pytest.raises(ValueError, match="priority"):
+        s.work_waiting("urgent")
+    harness.lose_messages()
+    assert not s.work_waiting("background")
+
+
+@covers("BacklogProbe.probe_work_waiting")
+def test_a_probe_answers_work_waiting_as_it_was_when_asked(harness: Harness) -> None:
+    s = feature(harness, Feature.BACKLOG_PROBE, BacklogProbe)  # type: ignore[type-abstract]
+    version = start(harness, "bg")
+    harness.lose_messages()
+    empty = s.probe_work_waiting("background")
+    assert empty() is False
+    harness.scheduler.schedule_advance("bg", 0, pipeline="p", version=version, priority="background")
+    first, second = s.probe_work_waiting("background"), s.probe_work_waiting("interactive")  # both in flight
+    assert first() is True and second() is False
+    assert s.probe_work_waiting()() is False and s.probe_work_waiting("background")() is True
+    with pytest.raises(ValueError, match="priority"):
+        s.probe_work_waiting("urgent")
+
+
+@covers("NamedQueues.queue_for")
+def test_queue_for_names_the_queue_an_advance_of_that_priority_waits_on(harness: Harness) -> None:
+    s = feature(harness, Feature.NAMED_QUEUES, NamedQueues)  # type: ignore[type-abstract]
+    chat, bg = s.queue_for("interactive"), s.queue_for("background")
+    assert isinstance(chat, str) and chat and s.queue_for() == chat and bg != chat
+    versions = {job_id: start(harness, job_id) for job_id in ("bg1", "bg2", "chat")}
+    harness.lose_messages()
+    assert harness.queued(chat) == 0 and harness.queued(bg) == 0
+    for job_id in ("bg1", "bg2"):
+        harness.scheduler.schedule_advance(job_id, 0, pipeline="p", version=versions[job_id], priority="background")
+    harness.scheduler.schedule_advance("chat", 0, pipeline="p", version=versions["chat"])
+    assert harness.queued(bg) == 2 and harness.queued(chat) == 1  # where the scheduler said they would wait
+    with pytest.raises(ValueError, match="priority"):
+        s.queue_for("urgent")
