@@ -45,12 +45,11 @@ def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[BlobStore]:
 
 
 def _s3(request: pytest.FixtureRequest) -> Iterator[BlobStore]:
-    from adapters.blobs_s3 import S3BlobStore
-    from tests.s3_server import ACCESS_KEY, SECRET_KEY, create_bucket
-
-    endpoint = request.getfixturevalue("s3_endpoint")
-    yield S3BlobStore(create_bucket(endpoint), prefix="app/blobs", endpoint=endpoint, access_key_id=ACCESS_KEY,
-                      secret_access_key=SECRET_KEY)
+    # One store (and so one boto3 client, a second to build) for the module, emptied before each test.
+    store: BlobStore = request.getfixturevalue("s3_store")
+    for job_id in list(store.job_ids()):
+        store.delete_job(job_id)
+    yield store
 
 
 BLOB_STORES: dict[str, Callable[[pytest.FixtureRequest], Iterator[BlobStore]]] = {
@@ -64,6 +63,16 @@ def s3_endpoint() -> Iterator[str]:
 
     with s3_server_endpoint() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="module")
+def s3_store(s3_endpoint: str) -> BlobStore:
+    """An S3 blob store in a bucket of its own on that server."""
+    from adapters.blobs_s3 import S3BlobStore
+    from tests.s3_server import ACCESS_KEY, SECRET_KEY, create_bucket
+
+    return S3BlobStore(create_bucket(s3_endpoint), prefix="app/blobs", endpoint=s3_endpoint, access_key_id=ACCESS_KEY,
+                       secret_access_key=SECRET_KEY)
 
 
 @pytest.fixture(params=sorted(BLOB_STORES))

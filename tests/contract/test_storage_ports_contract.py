@@ -203,9 +203,9 @@ def test_a_blocked_live_read_waits_for_the_next_part_or_its_time(storage: Storag
     storage.create_job(record(), events=[Event(timestamp=0.0, type="job_started", data={})])
     last = storage.read_live("job-1")[-1].id
     t0 = time.monotonic()
-    assert storage.read_live("job-1", after=last, block=0.1) == []
-    assert time.monotonic() - t0 >= 0.08
-    publisher = threading.Timer(0.1, lambda: storage.publish("job-1", [part(1)]))
+    assert storage.read_live("job-1", after=last, block=0.05) == []
+    assert time.monotonic() - t0 >= 0.04
+    publisher = threading.Timer(0.05, lambda: storage.publish("job-1", [part(1)]))
     publisher.start()
     t0 = time.monotonic()
     try:
@@ -228,10 +228,10 @@ def test_an_async_live_read_is_the_same_stream_and_waits_without_a_thread(storag
         assert await live.aread_live("job-1", after=every[0].id, limit=1) == every[1:2]
         assert await live.aread_live("nobody", block=0.01) == []
         t0 = time.monotonic()
-        assert await live.aread_live("job-1", after=every[-1].id, block=0.1) == []
-        assert time.monotonic() - t0 >= 0.08
+        assert await live.aread_live("job-1", after=every[-1].id, block=0.05) == []
+        assert time.monotonic() - t0 >= 0.04
         loop = asyncio.get_running_loop()
-        loop.call_later(0.1, lambda: threading.Thread(target=storage.publish, args=("job-1", [part(3)])).start())
+        loop.call_later(0.05, lambda: threading.Thread(target=storage.publish, args=("job-1", [part(3)])).start())
         t0 = time.monotonic()
         woke = await live.aread_live("job-1", after=every[-1].id, block=10)
         assert _kinds(woke) == [("text_delta", {"n": 3, "text": "δ3"})] and time.monotonic() - t0 < 5
