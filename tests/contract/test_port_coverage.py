@@ -12,14 +12,22 @@ declarations from the source of ``tests/contract/test_*.py`` and fails when
   it would not run on every backend), or
 * a declaring test never calls the method (``.method(...)``; a data member:
   ``.member``) in its body or in a helper function of its module that it calls.
+
+And every storage, blob store and scheduler class in ``adapters`` (wrappers
+included) is built by the fixture of its suite, so a backend added later
+runs the suites too.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 import adapters.base as base
 from pipelines.engine.blobs import BlobStore
@@ -129,3 +137,35 @@ def test_every_port_method_is_exercised_by_a_contract_test() -> None:
     missing = sorted(m for m, tests in covered.items() if not tests)
     assert missing == [], f"port members no contract test exercises: {missing}"
 
+
+
+# --- every backend is under its suite ------------------------------------------------------------------
+SUITES: dict[str, tuple[tuple[str, ...], str]] = {
+    "storage": (("create_job", "get_job", "commit"), "conftest.py"),
+    "blob store": (("put", "get", "job_ids"), "test_blob_contract.py"),
+    "scheduler": (("schedule_advance", "requeue", "now"), "scheduler_fixtures.py"),
+}
+"""Each kind of backend: methods that make a class one (a wrapper passes the rest of its port through), and the
+file whose fixture builds every backend of that kind."""
+
+
+def adapter_classes() -> Iterator[type]:
+    """Every public class defined in the ``adapters`` package (its modules and subpackages)."""
+    import adapters
+
+    for info in pkgutil.walk_packages(adapters.__path__, prefix="adapters."):
+        module = importlib.import_module(info.name)
+        for name, cls in vars(module).items():
+            if (isinstance(cls, type) and cls.__module__ == module.__name__ and not name.startswith("_")
+                    and not getattr(cls, "_is_protocol", False)):
+                yield cls
+
+
+@pytest.mark.parametrize("kind", sorted(SUITES))
+def test_every_adapter_of_a_port_is_built_by_its_contract_fixture(kind: str) -> None:
+    methods, fixture_file = SUITES[kind]
+    source = (HERE / fixture_file).read_text()
+    found = sorted({cls.__name__ for cls in adapter_classes() if all(callable(getattr(cls, m, None)) for m in methods)})
+    assert found, f"no {kind} found in adapters/"
+    assert [name for name in found if name not in source] == [], \
+        f"a {kind} the contract suite does not run on: add it to the fixture in tests/contract/{fixture_file}"
