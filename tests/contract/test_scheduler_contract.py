@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from adapters.base import Backlog, BacklogProbe, Feature, InProcessScheduler, NamedQueues, Scheduler
+from adapters.base import FEATURE_PROTOCOLS, Backlog, BacklogProbe, Feature, InProcessScheduler, NamedQueues, Scheduler
 from pipelines import JobStatus
-from pipelines.engine.capabilities import as_feature
+from pipelines.engine.capabilities import as_feature, features_of
 from tests.contract.ports import covers
 from tests.contract.scheduler_fixtures import HARNESSES, PARAMS, Harness, RQHarness
 
@@ -262,3 +262,9 @@ def test_queue_for_names_the_queue_an_advance_of_that_priority_waits_on(harness:
     assert harness.queued(bg) == 2 and harness.queued(chat) == 1  # where the scheduler said they would wait
     with pytest.raises(ValueError, match="priority"):
         s.queue_for("urgent")
+
+
+def test_a_scheduler_declares_exactly_the_features_it_implements(harness: Harness) -> None:
+    # The optional tests above are skipped by the declaration alone (see the storage suite's twin).
+    implemented = {f for f, proto in FEATURE_PROTOCOLS.items() if isinstance(harness.scheduler, proto)}
+    assert features_of(harness.scheduler) == implemented

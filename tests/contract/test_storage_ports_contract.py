@@ -18,8 +18,16 @@ from typing import Any, TypeVar
 
 import pytest
 
-from adapters.base import INBOX_OPEN, AsyncLiveStore, Feature, RetentionStore, Storage, VersionedSchema
-from pipelines.engine.capabilities import as_feature
+from adapters.base import (
+    FEATURE_PROTOCOLS,
+    INBOX_OPEN,
+    AsyncLiveStore,
+    Feature,
+    RetentionStore,
+    Storage,
+    VersionedSchema,
+)
+from pipelines.engine.capabilities import as_feature, features_of
 from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, JobConflictError, StaleVersionError
 from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, JobStatus, Usage
 from tests.contract.ports import covers
@@ -294,3 +302,10 @@ def test_ranges_read_like_a_slice_and_a_limit_below_one_reads_nothing(storage: S
         assert storage.events("job-1", limit=limit) == [] and storage.read_live("job-1", limit=limit) == []
         assert storage.due_jobs(1e9, limit=limit) == [] and storage.list_jobs(limit=limit) == []
     assert storage.inbox("job-1", 99) == [msg("a"), msg("b")] and len(storage.read_live("job-1", limit=99)) == 2
+
+
+def test_a_storage_declares_exactly_the_features_it_implements(storage: Storage) -> None:
+    # The optional tests above are skipped by the declaration alone: a feature implemented but not declared
+    # would hide its port from them (and from the App), one declared but not implemented would fail there.
+    implemented = {f for f, proto in FEATURE_PROTOCOLS.items() if isinstance(storage, proto)}
+    assert features_of(storage) == implemented
