@@ -68,11 +68,14 @@ class MemoryBlobStore:
 
     def get(self, job_id: str, name: str) -> bytes | None:
         """The stored bytes, or ``None``."""
+        validate_job_id(job_id)  # refused like every other store: a bad id or name is an error, not a miss
+        check_blob_name(name)
         with self._lock:
             return self._blobs.get(job_id, {}).get(name)
 
     def delete_job(self, job_id: str) -> int:
         """Remove the job's blobs."""
+        validate_job_id(job_id)
         with self._lock:
             self._written.pop(job_id, None)
             return len(self._blobs.pop(job_id, {}))

@@ -228,8 +228,8 @@ class CeleryScheduler:
 
     # --- Scheduler -----------------------------------------------------------
     def queue_for(self, priority: str | None = None) -> str:
-        """The Celery queue every advance goes to (one queue: Celery has no priorities here)."""
-        return self.queue
+        """The Celery queue advances of ``priority`` go to: ``queue``, or ``<queue>-background`` for background."""
+        return self._queue_for(priority)
 
     def now(self) -> float:
         return time.time()

@@ -52,6 +52,23 @@ def _sqlite(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
         storage.close()
 
 
+def _offload_memory(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
+    # The offloading wrapper (adapters/offload.py) over memory, its blobs in a directory. The threshold is
+    # one byte: nearly every message and step result goes through the blob store and back.
+    from adapters.blobs import DirectoryBlobStore
+    from adapters.offload import OffloadingStorage
+
+    clock = VirtualClock(start=1_000_000.0)
+    tmp = request.getfixturevalue("tmp_path")
+    made: list[int] = []
+
+    def make() -> OffloadingStorage:
+        made.append(1)
+        return OffloadingStorage(MemoryStorage(clock=clock), DirectoryBlobStore(tmp / f"blobs{len(made)}"), threshold=1)
+
+    yield make
+
+
 def _redis(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
     yield from _redis_storages(request, "redis_url")
 
@@ -69,6 +86,7 @@ def _redis_cluster(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:
 
 ADAPTERS: dict[str, Callable[[pytest.FixtureRequest], Iterator[StorageFactory]]] = {
     "memory": _memory,
+    "offload-memory": _offload_memory,
     "redis": _redis,
     "redis-buckets": _redis_buckets,
     "redis-cluster": _redis_cluster,

@@ -89,6 +89,10 @@ class Harness:
         """The raw bytes of every message delivered so far, as they crossed the queue."""
         raise NotImplementedError
 
+    def queued(self, name: str) -> int:
+        """How many messages wait in the broker's queue called ``name`` (a scheduler with named queues)."""
+        raise NotImplementedError
+
 
 class MemoryHarness(Harness):
     """MemoryScheduler on a virtual clock, attached to the App; ``drain()`` runs its work."""
@@ -239,6 +243,9 @@ class RQHarness(Harness):
             self.rq.fetch(rq_id).delete()  # the hash, its queue entry and its registry entry
         return len(ids)
 
+    def queued(self, name: str) -> int:
+        return int(self.storage.client.llen(f"rq:queue:{name}"))  # RQ's list of a queue, read beside RQ
+
     def wire(self) -> list[bytes]:
         out = []
         for rq_id in self._rq_ids:
@@ -339,6 +346,9 @@ class CeleryHarness(Harness):
 
     def wire(self) -> list[bytes]:
         return list(self._wire)
+
+    def queued(self, name: str) -> int:
+        return int(self.storage.client.llen(name))  # kombu's list of a queue on the Redis broker
 
     def close(self) -> None:
         from pipelines import worker

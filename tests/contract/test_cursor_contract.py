@@ -16,6 +16,7 @@ import pytest
 from adapters.base import Storage
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Checkpoint, Event, JobRecord, JobStatus
+from tests.contract.ports import covers
 
 BAD = [
     "18446744073709551616-0",  # one past 2**64-1: Redis answered "ERR Invalid stream ID"
@@ -45,6 +46,7 @@ def storage(make_storage: Any) -> Storage:
 
 
 @pytest.mark.parametrize("cursor", BAD)
+@covers("HistoryStore.events", "LiveStore.read_live", "ReadStore.read_live")
 def test_a_cursor_that_is_not_ascii_digits_within_64_bits_is_invalid_input(storage: Storage, cursor: str) -> None:
     with pytest.raises(InvalidInputError, match=r"cursor .* (is not a part id|is out of range)"):
         storage.events("j", after=cursor)
@@ -54,6 +56,7 @@ def test_a_cursor_that_is_not_ascii_digits_within_64_bits_is_invalid_input(stora
         storage.read_live("j", after=cursor, block=0.01)
 
 
+@covers("HistoryStore.events", "LiveStore.read_live", "ReadStore.read_live")
 def test_the_largest_cursor_reads_nothing_after_it(storage: Storage) -> None:
     # Each backend's own largest id: a position on memory, a stream id on Redis (whose XRANGE refuses
     # to start after it, so the adapter answers without asking).

@@ -13,6 +13,7 @@ from pipelines import Agent, App, tool
 from pipelines.engine.capabilities import as_feature
 from pipelines.engine.models import Checkpoint, Event, JobRecord, JobStatus, LogEntry
 from pipelines.testing import ScriptedModel, reply
+from tests.contract.ports import covers
 
 TURNS = 6
 
@@ -64,6 +65,7 @@ def _check(storage: Any, job_id: str) -> None:
     assert recent.recent_events("nobody") == [] and recent.recent_logs("nobody") == ([], 0)
 
 
+@covers("RecentHistory.recent_events", "RecentHistory.recent_logs")
 def test_latest_events_and_logs_page_back_to_the_start(make_storage: Any) -> None:
     storage = make_storage()
     _recent(storage)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from adapters.base import Scheduler
+from adapters.base import FEATURE_PROTOCOLS, Backlog, BacklogProbe, Feature, InProcessScheduler, NamedQueues, Scheduler
 from pipelines import JobStatus
+from pipelines.engine.capabilities import as_feature, features_of
+from tests.contract.ports import covers
 from tests.contract.scheduler_fixtures import HARNESSES, PARAMS, Harness, RQHarness
+
+T = TypeVar("T")
 
 
 @pytest.fixture(params=PARAMS)
@@ -47,6 +51,7 @@ def json_only(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
+@covers("Scheduler.precision", "Scheduler.now")
 def test_precision_is_a_float_and_now_is_the_schedulers_epoch_clock(harness: Harness) -> None:
     s = harness.scheduler
     assert isinstance(s, Scheduler)
@@ -63,6 +68,7 @@ def test_precision_is_a_float_and_now_is_the_schedulers_epoch_clock(harness: Har
     assert before <= view.record.checkpoint.due_at <= harness.scheduler.now()
 
 
+@covers("Scheduler.schedule_advance")
 def test_schedule_advance_runs_the_job_which_completes_through_the_scheduler(harness: Harness) -> None:
     version = start(harness, "j1")
     assert harness.lose_messages() >= 1  # only our own request below can advance it
@@ -79,6 +85,7 @@ def test_schedule_advance_runs_the_job_which_completes_through_the_scheduler(har
     assert view is not None and view.status is JobStatus.COMPLETE and view.result == {"n": 2}
 
 
+@covers("Scheduler.schedule_advance", "Scheduler.now")
 def test_a_delayed_advance_is_not_delivered_before_its_time(harness: Harness) -> None:
     version = start(harness, "late")
     harness.lose_messages()
@@ -99,6 +106,7 @@ def test_a_delayed_advance_is_not_delivered_before_its_time(harness: Harness) ->
     assert harness.runs[("late", "a")] == 1
 
 
+@covers("Scheduler.schedule_advance")
 def test_duplicate_requests_for_a_turn_never_run_it_twice(harness: Harness) -> None:
     version = start(harness, "dup")
     s = harness.scheduler
@@ -120,6 +128,7 @@ def test_duplicate_requests_for_a_turn_never_run_it_twice(harness: Harness) -> N
     assert harness.app.get("dup") == done
 
 
+@covers("Scheduler.requeue")
 def test_requeue_resends_a_lost_advance_and_the_job_completes(harness: Harness) -> None:
     version = start(harness, "lost")
     assert harness.lose_messages() >= 1
@@ -148,6 +157,7 @@ def test_only_json_crosses_the_queue(harness: Harness) -> None:
         assert [json.loads(m) for m in raw] == [[ADVANCE_FUNC, None, ["wire:1.a_b", v], {}] for v in (1, 2)]
 
 
+@covers("Scheduler.schedule_advance")
 def test_background_advances_run_and_interactive_ones_due_as_well_go_first(harness: Harness) -> None:
     batch, chat = start(harness, "batch"), start(harness, "chat")
     harness.lose_messages()
@@ -159,6 +169,7 @@ def test_background_advances_run_and_interactive_ones_due_as_well_go_first(harne
     assert status(harness, "batch") is JobStatus.COMPLETE and status(harness, "chat") is JobStatus.COMPLETE
 
 
+@covers("Scheduler.schedule_advance")
 def test_an_unknown_priority_is_refused_and_nothing_is_sent(harness: Harness) -> None:
     version = start(harness, "prio")
     harness.lose_messages()
@@ -166,3 +177,94 @@ def test_an_unknown_priority_is_refused_and_nothing_is_sent(harness: Harness) ->
         harness.scheduler.schedule_advance("prio", 0, pipeline="p", version=version, priority="urgent")
     harness.run_all()
     assert harness.deliveries == []
+
+
+# --- the optional scheduler ports: each runs where the scheduler declares its feature ------------
+def feature(harness: Harness, which: Feature, protocol: type[T]) -> T:
+    found = as_feature(harness.scheduler, which, protocol)
+    if found is None:
+        pytest.skip(f"{type(harness.scheduler).__name__} does not declare {which.value}")
+    return found
+
+
+@covers("InProcessScheduler.attach", "InProcessScheduler.drain")
+def test_an_in_process_scheduler_runs_every_advance_through_what_is_attached(harness: Harness) -> None:
+    s = feature(harness, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
+    start(harness, "att")
+    seen: list[str] = []
+    s.attach(seen.append)  # from now on advances go here, not to the App
+    assert s.drain() == 1 and seen == ["att"]
+    assert harness.runs == {} and status(harness, "att") is JobStatus.RUNNING
+    assert s.drain() == 0  # nothing left
+
+    def advance(job_id: str) -> object:
+        seen.append(job_id)
+        return harness.app.advance(job_id)
+
+    s.attach(advance)
+    view = harness.app.get("att")
+    assert view is not None
+    s.schedule_advance("att", 0, pipeline="p", version=view.record.version)
+    assert s.drain() == 2  # the turn asked for, then the one the runner scheduled after it
+    assert seen == ["att"] * 3 and status(harness, "att") is JobStatus.COMPLETE
+    assert harness.runs == {("att", "a"): 1, ("att", "b"): 1}
+    start(harness, "loop")
+    with pytest.raises(RuntimeError, match="drain stopped after 1"):
+        s.drain(max_advances=1)  # the first turn schedules a second: past the bound
+
+
+@covers("Backlog.work_waiting")
+def test_work_waiting_sees_due_work_of_the_priority_or_a_higher_one(harness: Harness) -> None:
+    s = feature(harness, Feature.BACKLOG, Backlog)  # type: ignore[type-abstract]
+    versions = {job_id: start(harness, job_id) for job_id in ("bg", "chat", "later")}
+    harness.lose_messages()
+    assert not s.work_waiting() and not s.work_waiting("interactive") and not s.work_waiting("background")
+    sched = harness.scheduler
+    sched.schedule_advance("later", harness.delay, pipeline="p", version=versions["later"])
+    assert not s.work_waiting() and not s.work_waiting("background")  # not due yet
+    sched.schedule_advance("bg", 0, pipeline="p", version=versions["bg"], priority="background")
+    assert s.work_waiting("background")
+    assert not s.work_waiting("interactive") and not s.work_waiting()  # lower work does not hold back higher
+    sched.schedule_advance("chat", 0, pipeline="p", version=versions["chat"], priority="interactive")
+    assert s.work_waiting("interactive") and s.work_waiting() and s.work_waiting("background")
+    with pytest.raises(ValueError, match="priority"):
+        s.work_waiting("urgent")
+    harness.lose_messages()
+    assert not s.work_waiting("background")
+
+
+@covers("BacklogProbe.probe_work_waiting")
+def test_a_probe_answers_work_waiting_as_it_was_when_asked(harness: Harness) -> None:
+    s = feature(harness, Feature.BACKLOG_PROBE, BacklogProbe)  # type: ignore[type-abstract]
+    version = start(harness, "bg")
+    harness.lose_messages()
+    empty = s.probe_work_waiting("background")
+    assert empty() is False
+    harness.scheduler.schedule_advance("bg", 0, pipeline="p", version=version, priority="background")
+    first, second = s.probe_work_waiting("background"), s.probe_work_waiting("interactive")  # both in flight
+    assert first() is True and second() is False
+    assert s.probe_work_waiting()() is False and s.probe_work_waiting("background")() is True
+    with pytest.raises(ValueError, match="priority"):
+        s.probe_work_waiting("urgent")
+
+
+@covers("NamedQueues.queue_for")
+def test_queue_for_names_the_queue_an_advance_of_that_priority_waits_on(harness: Harness) -> None:
+    s = feature(harness, Feature.NAMED_QUEUES, NamedQueues)  # type: ignore[type-abstract]
+    chat, bg = s.queue_for("interactive"), s.queue_for("background")
+    assert isinstance(chat, str) and chat and s.queue_for() == chat and bg != chat
+    versions = {job_id: start(harness, job_id) for job_id in ("bg1", "bg2", "chat")}
+    harness.lose_messages()
+    assert harness.queued(chat) == 0 and harness.queued(bg) == 0
+    for job_id in ("bg1", "bg2"):
+        harness.scheduler.schedule_advance(job_id, 0, pipeline="p", version=versions[job_id], priority="background")
+    harness.scheduler.schedule_advance("chat", 0, pipeline="p", version=versions["chat"])
+    assert harness.queued(bg) == 2 and harness.queued(chat) == 1  # where the scheduler said they would wait
+    with pytest.raises(ValueError, match="priority"):
+        s.queue_for("urgent")
+
+
+def test_a_scheduler_declares_exactly_the_features_it_implements(harness: Harness) -> None:
+    # The optional tests above are skipped by the declaration alone (see the storage suite's twin).
+    implemented = {f for f, proto in FEATURE_PROTOCOLS.items() if isinstance(harness.scheduler, proto)}
+    assert features_of(harness.scheduler) == implemented

@@ -12,6 +12,7 @@ import pytest
 from adapters.base import CountingIndex, Storage, page_cursor
 from pipelines.engine.errors import InvalidInputError, JobConflictError, StaleVersionError, StateNotSerializableError
 from pipelines.engine.models import Checkpoint, Commit, JobRecord, JobStatus, LogEntry
+from tests.contract.ports import covers
 
 
 def record(job_id: str = "job-1", *, version: int = 1, due_at: float = 100.0, **kw: Any) -> JobRecord:
@@ -42,6 +43,7 @@ def storage(make_storage: Any) -> Storage:
     return s
 
 
+@covers("JobStore.create_job", "JobStore.get_job", "HistoryStore.messages", "HistoryStore.logs")
 def test_create_and_read_back(storage: Storage) -> None:
     rec = record(result={"x": [1, 2]})
     storage.create_job(rec, messages=[{"role": "user", "content": "hi"}], logs=[log("started")])
@@ -53,12 +55,14 @@ def test_create_and_read_back(storage: Storage) -> None:
     assert storage.messages("other") == [] and storage.logs("other") == []
 
 
+@covers("JobStore.create_job")
 def test_create_twice_is_a_conflict(storage: Storage) -> None:
     storage.create_job(record())
     with pytest.raises(JobConflictError):
         storage.create_job(record())
 
 
+@covers("JobStore.commit")
 def test_commit_applies_everything_together(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec, messages=[{"role": "user", "content": "q"}])
@@ -72,6 +76,7 @@ def test_commit_applies_everything_together(storage: Storage) -> None:
     assert [e.message for e in storage.logs("job-1")] == ["turn 1"]
 
 
+@covers("JobStore.commit")
 def test_stale_commit_is_rejected_and_changes_nothing(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -85,6 +90,7 @@ def test_stale_commit_is_rejected_and_changes_nothing(storage: Storage) -> None:
     assert storage.logs("job-1") == []
 
 
+@covers("JobStore.delete_job", "JobStore.commit")
 def test_commit_to_a_deleted_job_is_stale(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -95,6 +101,7 @@ def test_commit_to_a_deleted_job_is_stale(storage: Storage) -> None:
     assert storage.get_job("job-1") is None
 
 
+@covers("JobStore.commit")
 def test_the_same_commit_applied_twice_is_a_no_op(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -105,6 +112,7 @@ def test_the_same_commit_applied_twice_is_a_no_op(storage: Storage) -> None:
     assert len(storage.logs("job-1")) == 1
 
 
+@covers("JobStore.commit")
 def test_unserialisable_messages_are_rejected_with_nothing_written(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -114,6 +122,7 @@ def test_unserialisable_messages_are_rejected_with_nothing_written(storage: Stor
     assert storage.messages("job-1") == []
 
 
+@covers("LeaseStore.acquire_lease", "LeaseStore.renew_lease", "LeaseStore.release_lease", "LeaseStore.lease_owner")
 def test_lease_is_exclusive_until_released_or_expired(storage: Storage) -> None:
     storage.create_job(record())
     assert storage.acquire_lease("job-1", "w1", 30) is not None
@@ -130,6 +139,7 @@ def test_lease_is_exclusive_until_released_or_expired(storage: Storage) -> None:
     assert storage.acquire_lease("unknown", "w1", 30) is None
 
 
+@covers("LeaseStore.acquire_lease", "LeaseStore.lease_owner")
 def test_an_expired_lease_can_be_taken(storage: Storage) -> None:
     storage.create_job(record())
     assert storage.acquire_lease("job-1", "w1", 0.05) is not None
@@ -147,6 +157,7 @@ def _expire(storage: Storage, ttl: float) -> None:
         time.sleep(ttl + 0.1)
 
 
+@covers("JobStore.commit")
 def test_commit_is_fenced_by_another_owners_lease(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -157,6 +168,7 @@ def test_commit_is_fenced_by_another_owners_lease(storage: Storage) -> None:
     assert storage.lease_owner("job-1") is None  # released with the commit
 
 
+@covers("JobStore.commit")
 def test_commit_can_keep_the_lease(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -165,6 +177,7 @@ def test_commit_can_keep_the_lease(storage: Storage) -> None:
     assert storage.lease_owner("job-1") == "w1"
 
 
+@covers("JobStore.record_step")
 def test_journal_is_fenced_and_cleared_by_a_commit(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -183,6 +196,7 @@ def test_journal_is_fenced_and_cleared_by_a_commit(storage: Storage) -> None:
     assert got is not None and got.checkpoint is not None and got.checkpoint.journal == {}
 
 
+@covers("StepPublisher.record_step_and_publish")
 def test_a_step_journaled_with_live_parts_publishes_them_only_if_it_is_journaled(storage: Storage) -> None:
     from adapters.base import StepPublisher
     from pipelines.engine.models import Event
@@ -214,6 +228,7 @@ def test_a_step_journaled_with_live_parts_publishes_them_only_if_it_is_journaled
     assert len(storage.read_live("job-1")) == len(parts)
 
 
+@covers("JobStore.record_step")
 def test_journal_survives_a_commit_that_keeps_it(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -228,6 +243,7 @@ def test_journal_survives_a_commit_that_keeps_it(storage: Storage) -> None:
     assert got.checkpoint.journal == {"model": "m", "tool:a": 1}
 
 
+@covers("HistoryStore.messages")
 def test_transcript_reads_are_ranged_and_truncation_cuts_back(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec, messages=[{"role": "user", "content": str(i)} for i in range(5)])
@@ -237,6 +253,7 @@ def test_transcript_reads_are_ranged_and_truncation_cuts_back(storage: Storage) 
     assert [m["content"] for m in storage.messages("job-1")] == ["0", "1", "n"]
 
 
+@covers("JobIndex.due_jobs")
 def test_due_index_follows_status_and_due_time(storage: Storage) -> None:
     a, b, c = record("a", due_at=10.0), record("b", due_at=5.0), record("c", due_at=50.0)
     for r in (a, b, c):
@@ -252,6 +269,7 @@ def test_due_index_follows_status_and_due_time(storage: Storage) -> None:
     assert storage.due_jobs(60.0) == ["c"]
 
 
+@covers("JobIndex.due_jobs", "RetentionStore.finished_jobs")
 def test_due_and_finished_indexes_order_many_jobs_by_time_then_id(storage: Storage) -> None:
     # Enough jobs to land in every bucket of a bucketed layout; ties on the time are ordered by id.
     ids = [f"j{n:02}" for n in range(30)]
@@ -273,6 +291,7 @@ def test_due_and_finished_indexes_order_many_jobs_by_time_then_id(storage: Stora
     assert storage.due_jobs(100.0) == [j for j in expected if j not in done]
 
 
+@covers("JobIndex.list_jobs")
 def test_list_jobs_filters_by_status(storage: Storage) -> None:
     storage.create_job(record("a"))
     storage.create_job(record("b", status=JobStatus.ERROR, error="x"))
@@ -295,6 +314,7 @@ def all_pages(storage: Storage, size: int, **kw: Any) -> list[list[str]]:
     return pages
 
 
+@covers("JobIndex.list_jobs")
 def test_list_jobs_is_newest_first_and_pages_by_cursor_through_ties(storage: Storage) -> None:
     # Ties on updated_at (a virtual clock, one batch) are ordered by id, descending.
     for job_id, when in [("a", 10.0), ("b", 30.0), ("c", 20.0), ("d", 20.0), ("e", 20.0), ("f", 5.0)]:
@@ -306,6 +326,7 @@ def test_list_jobs_is_newest_first_and_pages_by_cursor_through_ties(storage: Sto
     assert listed(storage, before=page_cursor(JobRecord(job_id="d", updated_at=20.0))) == ["c", "a", "f"]
 
 
+@covers("JobIndex.list_jobs", "CountingIndex.count_jobs")
 def test_pages_of_many_jobs_walk_the_whole_listing_once_in_order(storage: Storage) -> None:
     jobs = {f"k{n:02}": float(n % 5) for n in range(40)}  # eight jobs per updated_at: ties across buckets
     for job_id, when in jobs.items():
@@ -317,6 +338,7 @@ def test_pages_of_many_jobs_walk_the_whole_listing_once_in_order(storage: Storag
     assert cast(CountingIndex, storage).count_jobs() == 40
 
 
+@covers("JobIndex.list_jobs", "CountingIndex.count_jobs", "CountingIndex.reindex")
 def test_listing_and_counts_follow_every_status_change_and_delete(storage: Storage) -> None:
     a, b = record("a", updated_at=1.0), record("b", updated_at=2.0)
     storage.create_job(a)
@@ -338,6 +360,7 @@ def test_listing_and_counts_follow_every_status_change_and_delete(storage: Stora
     assert counter.reindex() == 2 and listed(storage) == ["c", "b"]  # rebuilding changes nothing here
 
 
+@covers("JobIndex.list_jobs")
 def test_a_cursor_holds_its_place_when_jobs_move_or_go(storage: Storage) -> None:
     recs = {n: record(f"j{n}", updated_at=float(n)) for n in range(6)}
     for rec in recs.values():
@@ -353,12 +376,14 @@ def test_a_cursor_holds_its_place_when_jobs_move_or_go(storage: Storage) -> None
 
 
 @pytest.mark.parametrize("cursor", ["", "yesterday", "12.5", "12.5/", "nan/j1", "inf/j1", "1.0/bad id", "x/j1"])
+@covers("JobIndex.list_jobs")
 def test_a_bad_cursor_is_invalid_input(storage: Storage, cursor: str) -> None:
     storage.create_job(record("j1"))
     with pytest.raises(InvalidInputError, match="cursor"):
         storage.list_jobs(before=cursor)
 
 
+@covers("JobStore.commit")
 def test_concurrent_commits_on_one_version_let_exactly_one_win(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -385,6 +410,7 @@ def test_concurrent_commits_on_one_version_let_exactly_one_win(storage: Storage)
     assert got is not None and got.result == wins[0]
 
 
+@covers("JobStore.commit", "JobStore.record_step")
 def test_a_worker_commits_and_journals_only_while_it_holds_the_lease(storage: Storage) -> None:
     rec = record()
     storage.create_job(rec)
@@ -401,6 +427,7 @@ def test_a_worker_commits_and_journals_only_while_it_holds_the_lease(storage: St
     assert got is not None and got.version == 2
 
 
+@covers("HistoryStore.events")
 def test_events_are_appended_with_their_commit_and_read_from_a_cursor(storage: Storage) -> None:
     from pipelines.engine.models import Event
 
