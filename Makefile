@@ -49,7 +49,7 @@ redis:
 PYTEST_WORKERS ?= auto
 
 pytest: install redis
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # The guide and the API reference (mkdocs + mkdocstrings, static analysis: nothing imported, nothing fetched;
 # the CLI page is written from the parsers by a child process, docs/hooks/cli_reference.py).
