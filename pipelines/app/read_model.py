@@ -18,7 +18,7 @@ from adapters.base import CountingIndex, NamedQueues, RecentHistory, Scheduler, 
 from phases import approvals, titles
 from phases.run_input import check_tags
 from pipelines import streams
-from pipelines.agent import Agent
+from pipelines.app.registry import TitledSource
 from pipelines.engine import control
 from pipelines.engine.capabilities import Feature, as_feature, has
 from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, validate_job_id
@@ -68,7 +68,7 @@ class ReadModel:
 
     def _title(self, record: JobRecord, source: Any) -> str | None:
         """A conversation's title (from its title job, when its agent has a ``title_agent``)."""
-        if record.title or not isinstance(source, Agent) or source.config.title_agent is None:
+        if record.title or not isinstance(source, TitledSource) or not source.titles_conversations:
             return record.title
         return titles.title_of(record, self.storage.get_job(titles.title_job_id(record.job_id)))
 
