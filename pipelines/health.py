@@ -14,20 +14,16 @@ heartbeat expires (minutes). Other RQ workers are judged by RQ's heartbeat.
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from pipelines.engine.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipelines.app import App
 
-__all__ = ["Check", "check", "register"]
+__all__ = ["Check", "check"]
 
 
 @dataclass(frozen=True)
@@ -100,26 +96,3 @@ def _alive(connection: Any, workers: list[Any]) -> list[Any]:
         if beating:
             alive.append(w)
     return alive
-
-
-AddCommand = Callable[[str, Callable[[argparse.Namespace, TextIO], int], str], argparse.ArgumentParser]
-
-
-def register(add: AddCommand, load: Callable[[str | None], App], seconds: Callable[[str], float]) -> None:
-    """Add ``pipelines health`` to the command line."""
-
-    def cmd_health(args: argparse.Namespace, out: TextIO) -> int:
-        started = time.monotonic()
-        checks = check(load(args.app), max_overdue=args.max_overdue)
-        if args.json:
-            print(json.dumps({"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks],
-                              "seconds": round(time.monotonic() - started, 3)}), file=out)
-        else:
-            for c in checks:
-                print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {c.detail}", file=out)
-        return 0 if all(c.ok for c in checks) else 1
-
-    p = add("health", cmd_health, "check storage, the due backlog and the workers (exit 0 healthy, 1 not)")
-    p.add_argument("--max-overdue", type=seconds, default=60.0,
-                   help="a job overdue longer than this is unhealthy (default: 60)")
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")

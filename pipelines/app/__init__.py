@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from adapters.base import RetentionStore
 from pipelines.app.face import App
-from pipelines.app.read_model import ReadModel, tags_of
+from pipelines.app.read_model import ReadModel, page_cursor, parse_cursor, tags_of
 from pipelines.app.registry import PipelineSource, TitledSource
 
-__all__ = ["App", "PipelineSource", "ReadModel", "RetentionStore", "TitledSource", "tags_of"]
+__all__ = ["App", "PipelineSource", "ReadModel", "RetentionStore", "TitledSource", "page_cursor", "parse_cursor",
+           "tags_of"]
