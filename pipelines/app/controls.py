@@ -23,7 +23,7 @@ from pipelines.engine.errors import (
     StaleVersionError,
 )
 from pipelines.engine.models import JobRecord, JobStatus
-from pipelines.engine.runner import AdvanceResult, advance_job
+from pipelines.engine.runner import AdvanceResult, advance_under_lease
 from pipelines.engine.start import RetryMode, check_retry_mode, start_job
 from pipelines.handle import JobView
 
@@ -86,7 +86,7 @@ class Controls:
         """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""
         # The App's environment goes with the job: tools and phases that start child jobs start them on
         # this App, on whatever thread they run (see pipelines.engine.env).
-        return advance_job(job_id, lambda record: self.registry.pipeline(record.pipeline), storage=self.storage,
+        return advance_under_lease(job_id, lambda record: self.registry.pipeline(record.pipeline), storage=self.storage,
                            scheduler=self.scheduler, lease_seconds=self.app.lease_seconds,
                            continue_for=self.app.continue_for, env=self.env)
 
