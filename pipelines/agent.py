@@ -89,6 +89,11 @@ class Agent:
         return self.config.on_new_message == "enqueue"
 
     @property
+    def titles_conversations(self) -> bool:
+        """Whether its conversations get a title from a title job (it has a ``title_agent``)."""
+        return self.config.title_agent is not None
+
+    @property
     def uses_litellm(self) -> bool:
         """Whether workers should import litellm before forking (``pipelines worker``)."""
         model = self.config.model

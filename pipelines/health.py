@@ -14,20 +14,16 @@ heartbeat expires (minutes). Other RQ workers are judged by RQ's heartbeat.
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from pipelines.app.queues import alive_workers
 from pipelines.engine.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipelines.app import App
 
-__all__ = ["Check", "check", "register"]
+__all__ = ["Check", "check"]
 
 
 @dataclass(frozen=True)
@@ -71,55 +67,10 @@ def _rq_checks(app: App) -> list[Check]:
 
     scheduler = app.scheduler
     workers = Worker.all(connection=scheduler.connection, queue=scheduler.queue)
-    alive = _alive(scheduler.connection, workers)
+    alive = alive_workers(scheduler.connection, workers)
     failed = scheduler.queue.failed_job_registry.count
     return [
         Check("workers", bool(alive), f"{len(alive)} alive of {len(workers)} registered on queue "
                                       f"{scheduler.queue_name!r}"),
         Check("failed", True, f"{failed} in RQ's failed-job registry"),
     ]
-
-
-def _alive(connection: Any, workers: list[Any]) -> list[Any]:
-    """The workers of ``workers`` that are alive: by their alive key if they keep one, else by RQ's heartbeat."""
-    from adapters.rq_lifeline import ALIVE_FIELD, alive_key
-
-    pipe = connection.pipeline(transaction=False)
-    for w in workers:
-        pipe.hget(w.key, ALIVE_FIELD)
-        pipe.exists(alive_key(w.name))
-    replies = pipe.execute()
-    now = datetime.now(UTC)
-    alive = []
-    for w, keeps_key, key_exists in zip(workers, replies[::2], replies[1::2], strict=True):
-        if keeps_key is not None:
-            beating = bool(key_exists)
-        else:  # a worker that keeps no alive key (a plain `rq worker`)
-            beating = w.last_heartbeat is not None and (
-                now - w.last_heartbeat.replace(tzinfo=UTC)).total_seconds() <= max(60, w.worker_ttl)
-        if beating:
-            alive.append(w)
-    return alive
-
-
-AddCommand = Callable[[str, Callable[[argparse.Namespace, TextIO], int], str], argparse.ArgumentParser]
-
-
-def register(add: AddCommand, load: Callable[[str | None], App], seconds: Callable[[str], float]) -> None:
-    """Add ``pipelines health`` to the command line."""
-
-    def cmd_health(args: argparse.Namespace, out: TextIO) -> int:
-        started = time.monotonic()
-        checks = check(load(args.app), max_overdue=args.max_overdue)
-        if args.json:
-            print(json.dumps({"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks],
-                              "seconds": round(time.monotonic() - started, 3)}), file=out)
-        else:
-            for c in checks:
-                print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<9} {c.detail}", file=out)
-        return 0 if all(c.ok for c in checks) else 1
-
-    p = add("health", cmd_health, "check storage, the due backlog and the workers (exit 0 healthy, 1 not)")
-    p.add_argument("--max-overdue", type=seconds, default=60.0,
-                   help="a job overdue longer than this is unhealthy (default: 60)")
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")

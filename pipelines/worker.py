@@ -36,13 +36,17 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pipelines.app import App
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, PipelineError
 
+if TYPE_CHECKING:
+    from adapters.rq import RQScheduler
+
 __all__ = ["ADVANCE_FUNC", "APP_ENV", "advance_job", "advance_with_default", "forget_apps", "load_app",
-           "use_app", "worker_app"]
+           "rq_scheduler", "run_rq_worker", "start_sweeper", "use_app", "warm_up", "worker_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -195,3 +199,99 @@ def advance_with_default(default_app: str | None, job_id: str, version: int | No
     message cannot name its own default.
     """
     return str(worker_app(app, default=default_app).advance(job_id).value)
+
+
+# --- an RQ worker (``pipelines worker``) ---------------------------------------------
+def rq_scheduler(app: App) -> RQScheduler:
+    """The app's scheduler as an RQ scheduler: ``pipelines worker`` runs RQ workers only."""
+    from adapters.redis import RedisStorage
+    from adapters.rq import RQScheduler
+
+    if not isinstance(app.scheduler, RQScheduler):
+        raise ConfigurationError(
+            f"`pipelines worker` needs an app whose scheduler is adapters.rq.RQScheduler, "
+            f"not {type(app.scheduler).__name__}"
+        )
+    if isinstance(app.storage, RedisStorage) and app.scheduler.namespace != app.storage.prefix:
+        # Two apps on one Redis would otherwise overwrite each other's queue messages.
+        raise ConfigurationError(
+            f"the RQ scheduler's namespace {app.scheduler.namespace!r} differs from the storage prefix "
+            f"{app.storage.prefix!r}; build it with RQScheduler.for_storage(storage, ...)")
+    return app.scheduler
+
+
+
+def warm_up(app: App) -> Callable[[], object] | None:
+    """What imports and warms litellm before the worker's first take (None: no agent needs it).
+
+    It runs to the end before the worker asks RQ for a job (adapters.rq_priority), never beside one:
+    a job taken while litellm still loads (~4 s, 10 s and more on a busy 2-core host) holds the
+    job's lease through the import, and a worker that dies meanwhile costs the job a whole lease.
+    When litellm loaded on a thread after the first take, workers restarted every few seconds
+    (make chaos) advanced no job at all. Forked work-horses inherit the loaded module.
+    """
+    if not any(agent.uses_litellm for agent in app.agents.values()):
+        return None  # no agent calls litellm: forking a process that imported it would only cost
+    try:
+        module = importlib.import_module("phases.litellm_model")
+    except ImportError:
+        return None
+    warm = getattr(module, "warm", None)
+    return warm if callable(warm) else None
+
+
+def start_sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:
+    """Re-enqueue overdue jobs every ``interval`` seconds (once now, then on a thread) until ``stop`` is set."""
+    def sweep() -> None:
+        try:
+            requeued = app.requeue_overdue(grace=grace)
+        except Exception:  # Redis down for a moment must not end the sweep for good
+            logger.warning("sweep failed; trying again in %.1fs", interval, exc_info=True)
+            return
+        if requeued:
+            logger.warning("sweep: re-enqueued %d overdue job(s): %s", len(requeued), ", ".join(requeued[:10]))
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            sweep()
+
+    # One sweep in the main thread first: its lazy imports happen now, not in
+    # the thread while the worker forks.
+    sweep()
+    thread = threading.Thread(target=loop, name="pipelines-sweep", daemon=True)
+    thread.start()
+    return thread
+
+
+
+def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst: bool = False,
+                  simple: bool = False, name: str | None = None, sweep_interval: float = 2.0,
+                  sweep_grace: float = 5.0, log_level: str = "INFO", background_every: int = 5) -> None:
+    """Run an RQ worker for ``app`` (``pipelines worker``): its entry point only, RQ's scheduler, the sweep.
+
+    ``path`` is the app's import path, the one a message may name (see :func:`use_app`).
+    """
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from adapters.rq_entry import entry_point_job
+    from adapters.rq_priority import PrioritySimpleWorker, PriorityWorker
+
+    scheduler = rq_scheduler(app)
+    use_app(app, path=path)
+    # Interactive first, then background (a share of takes keeps it from starving: adapters.rq_priority).
+    names = [queue] if queue else scheduler.queue_names
+    queues = [Queue(q, connection=scheduler.connection, serializer=JSONSerializer) for q in names]
+    worker_class = PrioritySimpleWorker if simple else PriorityWorker
+    # The worker runs its entry point and nothing else a message names (see the module docstring).
+    worker = worker_class(queues, connection=scheduler.connection, name=name, serializer=JSONSerializer,
+                          job_class=entry_point_job(ADVANCE_FUNC))
+    worker.background_every = background_every
+    worker.warm_up = warm_up(app)
+    stop = threading.Event()
+    if sweep_interval > 0:
+        start_sweeper(app, sweep_interval, sweep_grace, stop)
+    try:
+        worker.work(burst=burst, with_scheduler=True, logging_level=log_level)
+    finally:
+        stop.set()

@@ -17,7 +17,7 @@ from typing import Any
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Event
 
-__all__ = ["LAST_CURSOR", "MAX_CURSOR_PART", "check_cursor", "make_event", "on_event", "publish"]
+__all__ = ["LAST_CURSOR", "MAX_CURSOR_PART", "check_cursor", "make_event", "notify", "on_event"]
 
 MAX_CURSOR_PART = 2**64 - 1
 """The largest number either part of a cursor holds: a Redis stream id's parts are unsigned 64-bit."""
@@ -81,7 +81,7 @@ def on_event(fn: EventHook) -> Callable[[], None]:
     return unsubscribe
 
 
-def publish(job_id: str, events: Sequence[Event]) -> None:
+def notify(job_id: str, events: Sequence[Event]) -> None:
     """Hand committed events to the hooks and the ``pipelines.engine.events`` logger."""
     if not events:
         return

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from adapters.base import RetentionStore, StepPublisher
 from pipelines.engine.capabilities import Feature, as_feature
-from pipelines.engine.events import publish as publish_events
+from pipelines.engine.events import notify
 from pipelines.engine.models import FINISHED_STATUSES, Commit, CommitReply, JobRecord, JobStatus, Usage
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ __all__ = [
     "add_dropped_usage",
     "apply",
     "delete",
-    "publish",
+    "publish_live",
     "record_step",
     "request_control",
     "save_state",
@@ -50,7 +50,7 @@ _CHILDREN = "children"  # transitions.CHILDREN: record.waiting["kind"] of a pare
 
 
 def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: bool = True) -> CommitReply:
-    """Write ``commit`` (or create the job, for ``expected_version`` 0), publish its events, schedule what is due.
+    """Write ``commit`` (or create the job, for ``expected_version`` 0), notify its events, schedule what is due.
 
     Returns what storage reports after it: a pending pause/cancel request, the inbox's length.
     Raises :class:`~pipelines.engine.errors.StaleVersionError` (nothing written) when fenced off.
@@ -60,7 +60,7 @@ def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: b
         storage.create_job(commit.record, messages=commit.append_messages, logs=commit.logs, events=commit.events)
     else:
         reply = storage.commit(commit)
-    publish_events(commit.job_id, commit.events)
+    notify(commit.job_id, commit.events)
     new = commit.record
     if schedule and commit.release_lease and new.status is JobStatus.RUNNING and new.checkpoint is not None:
         # Imported here: flow imports the phase protocol, which journals through this module.
@@ -110,7 +110,7 @@ def record_step(storage: Storage, job_id: str, *, version: int, owner: str | Non
         storage.publish(job_id, parts)
 
 
-def publish(storage: Storage, job_id: str, parts: Sequence[Event]) -> None:
+def publish_live(storage: Storage, job_id: str, parts: Sequence[Event]) -> None:
     """Send ephemeral parts (text deltas, an attempt's start) to the job's live stream, outside any commit."""
     storage.publish(job_id, parts)
 

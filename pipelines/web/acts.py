@@ -15,8 +15,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pipelines.engine.errors import InvalidInputError, JobNotFoundError
 from pipelines.engine.models import validate_job_id
+from pipelines.errors import InvalidInputError, JobNotFoundError
 from pipelines.web.core import UI
 
 __all__ = ["ACTIONS", "act"]

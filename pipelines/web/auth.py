@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, urlsplit
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
+from pipelines.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
 from pipelines.web.core import COOKIE, LOOPBACK_NAMES, UI, Endpoint
 
 __all__ = ["MAX_FORM_BYTES", "guarded", "login", "login_form", "logout", "refusal"]

@@ -1,7 +1,7 @@
 """Finding runs for the jobs page: a search by id substring, tag, pipeline, status and time range.
 
 Built on the listing every storage has (``list_jobs``: newest ``updated_at``
-first, paged by :func:`~adapters.base.page_cursor`), never on an index a
+first, paged by :func:`~pipelines.app.read_model.page_cursor`), never on an index a
 storage may lack. The listing is read in batches from a cursor and filtered
 here; a request reads at most :data:`SCAN_LIMIT` records, so its cost follows
 the page asked for, not the number of jobs stored. Where the budget runs out
@@ -20,10 +20,9 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from adapters.base import page_cursor, parse_cursor
-from pipelines.app import App, tags_of
-from pipelines.engine.errors import InvalidInputError
+from pipelines.app import App, page_cursor, parse_cursor, tags_of
 from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
+from pipelines.errors import InvalidInputError
 
 __all__ = ["BATCH", "SCAN_LIMIT", "Found", "Query", "find", "parse_time", "refresh"]
 

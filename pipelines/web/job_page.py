@@ -22,9 +22,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from phases import journal
-from pipelines.engine.errors import InvalidInputError, JobNotFoundError
+from pipelines.app.open_turn import pending_reply, tool_ledger
 from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry
+from pipelines.errors import InvalidInputError, JobNotFoundError
 from pipelines.web import work
 from pipelines.web.core import UI, pretty_json
 from pipelines.web.jobs import row
@@ -88,7 +88,7 @@ def context(ui: UI, request: Request, *, live: bool = False) -> dict[str, Any]:
             "events_paged": events_before is not None,
             "logs": logs[::-1], "logs_skip": logs_skip, "logs_total": logs_total, "logs_page": LOGS_PAGE,
             "new_logs": new_logs, "new_events": new_events,
-            "turns": turns[-TIMELINE_TURNS:], "state": state, "ledger": _ledger(rec),
+            "turns": turns[-TIMELINE_TURNS:], "state": state, "ledger": tool_ledger(rec),
             "pending": list(view.pending_calls),
             "finished": view.finished, "actions": _actions(rec),
             "pending_reply": _pending_reply(rec, view.pending_calls), "is_agent": rec.pipeline in ui.app.agents}
@@ -118,13 +118,8 @@ def _new_events(ui: UI, request: Request, job_id: str) -> list[Event] | None:
 
 def _pending_reply(rec: JobRecord, pending: object) -> dict[str, Any] | None:
     """The model's reply of the open turn while its calls wait for approval: shown, labelled, not yet committed."""
-    if rec.status is not JobStatus.WAITING or not pending or rec.checkpoint is None:
-        return None
-    answer = rec.checkpoint.journal.get(journal.MODEL)
-    message = answer.get("message") if isinstance(answer, dict) else None
-    if not isinstance(message, dict):
-        return None
-    return _conversation([message], rec.transcript_len)[0]
+    message = pending_reply(rec) if pending else None
+    return None if message is None else _conversation([message], rec.transcript_len)[0]
 
 
 def _conversation(messages: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
@@ -138,25 +133,6 @@ def _conversation(messages: list[dict[str, Any]], start: int) -> list[dict[str, 
         out.append({"n": i, "role": str(m.get("role", "?")), "text": text, "calls": calls,
                     "call_id": m.get("tool_call_id"), "name": m.get("name")})
     return out
-
-
-def _ledger(rec: JobRecord) -> list[dict[str, str]]:
-    """Each tool call of the open turn: intended (answered by the model), started, done, interrupted."""
-    entries = {} if rec.checkpoint is None else rec.checkpoint.journal
-    started = entries.get(journal.TOOLS_STARTED)
-    started_ids = {str(i) for i in started} if isinstance(started, list) else set()
-    stuck = rec.status is JobStatus.WAITING and (rec.waiting or {}).get("kind") != "approval"
-    rows = []
-    for call in journal.model_calls(entries):
-        call_id = str(call.get("id", ""))
-        if journal.tool_key(call_id) in entries:
-            state = "done"
-        elif call_id in started_ids:
-            state = "interrupted" if stuck or rec.status is JobStatus.ERROR else "started"
-        else:
-            state = "intended"
-        rows.append({"id": call_id, "name": str((call.get("function") or {}).get("name", "?")), "state": state})
-    return rows
 
 
 def _actions(rec: JobRecord) -> list[str]:

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pipelines.app import App, tags_of
-from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JobRecord, JobStatus
+from pipelines.errors import InvalidInputError
 from pipelines.web import find, work
 from pipelines.web.core import UI
 

@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from pipelines.app import App
-from pipelines.engine.errors import InvalidInputError, JobNotFoundError
 from pipelines.engine.models import Event
+from pipelines.errors import InvalidInputError, JobNotFoundError
 from pipelines.web.aisdk import UIMessageEncoder, run_start
 
 __all__ = ["HEARTBEAT_SECONDS", "JobStreamResponse", "StreamFormat", "sse_response"]

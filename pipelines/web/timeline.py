@@ -15,7 +15,7 @@ from typing import Any
 
 from pipelines.engine.models import Event
 
-__all__ = ["Span", "Turn", "timeline"]
+__all__ = ["Span", "TimelineTurn", "timeline"]
 
 WIDTH = 1000  # the SVG's user units across
 # What explains a turn that reused a model answer journaled by an earlier attempt: it waited (a person, a
@@ -43,7 +43,7 @@ class Span:
 
 
 @dataclass
-class Turn:
+class TimelineTurn:
     n: int
     start: float
     end: float | None = None
@@ -70,9 +70,9 @@ class Turn:
         return [s for s in self.spans if s.kind == kind]
 
 
-def timeline(events: Sequence[Event]) -> list[Turn]:
+def timeline(events: Sequence[Event]) -> list[TimelineTurn]:
     """The turns of ``events`` (oldest first), their spans placed on one scale of :data:`WIDTH` units."""
-    turns: dict[int, Turn] = {}
+    turns: dict[int, TimelineTurn] = {}
     ready: float | None = None
     retries: list[str] = []
     backoff: list[Span] = []
@@ -87,7 +87,7 @@ def timeline(events: Sequence[Event]) -> list[Turn]:
             ready = e.timestamp + float(data.get("delay") or 0)
             backoff.append(Span("retry", f"attempt failed, retried: {retries[-1]}", e.timestamp, ready, error=True))
         elif e.type == "turn_started" and e.turn is not None:
-            turn = turns[e.turn] = Turn(n=e.turn, start=e.timestamp, attempt=int(data.get("attempt") or 0),
+            turn = turns[e.turn] = TimelineTurn(n=e.turn, start=e.timestamp, attempt=int(data.get("attempt") or 0),
                                         retries=retries, waited=waited)
             waited = False
             turn.spans.extend(backoff)
@@ -106,7 +106,7 @@ def timeline(events: Sequence[Event]) -> list[Turn]:
     return rows
 
 
-def _within(turn: Turn, e: Event, data: dict[str, Any], calls: dict[str, str], answered: float) -> float:
+def _within(turn: TimelineTurn, e: Event, data: dict[str, Any], calls: dict[str, str], answered: float) -> float:
     """Add one event of a started turn; returns when the model answered (where the tools' spans begin)."""
     if e.type == "model_response" and data.get("reused"):  # no model call in this attempt: nothing to draw
         turn.reused, answered = True, turn.start
@@ -130,7 +130,7 @@ def _within(turn: Turn, e: Event, data: dict[str, Any], calls: dict[str, str], a
     return answered
 
 
-def _place(rows: list[Turn]) -> None:
+def _place(rows: list[TimelineTurn]) -> None:
     spans = [s for t in rows for s in t.spans]
     if not spans:
         return

@@ -34,7 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pipelines.app import App
-from pipelines.engine.errors import ConfigurationError, InvalidInputError
+from pipelines.errors import ConfigurationError, InvalidInputError
 from pipelines.web import job_page
 from pipelines.web.acts import ACTIONS, act
 from pipelines.web.auth import guarded, login, login_form, logout, refusal

@@ -2,7 +2,7 @@
 
 Running jobs come from storage (:func:`pipelines.web.work.split_running`:
 held by a worker, queued, scheduled, worker lost); queues and workers from
-the scheduler (:mod:`pipelines.web.queues`). A due job that no worker holds
+the scheduler (:mod:`pipelines.app.queues`). A due job that no worker holds
 and whose advance is in no queue is listed as "due, not queued": the queue
 lost its message, and ``pipelines advance --due`` (the sweep) sends it again.
 """
@@ -14,8 +14,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from pipelines.app import queues
 from pipelines.engine.models import JobRecord
-from pipelines.web import queues, work
+from pipelines.web import work
 from pipelines.web.core import UI
 
 __all__ = ["workers_page"]

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from pipelines import cli_agent, worker
+from pipelines import worker
+from pipelines.cli import agent as cli_agent
 from pipelines.cli import main
-from pipelines.cli_errors import CLOSED_PIPE_EXIT
+from pipelines.cli.errors import CLOSED_PIPE_EXIT
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

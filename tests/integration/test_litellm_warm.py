@@ -110,10 +110,10 @@ def test_the_worker_warms_up_once_registered_and_before_it_first_asks_for_a_job(
 
 WORKER_WARM_UP = """
 import json, threading
-import pipelines.cli
+import pipelines.cli, pipelines.worker
 from phases import litellm_model
 from pipelines.worker import load_app
-warm_up = pipelines.cli._warm_up(load_app("tests.apps.stream_app:app"))
+warm_up = pipelines.worker.warm_up(load_app("tests.apps.stream_app:app"))
 before = litellm_model._litellm_module is not None
 warm_up()  # what PrioritySimpleWorker / PriorityWorker run before their first take
 print(json.dumps({"before": before, "loaded": litellm_model._litellm_module is not None,

@@ -116,7 +116,7 @@ def test_the_token_is_never_taken_from_the_command_line(command: str, monkeypatc
 
 
 def test_token_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipelines.cli_dev import ui_token
+    from pipelines.cli.dev import ui_token
     from pipelines.engine.errors import ConfigurationError
 
     class Args:

@@ -163,7 +163,7 @@ def test_the_cli_lists_what_runs_on_which_version(storage: Any, monkeypatch: pyt
     sched(old).drain()
     new = app_of(storage, "2", clock, migrations={"1": rename})
     new.run_pipeline("p", job_id="c", initial_state={"count": 0})
-    monkeypatch.setattr("pipelines.cli._load", lambda spec: new)
+    monkeypatch.setattr("pipelines.cli.loading.load", lambda spec: new)
     out = io.StringIO()
     assert main(["jobs", "--app", "x:app", "--version"], out=out, err=io.StringIO()) == 0
     assert out.getvalue().splitlines() == ["p\t1\t1\tcomplete=1", "p\t2\t1\trunning=1"]

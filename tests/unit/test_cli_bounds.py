@@ -11,7 +11,7 @@ import uvicorn
 from adapters.memory import MemoryScheduler, MemoryStorage
 from pipelines import Agent, App
 from pipelines.cli import main
-from pipelines.cli_args import printable
+from pipelines.cli.args import printable
 from pipelines.engine.phase import Fail, Phase, PhaseContext
 from pipelines.testing import ScriptedModel
 

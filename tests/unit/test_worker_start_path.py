@@ -26,7 +26,7 @@ for path in ("tests.apps.stream_app:app", "bench.startup_app:app", "bench.apps:a
     for agent in app.agents.values():
         agent.pipeline()  # builds the turn phase: resolve_model makes a LiteLLMModel for a model string
     loaded[path] = sorted(app.agents)
-warm_up = pipelines.cli._warm_up(load_app("tests.apps.stream_app:app"))
+warm_up = pipelines.worker.warm_up(load_app("tests.apps.stream_app:app"))
 heavy = ("litellm", "openai", "tiktoken", "aiohttp", "starlette", "jinja2", "celery", "uvicorn")
 print(json.dumps({
     "heavy": sorted({m.split(".")[0] for m in sys.modules} & set(heavy)),
@@ -56,11 +56,11 @@ def test_the_worker_start_path_of_a_litellm_app_does_not_import_litellm() -> Non
 
 
 def test_a_scripted_app_gets_no_litellm_warm_up() -> None:
-    code = ("import json, pipelines.cli\n"
+    code = ("import json, pipelines.cli, pipelines.worker\n"
             "from adapters.memory import MemoryScheduler, MemoryStorage\n"
             "from pipelines import Agent, App\n"
             "from pipelines.testing import ScriptedModel\n"
             "app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),\n"
             "          agents=[Agent(name='a', model=ScriptedModel(['hi']))])\n"
-            "print(json.dumps(pipelines.cli._warm_up(app)))\n")
+            "print(json.dumps(pipelines.worker.warm_up(app)))\n")
     assert _run(code) is None

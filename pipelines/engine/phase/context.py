@@ -198,7 +198,7 @@ class PhaseContext(Generic[S]):
         Unlike :meth:`emit`, they are not committed: readers see them at once,
         and the committed transcript stays the truth.
         """
-        writer.publish(self._storage, self.job_id, parts)
+        writer.publish_live(self._storage, self.job_id, parts)
 
     def append_messages(self, messages: list[Message]) -> None:
         """Queue transcript messages; they are appended atomically with the commit."""

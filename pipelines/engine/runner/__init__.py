@@ -25,10 +25,13 @@ The runner is a package of four modules, from the entry down:
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from pipelines.engine.runner.advance import (
     DEFAULT_LEASE_SECONDS,
-    advance_job,
     advance_phase,
+    advance_under_lease,
     try_advance,
 )
 from pipelines.engine.runner.advance import as_pipeline as as_pipeline
@@ -39,7 +42,17 @@ from pipelines.engine.runner.turn import PipelineFor as PipelineFor
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "AdvanceResult",
-    "advance_job",
     "advance_phase",
+    "advance_under_lease",
     "try_advance",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Deprecated for one release: the engine's ``advance_job`` is ``advance_under_lease`` now, so that
+    # ``advance_job`` names one thing, the queue's entry point (:func:`pipelines.worker.advance_job`).
+    if name == "advance_job":
+        warnings.warn("pipelines.engine.runner.advance_job is advance_under_lease now (the old name goes in the "
+                      "next release)", DeprecationWarning, stacklevel=2)
+        return advance_under_lease
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

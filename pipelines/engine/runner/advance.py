@@ -1,6 +1,6 @@
 """The runner's entry points: take a job's lease and load it in one call, run its due turns, let the lease go.
 
-``advance_phase`` / ``try_advance`` run a given pipeline; ``advance_job`` (what the App and the
+``advance_phase`` / ``try_advance`` run a given pipeline; ``advance_under_lease`` (what the App and the
 workers call) chooses it from the record. The turns themselves run in :mod:`~pipelines.engine.runner.turn`.
 """
 
@@ -21,10 +21,10 @@ from pipelines.engine.leases import LEASE_KEEPER, check_lease_seconds
 from pipelines.engine.models import validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
 from pipelines.engine.runner.results import AdvanceResult
-from pipelines.engine.runner.turn import PipelineFor, _Turn
+from pipelines.engine.runner.turn import PipelineFor, _LeasedJob
 from pipelines.engine.tokens import new_token
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "advance_job", "advance_phase", "as_pipeline", "try_advance"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "advance_under_lease", "advance_phase", "as_pipeline", "try_advance"]
 
 DEFAULT_LEASE_SECONDS = 10.0
 """Lease time to live. The lease keeper renews it every third of that while a phase runs, so a killed
@@ -78,7 +78,7 @@ def try_advance(
     long before it goes back to the queue, which keeps jobs fair.
     """
     pipeline = as_pipeline(phases, state_model)
-    return advance_job(job_id, lambda record: pipeline, storage=storage, scheduler=scheduler,
+    return advance_under_lease(job_id, lambda record: pipeline, storage=storage, scheduler=scheduler,
                        lease_seconds=lease_seconds, continue_for=continue_for)
 
 
@@ -87,7 +87,7 @@ def _check_continue_for(continue_for: object) -> None:
         raise InvalidInputError(f"continue_for must be a finite number of seconds >= 0, got {continue_for!r}")
 
 
-def advance_job(
+def advance_under_lease(
     job_id: str,
     pipeline_for: PipelineFor,
     *,
@@ -123,7 +123,7 @@ def advance_job(
         return AdvanceResult.BUSY if storage.get_job(job_id) is not None else AdvanceResult.UNKNOWN
     held = LEASE_KEEPER.hold(storage, job_id, owner, lease_seconds)
     # Every advance this turn schedules goes to the queue of the run's priority.
-    turn = _Turn(storage, flow.with_priority(scheduler, flow.priority_of(record)), owner,
+    turn = _LeasedJob(storage, flow.with_priority(scheduler, flow.priority_of(record)), owner,
                  time.monotonic() + continue_for if continue_for > 0 else None)
     env = env if env is not None else EMPTY_ENV
     if flow_control is not None and flow_control is not env.flow:

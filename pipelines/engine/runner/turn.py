@@ -1,6 +1,6 @@
 """The turns run under one lease: wake a parent, admit the version, apply a control, gate, run, commit.
 
-``_Turn`` holds one job's lease (taken by :func:`~pipelines.engine.runner.advance.advance_job`)
+``_LeasedJob`` holds one job's lease (taken by :func:`~pipelines.engine.runner.advance.advance_under_lease`)
 and runs its due phases, several under ``continue_for``; each phase attempt itself is
 :mod:`~pipelines.engine.runner.attempt`, each commit is built by :mod:`pipelines.engine.transitions` and written by
 :mod:`pipelines.engine.writer`.
@@ -29,7 +29,7 @@ logger = logging.getLogger("pipelines")
 
 PipelineFor = Callable[[JobRecord], Pipeline]
 """Finds the pipeline of a job from its record (the App looks it up by name)."""
-class _Turn:
+class _LeasedJob:
     """One lease held on one job: runs its due phases (several under ``continue_for``) and commits each."""
 
     #: The job's lease in LEASE_KEEPER: a concurrency slot taken under it is renewed and released with it.

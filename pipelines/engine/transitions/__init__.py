@@ -9,7 +9,7 @@ and its log line, and the checkpoint's ``transcript_epoch`` is drawn anew by
 every creation and every commit that truncates the transcript (also by a run
 that starts afresh), never carried across one: workers' transcript caches rely
 on it. :func:`pipelines.engine.writer.apply` is the one function that writes a
-commit, publishes its events and schedules the next advance.
+commit, notifies its events and schedules the next advance.
 
 Nothing here reads storage or the clock: callers pass the record they
 loaded and ``now``, so each transition is tested as a plain function.

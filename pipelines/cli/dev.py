@@ -1,5 +1,5 @@
 """``pipelines dev`` (one process: local workers, the sweep and the web page on an SQLite file) and
-``pipelines migrate`` (upgrade the schema of an app's SQLite file).
+``pipelines migrate`` (upgrade the schema of an app's SQLite file), and ``pipelines ui`` (the web page alone).
 
 Registered by :func:`pipelines.cli.build_parser`; see that module for the
 common ``--app`` option and exit codes.
@@ -12,13 +12,14 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from pipelines.cli_args import count, port
-from pipelines.engine.errors import ConfigurationError
+from pipelines.cli import loading
+from pipelines.cli.args import count, port
+from pipelines.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pipelines.app import App
 
-__all__ = ["register"]
+__all__ = ["add_token_options", "cmd_ui", "register", "ui_token"]
 
 AddCommand = Callable[[str, Callable[[argparse.Namespace, TextIO], int], str], argparse.ArgumentParser]
 LoadApp = Callable[[str | None], "App"]
@@ -105,3 +106,22 @@ def register(add: AddCommand, load: LoadApp) -> None:
     p.add_argument("--port", type=port, default=8008, help="port of the web page, 1-65535 (default: 8008)")
     add_token_options(p)
     add("migrate", cmd_migrate, "upgrade the schema of the app's SQLite file to this version (stop workers first)")
+
+
+def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the web page (pipelines.web.ui); a non-loopback host needs a token."""
+    try:
+        import uvicorn
+
+        from pipelines.web.ui import check_bind, ui_app
+    except ImportError as exc:
+        raise ConfigurationError(f"the web page needs the web extra: pip install 'phaserunner[web]' ({exc})") from exc
+    token = ui_token(args)
+    check_bind(args.host, token)  # before loading anything: an unsafe address is refused at once
+    asgi = ui_app(loading.load(args.app), token=token, read_only=args.read_only)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"serving the web page on http://{host}:{args.port}/{' (read-only)' if args.read_only else ''}",
+          file=out, flush=True)
+    uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning")
+    return 0
+

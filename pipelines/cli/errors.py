@@ -11,7 +11,7 @@ import os
 import sys
 from typing import TextIO
 
-from pipelines.engine.errors import JobNotFoundError, StorageUnavailableError, WaitTimeoutError
+from pipelines.errors import JobNotFoundError, StorageUnavailableError, WaitTimeoutError
 
 __all__ = ["CLOSED_PIPE_EXIT", "closed_pipe", "error_line"]
 

@@ -14,11 +14,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import CountingIndex, NamedQueues, RecentHistory, Scheduler, Storage, VersionedSchema
+from adapters.base import (
+    CountingIndex,
+    NamedQueues,
+    RecentHistory,
+    Scheduler,
+    Storage,
+    VersionedSchema,
+    page_cursor,
+    parse_cursor,
+)
 from phases import approvals, titles
 from phases.run_input import check_tags
 from pipelines import streams
-from pipelines.agent import Agent
+from pipelines.app.registry import TitledSource
 from pipelines.engine import control
 from pipelines.engine.capabilities import Feature, as_feature, has
 from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, validate_job_id
@@ -27,7 +36,11 @@ from pipelines.handle import JobView
 if TYPE_CHECKING:
     from pipelines.engine.phase import Pipeline
 
-__all__ = ["ReadModel", "tags_of"]
+__all__ = ["ReadModel", "page_cursor", "parse_cursor", "tags_of"]
+
+# The listing's cursors (``updated_at/job_id`` of a page's last record), as the storage port defines them:
+# ``page_cursor(record)`` names where the next page starts, ``parse_cursor(text)`` checks one from outside.
+# Re-exported here because readers page through the listing with them (the web page, ``pipelines jobs``).
 
 
 def tags_of(record: JobRecord) -> list[str]:
@@ -68,9 +81,17 @@ class ReadModel:
 
     def _title(self, record: JobRecord, source: Any) -> str | None:
         """A conversation's title (from its title job, when its agent has a ``title_agent``)."""
-        if record.title or not isinstance(source, Agent) or source.config.title_agent is None:
+        if record.title or not isinstance(source, TitledSource) or not source.titles_conversations:
             return record.title
         return titles.title_of(record, self.storage.get_job(titles.title_job_id(record.job_id)))
+
+    def record(self, job_id: str) -> JobRecord:
+        """The job's raw record; :class:`~pipelines.engine.errors.JobNotFoundError` for an unknown id."""
+        return control.load_job(self.storage, job_id)
+
+    def lease_owner(self, job_id: str) -> str | None:
+        """The worker holding the job's lease now, if any."""
+        return self.storage.lease_owner(job_id)
 
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """The committed transcript ``[start:stop]``."""
@@ -140,6 +161,12 @@ class ReadModel:
         records = self.storage.list_jobs(status=status, limit=limit)
         picked = [r for r in records if set(wanted) <= set(tags_of(r))]
         return [self.view(r) for r in sorted(picked, key=lambda r: (r.created_at, r.job_id))]
+
+    def list_page(self, *, status: JobStatus | None = None, limit: int = 1000,
+                  before: str | None = None) -> list[JobRecord]:
+        """One page of the listing, newest ``updated_at`` first, from the cursor ``before`` (checked first)."""
+        parse_cursor(before)
+        return self.storage.list_jobs(status=status, limit=limit, before=before)
 
     @property
     def has_listing_index(self) -> bool:

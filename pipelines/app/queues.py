@@ -1,5 +1,6 @@
-"""What the workers page reads from the scheduler: queue depths, live workers, and whether a due job's
-advance still waits in a queue. Read only: nothing here enqueues, moves or deletes a message.
+"""What the App's scheduler tells about its queues and workers, for the workers page: queue depths, live
+workers, and whether a due job's advance still waits in a queue. Read only: nothing here enqueues, moves or
+deletes a message.
 
 The storage says what is due (I7); the queue is the fast path. A job that is
 due, held by no worker and whose advance is in no queue was lost by the queue
@@ -17,10 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pipelines.app import App
+from pipelines.app.face import App
 from pipelines.engine.models import JobRecord
 
-__all__ = ["QueueRow", "Report", "WorkerRow", "age", "report"]
+__all__ = ["QueueRow", "Report", "WorkerRow", "age", "alive_workers", "report"]
 
 
 @dataclass
@@ -94,7 +95,6 @@ def _rq_report(scheduler: Any, name: str) -> Report:
     from rq.serializers import JSONSerializer
 
     from adapters.rq import rq_job_id
-    from pipelines.health import _alive
 
     conn = scheduler.connection
     queues = dict(scheduler.queues)
@@ -102,7 +102,7 @@ def _rq_report(scheduler: Any, name: str) -> Report:
                      running=q.started_job_registry.count) for p, q in queues.items()]
     names = {q.name for q in queues.values()}
     workers = [w for w in Worker.all(connection=conn) if names & set(w.queue_names())]
-    alive = {w.name for w in _alive(conn, workers)}
+    alive = {w.name for w in alive_workers(conn, workers)}
     out = Report(scheduler=name, queues=rows, workers=[])
     for w in workers:
         row = WorkerRow(name=w.name, alive=w.name in alive, state=str(w.get_state()),
@@ -142,3 +142,25 @@ def age(since: float | None, now: float | None = None) -> str:
         return "-"
     seconds = max(0.0, (time.time() if now is None else now) - since)
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def alive_workers(connection: Any, workers: list[Any]) -> list[Any]:
+    """The workers of ``workers`` that are alive: by their alive key if they keep one, else by RQ's heartbeat."""
+    from adapters.rq_lifeline import ALIVE_FIELD, alive_key
+
+    pipe = connection.pipeline(transaction=False)
+    for w in workers:
+        pipe.hget(w.key, ALIVE_FIELD)
+        pipe.exists(alive_key(w.name))
+    replies = pipe.execute()
+    now = datetime.now(UTC)
+    alive = []
+    for w, keeps_key, key_exists in zip(workers, replies[::2], replies[1::2], strict=True):
+        if keeps_key is not None:
+            beating = bool(key_exists)
+        else:  # a worker that keeps no alive key (a plain `rq worker`)
+            beating = w.last_heartbeat is not None and (
+                now - w.last_heartbeat.replace(tzinfo=UTC)).total_seconds() <= max(60, w.worker_ttl)
+        if beating:
+            alive.append(w)
+    return alive

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from pipelines.cli_args import count
+from pipelines.cli.args import count
 from pipelines.engine.models import JobStatus
 
 if TYPE_CHECKING:

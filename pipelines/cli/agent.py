@@ -22,8 +22,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipelines.cli_args import printable
-from pipelines.engine.errors import InvalidInputError, JobFailedError
+from pipelines.cli.args import printable
+from pipelines.errors import InvalidInputError, JobFailedError
 
 if TYPE_CHECKING:
     from pipelines.app import App

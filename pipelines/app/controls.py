@@ -1,0 +1,231 @@
+"""Operating on runs: steering one (cancel, pause, resume, retry, approvals), advancing them, deleting them.
+
+The App's control methods are a thin face over :class:`Controls`: each ends
+in one call to :mod:`pipelines.engine.control`, :mod:`phases.approvals`,
+:mod:`pipelines.engine.runner` or :mod:`pipelines.engine.writer`. Retention's
+sweeps (``advance_due``, ``requeue_overdue``, ``gc``) live here too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from adapters.base import CountingIndex, InProcessScheduler, RetentionStore, VersionedSchema
+from phases import approvals
+from pipelines.engine import children, control, transitions, writer
+from pipelines.engine.capabilities import Feature, as_feature
+from pipelines.engine.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    JobConflictError,
+    PipelineError,
+    StaleVersionError,
+)
+from pipelines.engine.models import JobRecord, JobStatus
+from pipelines.engine.runner import AdvanceResult, advance_under_lease
+from pipelines.engine.start import RetryMode, check_retry_mode, start_job
+from pipelines.handle import JobView
+
+if TYPE_CHECKING:
+    from pipelines.app.face import App
+
+__all__ = ["Controls", "check_retention"]
+
+logger = logging.getLogger("pipelines")
+
+
+class Controls:
+    """Operating on ``app``'s runs (see the module doc)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.storage = app.storage
+        self.scheduler = app.scheduler
+        self.env = app.env
+        self.registry = app.registry
+
+    # --- steering ------------------------------------------------------------------------------
+    def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:
+        """Cancel at the turn boundary, keeping the checkpoint (see :func:`pipelines.engine.control.cancel_job`)."""
+        return self.app.read.view(control.cancel_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait,
+                                            force=force))
+
+    def pause(self, job_id: str, *, wait: float = 30.0) -> JobView:
+        """Pause at the turn boundary (see :func:`pipelines.engine.control.pause_job`)."""
+        return self.app.read.view(control.pause_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait))
+
+    def resume(self, job_id: str) -> JobView:
+        """Resume a paused job from its checkpoint."""
+        return self.app.read.view(control.resume_job(job_id, storage=self.storage, scheduler=self.scheduler))
+
+    def retry(self, job_id: str, *, mode: RetryMode = "resume") -> JobView:
+        """Run a failed or cancelled job again: ``"resume"`` from its checkpoint, ``"full"`` from the start."""
+        record = control.load_job(self.storage, job_id)
+        retry_mode = check_retry_mode(mode, optional=False, name="mode")
+        start_job(job_id=job_id, pipeline=self.registry.pipeline(record.pipeline), name=record.pipeline,
+                  storage=self.storage, scheduler=self.scheduler, retry_mode=retry_mode)
+        return self.app.read.view(control.load_job(self.storage, job_id))
+
+    def approve(self, job_id: str, call_id: str) -> JobView:
+        """Approve a waiting tool call with the arguments it was shown with."""
+        return self.app.read.view(approvals.approve(job_id, call_id, storage=self.storage, scheduler=self.scheduler))
+
+    def reject(self, job_id: str, call_id: str, *, reason: str) -> JobView:
+        """Reject a waiting tool call; the model reads ``reason`` as its result."""
+        return self.app.read.view(approvals.reject(job_id, call_id, reason=reason, storage=self.storage,
+                                          scheduler=self.scheduler))
+
+    def record_tool_result(self, job_id: str, call_id: str, result: Any) -> JobView:
+        """Record what an interrupted call did, as a person found it (see :mod:`phases.approvals`)."""
+        return self.app.read.view(approvals.record_tool_result(job_id, call_id, result, storage=self.storage,
+                                                      scheduler=self.scheduler))
+
+    # --- advancing ---------------------------------------------------------------------------
+    def advance(self, job_id: str) -> AdvanceResult:
+        """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""
+        # The App's environment goes with the job: tools and phases that start child jobs start them on
+        # this App, on whatever thread they run (see pipelines.engine.env).
+        return advance_under_lease(job_id, lambda record: self.registry.pipeline(record.pipeline), storage=self.storage,
+                           scheduler=self.scheduler, lease_seconds=self.app.lease_seconds,
+                           continue_for=self.app.continue_for, env=self.env)
+
+    try_advance = advance
+
+    def advance_due(self, *, grace: float = 0.0, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
+        """Advance every running job due for at least ``grace`` seconds and not leased: the sweep (I7).
+
+        Documented on :meth:`pipelines.app.App.advance_due`.
+        """
+        done: list[tuple[str, AdvanceResult]] = []
+        for job_id in self.storage.due_jobs(self.scheduler.now() - grace, limit=limit):
+            try:
+                done.append((job_id, self.advance(job_id)))
+            except PipelineError as exc:
+                done.append((job_id, AdvanceResult.UNKNOWN))
+                logger.error("sweep: job %s: %s", job_id, exc)
+        for parent in children.ready_parents(self.storage, limit=limit):
+            # A parent whose children finished but whose wake-up was lost (pipelines.engine.children).
+            try:
+                done.append((parent.job_id, self.advance(parent.job_id)))
+            except PipelineError as exc:
+                done.append((parent.job_id, AdvanceResult.UNKNOWN))
+                logger.error("sweep: parent %s: %s", parent.job_id, exc)
+        self._sweep_retention()
+        return done
+
+    def requeue_overdue(self, *, grace: float, limit: int = 1000) -> list[str]:
+        """Enqueue (not run) every job overdue by ``grace`` seconds: the worker's sweep (and retention's)."""
+        requeued = control.requeue_overdue(self.storage, self.scheduler, grace=grace, limit=limit)
+        self._sweep_retention()
+        return requeued
+
+    def drain(self, *, max_advances: int = 1_000_000) -> int:
+        """Run every scheduled advance now (an in-process scheduler only); returns how many ran."""
+        in_process = as_feature(self.scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
+        if in_process is None:
+            raise ConfigurationError(f"drain() needs an in-process scheduler such as MemoryScheduler; this app's "
+                                     f"is {type(self.scheduler).__name__}: its workers advance the jobs")
+        return in_process.drain(max_advances=max_advances)
+
+    def run_in_process(self) -> None:
+        """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers."""
+        in_process = as_feature(self.scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
+        if in_process is not None:
+            in_process.drain()
+
+
+    # --- deleting -------------------------------------------------------------------------------
+    def delete(self, job_id: str) -> None:
+        """Delete ``job_id`` and everything it stored (transcript, logs, events, live stream, index entries).
+
+        Documented on :meth:`pipelines.app.App.delete`.
+        """
+        for _ in range(3):
+            rec = control.load_job(self.storage, job_id)
+            if rec.status in (JobStatus.RUNNING, JobStatus.WAITING):
+                raise JobConflictError(f"job {job_id!r} is {rec.status.value}; cancel it before deleting it")
+            if (parent := children.awaited_by(rec, self.storage)) is not None:
+                raise JobConflictError(f"job {job_id!r} is a child run its parent {parent!r} still waits for; "
+                                       "delete it once the parent has woken, or cancel the parent first")
+            if self._delete_at(rec) is not None:
+                self.env.callbacks.forget(job_id)
+                return
+        raise JobConflictError(f"job {job_id!r} kept changing while it was being deleted; try again")
+
+    def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000) -> list[str]:
+        """Delete finished jobs (complete, error, cancelled) that finished over ``older_than`` seconds ago.
+
+        Documented on :meth:`pipelines.app.App.gc`.
+        """
+        age = self.app.retention if older_than is None else check_retention(older_than, "older_than")
+        if age is None:
+            raise ConfigurationError("gc needs older_than= (seconds) or an App(retention=...)")
+        before = self.scheduler.now() - age
+        ids = self._finished_before(before, scan=scan, limit=limit)
+        removed = []
+        for job_id in ids:
+            rec = self.storage.get_job(job_id)
+            # Judged again on the record: the index entry may be older than a restart.
+            expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
+            if expired and rec is not None and children.awaited_by(rec, self.storage) is not None:
+                continue  # its parent has not read its outcome yet: a later sweep deletes it
+            if expired and rec is not None and self._delete_at(rec):
+                self.env.callbacks.forget(job_id)
+                removed.append(job_id)
+        return removed
+
+    def _finished_before(self, before: float, *, scan: bool, limit: int) -> list[str]:
+        indexed = as_feature(self.storage, Feature.RETENTION, RetentionStore)  # type: ignore[type-abstract]
+        ids = indexed.finished_jobs(before, limit=limit) if indexed is not None else []
+        if scan or indexed is None:
+            found = [r.job_id for r in self.storage.list_jobs(limit=1_000_000)
+                     if r.status in transitions.FINISHED and r.updated_at <= before]
+            ids = list(dict.fromkeys([*ids, *found]))
+        return ids[: max(0, limit)]
+
+    def _delete_at(self, rec: JobRecord) -> bool | None:
+        """Delete ``rec``'s job if it is still at ``rec.version``; ``None`` when it moved on meanwhile."""
+        try:
+            return writer.delete(self.storage, rec)
+        except StaleVersionError:
+            return None
+
+    def _sweep_retention(self) -> None:
+        """The sweeps' share of retention: delete what has expired (logged, never raised)."""
+        if self.app.retention is None:
+            return
+        try:
+            removed = self.gc()
+        except PipelineError as exc:
+            logger.error("retention sweep failed: %s", exc)
+            return
+        if removed:
+            logger.info("retention: deleted %d finished job(s)", len(removed))
+
+
+    # --- operating on the storage ---------------------------------------------------------------
+    def migrate_storage(self) -> tuple[int, int]:
+        """Upgrade the storage's schema to this version (``pipelines migrate``): ``(before, after)``."""
+        schema = as_feature(self.storage, Feature.SCHEMA, VersionedSchema)  # type: ignore[type-abstract]
+        if schema is None:
+            raise ConfigurationError(f"{type(self.storage).__name__} keeps no schema version: nothing to migrate "
+                                     "(pipelines migrate upgrades an SQLite file)")
+        return schema.migrate()
+
+    def reindex(self) -> int:
+        """Put jobs stored before the listing indexes existed into them (safe while workers run); how many."""
+        counter = as_feature(self.storage, Feature.COUNTS, CountingIndex)  # type: ignore[type-abstract]
+        if counter is None:
+            raise ConfigurationError(f"{type(self.storage).__name__} has no listing index to rebuild")
+        return counter.reindex()
+
+
+
+def check_retention(value: object, name: str = "retention") -> float | None:
+    if value is None and name == "retention":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise InvalidInputError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
