@@ -15,8 +15,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pipelines.engine.errors import InvalidInputError, PipelineError
 from pipelines.engine.models import JobStatus, validate_job_id
+from pipelines.errors import InvalidInputError, PipelineError
 from pipelines.web.core import UI
 
 __all__ = ["BULK_ACTIONS", "MAX_BULK_JOBS", "bulk"]
