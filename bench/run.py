@@ -425,7 +425,7 @@ class NoopScheduler:
 class ByteCounter:
     """Wraps a redis-py client's ``execute_command`` and sorts the bytes of every argument sent.
 
-    The ARGV layouts come from :mod:`adapters.redis_scripts` (its ``*_ARGS`` constants), so the
+    The ARGV layouts come from :mod:`adapters.redis.scripts` (its ``*_ARGS`` constants), so the
     breakdown follows the scripts instead of going stale when they gain an argument.
     """
 

@@ -7,7 +7,7 @@ size of RQ's failed-job registry (reported, never fatal: phaserunner records
 failures on the job). Exit code 0 when every check passes, 1 otherwise.
 
 A ``pipelines worker`` is alive while the key it renews every few seconds
-exists (:func:`adapters.rq_lifeline.alive_key`, a TTL of ~10 s): a worker
+exists (:func:`adapters.rq.lifeline.alive_key`, a TTL of ~10 s): a worker
 killed with ``kill -9`` is dead here within that TTL, not after RQ's own
 heartbeat expires (minutes). Other RQ workers are judged by RQ's heartbeat.
 """
@@ -82,7 +82,7 @@ def _rq_checks(app: App) -> list[Check]:
 
 def _alive(connection: Any, workers: list[Any]) -> list[Any]:
     """The workers of ``workers`` that are alive: by their alive key if they keep one, else by RQ's heartbeat."""
-    from adapters.rq_lifeline import ALIVE_FIELD, alive_key
+    from adapters.rq.lifeline import ALIVE_FIELD, alive_key
 
     pipe = connection.pipeline(transaction=False)
     for w in workers:

@@ -9,7 +9,7 @@ for every worker:
 **A queue message carries data, never a choice of code.** What a worker
 runs is fixed when it starts: the one entry point (``pipelines worker``
 refuses RQ messages that name any other function, an instance or a
-callback: :func:`adapters.rq_entry.entry_point_job`) and the worker's own
+callback: :func:`adapters.rq.entry.entry_point_job`) and the worker's own
 App: the one given to :func:`use_app` (``pipelines worker --app M:A`` does
 that before it forks), else ``$PIPELINES_APP``, else, for Celery, the
 ``app=`` of the ``CeleryScheduler`` the worker's own module builds. A
@@ -25,7 +25,7 @@ watch it and end when it dies (a horse never commits a turn after its
 worker is gone; an orphaned scheduler keeps no lock), and the worker's
 liveness is a key it renews every few seconds, so ``pipelines health`` calls
 a dead worker dead long before its jobs' leases run out
-(:mod:`adapters.rq_lifeline`).
+(:mod:`adapters.rq.lifeline`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from adapters import redis_archive
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
+from adapters.redis import archive as redis_archive
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import CorruptRecordError, InvalidInputError
 from pipelines.testing import ScriptedModel, call, reply

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from adapters.redis import RedisStorage
-from adapters.redis_scripts import index_position
+from adapters.redis.scripts import index_position
 from pipelines.engine.models import Checkpoint, Commit, JobRecord, JobStatus
 
 pytestmark = pytest.mark.redis

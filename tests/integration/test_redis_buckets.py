@@ -15,7 +15,7 @@ from redis.crc import key_slot
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
-from adapters.redis_keys import KeyLayout, layout_key
+from adapters.redis.keys import KeyLayout, layout_key
 from pipelines import App, Done, Next, Phase, PhaseContext
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import JobRecord, JobStatus

@@ -168,7 +168,7 @@ def test_an_event_of_a_type_the_table_does_not_know_and_odd_values_round_trip(ap
 
 def test_a_record_without_its_status_place_is_moved_out_of_every_other_index_and_gets_one(
         app: App, r: redis.Redis) -> None:
-    from adapters.redis_scripts import INDEX_ROLES
+    from adapters.redis.scripts import INDEX_ROLES
     from pipelines import JobStatus
 
     app.run_agent("a", job_id="s1", messages=["count"])

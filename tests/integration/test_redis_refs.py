@@ -17,7 +17,7 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
-from adapters.redis_scripts import COMMIT_ARGS
+from adapters.redis.scripts import COMMIT_ARGS
 from pipelines import Agent, App, tool
 from pipelines.crash_harness import SimulatedCrash
 from pipelines.testing import ScriptedModel, call, reply
@@ -163,7 +163,7 @@ def test_a_recovered_turn_sends_the_answer_it_loaded_from_the_journal_by_referen
 
 def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
         storage: RedisStorage, r: redis.Redis) -> None:
-    from adapters.redis_common import _dump_parts
+    from adapters.redis.values import _dump_parts
     from pipelines.engine.models import Event
 
     app = _app(storage)
@@ -197,7 +197,7 @@ def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
 
 def test_a_slice_the_step_script_cannot_put_back_together_writes_nothing(
         storage: RedisStorage, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    from adapters import redis as redis_adapter
+    from adapters.redis import storage as redis_adapter
     from pipelines.engine.errors import StorageError
     from pipelines.engine.models import Event
 

@@ -449,7 +449,7 @@ def test_new_connections_do_not_look_up_redis_pys_version_and_still_say_who_they
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import redis.driver_info
 
-    from adapters import redis_common
+    from adapters.redis import client as redis_common
 
     redis_common.driver_info()  # looked up once per process (before a worker forks)
     looked_up: list[int] = []

@@ -1,6 +1,6 @@
 """``RedisStorage``: the production :class:`~adapters.base.Storage` on Redis 7 (standalone, Sentinel, Cluster).
 
-Key layout (every name is built by :mod:`adapters.redis_keys`, nowhere
+Key layout (every name is built by :mod:`adapters.redis.keys`, nowhere
 else; on Redis Cluster the same keys are bucketed, see there)::
 
     <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver, hist (turn history, one mark a line)
@@ -22,7 +22,7 @@ The listing indexes are written by the same scripts as the records; jobs
 written before they existed are put in by :meth:`RedisStorage.reindex`
 (``pipelines reindex``); until then a listing reads every record instead.
 
-Each check-then-write is one Lua script (:mod:`adapters.redis_scripts`), so
+Each check-then-write is one Lua script (:mod:`adapters.redis.scripts`), so
 a commit is atomic and costs one round trip. Values are JSON text; nothing is
 pickled. redis-py retries commands after connection errors, writes included,
 so every write is idempotent: a commit or create re-sent after its reply was
@@ -46,28 +46,11 @@ from pydantic import ValidationError
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from adapters import redis_archive, redis_scripts
 from adapters.base import Feature
-from adapters.redis_common import (
-    _FAILOVER_ERRORS,
-    _FINISHED,
-    _KEY_TYPES,
-    _LIVE_KEPT,
-    _check_url,
-    _dump_parts,
-    _finished_at,
-    _listed,
-    _load_part,
-    _mapped,
-    _redact,
-    _score,
-    _stale_message,
-    _text,
-    _ttl_ms,
-    driver_info,
-    settle_driver_info,
-)
-from adapters.redis_keys import (
+from adapters.redis import archive as redis_archive
+from adapters.redis import scripts as redis_scripts
+from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
+from adapters.redis.keys import (
     IndexKeys,
     JobKeys,
     KeyLayout,
@@ -78,10 +61,23 @@ from adapters.redis_keys import (
     layout_key,
     listing_keys,
 )
-from adapters.redis_listing import RedisIndexReads
-from adapters.redis_live import RedisLiveReads
-from adapters.redis_recent import RedisRecentReads
-from adapters.redis_refs import JournalValues, slice_parts
+from adapters.redis.listing import RedisIndexReads
+from adapters.redis.live import RedisLiveReads
+from adapters.redis.recent import RedisRecentReads
+from adapters.redis.refs import JournalValues, slice_parts
+from adapters.redis.values import (
+    _FINISHED,
+    _KEY_TYPES,
+    _LIVE_KEPT,
+    _dump_parts,
+    _finished_at,
+    _listed,
+    _load_part,
+    _score,
+    _stale_message,
+    _text,
+    _ttl_ms,
+)
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -150,11 +146,11 @@ class RedisStorage(RedisIndexReads, RedisLiveReads, RedisRecentReads):
     and a stored record that does not parse :class:`CorruptRecordError`.
 
     ``live_ttl``: how long a finished job's live stream (its last turn: the
-    stream keeps only the turn in flight, see :mod:`adapters.redis_live`)
+    stream keeps only the turn in flight, see :mod:`adapters.redis.live`)
     stays after the job finished; readers then get its durable events.
 
     ``buckets``: how many hash-tagged buckets the indexes are split into
-    (:mod:`adapters.redis_keys`). ``None`` means 0 (one global index, the
+    (:mod:`adapters.redis.keys`). ``None`` means 0 (one global index, the
     layout of every earlier version) on a plain client and
     :data:`CLUSTER_BUCKETS` on a ``RedisCluster``, where 0 is refused. Every
     process on one prefix must use the same count: the first write records
@@ -224,7 +220,7 @@ class RedisStorage(RedisIndexReads, RedisLiveReads, RedisRecentReads):
         self._archive = client.register_script(redis_scripts.ARCHIVE)
         self._events = client.register_script(redis_scripts.EVENTS)
         self._read_live = client.register_script(redis_scripts.READ_LIVE)
-        #: Whether a commit that finishes a job archives its events (see adapters.redis_archive).
+        #: Whether a commit that finishes a job archives its events (see adapters.redis.archive).
         self.archive_finished = archive_events
 
     @classmethod
@@ -555,7 +551,7 @@ class RedisStorage(RedisIndexReads, RedisLiveReads, RedisRecentReads):
                                                                                           limit)]
 
     def archive_events(self, job_id: str) -> bool:
-        """Move a finished job's events from its stream into one compressed field (see :mod:`adapters.redis_archive`).
+        """Move a finished job's events from its stream into one compressed field (see :mod:`adapters.redis.archive`).
 
         ``True`` if they moved; ``False`` if there was nothing to move, the job
         is not finished, or it moved on meanwhile (nothing written; try again
@@ -802,8 +798,8 @@ class RedisStorage(RedisIndexReads, RedisLiveReads, RedisRecentReads):
                          job_id, "its due entry, " if due else "", keys)
 
     def flow_store(self) -> Any:
-        """The flow-control state on this Redis, under this prefix (a :class:`~adapters.redis_flow.RedisFlowStore`)."""
-        from adapters.redis_flow import RedisFlowStore  # only apps with flow control load it
+        """The flow-control state on this Redis, under this prefix (a :class:`~adapters.redis.flow.RedisFlowStore`)."""
+        from adapters.redis.flow import RedisFlowStore  # only apps with flow control load it
 
         store = self.__dict__.get("_flow")
         if store is None:

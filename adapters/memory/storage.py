@@ -20,10 +20,10 @@ from typing import Any, ClassVar, NamedTuple
 
 from pydantic import ValidationError
 
-from adapters._memory_history import NO_HISTORY, StoredHistory, dump_apart, stored_dict
-from adapters._memory_listing import SortedIndex
 from adapters.base import INBOX_OPEN, Feature, parse_cursor
 from adapters.live_wakeup import LoopWakeups, wait_on
+from adapters.memory.history import NO_HISTORY, StoredHistory, dump_apart, stored_dict
+from adapters.memory.listing import SortedIndex
 from pipelines.engine.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -92,7 +92,7 @@ class VirtualClock:
 @dataclass
 class _Job:
     record: str  # the record's JSON text without its turn history, which is kept apart:
-    history: StoredHistory = NO_HISTORY  # (see adapters._memory_history)
+    history: StoredHistory = NO_HISTORY  # (see adapters.memory.history)
     messages: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -515,8 +515,8 @@ class MemoryStorage:
         return [j for _, j in done[: max(0, limit)]]
 
     def flow_store(self) -> Any:
-        """The flow-control state beside this storage (a :class:`~adapters.memory_flow.MemoryFlowStore`)."""
-        from adapters.memory_flow import MemoryFlowStore  # only apps with flow control load it
+        """The flow-control state beside this storage (a :class:`~adapters.memory.flow.MemoryFlowStore`)."""
+        from adapters.memory.flow import MemoryFlowStore  # only apps with flow control load it
 
         with self._lock:
             store = self.__dict__.get("_flow")
