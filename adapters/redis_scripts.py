@@ -11,6 +11,7 @@ from adapters.redis.scripts import (
     CREATE,
     CREATE_ARGS,
     DELETE,
+    DROPPED,
     EVENTS,
     INDEX_ROLES,
     LOAD,
@@ -25,8 +26,8 @@ from adapters.redis.scripts import (
     index_position,
 )
 
-__all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "EVENTS", "INDEX_ROLES",
-           "LOAD", "PUBLISH", "READ_LIVE", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND", "ArgLayout",
-           "index_position"]
+__all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "DROPPED", "EVENTS",
+           "INDEX_ROLES", "LOAD", "PUBLISH", "READ_LIVE", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND",
+           "ArgLayout", "index_position"]
 
 moved(__name__, "adapters.redis.scripts")
