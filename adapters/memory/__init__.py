@@ -9,6 +9,8 @@
   turn history kept apart, and the sorted listing indexes.
 """
 
-from adapters.memory.storage import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.memory.clock import VirtualClock
+from adapters.memory.scheduler import MemoryScheduler
+from adapters.memory.storage import MemoryStorage
 
 __all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
