@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from adapters._moved import moved
-from adapters.redis.listing import RedisIndexReads
+from adapters.redis.listing import IndexReads
 
-__all__ = ["RedisIndexReads"]
+__all__ = ["IndexReads"]
 
 moved(__name__, "adapters.redis.listing")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from adapters._moved import moved
-from adapters.redis.live import RedisLiveReads, behind_first
+from adapters.redis.live import LiveReads, behind_first
 
-__all__ = ["RedisLiveReads", "behind_first"]
+__all__ = ["LiveReads", "behind_first"]
 
 moved(__name__, "adapters.redis.live")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from adapters._moved import moved
-from adapters.redis.recent import RedisRecentReads
+from adapters.redis.recent import RecentReads
 
-__all__ = ["RedisRecentReads"]
+__all__ = ["RecentReads"]
 
 moved(__name__, "adapters.redis.recent")

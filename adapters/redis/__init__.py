@@ -2,6 +2,11 @@
 
 * :mod:`adapters.redis.storage`: :class:`RedisStorage` (the
   :class:`~adapters.base.Storage` port), composed of the parts below.
+* :mod:`adapters.redis.connection`: the client, key layout and registered
+  scripts every part shares, and how a script runs.
+* :mod:`adapters.redis.records`, :mod:`adapters.redis.writes`,
+  :mod:`adapters.redis.events`: loading a record (and what a worker
+  remembers of it), every write, the durable events.
 * :mod:`adapters.redis.keys`: every key name, and the bucketed layout on a Cluster.
 * :mod:`adapters.redis.scripts`: the Lua scripts (one per check-then-write).
 * :mod:`adapters.redis.listing`, :mod:`adapters.redis.recent`: the listing

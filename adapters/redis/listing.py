@@ -8,69 +8,37 @@ the number of buckets and what it returns, not the number of jobs stored.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from adapters.base import parse_cursor
 from adapters.redis.client import _mapped
-from adapters.redis.keys import JobKeys, KeyLayout
+from adapters.redis.connection import RedisConnection
+from adapters.redis.records import parse_record
 from adapters.redis.values import _batched, _listed, _text
 from pipelines.engine.errors import CorruptRecordError
-from pipelines.engine.models import JobRecord, JobStatus, TurnMark
+from pipelines.engine.models import JobRecord, JobStatus
 
-__all__ = ["RedisIndexReads"]
+__all__ = ["IndexReads"]
 
 _BATCH = 200  # records fetched per round trip by list_jobs
 _log = logging.getLogger("pipelines")
 
 
-class RedisIndexReads:
-    """Mixed into :class:`~adapters.redis.RedisStorage`: everything that reads an index or many records."""
+class IndexReads:
+    """Everything that reads an index or many records (a part of :class:`~adapters.redis.RedisStorage`)."""
 
-    client: Any
-    layout: KeyLayout
-    cluster: bool
-    _reindex: Any
+    def __init__(self, conn: RedisConnection) -> None:
+        self.conn = conn
+        self._warned = False  # once per storage: a listing page would repeat the warning
 
-    if TYPE_CHECKING:
-        def keys(self, job_id: str) -> JobKeys: ...
-
-        def _check_types(self, job_id: str, reply: Any, what: str) -> None: ...
-
-        def _check_read_layout(self) -> None: ...
-
-    def _parse(self, job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None,
-               hist: Any = None, marks: list[TurnMark] | None = None) -> JobRecord:
-        """The stored record; ``marks``: its history (``hist``) already parsed, so only ``data`` is."""
-        if hist and marks is None:
-            # The turn history lives in its own field, one mark per line; 'data' has none of its own.
-            data = _text(data).rstrip()
-            data = f'{data[:-1]},"history":[{",".join(_text(hist).split(chr(10)))}]}}' if data else data
-        try:
-            rec = JobRecord.model_validate_json(data)
-        except ValidationError as exc:
-            raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
-        if hist and marks is not None:
-            rec = rec.model_copy(update={"history": marks})
-        if rec.job_id != job_id:
-            raise CorruptRecordError(f"stored record of job {job_id!r} names job {rec.job_id!r}")
-        if rec.checkpoint is not None and journal and _text(jver) == str(rec.version):
-            try:
-                steps = {_text(k): json.loads(v) for k, v in zip(journal[::2], journal[1::2], strict=True)}
-            except ValueError as exc:
-                raise CorruptRecordError(f"stored journal of job {job_id!r} does not parse: {exc}") from exc
-            rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": steps})})
-        if control:
-            rec = rec.model_copy(update={"control": _text(control)})
-        return rec
 
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         """Running jobs with ``due_at <= now``, earliest first (ties by id), via ZRANGEBYSCORE."""
-        return self._earliest([ix.due for ix in self.layout.indexes], now, limit, "reading the due index")
+        return self._earliest([ix.due for ix in self.conn.layout.indexes], now, limit, "reading the due index")
 
     def _earliest(self, keys: Sequence[str], until: float, limit: int, what: str) -> list[str]:
         """The ``limit`` members scored at most ``until`` across ``keys``, lowest score first (ties by id).
@@ -80,12 +48,12 @@ class RedisIndexReads:
         """
         if limit <= 0:
             return []
-        self._check_read_layout()
+        self.conn.check_read_layout()
         with _mapped(what):
             if len(keys) == 1:
-                return [_text(i) for i in self.client.zrangebyscore(keys[0], "-inf", repr(float(until)),
+                return [_text(i) for i in self.conn.client.zrangebyscore(keys[0], "-inf", repr(float(until)),
                                                                     start=0, num=limit)]
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.conn.client.pipeline(transaction=False)
             for key in keys:
                 pipe.zrangebyscore(key, "-inf", repr(float(until)), start=0, num=limit, withscores=True)
             rows = [(float(score), _text(m)) for reply in pipe.execute() for m, score in reply]
@@ -110,7 +78,7 @@ class RedisIndexReads:
         position = 0 if status is None else list(JobStatus).index(status) + 1
         size = min(limit, 1000)
         # Each bucket's index newest first, merged: a page reads about `limit` entries per bucket at most.
-        rows = heapq.merge(*(self._index_rows(ix.listing[position], cursor, size) for ix in self.layout.indexes),
+        rows = heapq.merge(*(self._index_rows(ix.listing[position], cursor, size) for ix in self.conn.layout.indexes),
                            reverse=True)
         out: list[JobRecord] = []
         for ids in _batched((job_id for _, job_id in rows), size):
@@ -125,26 +93,26 @@ class RedisIndexReads:
             return len(self._scan(status, None))
         position = 0 if status is None else list(JobStatus).index(status) + 1
         with _mapped("counting jobs"):
-            pipe = self.client.pipeline(transaction=False)
-            for ix in self.layout.indexes:
+            pipe = self.conn.client.pipeline(transaction=False)
+            for ix in self.conn.layout.indexes:
                 pipe.zcard(ix.listing[position])
             return sum(int(n) for n in pipe.execute())
 
     def unindexed(self) -> int:
         """About how many jobs are missing from the listing indexes (written before they existed): SCARD - ZCARD."""
         with _mapped("reading the listing index"):
-            pipe = self.client.pipeline(transaction=False)
-            for ix in self.layout.indexes:
+            pipe = self.conn.client.pipeline(transaction=False)
+            for ix in self.conn.layout.indexes:
                 pipe.scard(ix.jobs)
                 pipe.zcard(ix.listing[0])
             counts = [int(n) for n in pipe.execute()]
         return max(0, sum(counts[::2]) - sum(counts[1::2]))
 
     def _needs_scan(self) -> bool:
-        self._check_read_layout()
+        self.conn.check_read_layout()
         missing = self.unindexed()
-        if missing and not self.__dict__.get("_warned"):
-            self.__dict__["_warned"] = True  # once per storage: a listing page would repeat it
+        if missing and not self._warned:
+            self._warned = True
             _log.warning("%d jobs are not in the listing index (written before it existed): listings read every "
                          "record until `pipelines reindex --app MODULE:APP` (RedisStorage.reindex) runs", missing)
         return missing > 0
@@ -154,7 +122,7 @@ class RedisIndexReads:
         top, offset = ("+inf" if cursor is None else repr(cursor[0])), 0
         while True:
             with _mapped("reading the listing index"):
-                rows: list[Any] = self.client.zrevrangebyscore(key, top, "-inf", start=offset, num=size,
+                rows: list[Any] = self.conn.client.zrevrangebyscore(key, top, "-inf", start=offset, num=size,
                                                                withscores=True)
             offset += len(rows)
             # Same-score entries come in reverse id order: those at or above the cursor's id were listed.
@@ -168,7 +136,8 @@ class RedisIndexReads:
     def _scan(self, status: JobStatus | None, cursor: tuple[float, str] | None) -> list[JobRecord]:
         """Every record (in ``status``, after ``cursor``), newest first: the listing without its index."""
         with _mapped("listing jobs"):
-            ids = [_text(i) for ix in self.layout.indexes for i in self.client.sscan_iter(ix.jobs, count=1000)]
+            client = self.conn.client
+            ids = [_text(i) for ix in self.conn.layout.indexes for i in client.sscan_iter(ix.jobs, count=1000)]
         found = [r for r in self._fetch(ids) if (status is None or r.status is status)
                  and (cursor is None or (r.updated_at, r.job_id) < cursor)]
         return sorted(found, key=lambda r: (r.updated_at, r.job_id), reverse=True)
@@ -179,9 +148,9 @@ class RedisIndexReads:
         for i in range(0, len(ids), _BATCH):
             batch = ids[i : i + _BATCH]
             with _mapped("listing jobs"):
-                pipe = self.client.pipeline(transaction=False)
+                pipe = self.conn.client.pipeline(transaction=False)
                 for job_id in batch:
-                    k = self.keys(job_id)
+                    k = self.conn.keys(job_id)
                     pipe.hmget(k.record, ["data", "jver", "control", "hist"])
                     pipe.hgetall(k.journal)
                 replies = pipe.execute()
@@ -191,7 +160,7 @@ class RedisIndexReads:
                     continue  # deleted since the index was read
                 pairs = [x for kv in journal.items() for x in kv]
                 try:
-                    out.append(self._parse(job_id, data, "" if jver is None else jver, pairs, control, hist))
+                    out.append(parse_record(job_id, data, "" if jver is None else jver, pairs, control, hist))
                 except CorruptRecordError as exc:
                     # A listing shows the rest; the bad one is named in the log.
                     _log.error("job %s: unreadable record skipped: %s", job_id, exc)
@@ -207,27 +176,27 @@ class RedisIndexReads:
         """
         ids: set[str] = set()
         with _mapped("reindexing jobs"):
-            for ix in self.layout.indexes:
-                found = _text(self.client.type(ix.listing[0]))
+            for ix in self.conn.layout.indexes:
+                found = _text(self.conn.client.type(ix.listing[0]))
                 if found not in ("none", "zset"):  # ZSCAN would fail on it: named like the scripts' refusals
                     raise CorruptRecordError(f"reindexing jobs: key {ix.listing[0]!r} (updated) is a Redis "
                                              f"{found}, expected a zset (WRONGTYPE); nothing was written")
-                ids.update(_text(i) for i in self.client.sscan_iter(ix.jobs, count=1000))
-                ids.update(_text(m) for m, _ in self.client.zscan_iter(ix.listing[0], count=1000))
+                ids.update(_text(i) for i in self.conn.client.sscan_iter(ix.jobs, count=1000))
+                ids.update(_text(m) for m, _ in self.conn.client.zscan_iter(ix.listing[0], count=1000))
         ordered, done = sorted(ids), 0
         for i in range(0, len(ordered), max(1, batch)):
             done += self._reindex_batch(ordered[i : i + max(1, batch)])
-        self.__dict__.pop("_warned", None)
+        self._warned = False
         return done
 
     def _reindex_batch(self, ids: Sequence[str]) -> int:
         with _mapped("reindexing jobs"):
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.conn.client.pipeline(transaction=False)
             for job_id in ids:
-                pipe.hmget(self.keys(job_id).record, ["data", "version"])
+                pipe.hmget(self.conn.keys(job_id).record, ["data", "version"])
             rows = pipe.execute()
             # A cluster pipeline cannot carry EVALSHA, so there each script is its own round trip (a rare tool).
-            pipe = None if self.cluster else self.client.pipeline(transaction=False)
+            pipe = None if self.conn.cluster else self.conn.client.pipeline(transaction=False)
             replies: list[Any] = []
             sent: list[str] = []  # the jobs whose script was run, in the order of replies
             for job_id, (data, version) in zip(ids, rows, strict=True):
@@ -237,13 +206,13 @@ class RedisIndexReads:
                     _log.error("job %s: unreadable record not indexed: %s", job_id, exc)
                     continue
                 args = [job_id, "" if version is None else _text(version), *(place or ["0", "0"])]
-                keys = [self.keys(job_id).record, *self.layout.indexes_of(job_id).listing]
-                replies.append(self._reindex(keys=keys, args=args, client=pipe or self.client))
+                keys = [self.conn.keys(job_id).record, *self.conn.layout.indexes_of(job_id).listing]
+                replies.append(self.conn.scripts.reindex(keys=keys, args=args, client=pipe or self.conn.client))
                 sent.append(job_id)
             if pipe is not None:
                 replies = pipe.execute()
         for job_id, reply in zip(sent, replies, strict=True):
-            self._check_types(job_id, reply, f"reindexing job {job_id!r}")
+            self.conn.check_types(job_id, reply, f"reindexing job {job_id!r}")
         return sum(1 for r in replies if _text(r) == "ok")
 
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
@@ -252,5 +221,5 @@ class RedisIndexReads:
         Read from the finished index the commits keep; jobs that finished
         before that index existed are not in it (``App.gc(scan=True)`` finds them).
         """
-        return self._earliest([ix.finished for ix in self.layout.indexes], before, limit,
+        return self._earliest([ix.finished for ix in self.conn.layout.indexes], before, limit,
                               "reading the finished index")

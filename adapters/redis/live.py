@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError
 
 from adapters.redis.archive import entry_key
 from adapters.redis.client import _mapped
-from adapters.redis.keys import JobKeys
+from adapters.redis.connection import RedisConnection
+from adapters.redis.events import EventReads, event
 from adapters.redis.live_async import LoopReads, loop_reads
 from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import Event
 
-__all__ = ["RedisLiveReads", "behind_first"]
+__all__ = ["LiveReads", "behind_first"]
 
 
 def behind_first(durable: list[Event], live: list[Event], limit: int) -> list[Event]:
@@ -51,25 +52,25 @@ def behind_first(durable: list[Event], live: list[Event], limit: int) -> list[Ev
     return [*durable, *live][:max(0, limit)]
 
 
-class RedisLiveReads:
-    """Mixed into :class:`~adapters.redis.RedisStorage`: following a job's live stream."""
+class LiveReads:
+    """Following a job's live stream (a part of :class:`~adapters.redis.RedisStorage`).
 
-    client: Any
-    cluster: bool
-    max_block: float
-    _read_live: Any
+    ``max_block``: the longest single ``XREAD BLOCK``, below the client's socket timeout.
+    """
 
-    if TYPE_CHECKING:
-        def keys(self, job_id: str) -> JobKeys: ...
+    def __init__(self, conn: RedisConnection, history: EventReads, *, max_block: float = 5.0) -> None:
+        self.conn = conn
+        self.history = history
+        self.max_block = max_block
 
-        def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]: ...
+    # What this event loop's shared reader is made from (adapters.redis.live_async.loop_reads).
+    @property
+    def client(self) -> Any:
+        return self.conn.client
 
-        def _run(self, script: Any, keys: list[str], args: list[Any], what: str, *, write: bool = True) -> Any: ...
-
-        def _check_types(self, job_id: str, reply: Any, what: str) -> None: ...
-
-        @staticmethod
-        def _event(job_id: str, entry_id: Any, raw: Any) -> Event: ...
+    @property
+    def cluster(self) -> bool:
+        return self.conn.cluster
 
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
                   block: float | None = None) -> list[Event]:
@@ -88,7 +89,7 @@ class RedisLiveReads:
         if limit <= 0:
             return []
         if block is not None and block > 0:
-            live, what = self.keys(job_id).live, f"reading the live stream of job {job_id!r}"
+            live, what = self.conn.keys(job_id).live, f"reading the live stream of job {job_id!r}"
             # Kept under the socket timeout, so a long wait is never mistaken for a dead server.
             ms = max(1, int(min(block, self.max_block) * 1000))
             with _mapped(what):
@@ -98,10 +99,11 @@ class RedisLiveReads:
                 if not self.cluster:
                     pipe = self.client.pipeline(transaction=False)
                     pipe.xread({live: after or "0-0"}, count=1, block=ms)
-                    pipe.evalsha(self._read_live.sha, 1, live, after or "", str(limit))
+                    pipe.evalsha(self.conn.scripts.read_live.sha, 1, live, after or "", str(limit))
                     waited, reply = pipe.execute(raise_on_error=False)
                     if not isinstance(reply, Exception):
-                        self._check_types(job_id, reply, what)  # a key of another type, named (before XREAD's error)
+                        # A key of another type, named (before XREAD's error).
+                        self.conn.check_types(job_id, reply, what)
                     if isinstance(waited, Exception):
                         raise waited
                     if not isinstance(reply, NoScriptError):  # else: loaded and run by _read_now
@@ -129,7 +131,7 @@ class RedisLiveReads:
             return []
         if limit <= 0:
             return []
-        live = self.keys(job_id).live
+        live = self.conn.keys(job_id).live
         reads = loop_reads(self)
         if not reads.usable(live):
             return await asyncio.to_thread(self.read_live, job_id, after=after, limit=limit, block=block)
@@ -147,26 +149,28 @@ class RedisLiveReads:
                          quiet: bool = False) -> list[Event]:
         what = f"reading the live stream of job {job_id!r}"
         try:
-            reply = await reads.evalsha(self.keys(job_id).live, self._read_live, after or "", str(limit), quiet=quiet)
+            reply = await reads.evalsha(self.conn.keys(job_id).live, self.conn.scripts.read_live, after or "",
+                                        str(limit), quiet=quiet)
         except RedisError:  # a failover, a dropped connection: the sync read follows a new slot map and retries
             return await asyncio.to_thread(self._read_now, job_id, after, limit)
-        self._check_types(job_id, reply, what)
+        self.conn.check_types(job_id, reply, what)
         if reply is not None and not int(reply[1]):
-            return [self._event(job_id, entry_id, fields) for entry_id, fields in reply[0]]
+            return [event(job_id, entry_id, fields) for entry_id, fields in reply[0]]
         return await asyncio.to_thread(self._parts, job_id, after, limit, reply, what)
 
     def _read_now(self, job_id: str, after: str | None, limit: int) -> list[Event]:
         what = f"reading the live stream of job {job_id!r}"
-        reply = self._run(self._read_live, [self.keys(job_id).live], [after or "", str(limit)], what, write=False)
+        reply = self.conn.run(self.conn.scripts.read_live, [self.conn.keys(job_id).live], [after or "", str(limit)],
+                              what, write=False)
         return self._parts(job_id, after, limit, reply, what)
 
     def _parts(self, job_id: str, after: str | None, limit: int, reply: Any, what: str) -> list[Event]:
         """The parts a READ_LIVE reply holds, with the durable events it says the reader lacks."""
-        self._check_types(job_id, reply, what)
+        self.conn.check_types(job_id, reply, what)
         if reply is None:  # expired (a finished job) or never made: the durable events serve the reader
-            return self.events(job_id, after=after, limit=limit)
+            return self.history.events(job_id, after=after, limit=limit)
         entries, gap = reply
-        live = [self._event(job_id, entry_id, fields) for entry_id, fields in entries]
+        live = [event(job_id, entry_id, fields) for entry_id, fields in entries]
         if not int(gap):
             return live
-        return behind_first(self.events(job_id, after=after, limit=limit), live, limit)
+        return behind_first(self.history.events(job_id, after=after, limit=limit), live, limit)

@@ -34,7 +34,7 @@ def test_every_key_a_script_touches_shares_the_jobs_slot(storage: RedisStorage) 
     # The keys of one commit: the job's own and its bucket's indexes, all on one slot (no CROSSSLOT).
     slots_seen = set()
     for n in range(40):
-        keys = storage._all_keys(f"job-{n}")
+        keys = storage.conn.all_keys(f"job-{n}")
         slots = {key_slot(k.encode()) for k in keys}
         assert len(slots) == 1, keys
         slots_seen |= slots
