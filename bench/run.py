@@ -425,17 +425,17 @@ class NoopScheduler:
 class ByteCounter:
     """Wraps a redis-py client's ``execute_command`` and sorts the bytes of every argument sent.
 
-    The ARGV layouts come from :mod:`adapters.redis_scripts` (its ``*_ARGS`` constants), so the
+    The ARGV layouts come from :mod:`adapters.redis.scripts` (its ``*_ARGS`` constants), so the
     breakdown follows the scripts instead of going stale when they gain an argument.
     """
 
     def __init__(self, storage: Any) -> None:
         self.by: dict[str, int] = {}
         client = storage.client
-        names = {storage._commit.sha: "commit", storage._step.sha: "step", storage._create.sha: "create",
-                 storage._load_script.sha: "load", storage._release.sha: "release", storage._renew.sha: "renew",
-                 storage._publish.sha: "publish", storage._send.sha: "send", storage._control.sha: "control",
-                 storage._dropped.sha: "dropped", storage._delete.sha: "delete"}
+        s = storage.scripts
+        names = {s.commit.sha: "commit", s.step.sha: "step", s.create.sha: "create", s.load.sha: "load",
+                 s.release.sha: "release", s.renew.sha: "renew", s.publish.sha: "publish", s.send.sha: "send",
+                 s.control.sha: "control", s.dropped.sha: "dropped", s.delete.sha: "delete"}
         self._names = names
         inner = client.execute_command
 

@@ -88,13 +88,13 @@ def seed_finished(storage: Any, n: int, start: int = 0) -> float:
     """
     from pipelines.engine.models import JobRecord, JobStatus
 
-    script = storage._create
+    script = storage.scripts.create
     t0 = time.perf_counter()
     now = time.time() - n
     try:
         for lo in range(start, start + n, SEED_BATCH):
             pipe = storage.client.pipeline(transaction=False)
-            storage._create = functools.partial(script, client=pipe)
+            storage.scripts.create = functools.partial(script, client=pipe)
             for i in range(lo, min(start + n, lo + SEED_BATCH)):
                 storage.create_job(JobRecord(job_id=f"done-{i:06d}", pipeline="one", status=JobStatus.COMPLETE,
                                              result={"n": i}, version=1, phases_done=1, created_at=now + i,
@@ -103,7 +103,7 @@ def seed_finished(storage: Any, n: int, start: int = 0) -> float:
             if bad:
                 raise RuntimeError(f"seeding finished jobs: create replied {bad[:3]}")
     finally:
-        storage._create = script
+        storage.scripts.create = script
     return time.perf_counter() - t0
 
 

@@ -7,7 +7,7 @@ size of RQ's failed-job registry (reported, never fatal: phaserunner records
 failures on the job). Exit code 0 when every check passes, 1 otherwise.
 
 A ``pipelines worker`` is alive while the key it renews every few seconds
-exists (:func:`adapters.rq_lifeline.alive_key`, a TTL of ~10 s): a worker
+exists (:func:`adapters.rq.lifeline.alive_key`, a TTL of ~10 s): a worker
 killed with ``kill -9`` is dead here within that TTL, not after RQ's own
 heartbeat expires (minutes). Other RQ workers are judged by RQ's heartbeat.
 """

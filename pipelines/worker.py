@@ -9,7 +9,7 @@ for every worker:
 **A queue message carries data, never a choice of code.** What a worker
 runs is fixed when it starts: the one entry point (``pipelines worker``
 refuses RQ messages that name any other function, an instance or a
-callback: :func:`adapters.rq_entry.entry_point_job`) and the worker's own
+callback: :func:`adapters.rq.entry.entry_point_job`) and the worker's own
 App: the one given to :func:`use_app` (``pipelines worker --app M:A`` does
 that before it forks), else ``$PIPELINES_APP``, else, for Celery, the
 ``app=`` of the ``CeleryScheduler`` the worker's own module builds. A
@@ -25,7 +25,7 @@ watch it and end when it dies (a horse never commits a turn after its
 worker is gone; an orphaned scheduler keeps no lock), and the worker's
 liveness is a key it renews every few seconds, so ``pipelines health`` calls
 a dead worker dead long before its jobs' leases run out
-(:mod:`adapters.rq_lifeline`).
+(:mod:`adapters.rq.lifeline`).
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def rq_scheduler(app: App) -> RQScheduler:
 def warm_up(app: App) -> Callable[[], object] | None:
     """What imports and warms litellm before the worker's first take (None: no agent needs it).
 
-    It runs to the end before the worker asks RQ for a job (adapters.rq_priority), never beside one:
+    It runs to the end before the worker asks RQ for a job (adapters.rq.priority), never beside one:
     a job taken while litellm still loads (~4 s, 10 s and more on a busy 2-core host) holds the
     job's lease through the import, and a worker that dies meanwhile costs the job a whole lease.
     When litellm loaded on a thread after the first take, workers restarted every few seconds
@@ -274,12 +274,12 @@ def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst
     from rq import Queue
     from rq.serializers import JSONSerializer
 
-    from adapters.rq_entry import entry_point_job
-    from adapters.rq_priority import PrioritySimpleWorker, PriorityWorker
+    from adapters.rq.entry import entry_point_job
+    from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
 
     scheduler = rq_scheduler(app)
     use_app(app, path=path)
-    # Interactive first, then background (a share of takes keeps it from starving: adapters.rq_priority).
+    # Interactive first, then background (a share of takes keeps it from starving: adapters.rq.priority).
     names = [queue] if queue else scheduler.queue_names
     queues = [Queue(q, connection=scheduler.connection, serializer=JSONSerializer) for q in names]
     worker_class = PrioritySimpleWorker if simple else PriorityWorker

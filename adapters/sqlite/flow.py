@@ -1,6 +1,6 @@
 """The :class:`~adapters.base.FlowStore` port in the SQLite file: rate buckets and concurrency slots.
 
-The same buckets and answers as :mod:`adapters.memory_flow` (its
+The same buckets and answers as :mod:`adapters.memory.flow` (its
 ``take_from_bucket`` does the arithmetic), each check-and-take one
 ``BEGIN IMMEDIATE`` transaction, so every process on the file shares them.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from adapters.memory_flow import Bucket, take_from_bucket
+from adapters.memory.flow import Bucket, take_from_bucket
 from adapters.sqlite.connection import Database
 from pipelines.engine.flow import check_block_seconds, check_slot_ttl
 

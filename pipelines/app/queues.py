@@ -146,7 +146,7 @@ def age(since: float | None, now: float | None = None) -> str:
 
 def alive_workers(connection: Any, workers: list[Any]) -> list[Any]:
     """The workers of ``workers`` that are alive: by their alive key if they keep one, else by RQ's heartbeat."""
-    from adapters.rq_lifeline import ALIVE_FIELD, alive_key
+    from adapters.rq.lifeline import ALIVE_FIELD, alive_key
 
     pipe = connection.pipeline(transaction=False)
     for w in workers:

@@ -15,7 +15,7 @@ crash leaves at worst a blob nothing references yet, under its job, removed
 with the job (see :mod:`adapters.offload` for the sweep of blobs whose job
 is gone).
 
-Nothing here imports an adapter: stores live in :mod:`adapters.blobs` and :mod:`adapters.blobs_s3`.
+Nothing here imports an adapter: stores live in :mod:`adapters.blobs` and :mod:`adapters.blobs.s3`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ deferral, no commit, no sleep), so a worker always moves on to other work.
   leased slot (member = job, expiry = now + 1.5 x lease), so a killed
   worker's slot comes back when its lease expires.
 * **Priorities**: ``priority="interactive" | "background"`` per run selects
-  the queue its advances go to (see :mod:`adapters.rq_priority`).
+  the queue its advances go to (see :mod:`adapters.rq.priority`).
 
 Two rules hold everything here:
 

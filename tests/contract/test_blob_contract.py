@@ -68,7 +68,7 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def s3_store(s3_endpoint: str) -> BlobStore:
     """An S3 blob store in a bucket of its own on that server."""
-    from adapters.blobs_s3 import S3BlobStore
+    from adapters.blobs.s3 import S3BlobStore
     from tests.s3_server import ACCESS_KEY, SECRET_KEY, create_bucket
 
     return S3BlobStore(create_bucket(s3_endpoint), prefix="app/blobs", endpoint=s3_endpoint, access_key_id=ACCESS_KEY,

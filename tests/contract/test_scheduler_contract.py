@@ -1,4 +1,4 @@
-"""The Scheduler contract (adapters/base.py), run against every scheduler (tests/contract/scheduler_fixtures.py).
+"""The Scheduler contract (adapters/base/), run against every scheduler (tests/contract/scheduler_fixtures.py).
 
 Each test drives the scheduler through the public App and the port's own
 methods; the harness only runs the scheduler's work, moves its clock and

@@ -1,4 +1,4 @@
-"""The Storage contract (adapters/base.py), run against every adapter."""
+"""The Storage contract (adapters/base/), run against every adapter."""
 
 from __future__ import annotations
 

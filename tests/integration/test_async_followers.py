@@ -33,7 +33,7 @@ from pipelines.engine.models import Event
 from pipelines.testing import ScriptedModel, call, reply
 from tests.streaming_helpers import followed_texts_match, run_to_the_end
 
-IDLE = 100  # more than one XREAD names (adapters.redis_live_async._KEYS): the keys are split over several
+IDLE = 100  # more than one XREAD names (adapters.redis.live_async._KEYS): the keys are split over several
 TEXT = "Order A-1 left the warehouse yesterday and should arrive within two days. " * 3
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from adapters.blobs import DirectoryBlobStore, MemoryBlobStore, RedisBlobStore
-from adapters.blobs_s3 import S3BlobStore
+from adapters.blobs.s3 import S3BlobStore
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.offload import OffloadingStorage
 from adapters.redis import RedisStorage

@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import pytest
 
-from adapters.blobs_s3 import S3BlobStore
+from adapters.blobs.s3 import S3BlobStore
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.offload import OffloadingStorage
 from adapters.redis import RedisStorage
@@ -237,8 +237,8 @@ def test_the_client_library_is_imported_at_the_first_request_only() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import adapters.blobs, adapters.offload, pipelines; a = 'adapters.blobs_s3' in sys.modules; "
-            "from adapters.blobs_s3 import S3BlobStore; S3BlobStore('bucket-1', region='eu-west-1'); "
+    code = ("import sys; import adapters.blobs, adapters.offload, pipelines; a = 'adapters.blobs.s3' in sys.modules; "
+            "from adapters.blobs.s3 import S3BlobStore; S3BlobStore('bucket-1', region='eu-west-1'); "
             "print(a, 'boto3' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]

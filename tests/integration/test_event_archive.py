@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from adapters import redis_archive
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
+from adapters.redis import archive as redis_archive
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import CorruptRecordError, InvalidInputError
 from pipelines.testing import ScriptedModel, call, reply
@@ -110,7 +110,7 @@ def test_a_running_job_or_a_stream_that_moved_is_not_archived(storage: RedisStor
     k4 = storage.keys("j4")
     entries = storage.client.xrange(k4.events)
     stale = redis_archive.pack([(e[0].decode(), e[1][b"e"].decode()) for e in entries[:-1]])
-    reply_ = storage._run(storage._archive, [k4.record, k4.events, storage.layout.indexes_of("j4").finished],
+    reply_ = storage.conn.run(storage.scripts.archive, [k4.record, k4.events, storage.layout.indexes_of("j4").finished],
                           ["j4", entries[-2][0].decode(), "0", stale], "test")
     assert reply_ in (b"moved", "moved")
     assert storage.client.xlen(k4.events) == len(entries)
@@ -170,7 +170,8 @@ def test_a_reader_past_the_archive_is_not_sent_it(storage: RedisStorage) -> None
 
     def script_reply(cursor: str) -> Any:
         start = f"({cursor}" if cursor else "-"
-        return storage._run(storage._events, [k.record, k.events], [start, "10", cursor], "test", write=False)
+        return storage.conn.run(storage.scripts.events, [k.record, k.events], [start, "10", cursor], "test",
+                                write=False)
 
     assert script_reply(last)[0] in (b"", "")  # a follower at the end: nothing of the archive travels
     assert script_reply(events[-2].id)[0]  # one before its end: the archive is needed, and sent

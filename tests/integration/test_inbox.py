@@ -134,7 +134,7 @@ def test_a_crash_after_the_inbox_was_taken_takes_the_same_messages_once() -> Non
 
 def test_a_send_or_publish_re_sent_after_a_lost_reply_applies_once(redis_url: str) -> None:
     """redis-py re-sends a command whose reply was lost: the scripts recognise their own token."""
-    from adapters import redis_scripts
+    from adapters.redis import scripts as redis_scripts
     from pipelines.engine.models import Event
 
     store = RedisStorage.from_url(redis_url, prefix="resend")
@@ -156,7 +156,7 @@ def test_a_send_or_publish_re_sent_after_a_lost_reply_applies_once(redis_url: st
 
 
 def test_a_re_sent_send_is_recognised_even_after_another_caller_sent_in_between(redis_url: str) -> None:
-    from adapters import redis_scripts
+    from adapters.redis import scripts as redis_scripts
 
     store = RedisStorage.from_url(redis_url, prefix="resend2")
     app = App(storage=store, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=ScriptedModel(answer),
@@ -173,7 +173,7 @@ def test_a_re_sent_send_is_recognised_even_after_another_caller_sent_in_between(
 
 def test_a_step_journaled_with_parts_re_sent_after_a_lost_reply_publishes_them_once(redis_url: str) -> None:
     """The journal write that carries the answer's last text: a re-sent call finds its own value journaled."""
-    from adapters import redis_scripts
+    from adapters.redis import scripts as redis_scripts
     from pipelines.engine.models import Event
 
     store = RedisStorage.from_url(redis_url, prefix="resend3")

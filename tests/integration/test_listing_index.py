@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from adapters.redis import RedisStorage
-from adapters.redis_scripts import index_position
+from adapters.redis.scripts import index_position
 from pipelines.engine.models import Checkpoint, Commit, JobRecord, JobStatus
 
 pytestmark = pytest.mark.redis
@@ -70,7 +70,7 @@ def test_reindex_never_overwrites_what_a_commit_indexed_since_the_record_was_rea
     storage.commit(Commit(job_id="j1", expected_version=1, token=uuid.uuid4().hex, record=done))
     # A reindex that read the record at version 1 (running) comes after that commit.
     keys = [storage.keys("j1").record, *storage.listing_keys]
-    reply = storage._reindex(keys=keys, args=["j1", "1", index_position(JobStatus.RUNNING), "1.0"])
+    reply = storage.scripts.reindex(keys=keys, args=["j1", "1", index_position(JobStatus.RUNNING), "1.0"])
     assert reply == b"moved"
     assert ids(storage, status=JobStatus.RUNNING) == [] and ids(storage, status=JobStatus.COMPLETE) == ["j1"]
     assert storage.client.zscore(storage.listing_keys[0], "j1") == 5.0

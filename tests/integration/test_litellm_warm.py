@@ -16,7 +16,7 @@ from typing import Any
 from rq import Queue, Worker
 from rq.serializers import JSONSerializer
 
-from adapters.rq_priority import PrioritySimpleWorker
+from adapters.rq.priority import PrioritySimpleWorker
 from tests.fake_openai import FakeOpenAI, streamed, text_reply
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from adapters.redis import RedisStorage
-from adapters.redis_archive import entry_key
+from adapters.redis.archive import entry_key
 from adapters.rq import RQScheduler
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError

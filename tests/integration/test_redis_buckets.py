@@ -15,7 +15,7 @@ from redis.crc import key_slot
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
-from adapters.redis_keys import KeyLayout, layout_key
+from adapters.redis.keys import KeyLayout, layout_key
 from pipelines import App, Done, Next, Phase, PhaseContext
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import JobRecord, JobStatus
@@ -34,7 +34,7 @@ def test_every_key_a_script_touches_shares_the_jobs_slot(storage: RedisStorage) 
     # The keys of one commit: the job's own and its bucket's indexes, all on one slot (no CROSSSLOT).
     slots_seen = set()
     for n in range(40):
-        keys = storage._all_keys(f"job-{n}")
+        keys = storage.conn.all_keys(f"job-{n}")
         slots = {key_slot(k.encode()) for k in keys}
         assert len(slots) == 1, keys
         slots_seen |= slots

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from adapters.redis import RedisStorage
-from adapters.redis_flow import RedisFlowStore
+from adapters.redis.flow import RedisFlowStore
 from pipelines import Agent, App, JobStatus, tool
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError
 from pipelines.engine.runner import AdvanceResult

@@ -121,7 +121,7 @@ def test_a_history_delta_from_a_record_that_changed_meanwhile_is_sent_whole(
     def stale_base(*args: Any, **kwargs: Any) -> Any:
         # As if the record hash changed after the adapter remembered its history (a recreated job).
         got = real(*args, **kwargs)
-        storage._bases["h3"] = storage._bases["h3"]._replace(token="not-the-stored-one")
+        storage.records.bases["h3"] = storage.records.bases["h3"]._replace(token="not-the-stored-one")
         return got
 
     monkeypatch.setattr(storage, "acquire_lease", stale_base)
@@ -168,7 +168,7 @@ def test_an_event_of_a_type_the_table_does_not_know_and_odd_values_round_trip(ap
 
 def test_a_record_without_its_status_place_is_moved_out_of_every_other_index_and_gets_one(
         app: App, r: redis.Redis) -> None:
-    from adapters.redis_scripts import INDEX_ROLES
+    from adapters.redis.scripts import INDEX_ROLES
     from pipelines import JobStatus
 
     app.run_agent("a", job_id="s1", messages=["count"])
@@ -192,13 +192,13 @@ def test_a_record_without_its_status_place_is_moved_out_of_every_other_index_and
 def test_the_history_base_is_kept_while_the_job_runs_and_forgotten_when_it_finishes(app: App) -> None:
     storage = _storage(app)
     app.run_agent("a", job_id="b1", messages=["count"])
-    assert "b1" not in storage._bases  # a create: the next turn's load remembers it
+    assert "b1" not in storage.records.bases  # a create: the next turn's load remembers it
     app.advance("b1")  # a turn through the queue: the lease is released with the commit, the history kept
-    assert storage._bases["b1"].token == storage.client.hget(storage.keys("b1").record, "token").decode()
-    assert storage._bases_bytes == sum(b.size for b in storage._bases.values())
+    assert storage.records.bases["b1"].token == storage.client.hget(storage.keys("b1").record, "token").decode()
+    assert storage.records.bases_bytes == sum(b.size for b in storage.records.bases.values())
     kept = App(storage=storage, scheduler=MemoryScheduler(), agents=[_agent()], continue_for=30)
     kept.advance("b1")  # under continue_for: every later turn commits from the remembered base
-    assert kept.get("b1").status.value == "complete" and "b1" not in storage._bases
+    assert kept.get("b1").status.value == "complete" and "b1" not in storage.records.bases
 
 
 def test_a_load_parses_only_the_marks_added_since_this_storage_last_saw_the_history(
@@ -230,7 +230,7 @@ def test_a_history_rewritten_elsewhere_is_parsed_whole_and_reads_the_same(app: A
     storage = _storage(app)
     app.run_agent("a", job_id="k2", messages=["count"])
     _advance(app, "k2", 5)
-    assert storage.get_job("k2") is not None and "k2" in storage._bases
+    assert storage.get_job("k2") is not None and "k2" in storage.records.bases
     # A full retry elsewhere rewrites the job: its history starts again from the first turn.
     other = App(storage=RedisStorage.from_url(redis_url, prefix="fmt"), scheduler=MemoryScheduler(),
                 agents=[_agent()])

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from adapters.redis import RedisStorage
-from adapters.redis_scripts import INDEX_ROLES
+from adapters.redis.scripts import INDEX_ROLES
 from pipelines import JobStatus
 from pipelines.engine.errors import CorruptRecordError
 from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, LogEntry, Usage
@@ -237,7 +237,7 @@ def test_create_clears_leftover_keys_of_any_type(storage: RedisStorage, r: redis
     assert storage.logs(JOB) == [] and storage.events(JOB) == [] and storage.lease_owner(JOB) is None
 
 
-# --- the flow-control scripts (adapters/redis_flow.py): same rule, their own keys ---------------
+# --- the flow-control scripts (adapters/redis/flow.py): same rule, their own keys ---------------
 FLOW_SCRIPTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "TAKE_RATE": ("rate", lambda f: f.take_rate("m", rpm=60.0, tpm=600.0, burst=1.0, tokens=5, now=0.0)),
     "ADJUST_RATE": ("rate", lambda f: f.adjust_rate("m", 7)),

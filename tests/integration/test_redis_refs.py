@@ -17,7 +17,7 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
-from adapters.redis_scripts import COMMIT_ARGS
+from adapters.redis.scripts import COMMIT_ARGS
 from pipelines import Agent, App, tool
 from pipelines.crash_harness import SimulatedCrash
 from pipelines.testing import ScriptedModel, call, reply
@@ -54,7 +54,7 @@ class Commits:
     def __init__(self, storage: RedisStorage) -> None:
         self.sent: list[list[str]] = []
         inner = storage.client.execute_command
-        sha = storage._commit.sha
+        sha = storage.scripts.commit.sha
 
         def spy(*args: Any, **options: Any) -> Any:
             got = inner(*args, **options)  # a first EVALSHA answered NOSCRIPT raises: not counted
@@ -81,7 +81,7 @@ def _transcript(r: redis.Redis, storage: RedisStorage, job_id: str) -> list[byte
 def _expected(redis_url: str, job_id: str) -> list[bytes]:
     """The transcript of the same job written with every message sent whole."""
     other = RedisStorage.from_url(redis_url, prefix="whole")
-    other._steps.refer = lambda job_id, messages: None  # type: ignore[method-assign]
+    other.records.steps.refer = lambda job_id, messages: None  # type: ignore[method-assign]
     app = _app(other)
     app.run_agent("a", job_id=job_id, messages=["count"])
     app.scheduler.drain()  # type: ignore[attr-defined]
@@ -163,7 +163,7 @@ def test_a_recovered_turn_sends_the_answer_it_loaded_from_the_journal_by_referen
 
 def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
         storage: RedisStorage, r: redis.Redis) -> None:
-    from adapters.redis_common import _dump_parts
+    from adapters.redis.values import _dump_parts
     from pipelines.engine.models import Event
 
     app = _app(storage)
@@ -180,7 +180,7 @@ def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
     inner = storage.client.execute_command
 
     def spy(*args: Any, **options: Any) -> Any:
-        if len(args) > 1 and args[1] == storage._step.sha:
+        if len(args) > 1 and args[1] == storage.scripts.step.sha:
             sent.append([a.decode() if isinstance(a, bytes) else str(a) for a in args[3 + int(args[2]) + 5:]])
         return inner(*args, **options)
 
@@ -197,7 +197,7 @@ def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
 
 def test_a_slice_the_step_script_cannot_put_back_together_writes_nothing(
         storage: RedisStorage, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    from adapters import redis as redis_adapter
+    from adapters.redis import writes as redis_adapter
     from pipelines.engine.errors import StorageError
     from pipelines.engine.models import Event
 

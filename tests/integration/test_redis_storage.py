@@ -128,7 +128,7 @@ def test_a_commit_whose_reply_was_lost_is_resent_by_redis_py_and_recognised(redi
     try:
         storage.create_job(record(), messages=[{"role": "user", "content": "hi"}])
         # The commit script's sha travels in EVALSHA: lose exactly that reply.
-        proxy.armed = storage._commit.sha.encode()
+        proxy.armed = storage.scripts.commit.sha.encode()
         c = turn(storage, "job-1")  # redis-py reconnects and re-sends; no exception
         assert proxy.dropped == 1
         got = storage.get_job("job-1")
@@ -148,7 +148,7 @@ def test_a_create_whose_reply_was_lost_is_not_a_conflict(redis_url: str) -> None
     storage = RedisStorage.from_url(f"redis://127.0.0.1:{proxy.port}/0", prefix="itest")
     try:
         storage.get_job("job-1")  # loads the scripts
-        proxy.armed = storage._create.sha.encode()
+        proxy.armed = storage.scripts.create.sha.encode()
         storage.create_job(record(), messages=[{"role": "user", "content": "hi"}])
         assert proxy.dropped == 1
         assert storage.messages("job-1") == [{"role": "user", "content": "hi"}]
@@ -449,7 +449,7 @@ def test_new_connections_do_not_look_up_redis_pys_version_and_still_say_who_they
         redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import redis.driver_info
 
-    from adapters import redis_common
+    from adapters.redis import client as redis_common
 
     redis_common.driver_info()  # looked up once per process (before a worker forks)
     looked_up: list[int] = []

@@ -1,4 +1,4 @@
-"""An RQ worker of ours goes on through a Redis outage in RQ's bookkeeping (adapters.rq_recovery.RidesOutOutages).
+"""An RQ worker of ours goes on through a Redis outage in RQ's bookkeeping (adapters.rq.recovery.RidesOutOutages).
 
 A real redis-server (appendonly) is stopped by a job as it ends, so RQ's
 record of that job's end finds the connection refused, and started again a
@@ -21,7 +21,7 @@ from redis.retry import Retry
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
-from adapters.rq_priority import PrioritySimpleWorker, PriorityWorker
+from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
 from tests.apps import outage_jobs
 from tests.redis_server import RedisServer, find_redis_server
 

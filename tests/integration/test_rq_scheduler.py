@@ -360,7 +360,7 @@ def test_a_question_asked_before_a_fork_is_not_read_in_the_child(monkeypatch: py
                                                                   scheduler: RQScheduler) -> None:
     import os
 
-    import adapters.redis_pending as pending
+    import adapters.redis.pending as pending
 
     answer = scheduler.probe_work_waiting()
     child = os.getpid() + 1

@@ -2,7 +2,7 @@
 
 RQ's scheduler is a forked process that any exception ends (a Redis restart),
 and RQ starts another only at its 10-minute maintenance; until then delayed
-advances wait in the scheduled registry (adapters.rq_recovery.SchedulerKeeper).
+advances wait in the scheduled registry (adapters.rq.recovery.SchedulerKeeper).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
 from adapters.rq import RQScheduler
-from adapters.rq_priority import PrioritySimpleWorker, PriorityWorker
+from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
 from tests.system.conftest import wait_for
 
 pytestmark = pytest.mark.redis

@@ -28,7 +28,7 @@ from rq.serializers import JSONSerializer
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import JobKeys, RedisStorage, finished_key, index_keys, job_keys, listing_keys
-from adapters.redis_keys import KeyLayout, layout_key
+from adapters.redis.keys import KeyLayout, layout_key
 from adapters.rq import RQScheduler, rq_job_id
 from phases.agent_turn import resolve_model
 from phases.model import ModelRequest

@@ -180,14 +180,14 @@ def test_a_job_created_again_meanwhile_is_not_taken_for_leftovers(redis_url: str
     r = redis.Redis.from_url(redis_url)
     storage.create_job(record(), messages=[{"role": "user", "content": "old"}])
     r.delete(storage.keys(JOB).record)
-    real = storage._delete_leftovers
+    real = storage.records.delete_leftovers
 
     def recreated_first(job_id: str) -> None:
         storage.delete_job(job_id)
         storage.create_job(record(), messages=[{"role": "user", "content": "new"}])
         real(job_id)
 
-    storage._delete_leftovers = recreated_first  # type: ignore[method-assign]
+    storage.records.delete_leftovers = recreated_first  # type: ignore[method-assign]
     assert storage.get_job(JOB) is None  # what the load saw
     rec = storage.get_job(JOB)
     assert rec is not None and storage.messages(JOB) == [{"role": "user", "content": "new"}]

@@ -58,7 +58,7 @@ def test_unreachable_storage_is_unhealthy(cluster: Cluster) -> None:
 
 
 def test_a_worker_killed_with_kill_9_is_dead_to_health_within_seconds(cluster: Cluster, app: App) -> None:
-    from adapters.rq_lifeline import Lifeline
+    from adapters.rq.lifeline import Lifeline
 
     doomed = cluster.worker("doomed-probe")  # forking, with RQ's scheduler child: the default worker
     wait_for("health to see the worker", lambda: health(cluster.env)[0] == 0, 30, cluster.logs)

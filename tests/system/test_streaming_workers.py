@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from adapters.redis_archive import entry_key
+from adapters.redis.archive import entry_key
 from pipelines.app import App
 from pipelines.engine.models import Event
 from pipelines.streams import turn_texts

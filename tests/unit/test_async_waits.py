@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from adapters.live_wakeup import LoopWakeups, wait_on
-from adapters.redis_live_async import _uncancelled
+from adapters.redis.live_async import _uncancelled
 
 
 def test_a_wait_cancelled_as_its_future_resolves_raises_the_cancellation() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 import phases.litellm_model as litellm_model
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
-from adapters.memory_flow import MemoryFlowStore
+from adapters.memory.flow import MemoryFlowStore
 from pipelines import Agent, App
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError, TransientModelError
 from pipelines.engine.flow import MAX_CALL_TOKENS, MAX_WAIT_SECONDS, FlowControl, RateLimit

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
-from adapters.memory_flow import MemoryFlowStore
+from adapters.memory.flow import MemoryFlowStore
 from phases.model import ModelRequest, ModelResponse
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError, TransientModelError
@@ -189,7 +189,7 @@ def test_bad_flow_settings_are_refused_with_a_clear_error() -> None:
 def test_workers_take_background_work_at_least_once_in_n_takes_under_sustained_interactive_load() -> None:
     from rq import Queue
 
-    from adapters.rq_priority import priority_order
+    from adapters.rq.priority import priority_order
 
     interactive, background = Queue.__new__(Queue), Queue.__new__(Queue)
     interactive.name, background.name = "q", "q-background"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
-from adapters.memory_flow import MemoryFlowStore
+from adapters.memory.flow import MemoryFlowStore
 from pipelines import Agent, App, tool
 from pipelines.engine import leases
 from pipelines.engine._daemon import Daemon

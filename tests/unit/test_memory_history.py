@@ -1,4 +1,4 @@
-"""MemoryStorage keeps a record's turn history apart, a mark a line (adapters._memory_history), as Redis does."""
+"""MemoryStorage keeps a record's turn history apart, a mark a line (adapters.memory.history), as Redis does."""
 
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from adapters._memory_listing import SortedIndex
 from adapters.base import page_cursor
 from adapters.memory import MemoryStorage
+from adapters.memory.listing import SortedIndex
 from pipelines.engine.models import JobRecord, JobStatus
 
 

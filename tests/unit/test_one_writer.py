@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 WRITES = frozenset({"create_job", "commit", "record_step", "record_step_and_publish", "add_dropped_usage",
                     "request_control", "delete_job", "send", "publish"})
-"""Every storage method that changes what storage holds (adapters/base.py's ports)."""
+"""Every storage method that changes what storage holds (the ports in adapters/base/)."""
 
 STORAGE_NAMES = frozenset({"storage", "_storage", "store", "inner"})
 """What the library calls a storage object (a name, or an attribute: ``self.storage``, ``app.storage``)."""

@@ -1,10 +1,10 @@
-"""``adapters.redis_refs``: which messages a commit sends as references into the journal, which parts as slices."""
+"""``adapters.redis.refs``: which messages a commit sends as references into the journal, which parts as slices."""
 
 from __future__ import annotations
 
 import hashlib
 
-from adapters.redis_refs import REF_MIN_BYTES, JournalValues
+from adapters.redis.refs import REF_MIN_BYTES, JournalValues
 
 MSG = '{"role":"assistant","content":"' + "é" * 20 + "x" * REF_MIN_BYTES + '"}'
 VALUE = '{"message":' + MSG + ',"finish_reason":"stop"}'
@@ -65,7 +65,7 @@ def test_what_is_kept_is_bounded_oldest_job_first() -> None:
 
 
 def test_a_part_sharing_a_long_string_with_the_value_is_cut_where_the_value_holds_it() -> None:
-    from adapters.redis_refs import slice_parts
+    from adapters.redis.refs import slice_parts
 
     text = '"' + "é" * 10 + 'y\\"' + "z" * REF_MIN_BYTES + '"'  # a JSON string literal with an escaped quote
     value = '{"message":{"content":' + text + "}}"
@@ -86,7 +86,7 @@ def test_a_part_sharing_a_long_string_with_the_value_is_cut_where_the_value_hold
 def test_the_streamed_tail_of_an_answer_is_cut_too() -> None:
     import json
 
-    from adapters.redis_refs import slice_parts
+    from adapters.redis.refs import slice_parts
 
     content = "head of the answer, already streamed. " + 'tail \\ with "escapes" and é ' * 8
     value = json.dumps({"message": {"content": content}}, ensure_ascii=False, separators=(",", ":"))

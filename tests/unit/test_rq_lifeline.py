@@ -1,7 +1,7 @@
 """A child that watches its parent ends when the parent dies: PR_SET_PDEATHSIG, the polling fallback, a late watch.
 
 A real process tree: a fresh interpreter (the parent) forks a child that
-calls :func:`adapters.rq_lifeline.watch_parent` and then sleeps a minute;
+calls :func:`adapters.rq.lifeline.watch_parent` and then sleeps a minute;
 the parent prints the child's pid and exits. The child must be gone within
 seconds (tests/system/test_worker_death.py does the same with real workers).
 """
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TREE = """
 import os, signal, sys, time
-from adapters import rq_lifeline
+from adapters.rq import lifeline as rq_lifeline
 mode = sys.argv[1]
 if mode == "poll":
     rq_lifeline._prctl = None  # as on a system without prctl

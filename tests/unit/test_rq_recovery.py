@@ -8,7 +8,7 @@ import pytest
 import redis
 from rq.exceptions import StopRequested
 
-from adapters.rq_recovery import RidesOutOutages
+from adapters.rq.recovery import RidesOutOutages
 
 
 class _Flaky:

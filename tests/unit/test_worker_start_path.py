@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 START_PATH = """
 import json, sys
-import pipelines.cli, pipelines.worker, adapters.rq, adapters.rq_priority, rq, rq.serializers
+import pipelines.cli, pipelines.worker, adapters.rq, adapters.rq.priority, rq, rq.serializers
 from pipelines.worker import load_app
 loaded = {}
 for path in ("tests.apps.stream_app:app", "bench.startup_app:app", "bench.apps:app"):

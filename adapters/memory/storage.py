@@ -1,38 +1,32 @@
-"""In-memory storage and scheduler, for tests and the offline demo.
+"""``MemoryStorage``: the :class:`~adapters.base.Storage` port in process memory, for tests and the offline demo.
 
-``MemoryStorage`` keeps everything as JSON text, so what Redis would reject is
-rejected here too, and it is thread-safe (one lock). ``MemoryScheduler`` runs
-advances in due order on a virtual clock: ``drain()`` never sleeps, and
-``run_next()`` steps one advance at a time for crash tests.
+It keeps everything as JSON text, so what Redis would reject is rejected here
+too, and it is thread-safe (one lock). Its scheduler twin is
+:class:`~adapters.memory.MemoryScheduler` (:mod:`adapters.memory.scheduler`).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from adapters._memory_history import NO_HISTORY, StoredHistory, dump_apart, stored_dict
-from adapters._memory_listing import SortedIndex
 from adapters.base import INBOX_OPEN, Feature, parse_cursor
 from adapters.live_wakeup import LoopWakeups, wait_on
+from adapters.memory.history import NO_HISTORY, dump_apart, stored_dict
+from adapters.memory.job import Job, check_inbox, position
+from adapters.memory.listing import SortedIndex
 from pipelines.engine.errors import (
-    ConfigurationError,
     CorruptRecordError,
-    InboxNotEmptyError,
     InvalidInputError,
     JobConflictError,
     StaleVersionError,
 )
-from pipelines.engine.events import check_cursor
 from pipelines.engine.models import (
     Commit,
     CommitReply,
@@ -50,71 +44,9 @@ from pipelines.engine.models import (
     validate_job_id,
 )
 
-__all__ = ["MemoryScheduler", "MemoryStorage", "VirtualClock"]
+__all__ = ["MemoryStorage"]
 
 _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
-
-
-def _position(after: str | None, what: str) -> int:
-    """The position a cursor names (ids here are 1-based positions in the log); 0 for none.
-
-    The shared check comes first, so memory refuses what Redis refuses, with the same error.
-    """
-    if check_cursor(after, what) is None:
-        return 0
-    assert after is not None
-    if "-" in after:
-        raise InvalidInputError(f"{what} {after!r} is not an id this storage gave out (a position, not <ms>-<seq>)")
-    return int(after)
-
-
-class VirtualClock:
-    """A clock that only moves when told to. Shared by scheduler and storage in tests."""
-
-    def __init__(self, start: float | None = None) -> None:
-        self._now = time.time() if start is None else float(start)
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a clock does not go backwards")
-        with self._lock:
-            self._now += seconds
-
-    def advance_to(self, t: float) -> None:
-        with self._lock:
-            self._now = max(self._now, t)
-
-
-@dataclass
-class _Job:
-    record: str  # the record's JSON text without its turn history, which is kept apart:
-    history: StoredHistory = NO_HISTORY  # (see adapters._memory_history)
-    messages: list[str] = field(default_factory=list)
-    logs: list[str] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)
-    live: list[str] = field(default_factory=list)  # every event again, plus ephemeral parts (text deltas)
-    journal: dict[str, str] = field(default_factory=dict)
-    journal_version: int = -1
-    lease_owner: str | None = None
-    lease_expires: float = 0.0
-    token: str = ""
-    version: int = 0
-    control: str | None = None  # a pause/cancel requested while a turn was in flight
-    inbox: list[str] = field(default_factory=list)  # messages sent to the job, taken by its next turn
-    dropped: Usage = field(default_factory=Usage)  # usage of attempts fenced off after paying
-    dropped_token: str = ""
-
-
-def _check_inbox(job: _Job, commit: Commit) -> None:
-    """A commit that ends the run is refused while messages it does not take wait (under the commit's lock)."""
-    if commit.ends_run and len(job.inbox) > commit.take_inbox:
-        raise InboxNotEmptyError(
-            f"job {commit.job_id!r}: {len(job.inbox) - commit.take_inbox} message(s) sent to it wait in its inbox; "
-            "the run does not end past them", waiting=len(job.inbox))
 
 
 class MemoryStorage:
@@ -131,7 +63,7 @@ class MemoryStorage:
         Feature.RECENT})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, Job] = {}
         self._due: dict[str, float] = {}
         self._finished: dict[str, float] = {}  # finished job id -> when it finished (retention reads it)
         # The listing indexes: job id -> updated_at, per status (the "all jobs" one is self._updated).
@@ -146,13 +78,13 @@ class MemoryStorage:
         self.bytes_written = 0
 
     # --- helpers -------------------------------------------------------------
-    def _lease_live(self, job: _Job) -> bool:
+    def _lease_live(self, job: Job) -> bool:
         return job.lease_owner is not None and job.lease_expires > self._clock()
 
-    def _held_by(self, job: _Job, owner: str) -> bool:
+    def _held_by(self, job: Job, owner: str) -> bool:
         return self._lease_live(job) and job.lease_owner == owner
 
-    def _load(self, job_id: str, job: _Job) -> JobRecord:
+    def _load(self, job_id: str, job: Job) -> JobRecord:
         try:
             rec = JobRecord.model_validate_json(job.record)
         except ValidationError as exc:
@@ -177,7 +109,7 @@ class MemoryStorage:
         with self._lock:
             if record.job_id in self._jobs:
                 raise JobConflictError(f"job {record.job_id!r} already exists")
-            self._jobs[record.job_id] = _Job(record=text, history=history, messages=msgs, logs=log_lines,
+            self._jobs[record.job_id] = Job(record=text, history=history, messages=msgs, logs=log_lines,
                                              events=event_lines, live=list(event_lines), version=record.version)
             self._published.notify_all()
             self._live_waiters.notify(record.job_id)
@@ -244,7 +176,7 @@ class MemoryStorage:
                     f"job {commit.job_id!r} is leased by another worker; commit expected {commit.expected_version}"
                     if self._lease_live(job) else f"job {commit.job_id!r}: no worker holds its lease (this "
                     f"worker's lease expired); commit expected {commit.expected_version}")
-            _check_inbox(job, commit)
+            check_inbox(job, commit)
             if commit.truncate_messages_to is not None:
                 del job.messages[commit.truncate_messages_to :]
             job.messages.extend(msgs)
@@ -308,7 +240,7 @@ class MemoryStorage:
     def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
                   block: float | None = None) -> list[Event]:
         """Parts after the cursor (ids are 1-based positions); waits up to ``block`` seconds (real time)."""
-        start = _position(after, "stream cursor")
+        start = position(after, "stream cursor")
         deadline = time.monotonic() + (block or 0.0)
         with self._lock:
             while True:
@@ -324,7 +256,7 @@ class MemoryStorage:
     async def aread_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
                          block: float | None = None) -> list[Event]:
         """:meth:`read_live` for ``async`` code: the wait is a future the publisher resolves, no thread."""
-        start = _position(after, "stream cursor")
+        start = position(after, "stream cursor")
         deadline = time.monotonic() + (block or 0.0)
         while True:
             with self._lock:
@@ -423,7 +355,7 @@ class MemoryStorage:
         return [LogEntry.model_validate_json(line) for line in lines]
 
     def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
-        start = _position(after, "event cursor")
+        start = position(after, "event cursor")
         with self._lock:
             job = self._jobs.get(job_id)
             lines = [] if job is None else job.events[start : start + max(0, limit)]
@@ -435,7 +367,7 @@ class MemoryStorage:
         with self._lock:
             job = self._jobs.get(job_id)
             events = [] if job is None else job.events
-            stop = len(events) if before is None else min(len(events), _position(before, "event cursor") - 1)
+            stop = len(events) if before is None else min(len(events), position(before, "event cursor") - 1)
             start = max(0, stop - max(0, limit))
             lines = events[start:max(start, stop)]
         return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
@@ -455,7 +387,7 @@ class MemoryStorage:
             due = sorted((t, j) for j, t in self._due.items() if t <= now)
         return [j for _, j in due[:limit]]
 
-    def _readable(self, job_id: str, job: _Job) -> JobRecord | None:
+    def _readable(self, job_id: str, job: Job) -> JobRecord | None:
         """The record, or ``None`` (logged, naming the job) when it does not parse: a listing shows the rest."""
         try:
             return self._load(job_id, job)
@@ -515,8 +447,8 @@ class MemoryStorage:
         return [j for _, j in done[: max(0, limit)]]
 
     def flow_store(self) -> Any:
-        """The flow-control state beside this storage (a :class:`~adapters.memory_flow.MemoryFlowStore`)."""
-        from adapters.memory_flow import MemoryFlowStore  # only apps with flow control load it
+        """The flow-control state beside this storage (a :class:`~adapters.memory.flow.MemoryFlowStore`)."""
+        from adapters.memory.flow import MemoryFlowStore  # only apps with flow control load it
 
         with self._lock:
             store = self.__dict__.get("_flow")
@@ -540,124 +472,3 @@ class MemoryStorage:
                 "lease_owner": job.lease_owner if self._lease_live(job) else None,
                 "due_at": self._due.get(job_id),
             }
-
-
-class _Entry(NamedTuple):
-    # A tuple, so the heap compares entries in C: (due, rank, seq) decide, seq being unique.
-    due: float
-    rank: int  # 0 interactive, 1 background: at the same due time, interactive runs first
-    seq: int
-    job_id: str
-    pipeline: str
-
-
-def _rank(priority: str | None) -> int:
-    if priority in (None, "interactive"):
-        return 0
-    if priority == "background":
-        return 1
-    raise InvalidInputError(f"priority must be 'interactive' or 'background', got {priority!r}")
-
-
-class MemoryScheduler:
-    """The :class:`~adapters.base.Scheduler` port on a virtual clock.
-
-    ``drain()`` runs every scheduled advance in due order, moving the clock
-    forward instead of sleeping; ``run_next()`` runs exactly one.
-    """
-
-    features: ClassVar[frozenset[Feature]] = frozenset({Feature.BACKLOG, Feature.IN_PROCESS})
-
-    def __init__(self, *, clock: VirtualClock | None = None) -> None:
-        self.clock = clock or VirtualClock()
-        self._heap: list[_Entry] = []
-        self._seq = itertools.count()
-        self._advance: Callable[[str], object] | None = None
-        self._lock = threading.Lock()
-        self.scheduled = 0  # total schedule_advance calls, for tests
-
-    #: Delayed advances run exactly on time on the virtual clock.
-    precision: float = 0.0
-
-    def attach(self, advance: Callable[[str], object]) -> None:
-        """Run ``advance(job_id)`` for every advance (the App attaches itself once)."""
-        self._advance = advance
-
-    def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
-                priority: str | None = None) -> None:
-        self.schedule_advance(job_id, 0.0, pipeline=pipeline, version=version, priority=priority)
-
-    def schedule_advance(
-        self, job_id: str, delay: float = 0.0, *, pipeline: str = "default", version: int | None = None,
-        priority: str | None = None,
-    ) -> None:
-        if delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        rank = _rank(priority)
-        with self._lock:
-            heapq.heappush(self._heap, _Entry(self.clock() + delay, rank, next(self._seq), job_id, pipeline))
-            self.scheduled += 1
-
-    def work_waiting(self, priority: str | None = None) -> bool:
-        """Whether an advance of ``priority`` or a higher one is due now (the runner's ``continue_for`` asks)."""
-        rank, now = _rank(priority), self.clock()
-        with self._lock:
-            return any(e.due <= now and e.rank <= rank for e in self._heap)
-
-    def now(self) -> float:
-        return self.clock()
-
-    def pending(self) -> int:
-        """How many advances are scheduled and not yet run."""
-        with self._lock:
-            return len(self._heap)
-
-    def next_due(self) -> float | None:
-        with self._lock:
-            return self._heap[0].due if self._heap else None
-
-    def advances(self) -> list[tuple[float, str, str]]:
-        """The scheduled advances, earliest first, as ``(due, priority, job id)`` (for people: the web page)."""
-        with self._lock:
-            entries = sorted(self._heap)
-        return [(e.due, "background" if e.rank else "interactive", e.job_id) for e in entries]
-
-    def run_next(self) -> bool:
-        """Run the earliest scheduled advance, moving the clock to its due time. ``False`` if none."""
-        with self._lock:
-            if not self._heap:
-                return False
-            entry = heapq.heappop(self._heap)
-        self.clock.advance_to(entry.due)
-        if self._advance is None:
-            raise ConfigurationError(f"nothing can advance job {entry.job_id!r}: this MemoryScheduler is not "
-                                     "attached to an App (App(storage=..., scheduler=...) attaches it)")
-        self._advance(entry.job_id)
-        return True
-
-    def run_due(self) -> int:
-        """Run only what is due now, without moving the clock. Returns how many ran."""
-        ran = 0
-        while (due := self.next_due()) is not None and due <= self.clock():
-            self.run_next()
-            ran += 1
-        return ran
-
-    def drain(self, *, max_advances: int = 1_000_000) -> int:
-        """Run advances until none is scheduled; returns how many ran.
-
-        Phase exceptions never escape (the runner records them on the job).
-        """
-        ran = 0
-        while self.run_next():
-            ran += 1
-            if ran >= max_advances:
-                raise RuntimeError(f"drain stopped after {max_advances} advances; a pipeline loops forever?")
-        return ran
-
-    def drop_all(self) -> int:
-        """Forget every scheduled advance (simulates lost queue messages). Returns how many."""
-        with self._lock:
-            n = len(self._heap)
-            self._heap.clear()
-        return n

@@ -9,7 +9,7 @@ Only data crosses the queue (I8). An RQ job here is::
 and every Queue, Job and registry this module touches uses RQ's
 ``JSONSerializer``; nothing is pickled. The message carries data, never a
 choice of code: ``pipelines worker`` runs no other function and no callback
-(:mod:`adapters.rq_entry`), and only its own app (:mod:`pipelines.worker`).
+(:mod:`adapters.rq.entry`), and only its own app (:mod:`pipelines.worker`).
 
 One RQ job id per turn
 ----------------------
@@ -58,13 +58,14 @@ from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
 from adapters.base import Feature
-from adapters.redis import DEFAULT_PREFIX, check_prefix
-from adapters.redis_pending import SideConnections
+from adapters.redis.keys import check_prefix
+from adapters.redis.pending import SideConnections
+from adapters.redis.storage import DEFAULT_PREFIX
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
 
 if TYPE_CHECKING:
-    from adapters.redis import RedisStorage
+    from adapters.redis.storage import RedisStorage
 
 __all__ = [
     "ADVANCE_FUNC",
@@ -290,7 +291,7 @@ class RQScheduler:
         call, so the round trip overlaps whatever the caller does in between
         (the runner: the phase it then commits). They go on a connection of
         this thread's own, beside the client's pool
-        (:class:`adapters.redis_pending.SideConnections`), so nothing the caller
+        (:class:`adapters.redis.pending.SideConnections`), so nothing the caller
         does meanwhile waits for a connection. Call it in every case; a
         second question asked on a thread before the first is answered is
         answered at once.

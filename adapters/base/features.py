@@ -1,0 +1,46 @@
+"""The optional capabilities (:class:`Feature`), each standing for one protocol of the ports."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from adapters.base.read import AsyncLiveStore, CountingIndex, RecentHistory
+from adapters.base.run import StepPublisher
+from adapters.base.scheduling import Backlog, BacklogProbe, InProcessScheduler, NamedQueues
+from adapters.base.storage import FlowCapable, RetentionStore, VersionedSchema
+
+__all__ = ["Feature", "FEATURE_PROTOCOLS"]
+
+
+class Feature(StrEnum):
+    """An optional capability of an adapter, declared once by its class in ``features`` (see
+    :func:`pipelines.engine.capabilities.has`); each stands for the protocol in :data:`FEATURE_PROTOCOLS`."""
+
+    STEP_AND_PUBLISH = "step_and_publish"  # StepPublisher: journal a step and publish its parts in one write
+    ASYNC_LIVE = "async_live"  # AsyncLiveStore: a follower's wait holds no thread
+    COUNTS = "counts"  # CountingIndex: counts from the listing indexes, and reindex
+    RETENTION = "retention"  # RetentionStore: a delete fenced on the version, and the finished index
+    FLOW = "flow"  # FlowCapable: shared rate limits and concurrency slots in the storage
+    BACKLOG = "backlog"  # Backlog: whether work of a priority waits in the queue
+    BACKLOG_PROBE = "backlog_probe"  # BacklogProbe: ask that question without waiting for the answer
+    IN_PROCESS = "in_process"  # InProcessScheduler: runs advances in this process (attach, drain)
+    NAMED_QUEUES = "named_queues"  # NamedQueues: says which queue a run waits on
+    SCHEMA = "schema"  # VersionedSchema: a file with a schema version that `pipelines migrate` upgrades
+    RECENT = "recent"  # RecentHistory: a job's latest events and log lines, read from the end
+
+
+FEATURE_PROTOCOLS: dict[Feature, type] = {
+    Feature.STEP_AND_PUBLISH: StepPublisher,
+    Feature.ASYNC_LIVE: AsyncLiveStore,
+    Feature.COUNTS: CountingIndex,
+    Feature.RETENTION: RetentionStore,
+    Feature.FLOW: FlowCapable,
+    Feature.BACKLOG: Backlog,
+    Feature.BACKLOG_PROBE: BacklogProbe,
+    Feature.IN_PROCESS: InProcessScheduler,
+    Feature.NAMED_QUEUES: NamedQueues,
+    Feature.SCHEMA: VersionedSchema,
+    Feature.RECENT: RecentHistory,
+}
+"""The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
+contract suites check both ways)."""

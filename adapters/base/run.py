@@ -1,0 +1,148 @@
+"""The runner's side of storage: what the engine needs to run a job (load, lease, journal, commit, inbox)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from pipelines.engine.models import (
+    Commit,
+    CommitReply,
+    Event,
+    JobRecord,
+    JobStatus,
+    JSONValue,
+    LogEntry,
+    Message,
+    Usage,
+)
+
+__all__ = ["INBOX_OPEN", "JobStore", "InboxStore", "LeaseStore", "StepPublisher", "RunStore"]
+
+
+INBOX_OPEN: tuple[JobStatus, ...] = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
+"""The statuses in which a job takes messages into its inbox: a turn will still read them."""
+
+
+@runtime_checkable
+class JobStore(Protocol):
+    """Records and their atomic writes."""
+
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
+                   events: Sequence[Event] = ()) -> None:
+        """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
+        ...
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The record with its current journal and pending control request, or ``None`` for an unknown job."""
+        ...
+
+    def commit(self, commit: Commit) -> CommitReply:
+        """Apply ``commit`` atomically or not at all (see the module docstring).
+
+        Returns what a worker that keeps the lease must know as it stands
+        after the commit: a pending control request (``"pause"``/``"cancel"``)
+        and how many messages wait in the job's inbox.
+        """
+        ...
+
+    def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
+        """Journal one step result under ``version``; fenced like ``commit``."""
+        ...
+
+    def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
+        """Count the usage of an attempt that was fenced off after paying (a model call it cannot commit).
+
+        Outside the version fence, beside the record; loads report it as
+        ``record.dropped``. A call re-sent with the same ``token`` counts once.
+        """
+        ...
+
+    def request_control(self, job_id: str, request: str | None) -> bool:
+        """Store (or clear, with ``None``) a pause/cancel request beside the record; ``False`` for an unknown job.
+
+        Never touches the record or its version, so a turn in flight still commits.
+        """
+        ...
+
+    def delete_job(self, job_id: str) -> bool:
+        """Remove a job and everything it owns; ``False`` if it did not exist."""
+        ...
+
+
+@runtime_checkable
+class InboxStore(Protocol):
+    """Messages sent to a running job (``app.send``), taken into the transcript at its next turn boundary.
+
+    Sending is outside the version fence (a turn in flight still commits); a
+    commit takes messages from the front (``Commit.take_inbox``) atomically
+    with the turn that put them in the transcript, so each joins exactly once.
+    The status is checked by the write itself, on both sides (see the
+    storage contract): ``send`` against :data:`INBOX_OPEN`, a commit that
+    ends the run (``Commit.ends_run``) against the inbox's length.
+    """
+
+    def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
+        """Append ``messages`` to the inbox; its new length, or ``None`` for an unknown job.
+
+        Raises :class:`~pipelines.engine.errors.JobConflictError` naming the
+        status, nothing appended, when the job's status (read in the same
+        atomic step) is not one of :data:`INBOX_OPEN`.
+        """
+        ...
+
+    def inbox(self, job_id: str, count: int) -> list[Message]:
+        """The first ``count`` messages waiting, in the order they were sent."""
+        ...
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Who is running a job's phase right now (I3)."""
+
+    def acquire_lease(self, job_id: str, owner: str, ttl: float) -> JobRecord | None:
+        """Take the job's lease for ``ttl`` seconds and return the record.
+
+        ``None`` when the job is unknown or another owner holds a live lease.
+        """
+        ...
+
+    def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
+        """Extend the lease if ``owner`` still holds it."""
+        ...
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        """Drop the lease if ``owner`` holds it; otherwise do nothing."""
+        ...
+
+    def lease_owner(self, job_id: str) -> str | None:
+        """The owner of the live lease, if any."""
+        ...
+
+
+@runtime_checkable
+class StepPublisher(Protocol):
+    """A storage that journals a step and publishes live-stream parts in one write (a capability).
+
+    The agent turn journals the model's answer with the last of its streamed
+    text this way: one round trip instead of two. A storage without it gets
+    ``record_step`` then ``publish``.
+    """
+
+    def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                parts: Sequence[Event]) -> None:
+        """``record_step``, then ``publish(parts)`` only if the step was journaled; a re-sent call publishes once."""
+        ...
+
+
+@runtime_checkable
+class RunStore(JobStore, LeaseStore, InboxStore, Protocol):
+    """What the engine needs to run a job: load, lease, journal, commit, the inbox, and publishing live parts.
+
+    (``publish`` is declared on :class:`LiveStore`; a turn's live parts go through
+    :mod:`pipelines.engine.writer`.)
+    """
+
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        """Append ephemeral parts (``text_delta``, ``attempt_started``); nothing for an unknown job."""
+        ...

@@ -1,0 +1,85 @@
+"""The whole storage port, and the storage capabilities beyond it (retention, flow state, a schema)."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from adapters.base.read import LiveStore, ReadStore
+from adapters.base.run import RunStore
+
+__all__ = ["Storage", "RetentionStore", "FlowCapable", "FlowStore", "VersionedSchema"]
+
+
+@runtime_checkable
+class Storage(RunStore, ReadStore, LiveStore, Protocol):
+    """Where jobs, transcripts, logs, journals and leases live: the engine's port and the readers' together."""
+
+
+@runtime_checkable
+class RetentionStore(Protocol):
+    """What retention needs beyond the port (memory and Redis have it): a delete fenced on the version, and the
+    index of finished jobs."""
+
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
+        """Delete the job and everything it stored if it is at ``if_version`` (``StaleVersionError`` if not)."""
+        ...
+
+    def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
+        """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
+        ...
+
+
+@runtime_checkable
+class FlowCapable(Protocol):
+    """A storage that keeps flow-control state itself (memory and Redis do): the App uses it by default."""
+
+    def flow_store(self) -> FlowStore:
+        """The :class:`FlowStore` sharing this storage (and its clock or server)."""
+        ...
+
+
+@runtime_checkable
+class FlowStore(Protocol):
+    """Shared flow-control state (:mod:`pipelines.engine.flow`): rate buckets and concurrency slots.
+
+    Every method is one atomic check-and-take; none ever waits. A refusal is
+    the number of seconds after which trying again makes sense. ``now`` is the
+    caller's clock (the memory twin's; Redis uses its own, one for all workers).
+    """
+
+    def take_rate(self, model: str, *, rpm: float | None, tpm: float | None, burst: float, tokens: int,
+                  now: float) -> float:
+        """Take one request and ``tokens`` from ``model``'s bucket: 0 when granted, else seconds to wait."""
+        ...
+
+    def adjust_rate(self, model: str, tokens: int) -> None:
+        """Take ``tokens`` more (or give back, when negative) from ``model``'s token bucket."""
+        ...
+
+    def block_rate(self, model: str, seconds: float, *, now: float) -> None:
+        """Refuse every take of ``model`` for ``seconds`` (a provider's 429 with Retry-After)."""
+        ...
+
+    def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
+        """Hold one of ``limit`` slots of ``key`` for ``ttl`` seconds: 0 when held, else seconds to wait."""
+        ...
+
+    def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
+        """Extend ``member``'s live slot of ``key`` to ``ttl`` seconds from now; ``False`` (nothing written) if
+        it holds none (released, or run out: a slot is never taken back past the limit here)."""
+        ...
+
+    def release_slot(self, key: str, member: str) -> None:
+        """Give ``member``'s slot of ``key`` back (a no-op if it holds none)."""
+        ...
+
+
+@runtime_checkable
+class VersionedSchema(Protocol):
+    """A storage whose file keeps a schema version (SQLite): ``pipelines migrate`` upgrades it in place."""
+
+    path: str  # where the data lives (a file's absolute path)
+
+    def migrate(self) -> tuple[int, int]:
+        """Upgrade the schema to this library's version; ``(before, after)``."""
+        ...

@@ -1,0 +1,26 @@
+"""The scheduler on Celery: every advance a Celery task (see :mod:`adapters.celery.scheduler`).
+
+Needs ``pip install phaserunner[celery]``.
+"""
+
+from adapters.celery.scheduler import (
+    ADVANCE_FUNC,
+    ADVANCE_TASK,
+    DEFAULT_NAMESPACE,
+    CeleryScheduler,
+    CeleryTaskRef,
+    celery_task_id,
+    check_json_only,
+    parse_celery_task_id,
+)
+
+__all__ = [
+    "ADVANCE_FUNC",
+    "ADVANCE_TASK",
+    "DEFAULT_NAMESPACE",
+    "CeleryScheduler",
+    "CeleryTaskRef",
+    "celery_task_id",
+    "check_json_only",
+    "parse_celery_task_id",
+]

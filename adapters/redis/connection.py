@@ -1,0 +1,217 @@
+"""The Redis connection every part of :class:`~adapters.redis.RedisStorage` shares: client, key layout, scripts.
+
+:class:`RedisConnection` holds the client, the prefix and its key layout
+(:mod:`adapters.redis.keys`), the write settings (replicas, failover), and
+the Lua scripts registered on the client (:class:`Scripts`); it runs a script
+(on a Cluster, on its slot's node, retried through a failover) and turns a
+script's ``corrupt:`` reply into :class:`~pipelines.engine.errors.CorruptRecordError`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from adapters.redis import scripts
+from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
+from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
+from adapters.redis.values import _KEY_TYPES, _text
+from pipelines.engine.errors import ConfigurationError, CorruptRecordError, StorageUnavailableError
+
+__all__ = ["CLUSTER_BUCKETS", "RedisConnection", "Scripts", "connect_url"]
+
+#: The buckets a storage on a Redis Cluster client uses unless told otherwise: enough to spread
+#: over a few dozen masters, few enough that walking them all (the sweep, a listing) stays cheap.
+CLUSTER_BUCKETS = 64
+
+
+class Scripts:
+    """The storage's Lua scripts (:mod:`adapters.redis.scripts`), registered on one client.
+
+    ``register_script`` runs EVALSHA and reloads the script after ``SCRIPT FLUSH``.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.create = client.register_script(scripts.CREATE)
+        self.commit = client.register_script(scripts.COMMIT)
+        self.step = client.register_script(scripts.RECORD_STEP)
+        self.load = client.register_script(scripts.LOAD)
+        self.renew = client.register_script(scripts.RENEW)
+        self.release = client.register_script(scripts.RELEASE)
+        self.delete = client.register_script(scripts.DELETE)
+        self.control = client.register_script(scripts.CONTROL)
+        self.publish = client.register_script(scripts.PUBLISH)
+        self.send = client.register_script(scripts.SEND)
+        self.dropped = client.register_script(scripts.DROPPED)
+        self.reindex = client.register_script(scripts.REINDEX)
+        self.archive = client.register_script(scripts.ARCHIVE)
+        self.events = client.register_script(scripts.EVENTS)
+        self.read_live = client.register_script(scripts.READ_LIVE)
+
+
+class RedisConnection:
+    """The client, the key layout and the scripts, and how a script runs (see the module)."""
+
+    def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str, buckets: int | None,
+                 replicas: int, replica_timeout: float, failover_timeout: float) -> None:
+        self.client: Any = client  # redis.Redis or redis.RedisCluster: the calls used here are on both
+        settle_driver_info(client)  # before a forking worker forks: no horse looks redis-py's version up again
+        self.prefix = check_prefix(prefix)
+        self.cluster = isinstance(client, redis.RedisCluster)
+        if buckets is None:
+            buckets = CLUSTER_BUCKETS if self.cluster else 0
+        if self.cluster and buckets == 0:
+            raise ConfigurationError("a Redis Cluster needs buckets >= 1: the global indexes would be in another "
+                                     "slot than the job's keys (CROSSSLOT)")
+        self.layout = KeyLayout(self.prefix, buckets)
+        self._layout_checked = False
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
+        for name, value in (("replica_timeout", replica_timeout), ("failover_timeout", failover_timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        self.replicas = replicas
+        self.replica_timeout = float(replica_timeout)
+        self.failover_timeout = float(failover_timeout)
+        self.scripts = Scripts(client)
+
+    def keys(self, job_id: str) -> JobKeys:
+        """The Redis keys of ``job_id`` (validated)."""
+        return self.layout.job(job_id)
+
+    def all_keys(self, job_id: str) -> list[str]:
+        k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
+        # The order the scripts expect (KEYS[1..10]); the live stream and the finished index came last.
+        # The listing indexes stay at the very end: the scripts find them counting from the end.
+        return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, ix.due, ix.jobs, k.live,
+                ix.finished, k.inbox, *ix.listing]
+
+    def run(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str, *, write: bool = True) -> Any:
+        """Run one of the Lua scripts: on a plain Redis directly, on a Cluster on the node of its slot.
+
+        On a Cluster a failover makes the slot's master unreachable for a few
+        seconds; redis-py retries at once and gives up within milliseconds, so
+        the call is retried here with backoff until ``failover_timeout``. Every
+        script is idempotent (tokens, owner checks), so re-sending is safe.
+        With ``replicas``, the write is followed by ``WAIT`` on the same
+        connection: acknowledged means copied to that many replicas, so a
+        failover cannot roll it back.
+        """
+        if not self.cluster and (not self.replicas or not write):
+            with _mapped(what):
+                return script(keys=keys, args=args)
+        deadline, pause = time.monotonic() + self.failover_timeout, 0.05
+        while True:
+            try:
+                with _mapped(what):
+                    try:
+                        return self._run_on_node(script, keys, args, what, write)
+                    except _FAILOVER_ERRORS:
+                        if not self.cluster or time.monotonic() + pause > deadline:
+                            raise
+                        self.client.nodes_manager.initialize()  # read the new slot map (a replica took over)
+            except StorageUnavailableError:
+                if not self.cluster or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _run_on_node(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str, write: bool) -> Any:
+        node = self.client.get_node_from_key(keys[0]).redis_connection if self.cluster else self.client
+        if not self.replicas or not write:
+            return script(keys=keys, args=args, client=node)
+        pipe = node.pipeline(transaction=False)  # one connection: WAIT counts that connection's writes
+        script(keys=keys, args=args, client=pipe)
+        pipe.wait(self.replicas, int(self.replica_timeout * 1000))
+        reply, acked = pipe.execute()
+        if int(acked) < self.replicas:
+            raise StorageUnavailableError(f"{what}: written, but only {acked} of {self.replicas} replicas "
+                                          f"acknowledged it within {self.replica_timeout}s (a failover could lose it)")
+        return reply
+
+    def check_layout(self, job_id: str) -> None:
+        """Record this prefix's layout on first use, or refuse to run with another one (once per storage)."""
+        if self._layout_checked:
+            return
+        key, mine = layout_key(self.prefix), self.layout.description
+        with _mapped(f"checking the key layout before writing job {job_id!r}"):
+            if self.layout.buckets and self.client.get(key) is None and self.client.exists(index_keys(self.prefix)[1]):
+                raise ConfigurationError(
+                    f"prefix {self.prefix!r} holds jobs written without buckets (its {index_keys(self.prefix)[1]!r} "
+                    f"index); a storage with buckets={self.layout.buckets} would never find them: keep buckets=0 "
+                    "for this prefix, or use a new prefix")
+            stored = self.client.set(key, mine, nx=True, get=True)
+        if stored is not None and _text(stored) != mine:
+            raise ConfigurationError(
+                f"the jobs under prefix {self.prefix!r} were written with {_text(stored)}, this storage uses "
+                f"{mine}: every process on one prefix must use the same buckets (a job would be looked up in "
+                "the wrong bucket)"
+            )
+        self._layout_checked = True
+
+    def check_read_layout(self) -> None:
+        """Before the first index read: refuse a prefix whose recorded layout is another (its indexes would read empty).
+
+        Nothing recorded yet (no job written through a storage with the guard) reads what is there.
+        """
+        if self._layout_checked:
+            return
+        with _mapped("checking the key layout before reading the indexes"):
+            stored = self.client.get(layout_key(self.prefix))
+        if stored is None:
+            return
+        if _text(stored) != self.layout.description:
+            raise ConfigurationError(
+                f"the jobs under prefix {self.prefix!r} were written with {_text(stored)}, this storage uses "
+                f"{self.layout.description}: its index reads (the sweep, listings, gc) would find none of them")
+        self._layout_checked = True
+
+    def check_types(self, job_id: str, reply: Any, what: str) -> None:
+        """Raise CorruptRecordError for a script's ``corrupt:<role>:<type>`` reply (nothing was written)."""
+        if not isinstance(reply, bytes | str) or not _text(reply).startswith("corrupt:"):
+            return
+        _, role, found = _text(reply).split(":", 2)
+        ix = self.layout.indexes_of(job_id)
+        indexes = dict(zip(scripts.INDEX_ROLES, ix.listing, strict=True))
+        key = ({"due": ix.due, "jobs": ix.jobs, "finished": ix.finished, **indexes}.get(role)
+               or getattr(self.keys(job_id), role))
+        raise CorruptRecordError(
+            f"{what}: key {key!r} ({role}) is a Redis {found}, expected a {_KEY_TYPES[role]} (WRONGTYPE); "
+            "nothing was written"
+        )
+
+
+def connect_url(url: str, *, retries: int, backoff_base: float, backoff_cap: float, socket_timeout: float,
+                connect_timeout: float, cluster: bool) -> redis.Redis | redis.RedisCluster:
+    """A client for ``url`` that connects lazily, with retries (see :meth:`~adapters.redis.RedisStorage.from_url`)."""
+    _check_url(url)
+    retry = Retry(ExponentialWithJitterBackoff(cap=backoff_cap, base=backoff_base), retries)
+    client: redis.Redis | redis.RedisCluster
+    try:
+        if cluster:
+            if urlsplit(url).path.strip("/") not in ("", "0"):
+                raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: a Redis Cluster has only database 0")
+            # The cluster client retries a command on another node after a failover (MOVED, a dead node).
+            # Its nodes' clients are made inside it: the driver info goes in here, not in __init__.
+            client = redis.RedisCluster.from_url(url, retry=retry, socket_timeout=socket_timeout,
+                                                 socket_connect_timeout=connect_timeout, **_driver_options())
+        else:  # its connections get redis-py's driver info in __init__ (settle_driver_info)
+            client = redis.Redis.from_url(url, retry=retry, socket_timeout=socket_timeout,
+                                          socket_connect_timeout=connect_timeout)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
+    except redis.exceptions.RedisError as exc:  # a cluster client reads the slot map when it is made
+        raise StorageUnavailableError(f"Redis Cluster at {_redact(url)!r} is unreachable: {exc}") from exc
+    return client
+
+
+def _driver_options() -> dict[str, Any]:
+    info = driver_info()
+    return {} if info is None else {"driver_info": info}

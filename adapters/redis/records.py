@@ -1,0 +1,230 @@
+"""Loading a job's record on Redis, and what a worker remembers of it between turns.
+
+:class:`RecordReads` is the part of :class:`~adapters.redis.RedisStorage`
+that loads a record (with its journal, taking the lease when asked: one
+script), reads its transcript, logs, inbox and lease, and deletes what a job
+whose record is gone left behind. It remembers, per job a worker runs, the
+turn history the record hash holds (so the next commit sends only the marks it
+adds) and the journal's values (so a commit sends a journaled message as a
+reference, :mod:`adapters.redis.refs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
+
+from adapters.redis.client import _mapped
+from adapters.redis.connection import RedisConnection
+from adapters.redis.events import json_line
+from adapters.redis.refs import JournalValues
+from adapters.redis.values import _text
+from pipelines.engine.errors import CorruptRecordError
+from pipelines.engine.models import JobRecord, LogEntry, Message, TurnMark, Usage, dump_json
+
+__all__ = ["RecordReads", "lines_of", "mark_line", "parse_record"]
+
+_log = logging.getLogger("pipelines")
+# How many jobs' stored histories a storage remembers, and how many bytes of their lines at most
+# (one per job a worker is running, usually: a history holds up to HISTORY_BYTES of state).
+_BASES_KEPT = 1024
+_BASES_BYTES = 32 << 20
+
+
+class _Base(NamedTuple):
+    """The turn history a job's record hash holds, as the commit (or create) with ``token`` wrote it.
+
+    A commit that keeps a prefix of it sends only the marks it adds and how many it drops: the
+    history changes by one mark a turn but holds up to HISTORY_LIMIT of them.
+    """
+
+    token: str
+    marks: list[TurnMark]
+    lines: list[str]
+    size: int  # bytes of lines, for the bound
+
+
+class RecordReads:
+    """A job's record and its lists, read; the history and journal a worker remembers (a part of ``RedisStorage``)."""
+
+    def __init__(self, conn: RedisConnection) -> None:
+        self.conn = conn
+        self.bases: dict[str, _Base] = {}
+        self.bases_bytes = 0
+        # What each job's journal holds, so a commit sends a journaled message as a reference.
+        self.steps = JournalValues(jobs=_BASES_KEPT, max_bytes=_BASES_BYTES)
+
+    def load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
+        k, ix = self.conn.keys(job_id), self.conn.layout.indexes_of(job_id)
+        if owner:
+            self.conn.check_layout(job_id)  # before a worker's first turn, not before every read
+        # A read unless it takes the lease (the leftovers of a job whose record is gone go in a write of their own).
+        reply = self.conn.run(self.conn.scripts.load, [k.record, k.journal, k.lease, ix.due, ix.jobs, ix.listing[0]],
+                          [owner, ttl_ms, job_id], f"loading job {job_id!r}", write=bool(owner))
+        self.conn.check_types(job_id, reply, f"loading job {job_id!r}")
+        if reply is None:
+            return None
+        if isinstance(reply, bytes | str):  # 'gone': no record, but an index still names the job
+            self.delete_leftovers(job_id)
+            return None
+        hist = reply[7] if len(reply) > 7 else None
+        lines = lines_of(hist) if hist is not None else []
+        record = parse_record(job_id, reply[0], reply[1], reply[2], reply[3], hist, self.known_marks(job_id, lines))
+        if owner and hist is not None:
+            # A worker commits next: remember what the record hash holds, so that commit sends a delta.
+            self.remember(job_id, _text(reply[6]), record.history, lines)
+        if owner:
+            self.remember_journal(job_id, record, reply[1], reply[2])
+        waiting = int(_text(reply[4]) or 0)
+        update: dict[str, Any] = {"inbox": waiting} if waiting else {}
+        if len(reply) > 5 and reply[5]:
+            update["dropped"] = Usage.model_validate_json(reply[5])
+        return record.model_copy(update=update) if update else record
+
+    def remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str]) -> None:
+        self.forget_base(job_id)
+        if not token:
+            return  # a hand-made record without a token: its next commit sends the history whole
+        size = sum(map(len, lines))
+        while self.bases and (len(self.bases) >= _BASES_KEPT or self.bases_bytes + size > _BASES_BYTES):
+            # Another thread may change the dict meanwhile: this is a bound, not an exact LRU.
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                self.forget_base(next(iter(self.bases)))  # the job remembered longest ago
+        self.bases[job_id] = _Base(token, list(marks), lines, size)
+        self.bases_bytes += size
+
+    def remember_journal(self, job_id: str, record: JobRecord, jver: Any, pairs: Sequence[Any]) -> None:
+        if pairs and _text(jver) == str(record.version):
+            # Bytes as Redis holds them (a client made with decode_responses hands back str).
+            values = {_text(k): v if isinstance(v, bytes) else str(v).encode()
+                      for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
+            self.steps.reset(job_id, record.version, values)
+        else:
+            self.steps.forget(job_id)
+
+    def known_marks(self, job_id: str, lines: list[str]) -> list[TurnMark] | None:
+        """The marks of ``lines`` where this storage parsed them before: the remembered history's tail, then the rest.
+
+        A history moves by a mark or two a turn but holds up to HISTORY_LIMIT of them, so a worker
+        that loaded or committed the job before parses only the marks added since (a late turn reads
+        like an early one). ``None``: nothing remembered matches; the record is parsed whole.
+        """
+        base = self.bases.get(job_id)
+        if base is None or not base.lines or not lines:
+            return None
+        try:
+            drop = base.lines.index(lines[0])
+        except ValueError:
+            return None
+        kept = len(base.lines) - drop
+        if kept > len(lines) or lines[:kept] != base.lines[drop:]:
+            return None
+        try:
+            return [*base.marks[drop:], *(TurnMark.model_validate_json(line) for line in lines[kept:])]
+        except ValidationError:
+            return None  # parsed whole, the record says what is wrong with it
+
+    def forget_base(self, job_id: str) -> None:
+        old = self.bases.pop(job_id, None)
+        if old is not None:
+            self.bases_bytes -= old.size
+
+    def history_args(self, job_id: str, marks: list[TurnMark]) -> tuple[list[str], str, int, int]:
+        """The history's lines, and the commit's history arguments: base token, marks dropped, first added.
+
+        The engine builds each history from the last one (drop from the front, append), so the
+        marks kept are the very objects remembered; anything else is sent whole (base '').
+        """
+        base = self.bases.get(job_id)
+        if base is not None and marks and base.marks:
+            first = marks[0]
+            drop = next((i for i, m in enumerate(base.marks) if m is first), -1)
+            kept = len(base.marks) - drop
+            if drop >= 0 and kept <= len(marks) and all(a is b for a, b in zip(marks, base.marks[drop:],
+                                                                                   strict=False)):
+                lines = base.lines[drop:] + [mark_line(m) for m in marks[kept:]]
+                return lines, base.token, drop, kept
+        return [mark_line(m) for m in marks], "", 0, 0
+
+    def lease_owner(self, job_id: str) -> str | None:
+        with _mapped(f"reading the lease of job {job_id!r}"):
+            value = self.conn.client.get(self.conn.keys(job_id).lease)
+        return None if value is None else _text(value)
+
+    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        """Messages ``[start:stop]`` (Python slice semantics) read with one LRANGE."""
+        if stop == 0:
+            return []  # LRANGE's end is inclusive: stop-1 == -1 would mean "to the end"
+        with _mapped(f"reading the transcript of job {job_id!r}"):
+            lines = self.conn.client.lrange(self.conn.keys(job_id).messages, start, -1 if stop is None else stop - 1)
+        return [json_line(job_id, line, "transcript message") for line in lines]
+
+    def logs(self, job_id: str) -> list[LogEntry]:
+        with _mapped(f"reading the logs of job {job_id!r}"):
+            lines = self.conn.client.lrange(self.conn.keys(job_id).logs, 0, -1)
+        try:
+            return [LogEntry.model_validate_json(line) for line in lines]
+        except ValidationError as exc:
+            raise CorruptRecordError(f"a stored log entry of job {job_id!r} does not parse: {exc}") from exc
+
+    def inbox(self, job_id: str, count: int) -> list[Message]:
+        """The first ``count`` messages waiting in the job's inbox, in the order they were sent."""
+        if count <= 0:
+            return []
+        with _mapped(f"reading the inbox of job {job_id!r}"):
+            lines = self.conn.client.lrange(self.conn.keys(job_id).inbox, 0, count - 1)
+        return [json_line(job_id, line, "inbox message") for line in lines]
+
+    def delete_leftovers(self, job_id: str) -> None:
+        """Delete what a job whose record is gone left (keys, index entries); a job created again is left alone."""
+        what = f"deleting the leftovers of job {job_id!r}, whose record is gone"
+        reply = self.conn.run(self.conn.scripts.delete, self.conn.all_keys(job_id), [job_id, "", "gone"], what)
+        self.conn.check_types(job_id, reply, what)
+        if isinstance(reply, bytes | str):
+            return  # 'present': created again since the load saw no record
+        due, keys, listed = (int(n) for n in reply)
+        if due or keys or listed:  # a second loader racing the first finds nothing left: said once
+            _log.warning("job %s: its record is gone (deleted outside the app, or evicted); removed %s%d leftover "
+                         "key(s) (events, live stream, logs, transcript, journal, inbox) and its index entries",
+                         job_id, "its due entry, " if due else "", keys)
+
+
+def parse_record(job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None,
+           hist: Any = None, marks: list[TurnMark] | None = None) -> JobRecord:
+    """The stored record; ``marks``: its history (``hist``) already parsed, so only ``data`` is."""
+    if hist and marks is None:
+        # The turn history lives in its own field, one mark per line; 'data' has none of its own.
+        data = _text(data).rstrip()
+        data = f'{data[:-1]},"history":[{",".join(_text(hist).split(chr(10)))}]}}' if data else data
+    try:
+        rec = JobRecord.model_validate_json(data)
+    except ValidationError as exc:
+        raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
+    if hist and marks is not None:
+        rec = rec.model_copy(update={"history": marks})
+    if rec.job_id != job_id:
+        raise CorruptRecordError(f"stored record of job {job_id!r} names job {rec.job_id!r}")
+    if rec.checkpoint is not None and journal and _text(jver) == str(rec.version):
+        try:
+            steps = {_text(k): json.loads(v) for k, v in zip(journal[::2], journal[1::2], strict=True)}
+        except ValueError as exc:
+            raise CorruptRecordError(f"stored journal of job {job_id!r} does not parse: {exc}") from exc
+        rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": steps})})
+    if control:
+        rec = rec.model_copy(update={"control": _text(control)})
+    return rec
+
+
+def mark_line(mark: TurnMark) -> str:
+    # dump_json escapes every newline inside strings, so a mark is always one line.
+    return dump_json(mark.model_dump(), "a turn mark of the record's history")
+
+
+def lines_of(hist: Any) -> list[str]:
+    text = _text(hist)
+    return text.split("\n") if text else []

@@ -1,0 +1,37 @@
+"""Where the scripts' arguments and keys go: CREATE's and COMMIT's ARGV layouts, the listing indexes' roles."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pipelines.engine.models import JobStatus
+
+__all__ = ["COMMIT_ARGS", "CREATE_ARGS", "INDEX_ROLES", "ArgLayout", "index_position"]
+
+
+class ArgLayout(NamedTuple):
+    """Where CREATE's and COMMIT's ARGV keep their parts (0-based, as the adapter builds the list).
+
+    ``fixed`` arguments come first, the turn history's from ``history`` to ``fixed``; then
+    ``ARGV[n_messages]`` messages, ``ARGV[n_logs]`` log lines and the events up to the end. The
+    bench's byte breakdown reads the same numbers.
+    """
+
+    data: int
+    n_messages: int
+    n_logs: int
+    history: int
+    fixed: int
+
+
+CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, history=10, fixed=11)
+COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=23)
+
+INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
+"""The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by
+``updated_at``, then one zset per status (in :class:`JobStatus` order)."""
+
+
+def index_position(status: JobStatus) -> str:
+    """ARGV naming the status index a job goes in: its 1-based place among the status indexes."""
+    return str(list(JobStatus).index(status) + 1)

@@ -1,0 +1,61 @@
+"""The lease: LOAD (read the record, taking the lease when asked), RENEW and RELEASE."""
+
+from __future__ import annotations
+
+from adapters.redis.scripts.functions import TYPES_FN
+
+__all__ = ["LOAD", "RENEW", "RELEASE"]
+
+# KEYS: record, journal, lease, due, jobs, updated (the listing index of every job)
+# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id
+# Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
+# the job: see below), 'corrupt:<role>:<type>',
+# else {data, jver, journal pairs, control, inbox, dropped, token, hist (nil: history inside data)}.
+LOAD = TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
+-- A read-only load never touches the lease, so only taking it checks its type.
+if not bad and ARGV[2] ~= '' then bad = wrong_type({KEYS[3], 'lease', 'string'}) end
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- No record, but an index still names the job: its record was deleted by
+  -- hand (or evicted) and its other keys are debris. 'gone' makes the adapter
+  -- delete them all with DELETE's 'gone' mode; else every sweep would report
+  -- the due entry as unknown forever. CREATE writes the record and the indexes
+  -- together, so no live job can be caught half-created here. Nothing is
+  -- written here: a plain unknown id (most loads of one) stays one read.
+  bad = wrong_type({KEYS[4], 'due', 'zset', KEYS[5], 'jobs', 'set', KEYS[6], 'updated', 'zset'})
+  if bad then return bad end
+  if redis.call('ZSCORE', KEYS[4], ARGV[3]) or redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 1
+      or redis.call('ZSCORE', KEYS[6], ARGV[3]) then
+    return 'gone'
+  end
+  return false
+end
+if ARGV[2] ~= '' then
+  local holder = redis.call('GET', KEYS[3])
+  if holder and holder ~= ARGV[1] then return false end
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+end
+local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'hist')
+-- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
+return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or '',
+        rec[6] or '', rec[7]}
+"""
+
+# KEYS: lease; ARGV: owner, ttl_ms
+RENEW = TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'lease', 'string'})
+if bad then return bad end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS: lease; ARGV: owner
+RELEASE = TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'lease', 'string'})
+if bad then return bad end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

@@ -1,0 +1,39 @@
+"""The record hash's writes outside the version fence.
+
+CONTROL (a pause or cancel request) and DROPPED (a fenced-off attempt's usage).
+"""
+
+from __future__ import annotations
+
+from adapters.redis.scripts.functions import TOKENS_FN, TYPES_FN
+
+__all__ = ["CONTROL", "DROPPED"]
+
+# KEYS: record; ARGV: request ('' = clear)
+# Reply: 1 stored, 0 unknown job. Only the 'control' field is written: the
+# record's data and version stay as they are, so a turn in flight still commits.
+CONTROL = TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'control') else redis.call('HSET', KEYS[1], 'control', ARGV[1]) end
+return 1
+"""
+
+# KEYS: record; ARGV: token, the usage to add (JSON: {"prompt_tokens", ...})
+# Reply: 1 counted (or already, for a re-sent call), 0 unknown job. The usage of
+# attempts that were fenced off after paying for a model call: outside the
+# version fence (the attempt can no longer commit), summed as one JSON field.
+DROPPED = TYPES_FN + TOKENS_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash'})
+if bad then return bad end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if seen('dropped_tokens', ARGV[1]) then return 1 end
+local add = cjson.decode(ARGV[2])
+local raw = redis.call('HGET', KEYS[1], 'dropped')
+local sum = raw and cjson.decode(raw) or {}
+for k, v in pairs(add) do sum[k] = (sum[k] or 0) + v end
+redis.call('HSET', KEYS[1], 'dropped', cjson.encode(sum))
+remember('dropped_tokens', ARGV[1])
+return 1
+"""

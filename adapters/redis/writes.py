@@ -1,0 +1,256 @@
+"""Every write of :class:`~adapters.redis.RedisStorage` on Redis: one Lua script each (:mod:`adapters.redis.scripts`).
+
+:class:`RecordWrites` is the part that creates, commits, journals, sends,
+publishes, leases and deletes. A commit sends the turn history as a delta of
+what the record hash holds and a journaled message as a reference, both
+remembered by :class:`~adapters.redis.records.RecordReads`. Values are JSON
+text; nothing is pickled. redis-py retries commands after connection errors,
+writes included, so every write is idempotent: a commit or create re-sent
+after its reply was lost finds its own token and reports success without
+writing again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+
+from adapters.redis import scripts as redis_scripts
+from adapters.redis.connection import RedisConnection
+from adapters.redis.events import EventReads
+from adapters.redis.records import RecordReads, mark_line
+from adapters.redis.refs import slice_parts
+from adapters.redis.values import (
+    _FINISHED,
+    _LIVE_KEPT,
+    _dump_parts,
+    _finished_at,
+    _listed,
+    _score,
+    _stale_message,
+    _text,
+    _ttl_ms,
+)
+from pipelines.engine.errors import (
+    InboxNotEmptyError,
+    InvalidInputError,
+    JobConflictError,
+    StaleVersionError,
+    StorageError,
+)
+from pipelines.engine.models import (
+    Commit,
+    CommitReply,
+    Event,
+    JobRecord,
+    JobStatus,
+    JSONValue,
+    LogEntry,
+    Message,
+    Usage,
+    check_messages,
+    dump_json,
+    dump_logs,
+    dump_record,
+)
+
+__all__ = ["RecordWrites"]
+
+
+class RecordWrites:
+    """A job's writes, each one script (a part of ``RedisStorage``).
+
+    ``live_ttl``: how long a finished job's live stream is kept; ``archive_finished``: whether a
+    commit that finishes a job archives its events.
+    """
+
+    def __init__(self, conn: RedisConnection, records: RecordReads, history: EventReads, *, live_ttl: float,
+                 archive_finished: bool) -> None:
+        self.conn = conn
+        self.records = records
+        self.history = history
+        self.live_ttl = live_ttl
+        self.archive_finished = archive_finished
+
+    def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),
+                   events: Sequence[Event] = ()) -> None:
+        """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
+        job_id = record.job_id
+        keys = self.conn.all_keys(job_id)
+        data = _dump_data(record)
+        marks = [mark_line(m) for m in record.history]
+        msgs = [dump_json(m, "a transcript message") for m in messages]
+        lines = dump_logs(logs)
+        event_lines = _dump_parts(events)
+        cp = record.checkpoint
+        due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
+        token = uuid.uuid4().hex  # lets a re-sent create recognise itself
+        self.conn.check_layout(job_id)
+        args = [job_id, token, data, str(record.version), due, len(msgs), len(lines), _finished_at(record),
+                *_listed(record), "\n".join(marks), *msgs, *lines, *event_lines]
+        reply = self.conn.run(self.conn.scripts.create, keys, args, f"creating job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"creating job {job_id!r}")
+        if _text(reply) == "exists":
+            raise JobConflictError(f"job {job_id!r} already exists")
+
+    def commit(self, commit: Commit) -> CommitReply:
+        """Apply ``commit`` in one Lua script: fenced on version and lease, idempotent by token.
+
+        On :class:`StorageUnavailableError` the commit may or may not have
+        landed; sending the same ``Commit`` again is safe (its token).
+        """
+        job_id = commit.job_id
+        keys = self.conn.all_keys(job_id)
+        # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
+        data = _dump_data(commit.record)
+        marks, base, drop, kept = self.records.history_args(job_id, commit.record.history)
+        msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
+        # A message the journal already holds (the model's answer) is sent as a slice of it.
+        sent = self.records.steps.refer(job_id, msgs) if msgs else None
+        lines = dump_logs(commit.logs)
+        event_lines = _dump_parts(commit.events)
+        owner = commit.owner
+        args: list[str | int] = [
+            job_id, commit.token, data, str(commit.expected_version), str(commit.record.version),
+            "0" if owner is None else "1", owner or "",
+            "" if commit.truncate_messages_to is None else str(int(commit.truncate_messages_to)),
+            "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
+            _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
+            "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
+            _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
+            base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0",
+            *(sent or msgs), *lines, *event_lines,
+        ]
+        at, first = redis_scripts.COMMIT_ARGS.history, redis_scripts.COMMIT_ARGS.fixed
+        self.records.forget_base(job_id)  # the stored history is unknown until this commit's reply
+        self.records.steps.forget(job_id)  # the commit ends the journal (the next load remembers a kept one)
+        reply = _text(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
+        if reply == "rebase":
+            # The record hash is not the one the delta was computed from (recreated meanwhile?), or the
+            # journal does not hold a message sent by reference: send both whole.
+            args[at:at + 3] = ["", "0", "\n".join(marks)]
+            args[first:first + len(msgs)] = msgs
+            reply = _text(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
+        self.conn.check_types(job_id, reply, f"committing job {job_id!r}")
+        if reply.startswith(("stale:", "inbox:")):
+            raise _refused(job_id, reply, commit)
+        if commit.record.status is JobStatus.RUNNING:
+            # The same worker commits the job's next turn without loading it (continue_for): a delta.
+            # Its next load (the next queued turn) parses only the marks added since (_known_marks).
+            self.records.remember(job_id, commit.token, commit.record.history, marks)
+        if self.archive_finished and commit.record.status in _FINISHED:
+            self.history.archive_quietly(job_id)
+        _, pending, waiting = reply.split(":", 2)
+        return CommitReply(pending or None, int(waiting or 0))
+
+    def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
+        """Append messages to the job's inbox (outside the version fence); its new length, ``None`` if unknown."""
+        k = self.conn.keys(job_id)
+        lines = [dump_json(m, "a message sent to the job") for m in check_messages(messages, "messages sent")]
+        if not lines:
+            raise InvalidInputError("send needs at least one message")
+        reply = self.conn.run(self.conn.scripts.send, [k.record, k.inbox], [uuid.uuid4().hex, *lines],
+                          f"sending messages to job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"sending messages to job {job_id!r}")
+        if isinstance(reply, bytes | str):  # 'closed:<status>': checked in the script that appends
+            raise JobConflictError(f"job {job_id!r} is {_text(reply).removeprefix('closed:')}: "
+                                   "its inbox takes no messages (nothing appended)")
+        return None if int(reply) < 0 else int(reply)
+
+    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
+        """Append ephemeral parts to the job's live stream (one round trip; nothing for an unknown job)."""
+        if not parts:
+            return
+        k = self.conn.keys(job_id)
+        lines = _dump_parts(parts)
+        reply = self.conn.run(self.conn.scripts.publish, [k.record, k.live], [uuid.uuid4().hex, *lines],
+                          f"publishing to the live stream of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"publishing to the live stream of job {job_id!r}")
+
+    def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
+        """Count usage of a fenced-off attempt (outside the version fence; a re-sent call counts once)."""
+        add = usage.model_dump(exclude_defaults=True)
+        if not add:
+            return
+        reply = self.conn.run(self.conn.scripts.dropped, [self.conn.keys(job_id).record], [token, json.dumps(add)],
+                          f"counting dropped usage of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"counting dropped usage of job {job_id!r}")
+
+    def request_control(self, job_id: str, request: str | None) -> bool:
+        """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""
+        k = self.conn.keys(job_id)
+        reply = self.conn.run(self.conn.scripts.control, [k.record], [request or ""],
+                          f"requesting {request or 'no'} control of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"requesting control of job {job_id!r}")
+        return bool(reply)
+
+    def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
+        """Journal one step result under ``version``; fenced like ``commit``."""
+        self.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=())
+
+    def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                parts: Sequence[Event]) -> None:
+        """Journal one step result and append ``parts`` to the live stream, in one script (one round trip).
+
+        The parts are published only if the step is journaled (same fence); a
+        call redis-py re-sends after a lost reply publishes them once.
+        """
+        k = self.conn.keys(job_id)
+        text = dump_json(value, f"result of step {key!r}")
+        lines = _dump_parts(parts)
+        # The text streamed with a model's answer is inside the answer: sent once (redis_refs).
+        sliced = slice_parts(text, lines) if lines else None
+        args = [str(version), "0" if owner is None else "1", owner or "", key, text, *(sliced or lines)]
+        keys = [k.record, k.journal, k.lease, k.live] if lines else [k.record, k.journal, k.lease]
+        reply = _text(self.conn.run(self.conn.scripts.step, keys, args, f"journaling step {key!r} of job {job_id!r}"))
+        self.conn.check_types(job_id, reply, f"journaling step {key!r} of job {job_id!r}")
+        if reply == "badpart":  # the adapter's own encoding: a bug here, never the caller's input
+            raise StorageError(f"journaling step {key!r} of job {job_id!r}: the script refused a live-stream "
+                               "part sent as a slice of the value; nothing was written")
+        if reply.startswith("stale:"):
+            self.records.steps.forget(job_id)
+            raise StaleVersionError(_stale_message(job_id, reply, f"step {key!r} at version {version} not recorded"))
+        self.records.steps.remember(job_id, version, key, text)
+
+    def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
+        reply = self.conn.run(self.conn.scripts.renew, [self.conn.keys(job_id).lease], [owner, _ttl_ms(ttl)],
+                          f"renewing the lease of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"renewing the lease of job {job_id!r}")
+        return bool(reply)
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        reply = self.conn.run(self.conn.scripts.release, [self.conn.keys(job_id).lease], [owner],
+                              f"releasing the lease of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"releasing the lease of job {job_id!r}")
+
+    def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
+        """Remove the job's keys and index entries in one script; ``False`` if it did not exist.
+
+        The job's own keys go whatever their type (so a corrupt job can be
+        deleted); an index key of the wrong type is CorruptRecordError.
+        ``if_version``: delete only if the job is still at that version, else
+        :class:`StaleVersionError` with nothing deleted (the caller judged the
+        job deletable at that version).
+        """
+        args = [job_id, "" if if_version is None else str(int(if_version))]
+        reply = self.conn.run(self.conn.scripts.delete, self.conn.all_keys(job_id), args, f"deleting job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"deleting job {job_id!r}")
+        if isinstance(reply, bytes | str) and _text(reply).startswith("stale:"):
+            raise StaleVersionError(_stale_message(job_id, _text(reply), f"delete expected version {if_version}"))
+        return bool(reply)
+
+
+def _refused(job_id: str, reply: str, commit: Commit) -> StaleVersionError:
+    """The error for a commit the script refused with nothing written: fenced off, or a run's end past its inbox."""
+    if reply.startswith("inbox:"):
+        waiting = int(reply.removeprefix("inbox:"))
+        return InboxNotEmptyError(f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its "
+                                  "inbox; the run does not end past them", waiting=waiting)
+    return StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
+
+
+def _dump_data(record: JobRecord) -> str:
+    """The record's ``data`` field: its JSON without the turn history (kept in ``hist``, one mark a line)."""
+    what = f"the record of job {record.job_id!r}"
+    return dump_record(record.model_copy(update={"history": []}) if record.history else record, what)

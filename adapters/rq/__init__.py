@@ -1,0 +1,31 @@
+"""The scheduler on RQ: every advance an RQ job, and the workers that run them.
+
+* :mod:`adapters.rq.scheduler`: :class:`RQScheduler` (the
+  :class:`~adapters.base.Scheduler` port) and its RQ job ids.
+* :mod:`adapters.rq.entry`: the job class a ``pipelines worker`` reads its
+  queues with (it runs the worker's entry point and nothing else).
+* :mod:`adapters.rq.priority`: the workers (interactive queue first, a share
+  for background work).
+* :mod:`adapters.rq.lifeline`: a worker's horse and scheduler child end with it.
+* :mod:`adapters.rq.recovery`: a worker rides out a Redis outage in RQ's bookkeeping.
+"""
+
+from adapters.rq.scheduler import (
+    ADVANCE_FUNC,
+    SCHEDULER_LATE,
+    RQJobRef,
+    RQScheduler,
+    decode_rq_job_id,
+    parse_rq_job_id,
+    rq_job_id,
+)
+
+__all__ = [
+    "ADVANCE_FUNC",
+    "RQJobRef",
+    "RQScheduler",
+    "SCHEDULER_LATE",
+    "decode_rq_job_id",
+    "parse_rq_job_id",
+    "rq_job_id",
+]
