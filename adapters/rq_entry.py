@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from adapters._moved import moved
 from adapters.rq.entry import entry_point_job
 
 __all__ = ["entry_point_job"]
 
-# No warning yet: pipelines/cli.py imports this path (moved to the new one in a later change).
+moved(__name__, "adapters.rq.entry")

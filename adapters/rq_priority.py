@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from adapters._moved import moved
 from adapters.rq.priority import DEFAULT_BACKGROUND_EVERY, PrioritySimpleWorker, PriorityWorker, priority_order
 
 __all__ = ["DEFAULT_BACKGROUND_EVERY", "PrioritySimpleWorker", "PriorityWorker", "priority_order"]
 
-# No warning yet: pipelines/cli.py imports this path (moved to the new one in a later change).
+moved(__name__, "adapters.rq.priority")
