@@ -54,6 +54,9 @@ class ModelResponse(BaseModel):
     # The tools offered for this call when a prepare_turn hook narrowed them
     # (None: all of the agent's tools); journaled so a replay runs the same set.
     tools_offered: list[str] | None = None
+    # What was sent, in short (journaled with the answer, so an attempt that reuses it tells the same):
+    # the number of messages, the names of the tools offered, the parameters with secrets left out.
+    request: dict[str, Any] | None = None
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:

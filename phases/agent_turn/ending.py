@@ -48,9 +48,13 @@ def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse
     answered = ctx.recorded_at(journal.MODEL)
     # "reused": the answer was journaled by an earlier attempt of this turn (a timeline draws no model call here).
     reused = {} if ctx.journaled_here(journal.MODEL) else {"reused": True}
+    # What was sent, in short (phases.agent_turn.model_call.request_summary), and which model answered.
+    sent = {} if response.request is None else {"request": response.request}
+    answered_by = {} if response.model is None else {"model": response.model}
     ctx.emit_at(answered, "model_response", turn=turn, finish_reason=response.finish_reason,
                 tool_calls=len(response.tool_calls), prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd, **reused)
+                completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd, **reused, **sent,
+                **answered_by)
     names = {c["id"]: (c.get("function") or {}).get("name") for c in response.tool_calls}
     for call_id, name in names.items():
         ctx.emit_at(answered, "tool_call", turn=turn, call_id=call_id, tool=name)

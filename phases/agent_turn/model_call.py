@@ -93,4 +93,38 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     # so a re-run replays the same ids and the model sees each call answered.
     # ``taken``: the ids of the whole transcript (the turn's answer); without it, those of ``messages``.
     message = normalise_tool_calls(message, turn, messages if taken is None else (), taken=taken)
-    return response.model_copy(update={"message": message})
+    sent = request_summary(messages, schemas, params)
+    return response.model_copy(update={"message": message, "request": sent})
+
+
+_SECRET_WORDS = ("key", "secret", "password", "credential", "header", "auth", "cookie")
+
+
+def request_summary(messages: list[Message], schemas: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    """What a model call sent, in short, for the page's view of a turn: never a secret.
+
+    The messages are counted, not copied (they are the transcript, stored once); a parameter whose name
+    says it holds a key, a secret, a token or headers is named with its value hidden, and an address
+    loses any user and password in it.
+    """
+    shown: dict[str, Any] = {}
+    for name, value in sorted(params.items()):
+        low = str(name).lower()
+        secret = any(w in low for w in _SECRET_WORDS) or (low.endswith("token") and not low.startswith("max"))
+        if secret:
+            shown[str(name)] = "[hidden]"
+        elif isinstance(value, str):
+            shown[str(name)] = _without_userinfo(value)[:200]
+        elif value is None or isinstance(value, bool | int | float):
+            shown[str(name)] = value
+        else:
+            shown[str(name)] = f"<{type(value).__name__}>"
+    tools = [str((s.get("function") or {}).get("name", "?")) for s in schemas]
+    return {"messages": len(messages), "tools": tools, **({"params": shown} if shown else {})}
+
+
+def _without_userinfo(text: str) -> str:
+    scheme, sep, rest = text.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return text
+    return f"{scheme}://{rest.split('@', 1)[1]}"

@@ -42,6 +42,7 @@ from pipelines.web.bulk import bulk
 from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers
 from pipelines.web.jobs import COUNT_LIMIT, PAGE_SIZE, jobs_page
 from pipelines.web.sse import sse_response
+from pipelines.web.turn_page import turn_page
 from pipelines.web.workers import workers_page
 
 __all__ = ["COUNT_LIMIT", "CSP", "PAGE_SIZE", "check_bind", "ui_app"]
@@ -76,6 +77,7 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
         Route("/bulk", page(bulk), methods=["POST"]),
         Route("/jobs/{job_id}", page(_job_page)),
         Route("/jobs/{job_id}/live", page(_job_live)),
+        Route("/jobs/{job_id}/turns/{n}", page(turn_page)),
         Route("/jobs/{job_id}/stream", _stream_endpoint(ui)),
         Route("/jobs/{job_id}/{action}", page(_act), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
