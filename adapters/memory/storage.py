@@ -17,10 +17,11 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from adapters.base import INBOX_OPEN, Feature, parse_cursor
-from adapters.live_wakeup import LoopWakeups, wait_on
+from adapters.live_wakeup import LoopWakeups
 from adapters.memory.history import NO_HISTORY, dump_apart, stored_dict
-from adapters.memory.job import Job, check_inbox, position
+from adapters.memory.job import Job, check_inbox
 from adapters.memory.listing import SortedIndex
+from adapters.memory.reads import HistoryReads
 from pipelines.engine.errors import (
     CorruptRecordError,
     InvalidInputError,
@@ -49,7 +50,7 @@ __all__ = ["MemoryStorage"]
 _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 
 
-class MemoryStorage:
+class MemoryStorage(HistoryReads):
     """The :class:`~adapters.base.Storage` port in process memory.
 
     ``clock`` times leases (default: ``time.monotonic``); pass a
@@ -228,53 +229,6 @@ class MemoryStorage:
             lines = [] if job is None or count <= 0 else job.inbox[:count]
         return [json.loads(line) for line in lines]
 
-    def publish(self, job_id: str, parts: Sequence[Event]) -> None:
-        lines = dump_events(parts)
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None and lines:
-                job.live.extend(lines)
-                self._published.notify_all()
-                self._live_waiters.notify(job_id)
-
-    def read_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
-                  block: float | None = None) -> list[Event]:
-        """Parts after the cursor (ids are 1-based positions); waits up to ``block`` seconds (real time)."""
-        start = position(after, "stream cursor")
-        deadline = time.monotonic() + (block or 0.0)
-        with self._lock:
-            while True:
-                job = self._jobs.get(job_id)
-                lines = [] if job is None else job.live[start : start + max(0, limit)]
-                left = deadline - time.monotonic()
-                if lines or job is None or left <= 0:
-                    break
-                self._published.wait(left)
-        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
-                for i, line in enumerate(lines)]
-
-    async def aread_live(self, job_id: str, *, after: str | None = None, limit: int = 1000,
-                         block: float | None = None) -> list[Event]:
-        """:meth:`read_live` for ``async`` code: the wait is a future the publisher resolves, no thread."""
-        start = position(after, "stream cursor")
-        deadline = time.monotonic() + (block or 0.0)
-        while True:
-            with self._lock:
-                job = self._jobs.get(job_id)
-                lines = [] if job is None else job.live[start : start + max(0, limit)]
-                left = deadline - time.monotonic()
-                if lines or job is None or left <= 0:
-                    break
-                # Registered under the lock that publish() holds: nothing lands between the look and the wait.
-                woken = self._live_waiters.add(job_id)
-            try:
-                await wait_on(woken, left)
-            finally:
-                with self._lock:
-                    self._live_waiters.discard(job_id, woken)
-        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
-                for i, line in enumerate(lines)]
-
     def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
         with self._lock:
             job = self._jobs.get(job_id)
@@ -341,46 +295,6 @@ class MemoryStorage:
         with self._lock:
             job = self._jobs.get(job_id)
             return job.lease_owner if job is not None and self._lease_live(job) else None
-
-    def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            lines = [] if job is None else job.messages[start:stop]
-        return [json.loads(m) for m in lines]
-
-    def logs(self, job_id: str) -> list[LogEntry]:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            lines = [] if job is None else list(job.logs)
-        return [LogEntry.model_validate_json(line) for line in lines]
-
-    def events(self, job_id: str, *, after: str | None = None, limit: int = 1000) -> list[Event]:
-        start = position(after, "event cursor")
-        with self._lock:
-            job = self._jobs.get(job_id)
-            lines = [] if job is None else job.events[start : start + max(0, limit)]
-        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
-                for i, line in enumerate(lines)]
-
-    def recent_events(self, job_id: str, *, before: str | None = None, limit: int = 100) -> list[Event]:
-        """Committed events newest first, before the cursor ``before`` (ids are 1-based positions)."""
-        with self._lock:
-            job = self._jobs.get(job_id)
-            events = [] if job is None else job.events
-            stop = len(events) if before is None else min(len(events), position(before, "event cursor") - 1)
-            start = max(0, stop - max(0, limit))
-            lines = events[start:max(start, stop)]
-        return [Event.model_validate_json(line).model_copy(update={"id": str(start + i + 1)})
-                for i, line in reversed(list(enumerate(lines)))]
-
-    def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
-        """The ``limit`` log entries before the last ``skip``, oldest first, and how many there are."""
-        with self._lock:
-            job = self._jobs.get(job_id)
-            logs = [] if job is None else job.logs
-            stop = max(0, len(logs) - max(0, skip))
-            lines, total = logs[max(0, stop - max(0, limit)):stop], len(logs)
-        return [LogEntry.model_validate_json(line) for line in lines], total
 
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         with self._lock:

@@ -19,6 +19,23 @@ bucket, so their cost grows with the number of buckets, not of jobs. The
 bucket count is part of the data: :data:`layout_key` records it and a
 storage built with another count refuses to run (a job would be looked up
 in the wrong bucket and never found by the sweep).
+
+What each key holds (unbucketed names; bucketed ones hold the same)::
+
+    <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver, hist (turn history, one mark a line)
+    <prefix>:{<job>}:messages  list  one JSON message per entry (append-only)
+    <prefix>:{<job>}:logs      list  one JSON log entry per entry
+    <prefix>:{<job>}:journal   hash  step key -> JSON result, valid while jver == version
+    <prefix>:{<job>}:lease     str   owner token, SET NX PX (Redis expires it)
+    <prefix>:{<job>}:events    stream the durable event log (written by commits)
+    <prefix>:{<job>}:live      stream the live parts: every event again, plus text deltas
+                                      (bounded; expires once the job is finished)
+    <prefix>:due               zset  running job ids scored by due_at
+    <prefix>:jobs              set   every job id
+    <prefix>:finished          zset  finished job ids scored by the time they finished (retention)
+    <prefix>:updated           zset  every job id scored by updated_at (the listing, newest first)
+    <prefix>:status:<status>   zset  the job ids in one status scored by updated_at (one key per status)
+    <prefix>:layout            str   the layout written under this prefix (``buckets=<n>``)
 """
 
 from __future__ import annotations

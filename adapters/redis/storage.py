@@ -1,43 +1,24 @@
 """``RedisStorage``: the production :class:`~adapters.base.Storage` on Redis 7 (standalone, Sentinel, Cluster).
 
-Key layout (every name is built by :mod:`adapters.redis.keys`, nowhere
-else; on Redis Cluster the same keys are bucketed, see there)::
-
-    <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver, hist (turn history, one mark a line)
-    <prefix>:{<job>}:messages  list  one JSON message per entry (append-only)
-    <prefix>:{<job>}:logs      list  one JSON log entry per entry
-    <prefix>:{<job>}:journal   hash  step key -> JSON result, valid while jver == version
-    <prefix>:{<job>}:lease     str   owner token, SET NX PX (Redis expires it)
-    <prefix>:{<job>}:events    stream the durable event log (written by commits)
-    <prefix>:{<job>}:live      stream the live parts: every event again, plus text deltas
-                                      (bounded; expires once the job is finished)
-    <prefix>:due               zset  running job ids scored by due_at
-    <prefix>:jobs              set   every job id
-    <prefix>:finished          zset  finished job ids scored by the time they finished (retention)
-    <prefix>:updated           zset  every job id scored by updated_at (the listing, newest first)
-    <prefix>:status:<status>   zset  the job ids in one status scored by updated_at (one key per status)
-    <prefix>:layout            str   the layout written under this prefix (``buckets=<n>``)
+The keys, what each holds and how they are named (unbucketed, or bucketed on
+a Redis Cluster) are in :mod:`adapters.redis.keys`.
 
 The listing indexes are written by the same scripts as the records; jobs
 written before they existed are put in by :meth:`RedisStorage.reindex`
 (``pipelines reindex``); until then a listing reads every record instead.
 
-Each check-then-write is one Lua script (:mod:`adapters.redis.scripts`), so
-a commit is atomic and costs one round trip. Values are JSON text; nothing is
-pickled. redis-py retries commands after connection errors, writes included,
-so every write is idempotent: a commit or create re-sent after its reply was
-lost finds its own token and reports success without writing again.
+Each check-then-write is one Lua script (:mod:`adapters.redis.scripts`), so a commit is atomic and costs one
+round trip. Values are JSON text; nothing is pickled. redis-py retries commands after connection errors,
+writes included, so every write is idempotent: a commit or create re-sent after its reply was lost finds its
+own token and reports success without writing again.
 
-``RedisStorage`` is composed of parts, each an object it holds, and its
-methods hand each call to one of them: :attr:`~RedisStorage.conn` (the
-client, the key layout, the scripts: :mod:`adapters.redis.connection`),
-:attr:`~RedisStorage.records` (loading a record, and what a worker remembers
-of it: :mod:`adapters.redis.records`), :attr:`~RedisStorage.writes`
-(:mod:`adapters.redis.writes`), :attr:`~RedisStorage.history` (the durable
-events and their archive: :mod:`adapters.redis.events`),
-:attr:`~RedisStorage.live` (:mod:`adapters.redis.live`),
-:attr:`~RedisStorage.recent` (:mod:`adapters.redis.recent`) and
-:attr:`~RedisStorage.indexes` (the due, finished and listing indexes:
+``RedisStorage`` is composed of parts, each an object it holds, and its methods hand each call to one of them:
+:attr:`~RedisStorage.conn` (the client, the key layout, the scripts: :mod:`adapters.redis.connection`),
+:attr:`~RedisStorage.records` (loading a record, and what a worker remembers of it:
+:mod:`adapters.redis.records`), :attr:`~RedisStorage.writes` (:mod:`adapters.redis.writes`),
+:attr:`~RedisStorage.history` (the durable events and their archive: :mod:`adapters.redis.events`),
+:attr:`~RedisStorage.live` (:mod:`adapters.redis.live`), :attr:`~RedisStorage.recent`
+(:mod:`adapters.redis.recent`) and :attr:`~RedisStorage.indexes` (the due, finished and listing indexes:
 :mod:`adapters.redis.listing`).
 """
 
