@@ -24,6 +24,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,7 +155,9 @@ def adapter_classes() -> Iterator[type]:
     import adapters
 
     for info in pkgutil.walk_packages(adapters.__path__, prefix="adapters."):
-        module = importlib.import_module(info.name)
+        with warnings.catch_warnings():  # a moved module's old path (an alias, tests/unit/test_moved_modules.py)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(info.name)
         for name, cls in vars(module).items():
             if (isinstance(cls, type) and cls.__module__ == module.__name__ and not name.startswith("_")
                     and not getattr(cls, "_is_protocol", False)):
