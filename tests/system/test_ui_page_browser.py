@@ -169,6 +169,15 @@ def test_the_timeline_shows_each_turn_with_its_spans_attempts_and_opens_the_turn
         assert "step 1" in text_of(browser, "#m-3")  # the turn's first message, highlighted as the target
         assert text_of(browser, "#m-2 .call-id") == "call_0"  # a call id as it is, not upper-cased with its label
         assert browser.execute_script("return document.querySelector(':target').id;") == "m-3"
+        # The turn's model call: what was sent in short, what came back, and the attempt retried before.
+        browser.find_element(By.CSS_SELECTOR, "#turn-2 a.open-call").click()
+        assert "The model call of turn 2" in text_of(browser, "#call-request h2")
+        assert text_of(browser, "#call-tools") == "search" and text_of(browser, "#call-messages").startswith("3 ")
+        assert "step 1" in text_of(browser, "#call-reply") and "rate limited (429)" in text_of(browser, "#call-retries")
+        if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+            from tests.system.conftest import ROOT
+
+            browser.save_screenshot(str(ROOT / "docs" / "images" / "ui-model-call.png"))
 
 
 @contextlib.contextmanager
