@@ -18,6 +18,14 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 __all__ = ["app", "base", "browser"]
 
 
+def shown(driver: WebDriver, css: str, timeout: float = 10.0) -> str:
+    """The text of ``css`` once the page that has it loaded (a form's submit navigates: the click returns first)."""
+    deadline = time.monotonic() + timeout
+    while not (text := text_of(driver, css)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return text
+
+
 def ticked(driver: WebDriver) -> list[str]:
     return [str(v) for v in driver.execute_script(
         "return Array.from(document.querySelectorAll('#job-rows input[name=id]:checked')).map(b => b.value);")]
@@ -40,9 +48,9 @@ def test_ticked_jobs_survive_the_refresh_and_are_cancelled_after_confirming(app:
     assert browser.execute_script("return document.getElementById('job-rows');") != before, "no refresh seen"
     assert sorted(ticked(browser)) == ["pay-1", "pay-3"]
     browser.find_element(By.ID, "bulk-cancel").click()
-    assert "Cancel 2 jobs" in text_of(browser, "#confirm h2")
+    assert "Cancel 2 jobs" in shown(browser, "#confirm h2")
     assert app.get("pay-1").status is JobStatus.WAITING  # type: ignore[union-attr]  # asked, not done
     browser.find_element(By.ID, "confirm-go").click()
-    assert "cancel: 2 of 2 jobs done" in text_of(browser, "#did")
+    assert "cancel: 2 of 2 jobs done" in shown(browser, "#did")
     assert [app.get(j).status for j in ("pay-1", "pay-2", "pay-3")] == [  # type: ignore[union-attr]
         JobStatus.CANCELLED, JobStatus.WAITING, JobStatus.CANCELLED]

@@ -171,6 +171,9 @@ def test_the_timeline_shows_each_turn_with_its_spans_attempts_and_opens_the_turn
         assert browser.execute_script("return document.querySelector(':target').id;") == "m-3"
         # The turn's model call: what was sent in short, what came back, and the attempt retried before.
         browser.find_element(By.CSS_SELECTOR, "#turn-2 a.open-call").click()
+        deadline = time.monotonic() + 10  # a link's click returns before the page it opens has loaded
+        while not text_of(browser, "#call-request h2") and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "The model call of turn 2" in text_of(browser, "#call-request h2")
         assert text_of(browser, "#call-tools") == "search" and text_of(browser, "#call-messages").startswith("3 ")
         assert "step 1" in text_of(browser, "#call-reply") and "rate limited (429)" in text_of(browser, "#call-retries")
