@@ -401,31 +401,35 @@ class Procs:
         self.workers[name] = self._spawn(name, args, self.env)
         return name
 
-    def ready(self, client: redis.Redis) -> list[str]:
-        """Names of live workers past start-up: they have asked RQ for a job (app loaded, litellm warm).
+    def ready(self, client: redis.Redis, *, worked: bool = True) -> list[str]:
+        """Names of live workers past start-up: they have finished a job of RQ's (app loaded, litellm warm);
+        ``worked=False``: they have asked RQ for one (what waiting for workers to start before any work needs).
 
         Registered is not enough: RQ registers a worker before its warm-up
-        (state "started"); it turns "idle" at its first ask for a job, "busy"
-        while it runs one. Counted ready while still starting, the killer
-        (which spares ``keep`` ready workers) could kill the only worker that
-        can work, and the scenario would no longer test "workers that live
-        longer than one turn make progress".
+        (state "started"). Asking for a job is not enough either: the worker
+        warms litellm beside its first ask (``pipelines.worker.warm_up``), and
+        its first turn waits for that (~3-5 s of CPU). Counted ready before, the
+        killer (which spares ``keep`` ready workers) killed workers that had not
+        yet run a turn, every half second: on two cores none ever did, and the
+        scenario no longer tested "workers that live longer than one turn make
+        progress". One finished job says the worker is past all of it.
         """
         try:
             registered = {k.decode().removeprefix("rq:worker:") for k in client.smembers("rq:workers")}
             names = [n for n, p in self.workers.items() if p.poll() is None and n in registered]
             with client.pipeline(transaction=False) as pipe:
                 for n in names:
-                    pipe.hget(f"rq:worker:{n}", "state")
-                states = pipe.execute()
+                    pipe.hmget(f"rq:worker:{n}", "state", "successful_job_count")
+                replies = pipe.execute()
         except redis.RedisError:
             return []
-        return [n for n, state in zip(names, states, strict=True) if state in (b"idle", b"busy")]
+        return [n for n, (state, done) in zip(names, replies, strict=True)
+                if state in (b"idle", b"busy") and (not worked or int(done or 0) >= 1)]
 
     def wait_ready(self, client: redis.Redis, n: int, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if len(self.ready(client)) >= n:
+            if len(self.ready(client, worked=False)) >= n:
                 return
             dead = [name for name, p in self.workers.items() if p.poll() is not None]
             if dead:
