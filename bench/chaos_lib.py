@@ -406,13 +406,13 @@ class Procs:
         ``worked=False``: they have asked RQ for one (what waiting for workers to start before any work needs).
 
         Registered is not enough: RQ registers a worker before its warm-up
-        (state "started"). Asking for a job is not enough either: the worker
-        warms litellm beside its first ask (``pipelines.worker.warm_up``), and
-        its first turn waits for that (~3-5 s of CPU). Counted ready before, the
-        killer (which spares ``keep`` ready workers) killed workers that had not
-        yet run a turn, every half second: on two cores none ever did, and the
-        scenario no longer tested "workers that live longer than one turn make
-        progress". One finished job says the worker is past all of it.
+        (state "started"). Asking for a job ("idle", "busy": warm-up done) was
+        not enough either: on two cores four workers restarting warm litellm at
+        once (~4 s of CPU each, far more side by side), a worker that turned
+        ready was a victim within half a second, before its first turn, and the
+        scenario made almost no progress. It no longer tested "workers that live
+        longer than one turn make progress". One finished job says the worker
+        lived that long.
         """
         try:
             registered = {k.decode().removeprefix("rq:worker:") for k in client.smembers("rq:workers")}
