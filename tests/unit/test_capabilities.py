@@ -98,3 +98,18 @@ def _probes(path: Path) -> list[str]:
 def test_nothing_probes_an_adapter_with_getattr_or_hasattr() -> None:
     files = [p for pkg in ("pipelines", "phases") for p in (ROOT / pkg).rglob("*.py")]
     assert [hit for p in files for hit in _probes(p)] == []
+
+
+# Probes left inside adapters/ (issue 29, item 3, still open): one adapter asking another for a method or an
+# attribute its port does not name. Listed so that none is added; each goes when its port says it.
+_ADAPTER_PROBES_LEFT = {
+    "adapters/local.py": "getattr(self.storage, 'reap_dead_processes', None)",  # SQLite's reaping: no feature yet
+    "adapters/celery/scheduler.py": "getattr(storage, 'prefix', None)",  # for_storage: the prefix is no port's
+}
+
+
+def test_adapters_probe_no_other_adapter_beyond_the_ones_left() -> None:
+    hits = [hit for p in (ROOT / "adapters").rglob("*.py") for hit in _probes(p)]
+    found = {h.split(":", 1)[0]: h.split(" ", 1)[1] for h in hits}
+    assert len(found) == len(hits), hits  # one at most per file, each listed
+    assert found == _ADAPTER_PROBES_LEFT
