@@ -3,7 +3,7 @@
 :func:`_translate` maps a litellm / OpenAI SDK exception to
 :class:`~pipelines.engine.errors.PermanentModelError` or a retryable
 :class:`~pipelines.engine.errors.TransientModelError`, its message redacted:
-every value of a secret-looking parameter (api keys, auth headers) and
+every value of a secret parameter (:func:`phases.model.is_secret_param`) and
 every credential-shaped string becomes ``***``. The parameter names that
 count as secret also decide what :meth:`LiteLLMModel.safe_params` shows.
 """
@@ -19,15 +19,11 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from phases.model import is_secret_param
 from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError, bound_retry_after
 
 __all__: list[str] = []  # private helpers of phases.litellm_model, which re-exports what tests and benches use
 
-# Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
-# friends visible while catching access_token, id_token and the like.
-_SECRET_NAME = re.compile(r"key|token(?!s)|secret|passw|authoriz|credential|cookie|session", re.IGNORECASE)
-# Every header value is treated as secret: auth schemes vary by provider.
-_HEADER_PARAMS = frozenset({"headers", "extra_headers", "default_headers"})
 # Environment variables whose values litellm may read as credentials.
 _SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
 # Shapes of credentials that redaction masks even when they came from elsewhere.
@@ -100,13 +96,9 @@ def _retry_after(exc: Exception) -> float | None:
         return None
 
 
-def _is_secret_name(name: str) -> bool:
-    return name.lower() in _HEADER_PARAMS or bool(_SECRET_NAME.search(name))
-
-
 def _without_secrets(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {k: _without_secrets(v) for k, v in value.items() if not _is_secret_name(str(k))}
+        return {k: _without_secrets(v) for k, v in value.items() if not is_secret_param(str(k))}
     if isinstance(value, list | tuple):
         return [_without_secrets(v) for v in value]
     return value
@@ -128,7 +120,7 @@ def _collect_strings(value: Any, into: set[str]) -> None:
 def _secret_values(params: Mapping[str, Any]) -> set[str]:
     found: set[str] = set()
     for name, value in params.items():
-        if _is_secret_name(str(name)):
+        if is_secret_param(str(name)):
             _collect_strings(value, found)
         elif isinstance(value, Mapping):
             found |= _secret_values(value)

@@ -54,11 +54,11 @@ import tenacity
 
 # The error translation and the streamed call live in their own modules; the names tests and benches
 # import from here stay importable from here.
-from phases.litellm_errors import _is_loopback_url, _is_secret_name, _RetryableError, _translate, _without_secrets
+from phases.litellm_errors import _is_loopback_url, _RetryableError, _translate, _without_secrets
 from phases.litellm_errors import _redact as _redact
 from phases.litellm_errors import _retry_after as _retry_after
 from phases.litellm_stream import _complete_streamed
-from phases.model import ModelRequest, ModelResponse
+from phases.model import ModelRequest, ModelResponse, is_secret_param
 from pipelines.engine.errors import PermanentModelError, TransientModelError
 from pipelines.engine.models import Message, Usage
 
@@ -208,7 +208,7 @@ class LiteLLMModel:
         self._backoff = tenacity.wait_random_exponential(multiplier=backoff_initial, max=backoff_max)
 
     def __repr__(self) -> str:
-        names = sorted(name for name in self._params if not _is_secret_name(name))
+        names = sorted(name for name in self._params if not is_secret_param(name))
         return f"LiteLLMModel(model={self.model!r}, params={names!r})"
 
     def safe_params(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ turn's ``model`` step, so it must be plain JSON (a pydantic model here).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -17,7 +18,22 @@ from pydantic import BaseModel, Field
 from phases.tool_calls import check_tool_calls
 from pipelines.engine.models import Message, Usage
 
-__all__ = ["Model", "ModelRequest", "ModelResponse"]
+__all__ = ["Model", "ModelRequest", "ModelResponse", "is_secret_param"]
+
+# Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
+# friends visible while catching access_token, id_token and the like.
+_SECRET_NAME = re.compile(r"key|token(?!s)|secret|passw|authoriz|credential|cookie|session", re.IGNORECASE)
+# Every header value is treated as secret: auth schemes vary by provider.
+_HEADER_PARAMS = frozenset({"headers", "extra_headers", "default_headers"})
+
+
+def is_secret_param(name: str) -> bool:
+    """Whether a model parameter named ``name`` holds a secret (a key, a token, a password, headers, ...).
+
+    The one rule for every place that shows or logs model parameters: error messages, a model's
+    ``safe_params``, the request a turn keeps in short.
+    """
+    return name.lower() in _HEADER_PARAMS or bool(_SECRET_NAME.search(name))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from phases import flow_limits, journal
-from phases.model import Model, ModelRequest, ModelResponse
+from phases.model import Model, ModelRequest, ModelResponse, is_secret_param
 from phases.observe import notify
 from phases.tool_calls import normalise_tool_calls
 from pipelines.engine import telemetry
@@ -97,21 +97,16 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     return response.model_copy(update={"message": message, "request": sent})
 
 
-_SECRET_WORDS = ("key", "secret", "password", "credential", "header", "auth", "cookie")
-
-
 def request_summary(messages: list[Message], schemas: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     """What a model call sent, in short, for the page's view of a turn: never a secret.
 
     The messages are counted, not copied (they are the transcript, stored once); a parameter whose name
-    says it holds a key, a secret, a token or headers is named with its value hidden, and an address
-    loses any user and password in it.
+    says it holds a secret (:func:`phases.model.is_secret_param`, the rule error messages use too) is
+    named with its value hidden, and an address loses any user and password in it.
     """
     shown: dict[str, Any] = {}
     for name, value in sorted(params.items()):
-        low = str(name).lower()
-        secret = any(w in low for w in _SECRET_WORDS) or (low.endswith("token") and not low.startswith("max"))
-        if secret:
+        if is_secret_param(str(name)):
             shown[str(name)] = "[hidden]"
         elif isinstance(value, str):
             shown[str(name)] = _without_userinfo(value)[:200]
