@@ -225,6 +225,9 @@ class LiteLLMModel:
         params = {**self._params, **request.params}
         self._check_allowed(params)
         kwargs = self._kwargs(request, params)
+        # litellm's one import (and the worker's warm-up, if it runs) before the retry budget's clock starts:
+        # seconds of it inside the first attempt left a transient error no time to be retried.
+        _litellm()
         # litellm cannot stream a mock_response that is a whole message (a tool-call turn): its
         # stream builder fails on it, so such an offline test call takes the plain path.
         mock = params.get("mock_response")
