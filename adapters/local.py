@@ -37,8 +37,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
+from adapters.base import ClaimingStore, Feature, SchedulerHost
+from pipelines.engine.capabilities import as_feature
 from pipelines.engine.errors import ConfigurationError, InvalidInputError
 
 __all__ = ["LocalScheduler"]
@@ -53,13 +55,6 @@ def _rank(priority: str | None) -> int:
         return _RANKS[priority]
     except (KeyError, TypeError):
         raise InvalidInputError(f"priority must be 'interactive' or 'background', got {priority!r}") from None
-
-
-@runtime_checkable
-class ClaimingStore(Protocol):
-    """A storage that hands out due work to one claimer at a time (SQLite does)."""
-
-    def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]: ...
 
 
 @dataclass(order=True)
@@ -135,6 +130,7 @@ class LocalScheduler:
 
     #: A delayed request runs when the wall clock reaches its due time, never before.
     precision: float = 0.0
+    features: ClassVar[frozenset[Feature]] = frozenset({Feature.BACKLOG, Feature.IN_PROCESS, Feature.HOSTED})
 
     def __init__(self, *, workers: int = 4, poll: float = 0.5, grace: float = 1.0, hold: float = 30.0,
                  sweep_interval: float = 5.0, storage: Any = None) -> None:
@@ -158,14 +154,15 @@ class LocalScheduler:
 
     # --- the port ------------------------------------------------------------------------
     def attach(self, advance: Callable[[str], object]) -> None:
-        """Run ``advance(job_id)`` for every advance; an App attaches itself once (its storage and sweep too)."""
+        """Run ``advance(job_id)`` for every advance (the App attaches itself once)."""
         self._advance = advance
-        app = getattr(advance, "__self__", None)
+
+    def bind(self, host: SchedulerHost) -> None:
+        """Read due work from ``host``'s storage (unless given one) and run its sweep (the App binds itself)."""
         if self.storage is None:
-            self.storage = getattr(app, "storage", None)
-        sweep = getattr(app, "requeue_overdue", None)
-        if callable(sweep):
-            self._sweep = lambda: sweep(grace=max(self.grace, 10.0))
+            self.storage = host.storage
+        sweep = host.requeue_overdue
+        self._sweep = lambda: sweep(grace=max(self.grace, 10.0))
 
     def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
                          version: int | None = None, priority: str | None = None) -> None:
@@ -304,10 +301,11 @@ class LocalScheduler:
         store = self.storage
         with self._requests.cond:
             room = self.workers - self._busy - self._requests.due(self.now())
-        if room <= 0 or not isinstance(store, ClaimingStore):
+        claims = as_feature(store, Feature.CLAIMS, ClaimingStore)  # type: ignore[type-abstract]
+        if room <= 0 or claims is None:
             return
         try:
-            claimed = store.claim_due(self.now() - grace, limit=room, hold=self.hold)
+            claimed = claims.claim_due(self.now() - grace, limit=room, hold=self.hold)
         except Exception:  # the storage is down for a moment: the next look tries again
             logger.exception("local scheduler: claiming due work failed")
             return
@@ -316,10 +314,10 @@ class LocalScheduler:
 
     def _sweep_once(self, *, app: bool = True) -> None:
         """Release what dead processes held (SQLite), then run the App's sweep (``app``)."""
-        reap = getattr(self.storage, "reap_dead_processes", None)
+        claims = as_feature(self.storage, Feature.CLAIMS, ClaimingStore)  # type: ignore[type-abstract]
         try:
-            if callable(reap):
-                reap()
+            if claims is not None:
+                claims.reap_dead_processes()
             if app and self._sweep is not None:
                 self._sweep()
         except Exception:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipelines.app import App
+from pipelines.app.entry import WORKER_ENTRY
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, PipelineError
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ __all__ = ["ADVANCE_FUNC", "APP_ENV", "advance_job", "advance_with_default", "fo
 
 logger = logging.getLogger(__name__)
 
-ADVANCE_FUNC = "pipelines.worker.advance_job"
+ADVANCE_FUNC = WORKER_ENTRY.advance
 """The worker's entry point, as a queue message names it: a dotted path, never a pickled callable."""
 
 APP_ENV = "PIPELINES_APP"

@@ -79,12 +79,35 @@ from adapters.base.read import (
     parse_cursor,
 )
 from adapters.base.run import INBOX_OPEN, InboxStore, JobStore, LeaseStore, RunStore, StepPublisher
-from adapters.base.scheduling import AdvanceFn, Backlog, BacklogProbe, InProcessScheduler, NamedQueues, Scheduler
-from adapters.base.storage import FlowCapable, FlowStore, RetentionStore, Storage, VersionedSchema
+from adapters.base.scheduling import (
+    AdvanceFn,
+    Backlog,
+    BacklogProbe,
+    HostedScheduler,
+    InProcessScheduler,
+    NamedQueues,
+    Scheduler,
+    SchedulerHost,
+    WorkerEntry,
+)
+from adapters.base.storage import (
+    ClaimingStore,
+    FlowCapable,
+    FlowStore,
+    KeyPrefixed,
+    RetentionStore,
+    Storage,
+    VersionedSchema,
+)
 
 __all__ = [
     "AdvanceFn",
     "AsyncLiveStore",
+    "ClaimingStore",
+    "HostedScheduler",
+    "KeyPrefixed",
+    "SchedulerHost",
+    "WorkerEntry",
     "CountingIndex",
     "FlowCapable",
     "Backlog",

@@ -6,8 +6,8 @@ from enum import StrEnum
 
 from adapters.base.read import AsyncLiveStore, CountingIndex, RecentHistory
 from adapters.base.run import StepPublisher
-from adapters.base.scheduling import Backlog, BacklogProbe, InProcessScheduler, NamedQueues
-from adapters.base.storage import FlowCapable, RetentionStore, VersionedSchema
+from adapters.base.scheduling import Backlog, BacklogProbe, HostedScheduler, InProcessScheduler, NamedQueues
+from adapters.base.storage import ClaimingStore, FlowCapable, KeyPrefixed, RetentionStore, VersionedSchema
 
 __all__ = ["Feature", "FEATURE_PROTOCOLS"]
 
@@ -27,6 +27,9 @@ class Feature(StrEnum):
     NAMED_QUEUES = "named_queues"  # NamedQueues: says which queue a run waits on
     SCHEMA = "schema"  # VersionedSchema: a file with a schema version that `pipelines migrate` upgrades
     RECENT = "recent"  # RecentHistory: a job's latest events and log lines, read from the end
+    CLAIMS = "claims"  # ClaimingStore: claims due work for one process, releases what dead processes held
+    KEY_PREFIX = "key_prefix"  # KeyPrefixed: every key starts with a prefix queue message ids carry
+    HOSTED = "hosted"  # HostedScheduler: learns from the App it is built into (the worker entry, the sweep)
 
 
 FEATURE_PROTOCOLS: dict[Feature, type] = {
@@ -41,6 +44,9 @@ FEATURE_PROTOCOLS: dict[Feature, type] = {
     Feature.NAMED_QUEUES: NamedQueues,
     Feature.SCHEMA: VersionedSchema,
     Feature.RECENT: RecentHistory,
+    Feature.CLAIMS: ClaimingStore,
+    Feature.KEY_PREFIX: KeyPrefixed,
+    Feature.HOSTED: HostedScheduler,
 }
 """The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
 contract suites check both ways)."""

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["AdvanceFn", "Scheduler", "InProcessScheduler", "Backlog", "BacklogProbe", "NamedQueues"]
+from pipelines.engine.errors import ConfigurationError
+
+__all__ = ["AdvanceFn", "Scheduler", "InProcessScheduler", "Backlog", "BacklogProbe", "NamedQueues",
+           "HostedScheduler", "SchedulerHost", "WorkerEntry"]
 
 
 AdvanceFn = Callable[[str], object]
@@ -95,4 +99,62 @@ class NamedQueues(Protocol):
 
     def queue_for(self, priority: str | None = None) -> str:
         """The name of the queue advances of ``priority`` (default: the highest) are sent to."""
+        ...
+
+
+@dataclass(frozen=True)
+class WorkerEntry:
+    """Where a queue worker's advance lives, by import path: what a queue message names (never a callable).
+
+    The App a queue scheduler is built into tells it (:meth:`HostedScheduler.bind`): an adapter never names
+    the composing layer, and the worker that runs these functions and the App that names them are one
+    library, so they cannot disagree.
+    """
+
+    advance: str
+    """``fn(job_id, version=None, app=None) -> str``: what a message names and a worker runs (RQ)."""
+    advance_with_default: str
+    """``fn(default_app, job_id, version=None, app=None) -> str``: what a worker-side task body calls (Celery).
+
+    Never a message's entry point: a message cannot name its own default app."""
+
+    def __post_init__(self) -> None:
+        for name, value in (("advance", self.advance), ("advance_with_default", self.advance_with_default)):
+            module, _, attr = value.rpartition(".") if isinstance(value, str) else ("", "", "")
+            if not module or not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+                raise ConfigurationError(f"WorkerEntry.{name} must be a dotted import path, got {value!r}")
+
+
+class SchedulerHost(Protocol):
+    """What the App a scheduler is built into offers it: told once, at the App's construction."""
+
+    @property
+    def storage(self) -> Any:
+        """The App's storage (a :class:`~adapters.base.Storage`)."""
+        ...
+
+    @property
+    def worker_entry(self) -> WorkerEntry:
+        """What a queue message names for a worker to run."""
+        ...
+
+    def advance(self, job_id: str) -> object:
+        """Advance ``job_id`` once, in this process."""
+        ...
+
+    def requeue_overdue(self, *, grace: float, limit: int = 1000) -> list[str]:
+        """The App's sweep: enqueue every job overdue by ``grace`` seconds."""
+        ...
+
+
+@runtime_checkable
+class HostedScheduler(Protocol):
+    """A scheduler that learns what it needs from the App built with it (queue schedulers, the local one).
+
+    RQ and Celery learn the worker's entry point (:class:`WorkerEntry`); the local scheduler learns the
+    storage it claims due work from and the sweep it runs.
+    """
+
+    def bind(self, host: SchedulerHost) -> None:
+        """Take from ``host`` what this scheduler needs (the App calls it once, when it is built)."""
         ...

@@ -7,7 +7,8 @@ from typing import Protocol, runtime_checkable
 from adapters.base.read import LiveStore, ReadStore
 from adapters.base.run import RunStore
 
-__all__ = ["Storage", "RetentionStore", "FlowCapable", "FlowStore", "VersionedSchema"]
+__all__ = ["Storage", "RetentionStore", "FlowCapable", "FlowStore", "VersionedSchema", "ClaimingStore",
+           "KeyPrefixed"]
 
 
 @runtime_checkable
@@ -82,4 +83,30 @@ class VersionedSchema(Protocol):
 
     def migrate(self) -> tuple[int, int]:
         """Upgrade the schema to this library's version; ``(before, after)``."""
+        ...
+
+
+@runtime_checkable
+class ClaimingStore(Protocol):
+    """A storage that hands out due work to one claimer at a time and knows this machine's processes (SQLite).
+
+    What :class:`~adapters.local.LocalScheduler` reads due work from, so several processes on one file share it.
+    """
+
+    def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]:
+        """Ids of up to ``limit`` running jobs due at or before ``cut``, kept off other claimers for ``hold`` s."""
+        ...
+
+    def reap_dead_processes(self) -> int:
+        """Release the leases and claims of this machine's processes that are gone; how many processes live."""
+        ...
+
+
+@runtime_checkable
+class KeyPrefixed(Protocol):
+    """A storage whose every key starts with a prefix (Redis): queue message ids carry it, so two apps on one
+    broker never share an id."""
+
+    def key_prefix(self) -> str:
+        """The prefix of every key this storage writes."""
         ...

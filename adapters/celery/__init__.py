@@ -4,7 +4,6 @@ Needs ``pip install phaserunner[celery]``.
 """
 
 from adapters.celery.scheduler import (
-    ADVANCE_FUNC,
     ADVANCE_TASK,
     DEFAULT_NAMESPACE,
     CeleryScheduler,
@@ -15,7 +14,6 @@ from adapters.celery.scheduler import (
 )
 
 __all__ = [
-    "ADVANCE_FUNC",
     "ADVANCE_TASK",
     "DEFAULT_NAMESPACE",
     "CeleryScheduler",

@@ -9,8 +9,11 @@ Only data crosses the queue (I8). A message here is the task
 sent with Celery's ``json`` serializer. The scheduler refuses a Celery app
 that would accept or produce anything else (pickle, yaml, msgpack): a worker
 that accepts pickle runs whatever a message carries. The task body imports
-``pipelines.worker`` by name, when it runs, and calls its
-``advance_with_default``: this module never imports the composing layer.
+the worker's advance by its path, when it runs: the path is the App's to tell
+(:attr:`~adapters.base.WorkerEntry.advance_with_default`, given to
+:meth:`CeleryScheduler.bind` when an App is built with the scheduler, which
+the module ``celery -A`` loads does). This module never names the composing
+layer.
 
 A message carries data, never a choice of code: the task is found by name in
 the worker's registry, and the app it advances with is the worker's own,
@@ -53,11 +56,13 @@ import importlib
 import re
 import time
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from kombu.exceptions import OperationalError
 
-from adapters.base import Feature
+from adapters.base import Feature, KeyPrefixed, SchedulerHost
+from pipelines.engine.capabilities import as_feature
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
 
@@ -65,7 +70,6 @@ if TYPE_CHECKING:
     from celery import Celery  # type: ignore[import-untyped]
 
 __all__ = [
-    "ADVANCE_FUNC",
     "ADVANCE_TASK",
     "DEFAULT_NAMESPACE",
     "CeleryScheduler",
@@ -77,8 +81,9 @@ __all__ = [
 
 ADVANCE_TASK = "phaserunner.advance"
 """The Celery task name of an advance (what the message names; the worker looks it up in its registry)."""
-ADVANCE_FUNC = "pipelines.worker.advance_with_default"
-"""What the task body imports and calls on the worker: a dotted path, never a pickled callable."""
+# What the task body of each Celery app imports and calls on the worker (a dotted path, never a pickled callable):
+# told by the App built with a scheduler on that Celery app (CeleryScheduler.bind).
+_ENTRIES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 DEFAULT_NAMESPACE = "pr"
 """The storage key prefix a scheduler assumes when it is given none (RedisStorage's default)."""
 
@@ -155,13 +160,21 @@ def check_json_only(celery_app: Celery) -> None:
             "accept_content=['json'] (and result_accept_content=['json'] if you set it)")
 
 
-def _advance_with(worker_app: str | None) -> Any:
+def _advance_with(celery_app: Celery, worker_app: str | None) -> Any:
     """The task body: an advance with the worker's app, ``worker_app`` when the worker's process names no other."""
+    ref = weakref.ref(celery_app)  # the task lives in the Celery app: no cycle through the body
 
     def advance(job_id: str, version: int | None = None, app: str | None = None) -> str:
-        # The worker entry point is named by string and imported here, on the worker,
-        # so adapters never import the composing layer (pipelines.worker imports the App).
-        module, _, name = ADVANCE_FUNC.rpartition(".")
+        # The worker's entry point is named by the App (bind) and imported here, on the worker,
+        # so adapters never import the composing layer (which imports the App).
+        owner = ref()
+        entry = None if owner is None else _ENTRIES.get(owner)
+        if entry is None:
+            raise ConfigurationError(
+                "this Celery worker's process built a CeleryScheduler but no phaserunner App with it, so it does "
+                "not know what to run: build App(storage=..., scheduler=the scheduler) in the module "
+                "`celery -A` loads")
+        module, _, name = entry.rpartition(".")
         return str(getattr(importlib.import_module(module), name)(worker_app, job_id, version, app))
 
     return advance
@@ -177,7 +190,7 @@ def register_advance_task(celery_app: Celery, app: str | None = None) -> Any:
         return celery_app.tasks[ADVANCE_TASK]
     # shared=False: a shared task would be added to every Celery app this process finalizes later.
     return celery_app.task(name=ADVANCE_TASK, serializer="json", acks_late=True, reject_on_worker_lost=True,
-                           ignore_result=True, shared=False)(_advance_with(app))
+                           ignore_result=True, shared=False)(_advance_with(celery_app, app))
 
 
 class CeleryScheduler:
@@ -198,7 +211,7 @@ class CeleryScheduler:
     """
 
     # No backlog question: Celery brokers differ.
-    features: ClassVar[frozenset[Feature]] = frozenset({Feature.NAMED_QUEUES})
+    features: ClassVar[frozenset[Feature]] = frozenset({Feature.NAMED_QUEUES, Feature.HOSTED})
 
     def __init__(self, celery_app: Celery, *, queue: str = "pipelines", app: str | None = None,
                  namespace: str = DEFAULT_NAMESPACE, precision: float = 0.5) -> None:
@@ -217,14 +230,19 @@ class CeleryScheduler:
         self.precision = float(precision)
         self.task = register_advance_task(celery_app, app)
 
+    def bind(self, host: SchedulerHost) -> None:
+        """Run ``host``'s worker entry (:attr:`~adapters.base.WorkerEntry.advance_with_default`) in the task body."""
+        _ENTRIES[self.celery] = host.worker_entry.advance_with_default
+
     @classmethod
     def for_storage(cls, celery_app: Celery, storage: Any, *, queue: str = "pipelines", app: str | None = None,
                     precision: float = 0.5) -> CeleryScheduler:
         """A scheduler namespaced by ``storage``'s key prefix (a :class:`~adapters.redis.RedisStorage`)."""
-        prefix = getattr(storage, "prefix", None)
-        if prefix is None:
-            raise ConfigurationError("for_storage needs a storage with a key prefix (RedisStorage)")
-        return cls(celery_app, queue=queue, app=app, namespace=prefix, precision=precision)
+        prefixed = as_feature(storage, Feature.KEY_PREFIX, KeyPrefixed)  # type: ignore[type-abstract]
+        if prefixed is None:
+            raise ConfigurationError(f"for_storage needs a storage with a key prefix (RedisStorage), not "
+                                     f"{type(storage).__name__}; give CeleryScheduler(..., namespace=...) instead")
+        return cls(celery_app, queue=queue, app=app, namespace=prefixed.key_prefix(), precision=precision)
 
     # --- Scheduler -----------------------------------------------------------
     def queue_for(self, priority: str | None = None) -> str:

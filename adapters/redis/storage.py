@@ -102,7 +102,7 @@ class RedisStorage:
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT})
+        Feature.RECENT, Feature.KEY_PREFIX})
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,
@@ -128,22 +128,10 @@ class RedisStorage:
         self._flow: Any = None
 
     @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        prefix: str = DEFAULT_PREFIX,
-        retries: int = 5,
-        backoff_base: float = 0.05,
-        backoff_cap: float = 1.0,
-        socket_timeout: float = 10.0,
-        connect_timeout: float = 2.0,
-        live_ttl: float = 3600.0,
-        cluster: bool = False,
-        buckets: int | None = None,
-        replicas: int = 0,
-        archive_events: bool = True,
-    ) -> RedisStorage:
+    def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX, retries: int = 5, backoff_base: float = 0.05,
+                 backoff_cap: float = 1.0, socket_timeout: float = 10.0, connect_timeout: float = 2.0,
+                 live_ttl: float = 3600.0, cluster: bool = False, buckets: int | None = None, replicas: int = 0,
+                 archive_events: bool = True) -> RedisStorage:
         """Connect lazily to ``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS).
 
         ``cluster=True``: the URL names one node of a Redis Cluster (the
@@ -169,9 +157,11 @@ class RedisStorage:
         """The ``redis.Redis`` or ``redis.RedisCluster`` client (public: an RQ scheduler may share it)."""
         return self.conn.client
 
-    @property
-    def prefix(self) -> str:
+    def key_prefix(self) -> str:
+        """The prefix of every key this storage writes (queue message ids carry it: ``for_storage``)."""
         return self.conn.prefix
+
+    prefix = property(key_prefix)
 
     @property
     def cluster(self) -> bool:

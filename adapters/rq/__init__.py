@@ -1,7 +1,8 @@
 """The scheduler on RQ: every advance an RQ job, and the workers that run them.
 
 * :mod:`adapters.rq.scheduler`: :class:`RQScheduler` (the
-  :class:`~adapters.base.Scheduler` port) and its RQ job ids.
+  :class:`~adapters.base.Scheduler` port), told by the App what a worker runs.
+* :mod:`adapters.rq.ids`: the RQ job id of each turn's advance.
 * :mod:`adapters.rq.entry`: the job class a ``pipelines worker`` reads its
   queues with (it runs the worker's entry point and nothing else).
 * :mod:`adapters.rq.priority`: the workers (interactive queue first, a share
@@ -11,7 +12,6 @@
 """
 
 from adapters.rq.scheduler import (
-    ADVANCE_FUNC,
     SCHEDULER_LATE,
     RQJobRef,
     RQScheduler,
@@ -21,7 +21,6 @@ from adapters.rq.scheduler import (
 )
 
 __all__ = [
-    "ADVANCE_FUNC",
     "RQJobRef",
     "RQScheduler",
     "SCHEDULER_LATE",

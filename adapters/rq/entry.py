@@ -5,7 +5,7 @@ the message's arguments, and so any success, failure or stopped callback it
 names: whoever can write to the broker picks the code. A queue message
 carries data, never a choice of code. ``pipelines worker`` reads its queues
 with the job class :func:`entry_point_job` returns, bound to the one
-function the worker was started to run (``pipelines.worker.advance_job``):
+function the worker was started to run (the App's ``WorkerEntry.advance``):
 a message naming another function, an instance method or any callback
 fails, logged, before anything it names is imported, and lands in RQ's
 failed registry for inspection.

@@ -2,31 +2,20 @@
 
 Only data crosses the queue (I8). An RQ job here is::
 
-    func   "pipelines.worker.advance_job"     (an import string, never a callable)
+    func   "<the worker's advance>"           (an import string, never a callable: WorkerEntry.advance)
     args   [job_id, version]                  (JSON)
     kwargs {"app": "pkg.mod:app"}             (only when the scheduler names its app)
 
 and every Queue, Job and registry this module touches uses RQ's
 ``JSONSerializer``; nothing is pickled. The message carries data, never a
 choice of code: ``pipelines worker`` runs no other function and no callback
-(:mod:`adapters.rq.entry`), and only its own app (:mod:`pipelines.worker`).
+(:mod:`adapters.rq.entry`), and only its own app. The function's path is the
+App's to tell (:class:`~adapters.base.WorkerEntry`, given to :meth:`RQScheduler.bind`
+when the App is built): this module never names the composing layer.
 
-One RQ job id per turn
-----------------------
-The RQ job id of an advance is ``<namespace>_n<job id>-v<version>``, both
-names escaped (see :func:`rq_job_id`). A worker that enqueued its successor
-under its own id would re-run forever, and enqueuing an id that is still
-waiting is a harmless duplicate we skip. RQ job ids live in one keyspace per
-Redis (``rq:job:<id>``), so the namespace (the storage's key prefix) is part
-of the id: two apps on one Redis whose storages both hold ``chat-1`` must not
-overwrite each other's RQ jobs.
-
-RQ ids allow ``[A-Za-z0-9_-]``; namespaces and job ids use
-``[A-Za-z0-9._:-]``, so both are escaped injectively: ``_`` → ``__``,
-``.`` → ``_d``, ``:`` → ``_c``. Every ``_`` in an escaped name starts a
-two-character escape, so the separator ``_n`` cannot occur inside one and
-decoding is unambiguous; the version suffix is split off at the last ``-v``
-(the suffix is all digits, so it cannot contain another ``-v``).
+One RQ job id per turn (see :mod:`adapters.rq.ids`): a worker that enqueued its
+successor under its own id would re-run forever, and enqueuing an id that
+is still waiting is a harmless duplicate we skip.
 
 Delays use ``Queue.enqueue_in``: workers must run RQ's scheduler
 (``pipelines worker`` does; ``rq worker --with-scheduler`` otherwise). Its
@@ -42,13 +31,12 @@ Redis errors are translated here, at the edge: connection problems become
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import redis
 from rq import Queue
@@ -57,10 +45,11 @@ from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
 from rq.serializers import JSONSerializer
 
-from adapters.base import Feature
+from adapters.base import Feature, SchedulerHost
 from adapters.redis.keys import check_prefix
 from adapters.redis.pending import SideConnections
 from adapters.redis.storage import DEFAULT_PREFIX
+from adapters.rq.ids import RQJobRef, decode_rq_job_id, escape, parse_rq_job_id, rq_job_id
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
 
@@ -68,7 +57,6 @@ if TYPE_CHECKING:
     from adapters.redis.storage import RedisStorage
 
 __all__ = [
-    "ADVANCE_FUNC",
     "RQJobRef",
     "RQScheduler",
     "SCHEDULER_LATE",
@@ -76,9 +64,6 @@ __all__ = [
     "parse_rq_job_id",
     "rq_job_id",
 ]
-
-ADVANCE_FUNC = "pipelines.worker.advance_job"
-"""What RQ imports and calls on the worker: a dotted path, never a pickled callable."""
 
 DEFAULT_JOB_TIMEOUT = 900
 """RQ kills a horse after this many seconds; keep it above the longest phase."""
@@ -102,63 +87,7 @@ meanwhile the registry holds due messages that nothing moves. One that late is
 taken out of the registry and enqueued again (the sweep's recovery of I7).
 """
 
-_ENCODE = {"_": "__", ".": "_d", ":": "_c"}
-_DECODE = {v[1]: k for k, v in _ENCODE.items()}
-_NAME = r"(?:[A-Za-z0-9-]|_[_dc])+"  # an escaped name: "_" only ever starts a two-character escape
-_RQ_ID = re.compile(rf"(?P<ns>{_NAME})_n(?P<job>{_NAME})-v(?P<version>[0-9]+)")
-
 T = TypeVar("T")
-
-
-class RQJobRef(NamedTuple):
-    """What an RQ job id made by :func:`rq_job_id` names."""
-
-    namespace: str
-    job_id: str
-    version: int
-
-
-def _escape(job_id: str, namespace: str = DEFAULT_PREFIX) -> str:
-    """``<escaped namespace>_n<escaped job id>``: the part of an RQ id before its suffix."""
-    ns = "".join(_ENCODE.get(c, c) for c in check_prefix(namespace, "an RQ namespace"))
-    return f"{ns}_n" + "".join(_ENCODE.get(c, c) for c in validate_job_id(job_id))
-
-
-def _unescape(name: str) -> str:
-    return re.sub(r"_(.)", lambda e: _DECODE[e.group(1)], name)
-
-
-def rq_job_id(job_id: str, version: int, namespace: str = DEFAULT_PREFIX) -> str:
-    """The RQ job id of ``job_id``'s advance at ``version`` under ``namespace`` (a storage prefix).
-
-    ``<escaped namespace>_n<escaped job id>-v<version>``: injective in all
-    three, and only ``[A-Za-z0-9_-]`` as RQ requires. A bad job id raises
-    :class:`InvalidJobIdError`, a bad namespace :class:`ConfigurationError`.
-    """
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise InvalidInputError(f"version must be an int >= 0, got {version!r}")
-    return f"{_escape(job_id, namespace)}-v{version}"
-
-
-def parse_rq_job_id(rq_id: str) -> RQJobRef:
-    """Invert :func:`rq_job_id`: ``(namespace, job_id, version)``; ``InvalidInputError`` for other ids."""
-    m = _RQ_ID.fullmatch(rq_id) if isinstance(rq_id, str) else None
-    if m is None:
-        raise InvalidInputError(f"{rq_id!r} is not an RQ job id made by rq_job_id()")
-    return RQJobRef(_unescape(m.group("ns")), _unescape(m.group("job")), int(m.group("version")))
-
-
-def decode_rq_job_id(rq_id: str, namespace: str | None = None) -> tuple[str, int]:
-    """Invert :func:`rq_job_id`: ``(job_id, version)``; ``InvalidInputError`` for other ids.
-
-    With ``namespace``, an id of another namespace is refused too (it belongs
-    to another app on the same Redis). :func:`parse_rq_job_id` also returns
-    the namespace.
-    """
-    ref = parse_rq_job_id(rq_id)
-    if namespace is not None and ref.namespace != namespace:
-        raise InvalidInputError(f"RQ job id {rq_id!r} belongs to namespace {ref.namespace!r}, not {namespace!r}")
-    return ref.job_id, ref.version
 
 
 @contextmanager
@@ -186,7 +115,8 @@ class RQScheduler:
     would silently vanish.
     """
 
-    features: ClassVar[frozenset[Feature]] = frozenset({Feature.BACKLOG, Feature.BACKLOG_PROBE, Feature.NAMED_QUEUES})
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.BACKLOG, Feature.BACKLOG_PROBE, Feature.NAMED_QUEUES, Feature.HOSTED})
 
     def __init__(
         self,
@@ -221,12 +151,25 @@ class RQScheduler:
         self.result_ttl = result_ttl
         self.failure_ttl = failure_ttl
         self.precision = float(precision)
+        self._entry: str | None = None  # what a message names for the worker to run: the App tells (bind)
         self.queue = Queue(queue, connection=connection, serializer=JSONSerializer)
         #: Queues by priority, highest first: ``pipelines worker`` listens on them in this order.
         self.queues: dict[str, Queue] = {
             "interactive": self.queue,
             "background": Queue(f"{queue}-background", connection=connection, serializer=JSONSerializer),
         }
+
+    def bind(self, host: SchedulerHost) -> None:
+        """Name ``host``'s worker entry (:attr:`~adapters.base.WorkerEntry.advance`) in every message from now on."""
+        self._entry = host.worker_entry.advance
+
+    @property
+    def entry_point(self) -> str:
+        """The function every message names; :class:`ConfigurationError` before an App is built with this scheduler."""
+        if self._entry is None:
+            raise ConfigurationError("this RQScheduler is part of no App yet, so it does not know what a worker "
+                                     "runs: build App(storage=..., scheduler=this scheduler) before scheduling")
+        return self._entry
 
     @classmethod
     def for_storage(cls, storage: RedisStorage, *, queue: str = "pipelines", app: str | None = None,
@@ -348,11 +291,12 @@ class RQScheduler:
             return rq_job_id(job_id, version, self.namespace)
         # Without a version there is no turn to name; a random id never collides
         # with "-v<digits>" ids, and duplicates are the runner's business (I6).
-        return f"{_escape(job_id, self.namespace)}-x{uuid.uuid4().hex}"
+        return f"{escape(job_id, self.namespace)}-x{uuid.uuid4().hex}"
 
     def _enqueue(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
                  unique: bool, at_front: bool = False, queue: Queue | None = None) -> Job:
         q = queue or self.queue
+        func = self.entry_point  # refuses before anything is sent when no App told it
         options: dict[str, Any] = {
             "args": [job_id, version],
             "kwargs": {"app": self.app} if self.app is not None else {},
@@ -364,8 +308,8 @@ class RQScheduler:
             "unique": unique,
         }
         if delay > 0:
-            return q.enqueue_in(timedelta(seconds=delay), ADVANCE_FUNC, **options)
-        return q.enqueue(ADVANCE_FUNC, at_front=at_front, **options)
+            return q.enqueue_in(timedelta(seconds=delay), func, **options)
+        return q.enqueue(func, at_front=at_front, **options)
 
     def _still_pending(self, rq_id: str, queue: Queue | None = None) -> bool:
         q = queue or self.queue

@@ -21,9 +21,10 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
+from adapters.base import Feature
 from adapters.sqlite import processes, schema, writes
 from adapters.sqlite.connection import Database
 from adapters.sqlite.reads import RECORD_COLUMNS, SQLiteReads, load_record
@@ -59,6 +60,11 @@ class SQLiteStorage(SQLiteReads):
     transaction before the adapter retries it. ``clock``: the lease clock
     (wall time, shared by every process on the file).
     """
+
+    #: What it can do beyond the port, declared once (the contract suite checks it against the methods).
+    features: ClassVar[frozenset[Feature]] = frozenset({
+        Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
+        Feature.RECENT, Feature.SCHEMA, Feature.CLAIMS})
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
                  clock: Callable[[], float] | None = None) -> None:

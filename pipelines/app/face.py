@@ -19,8 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from adapters.base import FlowCapable, InProcessScheduler, Scheduler, Storage
+from adapters.base import FlowCapable, HostedScheduler, InProcessScheduler, Scheduler, Storage, WorkerEntry
 from pipelines.app.controls import Controls, check_retention
+from pipelines.app.entry import WORKER_ENTRY
 from pipelines.app.read_model import ReadModel
 from pipelines.app.registry import PipelineSource, Registry
 from pipelines.app.runs import Runs
@@ -127,9 +128,14 @@ class App:
             self.add_agent(agent)
         in_process = as_feature(scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
         if in_process is not None:
-            # Attached once, here: nothing re-binds it per call.
-            in_process.attach(self.advance)
+            in_process.attach(self.advance)  # once, here: nothing re-binds it per call
+        hosted = as_feature(scheduler, Feature.HOSTED, HostedScheduler)  # type: ignore[type-abstract]
+        if hosted is not None:  # a queue scheduler learns what its workers run; the local one, the sweep
+            hosted.bind(self)
         _attached[scheduler] = weakref.ref(self)
+
+    #: What a queue message makes a worker run, by path (told to a queue scheduler when the App is built).
+    worker_entry: WorkerEntry = WORKER_ENTRY
 
     @classmethod
     def for_adapters(cls, storage: Storage, scheduler: Scheduler) -> App:

@@ -39,9 +39,10 @@ import redis
 from pydantic import BaseModel
 
 from adapters.redis import RedisStorage
-from adapters.rq import ADVANCE_FUNC, RQScheduler, rq_job_id
+from adapters.rq import RQScheduler, rq_job_id
 from pipelines import Agent, RetryLater, Tool, ToolContext
 from pipelines.app import App
+from pipelines.worker import ADVANCE_FUNC
 
 APP_PATH = "tests.apps.chaos_app:app"
 RETRY_AGENT = "w1_retry"

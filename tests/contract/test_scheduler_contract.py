@@ -8,13 +8,24 @@ loses its messages, the way a worker, time and a crash would.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
-from adapters.base import FEATURE_PROTOCOLS, Backlog, BacklogProbe, Feature, InProcessScheduler, NamedQueues, Scheduler
-from pipelines import JobStatus
+from adapters.base import (
+    FEATURE_PROTOCOLS,
+    Backlog,
+    BacklogProbe,
+    Feature,
+    HostedScheduler,
+    InProcessScheduler,
+    NamedQueues,
+    Scheduler,
+    WorkerEntry,
+)
+from pipelines import JobStatus, worker
+from pipelines.app import App
 from pipelines.engine.capabilities import as_feature, features_of
 from tests.contract.ports import covers
 from tests.contract.scheduler_fixtures import HARNESSES, PARAMS, Harness, RQHarness
@@ -151,7 +162,7 @@ def test_only_json_crosses_the_queue(harness: Harness) -> None:
         payload = json.loads(message)  # raises on anything that is not JSON text
         assert json_only(payload) and "wire:1.a_b" in json.dumps(payload)
     if isinstance(harness, RQHarness):
-        from adapters.rq import ADVANCE_FUNC
+        from pipelines.worker import ADVANCE_FUNC
 
         # The function is an import path, the arguments plain data: [func, instance, args, kwargs].
         assert [json.loads(m) for m in raw] == [[ADVANCE_FUNC, None, ["wire:1.a_b", v], {}] for v in (1, 2)]
@@ -211,6 +222,68 @@ def test_an_in_process_scheduler_runs_every_advance_through_what_is_attached(har
     start(harness, "loop")
     with pytest.raises(RuntimeError, match="drain stopped after 1"):
         s.drain(max_advances=1)  # the first turn schedules a second: past the bound
+
+
+ENTERED: list[str] = []  # job ids the worker entry a test host names ran for
+
+
+def entered(job_id: str, version: int | None = None, app: str | None = None) -> str:
+    """A worker entry (``WorkerEntry.advance``) that notes the job, then runs the library's own."""
+    ENTERED.append(job_id)
+    return worker.advance_job(job_id, version, app)
+
+
+def entered_with_default(default_app: str | None, job_id: str, version: int | None = None,
+                         app: str | None = None) -> str:
+    """A worker entry (``WorkerEntry.advance_with_default``) that notes the job, then runs the library's own."""
+    ENTERED.append(job_id)
+    return worker.advance_with_default(default_app, job_id, version, app)
+
+
+class Host:
+    """A SchedulerHost that hands on its App's parts and notes which of them a scheduler took."""
+
+    def __init__(self, app: App) -> None:
+        self.app, self.taken = app, set[str]()
+
+    @property
+    def storage(self) -> Any:
+        self.taken.add("storage")
+        return self.app.storage
+
+    @property
+    def worker_entry(self) -> WorkerEntry:
+        self.taken.add("worker_entry")
+        return WorkerEntry(advance=f"{__name__}.entered", advance_with_default=f"{__name__}.entered_with_default")
+
+    @property
+    def advance(self) -> Callable[[str], object]:
+        self.taken.add("advance")
+        return self.app.advance
+
+    @property
+    def requeue_overdue(self) -> Callable[..., list[str]]:  # the sweep: what a local scheduler takes
+        self.taken.add("requeue_overdue")
+        return self.app.requeue_overdue
+
+
+@covers("HostedScheduler.bind")
+def test_a_hosted_scheduler_runs_through_what_the_app_it_is_bound_to_names(harness: Harness) -> None:
+    s = feature(harness, Feature.HOSTED, HostedScheduler)  # type: ignore[type-abstract]
+    host = Host(harness.app)
+    s.bind(host)
+    assert host.taken, "bind took nothing from its host"
+    ENTERED.clear()
+    start(harness, "hosted")
+    harness.run_all()
+    assert status(harness, "hosted") is JobStatus.COMPLETE
+    if "worker_entry" in host.taken:  # a queue scheduler: every message ran the entry its host named
+        assert ENTERED == ["hosted", "hosted"]
+    s.bind(harness.app)  # and back to the App's own
+    ENTERED.clear()
+    start(harness, "own")
+    harness.run_all()
+    assert status(harness, "own") is JobStatus.COMPLETE and ENTERED == []
 
 
 @covers("Backlog.work_waiting")

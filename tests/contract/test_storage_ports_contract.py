@@ -22,7 +22,9 @@ from adapters.base import (
     FEATURE_PROTOCOLS,
     INBOX_OPEN,
     AsyncLiveStore,
+    ClaimingStore,
     Feature,
+    KeyPrefixed,
     RetentionStore,
     Storage,
     VersionedSchema,
@@ -280,6 +282,36 @@ def test_migrate_is_idempotent_on_a_current_file_and_keeps_its_data(storage: Sto
     assert isinstance(before, int) and before == after >= 1  # a new file is already at this library's version
     assert schema.migrate() == (after, after)
     assert storage.get_job("job-1") == rec and storage.messages("job-1") == [msg("kept")]
+
+
+# --- claiming due work (a local scheduler's storage) ----------------------------------------------------
+@covers("ClaimingStore.claim_due", "ClaimingStore.reap_dead_processes")
+def test_due_work_is_claimed_by_one_claimer_until_its_hold_passes(storage: Storage) -> None:
+    claims = feature(storage, Feature.CLAIMS, ClaimingStore)  # type: ignore[type-abstract]
+    for job_id in ("a", "b", "c"):
+        storage.create_job(record(job_id))  # running, due at 100
+    storage.create_job(record("done", status=JobStatus.COMPLETE))
+    assert claims.claim_due(99.0, limit=10, hold=60) == []  # nothing is due that early
+    first = claims.claim_due(100.0, limit=2, hold=60)
+    assert len(first) == 2 and set(first) < {"a", "b", "c"}  # at most ``limit``, never a finished job
+    rest = claims.claim_due(100.0, limit=10, hold=60)
+    assert set(rest) == {"a", "b", "c"} - set(first)  # held ones go to no other claim
+    assert claims.claim_due(100.0, limit=10, hold=60) == []
+    assert storage.acquire_lease("a", "w", 60) is not None  # a claim keeps claimers off, not the worker it is for
+    assert claims.reap_dead_processes() >= 1  # this process lives: nothing it holds is released
+    assert claims.claim_due(100.0, limit=10, hold=60) == []
+    assert storage.lease_owner("a") == "w"
+
+
+# --- the key prefix queue ids carry --------------------------------------------------------------------
+@covers("KeyPrefixed.key_prefix")
+def test_the_key_prefix_is_one_queue_ids_can_carry(storage: Storage) -> None:
+    from adapters.rq.ids import parse_rq_job_id, rq_job_id
+
+    prefixed = feature(storage, Feature.KEY_PREFIX, KeyPrefixed)  # type: ignore[type-abstract]
+    prefix = prefixed.key_prefix()
+    assert isinstance(prefix, str) and prefix and prefixed.key_prefix() == prefix
+    assert parse_rq_job_id(rq_job_id("job-1", 3, prefix)).namespace == prefix
 
 
 # --- ranges and limits at their edges ------------------------------------------------------------------

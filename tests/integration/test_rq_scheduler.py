@@ -18,9 +18,9 @@ from rq.job import JOB_ID_PATTERN as RQ_JOB_ID
 from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
+from adapters.memory import MemoryStorage
 from adapters.redis import DEFAULT_PREFIX
 from adapters.rq import (
-    ADVANCE_FUNC,
     SCHEDULER_LATE,
     RQScheduler,
     decode_rq_job_id,
@@ -30,7 +30,7 @@ from adapters.rq import (
 from pipelines import JobStatus, worker
 from pipelines.app import App
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
-from pipelines.worker import advance_job
+from pipelines.worker import ADVANCE_FUNC, advance_job
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.redis
@@ -48,7 +48,13 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def scheduler(client: redis.Redis) -> RQScheduler:
-    return RQScheduler(client, queue="q-test", app=APP_PATH, job_timeout=60, result_ttl=60, failure_ttl=600)
+    return built(RQScheduler(client, queue="q-test", app=APP_PATH, job_timeout=60, result_ttl=60, failure_ttl=600))
+
+
+def built(scheduler: RQScheduler) -> RQScheduler:
+    """``scheduler`` once an App is built with it: the App tells it what a worker runs (what every app does)."""
+    App(storage=MemoryStorage(), scheduler=scheduler)
+    return scheduler
 
 
 def job_hash(client: redis.Redis, rq_id: str) -> dict[bytes, bytes]:
@@ -149,8 +155,8 @@ def test_rq_job_ids_round_trip_for_random_awkward_names() -> None:
 
 # --- two apps on one Redis (issue item 9) -------------------------------------------
 def test_schedulers_of_two_namespaces_never_overwrite_each_others_jobs(client: redis.Redis) -> None:
-    a = RQScheduler(client, queue="shared", namespace="ta")
-    b = RQScheduler(client, queue="shared", namespace="tb")
+    a = built(RQScheduler(client, queue="shared", namespace="ta"))
+    b = built(RQScheduler(client, queue="shared", namespace="tb"))
     a.schedule_advance("chat-1", pipeline="pa", version=1)
     b.schedule_advance("chat-1", pipeline="pb", version=1)
 
@@ -172,7 +178,7 @@ def test_for_storage_takes_the_client_and_the_prefix_from_the_storage(redis_url:
     from adapters.redis import RedisStorage
 
     storage = RedisStorage.from_url(redis_url, prefix="app.one:x")
-    sched = RQScheduler.for_storage(storage, queue="fs", app=APP_PATH, job_timeout=33)
+    sched = built(RQScheduler.for_storage(storage, queue="fs", app=APP_PATH, job_timeout=33))
     assert sched.connection is storage.client and sched.namespace == "app.one:x"
     assert (sched.queue_name, sched.app, sched.job_timeout) == ("fs", APP_PATH, 33)
     sched.schedule_advance("j", version=2)
@@ -317,7 +323,7 @@ def test_a_question_never_takes_a_connection_a_sized_pool_needs(redis_url: str, 
     else:
         cp = redis.ConnectionPool.from_url(redis_url, max_connections=1)
     client = redis.Redis(connection_pool=cp)
-    scheduler = RQScheduler(client, queue=f"q-budget-{pool}")
+    scheduler = built(RQScheduler(client, queue=f"q-budget-{pool}"))
     answer = scheduler.probe_work_waiting()
     wait_until_redis_ran_llen(client)
     # The pool's one connection is free for the phase (were the question on it, the blocking pool would wait
@@ -404,7 +410,7 @@ def test_a_turn_that_raises_under_continue_for_gives_its_question_s_connection_b
 def test_an_unreachable_redis_is_storage_unavailable() -> None:
     dead = redis.Redis(host="127.0.0.1", port=free_port(), retry=Retry(NoBackoff(), 0), socket_connect_timeout=0.5)
     with pytest.raises(StorageUnavailableError, match="Redis unreachable"):
-        RQScheduler(dead).schedule_advance("j", version=1)
+        built(RQScheduler(dead)).schedule_advance("j", version=1)
 
 
 @pytest.mark.parametrize("kwargs", [{"queue": ""}, {"app": "no-colon"}, {"job_timeout": 0}, {"result_ttl": -1}])
@@ -419,7 +425,7 @@ def test_the_sweep_puts_a_lost_advance_at_the_front_of_the_queue(redis_url: str)
     from pipelines.app import App
 
     storage = RedisStorage.from_url(redis_url)
-    scheduler = RQScheduler(storage.client, queue="front")
+    scheduler = built(RQScheduler(storage.client, queue="front"))
     app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", lambda ctx: Done())]})
     app.run_pipeline("p", job_id="lost")
     storage.client.delete(scheduler.queue.key)  # its message is lost

@@ -19,8 +19,10 @@ import redis
 from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
+from adapters.memory import MemoryStorage
 from adapters.rq import RQScheduler
 from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
+from pipelines.app import App
 from tests.system.conftest import wait_for
 
 pytestmark = pytest.mark.redis
@@ -79,6 +81,7 @@ def test_a_scheduler_that_ended_is_started_again_and_moves_due_advances(r: redis
     assert second is not first and second.is_alive()
     # ... and it does the scheduler's work: a due delayed advance reaches the queue.
     sched = RQScheduler(r, queue="keep")
+    App(storage=MemoryStorage(), scheduler=sched)  # the App tells its scheduler what a worker runs
     sched.schedule_advance("later", 0.5, version=1)
     wait_for("the scheduler to move the advance", lambda: sched.queue.get_job_ids() == ["pr_nlater-v1"], 15)
     assert ScheduledJobRegistry(queue=sched.queue).get_job_ids() == []

@@ -159,8 +159,9 @@ def test_nothing_is_pickled_anywhere_after_agent_and_pipeline_jobs_ran_through_r
     rq_app.run_pipeline("slow", job_id="slow.1")
     rq_app.run_pipeline("boom", job_id="boom_1")
     # An advance that fails inside RQ (its app cannot be imported): RQ stores a traceback.
-    RQScheduler(storage.client, queue="sec", app="tests.apps.no_such_module:app").schedule_advance(
-        "chat:0", version=99)
+    missing = RQScheduler(storage.client, queue="sec", app="tests.apps.no_such_module:app")
+    App(storage=storage, scheduler=missing)
+    missing.schedule_advance("chat:0", version=99)
     work(rq_app)
 
     for i in range(3):

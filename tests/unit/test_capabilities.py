@@ -17,17 +17,20 @@ import pytest
 from adapters.base import FEATURE_PROTOCOLS, Feature, ReadStore, RunStore, Storage
 from adapters.blobs import DirectoryBlobStore
 from adapters.celery import CeleryScheduler
+from adapters.local import LocalScheduler
 from adapters.memory import MemoryScheduler, MemoryStorage
 from adapters.offload import OffloadingStorage
 from adapters.redis import RedisStorage
 from adapters.rq import RQScheduler
+from adapters.sqlite import SQLiteStorage
 from pipelines.app import App
 from pipelines.engine import capabilities
 from pipelines.engine.capabilities import as_feature, features_of, has
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DECLARING = [MemoryStorage, MemoryScheduler, RedisStorage, RQScheduler, CeleryScheduler]
+DECLARING = [MemoryStorage, MemoryScheduler, RedisStorage, RQScheduler, CeleryScheduler, SQLiteStorage,
+             LocalScheduler]
 
 
 def _implements(cls: type, feature: Feature) -> bool:
@@ -84,13 +87,13 @@ def test_a_declared_feature_is_what_the_library_asks() -> None:
     assert full.has_listing_index and full.count_jobs() == 0
 
 
-def _probes(path: Path) -> list[str]:
+def _probes(path: Path, extra: tuple[str, ...] = ()) -> list[str]:
     """``getattr(x.storage/scheduler...)`` / ``hasattr(...)`` on an adapter, in a library module."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
             target = ast.unparse(node.args[0]) if node.args else ""
-            if any(word in target for word in ("storage", "scheduler", "store")):
+            if any(word in target for word in ("storage", "scheduler", "store", *extra)):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
     return found
 
@@ -100,16 +103,15 @@ def test_nothing_probes_an_adapter_with_getattr_or_hasattr() -> None:
     assert [hit for p in files for hit in _probes(p)] == []
 
 
-# Probes left inside adapters/ (issue 29, item 3, still open): one adapter asking another for a method or an
-# attribute its port does not name. Listed so that none is added; each goes when its port says it.
-_ADAPTER_PROBES_LEFT = {
-    "adapters/local.py": "getattr(self.storage, 'reap_dead_processes', None)",  # SQLite's reaping: no feature yet
-    "adapters/celery/scheduler.py": "getattr(storage, 'prefix', None)",  # for_storage: the prefix is no port's
-}
+def test_no_adapter_probes_another_or_the_app_it_serves() -> None:
+    # One adapter asks another (or the App it is built into) only through a port: a feature's protocol, or the
+    # SchedulerHost the App binds. The last two probes (SQLite's reaping, a storage's key prefix) went in issue 29.
+    hits = [hit for p in (ROOT / "adapters").rglob("*.py") for hit in _probes(p, extra=("advance", "app", "host"))]
+    assert hits == []
 
 
-def test_adapters_probe_no_other_adapter_beyond_the_ones_left() -> None:
-    hits = [hit for p in (ROOT / "adapters").rglob("*.py") for hit in _probes(p)]
-    found = {h.split(":", 1)[0]: h.split(" ", 1)[1] for h in hits}
-    assert len(found) == len(hits), hits  # one at most per file, each listed
-    assert found == _ADAPTER_PROBES_LEFT
+def test_no_adapter_names_the_composing_layer() -> None:
+    # Queue adapters are told the worker's entry point by the App (WorkerEntry), they never spell it.
+    spelled = [f"{p.relative_to(ROOT)}:{n}" for p in (ROOT / "adapters").rglob("*.py")
+               for n, line in enumerate(p.read_text().splitlines(), 1) if "pipelines.worker" in line]
+    assert spelled == []
