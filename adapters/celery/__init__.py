@@ -22,3 +22,12 @@ __all__ = [
     "check_json_only",
     "parse_celery_task_id",
 ]
+
+
+
+def __getattr__(name: str) -> str:
+    if name == "ADVANCE_FUNC":  # deprecated, warned about by adapters.celery.scheduler
+        from adapters.celery import scheduler
+
+        return scheduler.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

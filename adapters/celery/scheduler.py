@@ -56,6 +56,7 @@ import importlib
 import re
 import time
 import uuid
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -300,3 +301,15 @@ class CeleryScheduler:
                                   kwargs={"app": self.app} if self.app is not None else {}, **options)
         except (OperationalError, OSError) as exc:  # kombu wraps broker connection errors in OperationalError
             raise StorageUnavailableError(f"scheduling job {job_id!r}: Celery broker unreachable: {exc}") from exc
+
+
+_DEPRECATED_ADVANCE_FUNC = "pipelines.worker.advance_with_default"  # the old alias's value (see __getattr__)
+
+def __getattr__(name: str) -> str:
+    # Deprecated for one release: the App tells its scheduler what a worker runs (App.worker_entry), so this
+    # adapter no longer names the composing layer; the one exception is this alias, until it goes.
+    if name == "ADVANCE_FUNC":
+        warnings.warn(f"{__name__}.ADVANCE_FUNC is deprecated (the App tells its scheduler the worker's entry: "
+                      "App.worker_entry); it goes in the next release", DeprecationWarning, stacklevel=2)
+        return _DEPRECATED_ADVANCE_FUNC
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,3 +28,12 @@ __all__ = [
     "parse_rq_job_id",
     "rq_job_id",
 ]
+
+
+
+def __getattr__(name: str) -> str:
+    if name == "ADVANCE_FUNC":  # deprecated, warned about by adapters.rq.scheduler
+        from adapters.rq import scheduler
+
+        return scheduler.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -340,3 +341,15 @@ class RQScheduler:
         """The RQ job ``rq_id``, read with the JSON serializer (for tests and tools)."""
         with _redis_errors(f"fetching RQ job {rq_id!r}"):
             return Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
+
+
+_DEPRECATED_ADVANCE_FUNC = "pipelines.worker.advance_job"  # the old alias's value (see __getattr__)
+
+def __getattr__(name: str) -> str:
+    # Deprecated for one release: the App tells its scheduler what a worker runs (App.worker_entry), so this
+    # adapter no longer names the composing layer; the one exception is this alias, until it goes.
+    if name == "ADVANCE_FUNC":
+        warnings.warn(f"{__name__}.ADVANCE_FUNC is deprecated (the App tells its scheduler the worker's entry: "
+                      "App.worker_entry); it goes in the next release", DeprecationWarning, stacklevel=2)
+        return _DEPRECATED_ADVANCE_FUNC
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

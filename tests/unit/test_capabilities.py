@@ -112,6 +112,8 @@ def test_no_adapter_probes_another_or_the_app_it_serves() -> None:
 
 def test_no_adapter_names_the_composing_layer() -> None:
     # Queue adapters are told the worker's entry point by the App (WorkerEntry), they never spell it.
+    # The one exception: the value of the deprecated ADVANCE_FUNC alias, for one release.
     spelled = [f"{p.relative_to(ROOT)}:{n}" for p in (ROOT / "adapters").rglob("*.py")
-               for n, line in enumerate(p.read_text().splitlines(), 1) if "pipelines.worker" in line]
+               for n, line in enumerate(p.read_text().splitlines(), 1)
+               if "pipelines.worker" in line and not line.startswith("_DEPRECATED_ADVANCE_FUNC = ")]
     assert spelled == []

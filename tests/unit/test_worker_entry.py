@@ -58,3 +58,17 @@ def test_a_celery_task_body_of_no_app_says_what_to_build(tmp_path: Path) -> None
         celery.tasks[ADVANCE_TASK].apply(args=["job-1", 1], throw=True).get()
     with pytest.raises(ConfigurationError, match=r"needs a storage with a key prefix.*SQLiteStorage"):
         CeleryScheduler.for_storage(celery, SQLiteStorage(str(tmp_path / "a.db")))
+
+
+@pytest.mark.parametrize("module", ["adapters.rq", "adapters.rq.scheduler", "adapters.celery",
+                                    "adapters.celery.scheduler"])
+def test_the_old_advance_func_of_a_queue_adapter_is_a_deprecated_alias_for_one_release(module: str) -> None:
+    if "celery" in module:
+        pytest.importorskip("celery")
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=r"ADVANCE_FUNC is deprecated .*App\.worker_entry"):
+        value = mod.ADVANCE_FUNC
+    want = WORKER_ENTRY.advance_with_default if "celery" in module else WORKER_ENTRY.advance
+    assert value == want
+    with pytest.raises(AttributeError, match="no attribute 'NOPE'"):
+        mod.NOPE  # noqa: B018
