@@ -7,7 +7,7 @@ this process follows the job's stream (``app.stream``, XREAD BLOCK).
 
 - 6a/6b: delta latency, p50 and p99 over every chunk: the server sends a chunk
   -> the client receives the ``text_delta`` holding its last character. It
-  includes the worker's batching (flush after 10 ms first, then every 30 ms or 1,000 characters);
+  includes the worker's batching (flush after 10 ms first, then every 15 ms or 1,000 characters: phases.streaming);
   6c/6d are the chunks that triggered a flush (no batching wait).
 - 6e/6f: Redis commands and bytes (in + out) per 1,000 streamed tokens, for
   the whole job (worker and follower), from ``INFO`` before and after.

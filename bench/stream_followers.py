@@ -16,7 +16,7 @@ follows it over SSE too.
 
 - 14a/14b: delta latency p50 / p99 over every chunk: the fake server sends a
   chunk -> the SSE client has the ``text_delta`` holding its last character
-  (it includes the worker's batching: first flush after 10 ms, then every 30 ms);
+  (it includes the worker's batching: first flush after 10 ms, then every 15 ms: phases.streaming);
 - 14c: the worst first chunk of a turn (a stall at a turn's start shows here);
 - 14d: the uvicorn process's threads with the followers connected;
 - 14e: its CPU while the followers wait and nothing runs (percent of one core, over 3 s), measured
