@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest redis docs docs-check demo bench chaos format clean lock node-deps node-test bench-peers
+.PHONY: install test test-all lint typecheck pytest redis docs docs-check demo bench chaos format clean lock node-deps node-test bench-peers
 
 # Dependencies come from a hash-pinned lock (regenerate with `make lock`), installed exactly as written:
 # the lock is complete, so pip resolves nothing (--no-deps). Resolving would let a requirement with an extra
@@ -47,9 +47,12 @@ redis:
 # The scenarios with worker processes are handed out first (tests/conftest.py), and a worker that runs out of
 # tests takes half of another's (--dist worksteal), so neither idles while the other has a queue.
 PYTEST_WORKERS ?= auto
+# `make test` leaves out the tests marked slow: the longer versions of scenarios it also runs small (every
+# guarantee keeps a test in `make test`). `make test-all` runs everything.
+PYTEST_MARK ?= not slow
 
 pytest: install redis
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=15 -m "$(PYTEST_MARK)" $(PYTEST_ARGS)
 
 # The guide and the API reference (mkdocs + mkdocstrings, static analysis: nothing imported, nothing fetched;
 # the CLI page is written from the parsers by a child process, docs/hooks/cli_reference.py).
@@ -70,8 +73,14 @@ node-deps: install
 node-test: install redis node-deps
 	$(PY) -m pytest -q -rs tests/integration/test_sse.py -k "ai_package or retried_stream"
 
-# redis first: it is the one step that may install system packages or stop with the command to run.
-test: redis lint typecheck docs-check node-test pytest
+# redis first: it is the one step that may install system packages or stop with the command to run. The docs
+# build (tests/unit/test_docs.py) and the `ai` package's checks (tests/integration/test_sse.py) run inside
+# pytest, once; node-deps says first, in one line, what is missing for the latter.
+test: redis lint typecheck node-deps pytest
+
+# Everything `make test` runs, and the slow versions of its scenarios (the bench's --quick run, ...).
+test-all:
+	$(MAKE) test PYTEST_MARK=
 
 demo: install
 	$(PY) examples/support_agent.py $(ARGS)

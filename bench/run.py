@@ -1,7 +1,8 @@
 """``make bench``: workload W1 through phaserunner, next to its floors, as one table of ratios.
 
     python bench/run.py            # the full run (~5 min on 2 cores)
-    python bench/run.py --quick    # a CI-sized smoke version (< 60 s)
+    python bench/run.py --quick    # a CI-sized version (< 60 s)
+    python bench/run.py --smoke    # every figure's code once, smallest sizes (what `make test` runs)
     python bench/run.py --only 1,4 # some figures only
 
 Every figure is the median of ``--runs`` (>= 3) runs with its spread
@@ -134,6 +135,9 @@ FULL = Sizes(runs=3, mem_jobs=200, mem_turns=10, llm_jobs=200, rq_jobs=200, rq_t
              rq_workers=("simple", "fork"), rq_fork_jobs=50, long_turns=200, rss_jobs=(10, 500, 1000), imports=5)
 QUICK = Sizes(runs=3, mem_jobs=20, mem_turns=10, llm_jobs=5, rq_jobs=20, rq_turns=5,
               rq_workers=("simple",), rq_fork_jobs=10, long_turns=40, rss_jobs=(10, 50, 100), imports=5)
+SMOKE = Sizes(runs=1, mem_jobs=4, mem_turns=10, llm_jobs=2, rq_jobs=4, rq_turns=3,
+              rq_workers=("simple",), rq_fork_jobs=2, long_turns=21, rss_jobs=(5, 10, 20), imports=1)
+"""Every figure's code once, at the smallest size that still runs it (what `make test` runs; figures meaningless)."""
 
 
 # --- figure 1: memory adapters vs the plain-Python floor -----------------------
@@ -641,11 +645,12 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="CI-sized smoke version (< 60 s)")
+    p.add_argument("--quick", action="store_true", help="CI-sized version (< 60 s)")
+    p.add_argument("--smoke", action="store_true", help="every figure's code once, smallest sizes (make test)")
     p.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated figures to run (default: all)")
     p.add_argument("--runs", type=int, default=None, help="runs per figure (>= 3; default 3)")
     args = p.parse_args(argv)
-    sz = QUICK if args.quick else FULL
+    sz = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.runs is not None:
         sz = replace(sz, runs=max(3, args.runs))
     only = {s.strip() for s in args.only.split(",") if s.strip()}
@@ -675,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
                 kids.cleanup()
     if "5" in only:
         fig5(rep, sz)
-    mode = "quick" if args.quick else "full"
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     rep.show(f"{TITLE} ({mode}; W1; median of >= {sz.runs} runs, spread min-max; "
               f"{time.perf_counter() - started:.0f} s)")
     return 0

@@ -88,3 +88,10 @@ def test_no_node_at_all_is_a_skip_naming_both(only: Callable[..., None]) -> None
 def test_npm_there_but_never_run_is_not_a_skip(only: Callable[..., None]) -> None:
     only("node", "npm")  # a forgotten `make node-deps` fails the test (tests/integration/test_sse.py), not skips
     assert node_tools.skip_reason() is None and not node_tools.installed()
+
+
+def test_make_test_leaves_out_only_the_slow_tests_and_make_test_all_runs_every_one() -> None:
+    quick = [s for s in make_dry_run("test") if "-m pytest" in s]
+    assert len(quick) == 1 and '-m "not slow"' in quick[0]  # one pytest run: the docs and node checks are in it
+    every = [s for s in make_dry_run("test-all") if "-m pytest" in s]
+    assert len(every) == 1 and '-m ""' in every[0]
