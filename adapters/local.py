@@ -48,6 +48,7 @@ __all__ = ["LocalScheduler"]
 logger = logging.getLogger("pipelines")
 
 _RANKS = {None: 0, "interactive": 0, "background": 1}
+_POLLER = "pipelines-local-poll"
 
 
 def _rank(priority: str | None) -> int:
@@ -108,6 +109,12 @@ class _Requests:
     def __len__(self) -> int:
         return len(self._delayed) + len(self._ready)
 
+    def listed(self) -> list[tuple[float, str, str]]:
+        """Every request as ``(due, priority, job id)``, earliest first."""
+        with self.cond:
+            rows = [(r.due, r.rank, r.job_id) for r in self._delayed] + [(d, k, j) for k, d, _, j in self._ready]
+        return [(due, "background" if rank else "interactive", job_id) for due, rank, job_id in sorted(rows)]
+
     def clear(self) -> int:
         with self.cond:
             n = len(self)
@@ -150,6 +157,7 @@ class LocalScheduler:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._busy = 0  # worker threads running an advance now
+        self._running: dict[str, tuple[str, float]] = {}  # thread name -> (job id, since): for the workers page
         self.scheduled = 0  # schedule_advance calls, for tests
 
     # --- the port ------------------------------------------------------------------------
@@ -219,6 +227,16 @@ class LocalScheduler:
             if ran >= max_advances:
                 raise RuntimeError(f"drain stopped after {max_advances} advances; a pipeline loops forever?")
 
+    def advances(self) -> list[tuple[float, str, str]]:
+        """The requests of this process, earliest first, as ``(due, priority, job id)`` (for people: the web page)."""
+        return self._requests.listed()
+
+    def threads(self) -> list[tuple[str, str | None, float | None]]:
+        """This process's worker threads as ``(name, job id, since)``; job and since ``None`` while a thread waits."""
+        running = dict(self._running)  # a copy: the threads change it while this reads
+        return [(t.name, *running.get(t.name, (None, None))) for t in self._threads
+                if t.is_alive() and t.name != _POLLER]
+
     def pending(self) -> int:
         """How many requests wait (due or not)."""
         with self._requests.cond:
@@ -238,7 +256,7 @@ class LocalScheduler:
         self._stop.clear()
         for n in range(self.workers):
             self._threads.append(threading.Thread(target=self._work, name=f"pipelines-local-{n}", daemon=True))
-        self._threads.append(threading.Thread(target=self._watch, name="pipelines-local-poll", daemon=True))
+        self._threads.append(threading.Thread(target=self._watch, name=_POLLER, daemon=True))
         for t in self._threads:
             t.start()
         return self
@@ -277,7 +295,9 @@ class LocalScheduler:
         return None
 
     def _work(self) -> None:
+        me = threading.current_thread().name
         while (job_id := self._next()) is not None:
+            self._running[me] = (job_id, time.time())
             try:
                 self._run(job_id)
             except Exception:  # one job's failure never stops a worker (the runner records phase errors)
@@ -285,6 +305,7 @@ class LocalScheduler:
             finally:
                 with self._requests.cond:
                     self._busy -= 1
+                    self._running.pop(me, None)
 
     def _watch(self) -> None:
         """Claim due work from the storage every ``poll`` seconds (at once at start); sweep now and then."""

@@ -12,6 +12,7 @@ and the page says so.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +68,10 @@ def report(app: App) -> Report:
 
     if isinstance(scheduler, MemoryScheduler):
         return _memory_report(scheduler, name)
+    from adapters.local import LocalScheduler
+
+    if isinstance(scheduler, LocalScheduler):
+        return _local_report(scheduler, name)
     return Report(scheduler=name, note=f"{name} does not report its queues or workers")
 
 
@@ -87,6 +92,22 @@ def _memory_report(scheduler: Any, name: str) -> Report:
     pending = {job_id for _, _, job_id in advances}
     return Report(scheduler=name, queues=rows, workers=None, is_queued=lambda r: r.job_id in pending,
                   note="advances run in this process (drain / run_due): there are no worker processes")
+
+
+def _local_report(scheduler: Any, name: str) -> Report:
+    report = _memory_report(scheduler, name)  # its requests read as the memory scheduler's advances do
+    report.queues = [QueueRow(name="this process", priority=row.priority, waiting=row.waiting,
+                              scheduled=row.scheduled, running=None) for row in report.queues]
+    workers = [WorkerRow(name=thread, alive=True, state="busy" if job_id else "idle", job_id=job_id, since=since,
+                         detail=f"thread of pid {os.getpid()}") for thread, job_id, since in scheduler.threads()]
+    report.workers = workers
+    # Its queue is the storage (I7): a due job no request of this process names is claimed by a poll within
+    # ``poll`` + ``grace`` seconds, by this process or another on the file. Nothing due is ever lost.
+    report.is_queued = lambda record: True
+    report.note = ("worker threads of this process; other processes sharing the storage file run their own and "
+                   "are not listed (their jobs show as held)" if workers else
+                   "no worker thread runs in this process (start() was not called): due work waits for one")
+    return report
 
 
 def _rq_report(scheduler: Any, name: str) -> Report:

@@ -107,3 +107,42 @@ def test_the_timeline_says_what_attempts_fenced_off_paid(app: App, clock: Virtua
     page = client.get("/jobs/held").text
     assert re.search(r'id="fenced">1 model call of attempts <b>fenced off</b>.*?cost \$0\.012500 and 100 tokens',
                      page)
+
+
+def test_pipelines_devs_local_scheduler_shows_its_threads_and_the_job_each_runs(tmp_path: object) -> None:
+    import threading
+    from pathlib import Path
+
+    from adapters.local import LocalScheduler
+    from adapters.sqlite import SQLiteStorage
+
+    assert isinstance(tmp_path, Path)
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(ctx: object) -> Done:
+        inside.set()
+        release.wait(30)
+        return Done(result=None)
+
+    local = LocalScheduler(workers=2, poll=0.05, grace=0.0, sweep_interval=0)
+    storage = SQLiteStorage(str(tmp_path / "dev.db"))
+    app = App(storage=storage, scheduler=local, provenance=False,
+              pipelines={"slow": [Phase("only", slow)], "etl": [Phase("only", _noop)]})
+    with TestClient(ui_app(app), base_url=LOCAL) as client:
+        idle = client.get("/workers").text
+        assert "no worker thread runs in this process" in idle  # start() not called yet
+        local.schedule_advance("waits", 600)  # a request due in ten minutes
+        with local:
+            app.run_pipeline("slow", job_id="busy-1")
+            assert inside.wait(10)
+            page = client.get("/workers").text
+            release.set()
+        row = r'<tr class="alive" data-worker="(pipelines-local-\d)">.*?<td>(busy|idle)</td>\s*<td>(.*?)</td>'
+        rows = re.findall(row, page, flags=re.S)
+        assert sorted(r[1] for r in rows) == ["busy", "idle"]  # two threads, the poller not among them
+        busy = next(r for r in rows if r[1] == "busy")
+        assert 'href="/jobs/busy-1"' in busy[2]
+        assert re.search(r'data-queue="this process"><td>this process</td><td>interactive</td><td class="num">0</td>'
+                         r'<td class="num">1</td>', page)  # the delayed request of "waits"
+        assert "worker threads of this process" in page and "not reported by" not in page
+    storage.close()
