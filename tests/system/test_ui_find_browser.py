@@ -16,7 +16,7 @@ from tests.system.test_ui_page_browser import CHROMEDRIVER, CHROMIUM, _served, b
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import Select  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 __all__ = ["browser"]  # the fixture, shared
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="see test_ui_page_browser")
@@ -61,6 +61,8 @@ def test_search_form_and_rows_updated_in_place(app: App, clock: VirtualClock, ba
     browser.find_element(By.ID, "f-q").send_keys("order")
     Select(browser.find_element(By.ID, "f-name")).select_by_value("etl")
     browser.find_element(By.ID, "f-go").click()
+    # The click submits the form; the new page loads after click() returns.
+    WebDriverWait(browser, 10).until(lambda d: "q=order" in d.current_url)
     assert "q=order" in browser.current_url and "name=etl" in browser.current_url
     assert row_ids(browser) == ["order-3:running", "order-1:running"]
     browser.get(base + "/")
