@@ -20,6 +20,11 @@ interpreter start, imports, app load and litellm's warm-up are all inside.
 - 11g/11h: 11b - 11a and 11d - 11c per worker: ready -> first turn committed.
   What a worker killed soon after it is ready gets done (make chaos's kill
   scenario): it must be about one turn, not litellm's import.
+- 11i/11j: the floor under 11b/11d: a bare ``rq worker --burst`` process that
+  first imports litellm, started with a trivial job (``builtins.len``) already
+  queued, timed from ``Popen`` to the job finished; forking worker /
+  ``SimpleWorker``. 11k/11l: 11b / 11i and 11d / 11j, paired run by run (issue
+  33: <= 1.3x).
 
 Each figure is the median of ``--runs`` fresh worker processes on a private
 redis-server (one queue per run); nothing is asserted, a missed goal reads ``MISS``.
@@ -38,6 +43,7 @@ from bench.procs import Children
 __all__ = ["main"]
 
 GOAL_S = 2.0  # issue 16: worker start -> first turn committed <= 2 s on 2 cores
+RATIO_GOAL = 1.3  # issue 33: that, over (import litellm + a bare RQ worker's start), <= 1.3x
 POLL_S = 0.01
 TIMEOUT_S = 60.0
 
@@ -81,6 +87,43 @@ def _starts(kids: Children, name: str, runs: int, setup: Setup, simple: bool) ->
             client.flushdb()
             client.close()
     return ready, committed
+
+
+_BARE = ("import sys, litellm; from rq.cli import main; sys.argv[0] = 'rq'; "
+         "sys.exit(main())")  # litellm imported first, then RQ's own CLI: `rq worker --burst ...`
+
+
+def _bare_starts(kids: Children, url: str, runs: int, simple: bool) -> list[float]:
+    """``runs`` fresh bare RQ workers (litellm imported first), each with a trivial job queued: seconds to done."""
+    import redis
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    done: list[float] = []
+    for i in range(runs):
+        queue = f"bare-{'simple' if simple else 'fork'}-{i}"
+        client = redis.Redis.from_url(url)
+        job = Queue(queue, connection=client, serializer=JSONSerializer).enqueue("builtins.len", [1, 2, 3])
+        args = ["-c", _BARE, "worker", "--burst", "--url", url, "--serializer", "rq.serializers.JSONSerializer",
+                "--logging_level", "WARNING", *(["--worker-class", "rq.worker.SimpleWorker"] if simple else []), queue]
+        started = time.monotonic()
+        # Offline, as our worker makes litellm (phases.litellm_model): no fetch of its remote cost map.
+        proc = kids.python(queue, args, LITELLM_LOCAL_MODEL_COST_MAP="True")
+        try:
+            finished = lambda: client.hget(f"rq:job:{job.id}", "status") == b"finished"  # noqa: B023, E731
+            done.append(_wait("the bare worker's job done", finished, proc, kids) - started)
+        finally:
+            kids.stop(proc)
+            client.flushdb()
+            client.close()
+    return done
+
+
+def _ratio(key: str, what: str, ours: list[float], bare: list[float], goal: float) -> str:
+    ratios = [a / b for a, b in zip(ours, bare, strict=True)]
+    med = statistics.median(ratios)
+    return (f"{key:<4} {what:<66} median {med:5.2f} x ({min(ratios):.2f} .. {max(ratios):.2f})"
+            f"   goal <= {goal:g} x: {'ok' if med <= goal else 'MISS'}")
 
 
 def _agent_setup(url: str, fake_url: str) -> Setup:
@@ -155,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             simple_reg, simple_first = _starts(kids, "simple", args.runs, agent, simple=True)
             _, plain_first = _starts(kids, "plain", args.runs, plain, simple=True)
         _, scripted_first = _starts(kids, "scripted", args.runs, _scripted_setup(url), simple=False)
+        bare_fork = _bare_starts(kids, url, args.runs, simple=False)
+        bare_simple = _bare_starts(kids, url, args.runs, simple=True)
     finally:
         kids.cleanup()
     print(f"figure 11: worker start -> first commit, the job queued before the worker starts, median of {args.runs} "
@@ -169,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
                 [b - a for a, b in zip(fork_reg, fork_first, strict=True)]))
     print(_line("11h", "litellm agent, --simple: ready -> first turn committed",
                 [b - a for a, b in zip(simple_reg, simple_first, strict=True)]))
+    print(_line("11i", "bare `rq worker` importing litellm first, forking: start -> job done", bare_fork))
+    print(_line("11j", "bare `rq worker` importing litellm first, SimpleWorker: start -> job done", bare_simple))
+    print(_ratio("11k", "11b / 11i: forking worker, ours over its floor", fork_first, bare_fork, RATIO_GOAL))
+    print(_ratio("11l", "11d / 11j: --simple, ours over its floor", simple_first, bare_simple, RATIO_GOAL))
     return 0
 
 
