@@ -24,7 +24,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str) -> str:
     if name == "ADVANCE_FUNC":  # deprecated, warned about by adapters.celery.scheduler
         from adapters.celery import scheduler

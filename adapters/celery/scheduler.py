@@ -305,6 +305,7 @@ class CeleryScheduler:
 
 _DEPRECATED_ADVANCE_FUNC = "pipelines.worker.advance_with_default"  # the old alias's value (see __getattr__)
 
+
 def __getattr__(name: str) -> str:
     # Deprecated for one release: the App tells its scheduler what a worker runs (App.worker_entry), so this
     # adapter no longer names the composing layer; the one exception is this alias, until it goes.

@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str) -> str:
     if name == "ADVANCE_FUNC":  # deprecated, warned about by adapters.rq.scheduler
         from adapters.rq import scheduler

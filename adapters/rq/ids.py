@@ -35,6 +35,7 @@ _DECODE = {v[1]: k for k, v in _ENCODE.items()}
 _NAME = r"(?:[A-Za-z0-9-]|_[_dc])+"  # an escaped name: "_" only ever starts a two-character escape
 _RQ_ID = re.compile(rf"(?P<ns>{_NAME})_n(?P<job>{_NAME})-v(?P<version>[0-9]+)")
 
+
 class RQJobRef(NamedTuple):
     """What an RQ job id made by :func:`rq_job_id` names."""
 
