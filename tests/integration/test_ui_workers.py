@@ -9,12 +9,16 @@ steps and whose worker's lease ran out (worker lost).
 from __future__ import annotations
 
 import re
+import threading
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from adapters.local import LocalScheduler
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.sqlite import SQLiteStorage
 from pipelines import App, Phase
 from pipelines.engine.models import JobStatus
 from pipelines.engine.phase import Done
@@ -109,14 +113,7 @@ def test_the_timeline_says_what_attempts_fenced_off_paid(app: App, clock: Virtua
                      page)
 
 
-def test_pipelines_devs_local_scheduler_shows_its_threads_and_the_job_each_runs(tmp_path: object) -> None:
-    import threading
-    from pathlib import Path
-
-    from adapters.local import LocalScheduler
-    from adapters.sqlite import SQLiteStorage
-
-    assert isinstance(tmp_path, Path)
+def test_pipelines_devs_local_scheduler_shows_its_threads_and_the_job_each_runs(tmp_path: Path) -> None:
     inside, release = threading.Event(), threading.Event()
 
     def slow(ctx: object) -> Done:

@@ -1,4 +1,4 @@
-"""The suite's warning filters (pyproject.toml): errors, but an event loop's leftovers from third-party code."""
+"""The suite's warning filters (pyproject.toml): errors, but an open event loop and its self-pipe (untraced)."""
 
 from __future__ import annotations
 
