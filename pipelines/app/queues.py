@@ -6,7 +6,8 @@ The storage says what is due (I7); the queue is the fast path. A job that is
 due, held by no worker and whose advance is in no queue was lost by the queue
 (``pipelines advance --due`` sends it again). How much of this a scheduler
 tells depends on it: RQ (queues, registries, workers and what each runs), the
-in-process memory scheduler (its pending advances); any other says nothing
+in-process memory scheduler (its pending advances), the local scheduler (its
+requests and its worker threads, this process's only); any other says nothing
 and the page says so.
 """
 
@@ -106,7 +107,8 @@ def _local_report(scheduler: Any, name: str) -> Report:
     report.is_queued = lambda record: True
     report.note = ("worker threads of this process; other processes sharing the storage file run their own and "
                    "are not listed (their jobs show as held)" if workers else
-                   "no worker thread runs in this process (start() was not called): due work waits for one")
+                   "no worker thread runs in this process (start() was not called): its due work waits for a "
+                   "process on the same storage file that runs some")
     return report
 
 
