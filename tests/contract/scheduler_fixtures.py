@@ -213,12 +213,13 @@ class RQHarness(Harness):
         return run
 
     def _work(self) -> None:
-        from rq import SimpleWorker
         from rq.serializers import JSONSerializer
+
+        from tests.rq_workers import BurstWorker
 
         # Every priority queue, highest first, as `pipelines worker` listens.
         queues = list(self.rq.queues.values())
-        w = SimpleWorker(queues, connection=self.rq.connection, serializer=JSONSerializer)
+        w = BurstWorker(queues, connection=self.rq.connection, serializer=JSONSerializer)
         # with_scheduler in burst mode moves what is due from the scheduled registry to the queue first.
         w.work(burst=True, with_scheduler=True, logging_level="WARNING")
 

@@ -18,6 +18,7 @@ from rq.serializers import JSONSerializer
 
 from adapters.rq.priority import PrioritySimpleWorker
 from tests.fake_openai import FakeOpenAI, streamed, text_reply
+from tests.rq_workers import without_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,7 +96,8 @@ def test_the_worker_warms_up_once_registered_and_before_it_first_asks_for_a_job(
 
     client = redis.Redis.from_url(redis_url)
     queue = Queue("warm-test", connection=client, serializer=JSONSerializer)
-    worker = PrioritySimpleWorker([queue], connection=client, name="warm-test", serializer=JSONSerializer)
+    worker = without_commands(PrioritySimpleWorker)([queue], connection=client, name="warm-test",
+                                                    serializer=JSONSerializer)
     key = f"{Worker.redis_worker_namespace_prefix}warm-test"
     seen: list[tuple[bool, Any]] = []
     worker.warm_up = lambda: seen.append((bool(client.exists(key)), client.hget(key, "state")))

@@ -24,6 +24,7 @@ from rq.serializers import JSONSerializer
 from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
 from tests.apps import outage_jobs
 from tests.redis_server import RedisServer, find_redis_server
+from tests.rq_workers import without_commands
 
 pytestmark = pytest.mark.redis
 
@@ -66,7 +67,7 @@ def _run(server: RedisServer, cls: type[Any], *, then_work: float = 0.0, log: st
     queue.enqueue("tests.apps.outage_jobs.outage", then_work, log)
     after = queue.enqueue("tests.apps.outage_jobs.mark", "after", log)
     restart = _restart_when_stopped(server, 1.0)
-    worker = cls([queue], connection=client, serializer=JSONSerializer)
+    worker = without_commands(cls)([queue], connection=client, serializer=JSONSerializer)  # tests/rq_workers.py
     worker.outage_pause = 0.2
     worker.job_monitoring_interval = 1  # a forking worker's watch of its horse meets the outage too
     try:

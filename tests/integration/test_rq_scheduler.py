@@ -13,7 +13,6 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from rq import SimpleWorker
 from rq.job import JOB_ID_PATTERN as RQ_JOB_ID
 from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
@@ -32,6 +31,7 @@ from pipelines.app import App
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
 from pipelines.worker import ADVANCE_FUNC, advance_job
 from tests.redis_server import free_port
+from tests.rq_workers import BurstWorker
 
 pytestmark = pytest.mark.redis
 
@@ -68,7 +68,7 @@ def run_worker(app: App, path: str | None = APP_PATH) -> None:
     worker.use_app(app, path=path)
     sched = app.scheduler
     assert isinstance(sched, RQScheduler)
-    rq_worker = SimpleWorker([sched.queue], connection=sched.connection, serializer=JSONSerializer)
+    rq_worker = BurstWorker([sched.queue], connection=sched.connection, serializer=JSONSerializer)
     rq_worker.work(burst=True, logging_level="WARNING")
 
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import redis
-from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from adapters.memory import MemoryScheduler
@@ -38,6 +37,7 @@ from pipelines.engine.errors import InvalidJobIdError, ModelError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.fake_openai import FakeOpenAI, bad_request, text_reply, tool_reply, unauthorized
 from tests.fake_openai import call as fake_call
+from tests.rq_workers import BurstWorker
 
 pytestmark = pytest.mark.redis
 
@@ -68,7 +68,7 @@ def rq_app(storage: RedisStorage) -> Iterator[App]:
 def work(app: App, *, level: str = "WARNING") -> None:
     sched = app.scheduler
     assert isinstance(sched, RQScheduler)
-    worker = SimpleWorker([sched.queue], connection=sched.connection, serializer=JSONSerializer)
+    worker = BurstWorker([sched.queue], connection=sched.connection, serializer=JSONSerializer)
     worker.work(burst=True, logging_level=level)
 
 
