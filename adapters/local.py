@@ -156,8 +156,9 @@ class LocalScheduler:
         self._sweep: Callable[[], object] | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
-        self._busy = 0  # worker threads running an advance now
-        self._running: dict[str, tuple[str, float]] = {}  # thread name -> (job id, since): for the workers page
+        # The worker threads running an advance now: thread name -> (job id, since). Changed under the requests'
+        # lock; its size is how many are busy, and the workers page lists it.
+        self._running: dict[str, tuple[str, float]] = {}
         self.scheduled = 0  # schedule_advance calls, for tests
 
     # --- the port ------------------------------------------------------------------------
@@ -288,24 +289,22 @@ class LocalScheduler:
             while not self._stop.is_set():
                 job_id = self._requests.take(self.now())
                 if job_id is not None:
-                    self._busy += 1
+                    self._running[threading.current_thread().name] = (job_id, time.time())
                     return job_id
                 due = self._requests.next_due()
                 self._requests.cond.wait(None if due is None else max(0.0, due - self.now()))
         return None
 
     def _work(self) -> None:
-        me = threading.current_thread().name
+        me = threading.current_thread().name  # unique: start() makes no new threads while old ones live
         while (job_id := self._next()) is not None:
-            self._running[me] = (job_id, time.time())
             try:
                 self._run(job_id)
             except Exception:  # one job's failure never stops a worker (the runner records phase errors)
                 logger.exception("local worker: advancing job %s failed", job_id)
             finally:
                 with self._requests.cond:
-                    self._busy -= 1
-                    self._running.pop(me, None)
+                    del self._running[me]
 
     def _watch(self) -> None:
         """Claim due work from the storage every ``poll`` seconds (at once at start); sweep now and then."""
@@ -321,7 +320,7 @@ class LocalScheduler:
     def _look(self, *, grace: float) -> None:
         store = self.storage
         with self._requests.cond:
-            room = self.workers - self._busy - self._requests.due(self.now())
+            room = self.workers - len(self._running) - self._requests.due(self.now())
         claims = as_feature(store, Feature.CLAIMS, ClaimingStore)  # type: ignore[type-abstract]
         if room <= 0 or claims is None:
             return

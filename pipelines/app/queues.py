@@ -84,32 +84,33 @@ def _rq_class() -> type | None:
     return RQScheduler
 
 
-def _memory_report(scheduler: Any, name: str) -> Report:
+def _request_rows(scheduler: Any, queue: str) -> tuple[list[QueueRow], set[str]]:
+    """The requests an in-process scheduler holds (``advances()``), as queue rows named ``queue``, and their jobs."""
     now = scheduler.now()
     advances = scheduler.advances()
-    rows = [QueueRow(name="in-process", priority=p, waiting=sum(1 for due, q, _ in advances if q == p and due <= now),
+    rows = [QueueRow(name=queue, priority=p, waiting=sum(1 for due, q, _ in advances if q == p and due <= now),
                      scheduled=sum(1 for due, q, _ in advances if q == p and due > now))
             for p in ("interactive", "background")]
-    pending = {job_id for _, _, job_id in advances}
+    return rows, {job_id for _, _, job_id in advances}
+
+
+def _memory_report(scheduler: Any, name: str) -> Report:
+    rows, pending = _request_rows(scheduler, "in-process")
     return Report(scheduler=name, queues=rows, workers=None, is_queued=lambda r: r.job_id in pending,
                   note="advances run in this process (drain / run_due): there are no worker processes")
 
 
 def _local_report(scheduler: Any, name: str) -> Report:
-    report = _memory_report(scheduler, name)  # its requests read as the memory scheduler's advances do
-    report.queues = [QueueRow(name="this process", priority=row.priority, waiting=row.waiting,
-                              scheduled=row.scheduled, running=None) for row in report.queues]
+    rows, _ = _request_rows(scheduler, "this process")
     workers = [WorkerRow(name=thread, alive=True, state="busy" if job_id else "idle", job_id=job_id, since=since,
                          detail=f"thread of pid {os.getpid()}") for thread, job_id, since in scheduler.threads()]
-    report.workers = workers
+    note = ("worker threads of this process; other processes sharing the storage file run their own and are "
+            "not listed (their jobs show as held)" if workers else
+            "no worker thread runs in this process (start() was not called): its due work waits for a process "
+            "on the same storage file that runs some")
     # Its queue is the storage (I7): a due job no request of this process names is claimed by a poll within
     # ``poll`` + ``grace`` seconds, by this process or another on the file. Nothing due is ever lost.
-    report.is_queued = lambda record: True
-    report.note = ("worker threads of this process; other processes sharing the storage file run their own and "
-                   "are not listed (their jobs show as held)" if workers else
-                   "no worker thread runs in this process (start() was not called): its due work waits for a "
-                   "process on the same storage file that runs some")
-    return report
+    return Report(scheduler=name, queues=rows, workers=workers, is_queued=lambda record: True, note=note)
 
 
 def _rq_report(scheduler: Any, name: str) -> Report:
