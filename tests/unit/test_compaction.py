@@ -14,6 +14,7 @@ from pipelines.testing import ScriptedModel, call, crash_test, reply
 from tests.unit.helpers import memory
 
 TURNS = 30
+CRASH_TURNS = 12  # crash_test re-runs the whole job for each of its ~100 crash points: a shorter job, compacted twice
 
 
 @tool
@@ -22,8 +23,8 @@ def add(a: int, b: int) -> dict[str, int]:
     return {"sum": a + b}
 
 
-def script(messages: list[dict[str, Any]]) -> Any:
-    """Counts with the tool; asked to summarise, it says how far it got (deterministic per request)."""
+def script(messages: list[dict[str, Any]], turns: int = TURNS) -> Any:
+    """Counts with the tool up to ``turns``; asked to summarise, it says how far it got (deterministic per request)."""
     if messages[-1]["role"] == "user" and messages[-1]["content"].startswith("Summarise"):
         sums = [json.loads(m["content"])["sum"] for m in messages if m["role"] == "tool"]
         return f"counted up to {max(sums) if sums else 0} so far " + "x" * 40
@@ -31,14 +32,14 @@ def script(messages: list[dict[str, Any]]) -> Any:
     summary = next((m["content"] for m in messages if "counted up to" in str(m.get("content"))), "")
     base = int(summary.split("counted up to ")[1].split()[0]) if summary else 0
     n = base + done if summary else done
-    if n >= TURNS:
+    if n >= turns:
         return "done"
     return reply("adding one more, as asked " * 3, call("add", a=n, b=1))
 
 
-def agent(model: Any) -> Agent:
-    return Agent(name="c", model=model, tools=[add], system="You count.", max_turns=TURNS + 5,
-                 compaction=Compaction(max_tokens=900, keep_recent=4), stream=False)
+def agent(model: Any, turns: int = TURNS, max_tokens: int = 900) -> Agent:
+    return Agent(name="c", model=model, tools=[add], system="You count.", max_turns=turns + 5,
+                 compaction=Compaction(max_tokens=max_tokens, keep_recent=4), stream=False)
 
 
 def test_a_long_conversation_keeps_its_model_view_bounded_and_its_transcript_whole() -> None:
@@ -77,8 +78,16 @@ def test_the_view_is_rebuilt_from_the_transcript_exactly() -> None:
 
 
 def test_compaction_survives_a_crash_at_every_boundary_without_summarising_twice() -> None:
-    crash_test(lambda storage, scheduler: agent(ScriptedModel(script)).run(
-        job_id="t", messages=["count to 30"], storage=storage, scheduler=scheduler), job_id="t").assert_ok()
+    def model() -> ScriptedModel:
+        return ScriptedModel(lambda messages: script(messages, CRASH_TURNS))
+
+    report = crash_test(lambda storage, scheduler: agent(model(), CRASH_TURNS, max_tokens=500).run(
+        job_id="t", messages=["count"], storage=storage, scheduler=scheduler), job_id="t")
+    report.assert_ok()
+    assert report.clean_status == "complete"
+    assert sum(1 for m in report.clean_transcript if MARKER_KEY in m) >= 2  # crashes around two compactions
+    assert [json.loads(m["content"])["sum"] for m in report.clean_transcript if m["role"] == "tool"] == \
+        list(range(1, CRASH_TURNS + 1))
 
 
 def test_a_tool_preview_shows_the_model_the_start_of_a_long_result_and_the_transcript_keeps_it_whole() -> None:
