@@ -267,11 +267,16 @@ def start_sweeper(app: App, interval: float, grace: float, stop: threading.Event
 
 def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst: bool = False,
                   simple: bool = False, name: str | None = None, sweep_interval: float = 2.0,
-                  sweep_grace: float = 5.0, log_level: str = "INFO", background_every: int = 5) -> None:
+                  sweep_grace: float = 5.0, log_level: str = "INFO", background_every: int = 5,
+                  alive_ttl: float = 10.0) -> None:
     """Run an RQ worker for ``app`` (``pipelines worker``): its entry point only, RQ's scheduler, the sweep.
 
     ``path`` is the app's import path, the one a message may name (see :func:`use_app`).
+    ``alive_ttl``: seconds after which a worker that stopped renewing its alive key counts as dead
+    (``pipelines health``, the workers page); it renews it every third of that.
     """
+    if isinstance(alive_ttl, bool) or not isinstance(alive_ttl, int | float) or not 1 <= alive_ttl <= 3600:
+        raise InvalidInputError(f"alive_ttl must be seconds in [1, 3600], got {alive_ttl!r}")
     from rq import Queue
     from rq.serializers import JSONSerializer
 
@@ -288,6 +293,7 @@ def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst
     worker = worker_class(queues, connection=scheduler.connection, name=name, serializer=JSONSerializer,
                           job_class=entry_point_job(ADVANCE_FUNC))
     worker.background_every = background_every
+    worker.alive_ttl, worker.alive_every = float(alive_ttl), alive_ttl / 3
     worker.warm_up = warm_up(app)
     stop = threading.Event()
     if sweep_interval > 0:

@@ -4,7 +4,7 @@ Every command takes ``--app pkg.mod:app`` (or ``$PIPELINES_APP``) and works on
 that app's storage and scheduler::
 
     pipelines worker    --app X [--queue Q] [--burst] [--simple] [--name N]
-                        [--sweep-interval S] [--sweep-grace S]
+                        [--sweep-interval S] [--sweep-grace S] [--alive-ttl S]
     pipelines advance   --app X --due        # cron: advance every due job (I7)
     pipelines advance   --app X JOB          # advance one job now
     pipelines status    --app X JOB [--json]

@@ -32,7 +32,8 @@ def cmd_worker(args: argparse.Namespace, out: TextIO) -> int:
     app = _load(args.app)
     run_rq_worker(app, path=args.app or os.environ.get(APP_ENV), queue=args.queue, burst=args.burst,
                   simple=args.simple, name=args.name, sweep_interval=args.sweep_interval,
-                  sweep_grace=args.sweep_grace, log_level=args.log_level, background_every=args.background_every)
+                  sweep_grace=args.sweep_grace, log_level=args.log_level, background_every=args.background_every,
+                  alive_ttl=args.alive_ttl)
     return 0
 
 
@@ -52,6 +53,14 @@ def _positive(text: str) -> float:
     value = _positive_or_zero(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _alive_ttl(text: str) -> float:
+    """Seconds in [1, 3600]: below a second a busy machine's beat could miss it; above an hour nobody is told."""
+    value = _positive(text)
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be seconds in [1, 3600], got {text!r}")
     return value
 
 
@@ -76,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between sweeps of overdue jobs; 0 disables (default: 2)")
     p.add_argument("--sweep-grace", type=_positive_or_zero, default=5.0,
                    help="only sweep jobs due for at least this many seconds (default: 5)")
+    p.add_argument("--alive-ttl", type=_alive_ttl, default=10.0,
+                   help="seconds after which `pipelines health` and the workers page call a worker that stopped "
+                        "beating (killed, frozen) dead; it beats every third of it (default: 10)")
     p.add_argument("--log-level", default="INFO", help="RQ's logging level (default: INFO)")
     p.add_argument("--background-every", type=non_negative, default=5,
                    help="under sustained interactive load, take background work at least once in this many "

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.system]
 def test_live_workers_their_jobs_and_a_worker_lost(cluster: Cluster, app: App, client: redis.Redis,
                                                    browser: WebDriver) -> None:
     cluster.env.update(NAP_ENV)  # a 3 s lease; the first nap sleeps 60 s
-    doomed = cluster.worker("w-doomed", "--sweep-interval", "0")
+    doomed = cluster.worker("w-doomed", "--sweep-interval", "0", "--alive-ttl", "3")  # shown dead ~3 s after the kill
     app.run_pipeline("stepper", job_id="napper")
     app.run_pipeline("sleepy", job_id="waiter")  # waits behind the napper: one worker, one job at a time
     entry = wait_for("napper to start napping", lambda: client.lindex(NAP_STARTED, 0), 20, cluster.logs)
@@ -56,7 +56,7 @@ def test_live_workers_their_jobs_and_a_worker_lost(cluster: Cluster, app: App, c
         if os.environ.get("UPDATE_SCREENSHOTS") == "1":
             browser.save_screenshot(str(ROOT / "docs" / "images" / "ui-workers-lost.png"))
 
-        def dead_worker_shown_dead() -> bool:  # its alive key (a ~10 s TTL) runs out, or RQ forgets it
+        def dead_worker_shown_dead() -> bool:  # its alive key (a 3 s TTL) runs out, or RQ forgets it
             browser.get(f"{base}/workers")
             row = text_of(browser, "#workers tr[data-worker='w-doomed']")
             return not row or "\tno\t" in row

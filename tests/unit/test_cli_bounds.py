@@ -58,6 +58,10 @@ def run(*argv: str) -> tuple[int, str, str]:
     (["ui", "--port", "-1"], "argument --port: a TCP port must be between 1 and 65535, got -1"),
     (["ui", "--port", "0"], "argument --port: a TCP port must be between 1 and 65535, got 0"),
     (["worker", "--background-every", "-1"], "argument --background-every: a number must be between 0"),
+    (["worker", "--alive-ttl", "0.5"], "argument --alive-ttl: must be seconds in [1, 3600], got '0.5'"),
+    (["worker", "--alive-ttl", "3601"], "argument --alive-ttl: must be seconds in [1, 3600], got '3601'"),
+    (["worker", "--alive-ttl", "0"], "argument --alive-ttl: must be > 0, got '0'"),
+    (["worker", "--alive-ttl", "nan"], "argument --alive-ttl: must be a finite number >= 0, got 'nan'"),
 ])
 def test_a_number_out_of_bounds_is_a_clear_usage_error_before_anything_runs(
         argv: list[str], named: str, app: App, capsys: pytest.CaptureFixture[str],
