@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from kombu.exceptions import OperationalError
 
 from adapters.base import Feature, KeyPrefixed, SchedulerHost
+from adapters.celery import lifeline
 from pipelines.engine.capabilities import as_feature
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageUnavailableError
 from pipelines.engine.models import validate_job_id
@@ -229,7 +230,9 @@ class CeleryScheduler:
         self.app = app
         self.namespace = namespace
         self.precision = float(precision)
+        lifeline.alive_ttl(celery_app)  # a bad setting is named here, not in a worker's signal handler
         self.task = register_advance_task(celery_app, app)
+        lifeline.install(celery_app, namespace)  # a worker's processes tell the workers page they live
 
     def bind(self, host: SchedulerHost) -> None:
         """Run ``host``'s worker entry (:attr:`~adapters.base.WorkerEntry.advance_with_default`) in the task body."""

@@ -7,8 +7,9 @@ due, held by no worker and whose advance is in no queue was lost by the queue
 (``pipelines advance --due`` sends it again). How much of this a scheduler
 tells depends on it: RQ (queues, registries, workers and what each runs), the
 in-process memory scheduler (its pending advances), the local scheduler (its
-requests and its worker threads, this process's only); any other says nothing
-and the page says so.
+requests and its worker threads, this process's only), Celery on a Redis broker
+(queue depths, and the worker processes with what each runs: see
+:mod:`adapters.celery.lifeline`); any other says nothing and the page says so.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class QueueRow:
     name: str
     priority: str
     waiting: int  # ready now
-    scheduled: int  # delayed (a retry's backoff, a delay)
+    scheduled: int | None  # delayed (a retry's backoff, a delay); None: the queue does not tell
     running: int | None = None  # taken by a worker (RQ's started registry)
 
 
@@ -73,6 +74,9 @@ def report(app: App) -> Report:
 
     if isinstance(scheduler, LocalScheduler):
         return _local_report(scheduler, name)
+    celery = _celery_class()
+    if celery is not None and isinstance(scheduler, celery):
+        return _celery_report(scheduler, name)
     return Report(scheduler=name, note=f"{name} does not report its queues or workers")
 
 
@@ -82,6 +86,38 @@ def _rq_class() -> type | None:
     except ImportError:  # rq not installed: this app cannot be using it
         return None
     return RQScheduler
+
+
+def _celery_class() -> type | None:
+    try:
+        from adapters.celery import CeleryScheduler
+    except ImportError:  # celery not installed: this app cannot be using it
+        return None
+    return CeleryScheduler
+
+
+def _celery_report(scheduler: Any, name: str) -> Report:
+    from adapters.celery import lifeline
+
+    client = lifeline.broker_client(scheduler.celery)
+    if client is None:
+        return Report(scheduler=name, note="Celery's queues and workers are reported only with a Redis broker")
+    try:
+        names = [(scheduler.queue_for("interactive"), "interactive"), (scheduler.queue_for("background"), "background")]
+        rows = [QueueRow(name=q, priority=p, waiting=lifeline.queue_depth(client, q), scheduled=None)
+                for q, p in names]
+        workers = [WorkerRow(name=f"{entry.get('host', '?')} pid {entry.get('pid', '?')}", alive=True,
+                             state="busy" if entry.get("running") else "idle", job_id=job_id, since=since,
+                             detail="Celery worker process") for entry in lifeline.read_workers(client,
+                                                                                                scheduler.namespace)
+                   for job_id, since in (entry.get("running") or [(None, None)])]
+    finally:
+        client.close()
+    ttl = lifeline.alive_ttl(scheduler.celery)
+    note = (f"Celery worker processes keep a key on the broker, renewed every few seconds: one killed drops off "
+            f"within {ttl:g} s. A delayed advance (a countdown) waits inside a worker, so none is counted as "
+            "scheduled, and the queue does not say which jobs it holds.")
+    return Report(scheduler=name, queues=rows, workers=workers, note=note)
 
 
 def _request_rows(scheduler: Any, queue: str) -> tuple[list[QueueRow], set[str]]:

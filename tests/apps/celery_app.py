@@ -7,6 +7,7 @@ the phaserunner App they advance with is ``tests.apps.celery_app:app``
     REDIS_URL          the test's private redis-server: broker and storage (required)
     CELERY_QUEUE       queue name (default "pipelines")
     CELERY_LEASE       App lease seconds (default 60; the kill test uses 2)
+    CELERY_ALIVE_TTL   seconds a killed worker process stays on the workers page (default 10; the kill test uses 3)
     FAKE_OPENAI_BASE   the W1 fake OpenAI server (tests/fake_openai.py) for the agents
     CELERY_STALL_KEY   an idempotency key: the first time the reconcile agent's
                        ``add`` applies it, the worker records ``"<key> <pid>"``
@@ -35,9 +36,12 @@ APP_PATH = "tests.apps.celery_app:app"
 STALLED = "celery-test:stalled"
 
 
-def make_celery(url: str, *, main: str = "phaserunner-tests", visibility_timeout: float = 3600) -> Celery:
+def make_celery(url: str, *, main: str = "phaserunner-tests", visibility_timeout: float = 3600,
+                alive_ttl: float | None = None) -> Celery:
     """A Celery app on ``url`` as the docs recommend: JSON only, late acks, a killed worker's task redelivered."""
     celery = Celery(main, broker=url, set_as_current=False)
+    if alive_ttl is not None:
+        celery.conf.phaserunner_alive_ttl = alive_ttl
     celery.conf.update(
         task_serializer="json", result_serializer="json", accept_content=["json"],
         task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
@@ -67,9 +71,9 @@ def _agents(base: str, client: Any, stall_key: str | None) -> list[Agent]:
 
 
 def build(url: str, base: str | None, *, queue: str = "pipelines", lease: float = 60.0,
-          stall_key: str | None = None) -> tuple[Celery, App]:
+          stall_key: str | None = None, alive_ttl: float | None = None) -> tuple[Celery, App]:
     """The Celery app and the phaserunner App of one test run."""
-    celery = make_celery(url)
+    celery = make_celery(url, alive_ttl=alive_ttl)
     storage = RedisStorage.from_url(url)
     scheduler = CeleryScheduler.for_storage(celery, storage, queue=queue, app=APP_PATH)
     agents = _agents(base, storage.client, stall_key) if base else []
@@ -81,7 +85,8 @@ def _from_env() -> tuple[Celery | None, App | None]:
     if not url:
         return None, None
     return build(url, os.environ.get("FAKE_OPENAI_BASE"), queue=os.environ.get("CELERY_QUEUE", "pipelines"),
-                 lease=float(os.environ.get("CELERY_LEASE", "60")), stall_key=os.environ.get("CELERY_STALL_KEY"))
+                 lease=float(os.environ.get("CELERY_LEASE", "60")), stall_key=os.environ.get("CELERY_STALL_KEY"),
+                 alive_ttl=float(os.environ["CELERY_ALIVE_TTL"]) if os.environ.get("CELERY_ALIVE_TTL") else None)
 
 
 celery, app = _from_env()

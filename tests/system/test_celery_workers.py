@@ -17,7 +17,7 @@ pytest.importorskip("celery", reason="the celery extra is not installed (pip ins
 
 from bench.chaos_lib import W1Server, check_effects, expected_transcript, start_jobs, unfinished
 from pipelines import JobStatus
-from pipelines.app import App
+from pipelines.app import App, queues
 from tests.apps import celery_app
 from tests.system.conftest import Cluster, wait_for
 
@@ -86,8 +86,8 @@ def test_a_worker_killed_mid_tool_call_is_recovered_with_no_duplicate_effect(red
                                                                               w1: W1Server) -> None:
     victim_job = "kill-1"  # index 1: the reconcile agent (start_jobs alternates retry, reconcile)
     stall_key = f"{victim_job}/call_2"
-    _celery, app = celery_app.build(redis_url, w1.url, queue=QUEUE, lease=2.0)
-    workers = [celery_worker(cluster, f"w{n}", FAKE_OPENAI_BASE=w1.url, CELERY_LEASE="2",
+    _celery, app = celery_app.build(redis_url, w1.url, queue=QUEUE, lease=2.0, alive_ttl=3.0)
+    workers = [celery_worker(cluster, f"w{n}", FAKE_OPENAI_BASE=w1.url, CELERY_LEASE="2", CELERY_ALIVE_TTL="3",
                              CELERY_STALL_KEY=stall_key) for n in (1, 2)]
     job_ids = ["kill-0", victim_job, "kill-2", "kill-3"]
     start_jobs(app, job_ids, TURNS)
@@ -98,7 +98,14 @@ def test_a_worker_killed_mid_tool_call_is_recovered_with_no_duplicate_effect(red
     _key, pid = stalled[0].decode().split()
     victim = next(w for w in workers if w.pid == int(pid))
     assert int(client.get(f"chaos:applied:{stall_key}")) == 1  # the effect landed before the kill
+    # The workers page: both worker processes, the victim busy with the stalled job since it started.
+    rows = {w.name: w for w in queues.report(app).workers or []}
+    victim_row = next(w for name, w in rows.items() if name.endswith(f"pid {pid}"))
+    assert victim_row.job_id == victim_job and victim_row.state == "busy" and victim_row.since is not None
+    assert sorted(name.split("@")[0] for name in rows) == ["w1", "w2"], rows
     Cluster.kill9(victim)
+    wait_for("the killed worker to drop off the workers page", lambda: all(
+        not w.name.endswith(f"pid {pid}") for w in queues.report(app).workers or []), 3 + 5, cluster.logs)
 
     # The message stays unacked with the dead worker (redelivered only after the visibility timeout):
     # the sweep re-sends it once the lease ran out, and the other worker finishes the job.

@@ -1,0 +1,125 @@
+"""A Celery worker process's alive key (adapters.celery.lifeline) on a real redis-server, and the workers report.
+
+The system test (tests/system/test_celery_workers.py) runs real ``celery worker`` processes and
+kills one; here each piece is driven directly: the key a process keeps, what it says while an
+advance runs, its TTL, its removal, and the report the workers page renders from it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("celery", reason="the celery extra is not installed (pip install phaserunner[celery])")
+
+import redis
+
+from adapters.celery import CeleryScheduler, lifeline
+from adapters.redis import RedisStorage
+from pipelines.app import App, queues
+from pipelines.engine.errors import ConfigurationError
+from pipelines.web.ui import ui_app
+from tests.apps.celery_app import make_celery
+
+with warnings.catch_warnings():  # starlette 0.52's testclient names an alias anyio deprecated
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from starlette.testclient import TestClient
+
+pytestmark = [pytest.mark.redis]
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def test_a_process_keeps_its_key_while_it_lives_says_what_it_runs_and_removes_it_when_it_stops(
+        client: redis.Redis) -> None:
+    line = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "ns", "w1@box", ttl=3.0)
+    try:
+        key = lifeline.worker_key("ns", "w1@box", line.pid)
+        assert 0 < client.pttl(key) <= 3000
+        assert json.loads(client.get(key))["running"] == []  # alive before its first task
+
+        line.started_job("job-7")
+        entry = json.loads(client.get(key))
+        assert entry["host"] == "w1@box" and entry["running"][0][0] == "job-7"
+        assert abs(entry["running"][0][1] - time.time()) < 5
+        # A threads pool runs several advances in one process: each thread's is listed.
+        other = threading.Thread(target=line.started_job, args=("job-8",))
+        other.start()
+        other.join()
+        assert [r[0] for r in json.loads(client.get(key))["running"]] == ["job-7", "job-8"]
+        line.ended_job()
+        assert [r[0] for r in json.loads(client.get(key))["running"]] == ["job-8"]
+
+        assert [e["pid"] for e in lifeline.read_workers(client, "ns")] == [line.pid]
+        assert lifeline.read_workers(client, "other-ns") == []
+        time.sleep(1.6)  # past half the TTL: renewed by the thread, not only set once
+        assert client.pttl(key) > 1500
+    finally:
+        line.stop()
+    assert client.exists(key) == 0 and lifeline.read_workers(client, "ns") == []
+
+
+def test_a_killed_process_drops_off_within_its_ttl(client: redis.Redis) -> None:
+    line = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "ns2", "w2@box", ttl=1.0)
+    line.stopping.set()  # the thread stops renewing, as a process killed with kill -9 stops
+    line.thread.join(2)
+    assert len(lifeline.read_workers(client, "ns2")) == 1
+    time.sleep(1.2)
+    assert lifeline.read_workers(client, "ns2") == []
+
+
+def test_a_bad_alive_ttl_setting_is_refused_by_name(redis_url: str) -> None:
+    celery = make_celery(redis_url)
+    celery.conf.phaserunner_alive_ttl = 0.2
+    with pytest.raises(ConfigurationError, match=r"phaserunner_alive_ttl must be seconds in \[1, 3600\], got 0.2"):
+        CeleryScheduler(celery, queue="q")
+    celery.conf.phaserunner_alive_ttl = 4
+    assert lifeline.alive_ttl(celery) == 4.0
+
+
+def test_the_workers_page_lists_celery_worker_processes_and_queue_depths(redis_url: str,
+                                                                         client: redis.Redis) -> None:
+    celery = make_celery(redis_url)
+    storage = RedisStorage.from_url(redis_url, prefix="lifeline-page")
+    scheduler = CeleryScheduler.for_storage(celery, storage, queue="page-q")
+    app = App(storage=storage, scheduler=scheduler, provenance=False)
+    client.rpush("page-q", "m1", "m2")
+    client.rpush("page-q\x06\x163", "m3")  # kombu's list of the same queue's priority-3 messages
+    client.rpush("page-q-background", "m4")
+    busy = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "lifeline-page", "w1@box", 5.0)
+    idle = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "lifeline-page", "w2@box", 5.0)
+    try:
+        busy.started_job("chat-1")
+        report = queues.report(app)
+        assert [(q.name, q.priority, q.waiting, q.scheduled) for q in report.queues] == [
+            ("page-q", "interactive", 3, None), ("page-q-background", "background", 1, None)]
+        rows = {w.name.split()[0]: w for w in report.workers or []}
+        assert rows["w1@box"].job_id == "chat-1" and rows["w1@box"].state == "busy" and rows["w1@box"].since
+        assert rows["w2@box"].job_id is None and rows["w2@box"].state == "idle"
+        with TestClient(ui_app(app), base_url="http://127.0.0.1") as http:
+            page = http.get("/workers")
+        assert page.status_code == 200
+        assert "w1@box" in page.text and "chat-1" in page.text and "drops off within 10 s" in page.text
+    finally:
+        busy.stop()
+        idle.stop()
+        storage.client.close()
+
+
+def test_a_broker_that_is_not_redis_is_said_to_report_nothing(redis_url: str) -> None:
+    celery = make_celery("memory://")
+    storage = RedisStorage.from_url(redis_url, prefix="lifeline-mem")
+    app = App(storage=storage, scheduler=CeleryScheduler.for_storage(celery, storage), provenance=False)
+    report = queues.report(app)
+    assert report.workers is None and "only with a Redis broker" in report.note
+    storage.client.close()
