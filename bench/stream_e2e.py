@@ -34,7 +34,8 @@ serving many conversations; 18d says how many streamed at once.
 - 18c: the worst first chunk of a turn (a stall at a turn's start shows here);
 - 18d: model streams open at once, at the peak (a job's first chunk to its last);
 - 18e/18f: the web side alone, p50 / p99 over every ``text_delta``: published (the time in its Redis entry
-  id, whole milliseconds, counted from their middle) -> the SSE client has it; the rest of 18a is the worker's;
+  id, whole milliseconds, counted from their middle) -> the SSE client has it (what 18a has on top of it is the
+  worker's side: model socket -> Redis);
 - 18g-18k: CPU of each process over the run (first resume -> last job finished), percent of one core;
 - 18l/18m: the worker's CPU per model turn, uvicorn's per SSE event (all each did over the run, divided);
 - 18n-18p: how long threads of the worker, uvicorn and this process were runnable but waiting for a core
