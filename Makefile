@@ -98,6 +98,7 @@ bench: install
 	$(PY) -m bench.ui_pages_bench $(UI_ARGS)  # figure 15: web page time and bytes, 100,000 jobs, a 1,200-message job
 	$(PY) -m bench.model_chunk_bench $(CHUNK_ARGS)  # figure 16: client CPU per streamed chunk: raw SSE, openai SDK, litellm, ours
 	$(PY) -m bench.stream_active $(ACTIVE_ARGS)  # figure 17: 25-100 concurrent streamed model calls in one process
+	$(PY) -m bench.stream_e2e $(E2E_ARGS)  # figure 18: 5-100 jobs streaming at once, one worker + one uvicorn process
 
 chaos: install
 	$(PY) bench/chaos.py $(ARGS)

@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
 
 from bench.procs import Children  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["follow_sse", "latencies", "main", "pct", "proc_stat", "row", "start_server"]
 
 CHUNK = 4
 IDLE_QUEUE = "bench-followers-idle"  # no worker listens: its jobs stay running and quiet
@@ -86,7 +86,7 @@ def _status(app: Any, job_id: str) -> str:
     return str(getattr(app.storage.get_job(job_id), "status", ""))
 
 
-def _proc(pid: int) -> tuple[int, float]:
+def proc_stat(pid: int) -> tuple[int, float]:
     """(threads, CPU seconds) of process ``pid``, from /proc."""
     status = Path(f"/proc/{pid}/status").read_text()
     threads = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
@@ -94,7 +94,7 @@ def _proc(pid: int) -> tuple[int, float]:
     return threads, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _sse(client: Any, url: str, seen: asyncio.Event, parts: list[Any] | None) -> None:
+async def follow_sse(client: Any, url: str, seen: asyncio.Event, parts: list[Any] | None) -> None:
     """Read one SSE stream until it ends or is cancelled; ``parts`` gets (arrival, part) of every event."""
     async with client.stream("GET", url) as response:
         async for line in response.aiter_lines():
@@ -103,13 +103,14 @@ async def _sse(client: Any, url: str, seen: asyncio.Event, parts: list[Any] | No
             seen.set()
             if parts is not None:
                 part = json.loads(line[6:])
-                parts.append((time.monotonic(), SimpleNamespace(type=part["type"], data=part.get("data") or {})))
+                parts.append((time.monotonic(), SimpleNamespace(type=part["type"], data=part.get("data") or {},
+                                                                id=part.get("id"))))
                 if part["type"] in ("job_finished", "job_failed"):
                     return
 
 
-def _latencies(sent: list[tuple[float, str]], received: list[tuple[float, Any]],
-               gap: float) -> tuple[list[float], list[float]]:
+def latencies(sent: list[tuple[float, str]], received: list[tuple[float, Any]],
+              gap: float) -> tuple[list[float], list[float]]:
     """(every chunk's latency, the latency of each turn's first chunk), in ms, matched by characters."""
     deliveries: list[tuple[int, float]] = []
     total = 0
@@ -133,7 +134,7 @@ def _latencies(sent: list[tuple[float, str]], received: list[tuple[float, Any]],
     return every, firsts
 
 
-def _pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
@@ -148,7 +149,7 @@ async def _measure(base: str, apps: tuple[Any, Any], fake: Any, followers: int, 
     limits = httpx.Limits(max_connections=followers + 10, max_keepalive_connections=followers + 10)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as client:
         seen = [asyncio.Event() for _ in range(followers)]
-        idle = [asyncio.create_task(_sse(client, f"{base}/jobs/idle-{i}/stream", seen[i], None))
+        idle = [asyncio.create_task(follow_sse(client, f"{base}/jobs/idle-{i}/stream", seen[i], None))
                 for i in range(followers)]
         try:
             started = time.monotonic()
@@ -159,19 +160,19 @@ async def _measure(base: str, apps: tuple[Any, Any], fake: Any, followers: int, 
             # the burst of a thousand connections before measuring it at rest.
             settle = time.monotonic()
             while time.monotonic() - settle < 60:
-                cpu0 = _proc(server_pid)[1]
+                cpu0 = proc_stat(server_pid)[1]
                 await asyncio.sleep(1.0)
-                if _proc(server_pid)[1] - cpu0 < 0.05:
+                if proc_stat(server_pid)[1] - cpu0 < 0.05:
                     break
             out["settle"].append(time.monotonic() - settle)
-            threads, cpu0 = _proc(server_pid)
+            threads, cpu0 = proc_stat(server_pid)
             await asyncio.sleep(3.0)
             out["threads"].append(threads)
-            out["cpu"].append((_proc(server_pid)[1] - cpu0) / 3.0 * 100)
+            out["cpu"].append((proc_stat(server_pid)[1] - cpu0) / 3.0 * 100)
             for run in range(args.runs):
                 every, firsts = await _run(client, base, app, fake, f"active-{followers}-{run}", args)
-                out["p50"].append(_pct(every, 0.5))
-                out["p99"].append(_pct(every, 0.99))
+                out["p50"].append(pct(every, 0.5))
+                out["p99"].append(pct(every, 0.99))
                 out["first"].append(max(firsts, default=float("nan")))
         except TimeoutError:
             out["stuck"] = [1.0]  # what was measured before stays; the rows say the rest did not happen
@@ -187,7 +188,7 @@ async def _run(client: Any, base: str, app: Any, fake: Any, job: str,
     """One active job, followed over SSE from before it starts: (every chunk's latency, each turn's first)."""
     parts: list[Any] = []
     started = asyncio.Event()
-    active = asyncio.create_task(_sse(client, f"{base}/jobs/{job}/stream", started, parts))
+    active = asyncio.create_task(follow_sse(client, f"{base}/jobs/{job}/stream", started, parts))
     try:
         await asyncio.wait_for(started.wait(), 60)
         await asyncio.sleep(0.2)
@@ -196,10 +197,10 @@ async def _run(client: Any, base: str, app: Any, fake: Any, job: str,
         await asyncio.wait_for(asyncio.shield(active), 120)
     finally:
         active.cancel()
-    return _latencies(list(fake.sent_text), parts, gap=3 * args.delay)
+    return latencies(list(fake.sent_text), parts, gap=3 * args.delay)
 
 
-def _row(key: str, label: str, values: list[float], unit: str, fmt: str = "{:.1f}") -> str:
+def row(key: str, label: str, values: list[float], unit: str, fmt: str = "{:.1f}") -> str:
     if not values:
         return f"  {key:4} {label:58} {'-':>8}"
     mid = statistics.median(values)
@@ -207,25 +208,30 @@ def _row(key: str, label: str, values: list[float], unit: str, fmt: str = "{:.1f
     return f"  {key:4} {label:58} {fmt.format(mid):>8} {unit}{spread}"
 
 
-def _one(kids: Children, url: str, fake: Any, apps: tuple[Any, Any], followers: int,
-         args: argparse.Namespace) -> dict[str, Any]:
+def start_server(kids: Children, name: str, url: str, fake_url: str) -> tuple[Any, str]:
+    """Start the uvicorn process (``serve``) on a free port: (its process, base URL), once it answers."""
+    import httpx
+
     from tests.redis_server import free_port
 
     port = free_port()
-    server = kids.python(f"sse-{followers}", ["-m", "bench.stream_followers", "serve", "--redis", url,
-                                              "--fake", fake.url, "--port", str(port)])
+    server = kids.python(name, ["-m", "bench.stream_followers", "serve", "--redis", url, "--fake", fake_url,
+                                "--port", str(port)])
     base = f"http://127.0.0.1:{port}"
-    import httpx
-
     deadline = time.monotonic() + 30
     while True:
         try:
             httpx.get(f"{base}/jobs/none/stream", timeout=1)
-            break
+            return server, base
         except httpx.TransportError:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError(f"the SSE server did not start\n{kids.logs()}") from None
             time.sleep(0.1)
+
+
+def _one(kids: Children, url: str, fake: Any, apps: tuple[Any, Any], followers: int,
+         args: argparse.Namespace) -> dict[str, Any]:
+    server, base = start_server(kids, f"sse-{followers}", url, fake.url)
     try:
         return asyncio.run(_measure(base, apps, fake, followers, args, server.pid))
     finally:
@@ -286,14 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         if out.get("stuck"):
             print("  (a stream did not start within its time: 180 s to connect the followers, 60 s for an active "
                   "job's first event, 120 s for its end; the rows hold what was measured before)")
-        print(_row("14a", "delta latency p50 (chunk sent -> SSE client)", out["p50"], "ms"))
-        print(_row("14b", "delta latency p99", out["p99"], "ms"))
-        print(_row("14c", "worst first chunk of a turn", out["first"], "ms"))
-        print(_row("14d", "uvicorn process threads, followers connected", out["threads"], "", "{:.0f}"))
-        print(_row("14e", "uvicorn CPU while the followers wait (% of a core)", out["cpu"], "%"))
+        print(row("14a", "delta latency p50 (chunk sent -> SSE client)", out["p50"], "ms"))
+        print(row("14b", "delta latency p99", out["p99"], "ms"))
+        print(row("14c", "worst first chunk of a turn", out["first"], "ms"))
+        print(row("14d", "uvicorn process threads, followers connected", out["threads"], "", "{:.0f}"))
+        print(row("14e", "uvicorn CPU while the followers wait (% of a core)", out["cpu"], "%"))
         if followers:
-            print(_row("14f", "connecting them: all first events in", out["connect"], "s"))
-            print(_row("14g", "then until the server is at rest (< 5% CPU over 1 s)", out["settle"], "s"))
+            print(row("14f", "connecting them: all first events in", out["connect"], "s"))
+            print(row("14g", "then until the server is at rest (< 5% CPU over 1 s)", out["settle"], "s"))
     return 0
 
 
