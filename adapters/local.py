@@ -21,6 +21,12 @@ Two ways work reaches a worker thread:
   process, the CLI) runs. Every ``sweep_interval`` seconds it also runs the
   App's sweep (lost wake-ups of parent jobs, retention).
 
+The second way needs a storage that claims due work (``Feature.CLAIMS``:
+SQLite). On any other (memory, Redis) only the work this process schedules
+runs at once; a job another process started or left behind runs when the
+App's sweep finds it overdue (``sweep_interval``, then a 10 s grace): fine
+for one process, and what RQ or Celery workers are for beyond it.
+
 Requests live only in this process: a crash loses them, and the storage
 path above finds their jobs again. Delivery may be duplicated (a request
 and a claim for one job); the runner's lease and version fence make that
