@@ -12,9 +12,11 @@ events a reader behind it lacks).
 
 A key added while an ``XREAD`` is blocked is joined in by ``CLIENT UNBLOCK``
 on another connection: the ``XREAD`` returns empty and the next one names
-every key. Keys whose followers were just woken stay in the next ``XREAD``
-at the id that woke them, so a follower back from its read is already
-covered (no ``CLIENT UNBLOCK`` per batch of text).
+every key. A key the group saw an entry on stays in its ``XREAD``s for
+``_RECENT`` seconds at the newest id seen there, whether or not a follower
+woke, so a follower back from its read is already covered however many
+rounds other keys ended meanwhile (no ``CLIENT UNBLOCK`` per batch of text),
+and one that comes back behind that id is answered at once, with no round.
 
 A group names at most ``_KEYS`` (64) keys: an entry on any key ends its
 ``XREAD`` and the next one names all its keys again, so a busy stream costs
@@ -67,6 +69,9 @@ _QUIET = 4  # of which quiet followers' reads use at most this many
 # dozen a group, a batch costs the quiet ones next to it only (one connection per group).
 _KEYS = 64
 _SLACK = 5.0  # the XREAD connection's socket timeout over its longest block: a wait is never taken for a dead server
+# How long a key an entry came on stays named without a follower waiting on it: its followers are reading, and
+# come back within milliseconds; a key whose followers left drops out after this.
+_RECENT = 2.0
 
 _lock = threading.Lock()  # the registry of loops is shared by every thread's loop
 
@@ -211,7 +216,9 @@ class _Group:
         self._connect, self._bell = connect, bell
         self._block_ms = max(1, int(max_block * 1000))
         self._waiting: dict[str, dict[asyncio.Future[None], tuple[int, int]]] = {}  # key -> follower -> cursor
-        self._recent: dict[str, tuple[int, int]] = {}  # keys woken by the last reply, at the id that woke them
+        # Keys an entry was seen on, at the newest id seen, until when they stay named without a follower waiting.
+        self._recent: dict[str, tuple[tuple[int, int], float]] = {}
+        self._answered: dict[str, tuple[int, int]] = {}  # the cursor add() last answered at once, per key
         self._reading: dict[str, tuple[int, int]] | None = None  # what the XREAD in flight names
         self._round = 0
         self._rung = -1  # the round a CLIENT UNBLOCK was sent for
@@ -225,6 +232,13 @@ class _Group:
         at = entry_key(cursor)
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[None] = loop.create_future()
+        seen = self._recent.get(key)
+        if seen is not None and seen[0] > at and self._answered.get(key) != at:
+            # An entry after the cursor came already (the follower read before it): no round needed. Once per
+            # cursor: a follower whose read found nothing after all (its stream deleted) waits for real.
+            self._answered[key] = at
+            woken.set_result(None)
+            return woken
         self._waiting.setdefault(key, {})[woken] = at
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
@@ -261,7 +275,7 @@ class _Group:
 
     async def _run(self) -> None:
         pause = 0.0
-        while self._waiting or self._recent:
+        while self._prune():
             try:
                 reply = await self._read()
             except (redis.RedisError, OSError):
@@ -275,6 +289,13 @@ class _Group:
             pause = 0.0
             self._wake(reply)
 
+    def _prune(self) -> bool:
+        """Forget the keys named only for followers that did not come back in time; whether any key is left."""
+        now = asyncio.get_running_loop().time()
+        self._recent = {k: seen for k, seen in self._recent.items() if seen[1] > now or k in self._waiting}
+        self._answered = {k: at for k, at in self._answered.items() if k in self._recent}
+        return bool(self._waiting or self._recent)
+
     async def _drop_reader(self) -> None:
         reader, self._reader, self._reader_id = self._reader, None, None
         if reader is not None:
@@ -286,10 +307,10 @@ class _Group:
             self._reader, self._reader_id = self._connect(), None
         if self._reader_id is None:
             self._reader_id = int(await _uncancelled(self._reader.client_id()))
-        cursors = dict(self._recent)
+        cursors = {k: at for k, (at, _) in self._recent.items()}
         for key, waiting in self._waiting.items():
             cursors[key] = min(cursors.get(key, (2**64, 0)), *waiting.values())
-        self._recent, self._reading = {}, cursors
+        self._reading = cursors
         self._round += 1
         try:
             return await _uncancelled(self._reader.xread({k: f"{ms}-{seq}" for k, (ms, seq) in cursors.items()},
@@ -298,6 +319,7 @@ class _Group:
             self._reading = None
 
     def _wake(self, reply: Any) -> None:
+        until = asyncio.get_running_loop().time() + _RECENT
         for raw_key, entries in (reply.items() if isinstance(reply, dict) else reply or ()):
             if not entries:
                 continue
@@ -308,13 +330,19 @@ class _Group:
                 del waiting[woken]
                 if not woken.done():
                     woken.set_result(None)
-            if woke:
-                self._recent[key] = newest  # they come back with a cursor at or past it: already covered
+            # Named at the newest id from now on: the next XREAD does not return this entry again, and a follower
+            # back with a cursor before it is answered by add() at once. Only a follower woken keeps the key
+            # named longer: a busy stream whose followers left drops out (each of its entries ends a round).
+            seen = self._recent.get(key)
+            if seen is not None:
+                self._recent[key] = (max(newest, seen[0]), until if woke else seen[1])
+            elif woke:
+                self._recent[key] = (newest, until)
             if not waiting:
                 self._waiting.pop(key, None)
 
     def _wake_all(self) -> None:
-        waiting, self._waiting, self._recent = self._waiting, {}, {}
+        waiting, self._waiting, self._recent, self._answered = self._waiting, {}, {}, {}
         for followers in waiting.values():
             for woken in followers:
                 if not woken.done():

@@ -249,3 +249,87 @@ def test_a_live_key_of_another_type_fails_its_own_follower_and_not_the_others_sh
     parts, failure = asyncio.run(main())
     assert isinstance(failure, CorruptRecordError) and "live" in str(failure)
     assert [p.data["text"] for p in parts] == ["still here"]
+
+
+@pytest.mark.redis
+def test_busy_streams_followed_in_one_loop_cost_no_client_unblock_per_batch_of_text(redis_app: App,
+                                                                                    redis_url: str) -> None:
+    # Three streams each get a part every 20 ms, each followed in one event loop: every reply of the shared
+    # XREAD ends its round while the other followers are still reading. A follower back from its read must be
+    # covered by the XREAD in flight (or answered at once), not interrupt it: CLIENT UNBLOCK is for a key
+    # that was never named, not a cost per batch of text (it was ~0.16 a part).
+    storage = redis_app.storage
+    assert isinstance(storage, RedisStorage)
+    jobs = ["busy-0", "busy-1", "busy-2"]
+    for job in jobs:
+        redis_app.run_agent("a", job_id=job, messages=["hi"])
+    stats = redis.Redis.from_url(redis_url)
+
+    def unblocks() -> int:
+        return int(stats.info("commandstats").get("cmdstat_client|unblock", {}).get("calls", 0))
+
+    def publish(job: str, stop: threading.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            storage.publish(job, [delta(f"{job}:{n}")])
+            n += 1
+            time.sleep(0.02)
+
+    async def follow(job: str, stop: asyncio.Event, texts: list[str]) -> None:
+        after = await last_id(storage, job)
+        while not stop.is_set():
+            parts = await storage.aread_live(job, after=after, block=1.0)
+            if parts:
+                after = parts[-1].id
+                texts += [p.data["text"] for p in parts]
+
+    async def main() -> tuple[dict[str, list[str]], int]:
+        stop, texts = asyncio.Event(), {job: [] for job in jobs}
+        followers = [asyncio.create_task(follow(job, stop, texts[job])) for job in jobs]
+        await asyncio.sleep(0.3)  # every follower waits: the XREAD names every key
+        before, done = unblocks(), threading.Event()
+        publishers = [threading.Thread(target=publish, args=(job, done)) for job in jobs]
+        for t in publishers:
+            t.start()
+        await asyncio.sleep(2.0)
+        done.set()
+        for t in publishers:
+            await asyncio.to_thread(t.join)
+        await asyncio.sleep(0.3)
+        rung = unblocks() - before
+        stop.set()
+        await asyncio.gather(*followers)
+        return texts, rung
+
+    texts, rung = asyncio.run(main())
+    stats.close()
+    for job in jobs:  # each follower read its stream's parts in order, none missed, none twice
+        assert texts[job] == [f"{job}:{n}" for n in range(len(texts[job]))] and len(texts[job]) >= 40, texts[job][:5]
+    assert rung <= 2, f"{rung} CLIENT UNBLOCKs for {sum(map(len, texts.values()))} parts"
+
+
+def test_a_follower_behind_an_entry_the_group_saw_is_answered_at_once_but_once_per_cursor() -> None:
+    from adapters.redis import live_async
+
+    class Blocked:  # an XREAD connection whose read never returns: only add() itself can answer
+        async def client_id(self) -> int:
+            return 1
+
+        async def xread(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.Event().wait()
+
+    async def main() -> tuple[bool, bool, bool]:
+        group = live_async._Group(lambda: Blocked(), None, 60.0)  # type: ignore[arg-type,return-value]
+        first = group.add("live", "0-0")
+        group._wake({"live": [("5-0", {})]})  # an entry the XREAD returned: it wakes the first follower
+        # A second follower had read up to 3-0 when the entry came: it is answered without a round.
+        behind = group.add("live", "3-0")
+        again = group.add("live", "3-0")  # its read found nothing after all (the stream went): it waits for real
+        ahead = group.add("live", "5-0")
+        await asyncio.sleep(0.05)
+        answers = first.done() and behind.done(), again.done(), ahead.done()
+        if group._task is not None:
+            group._task.cancel()
+        return answers
+
+    assert asyncio.run(main()) == (True, False, False)
