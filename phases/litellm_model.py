@@ -329,6 +329,7 @@ class LiteLLMModel:
             finish_reason=getattr(choices[0], "finish_reason", None),
             usage=self._usage(response),
             model=getattr(response, "model", None) or self.model,
+            raw=raw_response(response),
         )
 
     def _usage(self, response: Any) -> Usage:
@@ -345,6 +346,35 @@ class LiteLLMModel:
             model_calls=1,
             unknown_cost_calls=0 if known else 1,
         )
+
+
+RAW_LIMIT = 4096
+"""Characters of a provider's response (without the message) kept for the model-call view; past it, its keys."""
+
+
+def raw_response(response: Any) -> dict[str, Any] | None:
+    """The provider's response without the message (kept apart as the answer): JSON, at most :data:`RAW_LIMIT`.
+
+    litellm's ``model_dump`` holds what the provider sent back (private fields such as the request's
+    address are not in it); ``None`` and empty values are dropped, and a response too large to keep (a provider's
+    own fields can be anything) is kept as the list of its keys.
+    """
+    if not hasattr(response, "model_dump"):
+        return None
+    try:
+        data = response.model_dump(mode="json", exclude_none=True, warnings=False)
+    except Exception:  # noqa: BLE001 - the view's extra: never fail a turn over it
+        return None
+    if not isinstance(data, dict):
+        return None
+    data = {k: v for k, v in data.items() if v not in ({}, [])}  # litellm's empty placeholders say nothing
+    data["choices"] = [{k: v for k, v in c.items() if k != "message" and v not in ({}, [])}
+                       for c in data.get("choices") or [] if isinstance(c, dict)]
+    text = json.dumps(data, default=str)
+    if len(text) > RAW_LIMIT:
+        return {"truncated": f"{len(text)} characters, more than the {RAW_LIMIT} kept", "keys": sorted(map(str, data))}
+    plain: dict[str, Any] = json.loads(text)
+    return plain
 
 
 def _plain_message(message: Any) -> Message:

@@ -73,6 +73,10 @@ class ModelResponse(BaseModel):
     # What was sent, in short (journaled with the answer, so an attempt that reuses it tells the same):
     # the number of messages, the names of the tools offered, the parameters with secrets left out.
     request: dict[str, Any] | None = None
+    # The provider's response around the message, as it came (its id, created, model, system fingerprint, the
+    # usage with every detail, each choice's finish reason and index; the message itself is ``message``): what
+    # the model-call view shows. None for a model with no provider response (ScriptedModel).
+    raw: dict[str, Any] | None = None
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:

@@ -51,10 +51,11 @@ def _emit_turn_events(ctx: PhaseContext[Any], turn: int, response: ModelResponse
     # What was sent, in short (phases.agent_turn.model_call.request_summary), and which model answered.
     sent = {} if response.request is None else {"request": response.request}
     answered_by = {} if response.model is None else {"model": response.model}
+    raw = {} if response.raw is None else {"raw": response.raw}  # the provider's response around the message
     ctx.emit_at(answered, "model_response", turn=turn, finish_reason=response.finish_reason,
                 tool_calls=len(response.tool_calls), prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd, **reused, **sent,
-                **answered_by)
+                **answered_by, **raw)
     names = {c["id"]: (c.get("function") or {}).get("name") for c in response.tool_calls}
     for call_id, name in names.items():
         ctx.emit_at(answered, "tool_call", turn=turn, call_id=call_id, tool=name)

@@ -88,6 +88,24 @@ def test_text_answer(fake_openai: FakeOpenAI) -> None:
     body = fake_openai.requests[0]
     assert "tools" not in body
     assert body["messages"] == [{"role": "user", "content": "hello"}]
+    # The provider's response around the message (the model-call view), never the request's address or key.
+    assert response.raw is not None and response.raw["id"] == "chatcmpl-fake-1"
+    assert response.raw["object"] == "chat.completion" and response.raw["model"] == "fake-model"
+    assert response.raw["choices"] == [{"finish_reason": "stop", "index": 0}]
+    assert SENTINEL not in json.dumps(response.raw) and fake_openai.url not in json.dumps(response.raw)
+
+
+def test_a_provider_response_too_large_to_keep_is_kept_as_its_keys() -> None:
+    from litellm import ModelResponse as LiteLLMResponse
+
+    from phases.litellm_model import RAW_LIMIT, raw_response
+
+    big = LiteLLMResponse(id="r1", model="m", choices=[{"index": 0, "message": {"role": "assistant", "content": "x"},
+                                                       "finish_reason": "stop"}])
+    setattr(big, "provider_blob", "y" * (RAW_LIMIT + 10))  # a provider's own field, any size  # noqa: B010
+    kept = raw_response(big)
+    assert kept is not None and set(kept) == {"truncated", "keys"} and "provider_blob" in kept["keys"]
+    assert raw_response(object()) is None  # not a provider response: nothing kept
 
 
 def test_tool_call_answer_is_parsed_into_tool_calls(fake_openai: FakeOpenAI) -> None:

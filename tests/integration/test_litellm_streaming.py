@@ -82,6 +82,12 @@ def test_a_streamed_answer_is_the_same_response_as_the_plain_one(fake_openai: Fa
     assert (live.finish_reason, live.usage) == (plain.finish_reason, plain.usage)
     assert live.usage.completion_tokens > 0
     assert len(rec.deltas) > 3 and "".join(rec.deltas) == "Adding both pairs now."
+    # The provider's response around the message, for the model-call view: the same fields either way.
+    assert plain.raw is not None and live.raw is not None
+    assert plain.raw["id"] == "chatcmpl-fake-1" and live.raw["id"] == "chatcmpl-fake-2"
+    assert plain.raw["choices"] == live.raw["choices"] == [{"finish_reason": "tool_calls", "index": 0}]
+    assert plain.raw["usage"]["completion_tokens"] == plain.usage.completion_tokens
+    assert "message" not in json.dumps(plain.raw["choices"]) and "Adding both" not in json.dumps(live.raw)
 
 
 def test_deltas_reach_the_caller_before_the_stream_ends(fake_openai: FakeOpenAI) -> None:

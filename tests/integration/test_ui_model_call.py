@@ -16,6 +16,7 @@ from pipelines import Agent, App, tool
 from pipelines.engine.errors import TransientModelError
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web.ui import ui_app
+from tests.fake_openai import FakeOpenAI, text_reply
 from tests.integration.test_ui import LOCAL
 
 SECRET = "sk-live-do-not-show-0123456789"
@@ -75,3 +76,25 @@ def test_a_turns_call_shows_what_was_sent_and_what_came_back_and_never_a_secret(
     assert "attempt failed and was retried" in second and "503" in second
     assert 'id="call-messages">3 &middot;' in second and "It has shipped." in second
     assert missing.status_code == 404 and bad.status_code == 400
+
+
+def test_a_litellm_turn_shows_the_providers_response_around_the_message(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(text_reply("It has shipped."))
+    agent = Agent(name="desk", model="openai/fake-model", model_params={"api_base": fake_openai.url,
+                                                                        "api_key": SECRET})
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), provenance=False, agents=[agent])
+    app.run_agent("desk", job_id="raw1", user="where is A-1?")
+    app.drain()
+    assert app.get("raw1").status.value == "complete"  # type: ignore[union-attr]
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        page = c.get("/jobs/raw1/turns/1").text
+    raw = page.split('id="call-raw">', 1)[1].split("</pre>", 1)[0]
+    assert "chatcmpl-fake-" in raw and "&#34;finish_reason&#34;: &#34;stop&#34;" in raw and "total_tokens" in raw
+    assert "It has shipped." not in raw  # the message is shown once, above it
+    assert SECRET not in page and fake_openai.url not in raw
+    # A model with no provider response (scripted) has no such block.
+    scripted = _app()
+    scripted.run_agent("desk", job_id="s1", user="where is A-1?")
+    scripted.drain()
+    with TestClient(ui_app(scripted), base_url=LOCAL) as c:
+        assert 'id="call-raw"' not in c.get("/jobs/s1/turns/1").text
