@@ -12,11 +12,11 @@ events a reader behind it lacks).
 
 A key added while an ``XREAD`` is blocked is joined in by ``CLIENT UNBLOCK``
 on another connection: the ``XREAD`` returns empty and the next one names
-every key. A key the group saw an entry on stays in its ``XREAD``s for
-``_RECENT`` seconds at the newest id seen there, whether or not a follower
-woke, so a follower back from its read is already covered however many
-rounds other keys ended meanwhile (no ``CLIENT UNBLOCK`` per batch of text),
-and one that comes back behind that id is answered at once, with no round.
+every key. A key whose followers an entry woke stays in the group's
+``XREAD``s for ``_RECENT`` seconds after, at the newest id seen there, so a
+follower back from its read is already covered however many rounds other
+keys ended meanwhile (no ``CLIENT UNBLOCK`` per batch of text), and one that
+comes back behind that id is answered at once, with no round.
 
 A group names at most ``_KEYS`` (64) keys: an entry on any key ends its
 ``XREAD`` and the next one names all its keys again, so a busy stream costs
