@@ -97,6 +97,8 @@ def _celery_class() -> type | None:
 
 
 def _celery_report(scheduler: Any, name: str) -> Report:
+    from redis.exceptions import RedisError
+
     from adapters.celery import lifeline
 
     client = lifeline.broker_client(scheduler.celery)
@@ -111,6 +113,8 @@ def _celery_report(scheduler: Any, name: str) -> Report:
                              detail="Celery worker process") for entry in lifeline.read_workers(client,
                                                                                                 scheduler.namespace)
                    for job_id, since in (entry.get("running") or [(None, None)])]
+    except RedisError as exc:  # the broker is down: the page still renders, and says so
+        return Report(scheduler=name, note=f"Celery's Redis broker did not answer: {type(exc).__name__}: {exc}")
     finally:
         client.close()
     ttl = lifeline.alive_ttl(scheduler.celery)

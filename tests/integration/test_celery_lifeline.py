@@ -123,3 +123,15 @@ def test_a_broker_that_is_not_redis_is_said_to_report_nothing(redis_url: str) ->
     report = queues.report(app)
     assert report.workers is None and "only with a Redis broker" in report.note
     storage.client.close()
+
+
+def test_a_broker_that_does_not_answer_is_said_so_on_the_page(redis_url: str) -> None:
+    celery = make_celery("redis://127.0.0.1:1/0")  # nothing listens there
+    storage = RedisStorage.from_url(redis_url, prefix="lifeline-down")
+    app = App(storage=storage, scheduler=CeleryScheduler.for_storage(celery, storage), provenance=False)
+    report = queues.report(app)
+    assert report.workers is None and "broker did not answer" in report.note and "ConnectionError" in report.note
+    with TestClient(ui_app(app), base_url="http://127.0.0.1") as http:
+        page = http.get("/workers")
+    assert page.status_code == 200 and "broker did not answer" in page.text
+    storage.client.close()
