@@ -198,6 +198,12 @@ class ClusterServers:
         view = cluster_nodes(live[0])
         if sum(n.slots for n in view if n.is_master) != SLOTS:
             return False
+        # Every live node is a master serving slots or, in this view, a replica of one: right after
+        # `redis-cli --cluster create` a replica's role may not have reached this node yet, and its master
+        # would read as having none (replicas_of(), which reads this view, found no replica).
+        serving = {n.id for n in view if n.is_master and n.slots and n.port in live}
+        if len(serving) + sum(1 for n in view if n.port in live and n.master_id in serving) != len(live):
+            return False
         for n in view:
             if n.port in live and "slave" in n.flags:
                 with node_client(n.port) as c:
