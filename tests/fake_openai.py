@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -53,6 +55,7 @@ __all__ = [
     "bad_request",
     "broken_stream",
     "call",
+    "close_litellm_clients_of",
     "context_window_exceeded",
     "echo_reply",
     "empty_choices",
@@ -253,6 +256,7 @@ class FakeOpenAI:
         self.timestamps: list[float] = []
         # (time.monotonic(), text) of every streamed chunk with text, as it was sent.
         self.sent_text: list[tuple[float, str]] = []
+        self._connections: set[socket.socket] = set()  # keep-alive connections open now (closed by stop)
 
     @property
     def port(self) -> int:
@@ -288,12 +292,27 @@ class FakeOpenAI:
         return self
 
     def stop(self) -> None:
+        """Stop serving and close what this server's clients left open.
+
+        A keep-alive connection outlives ``shutdown()`` (its handler thread waits for the next request),
+        and litellm keeps its client, pooled connection and all, in a module-level cache for the life of
+        the process: closed here, or each test's server left an open socket on both sides that the
+        interpreter reported as unclosed when the test process exited (stray lines after pytest's summary).
+        """
         self._stopping.set()
+        port = self._server.server_address[1] if self._server is not None else None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        with self._lock:
+            connections, self._connections = list(self._connections), set()
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(5)
+        if port is not None:
+            close_litellm_clients_of(f":{port}/")
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         with self._lock:
@@ -392,10 +411,38 @@ def stream_chunks(body: dict[str, Any], reply: Reply, n: int) -> list[dict[str, 
     return chunks
 
 
+def close_litellm_clients_of(address: str) -> None:
+    """Close and forget the clients litellm cached for a base URL containing ``address`` (sync ones; an async
+    client's connections belong to an event loop that is gone by now and are forgotten with it)."""
+    litellm = sys.modules.get("litellm")
+    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    entries = getattr(cache, "cache_dict", None)
+    if not isinstance(entries, dict):
+        return
+    for key, client in list(entries.items()):
+        if address not in str(getattr(client, "base_url", "")):
+            continue
+        close = getattr(client, "close", None)
+        if callable(close) and not inspect.iscoroutinefunction(close):
+            with contextlib.suppress(Exception):
+                close()
+        entries.pop(key, None)
+
+
 def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         # Keep-alive like a real API: the SDK pools connections.
         protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            with fake._lock:
+                fake._connections.add(self.connection)
+
+        def finish(self) -> None:
+            with fake._lock:
+                fake._connections.discard(self.connection)
+            super().finish()
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # tests read fake.requests; access logs are noise
