@@ -22,6 +22,7 @@ from tests.fake_openai import (
     FakeOpenAI,
     bad_request,
     call,
+    close_litellm_clients_of,
     context_window_exceeded,
     empty_choices,
     malformed_tool_reply,
@@ -320,6 +321,7 @@ def test_w1_responder_counts_turns_from_the_messages() -> None:
 
 
 def test_fake_server_cli_serves_w1_to_litellm() -> None:
+    url = ""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.fake_openai", "--port", "0", "--mode", "w1"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -342,6 +344,8 @@ def test_fake_server_cli_serves_w1_to_litellm() -> None:
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+        if url:  # the server ran in its own process: close the client litellm cached for it here
+            close_litellm_clients_of(":" + url.rsplit(":", 1)[1].split("/", 1)[0] + "/")
     assert proc.returncode == 0
 
 
