@@ -97,13 +97,26 @@ class RedisServer:
             if self.proc.poll() is not None:
                 raise _ExitedEarlyError(f"redis-server exited with {self.proc.returncode}: {' '.join(args)}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
+                # Ours, not another server that had the port (a parallel process's, or a sibling cluster node
+                # whose free_port() gave the same number): that one answers while ours fails to bind and exits.
+                if self._answering_pid() == self.proc.pid:
+                    return
             except OSError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         raise RuntimeError("redis-server did not answer PING within 10 s")
+
+    def _answering_pid(self) -> int | None:
+        """The process id of the redis-server answering on our port (``INFO server``)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+            s.sendall(b"INFO server\r\n")
+            data = b""
+            while b"process_id:" not in data or not data.split(b"process_id:", 1)[1].count(b"\r\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    return None
+                data += chunk
+        return int(data.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0])
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

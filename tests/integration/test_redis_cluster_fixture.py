@@ -15,6 +15,7 @@ from redis.exceptions import ClusterCrossSlotError, RedisClusterException, Respo
 from redis.retry import Retry
 
 from tests.redis_cluster import ClusterServers, node_client
+from tests.redis_server import RedisServer, find_redis_server
 
 pytestmark = pytest.mark.redis
 
@@ -124,3 +125,22 @@ def test_a_key_written_to_a_replica_survives_its_master_being_killed(fresh_redis
         assert len(cluster.masters()) == 3
     finally:
         rc.close()
+
+
+def test_a_server_given_a_port_another_server_holds_moves_to_a_free_one() -> None:
+    # Two nodes of one test cluster once drew the same free port: the second's PING was answered by the
+    # first while its own redis-server failed to bind, and the cluster was created with five nodes of six.
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("redis-server not found")
+    first = RedisServer(binary)
+    first.start()
+    second = RedisServer(binary, port=first.port)
+    try:
+        second.start()
+        assert second.port != first.port
+        assert second.proc is not None and second._answering_pid() == second.proc.pid
+        assert first.proc is not None and first._answering_pid() == first.proc.pid
+    finally:
+        second.cleanup()
+        first.cleanup()
