@@ -312,7 +312,7 @@ class FakeOpenAI:
         if self._thread is not None:
             self._thread.join(5)
         if port is not None:
-            close_litellm_clients_of(f":{port}/")
+            close_litellm_clients_of(port)
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         with self._lock:
@@ -411,9 +411,10 @@ def stream_chunks(body: dict[str, Any], reply: Reply, n: int) -> list[dict[str, 
     return chunks
 
 
-def close_litellm_clients_of(address: str) -> None:
-    """Close and forget the clients litellm cached for a base URL containing ``address`` (sync ones; an async
+def close_litellm_clients_of(port: int) -> None:
+    """Close and forget the clients litellm cached for a server on 127.0.0.1:``port`` (sync ones; an async
     client's connections belong to an event loop that is gone by now and are forgotten with it)."""
+    address = f":{port}/"
     litellm = sys.modules.get("litellm")
     cache = getattr(litellm, "in_memory_llm_clients_cache", None)
     entries = getattr(cache, "cache_dict", None)

@@ -155,6 +155,8 @@ def install(celery_app: Any, namespace: str) -> None:
 
 
 def _start(celery_app: Any, hostname: str) -> _Lifeline | None:
+    """This process's lifeline, started on first use; ``None`` when its app registered no namespace here
+    or its broker is not Redis."""
     global _lifeline
     if _lifeline is not None and _lifeline.pid == os.getpid():
         return _lifeline
@@ -189,8 +191,7 @@ def _task_started(task: Any = None, args: Any = None, **_: Any) -> None:
     if task is None or getattr(task, "name", None) != ADVANCE_TASK:
         return
     try:
-        line = _lifeline if _lifeline is not None and _lifeline.pid == os.getpid() else \
-            _start(task.app, str(getattr(task.request, "hostname", None) or "celery"))
+        line = _start(task.app, str(getattr(task.request, "hostname", None) or "celery"))  # this process's, if any
         if line is not None and args:
             line.started_job(str(args[0]))
     except Exception:  # telling the page must never fail a turn

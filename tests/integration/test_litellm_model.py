@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -345,7 +346,7 @@ def test_fake_server_cli_serves_w1_to_litellm() -> None:
         if proc.stdout is not None:
             proc.stdout.close()
         if url:  # the server ran in its own process: close the client litellm cached for it here
-            close_litellm_clients_of(":" + url.rsplit(":", 1)[1].split("/", 1)[0] + "/")
+            close_litellm_clients_of(int(urllib.parse.urlsplit(url).port or 0))
     assert proc.returncode == 0
 
 
