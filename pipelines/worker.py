@@ -46,8 +46,8 @@ from pipelines.engine.errors import ConfigurationError, InvalidInputError, Pipel
 if TYPE_CHECKING:
     from adapters.rq import RQScheduler
 
-__all__ = ["ADVANCE_FUNC", "APP_ENV", "advance_job", "advance_with_default", "forget_apps", "load_app",
-           "rq_scheduler", "run_rq_worker", "start_sweeper", "use_app", "warm_up", "worker_app"]
+__all__ = ["ADVANCE_FUNC", "ALIVE_TTL_RANGE", "APP_ENV", "advance_job", "advance_with_default", "forget_apps",
+           "load_app", "rq_scheduler", "run_rq_worker", "start_sweeper", "use_app", "warm_up", "worker_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +265,11 @@ def start_sweeper(app: App, interval: float, grace: float, stop: threading.Event
 
 
 
+ALIVE_TTL_RANGE = (1.0, 3600.0)
+"""The seconds a worker's alive key may live: below one a busy machine's beat could miss it; above an hour a dead
+worker would look alive for that long."""
+
+
 def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst: bool = False,
                   simple: bool = False, name: str | None = None, sweep_interval: float = 2.0,
                   sweep_grace: float = 5.0, log_level: str = "INFO", background_every: int = 5,
@@ -275,8 +280,9 @@ def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst
     ``alive_ttl``: seconds after which a worker that stopped renewing its alive key counts as dead
     (``pipelines health``, the workers page); it renews it every third of that.
     """
-    if isinstance(alive_ttl, bool) or not isinstance(alive_ttl, int | float) or not 1 <= alive_ttl <= 3600:
-        raise InvalidInputError(f"alive_ttl must be seconds in [1, 3600], got {alive_ttl!r}")
+    low, high = ALIVE_TTL_RANGE
+    if isinstance(alive_ttl, bool) or not isinstance(alive_ttl, int | float) or not low <= alive_ttl <= high:
+        raise InvalidInputError(f"alive_ttl must be seconds in [{low:g}, {high:g}], got {alive_ttl!r}")
     from rq import Queue
     from rq.serializers import JSONSerializer
 

@@ -18,7 +18,7 @@ from pipelines.cli.errors import closed_pipe, error_line
 from pipelines.cli.loading import when
 from pipelines.engine.models import JobStatus
 from pipelines.errors import PipelineError
-from pipelines.worker import APP_ENV, run_rq_worker
+from pipelines.worker import ALIVE_TTL_RANGE, APP_ENV, run_rq_worker
 
 __all__ = ["build_parser", "main"]
 
@@ -57,10 +57,11 @@ def _positive(text: str) -> float:
 
 
 def _alive_ttl(text: str) -> float:
-    """Seconds in [1, 3600]: below a second a busy machine's beat could miss it; above an hour nobody is told."""
+    """Seconds in :data:`~pipelines.worker.ALIVE_TTL_RANGE`, refused here as a usage error."""
     value = _positive(text)
-    if not 1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be seconds in [1, 3600], got {text!r}")
+    low, high = ALIVE_TTL_RANGE
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be seconds in [{low:g}, {high:g}], got {text!r}")
     return value
 
 
