@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -72,10 +73,12 @@ class W1Server:
 
     ``calls[(job id, k)]`` counts the requests for turn ``k`` (1-based) of each
     job (the job id is read from the first user message, see
-    :func:`tests.apps.chaos_app.user_message`).
+    :func:`tests.apps.chaos_app.user_message`). ``delay``: seconds each answer
+    waits before it is sent (a run that must last long enough to be disturbed).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, delay: float = 0.0) -> None:
+        self.delay = delay
         self.fake = FakeOpenAI().start()
         # Killed workers reset their connections: not worth a traceback on stderr.
         server = getattr(self.fake, "_server", None)
@@ -99,7 +102,8 @@ class W1Server:
             # The server keeps every body for tests; a long chaos run needs none of them.
             self.fake.requests.clear()
             self.fake.timestamps.clear()
-        return w1_reply(body)
+        reply = w1_reply(body)
+        return dataclasses.replace(reply, delay=self.delay) if self.delay else reply
 
     def requests_for(self, job_ids: Iterable[str]) -> int:
         wanted = set(job_ids)

@@ -55,6 +55,13 @@ def w1() -> Iterator[W1Server]:
     server.stop()
 
 
+@pytest.fixture
+def slow_w1() -> Iterator[W1Server]:
+    server = W1Server(delay=0.1)
+    yield server
+    server.stop()
+
+
 def _procs(appendonly: bool = False) -> Procs:
     if find_redis_server() is None:
         if os.environ.get("REQUIRE_REDIS") == "1":
@@ -158,7 +165,7 @@ def test_workers_sigkilled_mid_run_lose_nothing_and_apply_no_effect_twice(procs:
 
 @pytest.mark.timeout(300)
 def test_workers_killed_every_half_second_for_the_whole_run_still_finish_every_job(procs: Procs,
-                                                                                  w1: W1Server) -> None:
+                                                                                  slow_w1: W1Server) -> None:
     """Liveness: the system makes progress as long as workers live longer than one turn.
 
     A ready worker (one that asks RQ for jobs) is SIGKILLed every 0.5 s for as
@@ -166,7 +173,10 @@ def test_workers_killed_every_half_second_for_the_whole_run_still_finish_every_j
     lives longer than a turn. A worker that took a job before litellm was
     loaded held that job's lease through the import and was killed inside
     it: no job advanced at all (the test above stops killing after 4).
+    Each answer takes 0.1 s, so the 50 turns outlast the two kills the test
+    needs (on a fast host, instant answers finished the run after one).
     """
+    w1 = slow_w1
     app, client, names = _setup(procs, w1, workers=3)
 
     def start(slot: int) -> str:
