@@ -190,6 +190,10 @@ def _task_started(task: Any = None, args: Any = None, **_: Any) -> None:
 
     if task is None or getattr(task, "name", None) != ADVANCE_TASK:
         return
+    # ``task.apply()`` runs the advance in the caller's process (a web process, a test, a script): that
+    # process is no worker, and a key renewed for as long as it lives would list it as one.
+    if getattr(getattr(task, "request", None), "is_eager", False):
+        return
     try:
         line = _start(task.app, str(getattr(task.request, "hostname", None) or "celery"))  # this process's, if any
         if line is not None and args:

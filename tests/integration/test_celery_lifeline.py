@@ -20,6 +20,7 @@ pytest.importorskip("celery", reason="the celery extra is not installed (pip ins
 import redis
 
 from adapters.celery import CeleryScheduler, lifeline
+from adapters.celery.scheduler import ADVANCE_TASK
 from adapters.redis import RedisStorage
 from pipelines.app import App, queues
 from pipelines.engine.errors import ConfigurationError
@@ -67,6 +68,21 @@ def test_a_process_keeps_its_key_while_it_lives_says_what_it_runs_and_removes_it
     finally:
         line.stop()
     assert client.exists(key) == 0 and lifeline.read_workers(client, "ns") == []
+
+
+def test_an_advance_applied_eagerly_in_a_process_that_is_no_worker_starts_no_key(
+        redis_url: str, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    celery = make_celery(redis_url)
+    storage = RedisStorage.from_url(redis_url, prefix="lifeline-eager")
+    CeleryScheduler.for_storage(celery, storage, queue="eager-q")
+    monkeypatch.setattr(lifeline, "_lifeline", None)  # as in a fresh process
+    try:
+        # task_prerun fires for an eager apply too; the advance itself finds no such job.
+        celery.tasks[ADVANCE_TASK].apply(args=["no-such-job", 1])
+        assert lifeline._lifeline is None
+        assert lifeline.read_workers(client, "lifeline-eager") == []
+    finally:
+        storage.client.close()
 
 
 def test_a_killed_process_drops_off_within_its_ttl(client: redis.Redis) -> None:
