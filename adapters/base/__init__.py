@@ -78,7 +78,16 @@ from adapters.base.read import (
     page_cursor,
     parse_cursor,
 )
-from adapters.base.run import INBOX_OPEN, InboxStore, JobStore, LeaseStore, RunStore, StepPublisher
+from adapters.base.run import (
+    INBOX_OPEN,
+    InboxStore,
+    JobStore,
+    LeaseHistory,
+    LeaseState,
+    LeaseStore,
+    RunStore,
+    StepPublisher,
+)
 from adapters.base.scheduling import (
     AdvanceFn,
     Backlog,
@@ -122,6 +131,8 @@ __all__ = [
     "InboxStore",
     "JobIndex",
     "JobStore",
+    "LeaseHistory",
+    "LeaseState",
     "LeaseStore",
     "LiveStore",
     "NamedQueues",

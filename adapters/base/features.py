@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from adapters.base.read import AsyncLiveStore, CountingIndex, RecentHistory
-from adapters.base.run import StepPublisher
+from adapters.base.run import LeaseHistory, StepPublisher
 from adapters.base.scheduling import Backlog, BacklogProbe, HostedScheduler, InProcessScheduler, NamedQueues
 from adapters.base.storage import ClaimingStore, FlowCapable, KeyPrefixed, RetentionStore, VersionedSchema
 
@@ -30,6 +30,7 @@ class Feature(StrEnum):
     CLAIMS = "claims"  # ClaimingStore: claims due work for one process, releases what dead processes held
     KEY_PREFIX = "key_prefix"  # KeyPrefixed: every key starts with a prefix queue message ids carry
     HOSTED = "hosted"  # HostedScheduler: learns from the App it is built into (the worker entry, the sweep)
+    LEASE_HISTORY = "lease_history"  # LeaseHistory: tells a lease that ran out (its holder died) from one let go
 
 
 FEATURE_PROTOCOLS: dict[Feature, type] = {
@@ -47,6 +48,7 @@ FEATURE_PROTOCOLS: dict[Feature, type] = {
     Feature.CLAIMS: ClaimingStore,
     Feature.KEY_PREFIX: KeyPrefixed,
     Feature.HOSTED: HostedScheduler,
+    Feature.LEASE_HISTORY: LeaseHistory,
 }
 """The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
 contract suites check both ways)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from pipelines.engine.models import (
     Commit,
@@ -17,7 +17,8 @@ from pipelines.engine.models import (
     Usage,
 )
 
-__all__ = ["INBOX_OPEN", "JobStore", "InboxStore", "LeaseStore", "StepPublisher", "RunStore"]
+__all__ = ["INBOX_OPEN", "JobStore", "InboxStore", "LeaseHistory", "LeaseState", "LeaseStore", "StepPublisher",
+           "RunStore"]
 
 
 INBOX_OPEN: tuple[JobStatus, ...] = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
@@ -117,6 +118,28 @@ class LeaseStore(Protocol):
 
     def lease_owner(self, job_id: str) -> str | None:
         """The owner of the live lease, if any."""
+        ...
+
+
+class LeaseState(NamedTuple):
+    """A job's lease as :meth:`LeaseHistory.lease_state` reads it."""
+
+    owner: str | None  # the owner of the live lease, if any
+    lapsed: bool  # no live lease, and the last one taken ran out instead of being let go
+
+
+@runtime_checkable
+class LeaseHistory(Protocol):
+    """A storage that tells a lease that ran out from one that was let go (a capability).
+
+    A lease is let go by ``release_lease`` or by the commit that releases it;
+    one that ran out while still taken means its holder died (or stalled past
+    it) in the middle of an attempt: the page's "worker lost", even when the
+    attempt journaled nothing. Taking the lease again starts a new one.
+    """
+
+    def lease_state(self, job_id: str) -> LeaseState:
+        """The job's live lease owner, and whether the last lease taken lapsed (``(None, False)``: unknown job)."""
         ...
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from adapters.base import INBOX_OPEN, Feature, parse_cursor
+from adapters.base import INBOX_OPEN, Feature, LeaseState, parse_cursor
 from adapters.live_wakeup import LoopWakeups
 from adapters.memory.history import NO_HISTORY, dump_apart, stored_dict
 from adapters.memory.job import Job, check_inbox
@@ -61,7 +61,7 @@ class MemoryStorage(HistoryReads):
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT})
+        Feature.RECENT, Feature.LEASE_HISTORY})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._jobs: dict[str, Job] = {}
@@ -295,6 +295,15 @@ class MemoryStorage(HistoryReads):
         with self._lock:
             job = self._jobs.get(job_id)
             return job.lease_owner if job is not None and self._lease_live(job) else None
+
+    def lease_state(self, job_id: str) -> LeaseState:
+        """A lease let go clears its owner; one that ran out keeps it, past its expiry."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.lease_owner is None:
+                return LeaseState(None, False)
+            live = self._lease_live(job)
+            return LeaseState(job.lease_owner if live else None, not live)
 
     def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
         with self._lock:

@@ -45,6 +45,7 @@ class Scripts:
         self.load = client.register_script(scripts.LOAD)
         self.renew = client.register_script(scripts.RENEW)
         self.release = client.register_script(scripts.RELEASE)
+        self.lease_state = client.register_script(scripts.STATE)
         self.delete = client.register_script(scripts.DELETE)
         self.control = client.register_script(scripts.CONTROL)
         self.publish = client.register_script(scripts.PUBLISH)

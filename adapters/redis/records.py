@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
+from adapters.base import LeaseState
 from adapters.redis.client import _mapped
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import json_line
@@ -155,6 +156,15 @@ class RecordReads:
         with _mapped(f"reading the lease of job {job_id!r}"):
             value = self.conn.client.get(self.conn.keys(job_id).lease)
         return None if value is None else _text(value)
+
+    def lease_state(self, job_id: str) -> LeaseState:
+        """The live owner and the record's ``held`` in one script: ``held`` without a live lease is a lapsed one."""
+        k = self.conn.keys(job_id)
+        reply = self.conn.run(self.conn.scripts.lease_state, [k.lease, k.record], [],
+                              f"reading the lease of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"reading the lease of job {job_id!r}")
+        owner, held = (_text(v) for v in reply)
+        return LeaseState(owner or None, not owner and bool(held))
 
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """Messages ``[start:stop]`` (Python slice semantics) read with one LRANGE."""

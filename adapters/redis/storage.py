@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from adapters.base import Feature
+from adapters.base import Feature, LeaseState
 from adapters.redis.connection import CLUSTER_BUCKETS, RedisConnection, connect_url
 from adapters.redis.events import EventReads
 from adapters.redis.keys import (
@@ -102,7 +102,7 @@ class RedisStorage:
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT, Feature.KEY_PREFIX})
+        Feature.RECENT, Feature.KEY_PREFIX, Feature.LEASE_HISTORY})
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,
@@ -257,6 +257,10 @@ class RedisStorage:
 
     def lease_owner(self, job_id: str) -> str | None:
         return self.records.lease_owner(job_id)
+
+    def lease_state(self, job_id: str) -> LeaseState:
+        """The live owner, and whether the last lease taken ran out (its ``held`` mark outlived the lease key)."""
+        return self.records.lease_state(job_id)
 
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """Messages ``[start:stop]`` (Python slice semantics) read with one LRANGE."""

@@ -220,7 +220,8 @@ class RecordWrites:
         return bool(reply)
 
     def release_lease(self, job_id: str, owner: str) -> None:
-        reply = self.conn.run(self.conn.scripts.release, [self.conn.keys(job_id).lease], [owner],
+        k = self.conn.keys(job_id)
+        reply = self.conn.run(self.conn.scripts.release, [k.lease, k.record], [owner],
                               f"releasing the lease of job {job_id!r}")
         self.conn.check_types(job_id, reply, f"releasing the lease of job {job_id!r}")
 

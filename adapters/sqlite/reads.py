@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from adapters.base import parse_cursor
+from adapters.base import LeaseState, parse_cursor
 from adapters.live_wakeup import wait_on
 from adapters.sqlite.connection import Database
 from adapters.sqlite.wakeup import Wakeup
@@ -106,6 +106,15 @@ class SQLiteReads:
         row = self._db.read(lambda c: c.execute("SELECT lease_owner, lease_expires FROM jobs WHERE job_id = ?",
                                                 (job_id,)).fetchone(), f"reading the lease of job {job_id!r}")
         return None if row is None or row[0] is None or row[1] <= self._now() else str(row[0])
+
+    def lease_state(self, job_id: str) -> LeaseState:
+        """A lease let go (or reaped from a dead process) clears its owner; one that ran out keeps it."""
+        row = self._db.read(lambda c: c.execute("SELECT lease_owner, lease_expires FROM jobs WHERE job_id = ?",
+                                                (job_id,)).fetchone(), f"reading the lease of job {job_id!r}")
+        if row is None or row[0] is None:
+            return LeaseState(None, False)
+        live = row[1] > self._now()
+        return LeaseState(str(row[0]) if live else None, not live)
 
     def _now(self) -> float:
         raise NotImplementedError

@@ -64,7 +64,7 @@ class SQLiteStorage(SQLiteReads):
     #: What it can do beyond the port, declared once (the contract suite checks it against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT, Feature.SCHEMA, Feature.CLAIMS})
+        Feature.RECENT, Feature.SCHEMA, Feature.CLAIMS, Feature.LEASE_HISTORY})
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
                  clock: Callable[[], float] | None = None) -> None:

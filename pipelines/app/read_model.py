@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import (
     CountingIndex,
+    LeaseHistory,
+    LeaseState,
     NamedQueues,
     RecentHistory,
     Scheduler,
@@ -36,7 +38,7 @@ from pipelines.handle import JobView
 if TYPE_CHECKING:
     from pipelines.engine.phase import Pipeline
 
-__all__ = ["ReadModel", "page_cursor", "parse_cursor", "tags_of"]
+__all__ = ["LeaseState", "ReadModel", "page_cursor", "parse_cursor", "tags_of"]
 
 # The listing's cursors (``updated_at/job_id`` of a page's last record), as the storage port defines them:
 # ``page_cursor(record)`` names where the next page starts, ``parse_cursor(text)`` checks one from outside.
@@ -92,6 +94,17 @@ class ReadModel:
     def lease_owner(self, job_id: str) -> str | None:
         """The worker holding the job's lease now, if any."""
         return self.storage.lease_owner(job_id)
+
+    def lease_state(self, job_id: str) -> LeaseState:
+        """The job's live lease owner, and whether the last lease taken lapsed (its worker was lost).
+
+        Where the storage cannot tell a lease that ran out from one let go
+        (no ``Feature.LEASE_HISTORY``), ``lapsed`` is always ``False``.
+        """
+        history = as_feature(self.storage, Feature.LEASE_HISTORY, LeaseHistory)  # type: ignore[type-abstract]
+        if history is not None:
+            return history.lease_state(job_id)
+        return LeaseState(self.storage.lease_owner(job_id), False)
 
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """The committed transcript ``[start:stop]``."""

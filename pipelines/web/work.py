@@ -7,13 +7,15 @@ second source of truth:
 * ``in flight``: a worker holds its lease now;
 * ``queued``: due, and no worker holds it (it waits for one);
 * ``scheduled``: due later (a delay or a retry's backoff);
-* ``worker lost``: due, no live lease, yet the record holds steps a first
-  attempt journaled, so the attempt began and its worker went away before it
-  committed (its lease ran out, nothing renewed it). The next worker or the
-  sweep (``pipelines advance --due``) runs the turn again from the journal.
-  A retried attempt (``attempt`` > 0) may carry steps its predecessor
-  journaled, so it is called queued, never lost: the label errs towards
-  saying less.
+* ``worker lost``: an attempt began and its worker went away before it
+  committed: its lease ran out instead of being let go (a storage with
+  ``Feature.LEASE_HISTORY`` says so, whether or not the attempt journaled
+  anything), or, on a storage without it, no live lease while the record
+  holds steps a first attempt journaled (a retried attempt, ``attempt`` > 0,
+  may carry its predecessor's steps, so it is called queued: that fallback
+  errs towards saying less). The next worker or the sweep (``pipelines
+  advance --due``) runs the turn again from the journal; taking the lease
+  ends the label.
 
 Reading a lease is one storage call a job, so a split reads at most
 :data:`LEASE_CHECKS` of them and says so when there are more.
@@ -25,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from pipelines.app import App
+from pipelines.app.read_model import LeaseState
 from pipelines.engine.models import JobRecord, JobStatus
 
 __all__ = ["IN_FLIGHT", "LEASE_CHECKS", "LOST", "QUEUED", "SCHEDULED", "Split", "place", "split_running"]
@@ -33,17 +36,19 @@ LEASE_CHECKS = 500
 IN_FLIGHT, QUEUED, SCHEDULED, LOST = "in flight", "queued", "scheduled", "worker lost"
 
 
-def place(app: App, record: JobRecord, now: float | None = None, owner: str | None = None) -> str | None:
+def place(app: App, record: JobRecord, now: float | None = None, lease: LeaseState | None = None) -> str | None:
     """Where a running ``record`` is (one of the four above); ``None`` for a job that is not running.
 
-    ``owner``: the lease owner when the caller has read it already.
+    ``lease``: the job's lease when the caller has read it already (``app.read.lease_state``).
     """
     if record.status is not JobStatus.RUNNING:
         return None
-    if owner is None:
-        owner = app.storage.lease_owner(record.job_id)
-    if owner is not None:
+    if lease is None:
+        lease = app.read.lease_state(record.job_id)
+    if lease.owner is not None:
         return IN_FLIGHT
+    if lease.lapsed:
+        return LOST
     checkpoint = record.checkpoint
     now = app.scheduler.now() if now is None else now
     if checkpoint is not None and checkpoint.due_at > now:
@@ -77,10 +82,10 @@ def split_running(app: App, *, limit: int = LEASE_CHECKS, keep: bool = False) ->
         record = app.storage.get_job(job_id)
         if record is None or record.status is not JobStatus.RUNNING:
             continue  # finished between the two reads
-        owner = app.storage.lease_owner(job_id)
-        where = place(app, record, now, owner) or QUEUED
+        lease = app.read.lease_state(job_id)
+        where = place(app, record, now, lease) or QUEUED
         split.counts[where] += 1
         split.checked += 1
         if keep:
-            split.jobs.append((record, where, owner))
+            split.jobs.append((record, where, lease.owner))
     return split

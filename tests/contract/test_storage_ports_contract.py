@@ -25,6 +25,7 @@ from adapters.base import (
     ClaimingStore,
     Feature,
     KeyPrefixed,
+    LeaseHistory,
     RetentionStore,
     Storage,
     VersionedSchema,
@@ -33,6 +34,7 @@ from pipelines.engine.capabilities import as_feature, features_of
 from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, JobConflictError, StaleVersionError
 from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, JobStatus, Usage
 from tests.contract.ports import covers
+from tests.contract.test_storage_contract import _expire
 
 T = TypeVar("T")
 
@@ -312,6 +314,44 @@ def test_the_key_prefix_is_one_queue_ids_can_carry(storage: Storage) -> None:
     prefix = prefixed.key_prefix()
     assert isinstance(prefix, str) and prefix and prefixed.key_prefix() == prefix
     assert parse_rq_job_id(rq_job_id("job-1", 3, prefix)).namespace == prefix
+
+
+# --- a lease that lapsed, told from one let go ------------------------------------------------------------
+@covers("LeaseHistory.lease_state")
+def test_a_lease_that_ran_out_is_told_from_one_let_go(storage: Storage) -> None:
+    """The page's "worker lost" even when the attempt journaled nothing: only a lease that ran out lapses."""
+    history = feature(storage, Feature.LEASE_HISTORY, LeaseHistory)  # type: ignore[type-abstract]
+    rec = record()
+    storage.create_job(rec)
+    assert history.lease_state("job-1") == (None, False)  # never leased
+    assert history.lease_state("unknown") == (None, False)
+    storage.acquire_lease("job-1", "w1", 30)
+    assert history.lease_state("job-1") == ("w1", False)
+    storage.release_lease("job-1", "w1")
+    assert history.lease_state("job-1") == (None, False)  # let go
+
+    storage.acquire_lease("job-1", "w1", 0.05)
+    _expire(storage, 0.05)
+    assert history.lease_state("job-1") == (None, True)  # ran out: its holder died or stalled
+    storage.release_lease("job-1", "w2")  # not the last holder: changes nothing
+    assert history.lease_state("job-1") == (None, True)
+    storage.acquire_lease("job-1", "w2", 30)  # a new attempt takes it
+    assert history.lease_state("job-1") == ("w2", False)
+    storage.commit(commit(rec, moved(rec), owner="w2"))  # the commit lets it go
+    assert history.lease_state("job-1") == (None, False)
+
+    rec = storage.get_job("job-1")
+    assert rec is not None
+    storage.acquire_lease("job-1", "w3", 30)
+    storage.commit(commit(rec, moved(rec), owner="w3", release_lease=False))  # kept for the next turn
+    assert history.lease_state("job-1") == ("w3", False)
+    storage.release_lease("job-1", "w3")
+    # A stalled holder that comes back after its lease ran out lets go of it: it is alive, no worker was lost.
+    assert storage.acquire_lease("job-1", "w4", 0.05) is not None
+    _expire(storage, 0.05)
+    assert history.lease_state("job-1") == (None, True)
+    storage.release_lease("job-1", "w4")
+    assert history.lease_state("job-1") == (None, False)
 
 
 # --- ranges and limits at their edges ------------------------------------------------------------------

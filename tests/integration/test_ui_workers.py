@@ -2,8 +2,8 @@
 
 Running jobs are told apart from what storage holds: a lease held (in flight),
 due and held by nobody (queued; "not in any queue" when the scheduler has no
-advance for it), due later (scheduled), and a first attempt that journaled
-steps and whose worker's lease ran out (worker lost).
+advance for it), due later (scheduled), and an attempt whose worker's lease
+ran out instead of being let go (worker lost), journaled steps or not.
 """
 
 from __future__ import annotations
@@ -99,6 +99,24 @@ def test_a_job_whose_worker_died_says_worker_lost_until_a_worker_takes_it_again(
     assert ">in flight</span>" in client.get("/jobs/held").text
     assert app.storage.acquire_lease("dead", "owner-new", 30) is not None  # the next worker takes the turn
     assert ">in flight</span>" in client.get("/jobs/dead/live").text
+
+
+def test_a_worker_that_died_before_journaling_anything_is_lost_too_and_one_let_go_is_not(
+        app: App, clock: VirtualClock, client: TestClient) -> None:
+    """A worker killed inside its model call leaves no step: its lease that ran out (not let go) tells it."""
+    now = clock()
+    for job_id in ("silent", "let-go"):
+        put(app, job_id, at=now - 40, status=JobStatus.RUNNING, due=now)
+    assert app.storage.acquire_lease("silent", "owner-silent", 30) is not None
+    assert app.storage.acquire_lease("let-go", "owner-deferred", 30) is not None
+    app.storage.release_lease("let-go", "owner-deferred")  # e.g. a turn deferred by a concurrency limit
+    clock.advance(31)  # nothing renewed the silent worker's lease
+    page = client.get("/workers").text
+    assert rows(page, "lost") == ["silent"] and rows(page, "due") == ["let-go"]
+    assert ">worker lost</span>" in client.get("/jobs/silent").text
+    assert ">queued</span>" in client.get("/jobs/let-go").text
+    assert app.storage.acquire_lease("silent", "owner-new", 30) is not None  # the next worker takes the turn
+    assert ">in flight</span>" in client.get("/jobs/silent").text
 
 
 def test_the_timeline_says_what_attempts_fenced_off_paid(app: App, clock: VirtualClock, client: TestClient) -> None:

@@ -26,7 +26,8 @@ on records written before it, whose next commit touches them all), ``data``
 (the record JSON),
 ``version`` (decimal), ``token`` (the last commit's token), ``jver`` (the
 version the journal was written under; absent until the first commit),
-``lcut`` (the id of the last event the last commit wrote: where the next
+``held`` (the owner of the last lease taken and not let go: see
+:mod:`adapters.redis.scripts.lease`), ``lcut`` (the id of the last event the last commit wrote: where the next
 commit cuts the live stream; absent on records written before it) and
 ``hist`` (the record's turn history, one mark's JSON per line, oldest first;
 ``data`` then has no ``history``). A record written before ``hist`` existed
@@ -50,10 +51,10 @@ from adapters.redis.scripts.commit import COMMIT, CREATE, RECORD_STEP
 from adapters.redis.scripts.inbox import SEND
 from adapters.redis.scripts.index import DELETE, REINDEX
 from adapters.redis.scripts.layout import COMMIT_ARGS, CREATE_ARGS, INDEX_ROLES, ArgLayout, index_position
-from adapters.redis.scripts.lease import LOAD, RELEASE, RENEW
+from adapters.redis.scripts.lease import LOAD, RELEASE, RENEW, STATE
 from adapters.redis.scripts.record import CONTROL, DROPPED
 from adapters.redis.scripts.streams import ARCHIVE, EVENTS, PUBLISH, READ_LIVE
 
 __all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "DROPPED", "EVENTS",
            "INDEX_ROLES", "LOAD", "PUBLISH", "READ_LIVE", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND",
-           "ArgLayout", "index_position"]
+           "STATE", "ArgLayout", "index_position"]

@@ -155,7 +155,10 @@ if ARGV[16] ~= '' then
 else
   redis.call('ZREM', KEYS[10], ARGV[1])
 end
-if ARGV[10] == '1' and ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
+if ARGV[10] == '1' and ARGV[6] == '1' then
+  redis.call('DEL', KEYS[5])
+  redis.call('HDEL', KEYS[1], 'held')  -- let go, not lapsed (scripts/lease.py)
+end
 -- A pause/cancel request lives in the record hash beside 'data', outside the
 -- version fence; the commit that applies it (or makes it moot) drops it, and
 -- every commit reports one still pending so a worker keeping the lease obeys it.

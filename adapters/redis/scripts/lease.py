@@ -1,10 +1,17 @@
-"""The lease: LOAD (read the record, taking the lease when asked), RENEW and RELEASE."""
+"""The lease: LOAD (read the record, taking the lease when asked), RENEW, RELEASE and STATE.
+
+The lease key expires by itself (``PX``), so a lease that ran out leaves no
+trace in it. Taking a lease also writes its owner to the record hash's
+``held`` field, which only letting it go removes (RELEASE, or the commit that
+releases it): a ``held`` with no live lease is a lease that lapsed, its holder
+dead or stalled in the middle of an attempt (STATE; the page's "worker lost").
+"""
 
 from __future__ import annotations
 
 from adapters.redis.scripts.functions import TYPES_FN
 
-__all__ = ["LOAD", "RENEW", "RELEASE"]
+__all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 
 # KEYS: record, journal, lease, due, jobs, updated (the listing index of every job)
 # ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id
@@ -35,6 +42,7 @@ if ARGV[2] ~= '' then
   local holder = redis.call('GET', KEYS[3])
   if holder and holder ~= ARGV[1] then return false end
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+  redis.call('HSET', KEYS[1], 'held', ARGV[1])
 end
 local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'hist')
 -- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
@@ -52,10 +60,19 @@ end
 return 0
 """
 
-# KEYS: lease; ARGV: owner
+# KEYS: lease, record; ARGV: owner
+# The owner lets go of 'held' even when its lease already ran out: it is alive, so no worker was lost.
 RELEASE = TYPES_FN + """
-local bad = wrong_type({KEYS[1], 'lease', 'string'})
+local bad = wrong_type({KEYS[1], 'lease', 'string', KEYS[2], 'record', 'hash'})
 if bad then return bad end
+if redis.call('HGET', KEYS[2], 'held') == ARGV[1] then redis.call('HDEL', KEYS[2], 'held') end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# KEYS: lease, record. Reply: {live owner or '', held or ''}.
+STATE = TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'lease', 'string', KEYS[2], 'record', 'hash'})
+if bad then return bad end
+return {redis.call('GET', KEYS[1]) or '', redis.call('HGET', KEYS[2], 'held') or ''}
 """
