@@ -25,7 +25,7 @@ from adapters.redis.connection import RedisConnection
 from adapters.redis.events import json_line
 from adapters.redis.refs import JournalValues
 from adapters.redis.values import _text
-from pipelines.engine.errors import CorruptRecordError
+from pipelines.engine.errors import CorruptRecordError, PipelineError
 from pipelines.engine.models import JobRecord, LogEntry, Message, TurnMark, Usage, dump_json
 
 __all__ = ["RecordReads", "lines_of", "mark_line", "parse_record"]
@@ -75,7 +75,15 @@ class RecordReads:
             return None
         hist = reply[7] if len(reply) > 7 else None
         lines = lines_of(hist) if hist is not None else []
-        record = parse_record(job_id, reply[0], reply[1], reply[2], reply[3], hist, self.known_marks(job_id, lines))
+        try:
+            record = parse_record(job_id, reply[0], reply[1], reply[2], reply[3], hist,
+                                  self.known_marks(job_id, lines))
+        except CorruptRecordError:
+            if owner:  # the lease just taken goes back, with its mark: the corrupt record stays as it was
+                with contextlib.suppress(PipelineError):
+                    self.conn.run(self.conn.scripts.release, [k.lease, k.record], [owner],
+                                  f"releasing the lease of corrupt job {job_id!r}")
+            raise
         if owner and hist is not None:
             # A worker commits next: remember what the record hash holds, so that commit sends a delta.
             self.remember(job_id, _text(reply[6]), record.history, lines)

@@ -59,13 +59,6 @@ def _nap(ctx: PhaseContext[Any]) -> Next:
     return Next("end", state={"napped_in": os.getpid()})
 
 
-def _nap_after_a_step(ctx: PhaseContext[Any]) -> Next:
-    # A step journaled before the nap: a worker killed in the nap leaves a trace in storage (the web page
-    # calls the job "worker lost" once the lease runs out).
-    ctx.step("looked-up", lambda: {"found": True})
-    return _nap(ctx)
-
-
 def _end(ctx: PhaseContext[Any]) -> Done:
     return Done(result=ctx.state)
 
@@ -94,7 +87,6 @@ app = App(
     pipelines={
         "multi": [Phase("one", _one), Phase("two", _two), Phase("three", _three)],
         "sleepy": [Phase("start", _start), Phase("nap", _nap), Phase("end", _end)],
-        "stepper": [Phase("start", _start), Phase("nap", _nap_after_a_step), Phase("end", _end)],
     },
     agents=_agents(),
     # Unset: the App's default lease, as a deployment that never names one gets.

@@ -321,6 +321,7 @@ def test_a_hand_corrupted_record_is_a_corrupt_record_error_naming_the_job_and_st
         storage.acquire_lease("bad", "w1", 30)
     assert r.hgetall(storage.keys("bad").record) == record_before  # nobody "repaired" or overwrote it
     assert r.llen(storage.keys("bad").messages) == 0
+    assert r.exists(storage.keys("bad").lease) == 0  # the lease the refused load took went back
 
 
 def test_a_failed_advance_of_a_corrupt_record_leaves_no_lease_behind(storage: RedisStorage, r: redis.Redis) -> None:

@@ -1,8 +1,9 @@
 """The workers page against real RQ workers, in headless chromium (issue 35).
 
-A ``pipelines worker`` process takes a job whose phase journals a step and
-then sleeps; the page lists the worker, alive, with the job it runs and since
-when, and the job in flight. The worker is killed with ``kill -9``: once its
+A ``pipelines worker`` process takes a job whose phase sleeps, journaling
+nothing (as a worker killed inside its model call leaves no step); the page
+lists the worker, alive, with the job it runs and since when, and the job in
+flight. The worker is killed with ``kill -9``: once its
 lease (3 s) runs out the job's page says "worker lost" instead of running,
 and the workers page lists it so, with the dead worker marked not alive.
 ``UPDATE_SCREENSHOTS=1`` writes docs/images/ui-workers.png and ui-workers-lost.png.
@@ -32,7 +33,8 @@ def test_live_workers_their_jobs_and_a_worker_lost(cluster: Cluster, app: App, c
                                                    browser: WebDriver) -> None:
     cluster.env.update(NAP_ENV)  # a 3 s lease; the first nap sleeps 60 s
     doomed = cluster.worker("w-doomed", "--sweep-interval", "0", "--alive-ttl", "3")  # shown dead ~3 s after the kill
-    app.run_pipeline("stepper", job_id="napper")
+    # Its nap journals nothing: only the lease that ran out (not let go) tells the page its worker was lost.
+    app.run_pipeline("sleepy", job_id="napper")
     app.run_pipeline("sleepy", job_id="waiter")  # waits behind the napper: one worker, one job at a time
     entry = wait_for("napper to start napping", lambda: client.lindex(NAP_STARTED, 0), 20, cluster.logs)
     cluster.pids.append(int(entry.decode().split()[1]))
