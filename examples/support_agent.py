@@ -211,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         Path(args.db).parent.mkdir(parents=True, exist_ok=True)
         local = LocalScheduler(workers=2)
-        app = App(storage=SQLiteStorage(args.db), scheduler=local, agents=[agent])
+        storage = SQLiteStorage(args.db)
+        # The demo is the one process on its file, so it upgrades a file an earlier release wrote itself (a
+        # service runs `pipelines migrate --app M:A` with its workers stopped).
+        before, after = storage.migrate()
+        if 0 < before < after:
+            print(f"{args.db}: upgraded from schema version {before} to {after}")
+        app = App(storage=storage, scheduler=local, agents=[agent])
         print(f"runs kept in {Path(args.db).resolve()} (SQLite), turns run by {local.workers} worker threads")
         job_id = _start_or_resume(app, args.question)
         with local:  # the workers stop with this block; a turn in flight finishes first

@@ -79,7 +79,9 @@ from adapters.base.read import (
     parse_cursor,
 )
 from adapters.base.run import (
+    FENCED_KEPT,
     INBOX_OPEN,
+    FencedAnswers,
     InboxStore,
     JobStore,
     LeaseHistory,
@@ -122,7 +124,9 @@ __all__ = [
     "Backlog",
     "BacklogProbe",
     "FEATURE_PROTOCOLS",
+    "FENCED_KEPT",
     "Feature",
+    "FencedAnswers",
     "FlowStore",
     "RecentHistory",
     "HistoryStore",

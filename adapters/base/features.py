@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from adapters.base.read import AsyncLiveStore, CountingIndex, RecentHistory
-from adapters.base.run import LeaseHistory, StepPublisher
+from adapters.base.run import FencedAnswers, LeaseHistory, StepPublisher
 from adapters.base.scheduling import Backlog, BacklogProbe, HostedScheduler, InProcessScheduler, NamedQueues
 from adapters.base.storage import ClaimingStore, FlowCapable, KeyPrefixed, RetentionStore, VersionedSchema
 
@@ -31,6 +31,7 @@ class Feature(StrEnum):
     KEY_PREFIX = "key_prefix"  # KeyPrefixed: every key starts with a prefix queue message ids carry
     HOSTED = "hosted"  # HostedScheduler: learns from the App it is built into (the worker entry, the sweep)
     LEASE_HISTORY = "lease_history"  # LeaseHistory: tells a lease that ran out (its holder died) from one let go
+    FENCED_ANSWERS = "fenced_answers"  # FencedAnswers: keeps the answers of attempts fenced off after the model call
 
 
 FEATURE_PROTOCOLS: dict[Feature, type] = {
@@ -49,6 +50,7 @@ FEATURE_PROTOCOLS: dict[Feature, type] = {
     Feature.KEY_PREFIX: KeyPrefixed,
     Feature.HOSTED: HostedScheduler,
     Feature.LEASE_HISTORY: LeaseHistory,
+    Feature.FENCED_ANSWERS: FencedAnswers,
 }
 """The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
 contract suites check both ways)."""

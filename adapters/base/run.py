@@ -17,8 +17,8 @@ from pipelines.engine.models import (
     Usage,
 )
 
-__all__ = ["INBOX_OPEN", "JobStore", "InboxStore", "LeaseHistory", "LeaseState", "LeaseStore", "StepPublisher",
-           "RunStore"]
+__all__ = ["FENCED_KEPT", "INBOX_OPEN", "FencedAnswers", "JobStore", "InboxStore", "LeaseHistory", "LeaseState",
+           "LeaseStore", "StepPublisher", "RunStore"]
 
 
 INBOX_OPEN: tuple[JobStatus, ...] = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
@@ -140,6 +140,32 @@ class LeaseHistory(Protocol):
 
     def lease_state(self, job_id: str) -> LeaseState:
         """The job's live lease owner, and whether the last lease taken lapsed (``(None, False)``: unknown job)."""
+        ...
+
+
+FENCED_KEPT = 5
+"""How many answers of fenced-off attempts a job keeps (:class:`FencedAnswers`): the newest."""
+
+
+@runtime_checkable
+class FencedAnswers(Protocol):
+    """A storage that keeps what attempts fenced off after their model answered were told (a capability).
+
+    Such an attempt can no longer commit (another worker moved the job on),
+    so its answer would be lost to the page's model-call view; its usage is
+    counted either way (``add_dropped_usage``). Kept outside the version
+    fence, beside the record, the newest :data:`FENCED_KEPT` of a job.
+    """
+
+    def add_fenced_answer(self, job_id: str, usage: Usage, entry: JSONValue, *, token: str) -> None:
+        """``add_dropped_usage(job_id, usage, token=token)`` and keep ``entry`` (JSON), in one write.
+
+        A call re-sent with the same ``token`` writes nothing; an unknown job is ignored.
+        """
+        ...
+
+    def fenced_answers(self, job_id: str) -> list[JSONValue]:
+        """The entries kept, oldest first (``[]`` for an unknown job or none)."""
         ...
 
 

@@ -44,6 +44,7 @@ class Job:
     inbox: list[str] = field(default_factory=list)  # messages sent to the job, taken by its next turn
     dropped: Usage = field(default_factory=Usage)  # usage of attempts fenced off after paying
     dropped_token: str = ""
+    fenced: list[str] = field(default_factory=list)  # what fenced-off attempts were answered (JSON, newest last)
 
 
 def check_inbox(job: Job, commit: Commit) -> None:

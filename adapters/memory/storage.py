@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from adapters.base import INBOX_OPEN, Feature, LeaseState, parse_cursor
 from adapters.live_wakeup import LoopWakeups
+from adapters.memory.beside import BesideRecord
 from adapters.memory.history import NO_HISTORY, dump_apart, stored_dict
 from adapters.memory.job import Job, check_inbox
 from adapters.memory.listing import SortedIndex
@@ -37,7 +38,6 @@ from pipelines.engine.models import (
     JSONValue,
     LogEntry,
     Message,
-    Usage,
     check_messages,
     dump_events,
     dump_json,
@@ -50,7 +50,7 @@ __all__ = ["MemoryStorage"]
 _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 
 
-class MemoryStorage(HistoryReads):
+class MemoryStorage(BesideRecord, HistoryReads):
     """The :class:`~adapters.base.Storage` port in process memory.
 
     ``clock`` times leases (default: ``time.monotonic``); pass a
@@ -61,7 +61,7 @@ class MemoryStorage(HistoryReads):
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT, Feature.LEASE_HISTORY})
+        Feature.RECENT, Feature.LEASE_HISTORY, Feature.FENCED_ANSWERS})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._jobs: dict[str, Job] = {}
@@ -228,21 +228,6 @@ class MemoryStorage(HistoryReads):
             job = self._jobs.get(job_id)
             lines = [] if job is None or count <= 0 else job.inbox[:count]
         return [json.loads(line) for line in lines]
-
-    def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None and job.dropped_token != token:
-                job.dropped = job.dropped + usage
-                job.dropped_token = token
-
-    def request_control(self, job_id: str, request: str | None) -> bool:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                return False
-            job.control = request
-            return True
 
     def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
                                 parts: Sequence[Event]) -> None:

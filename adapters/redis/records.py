@@ -26,7 +26,7 @@ from adapters.redis.events import json_line
 from adapters.redis.refs import JournalValues
 from adapters.redis.values import _text
 from pipelines.engine.errors import CorruptRecordError, PipelineError
-from pipelines.engine.models import JobRecord, LogEntry, Message, TurnMark, Usage, dump_json
+from pipelines.engine.models import JobRecord, JSONValue, LogEntry, Message, TurnMark, Usage, dump_json
 
 __all__ = ["RecordReads", "lines_of", "mark_line", "parse_record"]
 
@@ -173,6 +173,12 @@ class RecordReads:
         self.conn.check_types(job_id, reply, f"reading the lease of job {job_id!r}")
         owner, held = (_text(v) for v in reply)
         return LeaseState(owner or None, not owner and bool(held))
+
+    def fenced_answers(self, job_id: str) -> list[JSONValue]:
+        """The record hash's ``fenced`` lines (see ``scripts.record.DROPPED``), oldest first."""
+        with _mapped(f"reading the fenced-off answers of job {job_id!r}"):
+            raw = self.conn.client.hget(self.conn.keys(job_id).record, "fenced")
+        return [json_line(job_id, line, "fenced-off answer") for line in _text(raw).split("\n") if line] if raw else []
 
     def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
         """Messages ``[start:stop]`` (Python slice semantics) read with one LRANGE."""

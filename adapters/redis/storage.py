@@ -102,7 +102,7 @@ class RedisStorage:
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT, Feature.KEY_PREFIX, Feature.LEASE_HISTORY})
+        Feature.RECENT, Feature.KEY_PREFIX, Feature.LEASE_HISTORY, Feature.FENCED_ANSWERS})
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,
@@ -355,6 +355,13 @@ class RedisStorage:
     def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
         """Count usage of a fenced-off attempt (outside the version fence; a re-sent call counts once)."""
         self.writes.add_dropped_usage(job_id, usage, token=token)
+
+    def add_fenced_answer(self, job_id: str, usage: Usage, entry: JSONValue, *, token: str) -> None:
+        """Count a fenced-off attempt's usage and keep its answer (the record hash's ``fenced``), in one script."""
+        self.writes.add_fenced_answer(job_id, usage, entry, token=token)
+
+    def fenced_answers(self, job_id: str) -> list[JSONValue]:
+        return self.records.fenced_answers(job_id)
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""

@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Sequence
 
+from adapters.base import FENCED_KEPT
 from adapters.redis import scripts as redis_scripts
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import EventReads
@@ -176,6 +177,14 @@ class RecordWrites:
         reply = self.conn.run(self.conn.scripts.dropped, [self.conn.keys(job_id).record], [token, json.dumps(add)],
                           f"counting dropped usage of job {job_id!r}")
         self.conn.check_types(job_id, reply, f"counting dropped usage of job {job_id!r}")
+
+    def add_fenced_answer(self, job_id: str, usage: Usage, entry: JSONValue, *, token: str) -> None:
+        """The usage and the answer of a fenced-off attempt, in the script that counts dropped usage."""
+        line = dump_json(entry, f"the answer of a fenced-off attempt of job {job_id!r}")  # one line: no raw newline
+        add = json.dumps(usage.model_dump(exclude_defaults=True))
+        reply = self.conn.run(self.conn.scripts.dropped, [self.conn.keys(job_id).record],
+                              [token, add, line, str(FENCED_KEPT)], f"keeping a fenced-off answer of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"keeping a fenced-off answer of job {job_id!r}")
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""

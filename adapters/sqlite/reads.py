@@ -22,7 +22,7 @@ from adapters.sqlite.connection import Database
 from adapters.sqlite.wakeup import Wakeup
 from pipelines.engine.errors import CorruptRecordError, InvalidInputError
 from pipelines.engine.events import check_cursor
-from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message, Usage
+from pipelines.engine.models import Event, JobRecord, JobStatus, JSONValue, LogEntry, Message, Usage
 
 __all__ = ["RECORD_COLUMNS", "SQLiteReads", "load_record", "position"]
 
@@ -106,6 +106,18 @@ class SQLiteReads:
         row = self._db.read(lambda c: c.execute("SELECT lease_owner, lease_expires FROM jobs WHERE job_id = ?",
                                                 (job_id,)).fetchone(), f"reading the lease of job {job_id!r}")
         return None if row is None or row[0] is None or row[1] <= self._now() else str(row[0])
+
+    def fenced_answers(self, job_id: str) -> list[JSONValue]:
+        """What fenced-off attempts of the job were answered, oldest first (the newest FENCED_KEPT)."""
+        rows = self._db.read(lambda c: c.execute("SELECT body FROM fenced WHERE job_id = ? ORDER BY pos",
+                                                 (job_id,)).fetchall(), f"reading the fenced-off answers of {job_id!r}")
+        out: list[JSONValue] = []
+        for (body,) in rows:
+            try:
+                out.append(json.loads(body))
+            except ValueError as exc:
+                raise CorruptRecordError(f"a stored fenced-off answer of job {job_id!r} does not parse: {exc}") from exc
+        return out
 
     def lease_state(self, job_id: str) -> LeaseState:
         """A lease let go (or reaped from a dead process) clears its owner; one that ran out keeps it."""

@@ -19,6 +19,8 @@ Layout (one row per job in ``jobs``; what a job owns is keyed by its id):
   an event's id and its live part's id are one number (the cursor).
 * ``flow_buckets``, ``flow_slots``: flow control (rate buckets, slots).
 * ``processes``: which processes opened the file (see :mod:`adapters.sqlite.processes`).
+* ``fenced`` (version 2): what the model answered attempts that were fenced
+  off before they could commit, the newest few of a job, by position.
 """
 
 from __future__ import annotations
@@ -72,9 +74,14 @@ _V1 = [
     "PRIMARY KEY (machine, pid)) WITHOUT ROWID",
 ]
 
-MIGRATIONS: dict[int, list[str]] = {1: _V1}
+_V2 = [
+    "CREATE TABLE fenced (job_id TEXT NOT NULL, pos INTEGER NOT NULL, body TEXT NOT NULL, "
+    "PRIMARY KEY (job_id, pos)) WITHOUT ROWID",
+]
+
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2}
 """The statements that take a file from version ``n - 1`` to ``n``, for each ``n``."""
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version this library reads and writes."""
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
-from adapters.base import Feature
+from adapters.base import FENCED_KEPT, Feature
 from adapters.sqlite import processes, schema, writes
 from adapters.sqlite.connection import Database
 from adapters.sqlite.reads import RECORD_COLUMNS, SQLiteReads, load_record
@@ -64,7 +64,7 @@ class SQLiteStorage(SQLiteReads):
     #: What it can do beyond the port, declared once (the contract suite checks it against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT, Feature.SCHEMA, Feature.CLAIMS, Feature.LEASE_HISTORY})
+        Feature.RECENT, Feature.SCHEMA, Feature.CLAIMS, Feature.LEASE_HISTORY, Feature.FENCED_ANSWERS})
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
                  clock: Callable[[], float] | None = None) -> None:
@@ -164,6 +164,24 @@ class SQLiteStorage(SQLiteReads):
                          (total.model_dump_json(), token, job_id))
 
         self._write(add, f"counting dropped usage of job {job_id!r}")
+
+    def add_fenced_answer(self, job_id: str, usage: Usage, entry: JSONValue, *, token: str) -> None:
+        """The usage (as ``add_dropped_usage``) and the answer of a fenced-off attempt, in one transaction."""
+        text = dump_json(entry, f"the answer of a fenced-off attempt of job {job_id!r}")
+
+        def add(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT dropped, dropped_token FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None or row[1] == token:
+                return
+            total = (Usage.model_validate_json(row[0]) if row[0] else Usage()) + usage
+            conn.execute("UPDATE jobs SET dropped = ?, dropped_token = ? WHERE job_id = ?",
+                         (total.model_dump_json(), token, job_id))
+            top = conn.execute("SELECT max(pos) FROM fenced WHERE job_id = ?", (job_id,)).fetchone()[0]
+            pos = 0 if top is None else int(top) + 1
+            conn.execute("INSERT INTO fenced (job_id, pos, body) VALUES (?, ?, ?)", (job_id, pos, text))
+            conn.execute("DELETE FROM fenced WHERE job_id = ? AND pos <= ?", (job_id, pos - FENCED_KEPT))
+
+        self._write(add, f"keeping a fenced-off answer of job {job_id!r}")
 
     def request_control(self, job_id: str, request: str | None) -> bool:
         found: bool = self._write(lambda c: c.execute("UPDATE jobs SET control = ? WHERE job_id = ?",

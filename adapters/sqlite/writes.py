@@ -19,7 +19,7 @@ from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
 __all__ = ["JOB_TABLES", "Texts", "append", "apply_commit", "apply_create", "claim_due", "delete", "fence",
            "index_columns", "record_step", "send"]
 
-JOB_TABLES = ("messages", "logs", "inbox", "journal", "parts")
+JOB_TABLES = ("messages", "logs", "inbox", "journal", "parts", "fenced")
 """The tables whose rows a job owns beside its row in ``jobs``: they live and die with it."""
 _FINISHED = (JobStatus.COMPLETE, JobStatus.ERROR, JobStatus.CANCELLED)
 

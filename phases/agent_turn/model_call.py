@@ -3,6 +3,7 @@ and the structured-output follow-up when the final answer does not fit the schem
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -18,6 +19,19 @@ from pipelines.engine.models import JSONValue, Message
 from pipelines.engine.phase import Done, Fail, PhaseContext
 
 __all__: list[str] = []
+
+KEPT_ANSWER_CHARS = 16_000
+"""How much of a fenced-off attempt's answer is kept beside the record (see :func:`_kept_answer`)."""
+
+
+def _kept_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """A fenced-off attempt's journaled answer as kept for the page: whole up to :data:`KEPT_ANSWER_CHARS` of JSON;
+    a longer one keeps its finish reason, usage and model, how long it was (``cut``) and its start (``preview``)."""
+    text = json.dumps(answer)
+    if len(text) <= KEPT_ANSWER_CHARS:
+        return answer
+    return {"finish_reason": answer.get("finish_reason"), "usage": answer.get("usage"), "model": answer.get("model"),
+            "cut": len(text), "preview": text[:KEPT_ANSWER_CHARS // 4]}
 
 _STRUCTURED_NUDGE = "Now reply with only a JSON object that matches the required schema, and nothing else."
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from phases import agent_run, journal
 from phases.agent_config import AgentConfig
 from phases.agent_turn.ending import _decide, _emit_turn_events, _over_budget, _result_of
-from phases.agent_turn.model_call import _call_model, _content_of, _structured
+from phases.agent_turn.model_call import _call_model, _content_of, _kept_answer, _structured
 from phases.agent_turn.plan import TURN_PHASE, AgentState, TurnPlan, resolve_model
 from phases.callbacks import fire
 from phases.compaction import estimate_tokens, find_cut, marker, summary_request
@@ -209,9 +209,11 @@ class AgentTurn:
             raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn, view, whole),
                            publish=None if sink is None else lambda value: sink.final_parts(_content_of(value)))
         except StaleVersionError as exc:
-            # Fenced off after the model answered: the answer is lost to this attempt, its cost is not.
+            # Fenced off after the model answered: the answer is lost to this attempt, its cost is not, and the
+            # page's view of this turn's model call shows what it said.
             if isinstance(exc.unrecorded, dict):
-                ctx.count_dropped(ModelResponse.model_validate(exc.unrecorded).usage)
+                ctx.count_dropped(ModelResponse.model_validate(exc.unrecorded).usage,
+                                  answer=_kept_answer(exc.unrecorded), turn=turn + 1)
             raise
         except TransientModelError as exc:
             if ctx.attempt + 1 >= cfg.max_model_attempts:

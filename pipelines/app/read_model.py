@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import (
     CountingIndex,
+    FencedAnswers,
     LeaseHistory,
     LeaseState,
     NamedQueues,
@@ -94,6 +95,18 @@ class ReadModel:
     def lease_owner(self, job_id: str) -> str | None:
         """The worker holding the job's lease now, if any."""
         return self.storage.lease_owner(job_id)
+
+    def fenced_answers(self, job_id: str, turn: int | None = None) -> list[dict[str, Any]]:
+        """What attempts fenced off after their model call were answered (of turn ``turn``, or all), oldest first.
+
+        Each: ``turn``, ``attempt``, ``attempt_id``, ``at`` and ``answer`` (the journaled model answer; a long
+        one cut to a ``preview``). ``[]`` where the storage keeps none (no ``Feature.FENCED_ANSWERS``).
+        """
+        kept = as_feature(self.storage, Feature.FENCED_ANSWERS, FencedAnswers)  # type: ignore[type-abstract]
+        if kept is None:
+            return []
+        entries = [e for e in kept.fenced_answers(job_id) if isinstance(e, dict)]
+        return [e for e in entries if turn is None or e.get("turn") == turn]
 
     def lease_state(self, job_id: str) -> LeaseState:
         """The job's live lease owner, and whether the last lease taken lapsed (its worker was lost).

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from adapters.base import RetentionStore, StepPublisher
+from adapters.base import FencedAnswers, RetentionStore, StepPublisher
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.events import notify
 from pipelines.engine.models import FINISHED_STATUSES, Commit, CommitReply, JobRecord, JobStatus, Usage
@@ -115,9 +115,18 @@ def publish_live(storage: Storage, job_id: str, parts: Sequence[Event]) -> None:
     storage.publish(job_id, parts)
 
 
-def add_dropped_usage(storage: Storage, job_id: str, usage: Usage, *, token: str) -> None:
-    """Count the usage of an attempt that was fenced off (stored at once, outside the version fence)."""
-    storage.add_dropped_usage(job_id, usage, token=token)
+def add_dropped_usage(storage: Storage, job_id: str, usage: Usage, *, token: str,
+                      answer: JSONValue | None = None) -> None:
+    """Count the usage of an attempt that was fenced off (stored at once, outside the version fence).
+
+    ``answer``: what its model answered, kept with it where the storage keeps such answers
+    (``Feature.FENCED_ANSWERS``, one write); elsewhere only the usage is counted.
+    """
+    if answer is not None and (store := as_feature(storage, Feature.FENCED_ANSWERS,
+                                                   FencedAnswers)) is not None:  # type: ignore[type-abstract]
+        store.add_fenced_answer(job_id, usage, answer, token=token)
+    else:
+        storage.add_dropped_usage(job_id, usage, token=token)
 
 
 def request_control(storage: Storage, job_id: str, request: str | None) -> bool:

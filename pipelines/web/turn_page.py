@@ -5,7 +5,9 @@ The request is kept in short with the answer when the model is called
 tools offered, the parameters with secrets hidden) and committed in the turn's
 ``model_response`` event; the messages themselves are the transcript's, stored
 once, so the page links to them instead of copying them. The answer is the
-assistant message the turn committed, with its finish reason and usage.
+assistant message the turn committed, with its finish reason and usage; an
+attempt fenced off after its model answered (another worker moved the job on)
+shows what it was told, where the storage keeps it (``app.read.fenced_answers``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def turn_page(ui: UI, request: Request) -> Response:
     return ui.render(request, "turn.html", job_id=job_id, n=n, answer=data, request_sent=data.get("request"),
                      first=first, replies=[m for m in messages if m.get("role") == "assistant"],
                      results=[m for m in messages if m.get("role") == "tool"], turn=row,
-                     last_turn=view.record.phases_done)
+                     last_turn=view.record.phases_done, fenced=ui.app.read.fenced_answers(job_id, n))
 
 
 def _events_through(ui: UI, job_id: str, n: int) -> list[Event]:

@@ -20,10 +20,12 @@ import pytest
 
 from adapters.base import (
     FEATURE_PROTOCOLS,
+    FENCED_KEPT,
     INBOX_OPEN,
     AsyncLiveStore,
     ClaimingStore,
     Feature,
+    FencedAnswers,
     KeyPrefixed,
     LeaseHistory,
     RetentionStore,
@@ -352,6 +354,29 @@ def test_a_lease_that_ran_out_is_told_from_one_let_go(storage: Storage) -> None:
     assert history.lease_state("job-1") == (None, True)
     storage.release_lease("job-1", "w4")
     assert history.lease_state("job-1") == (None, False)
+
+
+# --- the answers of fenced-off attempts ---------------------------------------------------------------
+@covers("FencedAnswers.add_fenced_answer", "FencedAnswers.fenced_answers")
+def test_a_fenced_off_attempts_answer_is_kept_with_its_usage_the_newest_few(storage: Storage) -> None:
+    kept = feature(storage, Feature.FENCED_ANSWERS, FencedAnswers)  # type: ignore[type-abstract]
+    storage.create_job(record())
+    assert kept.fenced_answers("job-1") == [] and kept.fenced_answers("unknown") == []
+    odd = {"turn": 1, "answer": {"message": {"role": "assistant", "content": "two\nlines «ü» \u2028", "tool_calls": []},
+                                 "empty": {}, "n": 0.1, "big": 2**53}}
+    kept.add_fenced_answer("job-1", Usage(prompt_tokens=5, model_calls=1), odd, token="a1")
+    kept.add_fenced_answer("job-1", Usage(prompt_tokens=5, model_calls=1), odd, token="a1")  # re-sent: once
+    assert kept.fenced_answers("job-1") == [odd]  # as written: an empty list stays a list, newlines stay
+    got = storage.get_job("job-1")
+    assert got is not None and got.dropped == Usage(prompt_tokens=5, model_calls=1)
+    for i in range(2, FENCED_KEPT + 3):
+        kept.add_fenced_answer("job-1", Usage(), {"turn": i}, token=f"a{i}")
+    assert kept.fenced_answers("job-1") == [{"turn": i} for i in range(3, FENCED_KEPT + 3)]  # the newest kept
+    kept.add_fenced_answer("unknown", Usage(model_calls=1), {"turn": 1}, token="x")  # ignored
+    assert kept.fenced_answers("unknown") == [] and storage.get_job("unknown") is None
+    assert storage.delete_job("job-1")
+    storage.create_job(record())  # the same id again: nothing of the deleted job's answers comes back
+    assert kept.fenced_answers("job-1") == []
 
 
 # --- ranges and limits at their edges ------------------------------------------------------------------

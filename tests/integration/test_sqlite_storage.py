@@ -20,7 +20,7 @@ from adapters.sqlite import SQLiteStorage, connection, schema
 from adapters.sqlite.connection import wal_defect
 from pipelines import Agent, App, JobStatus, tool
 from pipelines.engine.errors import ConfigurationError
-from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord
+from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, Usage
 from pipelines.testing import ScriptedModel, call, reply
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,19 +119,41 @@ def test_a_newer_schema_is_refused_and_left_alone(tmp_path: Path) -> None:
 def test_an_older_schema_is_refused_until_migrate_upgrades_it(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "old.db"
-    SQLiteStorage(str(path)).create_job(record())  # written at version 1
-    # This library moves on to version 2, which adds a column.
-    monkeypatch.setitem(schema.MIGRATIONS, 2, ["ALTER TABLE jobs ADD COLUMN note TEXT"])
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
-    with pytest.raises(ConfigurationError, match=r"schema version 1; .* needs version 2. Run `pipelines migrate"):
+    now = schema.SCHEMA_VERSION
+    SQLiteStorage(str(path)).create_job(record())  # written at this library's version
+    # This library moves on to the next version, which adds a column.
+    monkeypatch.setitem(schema.MIGRATIONS, now + 1, ["ALTER TABLE jobs ADD COLUMN note TEXT"])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", now + 1)
+    with pytest.raises(ConfigurationError,
+                       match=rf"schema version {now}; .* needs version {now + 1}. Run `pipelines migrate"):
         SQLiteStorage(str(path)).get_job("j")
     storage = SQLiteStorage(str(path))
-    assert storage.migrate() == (1, 2)
-    assert storage.migrate() == (2, 2)  # again: nothing to do
+    assert storage.migrate() == (now, now + 1)
+    assert storage.migrate() == (now + 1, now + 1)  # again: nothing to do
     got = storage.get_job("j")
     assert got is not None and got.job_id == "j"
     with sqlite3.connect(path) as conn:
         assert "note" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
+
+
+def test_a_version_1_file_migrates_to_version_2_keeping_its_jobs_and_keeps_fenced_off_answers(
+        tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:  # a file as phaserunner wrote it before version 2
+        for statement in schema.MIGRATIONS[1]:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at) VALUES (?, ?, 1, ?, 0)",
+                     ("j", record().model_dump_json(), "running"))
+    with pytest.raises(ConfigurationError, match=r"schema version 1; .* needs version 2. Run `pipelines migrate"):
+        SQLiteStorage(str(path)).get_job("j")
+    storage = SQLiteStorage(str(path))
+    assert storage.migrate() == (1, 2)
+    assert storage.get_job("j") == record()
+    storage.add_fenced_answer("j", Usage(model_calls=1), {"turn": 1, "answer": {"message": {}}}, token="t")
+    assert storage.fenced_answers("j") == [{"turn": 1, "answer": {"message": {}}}]
+    assert pragma(path, "user_version") == 2
 
 
 def test_another_programs_database_is_refused(tmp_path: Path) -> None:

@@ -86,14 +86,16 @@ def test_pipelines_migrate_upgrades_the_file_or_says_there_is_nothing_to_do(
     sqlite_app.app.storage.get_job("x")  # type: ignore[attr-defined]  # the file, at this version
     assert run_cli("migrate", "--app", "tests.apps.sqlite_app:app")[:2] == (
         0, f"{path}: schema already at version {schema.SCHEMA_VERSION}; nothing to do\n")
-    monkeypatch.setitem(schema.MIGRATIONS, 2, ["CREATE INDEX jobs_pipeline ON jobs (status)"])
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    now = schema.SCHEMA_VERSION
+    monkeypatch.setitem(schema.MIGRATIONS, now + 1, ["CREATE INDEX jobs_pipeline ON jobs (status)"])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", now + 1)
     with pytest.raises(ConfigurationError, match="pipelines migrate"):
         SQLiteStorage(str(path)).get_job("x")  # a new connection refuses the older file
-    with pytest.raises(ConfigurationError, match=r"version 1 now, and this phaserunner writes version 2 .* nothing"):
+    with pytest.raises(ConfigurationError,
+                       match=rf"version {now} now, and this phaserunner writes version {now + 1} .* nothing"):
         sqlite_app.app.storage.request_control("x", "pause")  # type: ignore[attr-defined]  # so does a write
     assert run_cli("migrate", "--app", "tests.apps.sqlite_app:app")[:2] == (
-        0, f"{path}: schema upgraded from version 1 to 2\n")
+        0, f"{path}: schema upgraded from version {now} to {now + 1}\n")
     sqlite_app.app.storage.request_control("x", "pause")  # type: ignore[attr-defined]  # at the version again
     code, _, err = run_cli("migrate", "--app", "tests.apps.dev_app:app")
     assert code == 1 and "MemoryStorage keeps no schema version" in err

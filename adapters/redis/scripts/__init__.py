@@ -27,7 +27,9 @@ on records written before it, whose next commit touches them all), ``data``
 ``version`` (decimal), ``token`` (the last commit's token), ``jver`` (the
 version the journal was written under; absent until the first commit),
 ``held`` (the owner of the last lease taken and not let go: see
-:mod:`adapters.redis.scripts.lease`), ``lcut`` (the id of the last event the last commit wrote: where the next
+:mod:`adapters.redis.scripts.lease`), ``dropped`` and ``fenced`` (the usage,
+and the answers, of attempts fenced off after their model call: see
+:mod:`adapters.redis.scripts.record`), ``lcut`` (the id of the last event the last commit wrote: where the next
 commit cuts the live stream; absent on records written before it) and
 ``hist`` (the record's turn history, one mark's JSON per line, oldest first;
 ``data`` then has no ``history``). A record written before ``hist`` existed

@@ -1,6 +1,7 @@
 """The record hash's writes outside the version fence.
 
-CONTROL (a pause or cancel request) and DROPPED (a fenced-off attempt's usage).
+CONTROL (a pause or cancel request) and DROPPED (a fenced-off attempt's usage,
+and what its model answered: the ``fenced`` field, one JSON line per attempt).
 """
 
 from __future__ import annotations
@@ -20,20 +21,32 @@ if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'control') else redis.call('HS
 return 1
 """
 
-# KEYS: record; ARGV: token, the usage to add (JSON: {"prompt_tokens", ...})
+# KEYS: record; ARGV: token, the usage to add (JSON: {"prompt_tokens", ...}; '{}': none), and optionally
+# the attempt's answer (one JSON line, no newline in it) with how many such lines the job keeps.
 # Reply: 1 counted (or already, for a re-sent call), 0 unknown job. The usage of
 # attempts that were fenced off after paying for a model call: outside the
 # version fence (the attempt can no longer commit), summed as one JSON field.
+# The answer is appended to 'fenced' as text, never decoded here (cjson would
+# turn an empty list into an object).
 DROPPED = TYPES_FN + TOKENS_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if seen('dropped_tokens', ARGV[1]) then return 1 end
-local add = cjson.decode(ARGV[2])
-local raw = redis.call('HGET', KEYS[1], 'dropped')
-local sum = raw and cjson.decode(raw) or {}
-for k, v in pairs(add) do sum[k] = (sum[k] or 0) + v end
-redis.call('HSET', KEYS[1], 'dropped', cjson.encode(sum))
+if ARGV[2] ~= '{}' then
+  local add = cjson.decode(ARGV[2])
+  local raw = redis.call('HGET', KEYS[1], 'dropped')
+  local sum = raw and cjson.decode(raw) or {}
+  for k, v in pairs(add) do sum[k] = (sum[k] or 0) + v end
+  redis.call('HSET', KEYS[1], 'dropped', cjson.encode(sum))
+end
+if ARGV[3] then
+  local lines = {}
+  for line in string.gmatch(redis.call('HGET', KEYS[1], 'fenced') or '', '[^\\n]+') do lines[#lines + 1] = line end
+  lines[#lines + 1] = ARGV[3]
+  while #lines > tonumber(ARGV[4]) do table.remove(lines, 1) end
+  redis.call('HSET', KEYS[1], 'fenced', table.concat(lines, '\\n'))
+end
 remember('dropped_tokens', ARGV[1])
 return 1
 """

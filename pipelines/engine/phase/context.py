@@ -223,13 +223,20 @@ class PhaseContext(Generic[S]):
             self._buffer.take_inbox = len(messages)
         return messages
 
-    def count_dropped(self, usage: Usage) -> None:
+    def count_dropped(self, usage: Usage, *, answer: JSONValue | None = None, turn: int | None = None) -> None:
         """Count the usage of work this attempt paid for and can no longer commit (it was fenced off).
 
         Stored at once, outside the version fence, so budgets and the job's
-        usage include model calls of attempts that never committed.
+        usage include model calls of attempts that never committed. ``answer``
+        (what the model said, JSON) is kept with it for the page's view of
+        turn ``turn``'s model call, where the storage keeps such answers.
         """
-        writer.add_dropped_usage(self._storage, self.job_id, usage, token=f"{self.attempt_id}:{self._version}")
+        entry: JSONValue | None = None
+        if answer is not None:
+            entry = {"turn": turn, "attempt": self.attempt, "attempt_id": self.attempt_id, "at": self._clock(),
+                     "answer": answer}
+        writer.add_dropped_usage(self._storage, self.job_id, usage, token=f"{self.attempt_id}:{self._version}",
+                                 answer=entry)
 
     def add_usage(self, usage: Usage, *, key: str | None = None) -> None:
         """Count model usage for this job; stored with the commit, whatever the phase's outcome.
