@@ -183,6 +183,32 @@ def test_the_timeline_shows_each_turn_with_its_spans_attempts_and_opens_the_turn
             browser.save_screenshot(str(ROOT / "docs" / "images" / "ui-model-call.png"))
 
 
+def test_an_attempt_fenced_off_after_its_model_answered_shows_what_it_was_told(browser: WebDriver) -> None:
+    from tests.integration.test_dropped_usage import StolenOnce
+    from tests.unit.helpers import memory
+
+    storage, scheduler, clock = memory()
+
+    def steal(job_id: str) -> None:  # the first worker's lease runs out and another worker takes the job
+        clock.advance(61)
+        assert storage.acquire_lease(job_id, "thief", 60) is not None
+        storage.release_lease(job_id, "thief")
+
+    app = App(storage=storage, scheduler=scheduler, provenance=False,
+              agents=[Agent(name="a", model=StolenOnce(steal), stream=False)])
+    app.run_agent("a", job_id="fenced-1", messages=["hi"])
+    app.drain()
+    app.advance_due()
+    app.drain()
+    with _served(app) as url:
+        browser.get(f"{url}/jobs/fenced-1/turns/1")
+        kept = text_of(browser, "#fenced-1")
+        assert "attempt 1" in kept and "what the fenced-off attempt was told" in kept and "chatcmpl-first" in kept
+        assert "100 prompt + 10 completion tokens" in kept and "$0.500000" in kept
+        assert browser.find_element(By.CSS_SELECTOR, "#fenced-1").is_displayed()
+        assert "done" in text_of(browser, "#call-reply")  # the committed answer stays the turn's
+
+
 @contextlib.contextmanager
 def _served(app: App) -> Iterator[str]:
     port = _free_port()
