@@ -155,27 +155,16 @@ class SQLiteStorage(SQLiteReads):
         self._write(both, f"journaling step {key!r} of job {job_id!r}", wake=bool(lines))
 
     def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
-        def add(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT dropped, dropped_token FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            if row is None or row[1] == token:
-                return
-            total = (Usage.model_validate_json(row[0]) if row[0] else Usage()) + usage
-            conn.execute("UPDATE jobs SET dropped = ?, dropped_token = ? WHERE job_id = ?",
-                         (total.model_dump_json(), token, job_id))
-
-        self._write(add, f"counting dropped usage of job {job_id!r}")
+        self._write(lambda conn: _count_dropped(conn, job_id, usage, token),
+                    f"counting dropped usage of job {job_id!r}")
 
     def add_fenced_answer(self, job_id: str, usage: Usage, entry: JSONValue, *, token: str) -> None:
         """The usage (as ``add_dropped_usage``) and the answer of a fenced-off attempt, in one transaction."""
         text = dump_json(entry, f"the answer of a fenced-off attempt of job {job_id!r}")
 
         def add(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT dropped, dropped_token FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            if row is None or row[1] == token:
+            if not _count_dropped(conn, job_id, usage, token):
                 return
-            total = (Usage.model_validate_json(row[0]) if row[0] else Usage()) + usage
-            conn.execute("UPDATE jobs SET dropped = ?, dropped_token = ? WHERE job_id = ?",
-                         (total.model_dump_json(), token, job_id))
             top = conn.execute("SELECT max(pos) FROM fenced WHERE job_id = ?", (job_id,)).fetchone()[0]
             pos = 0 if top is None else int(top) + 1
             conn.execute("INSERT INTO fenced (job_id, pos, body) VALUES (?, ?, ?)", (job_id, pos, text))
@@ -269,3 +258,14 @@ class SQLiteStorage(SQLiteReads):
         from adapters.sqlite.flow import SQLiteFlowStore  # only apps with flow control load it
 
         return SQLiteFlowStore(self._db)
+
+
+def _count_dropped(conn: sqlite3.Connection, job_id: str, usage: Usage, token: str) -> bool:
+    """Add ``usage`` to the job's dropped usage, once per ``token``; ``False``: an unknown job or a re-sent call."""
+    row = conn.execute("SELECT dropped, dropped_token FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    if row is None or row[1] == token:
+        return False
+    total = (Usage.model_validate_json(row[0]) if row[0] else Usage()) + usage
+    conn.execute("UPDATE jobs SET dropped = ?, dropped_token = ? WHERE job_id = ?",
+                 (total.model_dump_json(), token, job_id))
+    return True
