@@ -35,7 +35,8 @@ class StolenOnce:
         self.calls += 1
         if self.calls == 1:
             self.steal(request.job_id)
-            return ModelResponse(message={"role": "assistant", "content": "what the fenced-off attempt was told"},
+            return ModelResponse(message={"role": "assistant", "content": "what the fenced-off attempt was told"
+                                                                            " <b>\u202e</b>"},
                                  finish_reason="stop", raw={"id": "chatcmpl-first", "system_fingerprint": "fp_1"},
                                  usage=Usage(prompt_tokens=100, completion_tokens=10, cost_usd=0.5, model_calls=1))
         return ModelResponse(message={"role": "assistant", "content": "done"}, finish_reason="stop",
@@ -103,14 +104,15 @@ def test_what_a_fenced_off_attempt_was_told_is_kept_and_shown_on_the_turns_page(
     [entry] = app.read.fenced_answers("d")
     assert entry["turn"] == 1 and entry["attempt"] == 0 and isinstance(entry["at"], float) and entry["attempt_id"]
     answer = entry["answer"]
-    assert answer["message"] == {"role": "assistant", "content": "what the fenced-off attempt was told"}
+    assert answer["message"] == {"role": "assistant", "content": "what the fenced-off attempt was told <b>\u202e</b>"}
     assert answer["raw"] == {"id": "chatcmpl-first", "system_fingerprint": "fp_1"}
     assert answer["usage"]["cost_usd"] == 0.5
     assert app.read.fenced_answers("d", 2) == []
     with TestClient(ui_app(app), base_url="http://127.0.0.1") as http:
         page = http.get("/jobs/d/turns/1").text
     assert "Attempts fenced off after the model answered" in page and 'id="fenced-1"' in page
-    assert "what the fenced-off attempt was told" in page and "chatcmpl-first" in page
+    assert "what the fenced-off attempt was told &lt;b&gt;" in page and "chatcmpl-first" in page
+    assert "\u202e" not in page and "&lt;U+202E&gt;" in page  # escaped, and a bidi control shown as what it is
     assert "done" in page  # the committed answer is still the one the page calls the turn's
 
 
