@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
-from pipelines import AdvanceResult
+from pipelines import AdvanceResult, JobStatus
 from pipelines.cli import loading
 from pipelines.cli.args import printable
 from pipelines.cli.loading import when
@@ -60,13 +60,22 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     u = rec.usage
     if u.model_calls:
         rows.append(("usage", f"{u.model_calls} calls, {u.total_tokens} tokens, ${u.cost_usd:.6f}"))
-    owner = app.read.lease_owner(rec.job_id)
-    if owner is not None:
-        rows.append(("lease", f"held by {owner}"))
+    rows += _lease_rows(app, rec)
     rows += [("created", when(rec.created_at)), ("updated", when(rec.updated_at))]
     for key, value in rows:
         print(f"{key + ':':<13}{printable(str(value))}", file=out)  # a title or an error may quote the model
     return 0
+
+
+def _lease_rows(app: Any, rec: JobRecord) -> list[tuple[str, Any]]:
+    """Who holds the job's lease, or that its last holder was lost mid-turn (the lease ran out, not let go)."""
+    lease = app.read.lease_state(rec.job_id)
+    if lease.owner is not None:
+        return [("lease", f"held by {lease.owner}")]
+    if lease.lapsed and rec.status is JobStatus.RUNNING:
+        return [("lease", "ran out without being let go: its worker was lost mid-turn; the next worker or "
+                          "the sweep (`pipelines advance --due`) runs the turn again")]
+    return []
 
 
 def _family_rows(rec: JobRecord, title: str | None) -> list[tuple[str, Any]]:

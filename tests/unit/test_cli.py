@@ -66,6 +66,19 @@ def test_status_of_a_running_job_shows_its_phase(app: App) -> None:
     assert fields["pipeline"].strip() == "etl"
 
 
+def test_status_says_who_holds_the_lease_and_when_a_worker_was_lost_mid_turn(app: App) -> None:
+    app.run_pipeline("etl", job_id="etl-1")
+    assert app.storage.acquire_lease("etl-1", "worker-a", 30) is not None
+    app.scheduler.clock.advance(31)  # type: ignore[attr-defined]  # nothing renewed it: its worker died mid-turn
+    fields = dict(line.split(":", 1) for line in run("status", "--app", APP, "etl-1")[1].splitlines())
+    assert "its worker was lost mid-turn" in fields["lease"] and "pipelines advance --due" in fields["lease"]
+    assert app.storage.acquire_lease("etl-1", "worker-b", 30) is not None  # the next worker takes the turn
+    fields = dict(line.split(":", 1) for line in run("status", "--app", APP, "etl-1")[1].splitlines())
+    assert fields["lease"].strip() == "held by worker-b"
+    app.storage.release_lease("etl-1", "worker-b")
+    assert "lease" not in dict(line.split(":", 1) for line in run("status", "--app", APP, "etl-1")[1].splitlines())
+
+
 def test_status_of_a_complete_job_shows_its_result_and_json_is_the_record(app: App) -> None:
     app.run_pipeline("etl", job_id="etl-1")
     drain(app)
