@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         for peer in wanted:
             info[peer] = run_peer(peer, a)
             rates[peer].extend(info[peer]["turns_per_s"])
-        say(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()) + " turns/s")
+        # A side not run (ours on SQLite runs only beside langgraph-sqlite) has no rate to show.
+        say(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items() if v) + " turns/s")
     rep = report(a, rates, info, notes)
     rounds = f"{a.runs} round{'s' if a.runs != 1 else ''}"
     rep.show(f"phaserunner next to its peers (W1 {a.jobs} jobs x {a.turns} turns; median of {rounds}, "
