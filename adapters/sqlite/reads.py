@@ -31,9 +31,12 @@ logger = logging.getLogger("pipelines")
 _HEADS_CHUNK = 500  # job ids per query of the followers' watcher (SQLite's bound-parameter limit is far above)
 _SQL_INT_MAX = 2**63 - 1  # a cursor past it names a place after every part SQLite can number
 
-RECORD_COLUMNS = ("job_id, record, version, journal_version, control, dropped, "
+RECORD_COLUMNS = ("job_id, record, journal_version = version AND EXISTS (SELECT 1 FROM journal "
+                  "WHERE journal.job_id = jobs.job_id), control, dropped, "
                   "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id)")
-"""The columns :func:`load_record` reads, in its order."""
+"""The columns :func:`load_record` reads, in its order. The third says whether the journal holds steps of the
+record's version: a commit empties the journal but leaves it at the version it wrote, so after most commits a
+record is loaded without a second statement for an empty journal."""
 
 
 def position(after: str | None, what: str) -> int:
@@ -55,12 +58,12 @@ def _json(job_id: str, text: str, what: str) -> Any:
 
 def load_record(conn: sqlite3.Connection, row: Sequence[Any]) -> JobRecord:
     """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox and dropped usage."""
-    job_id, text, version, journal_version, control, dropped, waiting = row
+    job_id, text, journaled, control, dropped, waiting = row
     try:
         rec = JobRecord.model_validate_json(text)
     except ValidationError as exc:
         raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
-    if rec.checkpoint is not None and journal_version == version:
+    if rec.checkpoint is not None and journaled:
         steps = conn.execute("SELECT key, body FROM journal WHERE job_id = ?", (job_id,)).fetchall()
         if steps:
             journal = {k: _json(job_id, v, "step result") for k, v in steps}

@@ -50,6 +50,9 @@ from pipelines.engine.models import (
 
 __all__ = ["SQLiteStorage"]
 
+_TAKE_LEASE = ("UPDATE jobs SET lease_owner = ?, lease_expires = ?, lease_proc = ? WHERE job_id = ? "
+               f"AND (lease_owner IS NULL OR lease_expires <= ? OR lease_owner = ?) RETURNING {RECORD_COLUMNS}")
+
 
 class SQLiteStorage(SQLiteReads):
     """The :class:`~adapters.base.Storage` port on one SQLite file (see the module docstring).
@@ -203,13 +206,10 @@ class SQLiteStorage(SQLiteReads):
         """Take the lease and read the record in one transaction; ``None`` if unknown or leased by another."""
         def take(conn: sqlite3.Connection) -> JobRecord | None:
             now = self._clock()
-            row = conn.execute(f"SELECT lease_owner, lease_expires, {RECORD_COLUMNS} FROM jobs WHERE job_id = ?",
-                               (job_id,)).fetchone()
-            if row is None or (row[0] is not None and row[1] > now and row[0] != owner):
-                return None
-            conn.execute("UPDATE jobs SET lease_owner = ?, lease_expires = ?, lease_proc = ? WHERE job_id = ?",
-                         (owner, now + ttl, processes.me(), job_id))
-            return load_record(conn, row[2:])
+            # One statement takes a lease that is free, expired or this owner's and returns the record
+            # (no row: the job is unknown or another owner's lease is live).
+            rows = conn.execute(_TAKE_LEASE, (owner, now + ttl, processes.me(), job_id, now, owner)).fetchall()
+            return load_record(conn, rows[0]) if rows else None
 
         record: JobRecord | None = self._write(take, f"leasing job {job_id!r}", durable=False)
         return record
