@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from adapters.base import parse_cursor
 from adapters.live_wakeup import wait_on
 from adapters.sqlite.connection import Database
+from adapters.sqlite.history import Histories
 from adapters.sqlite.wakeup import Wakeup
 from pipelines.engine.errors import CorruptRecordError, InvalidInputError
 from pipelines.engine.events import check_cursor
@@ -56,11 +57,12 @@ def _json(job_id: str, text: str, what: str) -> Any:
         raise CorruptRecordError(f"a stored {what} of job {job_id!r} does not parse: {exc}") from exc
 
 
-def load_record(conn: sqlite3.Connection, row: Sequence[Any]) -> JobRecord:
-    """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox and dropped usage."""
+def load_record(conn: sqlite3.Connection, row: Sequence[Any], kept: Histories) -> JobRecord:
+    """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox and dropped usage
+    (parsed apart from its history when ``kept`` holds the text: see :mod:`adapters.sqlite.history`)."""
     job_id, text, journaled, control, dropped, waiting = row
     try:
-        rec = JobRecord.model_validate_json(text)
+        rec = kept.load(job_id, text)
     except ValidationError as exc:
         raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
     if rec.checkpoint is not None and journaled:
@@ -96,12 +98,13 @@ class SQLiteReads:
 
     _db: Database
     _wakeup: Wakeup
+    _kept: Histories
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, control request and inbox length, or ``None``."""
         def read(conn: sqlite3.Connection) -> JobRecord | None:
             row = conn.execute(f"SELECT {RECORD_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            return None if row is None else load_record(conn, row)
+            return None if row is None else load_record(conn, row, self._kept)
 
         return self._db.read(read, f"loading job {job_id!r}")
 
@@ -260,7 +263,7 @@ class SQLiteReads:
             out = []
             for row in conn.execute(sql, (*args, max(0, limit))).fetchall():
                 try:
-                    out.append(load_record(conn, row))
+                    out.append(load_record(conn, row, self._kept))
                 except CorruptRecordError as exc:  # one bad record never hides the others
                     logger.error("job %s: unreadable record skipped: %s", row[0], exc)
             return out
