@@ -45,7 +45,14 @@ def _machine() -> str:
 
 def me() -> str:
     """This process, as leases and claims record it: ``<machine>/<pid>``."""
-    return f"{_machine()}/{os.getpid()}"
+    global _me
+    pid = os.getpid()
+    if _me[0] != pid:  # once per process (a forked child names itself anew): every lease asks
+        _me = (pid, f"{_machine()}/{pid}")
+    return _me[1]
+
+
+_me = (0, "")
 
 
 def _alive(pid: int) -> bool:

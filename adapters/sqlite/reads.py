@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from adapters.base import LeaseState, parse_cursor
 from adapters.live_wakeup import wait_on
 from adapters.sqlite.connection import Database
+from adapters.sqlite.history import Histories
 from adapters.sqlite.wakeup import Wakeup
 from pipelines.engine.errors import CorruptRecordError, InvalidInputError
 from pipelines.engine.events import check_cursor
@@ -31,9 +32,12 @@ logger = logging.getLogger("pipelines")
 _HEADS_CHUNK = 500  # job ids per query of the followers' watcher (SQLite's bound-parameter limit is far above)
 _SQL_INT_MAX = 2**63 - 1  # a cursor past it names a place after every part SQLite can number
 
-RECORD_COLUMNS = ("job_id, record, version, journal_version, control, dropped, "
+RECORD_COLUMNS = ("job_id, record, journal_version = version AND EXISTS (SELECT 1 FROM journal "
+                  "WHERE journal.job_id = jobs.job_id), control, dropped, "
                   "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id)")
-"""The columns :func:`load_record` reads, in its order."""
+"""The columns :func:`load_record` reads, in its order. The third says whether the journal holds steps of the
+record's version: a commit empties the journal but leaves it at the version it wrote, so after most commits a
+record is loaded without a second statement for an empty journal."""
 
 
 def position(after: str | None, what: str) -> int:
@@ -53,14 +57,15 @@ def _json(job_id: str, text: str, what: str) -> Any:
         raise CorruptRecordError(f"a stored {what} of job {job_id!r} does not parse: {exc}") from exc
 
 
-def load_record(conn: sqlite3.Connection, row: Sequence[Any]) -> JobRecord:
-    """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox and dropped usage."""
-    job_id, text, version, journal_version, control, dropped, waiting = row
+def load_record(conn: sqlite3.Connection, row: Sequence[Any], kept: Histories) -> JobRecord:
+    """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox and dropped usage
+    (parsed apart from its history when ``kept`` holds the text: see :mod:`adapters.sqlite.history`)."""
+    job_id, text, journaled, control, dropped, waiting = row
     try:
-        rec = JobRecord.model_validate_json(text)
+        rec = kept.load(job_id, text)
     except ValidationError as exc:
         raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
-    if rec.checkpoint is not None and journal_version == version:
+    if rec.checkpoint is not None and journaled:
         steps = conn.execute("SELECT key, body FROM journal WHERE job_id = ?", (job_id,)).fetchall()
         if steps:
             journal = {k: _json(job_id, v, "step result") for k, v in steps}
@@ -93,12 +98,13 @@ class SQLiteReads:
 
     _db: Database
     _wakeup: Wakeup
+    _kept: Histories
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, control request and inbox length, or ``None``."""
         def read(conn: sqlite3.Connection) -> JobRecord | None:
             row = conn.execute(f"SELECT {RECORD_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            return None if row is None else load_record(conn, row)
+            return None if row is None else load_record(conn, row, self._kept)
 
         return self._db.read(read, f"loading job {job_id!r}")
 
@@ -278,7 +284,7 @@ class SQLiteReads:
             out = []
             for row in conn.execute(sql, (*args, max(0, limit))).fetchall():
                 try:
-                    out.append(load_record(conn, row))
+                    out.append(load_record(conn, row, self._kept))
                 except CorruptRecordError as exc:  # one bad record never hides the others
                     logger.error("job %s: unreadable record skipped: %s", row[0], exc)
             return out

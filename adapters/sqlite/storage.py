@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 from adapters.base import FENCED_KEPT, Feature
 from adapters.sqlite import processes, schema, writes
 from adapters.sqlite.connection import Database
+from adapters.sqlite.history import Histories
 from adapters.sqlite.reads import RECORD_COLUMNS, SQLiteReads, load_record
 from adapters.sqlite.wakeup import wakeup_for
 from adapters.sqlite.writes import Texts
@@ -44,11 +45,13 @@ from pipelines.engine.models import (
     dump_events,
     dump_json,
     dump_logs,
-    dump_record,
     validate_job_id,
 )
 
 __all__ = ["SQLiteStorage"]
+
+_TAKE_LEASE = ("UPDATE jobs SET lease_owner = ?, lease_expires = ?, lease_proc = ? WHERE job_id = ? "
+               f"AND (lease_owner IS NULL OR lease_expires <= ? OR lease_owner = ?) RETURNING {RECORD_COLUMNS}")
 
 
 class SQLiteStorage(SQLiteReads):
@@ -73,6 +76,7 @@ class SQLiteStorage(SQLiteReads):
                             on_write=lambda conn: schema.check_version(conn, self.path))
         self.path = self._db.path
         self._wakeup = wakeup_for(self.path)
+        self._kept = Histories()  # the records this process committed lately, their history apart
         self._registered = 0  # pid that noted itself in the file's process table
 
     @classmethod
@@ -123,18 +127,21 @@ class SQLiteStorage(SQLiteReads):
                    events: Sequence[Event] = ()) -> None:
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         validate_job_id(record.job_id)
-        texts = Texts(dump_record(record, f"the record of job {record.job_id!r}"),
-                      [dump_json(m, "a transcript message") for m in messages], dump_logs(logs), dump_events(events))
+        text, kept = self._kept.dump(record, f"the record of job {record.job_id!r}")
+        texts = Texts(text, [dump_json(m, "a transcript message") for m in messages], dump_logs(logs),
+                      dump_events(events))
         self._write(lambda c: writes.apply_create(c, record, texts), f"creating job {record.job_id!r}", wake=True)
+        self._kept.keep(record.job_id, kept)
 
     def commit(self, commit: Commit) -> CommitReply:
         """Apply ``commit`` in one transaction: fenced on version and lease, idempotent by token."""
         # Serialised first: a value JSON cannot carry fails here, with nothing written (I1).
-        texts = Texts(dump_record(commit.record, f"the record of job {commit.job_id!r}"),
-                      [dump_json(m, "a transcript message") for m in commit.append_messages],
+        text, kept = self._kept.dump(commit.record, f"the record of job {commit.job_id!r}")
+        texts = Texts(text, [dump_json(m, "a transcript message") for m in commit.append_messages],
                       dump_logs(commit.logs), dump_events(commit.events))
         reply: CommitReply = self._write(lambda c: writes.apply_commit(c, commit, texts, self._clock()),
                                          f"committing job {commit.job_id!r}", wake=bool(texts.events))
+        self._kept.keep(commit.job_id, kept)
         return reply
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
@@ -183,6 +190,7 @@ class SQLiteStorage(SQLiteReads):
         (else :class:`StaleVersionError`, nothing removed)."""
         found: bool = self._write(lambda c: writes.delete(c, job_id, if_version), f"deleting job {job_id!r}",
                                   wake=True)
+        self._kept.keep(job_id, None)
         return found
 
     # --- InboxStore, LiveStore -------------------------------------------------------------------
@@ -210,13 +218,10 @@ class SQLiteStorage(SQLiteReads):
         """Take the lease and read the record in one transaction; ``None`` if unknown or leased by another."""
         def take(conn: sqlite3.Connection) -> JobRecord | None:
             now = self._clock()
-            row = conn.execute(f"SELECT lease_owner, lease_expires, {RECORD_COLUMNS} FROM jobs WHERE job_id = ?",
-                               (job_id,)).fetchone()
-            if row is None or (row[0] is not None and row[1] > now and row[0] != owner):
-                return None
-            conn.execute("UPDATE jobs SET lease_owner = ?, lease_expires = ?, lease_proc = ? WHERE job_id = ?",
-                         (owner, now + ttl, processes.me(), job_id))
-            return load_record(conn, row[2:])
+            # One statement takes a lease that is free, expired or this owner's and returns the record
+            # (no row: the job is unknown or another owner's lease is live).
+            rows = conn.execute(_TAKE_LEASE, (owner, now + ttl, processes.me(), job_id, now, owner)).fetchall()
+            return load_record(conn, rows[0], self._kept) if rows else None
 
         record: JobRecord | None = self._write(take, f"leasing job {job_id!r}", durable=False)
         return record

@@ -42,15 +42,24 @@ def index_columns(record: JobRecord) -> tuple[str, float, float | None, float | 
     return record.status.value, record.updated_at, due, finished
 
 
+def _top(conn: sqlite3.Connection, table: str, job_id: str) -> int | None:
+    # table is one of this module's constants, never caller input.
+    top: int | None = conn.execute(f"SELECT max(pos) FROM {table} WHERE job_id = ?", (job_id,)).fetchone()[0]
+    return top
+
+
+def _insert(conn: sqlite3.Connection, table: str, job_id: str, lines: Sequence[str], top: int | None) -> None:
+    """Insert ``lines`` into the job's list in ``table`` after position ``top`` (``None``: the list is empty)."""
+    if lines:
+        first = 0 if top is None else int(top) + 1
+        conn.executemany(f"INSERT INTO {table} (job_id, pos, body) VALUES (?, ?, ?)",
+                         [(job_id, first + i, line) for i, line in enumerate(lines)])
+
+
 def append(conn: sqlite3.Connection, table: str, job_id: str, lines: Sequence[str]) -> None:
     """Append ``lines`` to the job's list in ``table`` (messages, logs, inbox), after its last position."""
-    if not lines:
-        return
-    # table is one of this module's constants, never caller input.
-    top = conn.execute(f"SELECT max(pos) FROM {table} WHERE job_id = ?", (job_id,)).fetchone()[0]
-    first = 0 if top is None else int(top) + 1
-    conn.executemany(f"INSERT INTO {table} (job_id, pos, body) VALUES (?, ?, ?)",
-                     [(job_id, first + i, line) for i, line in enumerate(lines)])
+    if lines:
+        _insert(conn, table, job_id, lines, _top(conn, table, job_id))
 
 
 def add_parts(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], *, durable: bool) -> int:
@@ -58,6 +67,11 @@ def add_parts(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], *, du
     if not lines:
         return 0
     top = conn.execute("SELECT max(seq) FROM parts WHERE job_id = ?", (job_id,)).fetchone()[0]
+    return _insert_parts(conn, job_id, lines, top, durable=durable)
+
+
+def _insert_parts(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], top: int | None, *,
+                  durable: bool) -> int:
     first = 1 if top is None else int(top) + 1
     conn.executemany("INSERT INTO parts (job_id, seq, durable, body) VALUES (?, ?, ?, ?)",
                      [(job_id, first + i, int(durable), line) for i, line in enumerate(lines)])
@@ -101,33 +115,43 @@ def fence(row: Sequence[object] | None, job_id: str, *, version: int, owner: str
         raise StaleVersionError(f"job {job_id!r} is leased by another worker; {what}")
 
 
+# What a commit reads before it writes, in one statement: the fence (version, token, lease), the control
+# request, the inbox's length, the live-stream cut, and where the transcript and the live stream end.
+_COMMIT_READ = ("SELECT version, token, lease_owner, lease_expires, control, "
+                "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id), live_cut, "
+                "(SELECT max(pos) FROM messages WHERE messages.job_id = jobs.job_id), "
+                "(SELECT max(seq) FROM parts WHERE parts.job_id = jobs.job_id) FROM jobs WHERE job_id = ?")
+
+
 def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: float) -> CommitReply:
     """Apply ``commit`` if the job is at its expected version (and lease); see the storage contract."""
     job_id = commit.job_id
-    row = conn.execute("SELECT version, token, lease_owner, lease_expires, control FROM jobs WHERE job_id = ?",
-                       (job_id,)).fetchone()
+    row = conn.execute(_COMMIT_READ, (job_id,)).fetchone()
     if row is not None and row[1] == commit.token and row[0] == commit.record.version:
-        return CommitReply(row[4], _inbox_count(conn, job_id))  # applied already: a retry of the same commit
+        return CommitReply(row[4], int(row[5]))  # applied already: a retry of the same commit
     fence(None if row is None else (row[0], row[2], row[3]), job_id, version=commit.expected_version,
           owner=commit.owner, now=now, what=f"commit expected {commit.expected_version}")
-    waiting = _inbox_count(conn, job_id)
+    assert row is not None
+    waiting = int(row[5])
     if commit.ends_run and waiting > commit.take_inbox:
         raise InboxNotEmptyError(
             f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its inbox; "
             "the run does not end past them", waiting=waiting)
+    top = row[7]
     if commit.truncate_messages_to is not None:
         conn.execute("DELETE FROM messages WHERE job_id = ? AND pos >= ?", (job_id, commit.truncate_messages_to))
-    append(conn, "messages", job_id, texts.messages)
+        top = _top(conn, "messages", job_id)  # rare (a rewind): read again rather than work it out
+    _insert(conn, "messages", job_id, texts.messages, top)
     append(conn, "logs", job_id, texts.logs)
-    _commit_events(conn, job_id, texts.events)
+    cut = _commit_events(conn, job_id, texts.events, row[8], row[6])
     status, updated, due, finished = index_columns(commit.record)
     release = commit.release_lease and commit.owner is not None
     conn.execute(
         "UPDATE jobs SET record = ?, version = ?, token = ?, status = ?, updated_at = ?, due_at = ?, finished_at = ?, "
-        "claim_until = 0, journal_version = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
+        "claim_until = 0, journal_version = ?, live_cut = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
         "control = CASE WHEN ? THEN NULL ELSE control END WHERE job_id = ?",
         (texts.record, commit.record.version, commit.token, status, updated, due, finished, commit.record.version,
-         release, commit.clear_control, job_id))
+         cut, release, commit.clear_control, job_id))
     if not commit.keep_journal:
         conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
     if commit.take_inbox > 0:
@@ -137,25 +161,32 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
     return CommitReply(None if commit.clear_control else row[4], max(0, waiting - commit.take_inbox))
 
 
-def _commit_events(conn: sqlite3.Connection, job_id: str, lines: Sequence[str]) -> None:
-    """Append a commit's events; the live stream then drops the parts published before the previous commit.
+def _commit_events(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], top: int | None, cut: int) -> int:
+    """Append a commit's events after part ``top``; the live stream then drops the parts published before the
+    previous commit (its ``cut``). The new cut (the last event's number, or the old cut without events).
 
     The live stream keeps the turn in flight, not the job's whole life: a
     reader behind that point reads the committed events there instead (the
     transcript holds the text those parts carried).
     """
-    last = add_parts(conn, job_id, lines, durable=True)
-    if not last:
-        return
-    cut = conn.execute("SELECT live_cut FROM jobs WHERE job_id = ?", (job_id,)).fetchone()[0]
+    if not lines:
+        return cut
+    last = _insert_parts(conn, job_id, lines, top, durable=True)
     if cut:
         conn.execute("DELETE FROM parts WHERE job_id = ? AND durable = 0 AND seq <= ?", (job_id, cut))
-    conn.execute("UPDATE jobs SET live_cut = ? WHERE job_id = ?", (last, job_id))
+    return last
 
 
 def record_step(conn: sqlite3.Connection, job_id: str, *, version: int, owner: str | None, key: str, text: str,
                 now: float) -> None:
     """Journal one step result under ``version``, fenced like a commit."""
+    # The usual case in one statement: the job is at the version, its journal already holds this
+    # version's steps (a commit leaves it at the version it wrote) and the lease is the owner's.
+    if conn.execute(
+            "INSERT OR REPLACE INTO journal (job_id, key, body) SELECT job_id, ?, ? FROM jobs WHERE job_id = ? "
+            "AND version = ? AND journal_version = ? AND (? IS NULL OR (lease_owner = ? AND lease_expires > ?))",
+            (key, text, job_id, version, version, owner, owner, now)).rowcount == 1:
+        return
     row = conn.execute("SELECT version, lease_owner, lease_expires, journal_version FROM jobs WHERE job_id = ?",
                        (job_id,)).fetchone()
     fence(None if row is None else row[:3], job_id, version=version, owner=owner, now=now,

@@ -3,6 +3,7 @@ wake-ups, waiting out a busy file, and that no transaction stays open across a m
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import subprocess
@@ -20,7 +21,7 @@ from adapters.sqlite import SQLiteStorage, connection, schema
 from adapters.sqlite.connection import wal_defect
 from pipelines import Agent, App, JobStatus, tool
 from pipelines.engine.errors import ConfigurationError
-from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, Usage
+from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, TurnMark, Usage, dump_record
 from pipelines.testing import ScriptedModel, call, reply
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -339,3 +340,36 @@ def test_no_write_lock_is_held_while_a_model_or_tool_runs(tmp_path: Path) -> Non
               agents=[Agent(name="a", model=ScriptedModel(model), tools=[look])])
     assert app.run_agent("a", job_id="c", user="hi").wait().status is JobStatus.COMPLETE
     assert seen == ["model", "tool", "model"]
+
+
+# --- the records this process keeps with their history apart (adapters.sqlite.history) -----------------
+def test_a_record_with_history_reads_back_the_same_whether_this_process_kept_it_or_not(tmp_path: Path) -> None:
+    path = str(tmp_path / "history.db")
+    storage = SQLiteStorage(path)
+    rec = record().model_copy(update={"history": [TurnMark(phases_done=0, state={"turn": 0})]})
+    storage.create_job(rec)
+    for turn in range(1, 6):
+        loaded = storage.acquire_lease("j", "w", 30)
+        assert loaded is not None
+        marks = [*loaded.history, TurnMark(phases_done=turn, transcript_len=turn, next_phase="a",
+                                           state={"turn": turn, "text": "é"})]
+        new = loaded.model_copy(update={"version": loaded.version + 1, "history": marks[-3:]})  # one dropped too
+        storage.commit(Commit(job_id="j", expected_version=loaded.version, token=f"c{turn}", record=new,
+                              owner="w"))
+        stored = sqlite3.connect(path).execute("SELECT record FROM jobs").fetchone()[0]
+        # The text in the file is the whole record, as every process (and version) reads it.
+        assert json.loads(stored) == json.loads(dump_record(new, "the record"))
+        again = storage.get_job("j")
+        assert again == new
+        assert all(a is b for a, b in zip(again.history, new.history, strict=True))  # kept: the marks handed out
+        other = SQLiteStorage(path)  # another process: nothing kept, the whole text parsed
+        assert other.get_job("j") == new
+        other.close()
+    assert [m.phases_done for m in new.history] == [3, 4, 5]
+    # A commit from elsewhere (another process) is read whole: what this process kept is not used.
+    other = SQLiteStorage(path)
+    theirs = new.model_copy(update={"version": new.version + 1, "history": [TurnMark(phases_done=9)]})
+    other.commit(Commit(job_id="j", expected_version=new.version, token="theirs", record=theirs))
+    assert storage.get_job("j") == theirs
+    other.close()
+    storage.close()

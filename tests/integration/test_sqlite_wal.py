@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from adapters.sqlite import SQLiteStorage
+from adapters.sqlite.connection import WAL_AUTOCHECKPOINT
 from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, JobStatus
 
 COMMITS = 1200
-MESSAGE = "x" * 8000  # ~10 MB written in all, more than twice what the WAL holds before a checkpoint
-BOUND = 6 * 1024 * 1024  # the WAL's reset point (1000 pages of 4 KiB) and a commit's worth over it
+MESSAGE = "x" * 32000  # ~54 MB written in all, more than twice BOUND
+# The WAL's reset point (frames of a 4 KiB page and a 24-byte header) and 6 MiB over it: the commits a
+# follower's read lets through before the WAL can start over (~130 of these).
+BOUND = WAL_AUTOCHECKPOINT * (4096 + 24) + 6 * 1024 * 1024
 
 
 def write_turns(storage: SQLiteStorage) -> None:
