@@ -139,7 +139,9 @@ def test_pipelines_devs_local_scheduler_shows_its_threads_and_the_job_each_runs(
         release.wait(30)
         return Done(result=None)
 
-    local = LocalScheduler(workers=2, poll=0.05, grace=0.0, sweep_interval=0)
+    # The poller takes due work only after a long grace: with none it could claim busy-1 in the instant
+    # before its worker leased it, and the page, read then, showed both threads busy (seen under heavy load).
+    local = LocalScheduler(workers=2, poll=0.05, grace=30.0, sweep_interval=0)
     storage = SQLiteStorage(str(tmp_path / "dev.db"))
     app = App(storage=storage, scheduler=local, provenance=False,
               pipelines={"slow": [Phase("only", slow)], "etl": [Phase("only", _noop)]})
