@@ -10,12 +10,13 @@ second source of truth:
 * ``worker lost``: an attempt began and its worker went away before it
   committed: its lease ran out instead of being let go (a storage with
   ``Feature.LEASE_HISTORY`` says so, whether or not the attempt journaled
-  anything), or, on a storage without it, no live lease while the record
-  holds steps a first attempt journaled (a retried attempt, ``attempt`` > 0,
-  may carry its predecessor's steps, so it is called queued: that fallback
-  errs towards saying less). The next worker or the sweep (``pipelines
-  advance --due``) runs the turn again from the journal; taking the lease
-  ends the label.
+  anything), or, where no lapsed lease tells it (a storage without the
+  feature, a lease an older release took), due with no live lease while the
+  record holds steps a first attempt journaled (a retried attempt,
+  ``attempt`` > 0, may carry its predecessor's steps, so it is called queued:
+  that rule errs towards saying less). The next worker or the sweep
+  (``pipelines advance --due``) runs the turn again from the journal; taking
+  the lease ends the label.
 
 Reading a lease is one storage call a job, so a split reads at most
 :data:`LEASE_CHECKS` of them and says so when there are more.
