@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.base import LeaseState, Storage
+from adapters.base import Storage
 from pipelines.engine import writer
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
 from pipelines.engine.capabilities import features_of
@@ -193,11 +193,6 @@ class OffloadingStorage:
     def lease_owner(self, job_id: str) -> str | None:
         """Passed through."""
         return self.inner.lease_owner(job_id)
-
-    def lease_state(self, job_id: str) -> LeaseState:
-        """Passed through (when the wrapped storage has ``Feature.LEASE_HISTORY``, as ``features`` says)."""
-        state: LeaseState = self.inner.lease_state(job_id)  # type: ignore[attr-defined]
-        return state
 
     def logs(self, job_id: str) -> list[LogEntry]:
         """Passed through."""
