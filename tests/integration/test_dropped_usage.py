@@ -127,3 +127,23 @@ def test_a_long_fenced_off_answer_is_kept_cut_to_its_start() -> None:
     assert kept["finish_reason"] == "length" and kept["usage"] == {"model_calls": 1} and kept["model"] == "m"
     assert kept["cut"] > 50_000 and kept["preview"].startswith('{"message"')
     assert len(json.dumps(kept)) < KEPT_ANSWER_CHARS
+
+
+def test_the_turn_page_survives_a_fenced_off_entry_of_odd_shape() -> None:
+    """What storage hands back is shown as it is, never trusted to have the engine's shape."""
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, provenance=False,
+              agents=[Agent(name="a", model=StolenOnce(lambda job_id: None), stream=False)])
+    app.run_agent("a", job_id="odd", messages=["hi"])
+    app.drain()
+    for i, entry in enumerate([
+            {"turn": 1, "attempt": "x", "attempt_id": ["?"], "at": "yesterday",
+             "answer": {"usage": {"prompt_tokens": "many", "cost_usd": "free"}, "finish_reason": 7, "message": None}},
+            {"turn": 1, "answer": "not a dict"}, {"turn": 1}]):
+        storage.add_fenced_answer("odd", Usage(), entry, token=f"t{i}")
+    with TestClient(ui_app(app), base_url="http://127.0.0.1") as http:
+        page = http.get("/jobs/odd/turns/1")
+    assert page.status_code == 200
+    assert 'id="fenced-1"' in page.text and 'id="fenced-3"' in page.text and "attempt ?" in page.text
+    assert "many prompt" in page.text
+
