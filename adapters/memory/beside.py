@@ -26,18 +26,15 @@ class BesideRecord:
     def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is not None and job.dropped_token != token:
-                job.dropped = job.dropped + usage
-                job.dropped_token = token
+            if job is not None:
+                _count_dropped(job, usage, token)
 
     def add_fenced_answer(self, job_id: str, usage: Usage, entry: JSONValue, *, token: str) -> None:
         # Stored as checked text, as the other storages do: a later change to the caller's dict is not the stored one.
         line = dump_json(entry, f"the answer of a fenced-off attempt of job {job_id!r}")
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is not None and job.dropped_token != token:
-                job.dropped = job.dropped + usage
-                job.dropped_token = token
+            if job is not None and _count_dropped(job, usage, token):
                 job.fenced = [*job.fenced, line][-FENCED_KEPT:]
 
     def fenced_answers(self, job_id: str) -> list[JSONValue]:
@@ -53,3 +50,12 @@ class BesideRecord:
                 return False
             job.control = request
             return True
+
+
+def _count_dropped(job: Job, usage: Usage, token: str) -> bool:
+    """Add ``usage`` to the job's dropped usage, once per ``token``; ``False`` for a re-sent call."""
+    if job.dropped_token == token:
+        return False
+    job.dropped = job.dropped + usage
+    job.dropped_token = token
+    return True

@@ -277,9 +277,7 @@ class MemoryStorage(BesideRecord, HistoryReads):
                 job.lease_owner = None
 
     def lease_owner(self, job_id: str) -> str | None:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            return job.lease_owner if job is not None and self._lease_live(job) else None
+        return self.lease_state(job_id).owner
 
     def lease_state(self, job_id: str) -> LeaseState:
         """A lease let go clears its owner; one that ran out keeps it, past its expiry."""

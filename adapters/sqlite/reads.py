@@ -109,21 +109,13 @@ class SQLiteReads:
         return self._db.read(read, f"loading job {job_id!r}")
 
     def lease_owner(self, job_id: str) -> str | None:
-        row = self._db.read(lambda c: c.execute("SELECT lease_owner, lease_expires FROM jobs WHERE job_id = ?",
-                                                (job_id,)).fetchone(), f"reading the lease of job {job_id!r}")
-        return None if row is None or row[0] is None or row[1] <= self._now() else str(row[0])
+        return self.lease_state(job_id).owner
 
     def fenced_answers(self, job_id: str) -> list[JSONValue]:
         """What fenced-off attempts of the job were answered, oldest first (the newest FENCED_KEPT)."""
         rows = self._db.read(lambda c: c.execute("SELECT body FROM fenced WHERE job_id = ? ORDER BY pos",
                                                  (job_id,)).fetchall(), f"reading the fenced-off answers of {job_id!r}")
-        out: list[JSONValue] = []
-        for (body,) in rows:
-            try:
-                out.append(json.loads(body))
-            except ValueError as exc:
-                raise CorruptRecordError(f"a stored fenced-off answer of job {job_id!r} does not parse: {exc}") from exc
-        return out
+        return [_json(job_id, body, "fenced-off answer") for (body,) in rows]
 
     def lease_state(self, job_id: str) -> LeaseState:
         """A lease let go (or reaped from a dead process) clears its owner; one that ran out keeps it."""
