@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.app import App
 from pipelines.app.entry import WORKER_ENTRY
+from pipelines.engine import telemetry
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, PipelineError
 
 if TYPE_CHECKING:
@@ -301,6 +302,10 @@ def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst
     worker.background_every = background_every
     worker.alive_ttl, worker.alive_every = float(alive_ttl), alive_ttl / 3
     worker.warm_up = warm_up(app)
+    # A forking worker's horses inherit what this process has loaded. What the engine looks up lazily on its
+    # first turn, the OpenTelemetry API (its propagators are found through entry points: ~5 ms of imports),
+    # is looked up here once rather than in every horse (one a turn).
+    telemetry.enabled()
     stop = threading.Event()
     if sweep_interval > 0:
         start_sweeper(app, sweep_interval, sweep_grace, stop)

@@ -64,3 +64,28 @@ def test_a_scripted_app_gets_no_litellm_warm_up() -> None:
             "          agents=[Agent(name='a', model=ScriptedModel(['hi']))])\n"
             "print(json.dumps(pipelines.worker.warm_up(app)))\n")
     assert _run(code) is None
+
+
+FORK_PARENT = """
+import json, sys
+import pipelines.worker
+from adapters.rq.priority import PriorityWorker
+from pipelines.engine import telemetry
+from pipelines.worker import load_app, run_rq_worker
+seen = {}
+def work(self, **kwargs):  # where RQ's loop would start forking horses
+    seen["looked_up"] = telemetry._otel is not None
+    seen["propagate"] = "opentelemetry.propagate" in sys.modules
+PriorityWorker.work = work
+before = telemetry._otel is not None
+run_rq_worker(load_app("bench.apps:app"), path="bench.apps:app", sweep_interval=0)
+print(json.dumps({"before": before, **seen}))
+"""
+
+
+def test_a_forking_worker_looks_the_telemetry_api_up_before_its_first_horse(redis_url: str) -> None:
+    # A horse runs one turn and exits: whatever the engine loads lazily on a turn, a horse forked before it was
+    # loaded loads again, every turn. The OpenTelemetry lookup (propagators found through entry points) was
+    # ~5 ms of each horse's ~10 ms (bench/README.md, figure 12); the parent now does it once.
+    report = _run(FORK_PARENT, BENCH_REDIS_URL=redis_url, BENCH_QUEUE="fork-parent")
+    assert report == {"before": False, "looked_up": True, "propagate": True}
