@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines.app import App
 from pipelines.app.entry import WORKER_ENTRY
 from pipelines.engine import telemetry
-from pipelines.engine.errors import ConfigurationError, InvalidInputError, PipelineError
+from pipelines.engine.errors import ConfigurationError, InvalidInputError, PipelineError, StorageUnavailableError
 
 if TYPE_CHECKING:
     from adapters.rq import RQScheduler
@@ -242,6 +242,24 @@ def warm_up(app: App) -> Callable[[], object] | None:
     return warm if callable(warm) else None
 
 
+def prepare_parent(app: App) -> None:
+    """What every turn would otherwise do first in a process, done once in the worker before it takes a job.
+
+    A forking worker's horses (one a turn) inherit what this process holds, and redo whatever it left
+    undone: the OpenTelemetry API's lookup (its propagators are found through entry points: ~5 ms of
+    imports) and, on Redis, the key layout check (a round trip). Measured in bench/README.md (figure 12).
+    A layout other than the one recorded for the prefix is refused here, at start, not by every turn.
+    """
+    from adapters.redis import RedisStorage
+
+    telemetry.enabled()
+    if isinstance(app.storage, RedisStorage):
+        try:
+            app.storage.check_layout()
+        except StorageUnavailableError:
+            logger.warning("Redis unreachable at start: the key layout is checked by the first turn instead")
+
+
 def start_sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:
     """Re-enqueue overdue jobs every ``interval`` seconds (once now, then on a thread) until ``stop`` is set."""
     def sweep() -> None:
@@ -302,10 +320,7 @@ def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst
     worker.background_every = background_every
     worker.alive_ttl, worker.alive_every = float(alive_ttl), alive_ttl / 3
     worker.warm_up = warm_up(app)
-    # A forking worker's horses inherit what this process has loaded. What the engine looks up lazily on its
-    # first turn, the OpenTelemetry API (its propagators are found through entry points: ~5 ms of imports),
-    # is looked up here once rather than in every horse (one a turn).
-    telemetry.enabled()
+    prepare_parent(app)
     stop = threading.Event()
     if sweep_interval > 0:
         start_sweeper(app, sweep_interval, sweep_grace, stop)

@@ -137,12 +137,16 @@ class RedisConnection:
                                           f"acknowledged it within {self.replica_timeout}s (a failover could lose it)")
         return reply
 
-    def check_layout(self, job_id: str) -> None:
-        """Record this prefix's layout on first use, or refuse to run with another one (once per storage)."""
+    def check_layout(self, job_id: str | None) -> None:
+        """Record this prefix's layout on first use, or refuse to run with another one (once per storage).
+
+        ``job_id``: the job about to be written, named in errors (``None``: checked ahead of any write).
+        """
         if self._layout_checked:
             return
         key, mine = layout_key(self.prefix), self.layout.description
-        with _mapped(f"checking the key layout before writing job {job_id!r}"):
+        what = "before any write" if job_id is None else f"before writing job {job_id!r}"
+        with _mapped(f"checking the key layout {what}"):
             if self.layout.buckets and self.client.get(key) is None and self.client.exists(index_keys(self.prefix)[1]):
                 raise ConfigurationError(
                     f"prefix {self.prefix!r} holds jobs written without buckets (its {index_keys(self.prefix)[1]!r} "

@@ -240,6 +240,14 @@ class RedisStorage:
                                      "read them through storage.layout.indexes")
         return self.conn.layout.indexes[0]
 
+    def check_layout(self) -> None:
+        """Record this prefix's key layout (``buckets``) now, or raise :class:`ConfigurationError` if it holds another.
+
+        Otherwise the first write of the process does it (one round trip). ``pipelines worker`` calls this
+        before it starts taking jobs: a forking worker's horses (one a turn) then inherit it checked.
+        """
+        self.conn.check_layout(None)
+
     # --- reading a job (RecordReads, EventReads, RecentReads, LiveReads) -------
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, or ``None`` (one round trip).

@@ -72,20 +72,45 @@ import pipelines.worker
 from adapters.rq.priority import PriorityWorker
 from pipelines.engine import telemetry
 from pipelines.worker import load_app, run_rq_worker
+from adapters.redis.keys import layout_key
 seen = {}
+app = load_app("bench.apps:app")
+app.storage.client.delete(layout_key(app.storage.prefix))
 def work(self, **kwargs):  # where RQ's loop would start forking horses
     seen["looked_up"] = telemetry._otel is not None
     seen["propagate"] = "opentelemetry.propagate" in sys.modules
+    seen["layout"] = (app.storage.client.get(layout_key(app.storage.prefix)) or b"").decode()
 PriorityWorker.work = work
 before = telemetry._otel is not None
-run_rq_worker(load_app("bench.apps:app"), path="bench.apps:app", sweep_interval=0)
+run_rq_worker(app, path="bench.apps:app", sweep_interval=0)
 print(json.dumps({"before": before, **seen}))
 """
 
 
-def test_a_forking_worker_looks_the_telemetry_api_up_before_its_first_horse(redis_url: str) -> None:
-    # A horse runs one turn and exits: whatever the engine loads lazily on a turn, a horse forked before it was
-    # loaded loads again, every turn. The OpenTelemetry lookup (propagators found through entry points) was
-    # ~5 ms of each horse's ~10 ms (bench/README.md, figure 12); the parent now does it once.
+def test_a_forking_worker_does_a_turns_once_a_process_work_before_its_first_horse(redis_url: str) -> None:
+    # A horse runs one turn and exits: whatever a turn does once a process, a horse forked before the parent
+    # did it does again, every turn. The OpenTelemetry lookup (propagators found through entry points) was
+    # ~5 ms of each horse's ~10 ms, the key layout check a round trip (bench/README.md, figure 12).
     report = _run(FORK_PARENT, BENCH_REDIS_URL=redis_url, BENCH_QUEUE="fork-parent")
-    assert report == {"before": False, "looked_up": True, "propagate": True}
+    assert report == {"before": False, "looked_up": True, "propagate": True, "layout": "buckets=0"}
+
+
+WRONG_LAYOUT = """
+import json
+from adapters.redis import RedisStorage
+from adapters.rq.priority import PriorityWorker
+from pipelines.engine.errors import ConfigurationError
+from pipelines.worker import load_app, run_rq_worker
+app = load_app("bench.apps:app")
+RedisStorage(app.storage.client, prefix=app.storage.prefix, buckets=4).check_layout()  # another process's layout
+PriorityWorker.work = lambda self, **kwargs: print(json.dumps("worked"))
+try:
+    run_rq_worker(app, path="bench.apps:app", sweep_interval=0)
+except ConfigurationError as exc:
+    print(json.dumps(str(exc)))
+"""
+
+
+def test_a_worker_whose_layout_differs_from_the_prefixs_refuses_to_start(redis_url: str) -> None:
+    message = _run(WRONG_LAYOUT, BENCH_REDIS_URL=redis_url, BENCH_QUEUE="wrong-layout")
+    assert "written with buckets=4, this storage uses buckets=0" in message  # not "worked": no job taken
