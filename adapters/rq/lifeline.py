@@ -41,6 +41,8 @@ from typing import Any
 
 import redis
 
+from adapters.redis.pending import one_question_process
+
 __all__ = ["ALIVE_FIELD", "Lifeline", "alive_key", "watch_parent"]
 
 logger = logging.getLogger(__name__)
@@ -147,6 +149,7 @@ class Lifeline:
     def main_work_horse(self, job: Any, queue: Any) -> None:
         if self.lifeline_pid:  # 0: forked by a worker that never bootstrapped (RQ's work() always does)
             watch_parent(signal.SIGKILL, self.lifeline_pid)
+        one_question_process()  # a horse runs one job: a side connection would cost more than it saves
         super().main_work_horse(job, queue)  # type: ignore[misc]
 
     def teardown(self) -> None:

@@ -378,6 +378,24 @@ def test_a_question_asked_before_a_fork_is_not_read_in_the_child(monkeypatch: py
     assert scheduler.probe_work_waiting()() is True  # the child asks on a connection of its own
 
 
+def test_a_process_that_lives_for_one_turn_asks_on_the_client_s_connection(monkeypatch: pytest.MonkeyPatch,
+                                                                            client: redis.Redis,
+                                                                            scheduler: RQScheduler) -> None:
+    import os
+
+    import adapters.redis.pending as pending
+
+    monkeypatch.setattr(pending, "_ONE_QUESTION_PID", 0)  # restored after the test: this process is not a horse
+    before = connections(client)
+    pending.one_question_process()  # what a forking worker's horse does first (adapters.rq.lifeline)
+    scheduler.schedule_advance("j", version=1)
+    assert scheduler.probe_work_waiting()() is True  # answered right
+    assert connections(client) == before  # and no side connection made: a horse would pay a connect for it
+    child = os.getpid() + 1
+    monkeypatch.setattr(pending.os, "getpid", lambda: child)  # a child of the marked process is not marked
+    assert scheduler._side.ask([("PING",)]) is not None
+
+
 def test_a_turn_that_raises_under_continue_for_gives_its_question_s_connection_back(redis_url: str) -> None:
     from adapters.redis import RedisStorage
     from pipelines import Next, Phase

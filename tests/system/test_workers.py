@@ -115,3 +115,36 @@ def test_a_worker_killed_mid_phase_is_recovered_by_another_workers_sweep(
     rec = app.storage.get_job("nap-sweep")
     assert rec is not None and rec.result["napped_in"] != doomed.pid
     assert int(client.get("test:nap:nap-sweep") or 0) == 2
+
+
+def test_a_forking_worker_s_horse_opens_one_redis_connection(cluster: Cluster, redis_url: str,
+                                                             client: redis.Redis) -> None:
+    # A horse runs one RQ job and exits, so every connection it opens is opened again by the next one. Under
+    # continue_for the turn asks whether other work waits: on a side connection in a long-lived process, on the
+    # client's own in a horse (adapters.redis.pending.one_question_process), where the connect would cost more.
+    from bench import apps, w1
+
+    env = {"BENCH_REDIS_URL": redis_url, "BENCH_QUEUE": "horses", "BENCH_TURNS": "3", "BENCH_CONTINUE": "0.25"}
+    cluster.start(["-m", "pipelines", "worker", "--app", apps.APP_PATH, "--name", "horses", "--log-level",
+                   "WARNING", "--sweep-interval", "0"], "horses", **env)
+    app = apps.build(redis_url, queue="horses", turns=3, continue_for=0.25)
+    key = f"{Worker.redis_worker_namespace_prefix}horses"
+    wait_for("the worker to ask for a job", lambda: client.hget(key, "state") in (b"idle", b"busy"), 30,
+             cluster.logs)
+    agent = app.agents[apps.PIPELINE]
+
+    def run(job_id: str) -> None:
+        agent.run(job_id=job_id, messages=[w1.USER], storage=app.storage, scheduler=app.scheduler)
+        wait_for(f"{job_id} to complete", lambda: (rec := app.storage.get_job(job_id)) is not None
+                 and rec.status is JobStatus.COMPLETE, 30, cluster.logs)
+
+    run("warm-up")  # the scripts loaded, every long-lived connection of the test and the worker made
+    before = int(client.info("stats")["total_connections_received"]), int(client.hget(key, "successful_job_count"))
+    for n in range(5):
+        run(f"job-{n}")
+    wait_for("RQ to count the last job", lambda: int(client.hget(key, "successful_job_count")) >= before[1] + 5, 10,
+             cluster.logs)
+    connections = int(client.info("stats")["total_connections_received"]) - before[0]
+    horses = int(client.hget(key, "successful_job_count")) - before[1]
+    assert horses == 5  # each job's three turns in one horse: continue_for asked, nothing else waited
+    assert connections == horses  # one a horse: its client's (a side connection would make it two)
