@@ -255,7 +255,7 @@ def prepare_parent(app: App) -> None:
     telemetry.enabled()
     if isinstance(app.storage, RedisStorage):
         try:
-            app.storage.check_layout()
+            app.storage.conn.check_layout(None)
         except StorageUnavailableError:
             logger.warning("Redis unreachable at start: the key layout is checked by the first turn instead")
 

@@ -140,7 +140,9 @@ class RedisConnection:
     def check_layout(self, job_id: str | None) -> None:
         """Record this prefix's layout on first use, or refuse to run with another one (once per storage).
 
-        ``job_id``: the job about to be written, named in errors (``None``: checked ahead of any write).
+        ``job_id``: the job about to be written, named in errors. ``None``: checked ahead of any write, as
+        ``pipelines worker`` does before it takes a job (a forking worker's horses then inherit it checked,
+        instead of each spending a round trip on it).
         """
         if self._layout_checked:
             return

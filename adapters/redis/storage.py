@@ -87,7 +87,7 @@ class RedisStorage:
     (:mod:`adapters.redis.keys`). ``None`` means 0 (one global index, the
     layout of every earlier version) on a plain client and
     :data:`CLUSTER_BUCKETS` on a ``RedisCluster``, where 0 is refused. Every
-    process on one prefix must use the same count: the first write records
+    process on one prefix must use the same count: the first write (or ``pipelines worker``, at start) records
     it, and a storage with another count raises :class:`ConfigurationError`.
 
     ``replicas``: each write waits (``WAIT``, up to ``replica_timeout``
@@ -239,14 +239,6 @@ class RedisStorage:
             raise ConfigurationError(f"this storage splits its indexes into {self.conn.layout.buckets} buckets: "
                                      "read them through storage.layout.indexes")
         return self.conn.layout.indexes[0]
-
-    def check_layout(self) -> None:
-        """Record this prefix's key layout (``buckets``) now, or raise :class:`ConfigurationError` if it holds another.
-
-        Otherwise the first write of the process does it (one round trip). ``pipelines worker`` calls this
-        before it starts taking jobs: a forking worker's horses (one a turn) then inherit it checked.
-        """
-        self.conn.check_layout(None)
 
     # --- reading a job (RecordReads, EventReads, RecentReads, LiveReads) -------
     def get_job(self, job_id: str) -> JobRecord | None:

@@ -128,14 +128,14 @@ def test_a_bucketed_layout_is_not_recorded_over_jobs_written_without_buckets(red
     bucketed.client.close()
 
 
-def test_check_layout_records_the_layout_before_any_write_and_refuses_another(redis_url: str) -> None:
+def test_the_layout_checked_before_any_write_is_recorded_and_another_refused(redis_url: str) -> None:
     fresh = RedisStorage.from_url(redis_url, prefix="early", buckets=8)
-    fresh.check_layout()  # what `pipelines worker` does before it takes a job
+    fresh.conn.check_layout(None)  # what `pipelines worker` does before it takes a job
     assert fresh.client.get(layout_key("early")) == b"buckets=8"
-    fresh.check_layout()  # once per storage: no second round trip, no error
+    fresh.conn.check_layout(None)  # once per storage: no second round trip, no error
     other = RedisStorage.from_url(redis_url, prefix="early", buckets=0)
     with pytest.raises(ConfigurationError, match="written with buckets=8, this storage uses buckets=0"):
-        other.check_layout()
+        other.conn.check_layout(None)
     with pytest.raises(ConfigurationError, match="every process on one prefix must use the same buckets"):
         other.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
     assert fresh.get_job("b") is None

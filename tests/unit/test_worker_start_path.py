@@ -102,7 +102,7 @@ from adapters.rq.priority import PriorityWorker
 from pipelines.engine.errors import ConfigurationError
 from pipelines.worker import load_app, run_rq_worker
 app = load_app("bench.apps:app")
-RedisStorage(app.storage.client, prefix=app.storage.prefix, buckets=4).check_layout()  # another process's layout
+RedisStorage(app.storage.client, prefix=app.storage.prefix, buckets=4).conn.check_layout(None)  # another layout
 PriorityWorker.work = lambda self, **kwargs: print(json.dumps("worked"))
 try:
     run_rq_worker(app, path="bench.apps:app", sweep_interval=0)
