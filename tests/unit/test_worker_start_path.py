@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 START_PATH = """
@@ -87,6 +89,7 @@ print(json.dumps({"before": before, **seen}))
 """
 
 
+@pytest.mark.redis
 def test_a_forking_worker_does_a_turns_once_a_process_work_before_its_first_horse(redis_url: str) -> None:
     # A horse runs one turn and exits: whatever a turn does once a process, a horse forked before the parent
     # did it does again, every turn. The OpenTelemetry lookup (propagators found through entry points) was
@@ -111,6 +114,7 @@ except ConfigurationError as exc:
 """
 
 
+@pytest.mark.redis
 def test_a_worker_whose_layout_differs_from_the_prefixs_refuses_to_start(redis_url: str) -> None:
     message = _run(WRONG_LAYOUT, BENCH_REDIS_URL=redis_url, BENCH_QUEUE="wrong-layout")
     assert "written with buckets=4, this storage uses buckets=0" in message  # not "worked": no job taken
