@@ -22,8 +22,9 @@ just before it enqueues its successor) to the successor's function starting;
 each job passes its stamp on in the successor's arguments, so nothing extra
 is written to Redis in the chain. Per run: p50 and p99 over every hop of
 the run's jobs; the rows are the median over runs (spread min-max), the
-ratios pair run i with run i. Goals: ``continue_for`` p50 <= 0.5 ms; through
-the queue p50 <= 1.0x bare RQ's hop with each worker class.
+ratios pair run i with run i. Goals: ``continue_for`` p50 <= 0.5 ms (issue 16);
+through the queue p50 <= 1.2x bare RQ's hop with SimpleWorker, <= 1.5x forking
+(issue 33; issue 16 asked 1.0x of both).
 
 **Figure 13, late/early turn time with a cold cache.** One W1 job of
 ``--long-turns`` turns whose consecutive turns run in two different
@@ -69,6 +70,8 @@ BARE_KEY = "bench:latency:bare:{}"  # a finished bare chain's hops (JSON list of
 POLL_S = 0.01
 JOB_TIMEOUT_S = 120.0
 CLASSES = {"simple": "SimpleWorker", "fork": "Worker (fork)"}
+# Issue 33's goals for a turn through the queue over bare RQ's hop, p50 (issue 16 asked 1.0x of both).
+HOP_GOALS = {"SimpleWorker": 1.2, "Worker (fork)": 1.5}
 
 
 @dataclass(frozen=True)
@@ -282,8 +285,9 @@ def fig12(rep: Report, url: str, kids: Any, sz: Sizes) -> None:
         rep.add(key(), f"{cls}: through the queue, p99", p99["queue"], "ms", fmt="{:.2f}")
         rep.add(key(), f"{cls}: bare RQ hop (work done -> next job starts), p50", p50["bare"], "ms", fmt="{:.2f}")
         rep.add(key(), f"{cls}: bare RQ hop, p99", p99["bare"], "ms", fmt="{:.2f}")
-        rep.ratio(key(), f"{cls}: through the queue / bare RQ hop, p50", p50["queue"], p50["bare"], "<= 1.0",
-                  lambda v: v <= 1.0)
+        goal = HOP_GOALS[cls]
+        rep.ratio(key(), f"{cls}: through the queue / bare RQ hop, p50", p50["queue"], p50["bare"], f"<= {goal}",
+                  lambda v, goal=goal: v <= goal)
         rep.ratio(key(), f"{cls}: through the queue / bare RQ hop, p99", p99["queue"], p99["bare"])
         rep.ratio(key(), f"{cls}: {cf} / bare RQ hop, p50", p50["cont"], p50["bare"])
         rep.ratio(key(), f"{cls}: (through the queue - {cf}) / bare RQ hop, p50",

@@ -189,7 +189,7 @@ def fig1(rep: Report, sz: Sizes) -> None:
             lambda v: v >= 10_000)
     rep.add("1b", "plain-Python floor, same loop", floor, "turns/s")
     rep.add("1c", "per-turn cost, memory adapters", [1e6 / v for v in ours], "us/turn", fmt="{:,.1f}")
-    rep.ratio("1d", "floor / memory adapters", floor, ours)
+    rep.ratio("1d", "floor / memory adapters", floor, ours, "<= 25", lambda v: v <= 25)  # issue 33
 
 
 # --- figure 2: the litellm mock path -------------------------------------------
@@ -383,14 +383,17 @@ def fig3(rep: Report, sz: Sizes, url: str, kids: Children) -> None:
         nxt = chr(ord(k[1]) + 1)
         rep.add(k, f"phaserunner on Redis, 2 x {cls} ({n_jobs}x{n_turns})", ours, "turns/s")
         rep.add("3" + nxt, f"bare RQ chaining, 2 x {cls}", base, "turns/s")
-        rep.ratio("3" + chr(ord(nxt) + 1), f"phaserunner / bare RQ ({cls})", ours, base, ">= 1.0",
-                  lambda v: v >= 1.0)
+        rep.ratio("3" + chr(ord(nxt) + 1), f"phaserunner / bare RQ ({cls})", ours, base, ">= 0.8",
+                  lambda v: v >= 0.8)  # issue 33 (issue 16 asked 1.0)
         if worker == "simple":
             shape = f"{n_jobs}x{n_turns}"
             rep.add("3j", "Redis server CPU per turn, phaserunner (storage + its RQ queue)",
                     SERVER_CPU[("ours", worker, shape)], "us/turn", fmt="{:,.0f}")
             rep.add("3k", "Redis server CPU per turn, bare RQ chaining", SERVER_CPU[("bare", worker, shape)],
                     "us/turn", fmt="{:,.0f}")
+            rep.ratio("3l", "Redis server CPU per turn, phaserunner / bare RQ (3j / 3k)",
+                      SERVER_CPU[("ours", worker, shape)], SERVER_CPU[("bare", worker, shape)], "<= 1.3",
+                      lambda v: v <= 1.3)  # issue 33
     # With a backlog (above: 200 jobs on 2 workers) continue_for hands each job back after every
     # turn, because other work waits (issue 15: a new conversation never waits behind a busy
     # one), so every turn goes through the queue. With no backlog (a job per worker) it keeps
@@ -568,8 +571,8 @@ def fig4(rep: Report, sz: Sizes, url: str) -> None:
     # "done"). Each window's figure is its median turn, so one GC pause or scheduler hiccup does not decide it.
     early = [statistics.median(r["times"][0:10]) for r in runs]
     late = [statistics.median(r["times"][n_turns - 11:n_turns - 1]) for r in runs]
-    rep.add("4a", f"bytes sent to Redis / transcript bytes ({n_turns} turns)", ratio, "x", "<= 2.5",
-            lambda v: v <= 2.5, "{:.2f}")
+    rep.add("4a", f"bytes sent to Redis / transcript bytes ({n_turns} turns)", ratio, "x", "<= 5",
+            lambda v: v <= 5, "{:.2f}")  # issue 33 (issue 16 asked 2.5)
     rep.add("4b", "transcript size (stored message JSON)", [r["transcript"] / 1024 for r in runs], "KiB", fmt="{:,.1f}")
     rep.add("4c", "bytes sent to Redis (INFO total_net_input_bytes)", [r["net_in"] / 1024 for r in runs], "KiB",
             fmt="{:,.1f}")
