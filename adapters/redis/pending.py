@@ -28,16 +28,19 @@ import redis
 
 __all__ = ["PendingReplies", "SideConnections", "one_question_process"]
 
-_ONE_QUESTION_PID = 0  # the process (pid) marked by one_question_process(); 0: none
+_ONE_QUESTION_PID = 0  # the process (pid) marked by one_question_process() and not yet asked; 0: none
 
 
 def one_question_process() -> None:
-    """Mark this process as one that lives for one turn (a forking worker's horse): it makes no side connection.
+    """Mark this process as one that likely asks once (a forking worker's horse): its first question makes no
+    side connection.
 
-    A side connection saves a round trip on every question of a process that asks many. A horse asks
-    once and exits: making the connection (a TCP connect and the client's handshake, each a round
-    trip) costs more than the one it saves, so :meth:`SideConnections.ask` declines and the question
-    is asked on the client's own connection. A child of this process is not marked.
+    A side connection saves a round trip on every question of a process that asks many. A horse
+    usually runs one turn, asks once and exits: making the connection (a TCP connect and the client's
+    handshake, each a round trip) costs more than the one it saves, so :meth:`SideConnections.ask`
+    declines that first question and it is asked on the client's own connection. A horse that asks
+    again (``continue_for`` kept its job for more turns) gets its side connection then. A child of
+    this process is not marked.
     """
     global _ONE_QUESTION_PID
     _ONE_QUESTION_PID = os.getpid()
@@ -53,10 +56,13 @@ class SideConnections:
     def ask(self, commands: Sequence[tuple[Any, ...]]) -> PendingReplies | None:
         """``commands`` sent now on this thread's connection; ``None`` when it waits on another question already.
 
-        ``None`` too in a process marked by :func:`one_question_process`: the caller asks on its own connection.
+        ``None`` too for the first question of a process marked by :func:`one_question_process`: the caller
+        asks on its own connection.
         """
+        global _ONE_QUESTION_PID
         local, pid = self._local, os.getpid()
         if pid == _ONE_QUESTION_PID:
+            _ONE_QUESTION_PID = 0
             return None
         if getattr(local, "pid", None) != pid:
             # New in this thread, or a connection made by the process this one was forked from: its socket is

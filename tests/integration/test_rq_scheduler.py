@@ -386,14 +386,19 @@ def test_a_process_that_lives_for_one_turn_asks_on_the_client_s_connection(monke
     import adapters.redis.pending as pending
 
     monkeypatch.setattr(pending, "_ONE_QUESTION_PID", 0)  # restored after the test: this process is not a horse
-    before = connections(client)
     pending.one_question_process()  # what a forking worker's horse does first (adapters.rq.lifeline)
+    child = os.getpid() + 1
+    with monkeypatch.context() as forked:
+        forked.setattr(pending.os, "getpid", lambda: child)  # a child of the marked process is not marked
+        answer = scheduler._side.ask([("PING",)])
+        assert answer is not None and answer.replies() == [b"PONG"]
+    before = connections(client)
     scheduler.schedule_advance("j", version=1)
     assert scheduler.probe_work_waiting()() is True  # answered right
     assert connections(client) == before  # and no side connection made: a horse would pay a connect for it
-    child = os.getpid() + 1
-    monkeypatch.setattr(pending.os, "getpid", lambda: child)  # a child of the marked process is not marked
-    assert scheduler._side.ask([("PING",)]) is not None
+    # A horse that asks again (continue_for kept its job for another turn) asks many: now it makes one.
+    assert scheduler.probe_work_waiting()() is True
+    assert connections(client) == before + 1
 
 
 def test_a_turn_that_raises_under_continue_for_gives_its_question_s_connection_back(redis_url: str) -> None:
