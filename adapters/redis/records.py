@@ -81,8 +81,7 @@ class RecordReads:
         except CorruptRecordError:
             if owner:  # the lease just taken goes back, with its mark: the corrupt record stays as it was
                 with contextlib.suppress(PipelineError):
-                    self.conn.run(self.conn.scripts.release, [k.lease, k.record], [owner],
-                                  f"releasing the lease of corrupt job {job_id!r}")
+                    self.release_lease(job_id, owner)
             raise
         if owner and hist is not None:
             # A worker commits next: remember what the record hash holds, so that commit sends a delta.
@@ -164,6 +163,13 @@ class RecordReads:
         with _mapped(f"reading the lease of job {job_id!r}"):
             value = self.conn.client.get(self.conn.keys(job_id).lease)
         return None if value is None else _text(value)
+
+    def release_lease(self, job_id: str, owner: str) -> None:
+        """Let ``owner``'s lease go, and its ``held`` mark (the lease :meth:`load` takes, given back)."""
+        k = self.conn.keys(job_id)
+        reply = self.conn.run(self.conn.scripts.release, [k.lease, k.record], [owner],
+                              f"releasing the lease of job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"releasing the lease of job {job_id!r}")
 
     def lease_state(self, job_id: str) -> LeaseState:
         """The live owner and the record's ``held`` in one script: ``held`` without a live lease is a lapsed one."""

@@ -229,10 +229,7 @@ class RecordWrites:
         return bool(reply)
 
     def release_lease(self, job_id: str, owner: str) -> None:
-        k = self.conn.keys(job_id)
-        reply = self.conn.run(self.conn.scripts.release, [k.lease, k.record], [owner],
-                              f"releasing the lease of job {job_id!r}")
-        self.conn.check_types(job_id, reply, f"releasing the lease of job {job_id!r}")
+        self.records.release_lease(job_id, owner)
 
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
         """Remove the job's keys and index entries in one script; ``False`` if it did not exist.

@@ -149,7 +149,7 @@ class Lifeline:
     def main_work_horse(self, job: Any, queue: Any) -> None:
         if self.lifeline_pid:  # 0: forked by a worker that never bootstrapped (RQ's work() always does)
             watch_parent(signal.SIGKILL, self.lifeline_pid)
-        one_question_process()  # a horse runs one job: a side connection would cost more than it saves
+        one_question_process()  # a horse runs one job: its first question costs no connection of its own
         super().main_work_horse(job, queue)  # type: ignore[misc]
 
     def teardown(self) -> None:

@@ -172,10 +172,9 @@ class SQLiteStorage(SQLiteReads):
         def add(conn: sqlite3.Connection) -> None:
             if not _count_dropped(conn, job_id, usage, token):
                 return
-            top = conn.execute("SELECT max(pos) FROM fenced WHERE job_id = ?", (job_id,)).fetchone()[0]
-            pos = 0 if top is None else int(top) + 1
-            conn.execute("INSERT INTO fenced (job_id, pos, body) VALUES (?, ?, ?)", (job_id, pos, text))
-            conn.execute("DELETE FROM fenced WHERE job_id = ? AND pos <= ?", (job_id, pos - FENCED_KEPT))
+            writes.append(conn, "fenced", job_id, [text])
+            conn.execute("DELETE FROM fenced WHERE job_id = ? AND pos <= "
+                         "(SELECT max(pos) FROM fenced WHERE job_id = ?) - ?", (job_id, job_id, FENCED_KEPT))
 
         self._write(add, f"keeping a fenced-off answer of job {job_id!r}")
 

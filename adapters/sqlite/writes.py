@@ -57,7 +57,7 @@ def _insert(conn: sqlite3.Connection, table: str, job_id: str, lines: Sequence[s
 
 
 def append(conn: sqlite3.Connection, table: str, job_id: str, lines: Sequence[str]) -> None:
-    """Append ``lines`` to the job's list in ``table`` (messages, logs, inbox), after its last position."""
+    """Append ``lines`` to the job's list in ``table`` (messages, logs, inbox, fenced), after its last position."""
     if lines:
         _insert(conn, table, job_id, lines, _top(conn, table, job_id))
 
