@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,10 +142,14 @@ def test_pipelines_devs_local_scheduler_shows_its_threads_and_the_job_each_runs(
 
     # The poller takes due work only after a long grace: with none it could claim busy-1 in the instant
     # before its worker leased it, and the page, read then, showed both threads busy (seen under heavy load).
+    # Its first look, as the threads start, takes what is due at once (grace 0: what a stopped process left);
+    # when that look comes after busy-1 is created, the other thread runs a duplicate advance of it (a no-op:
+    # the lease is taken) and is busy for that moment, so the page is read again until it has passed.
     local = LocalScheduler(workers=2, poll=0.05, grace=30.0, sweep_interval=0)
     storage = SQLiteStorage(str(tmp_path / "dev.db"))
     app = App(storage=storage, scheduler=local, provenance=False,
               pipelines={"slow": [Phase("only", slow)], "etl": [Phase("only", _noop)]})
+    row = r'<tr class="alive" data-worker="(pipelines-local-\d)">.*?<td>(busy|idle)</td>\s*<td>(.*?)</td>'
     with TestClient(ui_app(app), base_url=LOCAL) as client:
         idle = client.get("/workers").text
         assert "no worker thread runs in this process" in idle  # start() not called yet
@@ -152,10 +157,14 @@ def test_pipelines_devs_local_scheduler_shows_its_threads_and_the_job_each_runs(
         with local:
             app.run_pipeline("slow", job_id="busy-1")
             assert inside.wait(10)
-            page = client.get("/workers").text
+            deadline = time.monotonic() + 10
+            while True:
+                page = client.get("/workers").text
+                rows = re.findall(row, page, flags=re.S)
+                if sorted(r[1] for r in rows) == ["busy", "idle"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             release.set()
-        row = r'<tr class="alive" data-worker="(pipelines-local-\d)">.*?<td>(busy|idle)</td>\s*<td>(.*?)</td>'
-        rows = re.findall(row, page, flags=re.S)
         assert sorted(r[1] for r in rows) == ["busy", "idle"]  # two threads, the poller not among them
         busy = next(r for r in rows if r[1] == "busy")
         assert 'href="/jobs/busy-1"' in busy[2]
