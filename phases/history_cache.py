@@ -116,8 +116,10 @@ class HistoryCache:
         """Hold ``messages`` (the whole transcript this turn commits, ``ids`` its call ids, ``view`` its model
         view if known) once the commit lands."""
 
+        job_id = ctx.job_id  # not ctx itself: the context holds this callback (no reference cycle)
+
         def put(cp: Checkpoint[Any]) -> None:
-            self._put(ctx.job_id, Held(messages, ids, cp.transcript_epoch, cp.commit_id, view))
+            self._put(job_id, Held(messages, ids, cp.transcript_epoch, cp.commit_id, view))
 
         ctx.on_commit(put)
 

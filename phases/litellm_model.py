@@ -206,6 +206,16 @@ class LiteLLMModel:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self._backoff = tenacity.wait_random_exponential(multiplier=backoff_initial, max=backoff_max)
+        # One retry controller for every call: its per-call state is thread-local, and one made per call
+        # is a reference cycle (its state holds its own bound methods) left for the garbage collector.
+        self._retry = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_RetryableError),
+            wait=self._wait,
+            stop=tenacity.stop_before_delay(max_retry_seconds),
+            retry_error_callback=self._give_up,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
 
     def __repr__(self) -> str:
         names = sorted(name for name in self._params if not is_secret_param(name))
@@ -255,14 +265,7 @@ class LiteLLMModel:
         return kwargs
 
     def _retrying(self) -> tenacity.Retrying:
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(_RetryableError),
-            wait=self._wait,
-            stop=tenacity.stop_before_delay(self.max_retry_seconds),
-            retry_error_callback=self._give_up,
-            before_sleep=self._log_retry,
-            reraise=True,
-        )
+        return self._retry
 
     def _complete_streamed(self, request: ModelRequest, kwargs: dict[str, Any],
                            params: dict[str, Any]) -> ModelResponse:

@@ -11,6 +11,7 @@ import json
 import operator
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from phases.model import ModelRequest, ModelResponse
@@ -102,7 +103,10 @@ class ScriptedModel:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         with self._lock:
-            self.calls.append(request)
+            # Kept without its callbacks: they hold the turn that asked (its context, its stream), which
+            # a list of every request would otherwise keep alive as long as the model.
+            self.calls.append(request if request.on_delta is None and request.on_restart is None
+                              else replace(request, on_delta=None, on_restart=None))
             if callable(self._script):
                 turn = self._script(list(request.messages))
             else:

@@ -350,7 +350,10 @@ class PhaseContext(Generic[S]):
 
     def run_on_commit(self, checkpoint: Checkpoint[Any]) -> None:
         """Call the ``on_commit`` callbacks once the phase's commit has landed (a failing one is logged)."""
-        for fn in self._on_commit:
+        # Each runs once: handed over like the output, so a callback that refers to this context (a
+        # closure over it) does not keep it, and all the turn held, alive in a reference cycle.
+        fns, self._on_commit = self._on_commit, []
+        for fn in fns:
             try:
                 fn(checkpoint)
             except Exception:
