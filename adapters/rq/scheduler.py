@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from adapters.redis.storage import RedisStorage
 
 __all__ = [
+    "QUEUE_LISTING_INTERVAL",
     "RQJobRef",
     "RQScheduler",
     "SCHEDULER_LATE",
@@ -72,6 +73,10 @@ DEFAULT_RESULT_TTL = 300
 """Finished RQ jobs (a short string result) are kept this long, then vanish."""
 DEFAULT_FAILURE_TTL = 7 * 24 * 3600
 """Failed RQ jobs stay in the failed registry this long, for inspection."""
+
+QUEUE_LISTING_INTERVAL = 60.0
+"""Seconds between this process's additions of a queue to RQ's set of queues (``rq:queues``), which
+RQ would send with every enqueue: the set changes only when a queue is made or deleted."""
 
 # RQ states in which an already enqueued advance will still run: enqueuing the
 # same id again would only run it twice. Any other state (started, finished,
@@ -153,6 +158,7 @@ class RQScheduler:
         self.failure_ttl = failure_ttl
         self.precision = float(precision)
         self._entry: str | None = None  # what a message names for the worker to run: the App tells (bind)
+        self._listed: dict[str, float] = {}  # queue key -> when this process last added it to RQ's set of queues
         self.queue = Queue(queue, connection=connection, serializer=JSONSerializer)
         #: Queues by priority, highest first: ``pipelines worker`` listens on them in this order.
         self.queues: dict[str, Queue] = {
@@ -310,7 +316,17 @@ class RQScheduler:
         }
         if delay > 0:
             return q.enqueue_in(timedelta(seconds=delay), func, **options)
-        return q.enqueue(func, at_front=at_front, **options)
+        # RQ adds the queue to its set of queues (what `rq info` and Queue.all() list) before every enqueue,
+        # in a round trip of its own unless given a pipeline. Given ours, that SADD waits in it: it goes with
+        # RQ's own writes when they wait there too (an enqueue that is not unique), else (a unique enqueue runs
+        # its script at once) only when this process has not listed the queue for QUEUE_LISTING_INTERVAL.
+        with self.connection.pipeline() as pipe:
+            job = q.enqueue(func, at_front=at_front, pipeline=pipe, **options)
+            now = time.monotonic()
+            if not unique or now - self._listed.get(q.key, -QUEUE_LISTING_INTERVAL) >= QUEUE_LISTING_INTERVAL:
+                pipe.execute()
+                self._listed[q.key] = now
+        return job
 
     def _still_pending(self, rq_id: str, queue: Queue | None = None) -> bool:
         q = queue or self.queue

@@ -26,6 +26,7 @@ from adapters.rq import (
     parse_rq_job_id,
     rq_job_id,
 )
+from adapters.rq import scheduler as rq_scheduler
 from pipelines import JobStatus, worker
 from pipelines.app import App
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, StorageError, StorageUnavailableError
@@ -107,6 +108,26 @@ def test_each_turn_is_its_own_rq_job(client: redis.Redis, scheduler: RQScheduler
     scheduler.schedule_advance("j1", version=1)
     scheduler.schedule_advance("j1", version=2)
     assert scheduler.queue.get_job_ids() == ["pr_nj1-v1", "pr_nj1-v2"]
+
+
+def test_enqueues_list_their_queue_with_rq_once_an_interval_not_in_a_round_trip_each(
+        client: redis.Redis, scheduler: RQScheduler, monkeypatch: pytest.MonkeyPatch) -> None:
+    def sadds() -> int:
+        return int(client.info("commandstats").get("cmdstat_sadd", {}).get("calls", 0))  # type: ignore[union-attr]
+
+    before = sadds()
+    scheduler.schedule_advance("l1", version=1)
+    scheduler.schedule_advance("l1", version=2)
+    scheduler.requeue("l2", version=1)  # at the front
+    assert scheduler.queue.get_job_ids() == ["pr_nl2-v1", "pr_nl1-v1", "pr_nl1-v2"]
+    assert client.sismember("rq:queues", scheduler.queue.key)  # what `rq info` and Queue.all() list
+    assert sadds() == before + 1  # RQ alone sends one with every enqueue, in a round trip of its own
+    # Once the interval has passed, the next enqueue lists the queue again (a queue deleted meanwhile comes back).
+    client.srem("rq:queues", scheduler.queue.key)
+    monkeypatch.setattr(rq_scheduler, "QUEUE_LISTING_INTERVAL", 0.0)
+    scheduler.schedule_advance("l3", version=1)
+    assert client.sismember("rq:queues", scheduler.queue.key) and sadds() == before + 2
+    assert scheduler.queue.get_job_ids()[-1] == "pr_nl3-v1"
 
 
 def test_rq_job_ids_are_injective_valid_and_decodable() -> None:
