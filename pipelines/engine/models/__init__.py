@@ -27,7 +27,14 @@ from pipelines.engine.models.records import (
     Usage,
 )
 from pipelines.engine.models.records import NO_USAGE as NO_USAGE
-from pipelines.engine.models.stored import dump_events, dump_logs, dump_marks, dump_record, dump_record_apart
+from pipelines.engine.models.stored import (
+    dump_events,
+    dump_logs,
+    dump_marks,
+    dump_record,
+    dump_record_apart,
+    plain_event,
+)
 from pipelines.engine.models.values import (
     JOB_ID_PATTERN,
     MAX_INT_DIGITS,
@@ -72,6 +79,7 @@ __all__ = [
     "dump_record",
     "dump_record_apart",
     "encode_plain",
+    "plain_event",
     "to_json_value",
     "validate_job_id",
 ]

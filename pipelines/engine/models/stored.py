@@ -29,7 +29,7 @@ from pipelines.engine.models.values import (
     check_size,
 )
 
-__all__ = ["dump_events", "dump_logs", "dump_marks", "dump_record", "dump_record_apart"]
+__all__ = ["dump_events", "dump_logs", "dump_marks", "dump_record", "dump_record_apart", "plain_event"]
 
 # Fields whose entries are separate values (step results, a person's inputs): each entry gets the
 # whole MAX_VALUE_DEPTH, as when it was journaled; the dict around them is the envelope's level.
@@ -193,21 +193,30 @@ _NO_ID: Final[set[str]] = {"id"}
 _EVENT_FIELDS: Final = frozenset(Event.model_fields)
 
 
-def _event_json(e: Event) -> str:
-    # The hot path (several events a turn, and every live-stream part): the same checks as
-    # _model_json, inlined for the fields an event has; anything unusual takes the general path,
-    # which says what is wrong.
+def plain_event(e: Event) -> bool:
+    """Whether every field of ``e`` is plain JSON data storage keeps as it is (the usual event).
+
+    The hot path of writing events (several a turn, and every live-stream part): the checks of
+    :func:`dump_events`, inlined for the fields an event has. ``False`` sends a writer to the
+    general path, which converts what it can and says what is wrong with the rest.
+    """
     f = e.__dict__
     ts, turn, phase, kind, data = f["timestamp"], f["turn"], f["phase"], f["type"], f["data"]
     try:
-        usual = (type(ts) is float and _isfinite(ts) and type(kind) is str and kind.isascii()
-                 and (turn is None or (type(turn) is int and -_INT_BOUND < turn < _INT_BOUND))
-                 and (phase is None or (type(phase) is str and phase.isascii()))
-                 and type(data) is dict and (not data or _plain_dict(data, MAX_VALUE_DEPTH)))
+        return (type(ts) is float and _isfinite(ts) and type(kind) is str and kind.isascii()
+                and (turn is None or (type(turn) is int and -_INT_BOUND < turn < _INT_BOUND))
+                and (phase is None or (type(phase) is str and phase.isascii()))
+                and type(data) is dict and (not data or _plain_dict(data, MAX_VALUE_DEPTH))
+                and len(f) == len(_EVENT_FIELDS))
     except _RefusedError:
-        usual = False
-    if not usual or len(f) != len(_EVENT_FIELDS):
+        return False
+
+
+def _event_json(e: Event) -> str:
+    if not plain_event(e):
         return _model_json(e, f"event {e.type!r}", exclude=_NO_ID, exclude_defaults=True)
+    f = e.__dict__
+    ts, turn, phase, kind, data = f["timestamp"], f["turn"], f["phase"], f["type"], f["data"]
     # What model_dump_json(exclude=_NO_ID, exclude_defaults=True) writes (the same keys, order and text),
     # without pydantic's model serializer, which costs more than the check above for an event's five fields.
     out: dict[str, Any] = {"timestamp": ts, "type": kind}
