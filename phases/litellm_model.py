@@ -211,7 +211,7 @@ class LiteLLMModel:
         self._retry = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_RetryableError),
             wait=self._wait,
-            stop=tenacity.stop_before_delay(max_retry_seconds),
+            stop=self._stop,
             retry_error_callback=self._give_up,
             before_sleep=self._log_retry,
             reraise=True,
@@ -283,6 +283,10 @@ class LiteLLMModel:
         # Raised outside the except block so no __context__ carries litellm's
         # unredacted message along.
         raise error
+
+    def _stop(self, state: tenacity.RetryCallState) -> bool:
+        """Stop before the next attempt would start past ``max_retry_seconds`` (read at each call, as it was set)."""
+        return tenacity.stop_before_delay(self.max_retry_seconds)(state)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
