@@ -20,6 +20,8 @@ from adapters.memory import MemoryScheduler, MemoryStorage
 from phases.litellm_model import LiteLLMModel
 from phases.model import ModelRequest
 from pipelines import Agent, tool
+from pipelines.app import App
+from pipelines.engine.errors import TransientModelError
 from pipelines.testing import ScriptedModel, call, reply
 
 
@@ -27,6 +29,12 @@ from pipelines.testing import ScriptedModel, call, reply
 def add(a: int, b: int) -> dict[str, int]:
     """Add two numbers."""
     return {"sum": a + b}
+
+
+@tool(needs_approval=True)
+def approve_me(a: int) -> dict[str, int]:
+    """A call a person approves first."""
+    return {"a": a}
 
 
 @tool
@@ -81,6 +89,46 @@ def test_agent_turns_on_the_memory_adapters_leave_no_reference_cycles(stream: bo
     # Not in a cycle either: everything a turn made was freed when it ended (no PhaseContext left alive).
     alive = [o for o in gc.get_objects() if type(o).__name__ == "PhaseContext"]
     assert [c.job_id for c in alive if c.job_id.startswith("cycles-")] == []
+
+
+class _FlakyModel:
+    """Answers from ``script`` but fails each job's first call with a transient error (the turn retries later)."""
+
+    def __init__(self, script: ScriptedModel) -> None:
+        self.script = script
+        self.failed: set[str] = set()
+
+    def complete(self, request: ModelRequest) -> Any:
+        if request.job_id not in self.failed:
+            self.failed.add(request.job_id)
+            raise TransientModelError("rate limited", retry_after=0.0)
+        return self.script.complete(request)
+
+
+def test_turns_that_wait_for_approval_or_retry_later_leave_no_reference_cycles(collector_off: list[Any]) -> None:
+    # Both end by a control signal (WaitForInput, RetryLater) that the runner catches and keeps as the
+    # outcome: with its traceback, whose frames hold that outcome, it was a cycle of the whole turn.
+    model = _FlakyModel(ScriptedModel(_answers(3)))
+    agent = Agent(name="flaky", model=model, tools=[add, add_async], max_turns=5)  # type: ignore[arg-type]
+    storage, scheduler = MemoryStorage(), MemoryScheduler()
+    app = App.for_adapters(storage, scheduler)
+    app.add_agent(agent, replace=True)
+    def asks(messages: list[dict[str, Any]]) -> Any:
+        asked = any(m["role"] == "assistant" for m in messages)
+        return "ok" if asked else reply(None, {**call("approve_me", a=1), "id": "ask-1"})
+
+    app.add_agent(Agent(name="asks", model=ScriptedModel(asks), tools=[approve_me]), replace=True)
+    for j in range(3):
+        app.run_agent("flaky", job_id=f"cycles-r{j}", messages=["add"])
+        app.run_agent("asks", job_id=f"cycles-a{j}", messages=["add"])
+    scheduler.drain()
+    assert {app.get(f"cycles-a{j}").status.value for j in range(3)} == {"waiting"}
+    for j in range(3):
+        app.approve(f"cycles-a{j}", "ask-1")
+    scheduler.drain()
+    assert [app.get(f"cycles-{k}{j}").status.value for k in "ra" for j in range(3)] == ["complete"] * 6
+    gc.collect()
+    assert _ours(collector_off) == []
 
 
 def test_scripted_model_records_requests_without_the_turn_s_callbacks() -> None:

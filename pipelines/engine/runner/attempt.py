@@ -69,7 +69,9 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
     except StaleVersionError:
         raise
     except (RetryLater, WaitForInput) as sig:
-        return sig
+        # Returned, not raised on: without its traceback, whose frames (this one's caller holding the
+        # outcome among them) would make a reference cycle of every turn that waits or retries.
+        return sig.with_traceback(None)
     except StorageUnavailableError as exc:
         # Storage went away mid-phase (a journal write failed): that is no
         # reason to fail the job. Run the phase again shortly, reusing what
