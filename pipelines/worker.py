@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import logging
 import os
 import sys
@@ -44,17 +43,6 @@ from pipelines.app import App
 from pipelines.app.entry import WORKER_ENTRY
 from pipelines.engine import telemetry
 from pipelines.engine.errors import ConfigurationError, InvalidInputError, PipelineError, StorageUnavailableError
-from pipelines.engine.models import (
-    Checkpoint,
-    Event,
-    JobRecord,
-    JobStatus,
-    Usage,
-    dump_events,
-    dump_record_apart,
-    encode_plain,
-    to_json_value,
-)
 
 if TYPE_CHECKING:
     from adapters.rq import RQScheduler
@@ -265,31 +253,11 @@ def prepare_parent(app: App) -> None:
     from adapters.redis import RedisStorage
 
     telemetry.enabled()
-    _warm_values()
     if isinstance(app.storage, RedisStorage):
         try:
             app.storage.conn.check_layout(None)
         except StorageUnavailableError:
             logger.warning("Redis unreachable at start: the key layout is checked by the first turn instead")
-
-
-def _warm_values() -> None:
-    """Write and read back a record, an event and a message the way a turn does, in this process.
-
-    Measured, not derived: a forking worker's horse runs 4-7 % faster when its parent has done this
-    once (bench/README.md, "the horse's first parse"), most of it from the record's parse and dump.
-    Touches no storage. An optimisation only: a failure here never stops a worker from starting.
-    """
-    try:
-        cp = Checkpoint(next_phase="turn", state={"turn": 1}, due_at=1.0)
-        record = JobRecord(job_id="warm-up", pipeline="warm-up", status=JobStatus.RUNNING, checkpoint=cp, version=2,
-                           usage=Usage(prompt_tokens=1, completion_tokens=1, model_calls=1), options={"tags": ["x"]})
-        JobRecord.model_validate_json(dump_record_apart(record, "the warm-up record"))
-        dump_events([Event(timestamp=1.0, type="tool_call", turn=1, phase="turn", data={"call_id": "c", "tool": "t"})])
-        call = {"id": "c", "type": "function", "function": {"name": "t", "arguments": "{}"}}
-        json.loads(encode_plain(to_json_value({"role": "assistant", "content": "x", "tool_calls": [call]})))
-    except Exception:  # an optimisation only (see the docstring)
-        logger.debug("warming the record's parse failed", exc_info=True)
 
 
 def start_sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:

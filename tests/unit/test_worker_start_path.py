@@ -118,29 +118,3 @@ except ConfigurationError as exc:
 def test_a_worker_whose_layout_differs_from_the_prefixs_refuses_to_start(redis_url: str) -> None:
     message = _run(WRONG_LAYOUT, BENCH_REDIS_URL=redis_url, BENCH_QUEUE="wrong-layout")
     assert "written with buckets=4, this storage uses buckets=0" in message  # not "worked": no job taken
-
-
-def test_the_parent_s_record_warm_up_runs_clean_and_never_stops_a_start(caplog: pytest.LogCaptureFixture,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    # prepare_parent writes and reads back a sample record, event and message (a horse then runs 4-7 %
-    # faster: bench/README.md). The sample must stay valid as the models change: a failure there is
-    # only logged, so this test is where it shows.
-    import logging
-
-    import pipelines.worker
-    from adapters.memory import MemoryScheduler, MemoryStorage
-    from pipelines import App
-
-    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler())
-    with caplog.at_level(logging.DEBUG, logger="pipelines"):
-        pipelines.worker.prepare_parent(app)
-    assert "warming the record's parse failed" not in caplog.text
-    assert app.storage.list_jobs() == []  # the warm-up stores nothing
-
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise ValueError("a model changed")
-
-    monkeypatch.setattr(pipelines.worker.JobRecord, "model_validate_json", broken)
-    with caplog.at_level(logging.DEBUG, logger="pipelines"):
-        pipelines.worker.prepare_parent(app)  # does not raise: an optimisation never stops a worker's start
-    assert "warming the record's parse failed" in caplog.text
