@@ -13,7 +13,7 @@ A journaled answer is replayed without any of this: it costs the provider nothin
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from pipelines.engine import flow
@@ -49,9 +49,16 @@ def estimate_tokens(model: object, messages: Sequence[Mapping[str, Any]]) -> int
     return max(1, chars // 4)
 
 
-@contextmanager
+def _no_settle(used: int) -> None:
+    """What a call with no rate limit settles: nothing."""
+
+
+# Reusable (it holds no state): a model with no limit, the usual case, makes no context manager a call.
+_UNLIMITED = nullcontext(_no_settle)
+
+
 def limited_call(control: flow.FlowControl | None, model: object,
-                 messages: Sequence[Mapping[str, Any]]) -> Iterator[Callable[[int], None]]:
+                 messages: Sequence[Mapping[str, Any]]) -> AbstractContextManager[Callable[[int], None]]:
     """Hold the model's budget around one call; yields ``settle(total_tokens)`` to call with the real usage.
 
     ``control``: the App's flow control, as the turn's environment hands it (``ctx.env.active_flow()``).
@@ -60,10 +67,17 @@ def limited_call(control: flow.FlowControl | None, model: object,
     the budget is spent; a :class:`TransientModelError` with ``retry_after``
     from the call blocks the model for everyone, then propagates.
     """
+    if control is None or not control.limits:
+        return _UNLIMITED
     name = model_name(model)
-    if control is None or name is None or name not in control.limits:
-        yield lambda used: None
-        return
+    if name is None or name not in control.limits:
+        return _UNLIMITED
+    return _limited(control, name, model, messages)
+
+
+@contextmanager
+def _limited(control: flow.FlowControl, name: str, model: object,
+             messages: Sequence[Mapping[str, Any]]) -> Iterator[Callable[[int], None]]:
     estimated = estimate_tokens(model, messages)
     wait = control.before_call(name, estimated, control.clock())
     if wait > 0:
