@@ -113,6 +113,7 @@ def test_turns_that_wait_for_approval_or_retry_later_leave_no_reference_cycles(c
     storage, scheduler = MemoryStorage(), MemoryScheduler()
     app = App.for_adapters(storage, scheduler)
     app.add_agent(agent, replace=True)
+
     def asks(messages: list[dict[str, Any]]) -> Any:
         asked = any(m["role"] == "assistant" for m in messages)
         return "ok" if asked else reply(None, {**call("approve_me", a=1), "id": "ask-1"})
@@ -142,7 +143,9 @@ def test_scripted_model_records_requests_without_the_turn_s_callbacks() -> None:
     assert kept.on_delta is None and kept.on_restart is None  # ... and not kept with the request
     assert kept.messages == request.messages
     plain = ModelRequest(messages=[{"role": "user", "content": "hi"}])
-    ScriptedModel(["x"]).complete(plain)  # a request without callbacks is kept as it came
+    other = ScriptedModel(["x"])
+    other.complete(plain)
+    assert other.calls == [plain] and other.calls[0] is plain  # a request without callbacks is kept as it came
 
 
 def test_litellm_model_calls_leave_no_reference_cycles(collector_off: list[Any]) -> None:
