@@ -105,33 +105,25 @@ def _dump_parts(events: Sequence[Event]) -> list[str]:
     """
     out = []
     for e in events:
+        code = _EVENT_CODES.get(e.type, e.type)
         if plain_event(e):
-            # The usual event (checked in one pass): its row as it is, the same text the general path makes.
-            code = _EVENT_CODES.get(e.type, e.type)
-            fast: list[Any] = [e.timestamp, code, e.turn, e.phase, e.data or None]
-            while len(fast) > 2 and fast[-1] is None:
-                fast.pop()
-            try:
-                text = encode_plain(fast)
-            except ValueError as exc:  # sys.set_int_max_str_digits() lowered after import: a safety net
-                raise StateNotSerializableError(f"event {e.type!r} is not JSON-serialisable: {exc}") from exc
-            out.append(text if len(text) * 4 <= models.MAX_VALUE_BYTES else check_size(text, f"event {e.type!r}"))
-            continue
-        what = f"event {e.type!r}"
-        row: list[Any] = [e.timestamp, _EVENT_CODES.get(e.type, e.type), e.turn, e.phase]
-        # The data gets the whole depth it has inside an event's JSON object, as before.
-        data = to_json_value(e.data, what=f"{what}: data") if e.data else None
-        head = to_json_value(row, what=what)
-        assert isinstance(head, list)
-        row = [*head, data] if data else head
+            # The usual event, checked in one pass: its fields go as they are.
+            row: list[Any] = [e.timestamp, code, e.turn, e.phase, e.data or None]
+        else:
+            # The general path converts what it can and names what it cannot. The data gets the whole depth
+            # it has inside an event's JSON object, as before.
+            what = f"event {e.type!r}"
+            data = to_json_value(e.data, what=f"{what}: data") if e.data else None
+            row = [*to_json_value([e.timestamp, code, e.turn, e.phase], what=what), data]
         while len(row) > 2 and row[-1] is None:
             row.pop()
         try:
             # Plain data by now: pydantic-core's encoder, ~4x faster than json.dumps with options (several a turn).
             text = encode_plain(row)
         except ValueError as exc:  # to_json_value refused what JSON cannot carry; a safety net
-            raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
-        out.append(check_size(text, what))
+            raise StateNotSerializableError(f"event {e.type!r} is not JSON-serialisable: {exc}") from exc
+        # The description is built only for a text that could be too large.
+        out.append(text if len(text) * 4 <= models.MAX_VALUE_BYTES else check_size(text, f"event {e.type!r}"))
     return out
 
 
