@@ -1,0 +1,67 @@
+"""An RQ worker's heartbeat in one round trip, and only when it moves the worker key's expiry.
+
+RQ's worker sends its heartbeat (``HSET last_heartbeat`` and two ``EXPIRE``
+of the worker's keys, one round trip each) three times for every job it
+takes: at the top of its loop, before its dequeue and after it, each pushing
+the keys' expiry to ``worker_ttl + 60`` seconds (8 minutes by default) from
+now. A busy worker sent nine round trips a turn to move an 8-minute expiry
+by a millisecond.
+
+:class:`SparseHeartbeat` sends a heartbeat the worker asks for outside a
+pipeline in one pipeline of its own, and not at all when the expiry it asks
+for is no more than :attr:`~SparseHeartbeat.heartbeat_slack` seconds later than the one
+the worker's keys already have: they so live at most that second less than
+RQ's would, against a lifetime of minutes. A heartbeat RQ adds to a pipeline
+of its own (its suspension check, the start of a job) is always added, as RQ
+does (it costs no round trip); since it may set a shorter expiry (a job's
+start sets the job's heartbeat TTL, 90 seconds by default), the next
+heartbeat is compared with the shorter one. A forking worker's job starts
+in its work-horse, out of this process's sight, so after every job the next
+heartbeat goes out whatever it moves. A busy worker so sends one heartbeat a
+take, the one that restores the expiry its job's start shortened: one round
+trip where RQ sent nine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["HEARTBEAT_SLACK", "SparseHeartbeat"]
+
+HEARTBEAT_SLACK = 1.0
+"""Seconds by which a heartbeat must move the worker key's expiry to be sent."""
+
+
+class SparseHeartbeat:
+    """Mixin over an RQ worker: its own heartbeats in one round trip, at most about one a ``heartbeat_slack``."""
+
+    heartbeat_slack: float = HEARTBEAT_SLACK
+    worker_ttl: int
+    connection: Any
+    # Monotonic time until which the last heartbeat this process sent itself keeps the worker's keys.
+    # Measured from before the send, so it is never later than the server's own expiry.
+    _beat_until: float = 0.0
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        try:
+            super().execute_job(job, queue)  # type: ignore[misc]
+        finally:
+            self._beat_until = 0.0  # the job's start set a shorter expiry, maybe in the work-horse
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        ttl = timeout or self.worker_ttl + 60  # RQ's default, so the comparison below is with what RQ would set
+        sent_at = time.monotonic()
+        if pipeline is not None:
+            # RQ sends this one with its own commands; it may set a shorter expiry (the start of a job
+            # sets the job's heartbeat TTL) or never go out. Either way the keys live at least until
+            # the earlier of the two, and a later heartbeat is compared with that.
+            super().heartbeat(timeout, pipeline)  # type: ignore[misc]
+            self._beat_until = min(self._beat_until, sent_at + ttl)
+            return
+        if sent_at + ttl <= self._beat_until + self.heartbeat_slack:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(ttl, pipe)  # type: ignore[misc]
+            pipe.execute()
+        self._beat_until = sent_at + ttl

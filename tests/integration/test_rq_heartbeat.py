@@ -1,0 +1,136 @@
+"""Our RQ workers send RQ's heartbeat in one round trip, and only when it moves the worker key's expiry.
+
+Against a real redis-server (adapters.rq.beat.SparseHeartbeat): RQ's stock
+worker sends three standalone heartbeats of three round trips each for every
+job it takes; ours keep the worker's keys alive just as long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.connection
+from rq import Queue, SimpleWorker
+from rq.serializers import JSONSerializer
+
+import adapters.rq.beat as beat
+from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
+
+pytestmark = pytest.mark.redis
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(beat.time, "monotonic", c)
+    return c
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """Every round trip a client of this process sends (a pipeline is one), as its packed bytes."""
+    trips: list[bytes] = []
+    original = redis.connection.Connection.send_packed_command
+
+    def send(self: Any, command: Any, check_health: bool = True) -> None:
+        trips.append(command if isinstance(command, bytes) else b"".join(bytes(c) for c in command))
+        original(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", send)
+    yield trips
+
+
+def _beats(trips: list[bytes], worker: Any) -> list[bytes]:
+    """The round trips holding the worker's heartbeat (``HSET <worker key> last_heartbeat ...``)."""
+    key = worker.key.encode()
+    return [t for t in trips if b"HSET\r\n$%d\r\n%s\r\n$14\r\nlast_heartbeat" % (len(key), key) in t]
+
+
+def _worker(r: redis.Redis, cls: type[Any] = PrioritySimpleWorker) -> Any:
+    worker = cls([Queue("beat", connection=r, serializer=JSONSerializer)], connection=r, serializer=JSONSerializer)
+    r.ping()  # the connection's own set-up is not the heartbeat's
+    return worker
+
+
+@pytest.mark.parametrize("cls", [PrioritySimpleWorker, PriorityWorker])
+def test_a_heartbeat_is_one_round_trip_and_one_that_moves_nothing_is_not_sent(
+        r: redis.Redis, cls: type[Any], clock: Clock, sent: list[bytes]) -> None:
+    worker = _worker(r, cls)
+    sent.clear()
+    worker.heartbeat()
+    assert len(sent) == 1 and sent[0].count(b"EXPIRE") == 2, "the HSET and both EXPIREs go in one round trip"
+    assert worker.worker_ttl + 55 <= r.ttl(worker.key) <= worker.worker_ttl + 60
+    assert r.hget(worker.key, "last_heartbeat")
+    for _ in range(20):
+        clock.now += 0.04
+        worker.heartbeat()
+    assert len(_beats(sent, worker)) == 1, "heartbeats within a second of the last move its expiry by less than that"
+    clock.now += 0.5
+    worker.heartbeat()
+    assert len(_beats(sent, worker)) == 2, "one that moves the expiry by more than the slack is sent"
+    worker.heartbeat(timeout=worker.worker_ttl + 600)
+    assert len(_beats(sent, worker)) == 3, "a longer expiry goes out at once"
+    assert r.ttl(worker.key) > worker.worker_ttl + 500
+
+
+def test_a_shorter_expiry_set_in_a_pipeline_is_not_forgotten(r: redis.Redis, clock: Clock,
+                                                              sent: list[bytes]) -> None:
+    """RQ sets a job's shorter heartbeat TTL in a pipeline of its own: the next standalone one restores the long one."""
+    worker = _worker(r)
+    worker.heartbeat()
+    with r.pipeline() as pipe:
+        worker.heartbeat(90, pipeline=pipe)
+        pipe.execute()
+    assert len(_beats(sent, worker)) == 2, "a heartbeat RQ adds to its pipeline is always added"
+    assert r.ttl(worker.key) <= 90
+    clock.now += 0.1
+    worker.heartbeat()
+    assert len(_beats(sent, worker)) == 3 and r.ttl(worker.key) > worker.worker_ttl
+    with r.pipeline() as pipe:
+        worker.heartbeat(pipeline=pipe)  # the suspension check's: as long as the last one
+        pipe.execute()
+    clock.now += 0.1
+    worker.heartbeat()
+    assert len(_beats(sent, worker)) == 4, "a pipelined one as long as the last does not make the next one go out"
+
+
+@pytest.mark.parametrize("cls", [SimpleWorker, PrioritySimpleWorker, PriorityWorker])
+def test_a_busy_worker_sends_one_standalone_heartbeat_a_take(r: redis.Redis, sent: list[bytes], cls: type[Any]) -> None:
+    """RQ's stock worker sends three a take; ours the one that restores the expiry a job's start shortened."""
+    q = Queue("beat", connection=r, serializer=JSONSerializer)
+    jobs = [q.enqueue("os.getpid") for _ in range(15)]
+    worker = _worker(r, cls)
+    sent.clear()
+    worker.work(burst=True)
+    assert all(j.get_status(refresh=True) == "finished" for j in jobs)
+    # RQ's own pipelines (its suspension check, a job's start) are transactions; standalone heartbeats are not.
+    standalone = [t for t in _beats(sent, worker) if not t.startswith(b"*1\r\n$5\r\nMULTI")]
+    if cls is SimpleWorker:
+        assert len(standalone) >= 3 * len(jobs), "what the count is against"
+    else:
+        # One after each job (a forking worker's parent cannot see the expiry its work-horse set), and
+        # one at the start.
+        assert len(jobs) <= len(standalone) <= len(jobs) + 2, len(standalone)
+
+
+@pytest.mark.parametrize("cls", [PrioritySimpleWorker, PriorityWorker])
+def test_after_a_take_the_worker_key_lives_as_long_as_rq_would_keep_it(r: redis.Redis, cls: type[Any]) -> None:
+    """A job's start shortens the worker key's expiry (in the work-horse, for a forking worker): restored after it."""
+    q = Queue("beat", connection=r, serializer=JSONSerializer)
+    jobs = [q.enqueue("os.getpid") for _ in range(3)]
+    worker = _worker(r, cls)
+    worker.register_death = lambda: None  # keep the key to look at after the burst
+    worker.work(burst=True)
+    assert all(j.get_status(refresh=True) == "finished" for j in jobs)
+    assert r.ttl(worker.key) > worker.worker_ttl, "back to RQ's idle expiry, not the job's 90 s"
