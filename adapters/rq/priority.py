@@ -12,8 +12,8 @@ taken as usual): background work gets at least one take in
 Both classes also run ``warm_up`` (``pipelines worker`` sets it to import
 and warm litellm) to its end before their first take, never beside one (see
 :class:`_WarmBeforeFirstTake`), and go on through a Redis outage
-(:mod:`adapters.rq.recovery`), send RQ's heartbeat only when it matters
-(:mod:`adapters.rq.beat`), and take their horse and scheduler child with them
+(:mod:`adapters.rq.recovery`), send RQ's heartbeat and state only when they change something
+(:mod:`adapters.rq.bookkeeping`), and take their horse and scheduler child with them
 when they die (:mod:`adapters.rq.lifeline`).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
 
-from adapters.rq.beat import SparseHeartbeat
+from adapters.rq.bookkeeping import SameStateOnce, SparseHeartbeat
 from adapters.rq.lifeline import Lifeline
 from adapters.rq.recovery import RidesOutOutages, SchedulerKeeper
 
@@ -77,11 +77,11 @@ class _WarmBeforeFirstTake:
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[misc]
 
 
-class PriorityWorker(Lifeline, RidesOutOutages, SparseHeartbeat, SchedulerKeeper, _WarmBeforeFirstTake, _PriorityOrder,
-                     Worker):
+class PriorityWorker(Lifeline, RidesOutOutages, SparseHeartbeat, SameStateOnce, SchedulerKeeper, _WarmBeforeFirstTake,
+                     _PriorityOrder, Worker):
     """A forking RQ worker reading its queues in priority order with a background share."""
 
 
-class PrioritySimpleWorker(Lifeline, RidesOutOutages, SparseHeartbeat, SchedulerKeeper, _WarmBeforeFirstTake,
-                           _PriorityOrder, SimpleWorker):
+class PrioritySimpleWorker(Lifeline, RidesOutOutages, SparseHeartbeat, SameStateOnce, SchedulerKeeper,
+                           _WarmBeforeFirstTake, _PriorityOrder, SimpleWorker):
     """An in-process RQ worker reading its queues in priority order with a background share."""

@@ -1,4 +1,4 @@
-"""An RQ worker's heartbeat in one round trip, and only when it moves the worker key's expiry.
+"""An RQ worker's own bookkeeping (its heartbeat and its state) sent only when it changes something.
 
 RQ's worker sends its heartbeat (``HSET last_heartbeat`` and two ``EXPIRE``
 of the worker's keys, one round trip each) three times for every job it
@@ -20,6 +20,10 @@ in its work-horse, out of this process's sight, so after every job the next
 heartbeat goes out whatever it moves. A busy worker so sends one heartbeat a
 take, the one that restores the expiry its job's start shortened: one round
 trip where RQ sent nine.
+
+:class:`SameStateOnce`: RQ sets a worker's state to "idle" when a job ends
+and again at the top of its next dequeue, each a round trip of its own; the
+second writes what the first wrote and is not sent.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["HEARTBEAT_SLACK", "SparseHeartbeat"]
+__all__ = ["HEARTBEAT_SLACK", "SameStateOnce", "SparseHeartbeat"]
 
 HEARTBEAT_SLACK = 1.0
 """Seconds by which a heartbeat must move the worker key's expiry to be sent."""
@@ -65,3 +69,23 @@ class SparseHeartbeat:
             super().heartbeat(ttl, pipe)  # type: ignore[misc]
             pipe.execute()
         self._beat_until = sent_at + ttl
+
+
+class SameStateOnce:
+    """Mixin over an RQ worker: a state it sets on its own is not sent again while Redis holds it already."""
+
+    # The state this process last wrote itself and saw land; None after one went into a pipeline (RQ's
+    # job start), which may or may not have been sent.
+    _state_sent: str | None = None
+    _state: str
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().set_state(state, pipeline)  # type: ignore[misc]
+            self._state_sent = None
+            return
+        if state == self._state_sent:
+            self._state = state  # what RQ's set_state keeps beside the write
+            return
+        super().set_state(state)  # type: ignore[misc]
+        self._state_sent = state

@@ -1,8 +1,9 @@
-"""Our RQ workers send RQ's heartbeat in one round trip, and only when it moves the worker key's expiry.
+"""Our RQ workers send their own heartbeat and state only when it changes something (adapters.rq.bookkeeping).
 
-Against a real redis-server (adapters.rq.beat.SparseHeartbeat): RQ's stock
-worker sends three standalone heartbeats of three round trips each for every
-job it takes; ours keep the worker's keys alive just as long.
+Against a real redis-server: RQ's stock worker sends three standalone
+heartbeats of three round trips each for every job it takes, and its "idle"
+state twice; ours one heartbeat in one round trip and the state once, and
+keep the worker's keys alive just as long.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from typing import Any
 import pytest
 import redis
 import redis.connection
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
-import adapters.rq.beat as beat
+import adapters.rq.bookkeeping as bookkeeping
 from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
+from tests.redis_server import free_port
 
 pytestmark = pytest.mark.redis
 
@@ -33,7 +37,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(beat.time, "monotonic", c)
+    monkeypatch.setattr(bookkeeping.time, "monotonic", c)
     return c
 
 
@@ -134,3 +138,52 @@ def test_after_a_take_the_worker_key_lives_as_long_as_rq_would_keep_it(r: redis.
     worker.work(burst=True)
     assert all(j.get_status(refresh=True) == "finished" for j in jobs)
     assert r.ttl(worker.key) > worker.worker_ttl, "back to RQ's idle expiry, not the job's 90 s"
+
+
+def _states(trips: list[bytes], worker: Any) -> list[bytes]:
+    """The standalone round trips setting the worker's state (``HSET <worker key> state ...``, no pipeline)."""
+    key = worker.key.encode()
+    return [t for t in trips if t.startswith(b"*4\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n$5\r\nstate\r\n" % (len(key), key))]
+
+
+def test_a_state_already_written_is_not_written_again(r: redis.Redis, sent: list[bytes]) -> None:
+    worker = _worker(r)
+    worker.set_state("idle")
+    worker.set_state("idle")
+    assert len(_states(sent, worker)) == 1 and r.hget(worker.key, "state") == b"idle"
+    with r.pipeline() as pipe:
+        worker.set_state("busy", pipeline=pipe)
+        pipe.execute()
+    assert worker.get_state() == "busy"
+    worker.set_state("idle")
+    assert len(_states(sent, worker)) == 2, "after a state set in a pipeline, the next one is sent"
+    assert r.hget(worker.key, "state") == b"idle" and worker.get_state() == "idle"
+    worker.set_state("idle")
+    assert len(_states(sent, worker)) == 2
+
+
+def test_a_state_whose_write_failed_is_written_again(r: redis.Redis) -> None:
+    worker = _worker(r)
+    # Nothing listens there, and redis-py is told not to retry.
+    worker.connection = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    with pytest.raises(redis.ConnectionError):
+        worker.set_state("idle")
+    worker.connection = r
+    worker.set_state("idle")
+    assert r.hget(worker.key, "state") == b"idle"
+
+
+@pytest.mark.parametrize("cls", [SimpleWorker, PrioritySimpleWorker, PriorityWorker])
+def test_a_busy_worker_sets_its_state_once_a_take(r: redis.Redis, sent: list[bytes], cls: type[Any]) -> None:
+    """RQ's stock worker writes "idle" when a job ends and again before its next dequeue; ours once."""
+    q = Queue("beat", connection=r, serializer=JSONSerializer)
+    jobs = [q.enqueue("os.getpid") for _ in range(15)]
+    worker = _worker(r, cls)
+    sent.clear()
+    worker.work(burst=True)
+    assert all(j.get_status(refresh=True) == "finished" for j in jobs)
+    states = _states(sent, worker)
+    if cls is SimpleWorker:
+        assert len(states) >= 2 * len(jobs), "what the count is against"
+    else:
+        assert len(jobs) <= len(states) <= len(jobs) + 3, len(states)
