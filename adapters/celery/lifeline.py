@@ -10,9 +10,12 @@ broker's Redis, renewed from a thread of its own::
     pipelines:celery-worker:<namespace>:<hostname>:<pid>
         {"host": "w1@box", "pid": 4242, "started": 1796..., "running": [["job-7", 1796...]]}
 
-with a TTL of :data:`ALIVE_TTL` seconds, renewed every third of it, rewritten at
-once when an advance starts and when it ends, and deleted when the process
-stops. A process killed with ``kill -9`` drops off the page within the TTL.
+with a TTL of :data:`ALIVE_TTL` seconds, renewed every third of it, and deleted
+when the process stops. A process killed with ``kill -9`` drops off the page
+within the TTL. An advance is listed once it has run :data:`LIST_AFTER`
+seconds, and taken off when it ends: a page refreshed by a person never sees
+the turns that take less, and those (most turns of a busy worker) cost no
+write at all, where writing at each start and end cost two round trips a turn.
 
 The processes that run tasks are found by Celery's signals: the solo pool and
 each child of the prefork pool send ``worker_process_init``; a pool that sends
@@ -37,14 +40,16 @@ import redis
 
 from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["ALIVE_TTL", "KEY_PREFIX", "alive_ttl", "broker_client", "install", "queue_depth", "read_workers",
-           "worker_key"]
+__all__ = ["ALIVE_TTL", "KEY_PREFIX", "LIST_AFTER", "alive_ttl", "broker_client", "install", "queue_depth",
+           "read_workers", "worker_key"]
 
 logger = logging.getLogger(__name__)
 
 ALIVE_TTL = 10.0
 """Seconds a worker process's key lives without being renewed (it is renewed every third of that); a Celery app
 sets its own with ``celery.conf.phaserunner_alive_ttl = S`` (1-3600)."""
+LIST_AFTER = 0.5
+"""Seconds an advance runs before the worker's key lists it (its end is written at once once it is listed)."""
 KEY_PREFIX = "pipelines:celery-worker:"
 # kombu's Redis transport keeps a queue's messages of priority p (when priorities are used) in "<queue>\x06\x16<p>".
 _PRIORITY_SEP = "\x06\x16"
@@ -83,14 +88,18 @@ def worker_key(namespace: str, hostname: str, pid: int) -> str:
 class _Lifeline:
     """The key of one worker process: what it runs, renewed from a daemon thread on a client of its own."""
 
-    def __init__(self, client: redis.Redis, namespace: str, hostname: str, ttl: float = ALIVE_TTL) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, hostname: str, ttl: float = ALIVE_TTL,
+                 list_after: float = LIST_AFTER) -> None:
         self.client, self.pid, self.hostname = client, os.getpid(), hostname
         self.key = worker_key(namespace, hostname, self.pid)
         self.ttl_ms = max(1, int(ttl * 1000))
         self.every = ttl / 3
+        self.list_after = list_after
         self.started = time.time()
         self.running: dict[int, tuple[str, float]] = {}  # thread id -> (job id, since): a threads pool runs several
+        self.listed: frozenset[tuple[str, float]] = frozenset()  # the advances the last write listed
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # wakes the thread when an advance starts
         self.failing = False
         self.stopping = threading.Event()
         self.write()  # alive before its first task
@@ -99,8 +108,11 @@ class _Lifeline:
 
     def write(self) -> None:
         with self.lock:
+            now = time.time()
+            # Those that ran long enough, and those listed already (never taken off while they run).
+            shown = [r for r in self.running.values() if now - r[1] >= self.list_after or r in self.listed]
             value = json.dumps({"host": self.hostname, "pid": self.pid, "started": self.started,
-                                "running": sorted(self.running.values(), key=lambda r: r[1])})
+                                "running": sorted(shown, key=lambda r: r[1])})
         try:
             self.client.set(self.key, value, px=self.ttl_ms)
         except redis.RedisError as exc:
@@ -109,26 +121,49 @@ class _Lifeline:
             self.failing = True
             return
         self.failing = False
+        with self.lock:
+            self.listed = frozenset(shown)
+
+    def _next_write(self, last: float) -> float:
+        """When the thread writes next (time.time()): the renewal, or an advance's listing if that is sooner."""
+        due = last + self.every
+        for job_id, since in self.running.values():
+            if (job_id, since) not in self.listed:
+                due = min(due, since + self.list_after)
+        return due
 
     def run(self) -> None:
-        while not self.stopping.wait(self.every):
+        last = time.time()
+        while not self.stopping.is_set():
+            with self.changed:
+                wait = self._next_write(last) - time.time()
+                if wait > 0:
+                    self.changed.wait(wait)
+                if self._next_write(last) > time.time():
+                    continue  # woken by a start whose listing is not due yet (or by stop)
+            if self.stopping.is_set():
+                return
             self.write()
+            last = time.time()
 
     def started_job(self, job_id: str) -> None:
-        with self.lock:
+        with self.changed:
             self.running[threading.get_ident()] = (job_id, time.time())
-        self.write()
+            self.changed.notify()
 
     def ended_job(self) -> None:
         with self.lock:
             found = self.running.pop(threading.get_ident(), None)
-        if found is not None:
-            self.write()
+            listed = found is not None and found in self.listed
+        if listed:
+            self.write()  # the page must not show a finished advance as running
 
     def stop(self) -> None:
         if os.getpid() != self.pid:  # a process forked from this one: the key is not its to delete
             return
         self.stopping.set()
+        with self.changed:
+            self.changed.notify()
         with contextlib.suppress(redis.RedisError):
             self.client.delete(self.key)
 

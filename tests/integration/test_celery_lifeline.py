@@ -26,6 +26,7 @@ from pipelines.app import App, queues
 from pipelines.engine.errors import ConfigurationError
 from pipelines.web.ui import ui_app
 from tests.apps.celery_app import make_celery
+from tests.system.conftest import wait_for
 
 with warnings.catch_warnings():  # starlette 0.52's testclient names an alias anyio deprecated
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -43,23 +44,28 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 
 def test_a_process_keeps_its_key_while_it_lives_says_what_it_runs_and_removes_it_when_it_stops(
         client: redis.Redis) -> None:
-    line = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "ns", "w1@box", ttl=3.0)
+    line = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "ns", "w1@box", ttl=3.0,
+                              list_after=0.3)
     try:
         key = lifeline.worker_key("ns", "w1@box", line.pid)
         assert 0 < client.pttl(key) <= 3000
         assert json.loads(client.get(key))["running"] == []  # alive before its first task
 
+        def running() -> list[str]:
+            return [r[0] for r in json.loads(client.get(key))["running"]]
+
         line.started_job("job-7")
+        assert running() == [], "an advance is listed only once it has run list_after"
+        wait_for("job-7 listed", lambda: running() == ["job-7"], timeout=2.0)
         entry = json.loads(client.get(key))
-        assert entry["host"] == "w1@box" and entry["running"][0][0] == "job-7"
-        assert abs(entry["running"][0][1] - time.time()) < 5
+        assert entry["host"] == "w1@box" and abs(entry["running"][0][1] - time.time()) < 5
         # A threads pool runs several advances in one process: each thread's is listed.
         other = threading.Thread(target=line.started_job, args=("job-8",))
         other.start()
         other.join()
-        assert [r[0] for r in json.loads(client.get(key))["running"]] == ["job-7", "job-8"]
+        wait_for("job-8 listed too", lambda: running() == ["job-7", "job-8"], timeout=2.0)
         line.ended_job()
-        assert [r[0] for r in json.loads(client.get(key))["running"]] == ["job-8"]
+        assert running() == ["job-8"], "a listed advance is taken off as soon as it ends"
 
         assert [e["pid"] for e in lifeline.read_workers(client, "ns")] == [line.pid]
         assert lifeline.read_workers(client, "other-ns") == []
@@ -68,6 +74,23 @@ def test_a_process_keeps_its_key_while_it_lives_says_what_it_runs_and_removes_it
     finally:
         line.stop()
     assert client.exists(key) == 0 and lifeline.read_workers(client, "ns") == []
+
+
+def test_an_advance_shorter_than_list_after_writes_nothing(client: redis.Redis) -> None:
+    """Most turns of a busy worker: no round trip at their start or their end."""
+    line = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "ns", "w2@box", ttl=30.0,
+                              list_after=5.0)
+    try:
+        key = lifeline.worker_key("ns", "w2@box", line.pid)
+        client.config_resetstat()
+        for i in range(20):
+            line.started_job(f"job-{i}")
+            line.ended_job()
+        time.sleep(0.2)  # the thread, woken by each start, has nothing to write
+        assert int(client.info("commandstats").get("cmdstat_set", {}).get("calls", 0)) == 0
+        assert json.loads(client.get(key))["running"] == []
+    finally:
+        line.stop()
 
 
 def test_an_advance_applied_eagerly_in_a_process_that_is_no_worker_starts_no_key(
@@ -112,10 +135,12 @@ def test_the_workers_page_lists_celery_worker_processes_and_queue_depths(redis_u
     client.rpush("page-q", "m1", "m2")
     client.rpush("page-q\x06\x163", "m3")  # kombu's list of the same queue's priority-3 messages
     client.rpush("page-q-background", "m4")
-    busy = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "lifeline-page", "w1@box", 5.0)
+    busy = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "lifeline-page", "w1@box", 5.0,
+                              list_after=0.0)  # listed at its start, as one that ran long enough would be
     idle = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "lifeline-page", "w2@box", 5.0)
     try:
         busy.started_job("chat-1")
+        wait_for("chat-1 listed", lambda: "chat-1" in (client.get(busy.key) or b"").decode(), 2.0)
         report = queues.report(app)
         assert [(q.name, q.priority, q.waiting, q.scheduled) for q in report.queues] == [
             ("page-q", "interactive", 3, None), ("page-q-background", "background", 1, None)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -98,10 +99,14 @@ def test_a_worker_killed_mid_tool_call_is_recovered_with_no_duplicate_effect(red
     _key, pid = stalled[0].decode().split()
     victim = next(w for w in workers if w.pid == int(pid))
     assert int(client.get(f"chaos:applied:{stall_key}")) == 1  # the effect landed before the kill
-    # The workers page: both worker processes, the victim busy with the stalled job since it started.
-    rows = {w.name: w for w in queues.report(app).workers or []}
-    victim_row = next(w for name, w in rows.items() if name.endswith(f"pid {pid}"))
-    assert victim_row.job_id == victim_job and victim_row.state == "busy" and victim_row.since is not None
+    # The workers page: both worker processes, the victim busy with the stalled job since it started (an
+    # advance is listed once it has run adapters.celery.lifeline.LIST_AFTER).
+    def victim_busy() -> Any:
+        rows = {w.name: w for w in queues.report(app).workers or []}
+        row = next(w for name, w in rows.items() if name.endswith(f"pid {pid}"))
+        return rows if row.job_id == victim_job and row.state == "busy" and row.since is not None else None
+
+    rows = wait_for("the victim listed busy with the stalled job", victim_busy, 5, cluster.logs)
     assert sorted(name.split("@")[0] for name in rows) == ["w1", "w2"], rows
     Cluster.kill9(victim)
     wait_for("the killed worker to drop off the workers page", lambda: all(
