@@ -212,7 +212,8 @@ class CeleryScheduler:
     broker clocks differ a little).
     """
 
-    # No backlog question: Celery brokers differ.
+    # No backlog question: Celery brokers differ. So continue_for keeps a job for its whole window even when
+    # other work waits (docs/guide/production.md says so).
     features: ClassVar[frozenset[Feature]] = frozenset({Feature.NAMED_QUEUES, Feature.HOSTED})
 
     def __init__(self, celery_app: Celery, *, queue: str = "pipelines", app: str | None = None,
