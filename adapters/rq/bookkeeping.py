@@ -16,10 +16,13 @@ of its own (its suspension check, the start of a job) is always added, as RQ
 does (it costs no round trip); since it may set a shorter expiry (a job's
 start sets the job's heartbeat TTL, 90 seconds by default), the next
 heartbeat is compared with the shorter one. A forking worker's job starts
-in its work-horse, out of this process's sight, so after every job the next
-heartbeat goes out whatever it moves. A busy worker so sends one heartbeat a
-take, the one that restores the expiry its job's start shortened: one round
-trip where RQ sent nine.
+in its work-horse, out of this process's sight, so after every job the
+expiry is taken as unknown: the heartbeat RQ's suspension check sends in its
+pipeline at the top of the next loop restores it, and the one RQ sends just
+before that check is left to it (if the check fails, the heartbeat before the
+dequeue goes out). A busy worker so sends no heartbeat of its own a take,
+where RQ sent nine round trips of them; the suspension check's, which RQ
+sends too, keeps its keys as RQ would.
 
 :class:`SameStateOnce`: RQ sets a worker's state to "idle" when a job ends
 and again at the top of its next dequeue, each a round trip of its own; the
@@ -46,12 +49,23 @@ class SparseHeartbeat:
     # Monotonic time until which the last heartbeat this process sent itself keeps the worker's keys.
     # Measured from before the send, so it is never later than the server's own expiry.
     _beat_until: float = 0.0
+    _piped_at: float = float("-inf")  # when RQ last added a heartbeat to a pipeline of its own
+    _after_job: bool = False  # a job just ended and no suspension check has run since
 
     def execute_job(self, job: Any, queue: Any) -> None:
         try:
             super().execute_job(job, queue)  # type: ignore[misc]
         finally:
             self._beat_until = 0.0  # the job's start set a shorter expiry, maybe in the work-horse
+            self._after_job = True
+
+    def check_for_suspension(self, burst: bool) -> None:
+        self._after_job = False
+        asked = time.monotonic()
+        super().check_for_suspension(burst)  # type: ignore[misc]
+        if self._piped_at >= asked:
+            # Its pipeline held RQ's heartbeat (with the default expiry), and it went out: it returned.
+            self._beat_until = max(self._beat_until, asked + self.worker_ttl + 60)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         ttl = timeout or self.worker_ttl + 60  # RQ's default, so the comparison below is with what RQ would set
@@ -62,6 +76,13 @@ class SparseHeartbeat:
             # the earlier of the two, and a later heartbeat is compared with that.
             super().heartbeat(timeout, pipeline)  # type: ignore[misc]
             self._beat_until = min(self._beat_until, sent_at + ttl)
+            self._piped_at = sent_at
+            return
+        if self._after_job:
+            # RQ's loop sends one right after a job, then checks for suspension, whose pipeline holds
+            # another: the first is left to the second. If that check fails, the heartbeat before the
+            # dequeue goes out (the job reset what this process knows of the expiry).
+            self._after_job = False
             return
         if sent_at + ttl <= self._beat_until + self.heartbeat_slack:
             return

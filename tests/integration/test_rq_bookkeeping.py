@@ -110,8 +110,8 @@ def test_a_shorter_expiry_set_in_a_pipeline_is_not_forgotten(r: redis.Redis, clo
 
 
 @pytest.mark.parametrize("cls", [SimpleWorker, PrioritySimpleWorker, PriorityWorker])
-def test_a_busy_worker_sends_one_standalone_heartbeat_a_take(r: redis.Redis, sent: list[bytes], cls: type[Any]) -> None:
-    """RQ's stock worker sends three a take; ours the one that restores the expiry a job's start shortened."""
+def test_a_busy_worker_sends_no_heartbeat_of_its_own_a_take(r: redis.Redis, sent: list[bytes], cls: type[Any]) -> None:
+    """RQ's stock worker sends three a take; ours leaves each to the suspension check's pipeline, which RQ sends too."""
     q = Queue("beat", connection=r, serializer=JSONSerializer)
     jobs = [q.enqueue("os.getpid") for _ in range(15)]
     worker = _worker(r, cls)
@@ -119,13 +119,35 @@ def test_a_busy_worker_sends_one_standalone_heartbeat_a_take(r: redis.Redis, sen
     worker.work(burst=True)
     assert all(j.get_status(refresh=True) == "finished" for j in jobs)
     # RQ's own pipelines (its suspension check, a job's start) are transactions; standalone heartbeats are not.
-    standalone = [t for t in _beats(sent, worker) if not t.startswith(b"*1\r\n$5\r\nMULTI")]
+    beats = _beats(sent, worker)
+    standalone = [t for t in beats if not t.startswith(b"*1\r\n$5\r\nMULTI")]
+    checks = [t for t in beats if b"rq:suspended" in t]
+    assert len(checks) >= len(jobs), "RQ's suspension check carries a heartbeat at the top of every loop"
     if cls is SimpleWorker:
         assert len(standalone) >= 3 * len(jobs), "what the count is against"
     else:
-        # One after each job (a forking worker's parent cannot see the expiry its work-horse set), and
-        # one at the start.
-        assert len(jobs) <= len(standalone) <= len(jobs) + 2, len(standalone)
+        assert len(standalone) <= 1, len(standalone)
+
+
+def test_after_a_job_a_failed_suspension_check_leaves_the_heartbeat_to_the_dequeue(r: redis.Redis, clock: Clock,
+                                                                                   sent: list[bytes]) -> None:
+    """The heartbeat right after a job is left to the suspension check; if that fails, the next one goes out."""
+    worker = _worker(r)
+    worker.heartbeat()
+    worker._after_job, worker._beat_until = True, 0.0  # what execute_job leaves
+    worker.heartbeat()  # the loop's, right after the job: left to the check
+    assert len(_beats(sent, worker)) == 1
+    worker.connection = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    worker.check_for_suspension(burst=False)  # refused: RidesOutOutages logs it and goes on
+    worker.connection = r
+    clock.now += 0.1
+    worker.heartbeat()  # the one before the dequeue
+    assert len(_beats(sent, worker)) == 2 and r.ttl(worker.key) > worker.worker_ttl
+    worker.check_for_suspension(burst=False)  # goes out, with a heartbeat in its pipeline
+    assert len(_beats(sent, worker)) == 3
+    clock.now += 0.1
+    worker.heartbeat()
+    assert len(_beats(sent, worker)) == 3, "the check's heartbeat counts as sent"
 
 
 @pytest.mark.parametrize("cls", [PrioritySimpleWorker, PriorityWorker])
