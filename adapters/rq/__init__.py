@@ -9,7 +9,7 @@
   for background work).
 * :mod:`adapters.rq.lifeline`: a worker's horse and scheduler child end with it.
 * :mod:`adapters.rq.recovery`: a worker rides out a Redis outage in RQ's bookkeeping.
-* :mod:`adapters.rq.bookkeeping`: a worker's own heartbeat and state cost one round trip a take, not five.
+* :mod:`adapters.rq.bookkeeping`: a worker's own heartbeat and state cost no round trip a take, not eleven.
 """
 
 from adapters.rq.scheduler import (

@@ -24,7 +24,7 @@ from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
 
-from adapters.rq.bookkeeping import SameStateOnce, SparseHeartbeat
+from adapters.rq.bookkeeping import LeanBookkeeping
 from adapters.rq.lifeline import Lifeline
 from adapters.rq.recovery import RidesOutOutages, SchedulerKeeper
 
@@ -77,11 +77,11 @@ class _WarmBeforeFirstTake:
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[misc]
 
 
-class PriorityWorker(Lifeline, RidesOutOutages, SparseHeartbeat, SameStateOnce, SchedulerKeeper, _WarmBeforeFirstTake,
+class PriorityWorker(Lifeline, RidesOutOutages, LeanBookkeeping, SchedulerKeeper, _WarmBeforeFirstTake,
                      _PriorityOrder, Worker):
     """A forking RQ worker reading its queues in priority order with a background share."""
 
 
-class PrioritySimpleWorker(Lifeline, RidesOutOutages, SparseHeartbeat, SameStateOnce, SchedulerKeeper,
+class PrioritySimpleWorker(Lifeline, RidesOutOutages, LeanBookkeeping, SchedulerKeeper,
                            _WarmBeforeFirstTake, _PriorityOrder, SimpleWorker):
     """An in-process RQ worker reading its queues in priority order with a background share."""

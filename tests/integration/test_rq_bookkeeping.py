@@ -2,8 +2,9 @@
 
 Against a real redis-server: RQ's stock worker sends three standalone
 heartbeats of three round trips each for every job it takes, and its "idle"
-state twice; ours one heartbeat in one round trip and the state once, and
-keep the worker's keys alive just as long.
+state twice; ours leave both to the suspension check RQ sends at the top of
+every loop (its pipeline carries them), and keep the worker's keys and state
+just as RQ would.
 """
 
 from __future__ import annotations
@@ -196,11 +197,13 @@ def test_a_state_whose_write_failed_is_written_again(r: redis.Redis) -> None:
 
 
 @pytest.mark.parametrize("cls", [SimpleWorker, PrioritySimpleWorker, PriorityWorker])
-def test_a_busy_worker_sets_its_state_once_a_take(r: redis.Redis, sent: list[bytes], cls: type[Any]) -> None:
-    """RQ's stock worker writes "idle" when a job ends and again before its next dequeue; ours once."""
+def test_a_busy_worker_writes_idle_with_its_suspension_check(r: redis.Redis, sent: list[bytes], cls: type[Any]) -> None:
+    """RQ's stock worker writes "idle" when a job ends and again before its next dequeue, a round trip each;
+    ours writes it in the suspension check's pipeline that comes next, and ends idle all the same."""
     q = Queue("beat", connection=r, serializer=JSONSerializer)
     jobs = [q.enqueue("os.getpid") for _ in range(15)]
     worker = _worker(r, cls)
+    worker.register_death = lambda: None  # keep the worker's hash to look at after the burst
     sent.clear()
     worker.work(burst=True)
     assert all(j.get_status(refresh=True) == "finished" for j in jobs)
@@ -208,4 +211,23 @@ def test_a_busy_worker_sets_its_state_once_a_take(r: redis.Redis, sent: list[byt
     if cls is SimpleWorker:
         assert len(states) >= 2 * len(jobs), "what the count is against"
     else:
-        assert len(jobs) <= len(states) <= len(jobs) + 3, len(states)
+        assert len(states) <= 3, len(states)  # "started", and the first "idle" before any job
+        key = worker.key.encode()
+        idle = b"HSET\r\n$%d\r\n%s\r\n$5\r\nstate\r\n$4\r\nidle" % (len(key), key)
+        carried = [t for t in sent if b"rq:suspended" in t and idle in t]
+        assert len(carried) >= len(jobs), len(carried)
+    assert r.hget(worker.key, "state") == b"idle"
+
+
+def test_a_failed_suspension_check_leaves_idle_to_the_dequeue(r: redis.Redis, sent: list[bytes]) -> None:
+    worker = _worker(r)
+    worker.set_state("busy")
+    worker._job_ran = True  # what perform_job leaves
+    worker.set_state("idle")  # RQ's, as the job ends: left to the check
+    assert len(_states(sent, worker)) == 1 and r.hget(worker.key, "state") == b"busy"
+    assert worker.get_state() == "idle"
+    worker.connection = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    worker.check_for_suspension(burst=False)  # refused: RidesOutOutages logs it and goes on
+    worker.connection = r
+    worker.set_state("idle")  # the dequeue's
+    assert len(_states(sent, worker)) == 2 and r.hget(worker.key, "state") == b"idle"
