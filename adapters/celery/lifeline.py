@@ -107,22 +107,27 @@ class _Lifeline:
         self.thread.start()
 
     def write(self) -> None:
-        with self.lock:
-            now = time.time()
-            # Those that ran long enough, and those listed already (never taken off while they run).
-            shown = [r for r in self.running.values() if now - r[1] >= self.list_after or r in self.listed]
-            value = json.dumps({"host": self.hostname, "pid": self.pid, "started": self.started,
-                                "running": sorted(shown, key=lambda r: r[1])})
-        try:
-            self.client.set(self.key, value, px=self.ttl_ms)
-        except redis.RedisError as exc:
-            if not self.failing:  # once per outage, not every few seconds
-                logger.warning("could not renew %s (%s); trying again every %gs", self.key, exc, self.every)
-            self.failing = True
-            return
-        self.failing = False
-        with self.lock:
-            self.listed = frozenset(shown)
+        while True:
+            with self.lock:
+                now = time.time()
+                # Those that ran long enough, and those listed already (never taken off while they run).
+                shown = [r for r in self.running.values() if now - r[1] >= self.list_after or r in self.listed]
+                value = json.dumps({"host": self.hostname, "pid": self.pid, "started": self.started,
+                                    "running": sorted(shown, key=lambda r: r[1])})
+            try:
+                self.client.set(self.key, value, px=self.ttl_ms)
+            except redis.RedisError as exc:
+                if not self.failing:  # once per outage, not every few seconds
+                    logger.warning("could not renew %s (%s); trying again every %gs", self.key, exc, self.every)
+                self.failing = True
+                return
+            self.failing = False
+            with self.lock:
+                self.listed = frozenset(shown)
+                running = set(self.running.values())
+            # An advance that ended while this was sent saw it unlisted and wrote nothing: write again.
+            if running.issuperset(shown):
+                return
 
     def _next_write(self, last: float) -> float:
         """When the thread writes next (time.time()): the renewal, or an advance's listing if that is sooner."""

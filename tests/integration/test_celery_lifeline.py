@@ -93,6 +93,27 @@ def test_an_advance_shorter_than_list_after_writes_nothing(client: redis.Redis) 
         line.stop()
 
 
+def test_an_advance_that_ends_while_it_is_being_listed_is_taken_off(client: redis.Redis) -> None:
+    line = lifeline._Lifeline(redis.Redis(connection_pool=client.connection_pool), "ns", "w3@box", ttl=30.0,
+                              list_after=0.0)
+    try:
+        real_set = line.client.set
+
+        def set_then_end(*args: object, **kwargs: object) -> object:
+            done = real_set(*args, **kwargs)
+            if line.running:
+                line.ended_job()  # ends now, while the listing is on its way: not listed yet, so it writes nothing
+            return done
+
+        line.client.set = set_then_end  # type: ignore[method-assign]
+        with line.lock:
+            line.running[threading.get_ident()] = ("job-9", time.time())  # started, its listing not yet written
+        line.write()
+        assert json.loads(client.get(line.key))["running"] == []
+    finally:
+        line.stop()
+
+
 def test_an_advance_applied_eagerly_in_a_process_that_is_no_worker_starts_no_key(
         redis_url: str, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     celery = make_celery(redis_url)
