@@ -491,6 +491,9 @@ class Recovery:
     requeued_after: float | None = None  # seconds from the kill until the advance was enqueued again
     advanced_after: float | None = None  # ... until the job's version moved on
     queue_depth: int | None = None  # RQ messages waiting when it was enqueued again
+    # The worker that took the job over was killed too before it advanced: a second recovery, timed on its
+    # own (this one's time would be both recoveries together).
+    killed_again: bool = False
 
 
 def _current_rq_job(client: redis.Redis, name: str) -> str | None:
@@ -544,14 +547,20 @@ class Killer:
         # the kill would leave "unexplained" when the turn runs again.
         at = time.time()
         kill = Kill(at=at, name=name, pids=pids)
-        # The dead worker's RQ hash still names the RQ job it was running.
+        # The dead worker's RQ hash still names the RQ job it was running. RQ clears it only after the job's
+        # bookkeeping, after the turn committed and sent the next one: the job was held only if the record is
+        # still at the version that message advances.
         current = _current_rq_job(self.client, name)
         if current:
             with contextlib.suppress(Exception):
-                job_id, _ = decode_rq_job_id(current.split("-dup")[0])
+                job_id, version = decode_rq_job_id(current.split("-dup")[0])
                 rec = self.app.storage.get_job(job_id)
-                if rec is not None and rec.status is JobStatus.RUNNING:
+                if rec is not None and rec.status is JobStatus.RUNNING and rec.version == version:
                     kill.held.append((job_id, rec.version))
+                    for earlier in self.recoveries:
+                        if (earlier.advanced_after is None and earlier.job_id == job_id
+                                and earlier.version == rec.version):
+                            earlier.killed_again = True
                     self.recoveries.append(Recovery(job_id, rec.version, at))
         self.kills.append(kill)
         slot = self.slots.pop(name, 0)
