@@ -103,8 +103,9 @@ def test_a_worker_killed_mid_tool_call_is_recovered_with_no_duplicate_effect(red
     # advance is listed once it has run adapters.celery.lifeline.LIST_AFTER).
     def victim_busy() -> Any:
         rows = {w.name: w for w in queues.report(app).workers or []}
-        row = next(w for name, w in rows.items() if name.endswith(f"pid {pid}"))
-        return rows if row.job_id == victim_job and row.state == "busy" and row.since is not None else None
+        row = next((w for name, w in rows.items() if name.endswith(f"pid {pid}")), None)
+        busy = row is not None and row.job_id == victim_job and row.state == "busy" and row.since is not None
+        return rows if busy else None
 
     rows = wait_for("the victim listed busy with the stalled job", victim_busy, 5, cluster.logs)
     assert sorted(name.split("@")[0] for name in rows) == ["w1", "w2"], rows
