@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pipelines.engine.models as models  # MAX_VALUE_BYTES is a setting, read at each check
 from adapters.redis import scripts as redis_scripts
 from pipelines.engine.errors import (
     InvalidInputError,
@@ -22,7 +21,7 @@ from pipelines.engine.models import (
     Event,
     JobRecord,
     JobStatus,
-    check_size,
+    check_event_size,
     encode_plain,
     plain_event,
     to_json_value,
@@ -122,8 +121,7 @@ def _dump_parts(events: Sequence[Event]) -> list[str]:
             text = encode_plain(row)
         except ValueError as exc:  # to_json_value refused what JSON cannot carry; a safety net
             raise StateNotSerializableError(f"event {e.type!r} is not JSON-serialisable: {exc}") from exc
-        # The description is built only for a text that could be too large.
-        out.append(text if len(text) * 4 <= models.MAX_VALUE_BYTES else check_size(text, f"event {e.type!r}"))
+        out.append(check_event_size(text, e.type))
     return out
 
 

@@ -28,6 +28,7 @@ from pipelines.engine.models.records import (
 )
 from pipelines.engine.models.records import NO_USAGE as NO_USAGE
 from pipelines.engine.models.stored import (
+    check_event_size,
     dump_events,
     dump_logs,
     dump_marks,
@@ -71,6 +72,7 @@ __all__ = [
     "TurnMark",
     "Usage",
     "check_messages",
+    "check_event_size",
     "check_size",
     "dump_json",
     "dump_events",

@@ -29,7 +29,8 @@ from pipelines.engine.models.values import (
     check_size,
 )
 
-__all__ = ["dump_events", "dump_logs", "dump_marks", "dump_record", "dump_record_apart", "plain_event"]
+__all__ = ["check_event_size", "dump_events", "dump_logs", "dump_marks", "dump_record", "dump_record_apart",
+           "plain_event"]
 
 # Fields whose entries are separate values (step results, a person's inputs): each entry gets the
 # whole MAX_VALUE_DEPTH, as when it was journaled; the dict around them is the envelope's level.
@@ -226,5 +227,12 @@ def _event_json(e: Event) -> str:
         out["phase"] = phase
     if data:
         out["data"] = data
-    text = _to_json(out).decode()
+    return check_event_size(_to_json(out).decode(), kind)
+
+
+def check_event_size(text: str, kind: str) -> str:
+    """:func:`check_size` for the stored text of an event of type ``kind``, which the error names.
+
+    Several events a turn: the description is built only for a text that could be too large.
+    """
     return text if len(text) * 4 <= _models.MAX_VALUE_BYTES else check_size(text, f"event {kind!r}")
