@@ -92,21 +92,35 @@ class TripleDelivery(RQScheduler):
                 self.queue.enqueue(ADVANCE_FUNC, **options)
 
 
-def _apply(client: Any, key: str, result: dict[str, int]) -> None:
-    pipe = client.pipeline(transaction=True)
-    pipe.incr(APPLIED + key)
-    pipe.hset(RESULTS, key, json.dumps(result))
-    pipe.rpush(APPLY_LOG, f"{key} {os.getpid()} {time.time():.6f}")
-    pipe.execute()
+APPLICATION = "chaos:application:"  # + a per-call id: SET once the effect is recorded
+
+# One application of an effect, recorded once even when redis-py sends it again because the reply was
+# lost (a Redis restart with appendonly kept the write, the connection did not): the tool ran once, and
+# that is what the chaos checks count. A second run of the tool has another id and counts.
+_APPLY = """
+if redis.call('SET', KEYS[4], '1', 'NX', 'EX', 3600) then
+  redis.call('INCR', KEYS[1])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('RPUSH', KEYS[3], ARGV[3])
+end
+return 1
+"""
+
+
+def _apply(script: Any, key: str, result: dict[str, int]) -> None:
+    script(keys=[APPLIED + key, RESULTS, APPLY_LOG, APPLICATION + uuid.uuid4().hex],
+           args=[key, json.dumps(result), f"{key} {os.getpid()} {time.time():.6f}"])
 
 
 def make_tools(client: Any) -> tuple[Tool, Tool]:
     """The two ``add`` tools (retry and reconcile), recording their effects through ``client``."""
 
+    apply = client.register_script(_APPLY)
+
     def execute(args: AddArgs, ctx: ToolContext) -> dict[str, int]:
         result = {"sum": args.a + args.b}
         try:
-            _apply(client, ctx.idempotency_key, result)
+            _apply(apply, ctx.idempotency_key, result)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # The effect store is down (the Redis restart scenario): run this turn
             # again later rather than tell the model the tool failed.
