@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from adapters.rq import RQScheduler
 
 __all__ = ["ADVANCE_FUNC", "ALIVE_TTL_RANGE", "APP_ENV", "advance_job", "advance_with_default", "forget_apps",
-           "load_app", "rq_scheduler", "run_rq_worker", "start_sweeper", "use_app", "warm_up", "worker_app"]
+           "load_app", "rq_scheduler", "run_rq_worker", "start_sweeper", "upgrade_records", "use_app", "warm_up",
+           "worker_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +259,19 @@ def prepare_parent(app: App) -> None:
             app.storage.conn.check_layout(None)
         except StorageUnavailableError:
             logger.warning("Redis unreachable at start: the key layout is checked by the first turn instead")
+
+
+def upgrade_records(app: App) -> tuple[str, bool]:
+    """Step 2 of moving ``app``'s Redis prefix to record format 2 (``pipelines upgrade-records``; see
+    :mod:`adapters.redis.record_format`): the prefix, and ``True`` if it moved now (``False``: it was there).
+
+    A storage other than Redis has one record format: :class:`ConfigurationError`.
+    """
+    from adapters.redis import RedisStorage, upgrade_record_format
+
+    if not isinstance(app.storage, RedisStorage):
+        raise ConfigurationError(f"{type(app.storage).__name__} has one record format: nothing to upgrade")
+    return app.storage.prefix, upgrade_record_format(app.storage)
 
 
 def start_sweeper(app: App, interval: float, grace: float, stop: threading.Event) -> threading.Thread:

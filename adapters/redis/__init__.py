@@ -8,6 +8,8 @@
   :mod:`adapters.redis.events`: loading a record (and what a worker
   remembers of it), every write, the durable events.
 * :mod:`adapters.redis.keys`: every key name, and the bucketed layout on a Cluster.
+* :mod:`adapters.redis.record_format`: how a record is written (whole, or a delta of a base), and
+  moving a prefix to the newer format (:func:`upgrade_record_format`).
 * :mod:`adapters.redis.scripts`: the Lua scripts (one per check-then-write).
 * :mod:`adapters.redis.listing`, :mod:`adapters.redis.recent`: the listing
   indexes and the newest-first reads.
@@ -21,7 +23,8 @@
 """
 
 from adapters.redis.keys import JobKeys, check_prefix, finished_key, index_keys, job_keys, listing_keys
+from adapters.redis.record_format import upgrade_record_format
 from adapters.redis.storage import CLUSTER_BUCKETS, DEFAULT_PREFIX, RedisStorage
 
 __all__ = ["CLUSTER_BUCKETS", "DEFAULT_PREFIX", "JobKeys", "RedisStorage", "check_prefix", "finished_key",
-           "index_keys", "job_keys", "listing_keys"]
+           "index_keys", "job_keys", "listing_keys", "upgrade_record_format"]

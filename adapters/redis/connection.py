@@ -19,7 +19,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from adapters.redis import scripts
+from adapters.redis import record_format, scripts
 from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
 from adapters.redis.values import _KEY_TYPES, _text
@@ -73,6 +73,9 @@ class RedisConnection:
                                      "slot than the job's keys (CROSSSLOT)")
         self.layout = KeyLayout(self.prefix, buckets)
         self._layout_checked = False
+        #: How this storage writes a record (:mod:`adapters.redis.record_format`): what the prefix's layout key
+        #: records, known once :meth:`check_layout` ran; 1 (read by every version) until then.
+        self.record_format = 1
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
         for name, value in (("replica_timeout", replica_timeout), ("failover_timeout", failover_timeout)):
@@ -146,7 +149,9 @@ class RedisConnection:
         """
         if self._layout_checked:
             return
-        key, mine = layout_key(self.prefix), self.layout.description
+        key = layout_key(self.prefix)
+        # A prefix first written by this version records the newest record format: it has no older readers.
+        mine = self.layout.description + record_format.LAYOUT_SUFFIX[record_format.NEWEST]
         what = "before any write" if job_id is None else f"before writing job {job_id!r}"
         with _mapped(f"checking the key layout {what}"):
             if self.layout.buckets and self.client.get(key) is None and self.client.exists(index_keys(self.prefix)[1]):
@@ -155,13 +160,19 @@ class RedisConnection:
                     f"index); a storage with buckets={self.layout.buckets} would never find them: keep buckets=0 "
                     "for this prefix, or use a new prefix")
             stored = self.client.set(key, mine, nx=True, get=True)
-        if stored is not None and _text(stored) != mine:
-            raise ConfigurationError(
-                f"the jobs under prefix {self.prefix!r} were written with {_text(stored)}, this storage uses "
-                f"{mine}: every process on one prefix must use the same buckets (a job would be looked up in "
-                "the wrong bucket)"
-            )
+        self.record_format = self._format_of(mine if stored is None else _text(stored))
         self._layout_checked = True
+
+    def _format_of(self, stored: str) -> int:
+        """The record format a recorded layout names, or ConfigurationError if its buckets are not this storage's."""
+        fmt = record_format.format_of(stored, self.layout.description)
+        if fmt is None:
+            raise ConfigurationError(
+                f"the jobs under prefix {self.prefix!r} were written with {stored}, this storage uses "
+                f"{self.layout.description}: every process on one prefix must use the same buckets (a job would be "
+                "looked up in the wrong bucket)"
+            )
+        return fmt
 
     def check_read_layout(self) -> None:
         """Before the first index read: refuse a prefix whose recorded layout is another (its indexes would read empty).
@@ -174,10 +185,12 @@ class RedisConnection:
             stored = self.client.get(layout_key(self.prefix))
         if stored is None:
             return
-        if _text(stored) != self.layout.description:
+        fmt = record_format.format_of(_text(stored), self.layout.description)
+        if fmt is None:
             raise ConfigurationError(
                 f"the jobs under prefix {self.prefix!r} were written with {_text(stored)}, this storage uses "
                 f"{self.layout.description}: its index reads (the sweep, listings, gc) would find none of them")
+        self.record_format = fmt
         self._layout_checked = True
 
     def check_types(self, job_id: str, reply: Any, what: str) -> None:

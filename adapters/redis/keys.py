@@ -22,7 +22,8 @@ in the wrong bucket and never found by the sweep).
 
 What each key holds (unbucketed names; bucketed ones hold the same)::
 
-    <prefix>:{<job>}:record    hash  data (record JSON), version, token, jver, hist (turn history, one mark a line)
+    <prefix>:{<job>}:record    hash  data (record JSON; or base and dx: adapters.redis.record_format), version,
+                                      token, jver, hist (turn history, one mark a line)
     <prefix>:{<job>}:messages  list  one JSON message per entry (append-only)
     <prefix>:{<job>}:logs      list  one JSON log entry per entry
     <prefix>:{<job>}:journal   hash  step key -> JSON result, valid while jver == version
@@ -35,7 +36,8 @@ What each key holds (unbucketed names; bucketed ones hold the same)::
     <prefix>:finished          zset  finished job ids scored by the time they finished (retention)
     <prefix>:updated           zset  every job id scored by updated_at (the listing, newest first)
     <prefix>:status:<status>   zset  the job ids in one status scored by updated_at (one key per status)
-    <prefix>:layout            str   the layout written under this prefix (``buckets=<n>``)
+    <prefix>:layout            str   the layout written under this prefix (``buckets=<n>``, then `` records=2``
+                                      once records are written as a delta: adapters.redis.record_format)
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def listing_keys(prefix: str) -> list[str]:
 
 
 def layout_key(prefix: str) -> str:
-    """The string key recording the layout (``buckets=<n>``) written under ``prefix``."""
+    """The string key recording the layout (``buckets=<n>``, and the record format) written under ``prefix``."""
     return f"{prefix}:layout"
 
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from adapters.base import parse_cursor
 from adapters.redis.client import _mapped
 from adapters.redis.connection import RedisConnection
+from adapters.redis.record_format import stored_text
 from adapters.redis.records import parse_record
 from adapters.redis.values import _batched, _listed, _text
 from pipelines.engine.errors import CorruptRecordError
@@ -151,11 +152,12 @@ class IndexReads:
                 pipe = self.conn.client.pipeline(transaction=False)
                 for job_id in batch:
                     k = self.conn.keys(job_id)
-                    pipe.hmget(k.record, ["data", "jver", "control", "hist"])
+                    pipe.hmget(k.record, ["data", "jver", "control", "hist", "base", "dx"])
                     pipe.hgetall(k.journal)
                 replies = pipe.execute()
             for n, job_id in enumerate(batch):
-                (data, jver, control, hist), journal = replies[2 * n], replies[2 * n + 1]
+                (data, jver, control, hist, base, dx), journal = replies[2 * n], replies[2 * n + 1]
+                data = stored_text(data, base, dx)  # either record format (adapters.redis.record_format)
                 if data is None:
                     continue  # deleted since the index was read
                 pairs = [x for kv in journal.items() for x in kv]
@@ -193,8 +195,8 @@ class IndexReads:
         with _mapped("reindexing jobs"):
             pipe = self.conn.client.pipeline(transaction=False)
             for job_id in ids:
-                pipe.hmget(self.conn.keys(job_id).record, ["data", "version"])
-            rows = pipe.execute()
+                pipe.hmget(self.conn.keys(job_id).record, ["data", "version", "base", "dx"])
+            rows = [(stored_text(data, base, dx), version) for data, version, base, dx in pipe.execute()]
             # A cluster pipeline cannot carry EVALSHA, so there each script is its own round trip (a rare tool).
             pipe = None if self.conn.cluster else self.conn.client.pipeline(transaction=False)
             replies: list[Any] = []

@@ -18,15 +18,26 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from adapters.base import LeaseState
 from adapters.redis.client import _mapped
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import json_line
+from adapters.redis.record_format import changed_fields, delta_json, merged
 from adapters.redis.refs import JournalValues
 from adapters.redis.values import _text
 from pipelines.engine.errors import CorruptRecordError, PipelineError
-from pipelines.engine.models import JobRecord, JSONValue, LogEntry, Message, TurnMark, Usage, dump_json
+from pipelines.engine.models import (
+    JobRecord,
+    JSONValue,
+    LogEntry,
+    Message,
+    TurnMark,
+    Usage,
+    dump_json,
+    dump_record_apart,
+)
 
 __all__ = ["RecordReads", "lines_of", "mark_line", "parse_record"]
 
@@ -38,16 +49,20 @@ _BASES_BYTES = 32 << 20
 
 
 class _Base(NamedTuple):
-    """The turn history a job's record hash holds, as the commit (or create) with ``token`` wrote it.
+    """What a job's record hash holds, as the commit (or create) with ``token`` wrote it.
 
-    A commit that keeps a prefix of it sends only the marks it adds and how many it drops: the
-    history changes by one mark a turn but holds up to HISTORY_LIMIT of them.
+    Its turn history: a commit that keeps a prefix of it sends only the marks it adds and how many it
+    drops (the history changes by one mark a turn but holds up to HISTORY_LIMIT of them). And, for a
+    record in format 2 (:mod:`adapters.redis.record_format`), the record it holds and which fields its
+    ``dx`` holds beside its ``base``: a commit sends those and the ones it changed.
     """
 
     token: str
     marks: list[TurnMark]
     lines: list[str]
-    size: int  # bytes of lines, for the bound
+    size: int  # bytes of lines and of the record's JSON, for the bound
+    record: JobRecord | None = None
+    dx: frozenset[str] | None = None  # None: the hash holds no base (format 1), or which is not known
 
 
 class RecordReads:
@@ -73,37 +88,47 @@ class RecordReads:
         if isinstance(reply, bytes | str):  # 'gone': no record, but an index still names the job
             self.delete_leftovers(job_id)
             return None
-        hist = reply[7] if len(reply) > 7 else None
+        hist = reply[9] if len(reply) > 9 else None
         lines = lines_of(hist) if hist is not None else []
+        base, dx = _text(reply[7]), _text(reply[8])
         try:
-            record = parse_record(job_id, reply[0], reply[1], reply[2], reply[3], hist,
+            record = parse_record(job_id, reply[0] or merged(base, dx), reply[1], reply[2], reply[3], hist,
                                   self.known_marks(job_id, lines))
         except CorruptRecordError:
             if owner:  # the lease just taken goes back, with its mark: the corrupt record stays as it was
                 with contextlib.suppress(PipelineError):
                     self.release_lease(job_id, owner)
             raise
-        if owner and hist is not None:
-            # A worker commits next: remember what the record hash holds, so that commit sends a delta.
-            self.remember(job_id, _text(reply[6]), record.history, lines)
-        if owner:
-            self.remember_journal(job_id, record, reply[1], reply[2])
         waiting = int(_text(reply[4]) or 0)
         update: dict[str, Any] = {"inbox": waiting} if waiting else {}
-        if len(reply) > 5 and reply[5]:
+        if reply[5]:
             update["dropped"] = Usage.model_validate_json(reply[5])
-        return record.model_copy(update=update) if update else record
+        if update:
+            record = record.model_copy(update=update)
+        if owner and hist is not None:
+            # A worker commits next: remember what the record hash holds, so that commit sends a delta.
+            fields = (frozenset(from_json(dx)) if dx else frozenset()) if base and not reply[0] else None
+            self.remember(job_id, _text(reply[6]), record.history, lines, record, fields,
+                          len(base) + len(dx) if fields is not None else 0)
+        if owner:
+            self.remember_journal(job_id, record, reply[1], reply[2])
+        return record
 
-    def remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str]) -> None:
+    def remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str],
+                 record: JobRecord | None = None, dx: frozenset[str] | None = None, record_bytes: int = 0) -> None:
+        """Remember what the record hash holds after ``token``'s write: its history, and its record and ``dx``.
+
+        ``record_bytes``: about how much of the bound the record takes (its JSON's length).
+        """
         self.forget_base(job_id)
         if not token:
             return  # a hand-made record without a token: its next commit sends the history whole
-        size = sum(map(len, lines))
+        size = sum(map(len, lines)) + (record_bytes if record is not None else 0)
         while self.bases and (len(self.bases) >= _BASES_KEPT or self.bases_bytes + size > _BASES_BYTES):
             # Another thread may change the dict meanwhile: this is a bound, not an exact LRU.
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):
                 self.forget_base(next(iter(self.bases)))  # the job remembered longest ago
-        self.bases[job_id] = _Base(token, list(marks), lines, size)
+        self.bases[job_id] = _Base(token, list(marks), lines, size, record, dx)
         self.bases_bytes += size
 
     def remember_journal(self, job_id: str, record: JobRecord, jver: Any, pairs: Sequence[Any]) -> None:
@@ -158,6 +183,20 @@ class RecordReads:
                 lines = base.lines[drop:] + [mark_line(m) for m in marks[kept:]]
                 return lines, base.token, drop, kept
         return [mark_line(m) for m in marks], "", 0, 0
+
+    def record_args(self, job_id: str, record: JobRecord, fmt: int) -> tuple[str, str, frozenset[str] | None]:
+        """How a commit writes ``record`` in format ``fmt``: (mode, text, the fields its ``dx`` will hold).
+
+        Mode ``1``: ``text`` is the whole record, for ``data``; ``2``: the whole record, for ``base``;
+        ``d:<token>``: ``text`` is the fields that differ from ``base``, for ``dx``, valid only while the
+        record hash holds what the write with that token left (the script checks it).
+        """
+        what = f"the record of job {record.job_id!r}"
+        base = self.bases.get(job_id) if fmt == 2 else None
+        if base is not None and base.record is not None and base.dx is not None:
+            fields = changed_fields(record, base.record, base.dx)
+            return f"d:{base.token}", delta_json(record, fields, what), frozenset(fields)
+        return str(fmt), dump_record_apart(record, what), frozenset() if fmt == 2 else None
 
     def lease_owner(self, job_id: str) -> str | None:
         with _mapped(f"reading the lease of job {job_id!r}"):

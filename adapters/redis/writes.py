@@ -104,8 +104,12 @@ class RecordWrites:
         job_id = commit.job_id
         keys = self.conn.all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
-        data = _dump_data(commit.record)
+        mode, data, dx = self.records.record_args(job_id, commit.record, self.conn.record_format)
+        held = self.records.bases.get(job_id)
+        base_bytes = held.size - sum(map(len, held.lines)) if held is not None else 0  # a delta keeps its base's
         marks, base, drop, kept = self.records.history_args(job_id, commit.record.history)
+        if mode == f"d:{base}":
+            mode = "d"  # the same token as the history's delta: sent once
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         # A message the journal already holds (the model's answer) is sent as a slice of it.
         sent = self.records.steps.refer(job_id, msgs) if msgs else None
@@ -120,10 +124,11 @@ class RecordWrites:
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
-            base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0",
+            base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0", mode,
             *(sent or msgs), *lines, *event_lines,
         ]
-        at, first = redis_scripts.COMMIT_ARGS.history, redis_scripts.COMMIT_ARGS.fixed
+        layout = redis_scripts.COMMIT_ARGS
+        at, first = layout.history, layout.fixed
         self.records.forget_base(job_id)  # the stored history is unknown until this commit's reply
         self.records.steps.forget(job_id)  # the commit ends the journal (the next load remembers a kept one)
         reply = _text(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
@@ -132,6 +137,9 @@ class RecordWrites:
             # journal does not hold a message sent by reference: send both whole.
             args[at:at + 3] = ["", "0", "\n".join(marks)]
             args[first:first + len(msgs)] = msgs
+            if mode.startswith("d"):  # the record whole, in its base
+                mode, args[layout.record_mode], dx = "2", "2", frozenset()
+                data = args[layout.data] = _dump_data(commit.record)
             reply = _text(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
         self.conn.check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith(("stale:", "inbox:")):
@@ -139,7 +147,8 @@ class RecordWrites:
         if commit.record.status is JobStatus.RUNNING:
             # The same worker commits the job's next turn without loading it (continue_for): a delta.
             # Its next load (the next queued turn) parses only the marks added since (_known_marks).
-            self.records.remember(job_id, commit.token, commit.record.history, marks)
+            self.records.remember(job_id, commit.token, commit.record.history, marks, commit.record, dx,
+                                  len(data) + (base_bytes if mode.startswith("d") else 0))
         if self.archive_finished and commit.record.status in _FINISHED:
             self.history.archive_quietly(job_id)
         _, pending, waiting = reply.split(":", 2)

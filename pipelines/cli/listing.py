@@ -1,4 +1,4 @@
-"""``pipelines jobs`` (the listing, a page at a time by cursor; counts; versions) and ``pipelines reindex``.
+"""``pipelines jobs`` (the listing, a page at a time by cursor; counts; versions), ``reindex`` and ``upgrade-records``.
 
 Registered by :func:`pipelines.cli.build_parser`; see that module for the
 common ``--app`` option and exit codes.
@@ -18,8 +18,9 @@ from pipelines.cli.loading import when
 from pipelines.cli.runs import family_columns
 from pipelines.engine.models import JobRecord, JobStatus
 from pipelines.errors import ConfigurationError
+from pipelines.worker import upgrade_records
 
-__all__ = ["cmd_jobs", "cmd_reindex"]
+__all__ = ["cmd_jobs", "cmd_reindex", "cmd_upgrade_records"]
 
 logger = logging.getLogger("pipelines")
 
@@ -79,6 +80,14 @@ def _print_counts(app: App, status: JobStatus | None, out: TextIO) -> int:
 def cmd_reindex(args: argparse.Namespace, out: TextIO) -> int:
     """Put jobs stored before the listing indexes existed into them (safe while workers run)."""
     print(f"indexed {loading.load(args.app).reindex()} jobs", file=out)
+    return 0
+
+
+def cmd_upgrade_records(args: argparse.Namespace, out: TextIO) -> int:
+    """Move the app's Redis prefix to record format 2 (adapters.redis.record_format): step 2 of 2."""
+    prefix, moved = upgrade_records(loading.load(args.app))
+    print(f"prefix {prefix!r}: " + ("records are written as a delta of a base (format 2) by processes started "
+          "from now on" if moved else "already in record format 2"), file=out)
     return 0
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.redis import RedisStorage
+from adapters.redis.record_format import stored_text
 from phases import agent_run
 from phases.compaction import MARKER_KEY, Compaction
 from phases.history_cache import HistoryCache
@@ -294,9 +295,10 @@ def strip_epoch(storage: Any, job_id: str) -> None:
         job.record = json.dumps(data)
         return
     key = storage.keys(job_id).record
-    data = json.loads(storage.client.hget(key, "data"))
+    data = json.loads(stored_text(*storage.client.hmget(key, ["data", "base", "dx"])) or "")
     del data["checkpoint"]["transcript_epoch"]
-    storage.client.hset(key, "data", json.dumps(data))
+    storage.client.hset(key, "data", json.dumps(data))  # record format 1, the only one those versions wrote
+    storage.client.hdel(key, "base", "dx")
 
 
 def test_a_record_from_before_epochs_is_served_only_its_exact_commit_and_gets_an_epoch_at_its_next_turn(

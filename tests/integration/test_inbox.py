@@ -10,6 +10,7 @@ import pytest
 
 from adapters.memory import MemoryScheduler, MemoryStorage
 from adapters.redis import RedisStorage
+from adapters.redis.keys import layout_key
 from pipelines import Agent, App, JobStatus, Phase, tool
 from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError
 from pipelines.testing import ScriptedModel, call, reply
@@ -230,6 +231,7 @@ def test_storage_refuses_a_message_to_a_finished_job_with_nothing_appended(app: 
 
 def test_a_redis_record_from_before_the_status_field_is_judged_by_its_data(redis_url: str) -> None:
     store = RedisStorage.from_url(redis_url, prefix="nost")
+    store.client.set(layout_key("nost"), "buckets=0")  # a prefix of the versions before 'st': record format 1
     app = App(storage=store, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=ScriptedModel(answer),
                                                                          tools=[lookup])])
     app.run_agent("a", job_id="j", messages=["where is A-1?"])

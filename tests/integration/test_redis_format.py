@@ -15,6 +15,7 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
+from adapters.redis.record_format import stored_text
 from pipelines import Agent, App, tool
 from pipelines.engine.transitions import HISTORY_LIMIT
 from pipelines.testing import ScriptedModel, call, reply
@@ -64,7 +65,12 @@ def _to_v1(r: redis.Redis, storage: RedisStorage, job_id: str) -> None:
     assert rec is not None
     key = storage.keys(job_id).record
     r.hset(key, "data", rec.model_dump_json(exclude_defaults=True))
-    r.hdel(key, "hist")
+    r.hdel(key, "hist", "base", "dx")  # and record format 1, the only one those versions wrote
+
+
+def _stored(r: redis.Redis, key: str) -> Any:
+    """The record JSON a record hash holds, in either record format (adapters.redis.record_format)."""
+    return json.loads(stored_text(*r.hmget(key, ["data", "base", "dx"])) or "")
 
 
 def test_the_history_is_kept_beside_the_record_one_mark_a_line(app: App, r: redis.Redis) -> None:
@@ -75,7 +81,7 @@ def test_the_history_is_kept_beside_the_record_one_mark_a_line(app: App, r: redi
     assert rec is not None and rec.status.value == "complete"
     assert len(rec.history) == HISTORY_LIMIT and rec.history[-1].next_phase is None
     raw = r.hgetall(storage.keys("h1").record)
-    assert "history" not in json.loads(raw[b"data"])
+    assert "history" not in _stored(r, storage.keys("h1").record)
     lines = raw[b"hist"].decode().split("\n")
     assert [json.loads(line)[0] for line in lines] == [m.phases_done for m in rec.history]
     # Another storage (no remembered history) reads the same record.
@@ -103,7 +109,7 @@ def test_a_record_written_with_its_history_inside_still_reads_and_its_next_commi
     _advance(app2, "h2", 1)
     after = fresh.get_job("h2")
     assert after is not None and after.history[:6] == before.history and len(after.history) == 7
-    assert "history" not in json.loads(r.hget(storage.keys("h2").record, "data") or b"")
+    assert "history" not in _stored(r, storage.keys("h2").record)
     assert len((r.hget(storage.keys("h2").record, "hist") or b"").split(b"\n")) == 7
     _advance(app2, "h2", TURNS)
     assert fresh.get_job("h2") == storage.get_job("h2")

@@ -21,6 +21,7 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
+from adapters.redis.record_format import stored_text
 from pipelines import Done, JobStatus, Next, Phase, PhaseContext, run_pipeline
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -367,7 +368,7 @@ def test_nothing_is_pickled_every_value_is_json_or_plain_text(storage: RedisStor
     for v in values:
         assert not v.startswith(b"\x80"), v  # the pickle protocol marker
         v.decode("utf-8")  # plain text
-    rec = r.hget(storage.keys("job-1").record, "data")
+    rec = stored_text(*r.hmget(storage.keys("job-1").record, ["data", "base", "dx"]))  # either record format
     assert rec is not None and json.loads(rec)["job_id"] == "job-1"
     assert all(json.loads(m) for m in r.lrange(storage.keys("job-1").messages, 0, -1))
     assert json.loads(r.hget(storage.keys("job-1").journal, "model") or b"") == [1, "two", None]

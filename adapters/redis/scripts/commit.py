@@ -73,6 +73,9 @@ end
 #       finished_at ('' = not finished: remove), inbox_taken, status index position, updated_at,
 #       history base token ('' = the whole history follows), marks dropped from its front, marks added,
 #       ends_run ('1': refused while the inbox holds more than inbox_taken),
+#       record mode (how data is written, adapters.redis.record_format: '1' whole in 'data', '2' whole in
+#       'base', 'd:<token>' the fields that differ from 'base', in 'dx', while the stored token is <token>;
+#       'd' names the history base token),
 #       then the messages (each JSON text or a reference into the journal), the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
 # 'inbox:<inbox count>' (the commit ends the run past messages sent meanwhile: nothing written);
@@ -117,13 +120,26 @@ if ARGV[23] == '1' then
 end
 -- A history delta applies only to the history it was computed from: the one the base commit wrote.
 if ARGV[20] ~= '' and cur[2] ~= ARGV[20] then return 'rebase' end
+-- So does a record delta: to the base and dx the write with that token left.
+local mode = ARGV[24]
+if mode == 'd' then mode = 'd:' .. ARGV[20] end  -- the history's base token (checked above) is the record's
+if string.sub(mode, 1, 2) == 'd:'
+    and (cur[2] ~= string.sub(mode, 3) or redis.call('HEXISTS', KEYS[1], 'base') == 0) then
+  return 'rebase'
+end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-local messages = resolve(KEYS[4], 24, 23 + n)
+local messages = resolve(KEYS[4], 25, 24 + n)
 if not messages then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
-redis.call('HSET', KEYS[1], 'data', ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5],
+local field = (mode == '1' and 'data') or (mode == '2' and 'base') or 'dx'
+redis.call('HSET', KEYS[1], field, ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5],
            'st', status_name(ARGV[18]))
+if mode == '1' then
+  redis.call('HDEL', KEYS[1], 'base', 'dx')
+elseif mode == '2' then
+  redis.call('HDEL', KEYS[1], 'data', 'dx')
+end
 set_history(ARGV[20], ARGV[21], ARGV[22])
 if ARGV[8] ~= '' then
   local n = tonumber(ARGV[8])
@@ -131,8 +147,8 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 push_all(KEYS[2], messages)
-push(KEYS[3], 24 + n, 23 + n + nl)
-cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 24 + n + nl))
+push(KEYS[3], 25 + n, 24 + n + nl)
+cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 25 + n + nl))
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.

@@ -22,7 +22,8 @@ if seen('send_tokens', ARGV[1]) then
 end
 -- The status is read in the step that appends: a run cannot end between the check and the
 -- append, so no message lands in an inbox that no turn will read. A record written before
--- 'st' existed has its status only inside 'data' (absent there: the default, idle).
+-- 'st' existed has its status only inside its JSON (absent there: the default, idle); every
+-- version that writes record format 2 ('base' and 'dx': adapters.redis.record_format) writes 'st'.
 local st = redis.call('HGET', KEYS[1], 'st')
 if not st then
   local ok, rec = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'data') or '')

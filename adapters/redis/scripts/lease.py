@@ -17,7 +17,8 @@ __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 # ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id
 # Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
 # the job: see below), 'corrupt:<role>:<type>',
-# else {data, jver, journal pairs, control, inbox, dropped, token, hist (nil: history inside data)}.
+# else {data, jver, journal pairs, control, inbox, dropped, token, base, dx, hist (nil: history inside data)}:
+# a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format).
 LOAD = TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
 -- A read-only load never touches the lease, so only taking it checks its type.
@@ -44,10 +45,11 @@ if ARGV[2] ~= '' then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
   redis.call('HSET', KEYS[1], 'held', ARGV[1])
 end
-local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'hist')
--- A record hash without 'data' comes back as '' and the adapter reports it corrupt.
+local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'base', 'dx',
+                      'hist')
+-- A record hash without 'data' or 'base' comes back as '' and the adapter reports it corrupt.
 return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or '',
-        rec[6] or '', rec[7]}
+        rec[6] or '', rec[7] or '', rec[8] or '', rec[9]}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms

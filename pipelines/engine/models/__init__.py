@@ -29,6 +29,7 @@ from pipelines.engine.models.records import (
 from pipelines.engine.models.records import NO_USAGE as NO_USAGE
 from pipelines.engine.models.stored import (
     check_event_size,
+    check_record_fields,
     dump_events,
     dump_logs,
     dump_marks,
@@ -73,6 +74,7 @@ __all__ = [
     "Usage",
     "check_messages",
     "check_event_size",
+    "check_record_fields",
     "check_size",
     "dump_json",
     "dump_events",

@@ -29,8 +29,8 @@ from pipelines.engine.models.values import (
     check_size,
 )
 
-__all__ = ["check_event_size", "dump_events", "dump_logs", "dump_marks", "dump_record", "dump_record_apart",
-           "plain_event"]
+__all__ = ["check_event_size", "check_record_fields", "dump_events", "dump_logs", "dump_marks", "dump_record",
+           "dump_record_apart", "plain_event"]
 
 # Fields whose entries are separate values (step results, a person's inputs): each entry gets the
 # whole MAX_VALUE_DEPTH, as when it was journaled; the dict around them is the envelope's level.
@@ -154,6 +154,14 @@ def dump_record_apart(record: JobRecord, what: str) -> str:
     except (ValueError, RecursionError) as exc:  # a safety net: _check_fields should have said why
         raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
     return check_size(text, what)
+
+
+def check_record_fields(record: JobRecord, what: str, skip: frozenset[str] = frozenset()) -> None:
+    """Check the fields of ``record`` a storage writes, but its history and ``skip``, as :func:`dump_record` does.
+
+    For a storage that writes some fields only (a delta of what it holds); raises like :func:`dump_record`.
+    """
+    _check_fields(record, what, skip | _HISTORY)
 
 
 _HISTORY: Final = frozenset({"history"})

@@ -1,0 +1,151 @@
+"""How a job's record is written in its Redis hash: whole (format 1), or as a delta of a base (format 2).
+
+**Format 1** (every version reads it): the record's JSON, without its turn history, in the hash's
+``data`` field, written whole by every commit.
+
+**Format 2** (this version and later): the record as of its last whole write in ``base``, and in
+``dx`` a JSON object of the top-level fields that differ from it, rewritten whole by each commit
+(``data`` absent). A turn changes a few fields (the checkpoint, the version, the usage, counters and
+times), so a commit sends those instead of the whole record: about 60 % of its bytes in W1
+(bench/README.md, figure 4). A reader puts the two together as one JSON text, ``dx``'s fields after
+``base``'s: a JSON object's later member wins (pydantic-core and :mod:`json` both read it so; a test
+holds pydantic-core to it). A commit sends a delta only when the record hash holds what its worker
+last saw (the stored token, as the turn history's delta: :mod:`adapters.redis.records`), else it
+writes the record whole, in ``base``.
+
+**Which format a storage writes** is the prefix's, recorded in its layout key beside the bucket
+count (:func:`adapters.redis.keys.layout_key`): ``buckets=<n>`` is format 1, ``buckets=<n>
+records=2`` format 2. A prefix first written by this version records format 2. Versions before it
+compare the whole layout value and refuse to start on such a prefix, with an error naming it,
+instead of reading a ``data`` that is not there. A prefix written by an earlier version stays in
+format 1 until it is moved on, in two steps:
+
+1. run this version (or a later one) in every process on the prefix: it reads both formats and
+   writes format 1 there, so the earlier version's processes read everything it writes;
+2. then :func:`upgrade_record_format` (``pipelines upgrade-records``):
+   processes started after it write format 2; ones started before go on writing format 1 until
+   restarted, which every version from this one reads. A format-1 commit of a format-2 record
+   writes it whole in ``data`` again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+from pydantic_core import from_json, to_json
+
+from pipelines.engine.errors import ConfigurationError
+from pipelines.engine.models import JobRecord, check_record_fields, check_size
+
+__all__ = ["LAYOUT_SUFFIX", "NEWEST", "changed_fields", "delta_json", "format_of", "merged", "record_fields",
+           "stored_text", "upgrade_record_format"]
+
+NEWEST: Final = 2
+"""The record format a prefix first written by this version records."""
+
+LAYOUT_SUFFIX: Final = {1: "", 2: " records=2"}
+"""What each format adds to the layout key's ``buckets=<n>``."""
+
+
+def format_of(stored: str, buckets: str) -> int | None:
+    """The format the layout ``stored`` records for a storage whose layout is ``buckets``; None: another layout."""
+    for fmt, suffix in LAYOUT_SUFFIX.items():
+        if stored == buckets + suffix:
+            return fmt
+    return None
+
+
+def merged(base: str, dx: str) -> str:
+    """The record's JSON text: ``base`` with ``dx``'s members after its own (a later member wins)."""
+    dx = dx.strip()
+    if not dx or dx == "{}":
+        return base
+    body = base.rstrip()[:-1].rstrip()
+    return f"{body}{'' if body.endswith('{') else ','}{dx[1:]}"
+
+
+def stored_text(data: Any, base: Any, dx: Any) -> str | None:
+    """A record hash's record as one JSON text, from its ``data``, ``base`` and ``dx`` fields; None: it has none."""
+    if data:
+        return data.decode() if isinstance(data, bytes) else str(data)
+    if not base:
+        return None
+    text = base.decode() if isinstance(base, bytes) else str(base)
+    return merged(text, (dx.decode() if isinstance(dx, bytes) else str(dx)) if dx else "")
+
+
+# The fields a record's JSON holds (without its history, kept apart), with what each is when left out.
+_STORED: Final = tuple(n for n, f in JobRecord.model_fields.items() if not f.exclude and n != "history")
+_DEFAULT_JSON: Final = {n: to_json(JobRecord.model_fields[n].get_default(call_default_factory=True)).decode()
+                        for n in _STORED if not JobRecord.model_fields[n].is_required()}
+
+
+def record_fields() -> tuple[str, ...]:
+    """The names of the record's stored fields (its JSON without the history)."""
+    return _STORED
+
+
+def changed_fields(record: JobRecord, since: JobRecord, known: Iterable[str]) -> set[str]:
+    """``known`` and the stored fields of ``record`` that are not the very objects ``since`` holds.
+
+    The engine builds each record from the one it loaded or committed (``model_copy``), so a field
+    it did not set is the same object; one it set is another (an equal int or text at most costs
+    its bytes again).
+    """
+    out = set(known)
+    new, old = record.__dict__, since.__dict__
+    for name in _STORED:
+        if new[name] is not old[name]:
+            out.add(name)
+    return out
+
+
+def delta_json(record: JobRecord, fields: set[str], what: str) -> str:
+    """The JSON object of ``record``'s ``fields``, checked like a whole record: ``dx``.
+
+    Left out like the whole record's defaults, except that a field back at its default is written
+    with it (its base may hold another value).
+    """
+    check_record_fields(record, what, frozenset(_STORED).difference(fields))
+    text = record.model_dump_json(include=fields, exclude_defaults=True)
+    # The fields the dump left out (at their default): exactly those its JSON does not name.
+    back = fields.difference(from_json(text))
+    if back:
+        extra = ",".join(f'"{n}":{_DEFAULT_JSON[n]}' for n in _STORED if n in back)
+        text = f"{text[:-1]}{',' if len(text) > 2 else ''}{extra}}}"
+    return check_size(text, what)
+
+
+# KEYS: the layout key; ARGV: format 1's value, format 2's. Reply: 1 moved now, 0 already there, else the value.
+_UPGRADE: Final = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then redis.call('SET', KEYS[1], ARGV[2]) return 1 end
+if cur == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end
+if cur == ARGV[2] then return 0 end
+return cur
+"""
+
+
+def upgrade_record_format(storage: Any) -> bool:
+    """Step 2 of moving a prefix to record format 2: record it in the prefix's layout key (see the module).
+
+    Run it once every process on the prefix runs this version or a later one (step 1): processes
+    started afterwards, and ``storage`` itself, write format 2; ones started before go on writing
+    format 1 until they restart. ``True`` if the prefix moved now, ``False`` if it was there already.
+    A prefix whose recorded layout has other buckets raises :class:`ConfigurationError`.
+    """
+    from adapters.redis.client import _mapped
+    from adapters.redis.keys import layout_key
+    from adapters.redis.values import _text
+
+    conn = storage.conn
+    buckets = conn.layout.description
+    with _mapped(f"upgrading the record format of prefix {conn.prefix!r}"):
+        reply = conn.client.eval(_UPGRADE, 1, layout_key(conn.prefix), buckets + LAYOUT_SUFFIX[1],
+                                 buckets + LAYOUT_SUFFIX[NEWEST])
+    if not isinstance(reply, int):
+        raise ConfigurationError(f"the jobs under prefix {conn.prefix!r} were written with {_text(reply)}, this "
+                                 f"storage uses {buckets}: nothing was upgraded")
+    conn.record_format = NEWEST
+    return bool(reply)
