@@ -60,9 +60,11 @@ class _Base(NamedTuple):
     token: str
     marks: list[TurnMark]
     lines: list[str]
-    size: int  # bytes of lines and of the record's JSON, for the bound
+    size: int  # bytes of lines, and twice the base's (its text, and about as much for the record), for the bound
     record: JobRecord | None = None
     dx: frozenset[str] | None = None  # None: the hash holds no base (format 1), or which is not known
+    base: str = ""  # the base's text, which a load then need not read again ('': not known)
+    btok: str = ""  # the token of the write that wrote that base
 
 
 class RecordReads:
@@ -79,18 +81,23 @@ class RecordReads:
         k, ix = self.conn.keys(job_id), self.conn.layout.indexes_of(job_id)
         if owner:
             self.conn.check_layout(job_id)  # before a worker's first turn, not before every read
+        # A worker that holds the record's base (record format 2) is not sent it again.
+        held = self.bases.get(job_id) if owner else None
+        btok = held.btok if held is not None and held.base else ""
         # A read unless it takes the lease (the leftovers of a job whose record is gone go in a write of their own).
         reply = self.conn.run(self.conn.scripts.load, [k.record, k.journal, k.lease, ix.due, ix.jobs, ix.listing[0]],
-                          [owner, ttl_ms, job_id], f"loading job {job_id!r}", write=bool(owner))
+                          [owner, ttl_ms, job_id, btok], f"loading job {job_id!r}", write=bool(owner))
         self.conn.check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
             return None
         if isinstance(reply, bytes | str):  # 'gone': no record, but an index still names the job
             self.delete_leftovers(job_id)
             return None
-        hist = reply[9] if len(reply) > 9 else None
+        hist = reply[10] if len(reply) > 10 else None
         lines = lines_of(hist) if hist is not None else []
         base, dx = _text(reply[7]), _text(reply[8])
+        if base == "=" and held is not None:  # the base this worker holds ('=' only answers a btok sent)
+            base = held.base
         try:
             record = parse_record(job_id, reply[0] or merged(base, dx), reply[1], reply[2], reply[3], hist,
                                   self.known_marks(job_id, lines))
@@ -99,36 +106,35 @@ class RecordReads:
                 with contextlib.suppress(PipelineError):
                     self.release_lease(job_id, owner)
             raise
-        waiting = int(_text(reply[4]) or 0)
-        update: dict[str, Any] = {"inbox": waiting} if waiting else {}
-        if reply[5]:
-            update["dropped"] = Usage.model_validate_json(reply[5])
-        if update:
-            record = record.model_copy(update=update)
+        record = _beside(record, reply)
         if owner and hist is not None:
-            # A worker commits next: remember what the record hash holds, so that commit sends a delta.
-            fields = (frozenset(from_json(dx)) if dx else frozenset()) if base and not reply[0] else None
-            self.remember(job_id, _text(reply[6]), record.history, lines, record, fields,
-                          len(base) + len(dx) if fields is not None else 0)
+            self.remember_loaded(job_id, record, lines, reply, base, dx)
         if owner:
             self.remember_journal(job_id, record, reply[1], reply[2])
         return record
 
-    def remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str],
-                 record: JobRecord | None = None, dx: frozenset[str] | None = None, record_bytes: int = 0) -> None:
-        """Remember what the record hash holds after ``token``'s write: its history, and its record and ``dx``.
+    def remember_loaded(self, job_id: str, record: JobRecord, lines: list[str], reply: Sequence[Any], base: str,
+                        dx: str) -> None:
+        """A worker commits next: remember what the record hash holds, so that commit sends deltas."""
+        fmt2 = bool(base) and not reply[0]  # 'base' and no 'data': record format 2
+        fields = (frozenset(from_json(dx)) if dx else frozenset()) if fmt2 else None
+        self.remember(job_id, _text(reply[6]), record.history, lines, record, fields, base if fmt2 else "",
+                      _text(reply[9]) if fmt2 else "")
 
-        ``record_bytes``: about how much of the bound the record takes (its JSON's length).
-        """
+    def remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str],
+                 record: JobRecord | None = None, dx: frozenset[str] | None = None, base: str = "",
+                 btok: str = "") -> None:
+        """Remember what the record hash holds after ``token``'s write: its history; in record format 2 its
+        record, the fields ``dx`` holds, and the text of ``base`` with ``btok``, the token that wrote it."""
         self.forget_base(job_id)
         if not token:
             return  # a hand-made record without a token: its next commit sends the history whole
-        size = sum(map(len, lines)) + (record_bytes if record is not None else 0)
+        size = sum(map(len, lines)) + 2 * len(base)
         while self.bases and (len(self.bases) >= _BASES_KEPT or self.bases_bytes + size > _BASES_BYTES):
             # Another thread may change the dict meanwhile: this is a bound, not an exact LRU.
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):
                 self.forget_base(next(iter(self.bases)))  # the job remembered longest ago
-        self.bases[job_id] = _Base(token, list(marks), lines, size, record, dx)
+        self.bases[job_id] = _Base(token, list(marks), lines, size, record, dx, base if btok else "", btok)
         self.bases_bytes += size
 
     def remember_journal(self, job_id: str, record: JobRecord, jver: Any, pairs: Sequence[Any]) -> None:
@@ -261,6 +267,15 @@ class RecordReads:
             _log.warning("job %s: its record is gone (deleted outside the app, or evicted); removed %s%d leftover "
                          "key(s) (events, live stream, logs, transcript, journal, inbox) and its index entries",
                          job_id, "its due entry, " if due else "", keys)
+
+
+def _beside(record: JobRecord, reply: Sequence[Any]) -> JobRecord:
+    """``record`` with what LOAD read beside it: how many messages wait in its inbox, the usage fenced off."""
+    waiting = int(_text(reply[4]) or 0)
+    update: dict[str, Any] = {"inbox": waiting} if waiting else {}
+    if reply[5]:
+        update["dropped"] = Usage.model_validate_json(reply[5])
+    return record.model_copy(update=update) if update else record
 
 
 def parse_record(job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None,

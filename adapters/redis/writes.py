@@ -105,8 +105,8 @@ class RecordWrites:
         keys = self.conn.all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
         mode, data, dx = self.records.record_args(job_id, commit.record, self.conn.record_format)
-        held = self.records.bases.get(job_id)
-        base_bytes = held.size - sum(map(len, held.lines)) if held is not None else 0  # a delta keeps its base's
+        held = self.records.bases.get(job_id)  # a delta keeps the base it was computed from
+        base_text, btok = (held.base, held.btok) if held is not None and mode.startswith("d") else (data, commit.token)
         marks, base, drop, kept = self.records.history_args(job_id, commit.record.history)
         if mode == f"d:{base}":
             mode = "d"  # the same token as the history's delta: sent once
@@ -139,7 +139,8 @@ class RecordWrites:
             args[first:first + len(msgs)] = msgs
             if mode.startswith("d"):  # the record whole, in its base
                 mode, args[layout.record_mode], dx = "2", "2", frozenset()
-                data = args[layout.data] = _dump_data(commit.record)
+                base_text = data = args[layout.data] = _dump_data(commit.record)
+                btok = commit.token
             reply = _text(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
         self.conn.check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith(("stale:", "inbox:")):
@@ -148,7 +149,7 @@ class RecordWrites:
             # The same worker commits the job's next turn without loading it (continue_for): a delta.
             # Its next load (the next queued turn) parses only the marks added since (_known_marks).
             self.records.remember(job_id, commit.token, commit.record.history, marks, commit.record, dx,
-                                  len(data) + (base_bytes if mode.startswith("d") else 0))
+                                  base_text if dx is not None else "", btok if dx is not None else "")
         if self.archive_finished and commit.record.status in _FINISHED:
             self.history.archive_quietly(job_id)
         _, pending, waiting = reply.split(":", 2)

@@ -244,3 +244,35 @@ def test_the_cli_moves_the_apps_prefix_once_and_refuses_a_storage_without_format
     err = io.StringIO()
     assert main(["upgrade-records", "--app", "tests.apps.memory_app:app"], out=io.StringIO(), err=err) == 1
     assert "MemoryStorage has one record format" in err.getvalue()
+
+
+def test_a_worker_holding_the_base_is_not_sent_it_again_and_one_that_does_not_is(
+        redis_url: str, apps: list[App], monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = MemoryScheduler()
+    warm, cold = _app(redis_url, "skip", clock), _app(redis_url, "skip", clock)
+    apps.extend([warm, cold])
+    warm.run_agent("a", job_id="j", messages=["count"])
+    bases: dict[str, list[str]] = {"warm": [], "cold": []}
+    for name, app in (("warm", warm), ("cold", cold)):
+        conn = _storage(app).conn
+        inner = conn.run
+
+        def spy(script: Any, keys: Any, args: Any, what: str, *, write: bool = True, _inner: Any = inner,
+                _name: str = name, _conn: Any = conn) -> Any:
+            reply = _inner(script, keys, args, what, write=write)
+            if script is _conn.scripts.load and isinstance(reply, list):
+                bases[_name].append(reply[7].decode() if isinstance(reply[7], bytes) else reply[7])
+            return reply
+
+        monkeypatch.setattr(conn, "run", spy)
+    for _ in range(3):
+        warm.advance("j")  # the first reads the create's 'data' and writes the base; the next loads hold it
+    assert bases["warm"] == ["", "=", "="]
+    assert _record(warm) == _record(cold)
+    cold.advance("j")  # holds no base: sent whole; then the warm worker's base is another's, sent whole too
+    assert bases["cold"][-1].startswith("{")
+    _storage(cold).client.hset(_storage(cold).keys("j").record, "btok", "rewritten")  # as a later whole write
+    warm.advance("j")
+    assert bases["warm"][-1].startswith("{") and _record(warm) == _record(cold)
+    _finish(warm, "j")
+    assert _record(warm).status is JobStatus.COMPLETE

@@ -136,9 +136,10 @@ local field = (mode == '1' and 'data') or (mode == '2' and 'base') or 'dx'
 redis.call('HSET', KEYS[1], field, ARGV[3], 'version', ARGV[5], 'token', ARGV[2], 'jver', ARGV[5],
            'st', status_name(ARGV[18]))
 if mode == '1' then
-  redis.call('HDEL', KEYS[1], 'base', 'dx')
+  redis.call('HDEL', KEYS[1], 'base', 'dx', 'btok')
 elseif mode == '2' then
   redis.call('HDEL', KEYS[1], 'data', 'dx')
+  redis.call('HSET', KEYS[1], 'btok', ARGV[2])  -- a load need not send this base to a worker that holds it
 end
 set_history(ARGV[20], ARGV[21], ARGV[22])
 if ARGV[8] ~= '' then

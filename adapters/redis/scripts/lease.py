@@ -14,11 +14,12 @@ from adapters.redis.scripts.functions import TYPES_FN
 __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 
 # KEYS: record, journal, lease, due, jobs, updated (the listing index of every job)
-# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id
+# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id, the token of the base the caller holds ('' none)
 # Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
 # the job: see below), 'corrupt:<role>:<type>',
-# else {data, jver, journal pairs, control, inbox, dropped, token, base, dx, hist (nil: history inside data)}:
-# a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format).
+# else {data, jver, journal pairs, control, inbox, dropped, token, base, dx, btok, hist (nil: history inside data)}:
+# a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format);
+# base is '=' when it is the one the caller holds (btok, the token of the write that wrote it, is the one sent).
 LOAD = TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
 -- A read-only load never touches the lease, so only taking it checks its type.
@@ -46,10 +47,12 @@ if ARGV[2] ~= '' then
   redis.call('HSET', KEYS[1], 'held', ARGV[1])
 end
 local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'base', 'dx',
-                      'hist')
+                      'btok', 'hist')
+local base = rec[7] or ''
+if base ~= '' and ARGV[4] and ARGV[4] ~= '' and rec[9] == ARGV[4] then base = '=' end
 -- A record hash without 'data' or 'base' comes back as '' and the adapter reports it corrupt.
 return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or '',
-        rec[6] or '', rec[7] or '', rec[8] or '', rec[9]}
+        rec[6] or '', base, rec[8] or '', rec[9] or '', rec[10]}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms
