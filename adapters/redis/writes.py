@@ -102,7 +102,7 @@ class RecordWrites:
         landed; sending the same ``Commit`` again is safe (its token).
         """
         job_id = commit.job_id
-        keys = self.conn.all_keys(job_id)
+        keys = every_key = self.conn.all_keys(job_id)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
         mode, data, dx = self.records.record_args(job_id, commit.record, self.conn.record_format)
         held = self.records.bases.get(job_id)  # a delta keeps the base it was computed from
@@ -110,6 +110,12 @@ class RecordWrites:
         marks, base, drop, kept = self.records.history_args(job_id, commit.record.history)
         if mode == f"d:{base}":
             mode = "d"  # the same token as the history's delta: sent once
+        place = ""
+        if base and held is not None and held.record is not None:
+            # The record hash holds what this worker last saw, so the job is in that status's index: the
+            # commit names only it and the new one of the listing indexes (the script checks 'st').
+            was = held.record.status
+            place, keys = redis_scripts.index_position(was), _pruned(every_key, was, commit.record.status)
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         # A message the journal already holds (the model's answer) is sent as a slice of it.
         sent = self.records.steps.refer(job_id, msgs) if msgs else None
@@ -124,7 +130,7 @@ class RecordWrites:
             _score(commit.due_at), len(msgs), len(lines), "1" if commit.clear_control else "0",
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
-            base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0", mode,
+            base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0", mode, place,
             *(sent or msgs), *lines, *event_lines,
         ]
         layout = redis_scripts.COMMIT_ARGS
@@ -137,6 +143,7 @@ class RecordWrites:
             # journal does not hold a message sent by reference: send both whole.
             args[at:at + 3] = ["", "0", "\n".join(marks)]
             args[first:first + len(msgs)] = msgs
+            keys, args[layout.record_mode + 1] = every_key, ""  # the status it is in: as 'st' says
             if mode.startswith("d"):  # the record whole, in its base
                 mode, args[layout.record_mode], dx = "2", "2", frozenset()
                 base_text = data = args[layout.data] = _dump_data(commit.record)
@@ -265,6 +272,16 @@ def _refused(job_id: str, reply: str, commit: Commit) -> StaleVersionError:
         return InboxNotEmptyError(f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its "
                                   "inbox; the run does not end past them", waiting=waiting)
     return StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
+
+
+def _pruned(keys: list[str], was: JobStatus, status: JobStatus) -> list[str]:
+    """``keys`` (every key of a job's COMMIT) with the listing indexes cut to all jobs', ``was``'s and ``status``'s."""
+    statuses = keys[-len(redis_scripts.INDEX_ROLES) + 1:]
+    order = list(JobStatus)
+    kept = [statuses[order.index(was)]]
+    if status is not was:
+        kept.append(statuses[order.index(status)])
+    return [*keys[:-len(redis_scripts.INDEX_ROLES) + 1], *kept]
 
 
 def _dump_data(record: JobRecord) -> str:

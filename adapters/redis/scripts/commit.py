@@ -75,7 +75,8 @@ end
 #       ends_run ('1': refused while the inbox holds more than inbox_taken),
 #       record mode (how data is written, adapters.redis.record_format: '1' whole in 'data', '2' whole in
 #       'base', 'd:<token>' the fields that differ from 'base', in 'dx', while the stored token is <token>;
-#       'd' names the history base token),
+#       'd' names the history base token), the status index place the job is in ('': not known, and
+#       KEYS end with every listing index; else with three: every job's, that status's, the new status's),
 #       then the messages (each JSON text or a reference into the journal), the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
 # 'inbox:<inbox count>' (the commit ends the run past messages sent meanwhile: nothing written);
@@ -89,9 +90,16 @@ local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', 
                         KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset',
                         KEYS[11], 'inbox', 'list'})
 -- The status index the job is in ('st', beside the record): only it and the new one are touched.
+-- ARGV[25] names its place when KEYS end with only three listing indexes (every job, that status's,
+-- the new status's): then 'st' must say so, else 'rebase' (the adapter sends them all).
 local was = nil
 if not bad then
   was = status_place(KEYS[1])
+  if ARGV[25] ~= '' then
+    if was ~= tonumber(ARGV[25]) then return 'rebase' end
+    IX = {[1] = KEYS[12], [was + 1] = KEYS[13]}
+    IX[tonumber(ARGV[18]) + 1] = KEYS[14] or KEYS[13]  -- the same status: named once
+  end
   bad = index_checks(was, tonumber(ARGV[18]))
 end
 if bad then return bad end
@@ -128,7 +136,7 @@ if string.sub(mode, 1, 2) == 'd:'
   return 'rebase'
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-local messages = resolve(KEYS[4], 25, 24 + n)
+local messages = resolve(KEYS[4], 26, 25 + n)
 if not messages then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
@@ -148,8 +156,8 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 push_all(KEYS[2], messages)
-push(KEYS[3], 25 + n, 24 + n + nl)
-cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 25 + n + nl))
+push(KEYS[3], 26 + n, 25 + n + nl)
+cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 26 + n + nl))
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.

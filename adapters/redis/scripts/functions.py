@@ -36,14 +36,21 @@ end
 local function status_name(place)
   return STATUS_AT[tonumber(place)] or ''
 end
+-- The listing index of role i (1: every job, 1 + p: the status of place p): the last #INDEX_ROLES KEYS,
+-- unless a script named only some of them in IX (COMMIT, when the status index the job is in is known).
+local IX = nil
+local function ix(i)
+  if IX then return IX[i] end
+  return KEYS[#KEYS - #INDEX_ROLES + i]
+end
 -- old: the status index the job is in now (the record's 'st'), or nil when not known (a record
 -- written before 'st' existed, a delete, a reindex): then every status index is touched.
 -- pos: the status index it goes in (0: none). Checks the type of each index it would write.
 local function index_checks(old, pos)
-  local checks, first = {}, #KEYS - #INDEX_ROLES
+  local checks = {}
   for i = 1, #INDEX_ROLES do
     if old == nil or i == 1 or i == old + 1 or i == pos + 1 then
-      checks[#checks + 1] = KEYS[first + i]
+      checks[#checks + 1] = ix(i)
       checks[#checks + 1] = INDEX_ROLES[i]
       checks[#checks + 1] = 'zset'
     end
@@ -53,12 +60,11 @@ end
 -- Puts job_id in the status index number pos (0: in none, and out of the all-jobs index), out of
 -- the one it was in (old; nil: out of every other).
 local function index_job(job_id, pos, score, old)
-  local first = #KEYS - #INDEX_ROLES + 1
   for i = 1, #INDEX_ROLES - 1 do
-    if i == pos then redis.call('ZADD', KEYS[first + i], score, job_id)
-    elseif old == nil or i == old then redis.call('ZREM', KEYS[first + i], job_id) end
+    if i == pos then redis.call('ZADD', ix(i + 1), score, job_id)
+    elseif old == nil or i == old then redis.call('ZREM', ix(i + 1), job_id) end
   end
-  if pos > 0 then redis.call('ZADD', KEYS[first], score, job_id) else redis.call('ZREM', KEYS[first], job_id) end
+  if pos > 0 then redis.call('ZADD', ix(1), score, job_id) else redis.call('ZREM', ix(1), job_id) end
 end
 """
 

@@ -12,7 +12,8 @@ __all__ = ["COMMIT_ARGS", "CREATE_ARGS", "INDEX_ROLES", "ArgLayout", "index_posi
 class ArgLayout(NamedTuple):
     """Where CREATE's and COMMIT's ARGV keep their parts (0-based, as the adapter builds the list).
 
-    ``fixed`` arguments come first (the turn history's from ``history`` on, COMMIT's ``record_mode`` last); then
+    ``fixed`` arguments come first (the turn history's from ``history`` on, then COMMIT's ``record_mode`` and
+    status place); then
     ``ARGV[n_messages]`` messages, ``ARGV[n_logs]`` log lines and the events up to the end. The
     bench's byte breakdown reads the same numbers.
     """
@@ -22,11 +23,11 @@ class ArgLayout(NamedTuple):
     n_logs: int
     history: int
     fixed: int
-    record_mode: int = -1  # COMMIT: how data is written (adapters.redis.record_format); CREATE: always 'data'
+    record_mode: int = -1  # COMMIT: how data is written (adapters.redis.record_format), then the status place
 
 
 CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, history=10, fixed=11)
-COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=24, record_mode=23)
+COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=25, record_mode=23)
 
 INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
 """The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by
