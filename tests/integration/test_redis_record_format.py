@@ -276,3 +276,26 @@ def test_a_worker_holding_the_base_is_not_sent_it_again_and_one_that_does_not_is
     assert bases["warm"][-1].startswith("{") and _record(warm) == _record(cold)
     _finish(warm, "j")
     assert _record(warm).status is JobStatus.COMPLETE
+
+
+def test_a_commit_names_the_status_indexes_it_moves_the_job_between_and_they_end_right(
+        redis_url: str, apps: list[App], monkeypatch: pytest.MonkeyPatch) -> None:
+    app = _app(redis_url, "ix")
+    apps.append(app)
+    conn = _storage(app).conn
+    inner, sent = conn.run, []
+
+    def spy(script: Any, keys: Any, args: Any, what: str, *, write: bool = True) -> Any:
+        if script is conn.scripts.commit:
+            sent.append(len(keys))
+        return inner(script, keys, args, what, write=write)
+
+    monkeypatch.setattr(conn, "run", spy)
+    app.run_agent("a", job_id="j", messages=["count"])
+    _finish(app, "j")
+    # Every turn but the last keeps the job running: the all-jobs index and the running one; the last
+    # moves it to complete: the two status indexes. (19 keys: every index, as for a job not held.)
+    assert sent == [13] * (TURNS - 1) + [14]
+    storage = _storage(app)
+    assert storage.count_jobs(JobStatus.RUNNING) == 0 and storage.count_jobs(JobStatus.COMPLETE) == 1
+    assert [r.job_id for r in storage.list_jobs(status=JobStatus.COMPLETE)] == ["j"]
