@@ -16,9 +16,10 @@ writes the record whole, in ``base``.
 **Which format a storage writes** is the prefix's, recorded in its layout key beside the bucket
 count (:func:`adapters.redis.keys.layout_key`): ``buckets=<n>`` is format 1, ``buckets=<n>
 records=2`` format 2. A prefix first written by this version records format 2. Versions before it
-compare the whole layout value and refuse to start on such a prefix, with an error naming it,
-instead of reading a ``data`` that is not there. A prefix written by an earlier version stays in
-format 1 until it is moved on, in two steps:
+that record a layout compare the whole value where they check it (a worker's start, a first write,
+a first index read) and refuse such a prefix, naming it; a record they read without that check has
+no ``data`` and reads as unreadable, never as an older record. A prefix written by an earlier
+version stays in format 1 until it is moved on, in two steps:
 
 1. run this version (or a later one) in every process on the prefix: it reads both formats and
    writes format 1 there, so the earlier version's processes read everything it writes;
