@@ -20,20 +20,15 @@ from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage, upgrade_record_format
 from adapters.redis.keys import layout_key
 from adapters.redis.record_format import stored_text
-from pipelines import Agent, App, tool
+from pipelines import Agent, App
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import Commit, JobRecord, JobStatus
 from pipelines.testing import ScriptedModel, call, reply
+from tests.apps.agent_app import add
 
 pytestmark = pytest.mark.redis
 
 TURNS = 8
-
-
-@tool
-def add(a: int, b: int) -> dict[str, int]:
-    """Add two numbers."""
-    return {"sum": a + b}
 
 
 def _answer(msgs: list[dict[str, Any]]) -> Any:
