@@ -37,7 +37,10 @@ def _answer(msgs: list[dict[str, Any]]) -> Any:
 
 
 def _app(url: str, prefix: str, scheduler: MemoryScheduler | None = None) -> App:
-    storage = RedisStorage.from_url(url, prefix=prefix)
+    return _app_on(RedisStorage.from_url(url, prefix=prefix), scheduler)
+
+
+def _app_on(storage: RedisStorage, scheduler: MemoryScheduler | None = None) -> App:
     return App(storage=storage, scheduler=scheduler or MemoryScheduler(),
                agents=[Agent(name="a", model=ScriptedModel(_answer), tools=[add], max_turns=TURNS + 1)])
 
@@ -294,3 +297,26 @@ def test_a_commit_names_the_status_indexes_it_moves_the_job_between_and_they_end
     storage = _storage(app)
     assert storage.count_jobs(JobStatus.RUNNING) == 0 and storage.count_jobs(JobStatus.COMPLETE) == 1
     assert [r.job_id for r in storage.list_jobs(status=JobStatus.COMPLETE)] == ["j"]
+
+
+def test_on_a_redis_cluster_a_prefix_moves_to_format_2_in_two_steps_too(redis_cluster_url: str) -> None:
+    prefix = f"rfc{uuid.uuid4().hex[:8]}"  # the cluster lives for the session: a prefix of this test's own
+    clock = MemoryScheduler()
+    first = _app_on(RedisStorage.from_url(redis_cluster_url, prefix=prefix, cluster=True), clock)
+    storage = _storage(first)
+    storage.client.set(layout_key(prefix), storage.layout.description)  # an earlier version's prefix
+    first.run_agent("a", job_id="j", messages=["count"])
+    first.advance("j")
+    assert "data" in _hash(first, "j")
+    assert upgrade_record_format(storage) is True
+    assert storage.client.get(layout_key(prefix)) == f"{storage.layout.description} records=2".encode()
+    later = _app_on(RedisStorage.from_url(redis_cluster_url, prefix=prefix, cluster=True), clock)
+    later.advance("j")
+    later.advance("j")
+    held = _hash(later, "j")
+    assert "base" in held and "dx" in held and "data" not in held
+    _finish(later, "j")
+    assert _record(later).status is JobStatus.COMPLETE and _record(first) == _record(later)
+    assert len(later.messages("j")) == 2 * TURNS
+    for app in (first, later):
+        _storage(app).client.close()
