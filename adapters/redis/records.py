@@ -39,7 +39,7 @@ from pipelines.engine.models import (
     dump_record_apart,
 )
 
-__all__ = ["RecordReads", "lines_of", "mark_line", "parse_record"]
+__all__ = ["RecordReads", "lines_of", "mark_line", "parse_record", "parse_stored"]
 
 _log = logging.getLogger("pipelines")
 # How many jobs' stored histories a storage remembers, and how many bytes of their lines at most
@@ -65,6 +65,7 @@ class _Base(NamedTuple):
     dx: frozenset[str] | None = None  # None: the hash holds no base (format 1), or which is not known
     base: str = ""  # the base's text, which a load then need not read again ('': not known)
     btok: str = ""  # the token of the write that wrote that base
+    stored: JobRecord | None = None  # the record as the hash's JSON reads (nothing LOAD reads beside it)
 
 
 class RecordReads:
@@ -76,31 +77,29 @@ class RecordReads:
         self.bases_bytes = 0
         # What each job's journal holds, so a commit sends a journaled message as a reference.
         self.steps = JournalValues(jobs=_BASES_KEPT, max_bytes=_BASES_BYTES)
+        self.warm_loads = 0  # loads that found the record hash as this storage last saw it (not sent again)
 
     def load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
         k, ix = self.conn.keys(job_id), self.conn.layout.indexes_of(job_id)
         if owner:
             self.conn.check_layout(job_id)  # before a worker's first turn, not before every read
-        # A worker that holds the record's base (record format 2) is not sent it again.
+        # A worker that saw the record hash as it is (its last write or load) is not sent the record again;
+        # one that holds its base (record format 2) is not sent that.
         held = self.bases.get(job_id) if owner else None
+        known = held.token if held is not None and held.stored is not None else ""
         btok = held.btok if held is not None and held.base else ""
         # A read unless it takes the lease (the leftovers of a job whose record is gone go in a write of their own).
         reply = self.conn.run(self.conn.scripts.load, [k.record, k.journal, k.lease, ix.due, ix.jobs, ix.listing[0]],
-                          [owner, ttl_ms, job_id, btok], f"loading job {job_id!r}", write=bool(owner))
+                          [owner, ttl_ms, job_id, btok, known], f"loading job {job_id!r}", write=bool(owner))
         self.conn.check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
             return None
         if isinstance(reply, bytes | str):  # 'gone': no record, but an index still names the job
             self.delete_leftovers(job_id)
             return None
-        hist = reply[10] if len(reply) > 10 else None
-        lines = lines_of(hist) if hist is not None else []
-        base, dx = _text(reply[7]), _text(reply[8])
-        if base == "=" and held is not None:  # the base this worker holds ('=' only answers a btok sent)
-            base = held.base
         try:
-            record = parse_record(job_id, reply[0] or merged(base, dx), reply[1], reply[2], reply[3], hist,
-                                  self.known_marks(job_id, lines))
+            stored, lines, hist = self._stored(job_id, reply, held)
+            record = _with_journal(job_id, stored, reply[1], reply[2], reply[3])
         except CorruptRecordError:
             if owner:  # the lease just taken goes back, with its mark: the corrupt record stays as it was
                 with contextlib.suppress(PipelineError):
@@ -108,24 +107,41 @@ class RecordReads:
             raise
         record = _beside(record, reply)
         if owner and hist is not None:
-            self.remember_loaded(job_id, record, lines, reply, base, dx)
+            self.remember_loaded(job_id, record, stored, lines, reply, held)
         if owner:
             self.remember_journal(job_id, record, reply[1], reply[2])
         return record
 
-    def remember_loaded(self, job_id: str, record: JobRecord, lines: list[str], reply: Sequence[Any], base: str,
-                        dx: str) -> None:
+    def _stored(self, job_id: str, reply: Sequence[Any], held: _Base | None) -> tuple[JobRecord, list[str], Any]:
+        """The record as the hash's JSON reads, its history's lines, and ``hist`` (None: history inside the JSON)."""
+        if held is not None and held.stored is not None and _text(reply[0]) == "=":
+            self.warm_loads += 1  # '=' only answers the token this storage sent: it holds that record
+            return held.stored, held.lines, "="
+        hist = reply[10] if len(reply) > 10 else None
+        lines = lines_of(hist) if hist is not None else []
+        base = held.base if _text(reply[7]) == "=" and held is not None else _text(reply[7])
+        data = reply[0] or merged(base, _text(reply[8]))
+        return parse_stored(job_id, data, hist, self.known_marks(job_id, lines)), lines, hist
+
+    def remember_loaded(self, job_id: str, record: JobRecord, stored: JobRecord, lines: list[str],
+                        reply: Sequence[Any], held: _Base | None) -> None:
         """A worker commits next: remember what the record hash holds, so that commit sends deltas."""
-        fmt2 = bool(base) and not reply[0]  # 'base' and no 'data': record format 2
-        fields = (frozenset(from_json(dx)) if dx else frozenset()) if fmt2 else None
-        self.remember(job_id, _text(reply[6]), record.history, lines, record, fields, base if fmt2 else "",
-                      _text(reply[9]) if fmt2 else "")
+        if _text(reply[0]) == "=" and held is not None:  # as it was: what was remembered of it stands
+            base, btok, fields = held.base, held.btok, held.dx
+        else:
+            base = held.base if _text(reply[7]) == "=" and held is not None else _text(reply[7])
+            fmt2 = bool(base) and not reply[0]  # 'base' and no 'data': record format 2
+            dx = _text(reply[8])
+            fields = (frozenset(from_json(dx)) if dx else frozenset()) if fmt2 else None
+            base, btok = (base, _text(reply[9])) if fmt2 else ("", "")
+        self.remember(job_id, _text(reply[6]), record.history, lines, record, fields, base, btok, stored)
 
     def remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str],
                  record: JobRecord | None = None, dx: frozenset[str] | None = None, base: str = "",
-                 btok: str = "") -> None:
-        """Remember what the record hash holds after ``token``'s write: its history; in record format 2 its
-        record, the fields ``dx`` holds, and the text of ``base`` with ``btok``, the token that wrote it."""
+                 btok: str = "", stored: JobRecord | None = None) -> None:
+        """Remember what the record hash holds after ``token``'s write: its history; its record as loaded or
+        committed (``record``) and as its JSON reads (``stored``); in record format 2 the fields ``dx``
+        holds, and the text of ``base`` with ``btok``, the token that wrote it."""
         self.forget_base(job_id)
         if not token:
             return  # a hand-made record without a token: its next commit sends the history whole
@@ -134,7 +150,7 @@ class RecordReads:
             # Another thread may change the dict meanwhile: this is a bound, not an exact LRU.
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):
                 self.forget_base(next(iter(self.bases)))  # the job remembered longest ago
-        self.bases[job_id] = _Base(token, list(marks), lines, size, record, dx, base if btok else "", btok)
+        self.bases[job_id] = _Base(token, list(marks), lines, size, record, dx, base if btok else "", btok, stored)
         self.bases_bytes += size
 
     def remember_journal(self, job_id: str, record: JobRecord, jver: Any, pairs: Sequence[Any]) -> None:
@@ -281,6 +297,11 @@ def _beside(record: JobRecord, reply: Sequence[Any]) -> JobRecord:
 def parse_record(job_id: str, data: Any, jver: Any, journal: Sequence[Any], control: Any = None,
            hist: Any = None, marks: list[TurnMark] | None = None) -> JobRecord:
     """The stored record; ``marks``: its history (``hist``) already parsed, so only ``data`` is."""
+    return _with_journal(job_id, parse_stored(job_id, data, hist, marks), jver, journal, control)
+
+
+def parse_stored(job_id: str, data: Any, hist: Any = None, marks: list[TurnMark] | None = None) -> JobRecord:
+    """The record as its JSON reads (with its history), before what is kept beside it (:func:`parse_record`)."""
     if hist and marks is None:
         # The turn history lives in its own field, one mark per line; 'data' has none of its own.
         data = _text(data).rstrip()
@@ -293,6 +314,11 @@ def parse_record(job_id: str, data: Any, jver: Any, journal: Sequence[Any], cont
         rec = rec.model_copy(update={"history": marks})
     if rec.job_id != job_id:
         raise CorruptRecordError(f"stored record of job {job_id!r} names job {rec.job_id!r}")
+    return rec
+
+
+def _with_journal(job_id: str, rec: JobRecord, jver: Any, journal: Sequence[Any], control: Any) -> JobRecord:
+    """``rec`` with the journal its version holds and a pending pause/cancel request (both beside the record)."""
     if rec.checkpoint is not None and journal and _text(jver) == str(rec.version):
         try:
             steps = {_text(k): json.loads(v) for k, v in zip(journal[::2], journal[1::2], strict=True)}

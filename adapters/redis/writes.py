@@ -156,7 +156,8 @@ class RecordWrites:
             # The same worker commits the job's next turn without loading it (continue_for): a delta.
             # Its next load (the next queued turn) parses only the marks added since (_known_marks).
             self.records.remember(job_id, commit.token, commit.record.history, marks, commit.record, dx,
-                                  base_text if dx is not None else "", btok if dx is not None else "")
+                                  base_text if dx is not None else "", btok if dx is not None else "",
+                                  _as_stored(commit.record))
         if self.archive_finished and commit.record.status in _FINISHED:
             self.history.archive_quietly(job_id)
         _, pending, waiting = reply.split(":", 2)
@@ -272,6 +273,16 @@ def _refused(job_id: str, reply: str, commit: Commit) -> StaleVersionError:
         return InboxNotEmptyError(f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its "
                                   "inbox; the run does not end past them", waiting=waiting)
     return StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
+
+
+def _as_stored(record: JobRecord) -> JobRecord:
+    """``record`` as its JSON reads back: without what storage keeps beside it (a request, the inbox, dropped usage)."""
+    if record.control is None and not record.inbox and record.dropped == _NO_USAGE:
+        return record
+    return record.model_copy(update={"control": None, "inbox": 0, "dropped": _NO_USAGE})
+
+
+_NO_USAGE = Usage()
 
 
 def _pruned(keys: list[str], was: JobStatus, status: JobStatus) -> list[str]:

@@ -297,7 +297,8 @@ def strip_epoch(storage: Any, job_id: str) -> None:
     key = storage.keys(job_id).record
     data = json.loads(stored_text(*storage.client.hmget(key, ["data", "base", "dx"])) or "")
     del data["checkpoint"]["transcript_epoch"]
-    storage.client.hset(key, "data", json.dumps(data))  # record format 1, the only one those versions wrote
+    # Record format 1, the only one those versions wrote, under a token of the write that wrote it.
+    storage.client.hset(key, mapping={"data": json.dumps(data), "token": uuid.uuid4().hex})
     storage.client.hdel(key, "base", "dx")
 
 

@@ -97,8 +97,9 @@ def test_a_fresh_prefix_writes_a_base_and_then_only_the_fields_a_commit_changed(
     held = _hash(app, "j")
     assert "data" not in held and {"base", "dx"} <= set(held)
     delta = json.loads(held["dx"])
-    # What a turn changes; not what it never does (ids, the initial state, options, creation time).
-    assert {"checkpoint", "version", "transcript_len", "usage", "phases_done", "updated_at"} <= set(delta)
+    # What a turn changes; not what it never does (ids, the initial state, options, creation time). The
+    # scheduler's virtual clock stands still here, so updated_at stays what the base holds.
+    assert {"checkpoint", "version", "transcript_len", "usage", "phases_done"} <= set(delta)
     assert not {"job_id", "pipeline", "initial_state", "initial_phase", "created_at", "options"} & set(delta)
     assert len(held["dx"]) < len(held["base"])
     assert json.loads(held["base"])["version"] != delta["version"]  # the base is the older record
@@ -244,34 +245,42 @@ def test_the_cli_moves_the_apps_prefix_once_and_refuses_a_storage_without_format
     assert "MemoryStorage has one record format" in err.getvalue()
 
 
-def test_a_worker_holding_the_base_is_not_sent_it_again_and_one_that_does_not_is(
+def test_a_worker_is_not_sent_the_record_it_holds_nor_the_base_and_one_that_holds_neither_is(
         redis_url: str, apps: list[App], monkeypatch: pytest.MonkeyPatch) -> None:
     clock = MemoryScheduler()
     warm, cold = _app(redis_url, "skip", clock), _app(redis_url, "skip", clock)
     apps.extend([warm, cold])
     warm.run_agent("a", job_id="j", messages=["count"])
-    bases: dict[str, list[str]] = {"warm": [], "cold": []}
+    sent: dict[str, list[str]] = {"warm": [], "cold": []}  # what each load's reply held of the record
+
+    def what(reply: list[Any]) -> str:
+        data, base = (v.decode() if isinstance(v, bytes) else v for v in (reply[0], reply[7]))
+        return "record held" if data == "=" else "base held" if base == "=" else "data" if data else "base"
+
     for name, app in (("warm", warm), ("cold", cold)):
         conn = _storage(app).conn
         inner = conn.run
 
-        def spy(script: Any, keys: Any, args: Any, what: str, *, write: bool = True, _inner: Any = inner,
+        def spy(script: Any, keys: Any, args: Any, what_: str, *, write: bool = True, _inner: Any = inner,
                 _name: str = name, _conn: Any = conn) -> Any:
-            reply = _inner(script, keys, args, what, write=write)
+            reply = _inner(script, keys, args, what_, write=write)
             if script is _conn.scripts.load and isinstance(reply, list):
-                bases[_name].append(reply[7].decode() if isinstance(reply[7], bytes) else reply[7])
+                sent[_name].append(what(reply))
             return reply
 
         monkeypatch.setattr(conn, "run", spy)
     for _ in range(3):
-        warm.advance("j")  # the first reads the create's 'data' and writes the base; the next loads hold it
-    assert bases["warm"] == ["", "=", "="]
-    assert _record(warm) == _record(cold)
-    cold.advance("j")  # holds no base: sent whole; then the warm worker's base is another's, sent whole too
-    assert bases["cold"][-1].startswith("{")
+        warm.advance("j")  # the first reads the create's 'data' and writes the base; then its own commits
+    assert sent["warm"] == ["data", "record held", "record held"] and _storage(warm).records.warm_loads == 2
+    assert _record(warm) == _record(cold)  # read-only loads (no owner): sent whole
+    cold.advance("j")  # holds nothing of it: base and delta
+    assert sent["cold"][-1] == "base"
+    warm.advance("j")  # the record changed (cold's commit) but not its base, which warm wrote
+    assert sent["warm"][-1] == "base held" and _record(warm) == _record(cold)
+    cold.advance("j")
     _storage(cold).client.hset(_storage(cold).keys("j").record, "btok", "rewritten")  # as a later whole write
     warm.advance("j")
-    assert bases["warm"][-1].startswith("{") and _record(warm) == _record(cold)
+    assert sent["warm"][-1] == "base" and _record(warm) == _record(cold)
     _finish(warm, "j")
     assert _record(warm).status is JobStatus.COMPLETE
 
@@ -320,3 +329,21 @@ def test_on_a_redis_cluster_a_prefix_moves_to_format_2_in_two_steps_too(redis_cl
     assert len(later.messages("j")) == 2 * TURNS
     for app in (first, later):
         _storage(app).client.close()
+
+
+def test_a_record_a_worker_is_not_sent_again_is_the_one_a_cold_load_parses(
+        redis_url: str, apps: list[App], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import warm_check
+
+    warm_check.install(monkeypatch.setattr)  # each warm load is compared with a cold one, or the test fails
+    before = len(warm_check.CHECKED)
+    clock = MemoryScheduler()
+    one, two = _app(redis_url, "same", clock), _app(redis_url, "same", clock)
+    apps.extend([one, two])
+    one.run_agent("a", job_id="j", messages=["count"])
+    for app in (one, one, two, two, one, one, two):  # own commits, another's, back again
+        app.advance("j")
+    _storage(one).request_control("j", "pause")  # beside the record: read on either path
+    one.advance("j")
+    _finish(two, "j")
+    assert len(warm_check.CHECKED) - before >= 3 and _record(one) == _record(two)

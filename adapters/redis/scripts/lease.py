@@ -14,12 +14,14 @@ from adapters.redis.scripts.functions import TYPES_FN
 __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 
 # KEYS: record, journal, lease, due, jobs, updated (the listing index of every job)
-# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id, the token of the base the caller holds ('' none)
+# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id, the token of the base the caller holds ('' none),
+# the token of the write whose record the caller holds ('' none)
 # Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
 # the job: see below), 'corrupt:<role>:<type>',
 # else {data, jver, journal pairs, control, inbox, dropped, token, base, dx, btok, hist (nil: history inside data)}:
 # a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format);
-# base is '=' when it is the one the caller holds (btok, the token of the write that wrote it, is the one sent).
+# base is '=' when it is the one the caller holds (btok, the token of the write that wrote it, is the one sent);
+# data and hist are '=' (base and dx '') when the stored token is the one sent: the caller holds the record.
 LOAD = TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
 -- A read-only load never touches the lease, so only taking it checks its type.
@@ -48,6 +50,10 @@ if ARGV[2] ~= '' then
 end
 local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'base', 'dx',
                       'btok', 'hist')
+if ARGV[5] and ARGV[5] ~= '' and rec[6] == ARGV[5] then
+  return {'=', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or '',
+          rec[6], '', '', rec[9] or '', '='}
+end
 local base = rec[7] or ''
 if base ~= '' and ARGV[4] and ARGV[4] ~= '' and rec[9] == ARGV[4] then base = '=' end
 -- A record hash without 'data' or 'base' comes back as '' and the adapter reports it corrupt.
