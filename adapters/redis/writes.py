@@ -41,6 +41,7 @@ from pipelines.engine.errors import (
     StorageError,
 )
 from pipelines.engine.models import (
+    NO_USAGE,
     Commit,
     CommitReply,
     Event,
@@ -277,12 +278,9 @@ def _refused(job_id: str, reply: str, commit: Commit) -> StaleVersionError:
 
 def _as_stored(record: JobRecord) -> JobRecord:
     """``record`` as its JSON reads back: without what storage keeps beside it (a request, the inbox, dropped usage)."""
-    if record.control is None and not record.inbox and record.dropped == _NO_USAGE:
+    if record.control is None and not record.inbox and record.dropped == NO_USAGE:
         return record
-    return record.model_copy(update={"control": None, "inbox": 0, "dropped": _NO_USAGE})
-
-
-_NO_USAGE = Usage()
+    return record.model_copy(update={"control": None, "inbox": 0, "dropped": NO_USAGE})
 
 
 def _pruned(keys: list[str], was: JobStatus, status: JobStatus) -> list[str]:
