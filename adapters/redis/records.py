@@ -60,12 +60,13 @@ class _Base(NamedTuple):
     token: str
     marks: list[TurnMark]
     lines: list[str]
-    size: int  # bytes of lines, and twice the base's (its text, and about as much for the record), for the bound
+    size: int  # bytes of lines and of the base's text, and twice the record's JSON (its two objects), for the bound
     record: JobRecord | None = None
     dx: frozenset[str] | None = None  # None: the hash holds no base (format 1), or which is not known
     base: str = ""  # the base's text, which a load then need not read again ('': not known)
     btok: str = ""  # the token of the write that wrote that base
     stored: JobRecord | None = None  # the record as the hash's JSON reads (nothing LOAD reads beside it)
+    record_bytes: int = 0  # about how long the record's JSON is
 
 
 class RecordReads:
@@ -127,30 +128,32 @@ class RecordReads:
                         reply: Sequence[Any], held: _Base | None) -> None:
         """A worker commits next: remember what the record hash holds, so that commit sends deltas."""
         if _text(reply[0]) == "=" and held is not None:  # as it was: what was remembered of it stands
-            base, btok, fields = held.base, held.btok, held.dx
+            base, btok, fields, size = held.base, held.btok, held.dx, held.record_bytes
         else:
             base = held.base if _text(reply[7]) == "=" and held is not None else _text(reply[7])
             fmt2 = bool(base) and not reply[0]  # 'base' and no 'data': record format 2
             dx = _text(reply[8])
             fields = (frozenset(from_json(dx)) if dx else frozenset()) if fmt2 else None
+            size = len(base) + len(dx) if fmt2 else len(reply[0])
             base, btok = (base, _text(reply[9])) if fmt2 else ("", "")
-        self.remember(job_id, _text(reply[6]), record.history, lines, record, fields, base, btok, stored)
+        self.remember(job_id, _text(reply[6]), record.history, lines, record, fields, base, btok, stored, size)
 
     def remember(self, job_id: str, token: str, marks: list[TurnMark], lines: list[str],
                  record: JobRecord | None = None, dx: frozenset[str] | None = None, base: str = "",
-                 btok: str = "", stored: JobRecord | None = None) -> None:
+                 btok: str = "", stored: JobRecord | None = None, record_bytes: int = 0) -> None:
         """Remember what the record hash holds after ``token``'s write: its history; its record as loaded or
-        committed (``record``) and as its JSON reads (``stored``); in record format 2 the fields ``dx``
-        holds, and the text of ``base`` with ``btok``, the token that wrote it."""
+        committed (``record``) and as its JSON reads (``stored``), that JSON about ``record_bytes`` long; in
+        record format 2 the fields ``dx`` holds, and the text of ``base`` with ``btok``, the token that wrote it."""
         self.forget_base(job_id)
         if not token:
             return  # a hand-made record without a token: its next commit sends the history whole
-        size = sum(map(len, lines)) + 2 * len(base)
+        base = base if btok else ""
+        size = sum(map(len, lines)) + len(base) + (2 * record_bytes if record is not None else 0)
         while self.bases and (len(self.bases) >= _BASES_KEPT or self.bases_bytes + size > _BASES_BYTES):
             # Another thread may change the dict meanwhile: this is a bound, not an exact LRU.
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):
                 self.forget_base(next(iter(self.bases)))  # the job remembered longest ago
-        self.bases[job_id] = _Base(token, list(marks), lines, size, record, dx, base if btok else "", btok, stored)
+        self.bases[job_id] = _Base(token, list(marks), lines, size, record, dx, base, btok, stored, record_bytes)
         self.bases_bytes += size
 
     def remember_journal(self, job_id: str, record: JobRecord, jver: Any, pairs: Sequence[Any]) -> None:

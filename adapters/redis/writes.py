@@ -158,7 +158,8 @@ class RecordWrites:
             # Its next load (the next queued turn) parses only the marks added since (_known_marks).
             self.records.remember(job_id, commit.token, commit.record.history, marks, commit.record, dx,
                                   base_text if dx is not None else "", btok if dx is not None else "",
-                                  _as_stored(commit.record))
+                                  _as_stored(commit.record),
+                                  len(data) + (len(base_text) if mode.startswith("d") else 0))
         if self.archive_finished and commit.record.status in _FINISHED:
             self.history.archive_quietly(job_id)
         _, pending, waiting = reply.split(":", 2)

@@ -114,6 +114,12 @@ def test_a_fresh_prefix_writes_a_base_and_then_only_the_fields_a_commit_changed(
     apps.append(old)
     _storage(old).client.set(layout_key("rf1"), "buckets=0")
     old.run_agent("a", job_id="j", messages=["count"])
+    for _ in range(3):
+        old.advance("j")
+    # What a storage remembers of a job counts toward its bound, the record included (its two objects).
+    held = _storage(old).records.bases["j"]
+    assert held.record_bytes == len(_hash(old, "j")["data"])
+    assert held.size == sum(map(len, held.lines)) + 2 * held.record_bytes
     _finish(old, "j")
     assert "data" in _hash(old, "j") and "base" not in _hash(old, "j")
     _same_run(_record(app), _record(old))
