@@ -55,6 +55,7 @@ class Scripts:
         self.archive = client.register_script(scripts.ARCHIVE)
         self.events = client.register_script(scripts.EVENTS)
         self.read_live = client.register_script(scripts.READ_LIVE)
+        self.upgrade_records = client.register_script(scripts.UPGRADE_RECORDS)
 
 
 class RedisConnection:

@@ -36,6 +36,8 @@ from typing import Any, Final
 
 from pydantic_core import from_json, to_json
 
+from adapters.redis.keys import layout_key
+from adapters.redis.values import _text
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import JobRecord, check_record_fields, check_size
 
@@ -69,11 +71,8 @@ def merged(base: str, dx: str) -> str:
 def stored_text(data: Any, base: Any, dx: Any) -> str | None:
     """A record hash's record as one JSON text, from its ``data``, ``base`` and ``dx`` fields; None: it has none."""
     if data:
-        return data.decode() if isinstance(data, bytes) else str(data)
-    if not base:
-        return None
-    text = base.decode() if isinstance(base, bytes) else str(base)
-    return merged(text, (dx.decode() if isinstance(dx, bytes) else str(dx)) if dx else "")
+        return _text(data)
+    return merged(_text(base), _text(dx) if dx else "") if base else None
 
 
 # The fields a record's JSON holds (without its history, kept apart), with what each is when left out.
@@ -118,16 +117,6 @@ def delta_json(record: JobRecord, fields: set[str], what: str) -> str:
     return check_size(text, what)
 
 
-# KEYS: the layout key; ARGV: format 1's value, format 2's. Reply: 1 moved now, 0 already there, else the value.
-_UPGRADE: Final = """
-local cur = redis.call('GET', KEYS[1])
-if not cur then redis.call('SET', KEYS[1], ARGV[2]) return 1 end
-if cur == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end
-if cur == ARGV[2] then return 0 end
-return cur
-"""
-
-
 def upgrade_record_format(storage: Any) -> bool:
     """Step 2 of moving a prefix to record format 2: record it in the prefix's layout key (see the module).
 
@@ -136,15 +125,11 @@ def upgrade_record_format(storage: Any) -> bool:
     format 1 until they restart. ``True`` if the prefix moved now, ``False`` if it was there already.
     A prefix whose recorded layout has other buckets raises :class:`ConfigurationError`.
     """
-    from adapters.redis.client import _mapped
-    from adapters.redis.keys import layout_key
-    from adapters.redis.values import _text
-
     conn = storage.conn
     buckets = conn.layout.description
-    with _mapped(f"upgrading the record format of prefix {conn.prefix!r}"):
-        reply = conn.client.eval(_UPGRADE, 1, layout_key(conn.prefix), buckets + LAYOUT_SUFFIX[1],
-                                 buckets + LAYOUT_SUFFIX[NEWEST])
+    reply = conn.run(conn.scripts.upgrade_records, [layout_key(conn.prefix)],
+                     [buckets + LAYOUT_SUFFIX[1], buckets + LAYOUT_SUFFIX[NEWEST]],
+                     f"upgrading the record format of prefix {conn.prefix!r}")
     if not isinstance(reply, int):
         raise ConfigurationError(f"the jobs under prefix {conn.prefix!r} were written with {_text(reply)}, this "
                                  f"storage uses {buckets}: nothing was upgraded")

@@ -120,8 +120,7 @@ class RecordReads:
             return held.stored, held.lines, "="
         hist = reply[10] if len(reply) > 10 else None
         lines = lines_of(hist) if hist is not None else []
-        base = held.base if _text(reply[7]) == "=" and held is not None else _text(reply[7])
-        data = reply[0] or merged(base, _text(reply[8]))
+        data = reply[0] or merged(_base_text(reply, held), _text(reply[8]))
         return parse_stored(job_id, data, hist, self.known_marks(job_id, lines)), lines, hist
 
     def remember_loaded(self, job_id: str, record: JobRecord, stored: JobRecord, lines: list[str],
@@ -130,7 +129,7 @@ class RecordReads:
         if _text(reply[0]) == "=" and held is not None:  # as it was: what was remembered of it stands
             base, btok, fields, size = held.base, held.btok, held.dx, held.record_bytes
         else:
-            base = held.base if _text(reply[7]) == "=" and held is not None else _text(reply[7])
+            base = _base_text(reply, held)
             fmt2 = bool(base) and not reply[0]  # 'base' and no 'data': record format 2
             dx = _text(reply[8])
             fields = (frozenset(from_json(dx)) if dx else frozenset()) if fmt2 else None
@@ -286,6 +285,12 @@ class RecordReads:
             _log.warning("job %s: its record is gone (deleted outside the app, or evicted); removed %s%d leftover "
                          "key(s) (events, live stream, logs, transcript, journal, inbox) and its index entries",
                          job_id, "its due entry, " if due else "", keys)
+
+
+def _base_text(reply: Sequence[Any], held: _Base | None) -> str:
+    """The base LOAD answered with: its text, or the one this storage holds when it answered '='."""
+    base = _text(reply[7])
+    return held.base if base == "=" and held is not None else base
 
 
 def _beside(record: JobRecord, reply: Sequence[Any]) -> JobRecord:

@@ -52,11 +52,18 @@ from __future__ import annotations
 from adapters.redis.scripts.commit import COMMIT, CREATE, RECORD_STEP
 from adapters.redis.scripts.inbox import SEND
 from adapters.redis.scripts.index import DELETE, REINDEX
-from adapters.redis.scripts.layout import COMMIT_ARGS, CREATE_ARGS, INDEX_ROLES, ArgLayout, index_position
+from adapters.redis.scripts.layout import (
+    COMMIT_ARGS,
+    CREATE_ARGS,
+    INDEX_ROLES,
+    UPGRADE_RECORDS,
+    ArgLayout,
+    index_position,
+)
 from adapters.redis.scripts.lease import LOAD, RELEASE, RENEW, STATE
 from adapters.redis.scripts.record import CONTROL, DROPPED
 from adapters.redis.scripts.streams import ARCHIVE, EVENTS, PUBLISH, READ_LIVE
 
 __all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "DROPPED", "EVENTS",
            "INDEX_ROLES", "LOAD", "PUBLISH", "READ_LIVE", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND",
-           "STATE", "ArgLayout", "index_position"]
+           "STATE", "UPGRADE_RECORDS", "ArgLayout", "index_position"]

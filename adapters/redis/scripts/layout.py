@@ -1,4 +1,5 @@
-"""Where the scripts' arguments and keys go: CREATE's and COMMIT's ARGV layouts, the listing indexes' roles."""
+"""Where the scripts' arguments and keys go: CREATE's and COMMIT's ARGV layouts, the listing indexes' roles;
+and UPGRADE_RECORDS, the one script on the prefix's layout key (:mod:`adapters.redis.record_format`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import NamedTuple
 
 from pipelines.engine.models import JobStatus
 
-__all__ = ["COMMIT_ARGS", "CREATE_ARGS", "INDEX_ROLES", "ArgLayout", "index_position"]
+__all__ = ["COMMIT_ARGS", "CREATE_ARGS", "INDEX_ROLES", "UPGRADE_RECORDS", "ArgLayout", "index_position"]
 
 
 class ArgLayout(NamedTuple):
@@ -37,3 +38,17 @@ INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
 def index_position(status: JobStatus) -> str:
     """ARGV naming the status index a job goes in: its 1-based place among the status indexes."""
     return str(list(JobStatus).index(status) + 1)
+
+
+# KEYS: the prefix's layout key; ARGV: its value in record format 1, in format 2.
+# Reply: 1 moved to format 2 now (or recorded so, nothing recorded yet), 0 there already, else the value
+# recorded (another layout: nothing written).
+UPGRADE_RECORDS = """
+local cur = redis.call('GET', KEYS[1])
+if not cur or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+if cur == ARGV[2] then return 0 end
+return cur
+"""
