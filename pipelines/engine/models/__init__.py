@@ -48,6 +48,8 @@ from pipelines.engine.models.values import (
     check_size,
     dump_json,
     encode_plain,
+    fresh_json,
+    owned_json_value,
     to_json_value,
     validate_job_id,
 )
@@ -83,6 +85,8 @@ __all__ = [
     "dump_record",
     "dump_record_apart",
     "encode_plain",
+    "fresh_json",
+    "owned_json_value",
     "plain_event",
     "to_json_value",
     "validate_job_id",

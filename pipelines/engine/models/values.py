@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any, Final
 
 from pydantic import BaseModel
+from pydantic_core import from_json as _from_json
 from pydantic_core import to_json as _to_json
 
 import pipelines.engine.models as _models  # the package holds the MAX_VALUE_BYTES setting, read at each check
@@ -33,7 +34,9 @@ __all__ = [
     "check_size",
     "dump_json",
     "encode_plain",
+    "fresh_json",
     "json_data",
+    "owned_json_value",
     "to_json_value",
     "validate_job_id",
 ]
@@ -319,6 +322,29 @@ def to_json_value(value: Any, *, what: str = "value") -> JSONValue:
         return _convert(value, MAX_VALUE_DEPTH)
     except _RefusedError as exc:
         raise StateNotSerializableError(f"{what} {exc}") from None
+
+
+def owned_json_value(value: Any, *, what: str = "value") -> JSONValue:
+    """:func:`to_json_value` of ``value``, sharing no list or dict with it: what the engine keeps of a user's value.
+
+    A record the engine commits may stay in memory as it is (a storage's warm load, the memory
+    adapter's record), so the state and result it holds must be the engine's own: a caller that
+    changes the dict it returned, after returning it, must not change a stored record.
+    """
+    plain = to_json_value(value, what=what)
+    return fresh_json(plain) if plain is value else plain
+
+
+def fresh_json(plain: JSONValue) -> JSONValue:
+    """A new copy of ``plain`` (data :func:`to_json_value` returned): the same value, no list or dict shared.
+
+    What a phase is given of its stored state, so that changing it in place changes no record a
+    storage holds. Copied as storage would give it back (pydantic-core's encoder and parser).
+    """
+    t = type(plain)
+    if t is not dict and t is not list:
+        return plain  # a str, number, bool or None: nothing shared to change
+    return _from_json(_to_json(plain)) if plain else t()
 
 
 def json_data(data: dict[str, Any], what: Callable[[], str]) -> dict[str, Any]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pydantic import BaseModel
+
 from adapters.base import Scheduler, Storage
 from pipelines.engine import transitions, versions, writer
 from pipelines.engine._aio import resolve
 from pipelines.engine.contain import contained, describe
 from pipelines.engine.env import RunEnv
 from pipelines.engine.errors import PipelineError, StaleVersionError, StorageUnavailableError
-from pipelines.engine.models import JobRecord, to_json_value
+from pipelines.engine.models import JobRecord, fresh_json, owned_json_value, to_json_value
 from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext, Pipeline, RetryLater, WaitForInput
 from pipelines.engine.phase import validate_state as _validate_state
 
@@ -33,7 +35,8 @@ class _Saver:
 
     def __call__(self, state: Any) -> int:
         assert self.record.checkpoint is not None
-        value = to_json_value(state, what=f"state saved by phase {self.record.checkpoint.next_phase!r}")
+        # The engine's own copy: the phase goes on with (and may change) the object it saved.
+        value = owned_json_value(state, what=f"state saved by phase {self.record.checkpoint.next_phase!r}")
         commit = transitions.save_state(self.record, value, owner=self.owner, now=self.scheduler.now())
         writer.save_state(self.storage, commit)
         # Keep the open journal: the phase goes on with its steps.
@@ -62,8 +65,10 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
     if phase is None:
         return Fail(f"unknown phase {cp.next_phase!r}; phases are {', '.join(pipeline.by_name)}")
     try:
-        state = _validate_state(phase, cp.state, pipeline.state_model_of(phase))
-        if state is not cp.state:  # no state model: the checkpoint already holds what the phase sees
+        # The phase gets a copy of the stored state: a change it makes in place, in an attempt that then
+        # retries, fails or is fenced off, must not reach the record a storage (or a warm load) holds.
+        state = _validate_state(phase, fresh_json(cp.state), pipeline.state_model_of(phase))
+        if state is not cp.state:  # a scalar state is its own copy
             ctx.checkpoint = cp.model_copy(update={"state": state})
         outcome = resolve(phase.run(ctx))
     except StaleVersionError:
@@ -92,8 +97,27 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
     return outcome
 
 
+def with_phase_state(rec: JobRecord, ctx: PhaseContext[Any]) -> JobRecord:
+    """``rec`` holding the plain state the phase ran with, as it may have changed it in place: what its outcome keeps.
+
+    The phase was given a copy of the stored state (:func:`_outcome`); whatever it did to that copy counts
+    as it did when the phase was handed the stored object itself, and the record keeps a copy of its own.
+    With a state model, the stored state as before.
+    """
+    cp = rec.checkpoint
+    assert cp is not None
+    state = ctx.checkpoint.state
+    if state is cp.state or isinstance(state, BaseModel):
+        return rec
+    try:
+        kept = owned_json_value(state, what=f"state returned by phase {cp.next_phase!r}")
+    except PipelineError:
+        kept = state  # refused where it is stored, as before: the job fails saying why
+    return rec.model_copy(update={"checkpoint": cp.model_copy(update={"state": kept})})
+
+
 def _normalised(outcome: transitions.Outcome, rec: JobRecord, pipeline: Pipeline) -> transitions.Outcome:
-    """Check a Next's phase name and turn state / result into their stored JSON form."""
+    """Check a Next's phase name and turn state / result into their stored JSON form (the engine's own copy)."""
     cp = rec.checkpoint
     assert cp is not None
     try:
@@ -101,11 +125,13 @@ def _normalised(outcome: transitions.Outcome, rec: JobRecord, pipeline: Pipeline
             if outcome.next_phase not in pipeline.by_name:
                 return Fail(f"phase {cp.next_phase!r} asked for unknown next phase {outcome.next_phase!r}; "
                             f"phases are {', '.join(pipeline.by_name)}")
-            state = cp.state if outcome.state is None else outcome.state
-            value = to_json_value(state, what=f"state returned by phase {cp.next_phase!r}")
+            what = f"state returned by phase {cp.next_phase!r}"
+            # The kept state is the engine's own already (with_phase_state); a new one is copied.
+            value = (to_json_value(cp.state, what=what) if outcome.state is None
+                     else owned_json_value(outcome.state, what=what))
             return Next(outcome.next_phase, state=value, delay=outcome.delay)
         if isinstance(outcome, Done):
-            value = to_json_value(outcome.result, what=f"result returned by phase {cp.next_phase!r}")
+            value = owned_json_value(outcome.result, what=f"result returned by phase {cp.next_phase!r}")
             return Done(result=value, reason=outcome.reason)
     except PipelineError as exc:
         return Fail(str(exc))

@@ -20,7 +20,7 @@ from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
 from pipelines.engine.phase import Done, Fail, PhaseContext, Pipeline
-from pipelines.engine.runner.attempt import _context, _normalised, _outcome, _Saver
+from pipelines.engine.runner.attempt import _context, _normalised, _outcome, _Saver, with_phase_state
 from pipelines.engine.runner.results import _RESULTS, AdvanceResult
 
 __all__ = ["PipelineFor"]
@@ -204,7 +204,7 @@ class _LeasedJob:
             return AdvanceResult.STALE, None, CommitReply()
         if isinstance(outcome, flow.FlowDeferred):
             return self.defer(saver.record, outcome.delay, outcome.reason), None, CommitReply()
-        rec = saver.record
+        rec = with_phase_state(saver.record, ctx)
         outcome = _normalised(outcome, rec, pipeline)
         try:
             commit, reply = self.commit(rec, ctx, outcome, keep_lease)

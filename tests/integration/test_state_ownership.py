@@ -1,0 +1,87 @@
+"""A phase's state is its own copy: what it changes in place reaches storage only through its commit.
+
+A storage may keep the record it committed in memory and hand it to the next turn as it is (the memory
+adapter's record, a Redis worker's warm load). So the engine gives each attempt a copy of the stored state
+and keeps a copy of what a phase returns: an attempt that changed its state in place and then crashed, or a
+caller that changes the dict it returned, changes no record a later attempt or reader sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from pipelines import App, Done, Next, Phase
+from pipelines.crash_harness import SimulatedCrash
+from pipelines.engine.phase import PhaseContext
+
+
+@pytest.fixture(params=["memory", "redis", "sqlite"])
+def storage(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStorage()
+    elif request.param == "redis":
+        from adapters.redis import RedisStorage
+
+        store = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"own{id(request)}")
+        yield store
+        store.client.close()
+    else:
+        from adapters.sqlite import SQLiteStorage
+
+        lite = SQLiteStorage(str(tmp_path / "own.db"))
+        yield lite
+        lite.close()
+
+
+def test_an_attempt_that_changed_its_state_in_place_and_crashed_leaves_the_committed_state(storage: Any) -> None:
+    shared = {"n": 0, "seen": []}  # returned as the state: the caller keeps it, and changes it later
+    crashes = [True]
+
+    def first(ctx: PhaseContext[Any]) -> Next:
+        return Next("second", state=shared)
+
+    def second(ctx: PhaseContext[Any]) -> Done:
+        ctx.state["n"] += 1
+        ctx.state["seen"].append(len(ctx.state["seen"]))
+        if crashes.pop() if crashes else False:
+            raise SimulatedCrash("the worker dies after changing its state in place")
+        return Done(result=ctx.state)
+
+    scheduler = MemoryScheduler()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("first", first), Phase("second", second)]})
+    app.run_pipeline("p", job_id="own-1", initial_state={})
+    assert app.advance("own-1").value == "advanced"
+    shared["n"] = 99  # the caller's dict, changed after the phase returned it
+    with pytest.raises(SimulatedCrash):
+        app.advance("own-1")
+    owner = storage.lease_owner("own-1")
+    if owner is not None:
+        storage.release_lease("own-1", owner)  # as if its lease ran out
+    # The same storage object (a warm load on Redis, the record object in memory) runs the attempt again.
+    assert app.advance("own-1").value == "completed"
+    job = storage.get_job("own-1")
+    assert job is not None and job.result == {"n": 1, "seen": [0]}
+    assert [m.state for m in job.history][1] == {"n": 0, "seen": []}  # turn 1's checkpoint as committed
+
+
+def test_a_reader_changing_the_record_it_was_given_changes_nothing_stored(storage: Any) -> None:
+    def only(ctx: PhaseContext[Any]) -> Next | Done:
+        if ctx.state["n"] >= 2:
+            return Done(result=ctx.state)
+        return Next("only", state={"n": ctx.state["n"] + 1, "items": [*ctx.state["items"], ctx.state["n"]]})
+
+    scheduler = MemoryScheduler()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("only", only)]})
+    app.run_pipeline("p", job_id="own-2", initial_state={"n": 0, "items": []})
+    assert app.advance("own-2").value == "advanced"
+    read = storage.get_job("own-2")
+    assert read is not None and read.checkpoint is not None
+    read.checkpoint.state["items"].append("changed by a reader")
+    read.checkpoint.state["n"] = 100
+    scheduler.drain()
+    job = storage.get_job("own-2")
+    assert job is not None and job.result == {"n": 2, "items": [0, 1]}
