@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from pipelines.engine.models import JobRecord, TurnMark, dump_marks, dump_record_apart
+from pipelines.engine.models import JobRecord, TurnMark, changed_fields, dump_fields, dump_marks, dump_record_apart
 
-__all__ = ["NO_HISTORY", "StoredHistory", "dump_apart", "stored_dict"]
+__all__ = ["NO_HISTORY", "StoredHistory", "check_since", "dump_apart", "stored_dict"]
 
 
 class StoredHistory(NamedTuple):
@@ -35,12 +35,30 @@ def dump_apart(record: JobRecord, held: StoredHistory, what: str) -> tuple[str, 
     ``held``: what storage holds now. Raises like :func:`~pipelines.engine.models.dump_record`,
     before anything is written.
     """
-    marks = record.history
     text = dump_record_apart(record, what)
+    history, added = _history(record, held, what)
+    return text, history, added
+
+
+def check_since(record: JobRecord, held: StoredHistory, since: JobRecord, what: str) -> tuple[StoredHistory, int]:
+    """:func:`dump_apart` for a storage that keeps the record it stored (``since``), not its text.
+
+    Only the fields of ``record`` that are not ``since``'s very objects are checked (the rest were when
+    ``since`` was stored) and dumped, for the size check and the count of bytes written, which it
+    returns with the history to store.
+    """
+    size = len(dump_fields(record, changed_fields(record, since), what))
+    history, added = _history(record, held, what)
+    return history, size + added
+
+
+def _history(record: JobRecord, held: StoredHistory, what: str) -> tuple[StoredHistory, int]:
+    """The history to store for ``record``, ``held`` being stored now, and the bytes of the lines it adds."""
+    marks = record.history
     kept = _kept(marks, held)
     drop = len(held.marks) - kept
     new = dump_marks(marks, what, start=kept)
-    return text, StoredHistory(tuple(marks), (*held.lines[drop:], *new)), sum(map(len, new))
+    return StoredHistory(tuple(marks), (*held.lines[drop:], *new)), sum(map(len, new))
 
 
 def _kept(marks: list[TurnMark], held: StoredHistory) -> int:

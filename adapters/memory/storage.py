@@ -20,7 +20,7 @@ from adapters.base import INBOX_OPEN, Feature, LeaseState, parse_cursor
 from adapters.live_wakeup import LoopWakeups
 from adapters.memory.beside import BesideRecord
 from adapters.memory.history import NO_HISTORY, dump_apart, stored_dict
-from adapters.memory.job import Job, check_inbox
+from adapters.memory.job import Job, check_inbox, checked_record
 from adapters.memory.listing import SortedIndex
 from adapters.memory.reads import HistoryReads
 from pipelines.engine.errors import (
@@ -38,6 +38,7 @@ from pipelines.engine.models import (
     JSONValue,
     LogEntry,
     Message,
+    as_stored,
     check_messages,
     dump_events,
     dump_json,
@@ -85,13 +86,19 @@ class MemoryStorage(BesideRecord, HistoryReads):
     def _held_by(self, job: Job, owner: str) -> bool:
         return self._lease_live(job) and job.lease_owner == owner
 
-    def _load(self, job_id: str, job: Job) -> JobRecord:
-        try:
-            rec = JobRecord.model_validate_json(job.record)
-        except ValidationError as exc:
-            raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
-        if job.history.marks:
-            rec.history = list(job.history.marks)  # frozen marks, shared like the Redis adapter's
+    def _load(self, job_id: str, job: Job, *, warm: bool = False) -> JobRecord:
+        """The job's record with what is kept beside it; ``warm``: the very record its last commit stored.
+
+        Only the engine's lease takes it warm: readers get a record of their own, parsed from the text.
+        """
+        rec = job.stored if warm else None
+        if rec is None:
+            try:
+                rec = JobRecord.model_validate_json(job.record)
+            except ValidationError as exc:
+                raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
+            if job.history.marks:
+                rec.history = list(job.history.marks)  # frozen marks, shared like the Redis adapter's
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
@@ -110,7 +117,7 @@ class MemoryStorage(BesideRecord, HistoryReads):
         with self._lock:
             if record.job_id in self._jobs:
                 raise JobConflictError(f"job {record.job_id!r} already exists")
-            self._jobs[record.job_id] = Job(record=text, history=history, messages=msgs, logs=log_lines,
+            self._jobs[record.job_id] = Job(text=text, history=history, messages=msgs, logs=log_lines,
                                              events=event_lines, live=list(event_lines), version=record.version)
             self._published.notify_all()
             self._live_waiters.notify(record.job_id)
@@ -153,9 +160,7 @@ class MemoryStorage(BesideRecord, HistoryReads):
         # here, with nothing written (I1).
         # The marks held now, read without the lock: the lines of the marks a commit keeps are those of
         # the very objects, whichever record held them, so a commit landing meanwhile changes nothing.
-        stored = self._jobs.get(commit.job_id)
-        held = NO_HISTORY if stored is None else stored.history
-        text, history, added = dump_apart(commit.record, held, f"the record of job {commit.job_id!r}")
+        text, history, added = checked_record(commit.record, self._jobs.get(commit.job_id))
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         log_lines = dump_logs(commit.logs)
         event_lines = dump_events(commit.events)
@@ -187,7 +192,8 @@ class MemoryStorage(BesideRecord, HistoryReads):
             if event_lines:
                 self._published.notify_all()
                 self._live_waiters.notify(commit.job_id)
-            job.record = text
+            job.text = text
+            job.stored = as_stored(commit.record)
             job.history = history
             job.version = commit.record.version
             job.token = commit.token
@@ -204,7 +210,7 @@ class MemoryStorage(BesideRecord, HistoryReads):
             self._set_due(commit.record)
             self._set_listed(commit.job_id, commit.record)
             self.writes += 1
-            self.bytes_written += len(text) + added + sum(map(len, msgs)) + sum(map(len, log_lines))
+            self.bytes_written += added + sum(map(len, msgs)) + sum(map(len, log_lines))
             return CommitReply(job.control, len(job.inbox))
 
     def send(self, job_id: str, messages: Sequence[Message]) -> int | None:
@@ -260,7 +266,7 @@ class MemoryStorage(BesideRecord, HistoryReads):
                 return None
             job.lease_owner = owner
             job.lease_expires = self._clock() + ttl
-            return self._load(job_id, job)
+            return self._load(job_id, job, warm=True)
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         with self._lock:

@@ -31,7 +31,6 @@ version stays in format 1 until it is moved on, in two steps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Final
 
 from pydantic_core import from_json, to_json
@@ -39,7 +38,7 @@ from pydantic_core import from_json, to_json
 from adapters.redis.keys import layout_key
 from adapters.redis.values import _text
 from pipelines.engine.errors import ConfigurationError
-from pipelines.engine.models import JobRecord, check_record_fields, check_size
+from pipelines.engine.models import JobRecord, changed_fields, check_size, dump_fields, record_fields
 
 __all__ = ["LAYOUT_SUFFIX", "NEWEST", "changed_fields", "delta_json", "format_of", "merged", "record_fields",
            "stored_text", "upgrade_record_format"]
@@ -75,30 +74,9 @@ def stored_text(data: Any, base: Any, dx: Any) -> str | None:
     return merged(_text(base), _text(dx) if dx else "") if base else None
 
 
-# The fields a record's JSON holds (without its history, kept apart), with what each is when left out.
-_STORED: Final = tuple(n for n, f in JobRecord.model_fields.items() if not f.exclude and n != "history")
+# What each stored field is when left out (a delta writes a field back at its default with it).
 _DEFAULT_JSON: Final = {n: to_json(JobRecord.model_fields[n].get_default(call_default_factory=True)).decode()
-                        for n in _STORED if not JobRecord.model_fields[n].is_required()}
-
-
-def record_fields() -> tuple[str, ...]:
-    """The names of the record's stored fields (its JSON without the history)."""
-    return _STORED
-
-
-def changed_fields(record: JobRecord, since: JobRecord, known: Iterable[str]) -> set[str]:
-    """``known`` and the stored fields of ``record`` that are not the very objects ``since`` holds.
-
-    The engine builds each record from the one it loaded or committed (``model_copy``), so a field
-    it did not set is the same object; one it set is another (an equal int or text at most costs
-    its bytes again).
-    """
-    out = set(known)
-    new, old = record.__dict__, since.__dict__
-    for name in _STORED:
-        if new[name] is not old[name]:
-            out.add(name)
-    return out
+                        for n in record_fields() if not JobRecord.model_fields[n].is_required()}
 
 
 def delta_json(record: JobRecord, fields: set[str], what: str) -> str:
@@ -107,14 +85,13 @@ def delta_json(record: JobRecord, fields: set[str], what: str) -> str:
     Left out like the whole record's defaults, except that a field back at its default is written
     with it (its base may hold another value).
     """
-    check_record_fields(record, what, frozenset(_STORED).difference(fields))
-    text = record.model_dump_json(include=fields, exclude_defaults=True)
+    text = dump_fields(record, fields, what)
     # The fields the dump left out (at their default): exactly those its JSON does not name.
     back = fields.difference(from_json(text))
     if back:
-        extra = ",".join(f'"{n}":{_DEFAULT_JSON[n]}' for n in _STORED if n in back)
-        text = f"{text[:-1]}{',' if len(text) > 2 else ''}{extra}}}"
-    return check_size(text, what)
+        extra = ",".join(f'"{n}":{_DEFAULT_JSON[n]}' for n in record_fields() if n in back)
+        text = check_size(f"{text[:-1]}{',' if len(text) > 2 else ''}{extra}}}", what)
+    return text
 
 
 def upgrade_record_format(storage: Any) -> bool:

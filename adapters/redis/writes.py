@@ -41,7 +41,6 @@ from pipelines.engine.errors import (
     StorageError,
 )
 from pipelines.engine.models import (
-    NO_USAGE,
     Commit,
     CommitReply,
     Event,
@@ -51,6 +50,7 @@ from pipelines.engine.models import (
     LogEntry,
     Message,
     Usage,
+    as_stored,
     check_messages,
     dump_json,
     dump_logs,
@@ -158,7 +158,7 @@ class RecordWrites:
             # Its next load (the next queued turn) parses only the marks added since (_known_marks).
             self.records.remember(job_id, commit.token, commit.record.history, marks, commit.record, dx,
                                   base_text if dx is not None else "", btok if dx is not None else "",
-                                  _as_stored(commit.record),
+                                  as_stored(commit.record),
                                   len(data) + (len(base_text) if mode.startswith("d") else 0))
         if self.archive_finished and commit.record.status in _FINISHED:
             self.history.archive_quietly(job_id)
@@ -275,13 +275,6 @@ def _refused(job_id: str, reply: str, commit: Commit) -> StaleVersionError:
         return InboxNotEmptyError(f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its "
                                   "inbox; the run does not end past them", waiting=waiting)
     return StaleVersionError(_stale_message(job_id, reply, f"commit expected {commit.expected_version}"))
-
-
-def _as_stored(record: JobRecord) -> JobRecord:
-    """``record`` as its JSON reads back: without what storage keeps beside it (a request, the inbox, dropped usage)."""
-    if record.control is None and not record.inbox and record.dropped == NO_USAGE:
-        return record
-    return record.model_copy(update={"control": None, "inbox": 0, "dropped": NO_USAGE})
 
 
 def _pruned(keys: list[str], was: JobStatus, status: JobStatus) -> list[str]:

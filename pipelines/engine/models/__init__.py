@@ -28,14 +28,18 @@ from pipelines.engine.models.records import (
 )
 from pipelines.engine.models.records import NO_USAGE as NO_USAGE
 from pipelines.engine.models.stored import (
+    as_stored,
+    changed_fields,
     check_event_size,
     check_record_fields,
     dump_events,
+    dump_fields,
     dump_logs,
     dump_marks,
     dump_record,
     dump_record_apart,
     plain_event,
+    record_fields,
 )
 from pipelines.engine.models.values import (
     JOB_ID_PATTERN,
@@ -50,6 +54,7 @@ from pipelines.engine.models.values import (
     encode_plain,
     fresh_json,
     owned_json_value,
+    same_json,
     to_json_value,
     validate_job_id,
 )
@@ -74,12 +79,15 @@ __all__ = [
     "Message",
     "TurnMark",
     "Usage",
+    "as_stored",
+    "changed_fields",
     "check_messages",
     "check_event_size",
     "check_record_fields",
     "check_size",
     "dump_json",
     "dump_events",
+    "dump_fields",
     "dump_logs",
     "dump_marks",
     "dump_record",
@@ -88,6 +96,8 @@ __all__ = [
     "fresh_json",
     "owned_json_value",
     "plain_event",
+    "record_fields",
+    "same_json",
     "to_json_value",
     "validate_job_id",
 ]

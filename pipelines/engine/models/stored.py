@@ -7,7 +7,7 @@ Adapters call these before touching storage: a field that could not be read back
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any, Final
 
@@ -16,7 +16,7 @@ from pydantic_core import to_json as _to_json
 
 import pipelines.engine.models as _models  # the package holds the MAX_VALUE_BYTES setting, read at each check
 from pipelines.engine.errors import StateNotSerializableError
-from pipelines.engine.models.records import Event, JobRecord, LogEntry, TurnMark
+from pipelines.engine.models.records import NO_USAGE, Event, JobRecord, LogEntry, TurnMark
 from pipelines.engine.models.values import (
     _ENUM_VALUE_TYPES,
     _INT_BOUND,
@@ -29,8 +29,8 @@ from pipelines.engine.models.values import (
     check_size,
 )
 
-__all__ = ["check_event_size", "check_record_fields", "dump_events", "dump_logs", "dump_marks", "dump_record",
-           "dump_record_apart", "plain_event"]
+__all__ = ["check_event_size", "check_record_fields", "dump_events", "dump_fields", "dump_logs", "dump_marks",
+           "dump_record", "dump_record_apart", "plain_event", "record_fields", "changed_fields", "as_stored"]
 
 # Fields whose entries are separate values (step results, a person's inputs): each entry gets the
 # whole MAX_VALUE_DEPTH, as when it was journaled; the dict around them is the envelope's level.
@@ -166,6 +166,47 @@ def check_record_fields(record: JobRecord, what: str, skip: frozenset[str] = fro
 
 _HISTORY: Final = frozenset({"history"})
 _NO_HISTORY: Final[set[str]] = {"history"}
+
+# The fields a record's JSON holds (without its history, which a storage keeps apart).
+_STORED: Final = tuple(n for n, f in JobRecord.model_fields.items() if not f.exclude and n != "history")
+_STORED_SET: Final = frozenset(_STORED)
+
+
+def record_fields() -> tuple[str, ...]:
+    """The names of the record's stored fields (its JSON without the history), in the order JSON writes them."""
+    return _STORED
+
+
+def changed_fields(record: JobRecord, since: JobRecord, known: Iterable[str] = ()) -> set[str]:
+    """``known`` and the stored fields of ``record`` that are not the very objects ``since`` holds.
+
+    The engine builds each record from the one it loaded or committed (``model_copy``) and changes no
+    object a record holds, so a field it did not set is the same object, which was checked when ``since``
+    was stored; one it set is another (an equal int or text at most costs its check again).
+    """
+    out = set(known)
+    new, old = record.__dict__, since.__dict__
+    for name in _STORED:
+        if new[name] is not old[name]:
+            out.add(name)
+    return out
+
+
+def as_stored(record: JobRecord) -> JobRecord:
+    """``record`` as its JSON reads back: without what storage keeps beside it (a request, the inbox, dropped usage)."""
+    if record.control is None and not record.inbox and record.dropped == NO_USAGE:
+        return record
+    return record.model_copy(update={"control": None, "inbox": 0, "dropped": NO_USAGE})
+
+
+def dump_fields(record: JobRecord, fields: set[str], what: str) -> str:
+    """The JSON object of ``record``'s ``fields`` (defaults left out), checked like :func:`dump_record` does them."""
+    check_record_fields(record, what, _STORED_SET.difference(fields))
+    try:
+        text = record.model_dump_json(include=fields, exclude_defaults=True)
+    except (ValueError, RecursionError) as exc:  # a safety net: the check should have said why
+        raise StateNotSerializableError(f"{what} is not JSON-serialisable: {exc}") from exc
+    return check_size(text, what)
 
 
 def dump_marks(marks: Sequence[TurnMark], what: str, *, start: int = 0) -> list[str]:

@@ -37,6 +37,7 @@ __all__ = [
     "fresh_json",
     "json_data",
     "owned_json_value",
+    "same_json",
     "to_json_value",
     "validate_job_id",
 ]
@@ -345,6 +346,17 @@ def fresh_json(plain: JSONValue) -> JSONValue:
     if t is not dict and t is not list:
         return plain  # a str, number, bool or None: nothing shared to change
     return _from_json(_to_json(plain)) if plain else t()
+
+
+def same_json(value: Any, plain: JSONValue) -> bool:
+    """Whether ``value`` is exactly ``plain`` (plain JSON data) as storage would write it: ``1`` is not ``1.0``.
+
+    False for anything JSON could not carry as it is (refused or converted later, where it is stored).
+    """
+    try:
+        return bool(_plain(value, MAX_VALUE_DEPTH)) and _to_json(value) == _to_json(plain)
+    except (_RefusedError, ValueError):
+        return False
 
 
 def json_data(data: dict[str, Any], what: Callable[[], str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pipelines.engine._aio import resolve
 from pipelines.engine.contain import contained, describe
 from pipelines.engine.env import RunEnv
 from pipelines.engine.errors import PipelineError, StaleVersionError, StorageUnavailableError
-from pipelines.engine.models import JobRecord, fresh_json, owned_json_value, to_json_value
+from pipelines.engine.models import JobRecord, fresh_json, owned_json_value, same_json, to_json_value
 from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext, Pipeline, RetryLater, WaitForInput
 from pipelines.engine.phase import validate_state as _validate_state
 
@@ -107,8 +107,8 @@ def with_phase_state(rec: JobRecord, ctx: PhaseContext[Any]) -> JobRecord:
     cp = rec.checkpoint
     assert cp is not None
     state = ctx.checkpoint.state
-    if state is cp.state or isinstance(state, BaseModel):
-        return rec
+    if state is cp.state or isinstance(state, BaseModel) or same_json(state, cp.state):
+        return rec  # unchanged (the usual case): the stored state, no copy made
     try:
         kept = owned_json_value(state, what=f"state returned by phase {cp.next_phase!r}")
     except PipelineError:
