@@ -27,7 +27,7 @@ from typing import Any
 from adapters.base import Storage
 from pipelines.engine import writer
 from pipelines.engine.blobs import DEFAULT_MAX_BLOB_BYTES, DEFAULT_THRESHOLD, BlobStore, Offloader, is_reference
-from pipelines.engine.capabilities import features_of
+from pipelines.engine.capabilities import Feature, features_of
 from pipelines.engine.errors import ConfigurationError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
@@ -63,7 +63,8 @@ class OffloadingStorage:
             raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
         self.inner = storage
         #: The wrapped storage's features: what this wrapper does not define itself it passes through.
-        self.features = features_of(storage)
+        # (And a last step before the commit: the wrapped storage's own way, or record_step.)
+        self.features = features_of(storage) | {Feature.STEP_BEFORE_COMMIT}
         self.blobs = blobs
         self.offloader = Offloader(blobs, threshold=threshold, max_blob_bytes=max_blob_bytes)
 
@@ -113,6 +114,12 @@ class OffloadingStorage:
         """Journal a step result, a large one as a reference."""
         stored = self._pack_step(job_id, version, owner, key, value)
         self.inner.record_step(job_id, version=version, owner=owner, key=key, value=stored)
+
+    def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
+                                  value: JSONValue) -> None:
+        """Journal a phase's last step before its commit (a large one as a reference), as the wrapped storage can."""
+        stored = self._pack_step(job_id, version, owner, key, value)
+        writer.record_step(self.inner, job_id, version=version, owner=owner, key=key, value=stored, before_commit=True)
 
     def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
                                 parts: Sequence[Event]) -> None:

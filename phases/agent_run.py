@@ -175,7 +175,9 @@ def run_turn_calls(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResp
     offered = cfg.tmap if response.tools_offered is None else {
         n: t for n, t in cfg.tmap.items() if n in response.tools_offered}
     if quiet(ctx, cfg):
-        return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout)
+        # No callback, structured answer or title follows the calls: only the turn's commit does.
+        last = cfg.output_schema is None and cfg.title_agent is None
+        return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout, before_commit=last)
     hooks, context = callbacks_of(cfg), context_of(ctx)
     for c in calls:
         fn = c.get("function") or {}

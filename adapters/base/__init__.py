@@ -88,6 +88,7 @@ from adapters.base.run import (
     LeaseState,
     LeaseStore,
     RunStore,
+    StepBeforeCommit,
     StepPublisher,
 )
 from adapters.base.scheduling import (
@@ -144,6 +145,7 @@ __all__ = [
     "RetentionStore",
     "RunStore",
     "Scheduler",
+    "StepBeforeCommit",
     "StepPublisher",
     "VersionedSchema",
     "Storage",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from adapters.base.read import AsyncLiveStore, CountingIndex, RecentHistory
-from adapters.base.run import FencedAnswers, LeaseHistory, StepPublisher
+from adapters.base.run import FencedAnswers, LeaseHistory, StepBeforeCommit, StepPublisher
 from adapters.base.scheduling import Backlog, BacklogProbe, HostedScheduler, InProcessScheduler, NamedQueues
 from adapters.base.storage import ClaimingStore, FlowCapable, KeyPrefixed, RetentionStore, VersionedSchema
 
@@ -32,6 +32,7 @@ class Feature(StrEnum):
     HOSTED = "hosted"  # HostedScheduler: learns from the App it is built into (the worker entry, the sweep)
     LEASE_HISTORY = "lease_history"  # LeaseHistory: tells a lease that ran out (its holder died) from one let go
     FENCED_ANSWERS = "fenced_answers"  # FencedAnswers: keeps the answers of attempts fenced off after the model call
+    STEP_BEFORE_COMMIT = "step_before_commit"  # StepBeforeCommit: a last step's reply read with the commit
 
 
 FEATURE_PROTOCOLS: dict[Feature, type] = {
@@ -51,6 +52,7 @@ FEATURE_PROTOCOLS: dict[Feature, type] = {
     Feature.HOSTED: HostedScheduler,
     Feature.LEASE_HISTORY: LeaseHistory,
     Feature.FENCED_ANSWERS: FencedAnswers,
+    Feature.STEP_BEFORE_COMMIT: StepBeforeCommit,
 }
 """The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
 contract suites check both ways)."""

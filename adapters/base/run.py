@@ -18,7 +18,7 @@ from pipelines.engine.models import (
 )
 
 __all__ = ["FENCED_KEPT", "INBOX_OPEN", "FencedAnswers", "JobStore", "InboxStore", "LeaseHistory", "LeaseState",
-           "LeaseStore", "StepPublisher", "RunStore"]
+           "LeaseStore", "StepBeforeCommit", "StepPublisher", "RunStore"]
 
 
 INBOX_OPEN: tuple[JobStatus, ...] = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
@@ -181,6 +181,24 @@ class StepPublisher(Protocol):
     def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
                                 parts: Sequence[Event]) -> None:
         """``record_step``, then ``publish(parts)`` only if the step was journaled; a re-sent call publishes once."""
+        ...
+
+
+@runtime_checkable
+class StepBeforeCommit(Protocol):
+    """A storage that journals a phase's last step before its commit without waiting for the reply (a capability).
+
+    The agent turn journals the result of its one tool call this way when nothing but its commit follows.
+    The write is sent before the call returns, so a crash after it finds the step journaled, as with
+    ``record_step`` (I5); its reply is read before the next write of the same thread, the commit, so the
+    turn does not wait a round trip for it. A write refused (the worker fenced off) changes nothing and
+    raises :class:`StaleVersionError` at once where the storage waited for its reply; the commit, behind
+    the same fence, is refused either way. A storage without it gets ``record_step``.
+    """
+
+    def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
+                                  value: JSONValue) -> None:
+        """``record_step``, its reply read with the next write of this thread (see the class)."""
         ...
 
 

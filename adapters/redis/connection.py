@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +21,7 @@ from redis.retry import Retry
 
 from adapters.redis import record_format, scripts
 from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
+from adapters.redis.deferred import Deferred
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
 from adapters.redis.values import _KEY_TYPES, _text
 from pipelines.engine.errors import ConfigurationError, CorruptRecordError, StorageUnavailableError
@@ -86,6 +87,7 @@ class RedisConnection:
         self.replica_timeout = float(replica_timeout)
         self.failover_timeout = float(failover_timeout)
         self.scripts = Scripts(client)
+        self._deferred = Deferred()
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of ``job_id`` (validated)."""
@@ -109,6 +111,8 @@ class RedisConnection:
         connection: acknowledged means copied to that many replicas, so a
         failover cannot roll it back.
         """
+        if self._deferred.waiting():
+            self.collect_deferred()
         if not self.cluster and (not self.replicas or not write):
             with _mapped(what):
                 return script(keys=keys, args=args)
@@ -127,6 +131,24 @@ class RedisConnection:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+    def send_deferred(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,
+                      on_reply: Callable[[Any], None]) -> bool:
+        """Send a write whose reply this thread's next script reads (:mod:`adapters.redis.deferred`).
+
+        ``False`` (nothing sent) on a Cluster, with ``replicas`` (the write is acknowledged by ``WAIT``
+        on its own connection) or when it could not be sent: the caller then runs it with :meth:`run`.
+        """
+        if self.cluster or self.replicas:
+            return False
+        if self._deferred.waiting():
+            self.collect_deferred()
+        return self._deferred.send(self.client, script, keys, args, what, on_reply)
+
+    def collect_deferred(self) -> None:
+        """Read the reply of this thread's deferred write, if one waits (see :meth:`send_deferred`)."""
+        with _mapped("reading the reply of a journal write"):
+            self._deferred.collect(self.run)
 
     def _run_on_node(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str, write: bool) -> Any:
         node = self.client.get_node_from_key(keys[0]).redis_connection if self.cluster else self.client

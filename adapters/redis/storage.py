@@ -12,14 +12,10 @@ round trip. Values are JSON text; nothing is pickled. redis-py retries commands 
 writes included, so every write is idempotent: a commit or create re-sent after its reply was lost finds its
 own token and reports success without writing again.
 
-``RedisStorage`` is composed of parts, each an object it holds, and its methods hand each call to one of them:
-:attr:`~RedisStorage.conn` (the client, the key layout, the scripts: :mod:`adapters.redis.connection`),
-:attr:`~RedisStorage.records` (loading a record, and what a worker remembers of it:
-:mod:`adapters.redis.records`), :attr:`~RedisStorage.writes` (:mod:`adapters.redis.writes`),
-:attr:`~RedisStorage.history` (the durable events and their archive: :mod:`adapters.redis.events`),
-:attr:`~RedisStorage.live` (:mod:`adapters.redis.live`), :attr:`~RedisStorage.recent`
-(:mod:`adapters.redis.recent`) and :attr:`~RedisStorage.indexes` (the due, finished and listing indexes:
-:mod:`adapters.redis.listing`).
+``RedisStorage`` is composed of parts, each an object it holds, and its methods hand each call to one of them
+(their modules say more): ``conn`` (the client, the key layout, the scripts: ``connection``), ``records``
+(loading a record, what a worker remembers of it), ``writes``, ``history`` (the durable events and their
+archive: ``events``), ``live``, ``recent`` and ``indexes`` (the due, finished and listing indexes: ``listing``).
 """
 
 from __future__ import annotations
@@ -102,7 +98,7 @@ class RedisStorage:
     #: suite checks the declaration against the methods).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
-        Feature.RECENT, Feature.KEY_PREFIX, Feature.LEASE_HISTORY, Feature.FENCED_ANSWERS})
+        Feature.RECENT, Feature.KEY_PREFIX, Feature.LEASE_HISTORY, Feature.FENCED_ANSWERS, Feature.STEP_BEFORE_COMMIT})
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, *, prefix: str = DEFAULT_PREFIX,
                  live_ttl: float = 3600.0, buckets: int | None = None, replicas: int = 0,
@@ -163,9 +159,7 @@ class RedisStorage:
 
     prefix = property(key_prefix)
 
-    @property
-    def cluster(self) -> bool:
-        return self.conn.cluster
+    cluster = property(lambda self: self.conn.cluster)
 
     @property
     def layout(self) -> KeyLayout:
@@ -375,6 +369,11 @@ class RedisStorage:
                                 parts: Sequence[Event]) -> None:
         """Journal one step result and append ``parts`` to the live stream, in one script (one round trip)."""
         self.writes.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
+
+    def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
+                                  value: JSONValue) -> None:
+        """``record_step``, its reply read with the commit (:class:`~adapters.base.StepBeforeCommit`)."""
+        self.writes.record_step_before_commit(job_id, version=version, owner=owner, key=key, value=value)
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         return self.writes.renew_lease(job_id, owner, ttl)

@@ -33,12 +33,15 @@ def _new_pool_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_pool_after_fork)
 
 def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int, *,
-              default_timeout: float | None = None) -> list[Message]:
+              default_timeout: float | None = None, before_commit: bool = False) -> list[Message]:
     """Run a turn's tool calls (ids unique, as the agent turn makes them) and return their tool messages.
 
     Each result is journaled as ``tool:<call id>``, so a re-run after a crash
     runs only the calls not done. ``default_timeout`` (seconds) bounds every
     call of a tool without a ``timeout`` of its own; see :class:`Tool`.
+    ``before_commit``: the caller runs nothing with effects outside the job
+    between these calls and its commit, so the journal write of a turn's one
+    call need not wait for its reply (``PhaseContext.record``).
     """
     default_timeout = check_timeout(default_timeout, "default_timeout")
     if not calls:
@@ -60,15 +63,17 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
                 # may have started: for "retry" tools, running again is the
                 # recovery whether or not they started, so the write is saved.
                 ctx.record(journal.TOOLS_STARTED, [c["id"] for c in pending])
-            _execute(ctx, tmap, pending, turn, default_timeout)
+            _execute(ctx, tmap, pending, turn, default_timeout, before_commit)
     return [tool_message(c, ctx.recorded(journal.tool_key(c['id']))[1]) for c in calls]
 
 
 def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,
-             default_timeout: float | None) -> None:
+             default_timeout: float | None, before_commit: bool = False) -> None:
     if len(calls) == 1 and not _is_async(tmap, calls[0]):
-        # The common case runs inline: no event loop, no thread hop.
-        ctx.record(journal.tool_key(calls[0]['id']), _invoke_sync(ctx, tmap, calls[0], turn, default_timeout))
+        # The common case runs inline: no event loop, no thread hop. Its write is the turn's last before
+        # the commit when the caller says so (several calls run at once, each journaled as it ends).
+        ctx.record(journal.tool_key(calls[0]['id']), _invoke_sync(ctx, tmap, calls[0], turn, default_timeout),
+                   before_commit=before_commit)
         return
     tasks: list[asyncio.Task[Any]] = []
     try:

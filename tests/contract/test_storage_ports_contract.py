@@ -10,6 +10,7 @@ declaration alone, on the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from adapters.base import (
     KeyPrefixed,
     LeaseHistory,
     RetentionStore,
+    StepBeforeCommit,
     Storage,
     VersionedSchema,
 )
@@ -82,6 +84,35 @@ def loaded(storage: Storage, job_id: str = "job-1") -> JobRecord:
     got = storage.get_job(job_id)
     assert got is not None
     return got
+
+
+# --- a phase's last step before its commit -----------------------------------------------------
+@covers("StepBeforeCommit.record_step_before_commit")
+def test_a_last_step_before_the_commit_is_journaled_for_the_next_load_and_fenced_like_any(storage: Storage) -> None:
+    last = feature(storage, Feature.STEP_BEFORE_COMMIT, StepBeforeCommit)
+    rec = record()
+    storage.create_job(rec)
+    assert storage.acquire_lease("job-1", "w1", 30) is not None
+    storage.record_step("job-1", version=1, owner="w1", key="model", value={"text": "hi"})
+    last.record_step_before_commit("job-1", version=1, owner="w1", key="tool:c1", value=[1, "é"])
+    # Whatever the storage reads next sees it: a re-run after a crash here would not run the call again.
+    again = storage.acquire_lease("job-1", "w1", 30)
+    assert again is not None and again.checkpoint is not None
+    assert again.checkpoint.journal == {"model": {"text": "hi"}, "tool:c1": [1, "é"]}
+    # Fenced like record_step: another owner or an old version journals nothing; the stale worker's
+    # commit, behind the same fence, is refused.
+    for owner, version, key in (("w2", 1, "tool:c2"), ("w1", 0, "tool:c3")):
+        # Refused at once (a storage that waits for the reply) or when the reply is read: either way, unwritten.
+        with contextlib.suppress(StaleVersionError):
+            last.record_step_before_commit("job-1", version=version, owner=owner, key=key, value=2)
+    with pytest.raises(StaleVersionError):
+        storage.commit(commit(rec, moved(rec), owner="w2"))
+    again = storage.acquire_lease("job-1", "w1", 30)
+    assert again is not None and again.checkpoint is not None
+    assert sorted(again.checkpoint.journal) == ["model", "tool:c1"]
+    storage.commit(commit(rec, moved(rec), owner="w1"))  # the commit ends the journal
+    after = storage.acquire_lease("job-1", "w1", 30)
+    assert after is not None and after.checkpoint is not None and after.checkpoint.journal == {}
 
 
 # --- usage of attempts fenced off after paying ------------------------------------------------

@@ -55,7 +55,8 @@ def test_a_storage_is_the_engines_port_and_the_readers_port() -> None:
 
 def test_a_wrapper_declares_its_inner_storages_features(tmp_path: Path) -> None:
     wrapped = OffloadingStorage(MemoryStorage(), DirectoryBlobStore(tmp_path))
-    assert features_of(wrapped) == MemoryStorage.features
+    # And a last step before the commit, which it packs and hands on (to record_step where the inner has no such).
+    assert features_of(wrapped) == MemoryStorage.features | {Feature.STEP_BEFORE_COMMIT}
     assert as_feature(wrapped, Feature.COUNTS, object) is wrapped
 
 

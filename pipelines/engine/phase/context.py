@@ -309,14 +309,17 @@ class PhaseContext(Generic[S]):
                 return True, self._journal[key]
         return False, None
 
-    def record(self, key: str, value: JSONValue, *, parts: Sequence[Event] = ()) -> None:
+    def record(self, key: str, value: JSONValue, *, parts: Sequence[Event] = (), before_commit: bool = False) -> None:
         """Journal ``value`` under ``key`` now (fenced: a stale worker gets ``StaleVersionError``).
 
         ``parts`` are published to the live stream once the value is journaled
         (in the same write when the storage is a :class:`~adapters.base.StepPublisher`).
+        ``before_commit``: nothing with effects outside the job runs after this write but the
+        phase's commit; a storage that can (a :class:`~adapters.base.StepBeforeCommit`) then sends
+        it without waiting for its reply, and a fenced-off worker learns so at the commit.
         """
         writer.record_step(self._storage, self.job_id, version=self.version, owner=self._owner, key=key,
-                           value=value, parts=parts)
+                           value=value, parts=parts, before_commit=before_commit)
         with self._lock:
             self._journal[key] = value
             self._recorded_at[key] = self._clock()

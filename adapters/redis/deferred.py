@@ -1,0 +1,105 @@
+"""A script sent now, its reply read with the thread's next one (:class:`~adapters.base.StepBeforeCommit`).
+
+The agent turn journals its one tool call's result right before its commit. Waiting for that write's
+reply cost a round trip a turn (about a tenth of a W1 turn on Redis, bench/README.md), though nothing
+but the commit follows it. :class:`Deferred` sends the script on a connection it keeps out of the pool
+and reads the reply when the thread runs its next script (:meth:`RedisConnection.run
+<adapters.redis.connection.RedisConnection.run>` collects it first), by then usually in the socket's
+buffer already.
+
+Why this keeps I5 (a finished tool does not run again): the write has left the process when
+:meth:`Deferred.send` returns, as a synchronous write has when it starts waiting; a process killed
+after that point still delivers it (the kernel sends what the socket holds). A connection lost on the
+way has the script run again, synchronously: the journal write is idempotent (same key, value and
+version). So does a reply that says the server had not loaded the script (``SCRIPT FLUSH``, a restarted
+server; the turn's model answer, journaled just before by the same script, loads it otherwise): the write
+did not run, and runs with the thread's next script. A worker killed in between runs the call again, as
+one killed inside the call would: the one case where this write keeps less than a synchronous one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import redis
+
+__all__ = ["Deferred"]
+
+# A connection lost on the way: whether the script ran is unknown, and running it again is safe.
+_LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class _Pending(NamedTuple):
+    conn: Any  # a redis-py Connection taken out of ``pool``
+    pool: Any
+    pid: int  # the process that sent it: a forked child does not read its parent's socket
+    script: Any
+    keys: Sequence[str]
+    args: Sequence[Any]
+    what: str
+    on_reply: Callable[[Any], None]
+
+
+class Deferred:
+    """At most one script per thread whose reply waits to be read (see the module)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def send(self, client: Any, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,
+             on_reply: Callable[[Any], None]) -> bool:
+        """Send ``script`` on a connection of ``client``'s pool and keep it; ``False`` if it could not be sent.
+
+        ``on_reply`` gets the reply when it is read. The caller runs the script the usual way on ``False``.
+        """
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:
+            return False
+        conn = pool.get_connection()
+        try:
+            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except BaseException as exc:
+            conn.disconnect()  # not sent, or not wholly
+            pool.release(conn)
+            if isinstance(exc, _LOST):
+                return False  # the caller sends it again, synchronously (the write is idempotent)
+            raise
+        self._local.pending = _Pending(conn, pool, os.getpid(), script, keys, args, what, on_reply)
+        return True
+
+    def waiting(self) -> bool:
+        """Whether this thread sent a script whose reply is not read yet."""
+        return getattr(self._local, "pending", None) is not None
+
+    def collect(self, run: Callable[[Any, Sequence[str], Sequence[Any], str], Any]) -> None:
+        """Read this thread's pending reply and hand it on; ``run`` runs the script again when it must be.
+
+        Errors of the script itself are raised here, as a synchronous call raises them.
+        """
+        pending: _Pending | None = getattr(self._local, "pending", None)
+        self._local.pending = None
+        if pending is None or pending.pid != os.getpid():
+            return  # sent by the process this one was forked from: its own to read
+        conn, pool = pending.conn, pending.pool
+        try:
+            reply = conn.read_response()
+        except redis.exceptions.NoScriptError:  # not run: the server lost its scripts meanwhile
+            pool.release(conn)
+            reply = run(pending.script, pending.keys, pending.args, pending.what)
+        except _LOST:
+            conn.disconnect()  # run or not: the reply is lost with the connection
+            pool.release(conn)
+            reply = run(pending.script, pending.keys, pending.args, pending.what)
+        except redis.exceptions.ResponseError:
+            pool.release(conn)  # an error reply, read whole: the connection is fine
+            raise
+        except BaseException:
+            conn.disconnect()  # interrupted mid-read: what is left on it cannot be read in order
+            pool.release(conn)
+            raise
+        else:
+            pool.release(conn)
+        pending.on_reply(reply)

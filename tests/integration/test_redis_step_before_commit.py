@@ -1,0 +1,148 @@
+"""A Redis worker's last journal write before its commit: sent at once, its reply read with the next script.
+
+The agent turn journals its one tool call's result with ``record_step_before_commit``
+(adapters/redis/deferred.py). These tests hold it to what a synchronous write gives: the result is in
+Redis once the call returns (a worker killed with SIGKILL right after still journaled it), a lost
+script or connection has it sent again, and the thread's next script reads the reply first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.memory import MemoryScheduler
+from adapters.redis import RedisStorage
+from adapters.redis.deferred import Deferred
+from bench import w1
+from bench.apps import w1_agent
+from pipelines.engine.models import Checkpoint, JobRecord, JobStatus
+
+MODEL = {"model": "the answer"}
+
+
+def _job(storage: RedisStorage, job_id: str = "j1") -> None:
+    """A leased job with its model's answer journaled, as an agent turn's is before its tool runs."""
+    cp = Checkpoint[Any](next_phase="a", state={}, version=1, due_at=100.0)
+    storage.create_job(JobRecord(job_id=job_id, status=JobStatus.RUNNING, checkpoint=cp, version=1))
+    assert storage.acquire_lease(job_id, "w1", 30) is not None
+    storage.record_step(job_id, version=1, owner="w1", key="model", value="the answer")
+
+
+def _journal(url: str, storage: RedisStorage, job_id: str = "j1") -> dict[str, Any]:
+    client = redis.Redis.from_url(url)
+    try:
+        raw = client.hgetall(storage.keys(job_id).journal)
+    finally:
+        client.close()
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+
+def _eventually(read: Any) -> Any:
+    """What ``read()`` gives once it gives something (within 5 s): a write another connection sent."""
+    deadline = time.monotonic() + 5
+    while not (found := read()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
+
+
+@pytest.fixture
+def storage(redis_url: str) -> Any:
+    store = RedisStorage.from_url(redis_url, prefix=f"d{uuid.uuid4().hex[:8]}")
+    yield store
+    store.client.close()
+
+
+def test_the_reply_is_read_by_the_threads_next_script_and_the_connection_goes_back(redis_url: str,
+                                                                                  storage: RedisStorage) -> None:
+    _job(storage)
+    pool = storage.client.connection_pool
+    storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value={"sum": 4})
+    assert storage.conn._deferred.waiting()  # sent, its reply not read: its connection is out of the pool
+    # The server runs it whether or not anyone reads the reply (as for a worker killed now: below).
+    assert _eventually(lambda: _journal(redis_url, storage).get("tool:c1")) == {"sum": 4}
+    busy = len(pool._in_use_connections)
+    loaded = storage.acquire_lease("j1", "w1", 30)  # the next script reads the reply first
+    assert not storage.conn._deferred.waiting() and len(pool._in_use_connections) == busy - 1
+    assert loaded is not None and loaded.checkpoint is not None
+    assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
+
+
+def test_a_script_the_server_lost_is_run_again(redis_url: str, storage: RedisStorage) -> None:
+    _job(storage)
+    admin = redis.Redis.from_url(redis_url)
+    admin.script_flush()  # a restarted server, say: EVALSHA answers NOSCRIPT
+    storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value=[1])
+    assert _journal(redis_url, storage) == MODEL
+    storage.get_job("j1")  # reads the NOSCRIPT reply: the write is run again, loading the script
+    assert _journal(redis_url, storage) == {**MODEL, "tool:c1": [1]}
+    admin.close()
+
+
+def test_a_connection_lost_before_the_write_ran_has_it_sent_again(redis_url: str, storage: RedisStorage) -> None:
+    _job(storage)
+    admin = redis.Redis.from_url(redis_url)
+    # The server holds the scripts it reads, runs none (CLIENT KILL, not a write, still runs).
+    admin.execute_command("CLIENT", "PAUSE", "5000", "WRITE")
+    try:
+        storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value="late")
+        admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")  # drops the unrun write
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    assert _journal(redis_url, storage) == MODEL
+    storage.get_job("j1")  # the reply is lost with the connection: the write is sent again
+    assert _journal(redis_url, storage) == {**MODEL, "tool:c1": "late"}
+    admin.close()
+
+
+def test_a_worker_killed_right_after_the_call_returns_has_journaled_it(redis_url: str) -> None:
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    storage = RedisStorage.from_url(redis_url, prefix=prefix)
+    _job(storage)
+    child = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from adapters.redis import RedisStorage
+        storage = RedisStorage.from_url({redis_url!r}, prefix={prefix!r})
+        storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value={{"paid": True}})
+        os.kill(os.getpid(), signal.SIGKILL)  # before anything reads the reply
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert _eventually(lambda: _journal(redis_url, storage).get("tool:c1")) == {"paid": True}
+    storage.client.close()
+
+
+def test_an_agent_journals_each_one_call_turn_this_way_and_its_transcript_is_whole(
+        redis_url: str, storage: RedisStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+    real = Deferred.send
+
+    def counting(self: Deferred, client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any) -> bool:
+        sent.append(args[3])
+        return real(self, client, script, keys, args, what, on_reply)
+
+    monkeypatch.setattr(Deferred, "send", counting)
+    scheduler = MemoryScheduler()
+    agent = w1_agent(5)
+    agent.run(job_id="a1", messages=[w1.USER], storage=storage, scheduler=scheduler)
+    from pipelines.app import App
+
+    App(storage=storage, scheduler=scheduler, agents=[agent])
+    scheduler.drain()
+    job = storage.get_job("a1")
+    assert job is not None and job.status is JobStatus.COMPLETE
+    assert sent == [f"tool:call_{n}" for n in range(4)]  # every turn but the last (no call) calls add once
+    messages = storage.messages("a1")
+    assert [m["role"] for m in messages] == ["system", "user", *["assistant", "tool"] * 4, "assistant"]
+    assert [json.loads(m["content"])["sum"] for m in messages if m["role"] == "tool"] == [1, 2, 3, 4]
