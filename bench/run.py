@@ -467,6 +467,17 @@ class ByteCounter:
             return inner(*args, **options)
 
         client.execute_command = counting
+        # A journal write sent without waiting for its reply (adapters/redis/deferred.py) skips execute_command.
+        deferred = storage.conn._deferred
+        send = deferred.send
+
+        def counting_send(client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any) -> bool:
+            sent = bool(send(client, script, keys, args, what, on_reply))
+            if sent:  # else it goes the usual way, counted there
+                self._count(("EVALSHA", script.sha, len(keys), *keys, *args))
+            return sent
+
+        deferred.send = counting_send
 
     def _add(self, what: str, n: int) -> None:
         self.by[what] = self.by.get(what, 0) + n
