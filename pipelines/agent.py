@@ -70,7 +70,7 @@ class Agent:
         except TypeError as exc:
             raise InvalidInputError(f"Agent: {exc}") from None
         self._turn = AgentTurn(self.config, self.view_migrations)
-        self._phase = Phase(TURN_PHASE, self._turn)
+        self._phase = Phase(TURN_PHASE, self._turn, copy_state=False)  # it returns a new state each turn
 
     def __repr__(self) -> str:
         return f"Agent(name={self._name!r})"

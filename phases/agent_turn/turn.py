@@ -57,7 +57,7 @@ def build_agent_phase(*, model: str | Model, **options: Any) -> Phase:
         config = AgentConfig(model=model, **options)
     except TypeError as exc:
         raise InvalidInputError(f"build_agent_phase: {exc}") from None
-    return Phase(TURN_PHASE, AgentTurn(config))
+    return Phase(TURN_PHASE, AgentTurn(config), copy_state=False)  # it returns a new state each turn
 
 
 class AgentTurn:

@@ -26,11 +26,18 @@ class Phase:
     ``state_model``: when given, the stored state is validated into this
     pydantic model before ``run`` sees it (a stored state that no longer
     validates fails the job with a clear error instead of a crash deep inside).
+
+    ``copy_state`` (default ``True``): ``run`` gets its own copy of the stored
+    state, and the runner keeps a copy of the state it returns, so changing a
+    state in place (or a dict after returning it) never changes a record a
+    storage holds. A phase that does neither (the agent turn: it reads its state
+    and returns a new one) may set ``False`` and save the copies.
     """
 
     name: str
     run: PhaseFn
     state_model: type[BaseModel] | None = None
+    copy_state: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

@@ -67,8 +67,9 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
     try:
         # The phase gets a copy of the stored state: a change it makes in place, in an attempt that then
         # retries, fails or is fenced off, must not reach the record a storage (or a warm load) holds.
-        state = _validate_state(phase, fresh_json(cp.state), pipeline.state_model_of(phase))
-        if state is not cp.state:  # a scalar state is its own copy
+        given = fresh_json(cp.state) if phase.copy_state else cp.state
+        state = _validate_state(phase, given, pipeline.state_model_of(phase))
+        if state is not cp.state:  # a scalar state is its own copy (and a phase may take none)
             ctx.checkpoint = cp.model_copy(update={"state": state})
         outcome = resolve(phase.run(ctx))
     except StaleVersionError:
@@ -126,9 +127,10 @@ def _normalised(outcome: transitions.Outcome, rec: JobRecord, pipeline: Pipeline
                 return Fail(f"phase {cp.next_phase!r} asked for unknown next phase {outcome.next_phase!r}; "
                             f"phases are {', '.join(pipeline.by_name)}")
             what = f"state returned by phase {cp.next_phase!r}"
-            # The kept state is the engine's own already (with_phase_state); a new one is copied.
-            value = (to_json_value(cp.state, what=what) if outcome.state is None
-                     else owned_json_value(outcome.state, what=what))
+            # The kept state is the engine's own already (with_phase_state); a new one is copied, unless the
+            # phase says it does not change what it returned (Phase.copy_state).
+            take = owned_json_value if _copies(pipeline, cp.next_phase) else to_json_value
+            value = to_json_value(cp.state, what=what) if outcome.state is None else take(outcome.state, what=what)
             return Next(outcome.next_phase, state=value, delay=outcome.delay)
         if isinstance(outcome, Done):
             value = owned_json_value(outcome.result, what=f"result returned by phase {cp.next_phase!r}")
@@ -136,3 +138,8 @@ def _normalised(outcome: transitions.Outcome, rec: JobRecord, pipeline: Pipeline
     except PipelineError as exc:
         return Fail(str(exc))
     return outcome
+
+
+def _copies(pipeline: Pipeline, name: str) -> bool:
+    phase = pipeline.by_name.get(name)
+    return phase is None or phase.copy_state
