@@ -50,9 +50,15 @@ def test_two_workers_run_30_multi_phase_jobs_to_completion(cluster: Cluster, app
         rec = app.storage.get_job(job_id)
         assert rec is not None and rec.result["n"] == (i + 1) * 10 + 1 and rec.phases_done == 3
         pids.update(rec.result["pids"])
-        # One RQ job per turn, each finished with what the turn did.
-        assert [scheduler.fetch(rq_job_id(job_id, v)).return_value() for v in (1, 2, 3)] == [
-            "advanced", "advanced", "completed"]
+
+    def returned(job_id: str) -> list[object]:
+        return [scheduler.fetch(rq_job_id(job_id, v)).return_value() for v in (1, 2, 3)]
+
+    # One RQ job per turn, each finished with what the turn did. RQ stores a job's return value after the
+    # job function returns, so after the turn's commit: a job complete in storage may not have it yet.
+    wait_for("every turn's RQ job to hold its result",
+             lambda: all(returned(j) == ["advanced", "advanced", "completed"] for j in jobs), 10,
+             lambda: f"{ {j: returned(j) for j in jobs} }\n{cluster.logs()}")
     assert len(pids) > 1  # phases ran in more than one process (horses, the simple worker)
     assert FailedJobRegistry(queue=scheduler.queue).count == 0
     assert app.storage.due_jobs(time.time() + 3600) == []
