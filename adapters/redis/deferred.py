@@ -58,7 +58,10 @@ class Deferred:
         pool = getattr(client, "connection_pool", None)
         if pool is None:
             return False
-        conn = pool.get_connection()
+        try:
+            conn = pool.get_connection()
+        except TypeError:  # redis-py before 5.3 names the command a connection is taken for
+            conn = pool.get_connection("EVALSHA")
         try:
             conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         except BaseException as exc:
