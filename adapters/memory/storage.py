@@ -1,7 +1,9 @@
 """``MemoryStorage``: the :class:`~adapters.base.Storage` port in process memory, for tests and the offline demo.
 
 It keeps everything as JSON text, so what Redis would reject is rejected here
-too, and it is thread-safe (one lock). Its scheduler twin is
+too, and it is thread-safe (one lock). The record a commit stored is kept as
+the object too, handed to the next lease unparsed, as a Redis worker's warm
+load does (:class:`~adapters.memory.job.Job`). Its scheduler twin is
 :class:`~adapters.memory.MemoryScheduler` (:mod:`adapters.memory.scheduler`).
 """
 

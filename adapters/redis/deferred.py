@@ -59,9 +59,12 @@ class Deferred:
         if pool is None:
             return False
         try:
-            conn = pool.get_connection()
-        except TypeError:  # redis-py before 5.3 names the command a connection is taken for
-            conn = pool.get_connection("EVALSHA")
+            try:
+                conn = pool.get_connection()
+            except TypeError:  # redis-py before 5.3 names the command a connection is taken for
+                conn = pool.get_connection("EVALSHA")
+        except _LOST:
+            return False  # no connection (the server is down?): the usual way says so, as its error
         try:
             conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         except BaseException as exc:

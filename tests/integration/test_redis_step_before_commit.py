@@ -146,3 +146,14 @@ def test_an_agent_journals_each_one_call_turn_this_way_and_its_transcript_is_who
     messages = storage.messages("a1")
     assert [m["role"] for m in messages] == ["system", "user", *["assistant", "tool"] * 4, "assistant"]
     assert [json.loads(m["content"])["sum"] for m in messages if m["role"] == "tool"] == [1, 2, 3, 4]
+
+
+def test_a_server_that_is_down_is_reported_as_for_any_write(redis_url: str) -> None:
+    from pipelines.engine.errors import StorageUnavailableError
+    from tests.redis_server import free_port
+
+    down = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}", prefix="down", retries=0, connect_timeout=0.2)
+    with pytest.raises(StorageUnavailableError):
+        down.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value=1)
+    assert not down.conn._deferred.waiting()
+    down.client.close()
