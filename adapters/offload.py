@@ -20,7 +20,7 @@ the two writes: :meth:`OffloadingStorage.collect_orphans` removes those.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,10 +116,12 @@ class OffloadingStorage:
         self.inner.record_step(job_id, version=version, owner=owner, key=key, value=stored)
 
     def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
-                                  value: JSONValue) -> None:
+                                  value: JSONValue, parts: Sequence[Event] = (),
+                                  on_refused: Callable[[], None] | None = None) -> None:
         """Journal a phase's last step before its commit (a large one as a reference), as the wrapped storage can."""
         stored = self._pack_step(job_id, version, owner, key, value)
-        writer.record_step(self.inner, job_id, version=version, owner=owner, key=key, value=stored, before_commit=True)
+        writer.record_step(self.inner, job_id, version=version, owner=owner, key=key, value=stored, parts=parts,
+                           before_commit=True, on_refused=on_refused)
 
     def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
                                 parts: Sequence[Event]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from pipelines.engine.models import (
@@ -188,17 +188,20 @@ class StepPublisher(Protocol):
 class StepBeforeCommit(Protocol):
     """A storage that journals a phase's last step before its commit without waiting for the reply (a capability).
 
-    The agent turn journals the result of its one tool call this way when nothing but its commit follows.
-    The write is sent before the call returns, so a crash after it finds the step journaled, as with
-    ``record_step`` (I5); its reply is read before the next write of the same thread, the commit, so the
-    turn does not wait a round trip for it. A write refused (the worker fenced off) changes nothing and
-    raises :class:`StaleVersionError` at once where the storage waited for its reply; the commit, behind
-    the same fence, is refused either way. A storage without it gets ``record_step``.
+    The agent turn journals the result of its one tool call this way, and a final answer (no tool calls)
+    with its last streamed text, when nothing but its commit follows. The write is sent before the call
+    returns, so a crash after it finds the step journaled, as with ``record_step`` (I5); its reply is read
+    before the next write of the same thread, the commit, so the turn does not wait a round trip for it.
+    ``parts`` are published with it, as by ``record_step_and_publish``. A write refused (the worker fenced
+    off) changes nothing: where the storage waited for its reply it raises :class:`StaleVersionError` at
+    once, else it calls ``on_refused()`` when the reply is read; the commit, behind the same fence, is
+    refused either way. A storage without it gets ``record_step`` (and ``publish``).
     """
 
     def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
-                                  value: JSONValue) -> None:
-        """``record_step``, its reply read with the next write of this thread (see the class)."""
+                                  value: JSONValue, parts: Sequence[Event] = (),
+                                  on_refused: Callable[[], None] | None = None) -> None:
+        """``record_step`` (with ``parts``), its reply read with the next write of this thread (see the class)."""
         ...
 
 

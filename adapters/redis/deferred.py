@@ -1,11 +1,11 @@
 """A script sent now, its reply read with the thread's next one (:class:`~adapters.base.StepBeforeCommit`).
 
-The agent turn journals its one tool call's result right before its commit. Waiting for that write's
-reply cost a round trip a turn (about a tenth of a W1 turn on Redis, bench/README.md), though nothing
-but the commit follows it. :class:`Deferred` sends the script on a connection it keeps out of the pool
-and reads the reply when the thread runs its next script (:meth:`RedisConnection.run
-<adapters.redis.connection.RedisConnection.run>` collects it first), by then usually in the socket's
-buffer already.
+The agent turn journals its one tool call's result, or a final answer (no tool calls), right before its
+commit. Waiting for that write's reply cost a round trip a turn (about a tenth of a W1 turn on Redis,
+bench/README.md), though nothing but the commit follows it. :class:`Deferred` sends the script on a
+connection it keeps out of the pool and reads the reply when the thread runs its next script
+(:meth:`RedisConnection.run <adapters.redis.connection.RedisConnection.run>` collects it first), by then
+usually in the socket's buffer already.
 
 Why this keeps I5 (a finished tool does not run again): the write has left the process when
 :meth:`Deferred.send` returns, as a synchronous write has when it starts waiting; a process killed

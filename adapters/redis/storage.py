@@ -21,7 +21,7 @@ archive: ``events``), ``live``, ``recent`` and ``indexes`` (the due, finished an
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import redis
@@ -370,10 +370,11 @@ class RedisStorage:
         """Journal one step result and append ``parts`` to the live stream, in one script (one round trip)."""
         self.writes.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
 
-    def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
-                                  value: JSONValue) -> None:
+    def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
+                                  parts: Sequence[Event] = (), on_refused: Callable[[], None] | None = None) -> None:
         """``record_step``, its reply read with the commit (:class:`~adapters.base.StepBeforeCommit`)."""
-        self.writes.record_step_before_commit(job_id, version=version, owner=owner, key=key, value=value)
+        self.writes.record_step_before_commit(job_id, version=version, owner=owner, key=key, value=value,
+                                              parts=parts, on_refused=on_refused)
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         return self.writes.renew_lease(job_id, owner, ttl)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from adapters.base import FENCED_KEPT
@@ -244,27 +244,36 @@ class RecordWrites:
         self.records.steps.remember(job_id, version, key, text)
 
     def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
-                                  value: JSONValue) -> None:
-        """``record_step``, its reply read with this thread's next script, the commit (see StepBeforeCommit).
+                                  value: JSONValue, parts: Sequence[Event] = (),
+                                  on_refused: Callable[[], None] | None = None) -> None:
+        """``record_step_and_publish``, its reply read with this thread's next script, the commit (StepBeforeCommit).
 
-        A refused write (fenced off) is forgotten when its reply is read; the commit is refused by the
-        same fence. Its value is remembered at once, so the commit may send its message as a slice of
-        it: a slice the journal does not hold has the commit sent whole ('rebase').
+        A refused write (fenced off) is forgotten when its reply is read, and ``on_refused()`` called; the
+        commit is refused by the same fence. Its value is remembered at once, so the commit may send its
+        message as a slice of it: a slice the journal does not hold has the commit sent whole ('rebase').
         """
         k = self.conn.keys(job_id)
         text = dump_json(value, f"result of step {key!r}")
+        lines = _dump_parts(parts)
+        sliced = slice_parts(text, lines) if lines else None
         what = f"journaling step {key!r} of job {job_id!r}"
-        args = [str(version), "0" if owner is None else "1", owner or "", key, text]
+        args = [str(version), "0" if owner is None else "1", owner or "", key, text, *(sliced or lines)]
+        keys = [k.record, k.journal, k.lease, k.live] if lines else [k.record, k.journal, k.lease]
 
         def settle(reply: Any) -> None:
             reply = _text(reply)
             self.conn.check_types(job_id, reply, what)
+            if reply == "badpart":
+                raise StorageError(f"{what}: the script refused a live-stream part sent as a slice of the value; "
+                                   "nothing was written")
             if reply.startswith("stale:"):
                 self.records.steps.forget(job_id)
+                if on_refused is not None:
+                    on_refused()
 
         self.records.steps.remember(job_id, version, key, text)
-        if not self.conn.send_deferred(self.conn.scripts.step, [k.record, k.journal, k.lease], args, what, settle):
-            self.record_step(job_id, version=version, owner=owner, key=key, value=value)
+        if not self.conn.send_deferred(self.conn.scripts.step, keys, args, what, settle):
+            self.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         reply = self.conn.run(self.conn.scripts.renew, [self.conn.keys(job_id).lease], [owner, _ttl_ms(ttl)],

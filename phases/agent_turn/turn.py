@@ -204,16 +204,22 @@ class AgentTurn:
         # Call ids must be unique in the whole transcript (idempotency keys, child jobs), not only in the
         # model's view, which compaction shortens: the id check sees every earlier message.
         whole = frozenset(call_ids(past)) if ids is None else ids
-        try:
-            # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
-            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn, view, whole),
-                           publish=None if sink is None else lambda value: sink.final_parts(_content_of(value)))
-        except StaleVersionError as exc:
+        def dropped(answer: Any) -> None:
             # Fenced off after the model answered: the answer is lost to this attempt, its cost is not, and the
             # page's view of this turn's model call shows what it said.
-            if isinstance(exc.unrecorded, dict):
-                ctx.count_dropped(ModelResponse.model_validate(exc.unrecorded).usage,
-                                  answer=_kept_answer(exc.unrecorded), turn=turn + 1)
+            if isinstance(answer, dict):
+                ctx.count_dropped(ModelResponse.model_validate(answer).usage, answer=_kept_answer(answer),
+                                  turn=turn + 1)
+
+        try:
+            # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
+            # A final answer (no tool calls) is the turn's last write before its commit when nothing else
+            # with effects runs in between: its reply is then read with the commit's (StepBeforeCommit).
+            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn, view, whole),
+                           publish=None if sink is None else lambda value: sink.final_parts(_content_of(value)),
+                           before_commit=_final_and_quiet(ctx, cfg), on_refused=dropped)
+        except StaleVersionError as exc:
+            dropped(exc.unrecorded)
             raise
         except TransientModelError as exc:
             if ctx.attempt + 1 >= cfg.max_model_attempts:
@@ -279,3 +285,11 @@ class AgentTurn:
         else:
             self.history.forget(ctx.job_id)
         return outcome
+
+
+def _final_and_quiet(ctx: PhaseContext[Any], cfg: AgentConfig) -> Any:
+    """Whether a model answer is the turn's last write before its commit: no tool calls to run after it, and no
+    callback, structured answer or title (a predicate on the answer, or None when the config rules it out)."""
+    if not agent_run.quiet(ctx, cfg) or cfg.output_schema is not None or cfg.title_agent is not None:
+        return None
+    return lambda answer: isinstance(answer, dict) and not (answer.get("message") or {}).get("tool_calls")

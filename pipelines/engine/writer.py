@@ -22,7 +22,7 @@ the write that makes them true (see the storage ports in :mod:`adapters.base`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from adapters.base import FencedAnswers, RetentionStore, StepBeforeCommit, StepPublisher
@@ -98,18 +98,20 @@ def save_state(storage: Storage, commit: Commit) -> CommitReply:
 
 
 def record_step(storage: Storage, job_id: str, *, version: int, owner: str | None, key: str,
-                value: JSONValue, parts: Sequence[Event] = (), before_commit: bool = False) -> None:
+                value: JSONValue, parts: Sequence[Event] = (), before_commit: bool = False,
+                on_refused: Callable[[], None] | None = None) -> None:
     """Journal a step, and publish ``parts`` once it is journaled: in one write when ``storage`` can
     (a :class:`~adapters.base.StepPublisher`), else ``record_step`` then ``publish``.
 
     ``before_commit``: nothing but the phase's commit follows this write, so a storage that can
-    (a :class:`~adapters.base.StepBeforeCommit`) reads its reply with the commit's.
+    (a :class:`~adapters.base.StepBeforeCommit`) reads its reply with the commit's, and calls
+    ``on_refused()`` if it then finds the write refused (else a refusal raises here, as always).
     """
-    if not parts:
-        if before_commit and (last := as_feature(storage, Feature.STEP_BEFORE_COMMIT,
-                                                  StepBeforeCommit)) is not None:  # type: ignore[type-abstract]
-            last.record_step_before_commit(job_id, version=version, owner=owner, key=key, value=value)
-            return
+    if before_commit and (last := as_feature(storage, Feature.STEP_BEFORE_COMMIT,
+                                              StepBeforeCommit)) is not None:  # type: ignore[type-abstract]
+        last.record_step_before_commit(job_id, version=version, owner=owner, key=key, value=value, parts=parts,
+                                       on_refused=on_refused)
+    elif not parts:
         storage.record_step(job_id, version=version, owner=owner, key=key, value=value)
     elif (store := as_feature(storage, Feature.STEP_AND_PUBLISH, StepPublisher)) is not None:  # type: ignore[type-abstract]
         store.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)

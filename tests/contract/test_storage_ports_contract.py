@@ -10,7 +10,6 @@ declaration alone, on the others.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 import time
@@ -94,22 +93,29 @@ def test_a_last_step_before_the_commit_is_journaled_for_the_next_load_and_fenced
     storage.create_job(rec)
     assert storage.acquire_lease("job-1", "w1", 30) is not None
     storage.record_step("job-1", version=1, owner="w1", key="model", value={"text": "hi"})
-    last.record_step_before_commit("job-1", version=1, owner="w1", key="tool:c1", value=[1, "é"])
+    last.record_step_before_commit("job-1", version=1, owner="w1", key="tool:c1", value=[1, "é"], parts=[part(1)])
     # Whatever the storage reads next sees it: a re-run after a crash here would not run the call again.
     again = storage.acquire_lease("job-1", "w1", 30)
     assert again is not None and again.checkpoint is not None
     assert again.checkpoint.journal == {"model": {"text": "hi"}, "tool:c1": [1, "é"]}
+    assert [e.data for e in storage.read_live("job-1")] == [{"n": 1, "text": "δ1"}]  # published with it
     # Fenced like record_step: another owner or an old version journals nothing; the stale worker's
     # commit, behind the same fence, is refused.
+    refused: list[str] = []
     for owner, version, key in (("w2", 1, "tool:c2"), ("w1", 0, "tool:c3")):
-        # Refused at once (a storage that waits for the reply) or when the reply is read: either way, unwritten.
-        with contextlib.suppress(StaleVersionError):
-            last.record_step_before_commit("job-1", version=version, owner=owner, key=key, value=2)
+        # Refused at once (a storage that waits for the reply) or when the reply is read (then saying so):
+        # either way, unwritten and unpublished.
+        try:
+            last.record_step_before_commit("job-1", version=version, owner=owner, key=key, value=2,
+                                           parts=[part(2)], on_refused=lambda key=key: refused.append(key))
+        except StaleVersionError:
+            refused.append(key)
     with pytest.raises(StaleVersionError):
         storage.commit(commit(rec, moved(rec), owner="w2"))
     again = storage.acquire_lease("job-1", "w1", 30)
     assert again is not None and again.checkpoint is not None
     assert sorted(again.checkpoint.journal) == ["model", "tool:c1"]
+    assert refused == ["tool:c2", "tool:c3"] and len(storage.read_live("job-1")) == 1
     storage.commit(commit(rec, moved(rec), owner="w1"))  # the commit ends the journal
     after = storage.acquire_lease("job-1", "w1", 30)
     assert after is not None and after.checkpoint is not None and after.checkpoint.journal == {}

@@ -142,7 +142,8 @@ def test_an_agent_journals_each_one_call_turn_this_way_and_its_transcript_is_who
     scheduler.drain()
     job = storage.get_job("a1")
     assert job is not None and job.status is JobStatus.COMPLETE
-    assert sent == [f"tool:call_{n}" for n in range(4)]  # every turn but the last (no call) calls add once
+    # Every turn but the last calls add once (its answer gates the call: waited for); the last answers.
+    assert sent == [*(f"tool:call_{n}" for n in range(4)), "model"]
     messages = storage.messages("a1")
     assert [m["role"] for m in messages] == ["system", "user", *["assistant", "tool"] * 4, "assistant"]
     assert [json.loads(m["content"])["sum"] for m in messages if m["role"] == "tool"] == [1, 2, 3, 4]
@@ -157,3 +158,47 @@ def test_a_server_that_is_down_is_reported_as_for_any_write(redis_url: str) -> N
         down.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value=1)
     assert not down.conn._deferred.waiting()
     down.client.close()
+
+
+class _Intruder:
+    """A model whose final answer arrives after another worker took the job's lease (its write is refused)."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        self.storage = storage
+
+    def complete(self, request: Any) -> Any:
+        from phases.model import ModelResponse
+        from pipelines.engine.models import Usage
+
+        lease = self.storage.keys(request.job_id).lease
+        self.storage.client.set(lease, "intruder", px=30_000)  # taken over while the model was answering
+        return ModelResponse(message={"role": "assistant", "content": "all done"}, finish_reason="stop",
+                             usage=Usage(prompt_tokens=7, completion_tokens=3, model_calls=1), model="m")
+
+
+def test_a_final_answer_refused_after_the_call_returned_is_counted_as_a_fenced_attempt(
+        redis_url: str, storage: RedisStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+    real = Deferred.send
+
+    def counting(self: Deferred, client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any) -> bool:
+        sent.append(args[3])
+        return real(self, client, script, keys, args, what, on_reply)
+
+    monkeypatch.setattr(Deferred, "send", counting)
+    from pipelines import AdvanceResult, Agent
+    from pipelines.app import App
+
+    scheduler = MemoryScheduler()
+    agent = Agent(name="chat", model=_Intruder(storage))
+    app = App(storage=storage, scheduler=scheduler, agents=[agent])
+    agent.run(job_id="c1", messages=["hello"], storage=storage, scheduler=scheduler)
+    assert app.try_advance("c1") is AdvanceResult.STALE  # the commit, behind the same fence, is refused
+    assert sent == ["model"]  # the answer's write went out without its reply waited for
+    job = storage.get_job("c1")
+    assert job is not None and job.status is JobStatus.RUNNING and job.checkpoint is not None
+    assert job.checkpoint.journal == {}  # nothing journaled, nothing committed
+    # What the attempt paid is counted all the same, and the page can show what the model said.
+    assert job.dropped.model_calls == 1 and job.dropped.prompt_tokens == 7
+    kept = storage.fenced_answers("c1")
+    assert len(kept) == 1 and kept[0]["answer"]["message"]["content"] == "all done"

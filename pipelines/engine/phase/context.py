@@ -263,7 +263,9 @@ class PhaseContext(Generic[S]):
         self.checkpoint = self.checkpoint.model_copy(update={"state": state})
 
     def step(self, key: str, fn: Callable[[], T | Awaitable[T]], *,
-             publish: Callable[[JSONValue], Sequence[Event]] | None = None) -> JSONValue:
+             publish: Callable[[JSONValue], Sequence[Event]] | None = None,
+             before_commit: Callable[[JSONValue], bool] | None = None,
+             on_refused: Callable[[JSONValue], None] | None = None) -> JSONValue:
         """Run ``fn`` once per phase attempt and journal its result under ``key``.
 
         On a re-run after a crash the journaled result is returned and ``fn``
@@ -276,6 +278,10 @@ class PhaseContext(Generic[S]):
         same round trip where the storage can (the agent turn sends the last of
         its streamed text this way); they are published only if the step is
         journaled.
+
+        ``before_commit(value)``: whether nothing but the commit follows this step, given its value
+        (see :meth:`record`); ``on_refused(value)`` is then called if the storage finds the write refused
+        only after this returned (a fenced-off attempt's bookkeeping, else done where it raises).
         """
         if not isinstance(key, str) or not key:
             raise InvalidInputError(f"step key must be a non-empty string, got {key!r}")
@@ -283,8 +289,11 @@ class PhaseContext(Generic[S]):
             if key in self._journal:
                 return self._journal[key]
         value = to_json_value(resolve(fn()), what=f"result of step {key!r}")
+        last = before_commit is not None and before_commit(value)
+        refused = None if on_refused is None else lambda: on_refused(value)
         try:
-            self.record(key, value, parts=publish(value) if publish is not None else ())
+            self.record(key, value, parts=publish(value) if publish is not None else (), before_commit=last,
+                        on_refused=refused)
         except StaleVersionError as exc:
             exc.unrecorded = value  # computed (maybe paid for) but fenced off: the caller may still count it
             raise
@@ -309,17 +318,19 @@ class PhaseContext(Generic[S]):
                 return True, self._journal[key]
         return False, None
 
-    def record(self, key: str, value: JSONValue, *, parts: Sequence[Event] = (), before_commit: bool = False) -> None:
+    def record(self, key: str, value: JSONValue, *, parts: Sequence[Event] = (), before_commit: bool = False,
+               on_refused: Callable[[], None] | None = None) -> None:
         """Journal ``value`` under ``key`` now (fenced: a stale worker gets ``StaleVersionError``).
 
         ``parts`` are published to the live stream once the value is journaled
         (in the same write when the storage is a :class:`~adapters.base.StepPublisher`).
         ``before_commit``: nothing with effects outside the job runs after this write but the
         phase's commit; a storage that can (a :class:`~adapters.base.StepBeforeCommit`) then sends
-        it without waiting for its reply, and a fenced-off worker learns so at the commit.
+        it without waiting for its reply, and a fenced-off worker learns so at the commit (calling
+        ``on_refused()`` then, if given).
         """
         writer.record_step(self._storage, self.job_id, version=self.version, owner=self._owner, key=key,
-                           value=value, parts=parts, before_commit=before_commit)
+                           value=value, parts=parts, before_commit=before_commit, on_refused=on_refused)
         with self._lock:
             self._journal[key] = value
             self._recorded_at[key] = self._clock()
