@@ -204,6 +204,7 @@ class AgentTurn:
         # Call ids must be unique in the whole transcript (idempotency keys, child jobs), not only in the
         # model's view, which compaction shortens: the id check sees every earlier message.
         whole = frozenset(call_ids(past)) if ids is None else ids
+
         def dropped(answer: Any) -> None:
             # Fenced off after the model answered: the answer is lost to this attempt, its cost is not, and the
             # page's view of this turn's model call shows what it said.

@@ -123,16 +123,22 @@ def test_a_worker_killed_right_after_the_call_returns_has_journaled_it(redis_url
     storage.client.close()
 
 
-def test_an_agent_journals_each_one_call_turn_this_way_and_its_transcript_is_whole(
-        redis_url: str, storage: RedisStorage, monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[str] = []
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The step keys of the journal writes sent without their reply waited for, in order."""
+    keys: list[str] = []
     real = Deferred.send
 
-    def counting(self: Deferred, client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any) -> bool:
-        sent.append(args[3])
-        return real(self, client, script, keys, args, what, on_reply)
+    def counting(self: Deferred, client: Any, script: Any, skeys: Any, args: Any, what: str, on_reply: Any) -> bool:
+        keys.append(args[3])
+        return real(self, client, script, skeys, args, what, on_reply)
 
     monkeypatch.setattr(Deferred, "send", counting)
+    return keys
+
+
+def test_an_agent_journals_each_one_call_turn_this_way_and_its_transcript_is_whole(
+        redis_url: str, storage: RedisStorage, sent: list[str]) -> None:
     scheduler = MemoryScheduler()
     agent = w1_agent(5)
     agent.run(job_id="a1", messages=[w1.USER], storage=storage, scheduler=scheduler)
@@ -177,15 +183,7 @@ class _Intruder:
 
 
 def test_a_final_answer_refused_after_the_call_returned_is_counted_as_a_fenced_attempt(
-        redis_url: str, storage: RedisStorage, monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[str] = []
-    real = Deferred.send
-
-    def counting(self: Deferred, client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any) -> bool:
-        sent.append(args[3])
-        return real(self, client, script, keys, args, what, on_reply)
-
-    monkeypatch.setattr(Deferred, "send", counting)
+        redis_url: str, storage: RedisStorage, sent: list[str]) -> None:
     from pipelines import AdvanceResult, Agent
     from pipelines.app import App
 
