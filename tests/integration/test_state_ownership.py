@@ -85,3 +85,23 @@ def test_a_reader_changing_the_record_it_was_given_changes_nothing_stored(storag
     scheduler.drain()
     job = storage.get_job("own-2")
     assert job is not None and job.result == {"n": 2, "items": [0, 1]}
+
+
+def test_a_phase_changing_its_options_in_place_changes_no_stored_record(storage: Any) -> None:
+    def only(ctx: PhaseContext[Any]) -> Next | Done:
+        ctx.options["tags"].append("changed in place")  # a nested option: ctx.options is a copy of its own
+        return Done(result=ctx.state) if ctx.state["n"] >= 1 else Next("only", state={"n": ctx.state["n"] + 1})
+
+    from pipelines.engine.phase import Pipeline
+    from pipelines.engine.start import start_job
+
+    scheduler = MemoryScheduler()
+    pipeline = Pipeline(phases=[Phase("only", only)])
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": pipeline})
+    start_job(job_id="own-3", pipeline=pipeline, name="p", storage=storage, scheduler=scheduler,
+              initial_state={"n": 0}, options={"tags": ["t"]})
+    assert app.advance("own-3").value == "advanced"  # the same storage object runs both turns
+    assert app.advance("own-3").value == "completed"
+    job = storage.get_job("own-3")
+    assert job is not None and job.result == {"n": 1}
+    assert job.options["tags"] == ["t"]

@@ -26,6 +26,7 @@ from pipelines.engine.models import (
     Message,
     Usage,
     check_messages,
+    fresh_json,
     json_data,
     to_json_value,
 )
@@ -111,8 +112,9 @@ class PhaseContext(Generic[S]):
         self.attempt = attempt
         #: Model usage of the job committed before this phase (for budgets).
         self.job_usage = usage or NO_USAGE
-        #: Per-run options stored with the job (``run_agent(..., max_turns=...)``).
-        self.options: dict[str, JSONValue] = dict(options or {})
+        #: Per-run options stored with the job (``run_agent(..., max_turns=...)``): a copy of its own, so a
+        #: phase that changes one in place changes no record a storage holds (as for its state).
+        self.options: dict[str, JSONValue] = fresh_json(dict(options)) if options else {}
         self._version = version
         #: How many messages sent to the job (``app.send``) were waiting when this phase started.
         self.inbox = inbox
