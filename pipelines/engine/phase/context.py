@@ -131,7 +131,9 @@ class PhaseContext(Generic[S]):
         self.started_at = clock()
         # What a person supplied (approvals, recorded outcomes) reads like any
         # journaled step; a step the phase itself journaled wins.
-        self._journal: dict[str, JSONValue] = {**checkpoint.inputs, **checkpoint.journal}
+        # (The inputs as copies of their own: a replay hands them to the phase, which may change them in place.)
+        inputs = fresh_json(dict(checkpoint.inputs)) if checkpoint.inputs else {}
+        self._journal: dict[str, JSONValue] = {**inputs, **checkpoint.journal}
         self._recorded_at: dict[str, float] = {}  # when this attempt journaled each step (timelines)
         self._lock = threading.Lock()
         self._buffer = _Buffered()
