@@ -226,22 +226,7 @@ class RecordWrites:
         The parts are published only if the step is journaled (same fence); a
         call redis-py re-sends after a lost reply publishes them once.
         """
-        k = self.conn.keys(job_id)
-        text = dump_json(value, f"result of step {key!r}")
-        lines = _dump_parts(parts)
-        # The text streamed with a model's answer is inside the answer: sent once (redis_refs).
-        sliced = slice_parts(text, lines) if lines else None
-        args = [str(version), "0" if owner is None else "1", owner or "", key, text, *(sliced or lines)]
-        keys = [k.record, k.journal, k.lease, k.live] if lines else [k.record, k.journal, k.lease]
-        reply = _text(self.conn.run(self.conn.scripts.step, keys, args, f"journaling step {key!r} of job {job_id!r}"))
-        self.conn.check_types(job_id, reply, f"journaling step {key!r} of job {job_id!r}")
-        if reply == "badpart":  # the adapter's own encoding: a bug here, never the caller's input
-            raise StorageError(f"journaling step {key!r} of job {job_id!r}: the script refused a live-stream "
-                               "part sent as a slice of the value; nothing was written")
-        if reply.startswith("stale:"):
-            self.records.steps.forget(job_id)
-            raise StaleVersionError(_stale_message(job_id, reply, f"step {key!r} at version {version} not recorded"))
-        self.records.steps.remember(job_id, version, key, text)
+        self._run_step(job_id, version, key, *self._step_call(job_id, version, owner, key, value, parts))
 
     def record_step_before_commit(self, job_id: str, *, version: int, owner: str | None, key: str,
                                   value: JSONValue, parts: Sequence[Event] = (),
@@ -252,28 +237,48 @@ class RecordWrites:
         commit is refused by the same fence. Its value is remembered at once, so the commit may send its
         message as a slice of it: a slice the journal does not hold has the commit sent whole ('rebase').
         """
-        k = self.conn.keys(job_id)
-        text = dump_json(value, f"result of step {key!r}")
-        lines = _dump_parts(parts)
-        sliced = slice_parts(text, lines) if lines else None
-        what = f"journaling step {key!r} of job {job_id!r}"
-        args = [str(version), "0" if owner is None else "1", owner or "", key, text, *(sliced or lines)]
-        keys = [k.record, k.journal, k.lease, k.live] if lines else [k.record, k.journal, k.lease]
+        keys, args, text, what = self._step_call(job_id, version, owner, key, value, parts)
 
         def settle(reply: Any) -> None:
-            reply = _text(reply)
-            self.conn.check_types(job_id, reply, what)
-            if reply == "badpart":
-                raise StorageError(f"{what}: the script refused a live-stream part sent as a slice of the value; "
-                                   "nothing was written")
-            if reply.startswith("stale:"):
-                self.records.steps.forget(job_id)
-                if on_refused is not None:
-                    on_refused()
+            if self._step_refused(job_id, reply, what) and on_refused is not None:
+                on_refused()
 
         self.records.steps.remember(job_id, version, key, text)
         if not self.conn.send_deferred(self.conn.scripts.step, keys, args, what, settle):
-            self.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=parts)
+            self._run_step(job_id, version, key, keys, args, text, what)
+
+    def _step_call(self, job_id: str, version: int, owner: str | None, key: str, value: JSONValue,
+                   parts: Sequence[Event]) -> tuple[list[str], list[str], str, str]:
+        """The step script's keys and arguments for journaling ``value`` with ``parts``; the value's text; what."""
+        k = self.conn.keys(job_id)
+        text = dump_json(value, f"result of step {key!r}")
+        lines = _dump_parts(parts)
+        # The text streamed with a model's answer is inside the answer: sent once (redis_refs).
+        sliced = slice_parts(text, lines) if lines else None
+        args = [str(version), "0" if owner is None else "1", owner or "", key, text, *(sliced or lines)]
+        keys = [k.record, k.journal, k.lease, k.live] if lines else [k.record, k.journal, k.lease]
+        return keys, args, text, f"journaling step {key!r} of job {job_id!r}"
+
+    def _run_step(self, job_id: str, version: int, key: str, keys: list[str], args: list[str], text: str,
+                  what: str) -> None:
+        """Run the step script and wait for its reply: a refused write raises :class:`StaleVersionError`."""
+        reply = self.conn.run(self.conn.scripts.step, keys, args, what)
+        if self._step_refused(job_id, reply, what):
+            raise StaleVersionError(_stale_message(job_id, _text(reply),
+                                                   f"step {key!r} at version {version} not recorded"))
+        self.records.steps.remember(job_id, version, key, text)
+
+    def _step_refused(self, job_id: str, reply: Any, what: str) -> bool:
+        """Whether the step script refused the write (fenced off: what the journal holds is then not known)."""
+        reply = _text(reply)
+        self.conn.check_types(job_id, reply, what)
+        if reply == "badpart":  # the adapter's own encoding: a bug here, never the caller's input
+            raise StorageError(f"{what}: the script refused a live-stream part sent as a slice of the value; "
+                               "nothing was written")
+        if reply.startswith("stale:"):
+            self.records.steps.forget(job_id)
+            return True
+        return False
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         reply = self.conn.run(self.conn.scripts.renew, [self.conn.keys(job_id).lease], [owner, _ttl_ms(ttl)],
