@@ -25,8 +25,9 @@ from pipelines.engine.phase import Done, Fail, FailJob, Next, PhaseContext
 
 Outcome = TypeVar("Outcome", Next, Done, Fail, Next | Done | Fail)
 
-__all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "extended_view", "first_turn", "quiet",
-           "resolve_run", "run_turn_calls", "tool_contexts", "turn_ended", "turn_messages", "view_key"]
+__all__ = ["CallPlan", "TOOLS_KEY", "callbacks_of", "context_of", "ended", "extended_view", "first_turn",
+           "only_commit_follows", "quiet", "resolve_run", "run_turn_calls", "tool_contexts", "turn_ended",
+           "turn_messages", "view_key"]
 
 TOOLS_KEY = journal.TOOLS_NAMES
 """Journal key: the tool names a provider returned for this turn (a re-run must get the same)."""
@@ -70,6 +71,12 @@ def callbacks_of(cfg: AgentConfig) -> dict[str, Any]:
 def quiet(ctx: PhaseContext[Any], cfg: AgentConfig) -> bool:
     """No lifecycle callback to call, the agent's or the run's: a turn then builds none of their arguments."""
     return not callbacks_of(cfg) and not len(ctx.env.callbacks)
+
+
+def only_commit_follows(ctx: PhaseContext[Any], cfg: AgentConfig) -> bool:
+    """Whether nothing with effects outside the job runs between a turn's last journal write and its commit:
+    no lifecycle callback, structured answer or title (the write's reply may then wait for the commit's)."""
+    return quiet(ctx, cfg) and cfg.output_schema is None and cfg.title_agent is None
 
 
 def resolve_run(ctx: PhaseContext[Any], cfg: AgentConfig) -> AgentConfig:
@@ -175,9 +182,8 @@ def run_turn_calls(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResp
     offered = cfg.tmap if response.tools_offered is None else {
         n: t for n, t in cfg.tmap.items() if n in response.tools_offered}
     if quiet(ctx, cfg):
-        # No callback, structured answer or title follows the calls: only the turn's commit does.
-        last = cfg.output_schema is None and cfg.title_agent is None
-        return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout, before_commit=last)
+        return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout,
+                         before_commit=only_commit_follows(ctx, cfg))
     hooks, context = callbacks_of(cfg), context_of(ctx)
     for c in calls:
         fn = c.get("function") or {}

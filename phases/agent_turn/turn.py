@@ -291,6 +291,6 @@ class AgentTurn:
 def _final_and_quiet(ctx: PhaseContext[Any], cfg: AgentConfig) -> Any:
     """Whether a model answer is the turn's last write before its commit: no tool calls to run after it, and no
     callback, structured answer or title (a predicate on the answer, or None when the config rules it out)."""
-    if not agent_run.quiet(ctx, cfg) or cfg.output_schema is not None or cfg.title_agent is not None:
+    if not agent_run.only_commit_follows(ctx, cfg):
         return None
     return lambda answer: isinstance(answer, dict) and not (answer.get("message") or {}).get("tool_calls")
