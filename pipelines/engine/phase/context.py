@@ -114,7 +114,7 @@ class PhaseContext(Generic[S]):
         self.job_usage = usage or NO_USAGE
         #: Per-run options stored with the job (``run_agent(..., max_turns=...)``): a copy of its own, so a
         #: phase that changes one in place changes no record a storage holds (as for its state).
-        self.options: dict[str, JSONValue] = fresh_json(dict(options)) if options else {}
+        self.options: dict[str, JSONValue] = fresh_json(options) if options else {}
         self._version = version
         #: How many messages sent to the job (``app.send``) were waiting when this phase started.
         self.inbox = inbox
@@ -132,7 +132,7 @@ class PhaseContext(Generic[S]):
         # What a person supplied (approvals, recorded outcomes) reads like any
         # journaled step; a step the phase itself journaled wins.
         # (The inputs as copies of their own: a replay hands them to the phase, which may change them in place.)
-        inputs = fresh_json(dict(checkpoint.inputs)) if checkpoint.inputs else {}
+        inputs = fresh_json(checkpoint.inputs) if checkpoint.inputs else {}
         self._journal: dict[str, JSONValue] = {**inputs, **checkpoint.journal}
         self._recorded_at: dict[str, float] = {}  # when this attempt journaled each step (timelines)
         self._lock = threading.Lock()
