@@ -23,6 +23,7 @@ from adapters.redis import record_format, scripts
 from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
 from adapters.redis.deferred import Deferred
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
+from adapters.redis.scripts import naming
 from adapters.redis.values import _KEY_TYPES, _text
 from pipelines.engine.errors import ConfigurationError, CorruptRecordError, StorageUnavailableError
 
@@ -94,11 +95,25 @@ class RedisConnection:
         return self.layout.job(job_id)
 
     def all_keys(self, job_id: str) -> list[str]:
+        """Every key of ``job_id``'s COMMIT, CREATE and DELETE, in their order (:data:`naming.COMMIT_KEYS`)."""
+        return self.ordered_keys(job_id, naming.COMMIT_KEYS)
+
+    def ordered_keys(self, job_id: str, order: Sequence[str]) -> list[str]:
+        """The keys of ``job_id`` a script's KEYS ``order`` names (roles: :mod:`adapters.redis.scripts.naming`)."""
         k, ix = self.keys(job_id), self.layout.indexes_of(job_id)
-        # The order the scripts expect (KEYS[1..10]); the live stream and the finished index came last.
-        # The listing indexes stay at the very end: the scripts find them counting from the end.
-        return [k.record, k.messages, k.logs, k.journal, k.lease, k.events, ix.due, ix.jobs, k.live,
-                ix.finished, k.inbox, *ix.listing]
+        listing = dict(zip(scripts.INDEX_ROLES, ix.listing, strict=True))
+        indexes = {"due": ix.due, "jobs": ix.jobs, "finished": ix.finished}
+        return [listing.get(role) or indexes.get(role) or getattr(k, role) for role in order]
+
+    def script_keys(self, job_id: str, order: tuple[str, ...]) -> list[str]:
+        """The KEYS a hot script is sent: every key on a Cluster, else the record key and the due index's.
+
+        The script names the rest from those two (:mod:`adapters.redis.scripts.naming`).
+        """
+        if self.cluster:
+            return self.ordered_keys(job_id, order)
+        record = self.keys(job_id).record
+        return [record, self.layout.indexes_of(job_id).due] if naming.short(order) else [record]
 
     def run(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str, *, write: bool = True) -> Any:
         """Run one of the Lua scripts: on a plain Redis directly, on a Cluster on the node of its slot.

@@ -1,4 +1,4 @@
-"""The key names of :class:`~adapters.redis.RedisStorage`: built here and nowhere else.
+"""The key names of :class:`~adapters.redis.RedisStorage`: built here, and by the hot scripts from the same suffixes.
 
 Two layouts share one shape. **Unbucketed** (``buckets=0``, a standalone
 Redis or Sentinel; the layout every earlier version wrote)::
@@ -48,8 +48,8 @@ from typing import NamedTuple
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import JobStatus, validate_job_id
 
-__all__ = ["IndexKeys", "JobKeys", "KeyLayout", "check_prefix", "finished_key", "index_keys", "job_keys",
-           "layout_key", "listing_keys"]
+__all__ = ["IndexKeys", "JobKeys", "KeyLayout", "check_prefix", "finished_key", "index_keys", "index_suffixes",
+           "job_keys", "job_suffixes", "layout_key", "listing_keys"]
 
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 #: The most buckets a layout may have: every index read walks them all.
@@ -94,6 +94,16 @@ def _job_keys(base: str) -> JobKeys:
 def _index_keys(base: str) -> IndexKeys:
     listing = (f"{base}:updated", *(f"{base}:status:{s.value}" for s in JobStatus))
     return IndexKeys(f"{base}:due", f"{base}:jobs", f"{base}:finished", listing)
+
+
+def job_suffixes() -> JobKeys:
+    """What each of a job's keys adds to the job's base (``:record`` ...): the scripts name keys from it too."""
+    return _job_keys("")
+
+
+def index_suffixes() -> IndexKeys:
+    """What each index key adds to its base (``:due`` ...): the scripts name keys from it too."""
+    return _index_keys("")
 
 
 def job_keys(prefix: str, job_id: str) -> JobKeys:

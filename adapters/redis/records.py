@@ -26,6 +26,7 @@ from adapters.redis.connection import RedisConnection
 from adapters.redis.events import json_line
 from adapters.redis.record_format import changed_fields, delta_json, merged
 from adapters.redis.refs import JournalValues
+from adapters.redis.scripts import naming
 from adapters.redis.values import _text
 from pipelines.engine.errors import CorruptRecordError, PipelineError
 from pipelines.engine.models import (
@@ -81,7 +82,7 @@ class RecordReads:
         self.warm_loads = 0  # loads that found the record hash as this storage last saw it (not sent again)
 
     def load(self, job_id: str, owner: str = "", ttl_ms: str = "") -> JobRecord | None:
-        k, ix = self.conn.keys(job_id), self.conn.layout.indexes_of(job_id)
+        keys = self.conn.script_keys(job_id, naming.LOAD_KEYS)  # the id checked before anything is written
         if owner:
             self.conn.check_layout(job_id)  # before a worker's first turn, not before every read
         # A worker that saw the record hash as it is (its last write or load) is not sent the record again;
@@ -90,8 +91,8 @@ class RecordReads:
         known = held.token if held is not None and held.stored is not None else ""
         btok = held.btok if held is not None and held.base else ""
         # A read unless it takes the lease (the leftovers of a job whose record is gone go in a write of their own).
-        reply = self.conn.run(self.conn.scripts.load, [k.record, k.journal, k.lease, ix.due, ix.jobs, ix.listing[0]],
-                          [owner, ttl_ms, job_id, btok, known], f"loading job {job_id!r}", write=bool(owner))
+        reply = self.conn.run(self.conn.scripts.load, keys, [owner, ttl_ms, job_id, btok, known],
+                              f"loading job {job_id!r}", write=bool(owner))
         self.conn.check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
             return None
@@ -276,7 +277,8 @@ class RecordReads:
     def delete_leftovers(self, job_id: str) -> None:
         """Delete what a job whose record is gone left (keys, index entries); a job created again is left alone."""
         what = f"deleting the leftovers of job {job_id!r}, whose record is gone"
-        reply = self.conn.run(self.conn.scripts.delete, self.conn.all_keys(job_id), [job_id, "", "gone"], what)
+        reply = self.conn.run(self.conn.scripts.delete, self.conn.script_keys(job_id, naming.COMMIT_KEYS),
+                              [job_id, "", "gone"], what)
         self.conn.check_types(job_id, reply, what)
         if isinstance(reply, bytes | str):
             return  # 'present': created again since the load saw no record

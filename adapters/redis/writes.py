@@ -23,6 +23,7 @@ from adapters.redis.connection import RedisConnection
 from adapters.redis.events import EventReads
 from adapters.redis.records import RecordReads, mark_line
 from adapters.redis.refs import slice_parts
+from adapters.redis.scripts import naming
 from adapters.redis.values import (
     _FINISHED,
     _LIVE_KEPT,
@@ -80,7 +81,7 @@ class RecordWrites:
                    events: Sequence[Event] = ()) -> None:
         """Insert a new job atomically; ``JobConflictError`` if the id is taken."""
         job_id = record.job_id
-        keys = self.conn.all_keys(job_id)
+        keys = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
         data = _dump_data(record)
         marks = [mark_line(m) for m in record.history]
         msgs = [dump_json(m, "a transcript message") for m in messages]
@@ -104,7 +105,7 @@ class RecordWrites:
         landed; sending the same ``Commit`` again is safe (its token).
         """
         job_id = commit.job_id
-        keys = every_key = self.conn.all_keys(job_id)
+        keys = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
         mode, data, dx = self.records.record_args(job_id, commit.record, self.conn.record_format)
         held = self.records.bases.get(job_id)  # a delta keeps the base it was computed from
@@ -113,11 +114,12 @@ class RecordWrites:
         if mode == f"d:{base}":
             mode = "d"  # the same token as the history's delta: sent once
         place = ""
-        if base and held is not None and held.record is not None:
+        if self.conn.cluster and base and held is not None and held.record is not None:
             # The record hash holds what this worker last saw, so the job is in that status's index: the
-            # commit names only it and the new one of the listing indexes (the script checks 'st').
+            # commit names only it and the new one of the listing indexes (the script checks 'st'). A
+            # standalone server is sent no index's name but the due one's (naming).
             was = held.record.status
-            place, keys = redis_scripts.index_position(was), _pruned(every_key, was, commit.record.status)
+            place, keys = redis_scripts.index_position(was), _pruned(keys, was, commit.record.status)
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         # A message the journal already holds (the model's answer) is sent as a slice of it.
         sent = self.records.steps.refer(job_id, msgs) if msgs else None
@@ -145,7 +147,8 @@ class RecordWrites:
             # journal does not hold a message sent by reference: send both whole.
             args[at:at + 3] = ["", "0", "\n".join(marks)]
             args[first:first + len(msgs)] = msgs
-            keys, args[layout.record_mode + 1] = every_key, ""  # the status it is in: as 'st' says
+            keys = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
+            args[layout.record_mode + 1] = ""  # the status it is in: as 'st' says
             if mode.startswith("d"):  # the record whole, in its base
                 mode, args[layout.record_mode], dx = "2", "2", frozenset()
                 base_text = data = args[layout.data] = _dump_data(commit.record)
@@ -250,13 +253,12 @@ class RecordWrites:
     def _step_call(self, job_id: str, version: int, owner: str | None, key: str, value: JSONValue,
                    parts: Sequence[Event]) -> tuple[list[str], list[str], str, str]:
         """The step script's keys and arguments for journaling ``value`` with ``parts``; the value's text; what."""
-        k = self.conn.keys(job_id)
+        keys = self.conn.script_keys(job_id, naming.STEP_KEYS)
         text = dump_json(value, f"result of step {key!r}")
         lines = _dump_parts(parts)
         # The text streamed with a model's answer is inside the answer: sent once (redis_refs).
         sliced = slice_parts(text, lines) if lines else None
         args = [str(version), "0" if owner is None else "1", owner or "", key, text, *(sliced or lines)]
-        keys = [k.record, k.journal, k.lease, k.live] if lines else [k.record, k.journal, k.lease]
         return keys, args, text, f"journaling step {key!r} of job {job_id!r}"
 
     def _run_step(self, job_id: str, version: int, key: str, keys: list[str], args: list[str], text: str,
@@ -299,7 +301,8 @@ class RecordWrites:
         job deletable at that version).
         """
         args = [job_id, "" if if_version is None else str(int(if_version))]
-        reply = self.conn.run(self.conn.scripts.delete, self.conn.all_keys(job_id), args, f"deleting job {job_id!r}")
+        keys = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
+        reply = self.conn.run(self.conn.scripts.delete, keys, args, f"deleting job {job_id!r}")
         self.conn.check_types(job_id, reply, f"deleting job {job_id!r}")
         if isinstance(reply, bytes | str) and _text(reply).startswith("stale:"):
             raise StaleVersionError(_stale_message(job_id, _text(reply), f"delete expected version {if_version}"))

@@ -291,10 +291,8 @@ def test_a_worker_is_not_sent_the_record_it_holds_nor_the_base_and_one_that_hold
     assert _record(warm).status is JobStatus.COMPLETE
 
 
-def test_a_commit_names_the_status_indexes_it_moves_the_job_between_and_they_end_right(
-        redis_url: str, apps: list[App], monkeypatch: pytest.MonkeyPatch) -> None:
-    app = _app(redis_url, "ix")
-    apps.append(app)
+def _commit_keys_sent(app: App) -> list[int]:
+    """Runs job 'j' to its end on ``app``: how many KEYS each commit was sent."""
     conn = _storage(app).conn
     inner, sent = conn.run, []
 
@@ -303,15 +301,36 @@ def test_a_commit_names_the_status_indexes_it_moves_the_job_between_and_they_end
             sent.append(len(keys))
         return inner(script, keys, args, what, write=write)
 
-    monkeypatch.setattr(conn, "run", spy)
-    app.run_agent("a", job_id="j", messages=["count"])
-    _finish(app, "j")
-    # Every turn but the last keeps the job running: the all-jobs index and the running one; the last
-    # moves it to complete: the two status indexes. (19 keys: every index, as for a job not held.)
-    assert sent == [13] * (TURNS - 1) + [14]
+    conn.run = spy  # type: ignore[method-assign]
+    try:
+        app.run_agent("a", job_id="j", messages=["count"])
+        _finish(app, "j")
+    finally:
+        del conn.run
     storage = _storage(app)
     assert storage.count_jobs(JobStatus.RUNNING) == 0 and storage.count_jobs(JobStatus.COMPLETE) == 1
     assert [r.job_id for r in storage.list_jobs(status=JobStatus.COMPLETE)] == ["j"]
+    return sent
+
+
+def test_a_commit_on_a_cluster_names_the_status_indexes_it_moves_the_job_between_and_they_end_right(
+        redis_cluster_url: str) -> None:
+    app = _app_on(RedisStorage.from_url(redis_cluster_url, prefix=f"ix{uuid.uuid4().hex[:8]}", cluster=True))
+    try:
+        sent = _commit_keys_sent(app)
+    finally:
+        _storage(app).client.close()
+    # Every turn but the last keeps the job running: the all-jobs index and the running one; the last
+    # moves it to complete: the two status indexes. (19 keys: every index, as for a job not held.)
+    assert sent == [13] * (TURNS - 1) + [14]
+
+
+def test_a_commit_on_a_standalone_server_names_two_keys_and_the_status_indexes_end_right(
+        redis_url: str, apps: list[App]) -> None:
+    app = _app(redis_url, "ix")
+    apps.append(app)
+    # The script names the rest (adapters.redis.scripts.naming) and touches only the two status indexes.
+    assert _commit_keys_sent(app) == [2] * TURNS
 
 
 def test_on_a_redis_cluster_a_prefix_moves_to_format_2_in_two_steps_too(redis_cluster_url: str) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from adapters.redis.scripts.functions import PUSH_FN, TYPES_FN
+from adapters.redis.scripts.naming import COMMIT_KEYS, STEP_KEYS, naming_fn
 
 __all__ = ["CREATE", "COMMIT", "RECORD_STEP"]
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
+# (naming.COMMIT_KEYS; or only the record key and the due index's, the script naming the rest)
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
 #       finished_at ('' = not finished), status index position, updated_at, history (marks, one per line),
 #       then the messages, the log lines, the events.
-CREATE = PUSH_FN + """
+CREATE = naming_fn(COMMIT_KEYS) + PUSH_FN + """
 -- KEYS[2..6] are only DEL'd before being written, so their type cannot fail.
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set',
                         KEYS[10], 'finished', 'zset'})
@@ -67,6 +69,7 @@ end
 """
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
+# (naming.COMMIT_KEYS; or only the record key and the due index's, the script naming the rest: naming)
 # ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
@@ -84,7 +87,7 @@ end
 # message reference does not match the journal: nothing written, send the history and messages whole).
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
 # leased (another owner holds it).
-COMMIT = PUSH_FN + _RESOLVE_FN + """
+COMMIT = naming_fn(COMMIT_KEYS) + PUSH_FN + _RESOLVE_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', KEYS[3], 'logs', 'list',
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
                         KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset',
@@ -191,7 +194,7 @@ if ARGV[14] == '1' then redis.call('HDEL', KEYS[1], 'control') end
 return reply('ok')
 """
 
-# KEYS: record, journal, lease, live
+# KEYS: record, journal, lease, live (naming.STEP_KEYS; or only the record key, the script naming the rest)
 # ARGV: version, has_owner, owner, key, value, then live-stream parts to publish with it (optional);
 # a part '=<prefix length> <start> <length>\n<prefix><suffix>' has that slice of the value between
 # prefix and suffix (adapters.redis.refs.slice_parts). Reply 'badpart' (nothing written) if one does not parse.
@@ -199,7 +202,7 @@ return reply('ok')
 # was lost) finds its own value already journaled under the key and publishes nothing
 # again: a step key is journaled once per attempt, so the same key holding the same value
 # at this version is that call.
-RECORD_STEP = TYPES_FN + """
+RECORD_STEP = naming_fn(STEP_KEYS) + TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash', KEYS[3], 'lease', 'string'})
 if not bad and #ARGV > 5 then bad = wrong_type({KEYS[4], 'live', 'stream'}) end
 if bad then return bad end

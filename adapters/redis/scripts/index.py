@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from adapters.redis.scripts.functions import INDEX_FN
+from adapters.redis.scripts.naming import COMMIT_KEYS, naming_fn
 
 __all__ = ["DELETE", "REINDEX"]
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
+# (naming.COMMIT_KEYS; or only the record key and the due index's, the script naming the rest)
 # ARGV: job_id, expected version ('' = whatever it is), mode ('gone': only the leftovers of a job
 # whose record is gone)
 # Reply: 1 deleted, 0 unknown job, 'stale:version:<stored>' (nothing deleted); in 'gone' mode
@@ -15,7 +17,7 @@ __all__ = ["DELETE", "REINDEX"]
 # The job's own keys are only DEL'd (any type goes); the indexes are checked.
 # With an expected version the caller checked the job's status at that version:
 # it is deleted only if nothing committed since (a retry, a continued conversation).
-DELETE = INDEX_FN + """
+DELETE = naming_fn(COMMIT_KEYS) + INDEX_FN + """
 local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set', KEYS[10], 'finished', 'zset'})
 if not bad then bad = index_checks() end
 if bad then return bad end

@@ -10,10 +10,12 @@ dead or stalled in the middle of an attempt (STATE; the page's "worker lost").
 from __future__ import annotations
 
 from adapters.redis.scripts.functions import TYPES_FN
+from adapters.redis.scripts.naming import LOAD_KEYS, naming_fn
 
 __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 
-# KEYS: record, journal, lease, due, jobs, updated (the listing index of every job)
+# KEYS: record, journal, lease, due, jobs, updated (the listing index of every job): naming.LOAD_KEYS, or only the
+# record key and the due index's, the script naming the rest (adapters.redis.scripts.naming)
 # ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id, the token of the base the caller holds ('' none),
 # the token of the write whose record the caller holds ('' none)
 # Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
@@ -22,7 +24,7 @@ __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 # a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format);
 # base is '=' when it is the one the caller holds (btok, the token of the write that wrote it, is the one sent);
 # data and hist are '=' (base and dx '') when the stored token is the one sent: the caller holds the record.
-LOAD = TYPES_FN + """
+LOAD = naming_fn(LOAD_KEYS) + TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
 -- A read-only load never touches the lease, so only taking it checks its type.
 if not bad and ARGV[2] ~= '' then bad = wrong_type({KEYS[3], 'lease', 'string'}) end

@@ -1,0 +1,69 @@
+"""The KEYS a job's scripts are sent: every one on a Redis Cluster, two elsewhere, the rest named by the script.
+
+A turn runs three scripts (LOAD, RECORD_STEP, COMMIT) that touch up to 19 keys, and their names were
+~470 of the ~3,400 bytes a W1 turn sent to Redis. Every key is its base plus a fixed suffix
+(:mod:`adapters.redis.keys`): a job's keys share ``<base>:record``'s base, the indexes its scripts write
+share ``<base>:due``'s. So on a standalone server (or Sentinel) these scripts, and CREATE and DELETE,
+are sent the record key, and the due index's if they touch an index, and name the others themselves
+from the suffixes below, built by the same functions as the Python names. A test compares the two for
+both layouts.
+
+A Redis Cluster is sent every key: it checks a script's slot, and a slot being migrated, on the
+declared KEYS only, so a key named inside the script could be read on a node that no longer holds it.
+On a standalone server an undeclared key is a plain key (Redis's advice to declare them all is about
+Cluster routing); the scripts here carry no shebang flags, which keeps that behaviour.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from adapters.redis.keys import IndexKeys, JobKeys, index_suffixes, job_suffixes
+from adapters.redis.scripts.layout import INDEX_ROLES
+
+__all__ = ["COMMIT_KEYS", "LOAD_KEYS", "STEP_KEYS", "naming_fn", "short"]
+
+_JOB_ROLES = JobKeys._fields
+_INDEX_ROLES = ("due", "jobs", "finished", *INDEX_ROLES)
+
+#: The roles of COMMIT's (and CREATE's and DELETE's) KEYS, in order: the listing indexes always last.
+COMMIT_KEYS = ("record", "messages", "logs", "journal", "lease", "events", "due", "jobs", "live", "finished",
+               "inbox", *INDEX_ROLES)
+#: LOAD's KEYS: the job's record, journal and lease; the indexes that say whether a missing record is debris.
+LOAD_KEYS = ("record", "journal", "lease", "due", "jobs", "updated")
+#: RECORD_STEP's KEYS.
+STEP_KEYS = ("record", "journal", "lease", "live")
+
+
+def _suffix(role: str) -> tuple[int, str]:
+    """(0, the suffix) for a role among a job's keys, (1, the suffix) for an index's."""
+    if role in _JOB_ROLES:
+        return 0, getattr(job_suffixes(), role)
+    ix: IndexKeys = index_suffixes()
+    place = _INDEX_ROLES.index(role)
+    return 1, (ix.due, ix.jobs, ix.finished, *ix.listing)[place]
+
+
+@functools.cache
+def short(order: tuple[str, ...]) -> bool:
+    """Whether a standalone server is sent the due index's key beside the record key for this KEYS order."""
+    if order[0] != "record":
+        raise ValueError(f"a named KEYS order starts with the record key, not {order[0]!r}")
+    return any(role in _INDEX_ROLES for role in order)
+
+
+def naming_fn(order: Sequence[str]) -> str:
+    """Lua that, sent only the record key (and the due index's), names the rest (a script's first statement)."""
+    parts = [_suffix(role) for role in order[1:]]
+    table = ", ".join(f"{{{which}, '{suffix}'}}" for which, suffix in parts)
+    record_len, due_len = len(job_suffixes().record), len(index_suffixes().due)
+    return f"""
+do
+  local named = {{{table}}}
+  if #KEYS == {2 if short(tuple(order)) else 1} then  -- every key is never so few (a Cluster's COMMIT: 13 at least)
+    local bases = {{string.sub(KEYS[1], 1, -{record_len + 1}), KEYS[2] and string.sub(KEYS[2], 1, -{due_len + 1})}}
+    for i, s in ipairs(named) do KEYS[i + 1] = bases[s[1] + 1] .. s[2] end
+  end
+end
+"""
