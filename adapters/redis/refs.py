@@ -8,12 +8,19 @@ message found inside one of them byte for byte is sent as::
 
     =<start> <length> <sha1 prefix> <step key>
 
-The commit script cuts the message out of the journaled value, checks its
-length and the SHA-1 prefix, and replies ``rebase`` (nothing written) when
-either differs or the value is gone; the adapter then sends the message
-whole. So a reference only ever saves bytes: what is remembered here may be
-out of date without a wrong message being stored. A transcript message is
-JSON text and always starts with ``{``, never ``=``.
+The other way round, a tool's result: the journaled value (the message's
+content, a JSON string) is inside the message, and a message holding a whole
+value (:data:`REF_MIN_BYTES` or more) is sent as the text around it::
+
+    ><prefix length> <sha1 prefix of the value> <key length>\n<step key><prefix><suffix>
+
+The commit script cuts the message out of the journaled value (or puts it
+around the value), checks the SHA-1 prefix (and the length), and replies
+``rebase`` (nothing written) when either differs or the value is gone; the
+adapter then sends the message whole. So a reference only ever saves bytes:
+what is remembered here may be out of date without a wrong message being
+stored. A transcript message is JSON text and always starts with ``{``, never
+``=`` or ``>``; lengths count bytes (Lua's strings are bytes).
 
 Live-stream parts sent with a journal write get the same treatment against
 the value journaled in that very call (:func:`slice_parts`): the streamed text
@@ -148,4 +155,10 @@ def _reference(text: str, values: list[tuple[str, bytes]]) -> str | None:
         if at >= 0:
             digest = hashlib.sha1(message, usedforsecurity=False).hexdigest()[:_HASH_CHARS]
             return f"={at + 1} {len(message)} {digest} {key}"  # 1-based, as Lua's string.sub counts
+    for key, value in values:
+        if len(value) >= REF_MIN_BYTES and (at := message.find(value)) >= 0:
+            # The value is whole JSON text (a string literal, quotes included): cut at character boundaries.
+            digest = hashlib.sha1(value, usedforsecurity=False).hexdigest()[:_HASH_CHARS]
+            prefix, suffix = message[:at].decode(), message[at + len(value):].decode()
+            return f">{len(prefix.encode())} {digest} {len(key.encode())}\n{key}{prefix}{suffix}"
     return None

@@ -212,3 +212,67 @@ def test_a_slice_the_step_script_cannot_put_back_together_writes_nothing(
         storage.record_step_and_publish("j5", version=rec.version, owner=None, key="model", value={"a": 1},
                                         parts=[part])
     assert not r.hexists(storage.keys("j5").journal, "model") and r.xlen(storage.keys("j5").live) == live
+
+
+# A tool's long answer: journaled whole (its content), then inside the tool message the commit appends.
+LONG = 'Résumé of "step" {n}: ünïcode, a \\ backslash and a\nnewline. ' * 3
+
+
+@tool
+def describe(n: int) -> str:
+    """Describe a step at length."""
+    return LONG.format(n=n)
+
+
+def _describing(msgs: list[dict[str, Any]]) -> Any:
+    done = sum(1 for m in msgs if m["role"] == "assistant")
+    return "done" if done >= 2 else reply(f"step {done}", call("describe", n=done))
+
+
+def _describe_app(storage: RedisStorage) -> App:
+    return App(storage=storage, scheduler=MemoryScheduler(),
+               agents=[Agent(name="d", model=ScriptedModel(_describing), tools=[describe], max_turns=10)])
+
+
+def _run_whole(redis_url: str, job_id: str) -> list[bytes]:
+    other = RedisStorage.from_url(redis_url, prefix="whole")
+    other.records.steps.refer = lambda job_id, messages: None  # type: ignore[method-assign]
+    app = _describe_app(other)
+    app.run_agent("d", job_id=job_id, messages=["describe"])
+    app.scheduler.drain()  # type: ignore[attr-defined]
+    out = list(other.client.lrange(other.keys(job_id).messages, 0, -1))
+    other.client.close()
+    return out
+
+
+@pytest.mark.parametrize("tamper", [None, "changed", "deleted"])
+def test_a_tools_long_answer_is_sent_once_and_whole_when_the_journal_lost_it(
+        storage: RedisStorage, r: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+        tamper: str | None) -> None:
+    commits = Commits(storage)
+    app = _describe_app(storage)
+    app.run_agent("d", job_id="j6", messages=["describe"])
+    journal, real = storage.keys("j6").journal, storage.commit
+
+    def behind_its_back(commit: Any) -> Any:
+        for key in r.hkeys(journal):
+            if key.startswith(b"tool:") and tamper == "deleted":
+                r.hdel(journal, key)
+            elif key.startswith(b"tool:") and tamper == "changed":  # the same length: only the hash can tell
+                r.hset(journal, key, (r.hget(journal, key) or b"").replace("ü".encode(), "û".encode()))
+        return real(commit)
+
+    monkeypatch.setattr(storage, "commit", behind_its_back)
+    app.scheduler.drain()  # type: ignore[attr-defined]
+    assert app.get("j6").status.value == "complete"
+    tool_msgs = [m for msgs in commits.sent for m in msgs if not m.startswith(("=", '{"role":"assistant"'))]
+    if tamper is None:
+        # Each tool message went as the text around its journaled answer (the answer itself not again).
+        assert len(tool_msgs) == 2 and all(m.startswith(">") and "Résumé" not in m for m in tool_msgs)
+    else:
+        # Refused with nothing written, then sent whole: a reference, then the same message in full.
+        refs = [m for m in tool_msgs if m.startswith(">")]
+        assert len(refs) == 2 and sum("Résumé" in m for m in tool_msgs) == 2
+    stored = _transcript(r, storage, "j6")
+    assert stored == _run_whole(redis_url, "j6")
+    assert [m.decode().count("Résumé of") for m in stored] == [0, 0, 3, 0, 3, 0]

@@ -28,6 +28,26 @@ def test_a_message_held_by_a_journaled_value_becomes_a_byte_exact_reference() ->
     assert _slice(VALUE, sent[0]) == MSG.encode()
 
 
+def test_a_message_holding_a_whole_journaled_value_is_sent_as_the_text_around_it() -> None:
+    # A tool's answer: its content string is journaled, and the message holds it. Non-ASCII before it and in
+    # the step key: the lengths count bytes. The key may hold spaces and a newline: its length is sent.
+    answer = '"' + "ü" * 10 + "y" * REF_MIN_BYTES + '"'
+    message = '{"role":"tool","tool_call_id":"càll 1","content":' + answer + "}"
+    steps = JournalValues()
+    steps.remember("j", 3, "tool:càll 1\nx", answer)
+    (sent,) = steps.refer("j", [message]) or [None]
+    assert sent is not None and sent.startswith(">") and "y" * REF_MIN_BYTES not in sent
+    header, rest = sent[1:].split("\n", 1)
+    lead, digest, key_len = header.split(" ")
+    body = rest.encode()
+    key, around = body[:int(key_len)].decode(), body[int(key_len):]
+    assert key == "tool:càll 1\nx" and digest == hashlib.sha1(answer.encode()).hexdigest()[:16]
+    assert around[:int(lead)] + answer.encode() + around[int(lead):] == message.encode()
+    # A short value is not worth a reference.
+    steps.remember("j", 3, "tool:càll 1\nx", '"short"')
+    assert steps.refer("j", ['{"role":"tool","content":"short"}']) is None
+
+
 def test_nothing_to_refer_to_gives_none() -> None:
     steps = JournalValues()
     assert steps.refer("j", [MSG]) is None  # nothing journaled

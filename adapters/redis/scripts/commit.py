@@ -38,14 +38,17 @@ if ARGV[8] ~= '' then redis.call('ZADD', KEYS[10], ARGV[8], ARGV[1]) end
 return 'ok'
 """
 
-# A message ARGV '=<start> <length> <sha1 prefix> <step key>' is that slice of the journaled step value
-# (adapters.redis.refs): resolved before anything is written; nil when one does not match (reply 'rebase').
+# A message ARGV '=<start> <length> <sha1 prefix> <step key>' is that slice of the journaled step value;
+# '><prefix length> <sha1 prefix> <key length>\n<step key><prefix><suffix>' is the journaled value with that
+# text around it (adapters.redis.refs): resolved before anything is written; nil when one does not match
+# (reply 'rebase').
 _RESOLVE_FN = """
 local function resolve(journal, from, to)
   local out = {}
   for i = from, to do
     local m = ARGV[i]
-    if string.byte(m, 1) == 61 then
+    local first = string.byte(m, 1)
+    if first == 61 then  -- '='
       local s, n, h, key = string.match(m, '^=(%d+) (%d+) (%x+) (.*)$')
       if not s or #h ~= 16 then return nil end
       local v = redis.call('HGET', journal, key)
@@ -53,6 +56,14 @@ local function resolve(journal, from, to)
       s, n = tonumber(s), tonumber(n)
       m = string.sub(v, s, s + n - 1)
       if #m ~= n or string.sub(redis.sha1hex(m), 1, 16) ~= h then return nil end
+    elseif first == 62 then  -- '>'
+      local lead, h, kl, rest = string.match(m, '^>(%d+) (%x+) (%d+)\\n(.*)$')
+      if not lead or #h ~= 16 then return nil end
+      lead, kl = tonumber(lead), tonumber(kl)
+      if kl + lead > #rest then return nil end
+      local v = redis.call('HGET', journal, string.sub(rest, 1, kl))
+      if not v or string.sub(redis.sha1hex(v), 1, 16) ~= h then return nil end
+      m = string.sub(rest, kl + 1, kl + lead) .. v .. string.sub(rest, kl + lead + 1)
     end
     out[#out + 1] = m
   end
