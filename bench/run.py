@@ -587,6 +587,48 @@ def model_cost(model: Any, transcript: list[dict[str, Any]], turns: int) -> list
     return out
 
 
+#: What 4j's tool answers each turn: about 2 KB, as a fetched page or a file would be.
+PAGE = "A fetched page, about two kilobytes of text a turn. " * 40
+
+
+def long_tool_job(url: str, turns: int, tag: str) -> dict[str, int]:
+    """A W1-shaped job whose tool answers ~2 KB a turn, advanced in-process: bytes sent, transcript bytes."""
+    import redis
+
+    from adapters.redis import RedisStorage
+    from pipelines import AdvanceResult, Agent, tool
+    from pipelines.app import App
+    from pipelines.testing import ScriptedModel, call, reply
+
+    @tool
+    def fetch(n: int) -> str:
+        """Fetch page ``n``."""
+        return f"page {n}: {PAGE}"
+
+    def answer(msgs: list[dict[str, Any]]) -> Any:
+        done = sum(1 for m in msgs if m["role"] == "assistant")
+        return "done" if done >= turns - 1 else reply(f"Fetching page {done} next.", call("fetch", n=done))
+
+    storage = RedisStorage.from_url(url, prefix=f"tool{tag}")
+    scheduler = NoopScheduler()
+    agent = Agent(name="fetcher", model=ScriptedModel(answer), tools=[fetch], max_turns=turns + 1)
+    app = App(storage=storage, scheduler=scheduler, agents=[agent])
+    info = redis.Redis.from_url(url)
+    before = int(info.info("stats")["total_net_input_bytes"])
+    agent.run(job_id="long-tool", messages=["fetch them all"], storage=storage, scheduler=scheduler)
+    for _ in range(turns + 1):
+        result = app.try_advance("long-tool")
+        if result is AdvanceResult.COMPLETED:
+            break
+        if result is not AdvanceResult.ADVANCED:
+            raise RuntimeError(f"the tool job stopped: {result}")
+    after = int(info.info("stats")["total_net_input_bytes"])
+    transcript = sum(map(len, info.lrange(storage.keys("long-tool").messages, 0, -1)))
+    info.close()
+    storage.client.close()
+    return {"net_in": after - before, "transcript": transcript}
+
+
 def fig4(rep: Report, sz: Sizes, url: str) -> None:
     import redis
 
@@ -609,6 +651,10 @@ def fig4(rep: Report, sz: Sizes, url: str) -> None:
     # The other way: what Redis sends back (each load's record among it). Counted, no goal.
     rep.add("4a2", f"bytes received from Redis / transcript bytes ({n_turns} turns)",
             [r["net_out"] / r["transcript"] for r in runs], "x", fmt="{:.2f}")
+    # A tool's long answer is journaled, then in the tool message: sent once (adapters.redis.refs). No goal.
+    tools = [long_tool_job(url, 50, str(r)) for r in range(3)]
+    rep.add("4j", "bytes sent to Redis / transcript bytes, a ~2 KB tool answer a turn (50 turns)",
+            [(t["net_in"] - info_cost) / t["transcript"] for t in tools], "x", fmt="{:.2f}")
     rep.add("4b", "transcript size (stored message JSON)", [r["transcript"] / 1024 for r in runs], "KiB", fmt="{:,.1f}")
     rep.add("4c", "bytes sent to Redis (INFO total_net_input_bytes)", [r["net_in"] / 1024 for r in runs], "KiB",
             fmt="{:,.1f}")
