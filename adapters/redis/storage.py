@@ -1,11 +1,9 @@
 """``RedisStorage``: the production :class:`~adapters.base.Storage` on Redis 7 (standalone, Sentinel, Cluster).
 
-The keys, what each holds and how they are named (unbucketed, or bucketed on
-a Redis Cluster) are in :mod:`adapters.redis.keys`.
-
-The listing indexes are written by the same scripts as the records; jobs
-written before they existed are put in by :meth:`RedisStorage.reindex`
-(``pipelines reindex``); until then a listing reads every record instead.
+The keys, what each holds and how they are named (unbucketed, or bucketed on a Redis Cluster) are in
+:mod:`adapters.redis.keys`. The listing indexes are written by the same scripts as the records; jobs written
+before they existed are put in by :meth:`RedisStorage.reindex` (``pipelines reindex``); until then a listing
+reads every record instead.
 
 Each check-then-write is one Lua script (:mod:`adapters.redis.scripts`), so a commit is atomic and costs one
 round trip. Values are JSON text; nothing is pickled. redis-py retries commands after connection errors,
@@ -67,30 +65,23 @@ DEFAULT_PREFIX = "pr"
 class RedisStorage:
     """The :class:`~adapters.base.Storage` port on Redis (standalone, Sentinel or Cluster; no modules).
 
-    ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` or
-    ``redis.RedisCluster`` (its own retry policy applies); :meth:`from_url`
-    builds one with retries, exponential backoff and jitter. ``client`` is
-    public so an RQ scheduler can share the connection (not a Cluster's: RQ
-    needs a plain Redis). Connection failures that outlast the retries raise
-    :class:`StorageUnavailableError`, other Redis errors :class:`StorageError`,
-    and a stored record that does not parse :class:`CorruptRecordError`.
+    ``RedisStorage(client, prefix=...)`` uses an existing ``redis.Redis`` or ``redis.RedisCluster`` (its own retry
+    policy applies); :meth:`from_url` builds one with retries, exponential backoff and jitter. ``client`` is public
+    so an RQ scheduler can share the connection (not a Cluster's: RQ needs a plain Redis). Connection failures that
+    outlast the retries raise :class:`StorageUnavailableError`, other Redis errors :class:`StorageError`, and a
+    stored record that does not parse :class:`CorruptRecordError`.
 
-    ``live_ttl``: how long a finished job's live stream (its last turn: the
-    stream keeps only the turn in flight, see :mod:`adapters.redis.live`)
-    stays after the job finished; readers then get its durable events.
+    ``live_ttl``: how long a finished job's live stream (its last turn: the stream keeps only the turn in flight,
+    see :mod:`adapters.redis.live`) stays after the job finished; readers then get its durable events.
 
-    ``buckets``: how many hash-tagged buckets the indexes are split into
-    (:mod:`adapters.redis.keys`). ``None`` means 0 (one global index, the
-    layout of every earlier version) on a plain client and
-    :data:`CLUSTER_BUCKETS` on a ``RedisCluster``, where 0 is refused. Every
-    process on one prefix must use the same count: the first write (or ``pipelines worker``, at start) records
-    it, and a storage with another count raises :class:`ConfigurationError`.
+    ``buckets``: how many hash-tagged buckets the indexes are split into (:mod:`adapters.redis.keys`). ``None``
+    means 0 (one global index, the layout of every earlier version) on a plain client and :data:`CLUSTER_BUCKETS` on
+    a ``RedisCluster``, where 0 is refused. Every process on one prefix must use the same count: the first write (or
+    ``pipelines worker``, at start) records it, and a storage with another count raises :class:`ConfigurationError`.
 
-    ``replicas``: each write waits (``WAIT``, up to ``replica_timeout``
-    seconds) until that many replicas have it, else raises
-    :class:`StorageUnavailableError`; with asynchronous replication (0, the
-    default) a failover can lose the last writes a master acknowledged.
-    ``failover_timeout``: on a Cluster, how long a write is retried while a
+    ``replicas``: each write waits (``WAIT``, up to ``replica_timeout`` seconds) until that many replicas have it,
+    else raises :class:`StorageUnavailableError`; with asynchronous replication (0, the default) a failover can lose
+    the last writes a master acknowledged. ``failover_timeout``: on a Cluster, how long a write is retried while a
     replica takes over its slot.
     """
 
@@ -146,6 +137,17 @@ class RedisStorage:
                              socket_timeout=socket_timeout, connect_timeout=connect_timeout, cluster=cluster)
         return cls(client, prefix=prefix, live_ttl=live_ttl, buckets=buckets, replicas=replicas,
                    archive_events=archive_events)
+
+    def close(self) -> None:
+        """Close the client's connections (a later call opens new ones), as ``SQLiteStorage.close`` does.
+
+        A journal write this thread sent without waiting (:class:`~adapters.base.StepBeforeCommit`) has its
+        reply read first: what it reports (a fenced-off attempt) is not lost with the connection.
+        """
+        try:
+            self.conn.collect_deferred()
+        finally:
+            self.conn.client.close()
 
     # --- the connection's settings -------------------------------------------
     @property
@@ -238,9 +240,8 @@ class RedisStorage:
     def get_job(self, job_id: str) -> JobRecord | None:
         """The record with its current journal, or ``None`` (one round trip).
 
-        A job whose record is gone (deleted by hand, evicted) while an index
-        still names it loses its other keys and index entries here, logged
-        once: its records live and die together, and its due entry would
+        A job whose record is gone (deleted by hand, evicted) while an index still names it loses its other keys
+        and index entries here, logged once: its records live and die together, and its due entry would
         otherwise be reported unknown by every sweep.
         """
         return self.records.load(job_id)
@@ -274,9 +275,8 @@ class RedisStorage:
     def archive_events(self, job_id: str) -> bool:
         """Move a finished job's events from its stream into one compressed field (see :mod:`adapters.redis.archive`).
 
-        ``True`` if they moved; ``False`` if there was nothing to move, the job
-        is not finished, or it moved on meanwhile (nothing written; try again
-        later). Readers see the same events with the same ids either way.
+        ``True`` if they moved; ``False`` if there was nothing to move, the job is not finished, or it moved on
+        meanwhile (nothing written; try again later). Readers see the same events with the same ids either way.
         """
         return self.history.archive_events(job_id)
 
@@ -385,8 +385,7 @@ class RedisStorage:
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
         """Remove the job's keys and index entries in one script; ``False`` if it did not exist.
 
-        ``if_version``: delete only if the job is still at that version, else
-        :class:`StaleVersionError` with nothing deleted.
+        ``if_version``: delete only if the job is still at that version, else :class:`StaleVersionError`.
         """
         return self.writes.delete_job(job_id, if_version=if_version)
 

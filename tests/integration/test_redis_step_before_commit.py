@@ -78,6 +78,27 @@ def test_the_reply_is_read_by_the_threads_next_script_and_the_connection_goes_ba
     assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
 
 
+def test_closing_the_storage_reads_the_reply_first_and_a_later_call_reconnects(redis_url: str,
+                                                                               storage: RedisStorage) -> None:
+    _job(storage)
+    refused: list[str] = []
+    admin = redis.Redis.from_url(redis_url)
+    admin.set(storage.keys("j1").lease, "w2")  # another owner took the lease: the write is refused
+    storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value=5,
+                                      on_refused=lambda: refused.append("tool:c1"))
+    assert storage.conn._deferred.waiting()
+    pool = storage.client.connection_pool
+    assert pool._in_use_connections  # the deferred write's
+    storage.close()
+    # The refusal reached the turn before the connection went (not lost with it), and every connection is closed.
+    assert refused == ["tool:c1"] and not storage.conn._deferred.waiting()
+    assert not pool._in_use_connections and all(c._sock is None for c in pool._available_connections)
+    assert _journal(redis_url, storage) == MODEL
+    job = storage.get_job("j1")  # a later call opens a new connection
+    assert job is not None and job.checkpoint is not None and job.checkpoint.journal == MODEL
+    admin.close()
+
+
 def test_a_script_the_server_lost_is_run_again(redis_url: str, storage: RedisStorage) -> None:
     _job(storage)
     admin = redis.Redis.from_url(redis_url)
