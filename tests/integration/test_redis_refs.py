@@ -78,12 +78,12 @@ def _transcript(r: redis.Redis, storage: RedisStorage, job_id: str) -> list[byte
     return list(r.lrange(storage.keys(job_id).messages, 0, -1))
 
 
-def _expected(redis_url: str, job_id: str) -> list[bytes]:
-    """The transcript of the same job written with every message sent whole."""
+def _expected(redis_url: str, job_id: str, app_of: Any = None, agent: str = "a", ask: str = "count") -> list[bytes]:
+    """The transcript of the same job (``app_of``'s agent, asked ``ask``) written with every message sent whole."""
     other = RedisStorage.from_url(redis_url, prefix="whole")
     other.records.steps.refer = lambda job_id, messages: None  # type: ignore[method-assign]
-    app = _app(other)
-    app.run_agent("a", job_id=job_id, messages=["count"])
+    app = (app_of or _app)(other)
+    app.run_agent(agent, job_id=job_id, messages=[ask])
     app.scheduler.drain()  # type: ignore[attr-defined]
     out = list(other.client.lrange(other.keys(job_id).messages, 0, -1))
     other.client.close()
@@ -234,17 +234,6 @@ def _describe_app(storage: RedisStorage) -> App:
                agents=[Agent(name="d", model=ScriptedModel(_describing), tools=[describe], max_turns=10)])
 
 
-def _run_whole(redis_url: str, job_id: str) -> list[bytes]:
-    other = RedisStorage.from_url(redis_url, prefix="whole")
-    other.records.steps.refer = lambda job_id, messages: None  # type: ignore[method-assign]
-    app = _describe_app(other)
-    app.run_agent("d", job_id=job_id, messages=["describe"])
-    app.scheduler.drain()  # type: ignore[attr-defined]
-    out = list(other.client.lrange(other.keys(job_id).messages, 0, -1))
-    other.client.close()
-    return out
-
-
 @pytest.mark.parametrize("tamper", [None, "changed", "deleted"])
 def test_a_tools_long_answer_is_sent_once_and_whole_when_the_journal_lost_it(
         storage: RedisStorage, r: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch,
@@ -274,5 +263,5 @@ def test_a_tools_long_answer_is_sent_once_and_whole_when_the_journal_lost_it(
         refs = [m for m in tool_msgs if m.startswith(">")]
         assert len(refs) == 2 and sum("Résumé" in m for m in tool_msgs) == 2
     stored = _transcript(r, storage, "j6")
-    assert stored == _run_whole(redis_url, "j6")
+    assert stored == _expected(redis_url, "j6", _describe_app, "d", "describe")
     assert [m.decode().count("Résumé of") for m in stored] == [0, 0, 3, 0, 3, 0]
