@@ -106,11 +106,12 @@ class RedisConnection:
         return [listing.get(role) or indexes.get(role) or getattr(k, role) for role in order]
 
     def script_keys(self, job_id: str, order: tuple[str, ...]) -> list[str]:
-        """The KEYS a hot script is sent: every key on a Cluster, else the record key and the due index's.
+        """The KEYS a job's script is sent: without buckets, the record key and the due index's; else every key.
 
-        The script names the rest from those two (:mod:`adapters.redis.scripts.naming`).
+        The script names the rest from those two (:mod:`adapters.redis.scripts.naming`, which says why
+        only a layout without buckets).
         """
-        if self.cluster:
+        if self.layout.buckets:
             return self.ordered_keys(job_id, order)
         record = self.keys(job_id).record
         return [record, self.layout.indexes_of(job_id).due] if naming.short(order) else [record]

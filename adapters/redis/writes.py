@@ -114,10 +114,10 @@ class RecordWrites:
         if mode == f"d:{base}":
             mode = "d"  # the same token as the history's delta: sent once
         place = ""
-        if self.conn.cluster and base and held is not None and held.record is not None:
+        if self.conn.layout.buckets and base and held is not None and held.record is not None:
             # The record hash holds what this worker last saw, so the job is in that status's index: the
-            # commit names only it and the new one of the listing indexes (the script checks 'st'). A
-            # standalone server is sent no index's name but the due one's (naming).
+            # commit names only it and the new one of the listing indexes (the script checks 'st'). Without
+            # buckets no index's name is sent but the due one's (naming).
             was = held.record.status
             place, keys = redis_scripts.index_position(was), _pruned(keys, was, commit.record.status)
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]

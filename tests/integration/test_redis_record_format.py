@@ -325,7 +325,7 @@ def test_a_commit_on_a_cluster_names_the_status_indexes_it_moves_the_job_between
     assert sent == [13] * (TURNS - 1) + [14]
 
 
-def test_a_commit_on_a_standalone_server_names_two_keys_and_the_status_indexes_end_right(
+def test_a_commit_without_buckets_names_two_keys_and_the_status_indexes_end_right(
         redis_url: str, apps: list[App]) -> None:
     app = _app(redis_url, "ix")
     apps.append(app)

@@ -42,7 +42,7 @@ the journal already holds (the model's answer) travels as a checked slice of
 the journaled value (:mod:`adapters.redis.refs`), and ``rebase`` asks for it whole.
 
 Conventions: ``KEYS`` are passed in full (hash-tagged per job), but for a job's
-scripts on a standalone server, which are sent the record key and the due
+scripts on the layout without buckets, which are sent the record key and the due
 index's and name the rest themselves (:mod:`adapters.redis.scripts.naming`); an
 optional owner travels as a flag plus a value, so an empty-string owner is
 still an owner. Nothing in the scripts reads the clock: leases expire by

@@ -1,17 +1,20 @@
-"""The KEYS a job's scripts are sent: every one on a Redis Cluster, two elsewhere, the rest named by the script.
+"""The KEYS a job's scripts are sent: two on a layout without buckets, the rest named by the script; else all.
 
 A turn runs three scripts (LOAD, RECORD_STEP, COMMIT) that touch up to 19 keys, and their names were
 ~470 of the ~3,400 bytes a W1 turn sent to Redis. Every key is its base plus a fixed suffix
 (:mod:`adapters.redis.keys`): a job's keys share ``<base>:record``'s base, the indexes its scripts write
-share ``<base>:due``'s. So on a standalone server (or Sentinel) these scripts, and CREATE and DELETE,
-are sent the record key, and the due index's if they touch an index, and name the others themselves
-from the suffixes below, built by the same functions as the Python names. A test compares the two for
-both layouts.
+share ``<base>:due``'s. So these scripts, and CREATE and DELETE, are sent the record key, and the due
+index's if they touch an index, and name the others themselves from the suffixes below, built by the
+same functions as the Python names. A test compares the two.
 
-A Redis Cluster is sent every key: it checks a script's slot, and a slot being migrated, on the
-declared KEYS only, so a key named inside the script could be read on a node that no longer holds it.
-On a standalone server an undeclared key is a plain key (Redis's advice to declare them all is about
-Cluster routing); the scripts here carry no shebang flags, which keeps that behaviour.
+Only on the layout without buckets (``buckets=0``: a standalone server or Sentinel). Redis asks scripts
+to declare every key they touch, for standalone deployments too; what a declaration is for is routing:
+a Redis Cluster, or a proxy sharding a "standalone" endpoint, sends a script to the node of its declared
+keys' slot and checks that slot, and one being migrated, on those keys only. A layout without buckets
+already has every script touch the global indexes, in other slots than the job's keys, so it only ever
+runs on one unsharded server, where an undeclared key is a key like any other (these scripts carry no
+shebang flags, which keeps that behaviour). A layout with buckets (required on a Cluster, and what a
+sharding proxy needs) is sent every key, as before.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _suffix(role: str) -> tuple[int, str]:
 
 @functools.cache
 def short(order: tuple[str, ...]) -> bool:
-    """Whether a standalone server is sent the due index's key beside the record key for this KEYS order."""
+    """Whether a script of this KEYS order is sent the due index's key beside the record key (it writes an index)."""
     if order[0] != "record":
         raise ValueError(f"a named KEYS order starts with the record key, not {order[0]!r}")
     return any(role in _INDEX_ROLES for role in order)
