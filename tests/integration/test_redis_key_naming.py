@@ -22,7 +22,7 @@ from pipelines.engine.models import JobStatus
 pytestmark = pytest.mark.redis
 
 ORDERS = {"commit": naming.COMMIT_KEYS, "load": naming.LOAD_KEYS, "step": naming.STEP_KEYS}
-IDS = ["a", "x:y.z-1", "J_" + "9" * 198, "...", "-:-", "record"]
+IDS = ["a", "x:y.z-1", "J_" + "9" * 198, "...", "-:-", "record", "x:record:due", "due:record"]
 
 
 @pytest.fixture
