@@ -14,7 +14,8 @@ keys' slot and checks that slot, and one being migrated, on those keys only. A l
 already has every script touch the global indexes, in other slots than the job's keys, so it only ever
 runs on one unsharded server, where an undeclared key is a key like any other (these scripts carry no
 shebang flags, which keeps that behaviour). A layout with buckets (required on a Cluster, and what a
-sharding proxy needs) is sent every key, as before.
+sharding proxy needs) is sent every key, as before. So is it what a Redis-compatible server that refuses
+undeclared keys needs (Dragonfly does by default: "script tried accessing undeclared key").
 """
 
 from __future__ import annotations
