@@ -265,3 +265,29 @@ def test_a_tools_long_answer_is_sent_once_and_whole_when_the_journal_lost_it(
     stored = _transcript(r, storage, "j6")
     assert stored == _expected(redis_url, "j6", _describe_app, "d", "describe")
     assert [m.decode().count("Résumé of") for m in stored] == [0, 0, 3, 0, 3, 0]
+
+
+def test_the_commit_script_puts_a_message_back_together_byte_for_byte_whatever_the_step_key(
+        r: redis.Redis) -> None:
+    # The commit script's resolve() on its own (adapters/redis/scripts/commit.py), against a real server: a key
+    # holding spaces, a newline and non-ASCII; a value and text around it holding non-ASCII too.
+    from adapters.redis.refs import JournalValues
+    from adapters.redis.scripts.commit import _RESOLVE_FN
+
+    key, answer = "tool:càll 1\nx y", '"' + "Résumé ü " * 20 + '"'
+    message = '{"role":"tool","tool_call_id":"càll 1","content":' + answer + "}"
+    inside = '{"message":' + message + ',"finish_reason":"stop"}'  # a journaled value holding the whole message
+    r.hset("refs:j", mapping={key: answer, "model": inside})
+    steps = JournalValues()
+    steps.remember("j", 1, key, answer)
+    around = (steps.refer("j", [message]) or [""])[0]
+    steps.remember("j", 1, "model", inside)
+    sliced = (steps.refer("j", [message]) or [""])[0]
+    assert around.startswith(">") and sliced.startswith("=")
+    resolve = _RESOLVE_FN + "\nreturn resolve(KEYS[1], 1, #ARGV) or 'rebase'"
+    assert r.eval(resolve, 1, "refs:j", around, sliced, "{}") == [message.encode(), message.encode(), b"{}"]
+    # A value that changed (same length) or is gone: nothing resolves.
+    r.hset("refs:j", key, answer.replace("ü", "û"))
+    assert r.eval(resolve, 1, "refs:j", around) == b"rebase"
+    r.hdel("refs:j", key)
+    assert r.eval(resolve, 1, "refs:j", around) == b"rebase"
