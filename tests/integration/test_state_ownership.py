@@ -105,3 +105,39 @@ def test_a_phase_changing_its_options_in_place_changes_no_stored_record(storage:
     job = storage.get_job("own-3")
     assert job is not None and job.result == {"n": 1}
     assert job.options["tags"] == ["t"]
+
+
+def test_an_input_a_phase_changed_in_place_before_it_crashed_reaches_the_next_attempt_as_given(
+        storage: Any) -> None:
+    # What a person supplied (an approval, a recorded tool result) is replayed by ctx.step under its key.
+    from pipelines.engine import transitions
+    from pipelines.engine.events import make_event
+    from pipelines.engine.models import Checkpoint, JobRecord, JobStatus
+
+    seen: list[Any] = []
+
+    def only(ctx: PhaseContext[Any]) -> Done:
+        given = ctx.step("approval:c1", lambda: {"notes": ["never run: the input is there"]})
+        seen.append([*given["notes"]])
+        given["notes"].append("changed in place")
+        if len(seen) == 1:
+            raise SimulatedCrash("the worker dies after changing what the person gave")
+        return Done(result=given)
+
+    app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={"p": [Phase("only", only)]})
+    cp = Checkpoint[Any](next_phase="only", state={}, version=1, due_at=0.0)
+    storage.create_job(JobRecord(job_id="own-4", pipeline="p", status=JobStatus.RUNNING, checkpoint=cp, version=1))
+    # The person's input arrives by a commit (as app.approve's): a storage may keep that record as it is.
+    record = storage.get_job("own-4")
+    assert record is not None
+    storage.commit(transitions.supply_inputs(record, {"approval:c1": {"notes": ["as given"]}}, resume=True,
+                                             now=1.0, why="approved", event=make_event("approved", 1.0)))
+    with pytest.raises(SimulatedCrash):
+        app.advance("own-4")
+    owner = storage.lease_owner("own-4")
+    if owner is not None:
+        storage.release_lease("own-4", owner)  # as if its lease ran out
+    assert app.advance("own-4").value == "completed"
+    assert seen == [["as given"], ["as given"]]  # the second attempt got the input, not the first's change
+    job = storage.get_job("own-4")
+    assert job is not None and job.result == {"notes": ["as given", "changed in place"]}
