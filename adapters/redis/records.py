@@ -101,6 +101,7 @@ class RecordReads:
             return None
         try:
             stored, lines, hist = self._stored(job_id, reply, held)
+            _same_version(job_id, stored, reply[10])
             record = _with_journal(job_id, stored, reply[1], reply[2], reply[3])
         except CorruptRecordError:
             if owner:  # the lease just taken goes back, with its mark: the corrupt record stays as it was
@@ -119,7 +120,7 @@ class RecordReads:
         if held is not None and held.stored is not None and _text(reply[0]) == "=":
             self.warm_loads += 1  # '=' only answers the token this storage sent: it holds that record
             return held.stored, held.lines, "="
-        hist = reply[10] if len(reply) > 10 else None
+        hist = reply[11] if len(reply) > 11 else None
         lines = lines_of(hist) if hist is not None else []
         data = reply[0] or merged(_base_text(reply, held), _text(reply[8]))
         return parse_stored(job_id, data, hist, self.known_marks(job_id, lines)), lines, hist
@@ -293,6 +294,19 @@ def _base_text(reply: Sequence[Any], held: _Base | None) -> str:
     """The base LOAD answered with: its text, or the one this storage holds when it answered '='."""
     base = _text(reply[7])
     return held.base if base == "=" and held is not None else base
+
+
+def _same_version(job_id: str, stored: JobRecord, version: Any) -> None:
+    """CorruptRecordError if the hash's ``version`` (what every write is fenced on) is not the record JSON's.
+
+    Only a change made outside this library parts them; left alone, every commit of the job would be
+    refused as stale and the job retried for ever without a word.
+    """
+    text = _text(version)
+    if text and text != str(stored.version):
+        raise CorruptRecordError(
+            f"the record of job {job_id!r} is at version {stored.version} but its hash's 'version' field says "
+            f"{text!r}: one of them was changed outside this library; set both to the same value to run the job")
 
 
 def _beside(record: JobRecord, reply: Sequence[Any]) -> JobRecord:

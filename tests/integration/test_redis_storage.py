@@ -265,6 +265,29 @@ def test_a_hand_corrupted_record_raises_corrupt_record_error(storage: RedisStora
         storage.messages("good")
 
 
+def test_a_hash_version_changed_by_hand_is_reported_not_fenced_off_for_ever(storage: RedisStorage,
+                                                                            redis_url: str) -> None:
+    # The hash's 'version' is what every write is fenced on; the JSON's is what the engine expects. Parted by a
+    # hand edit, every commit would be refused as stale and the job retried without a word.
+    storage.create_job(record("v"))
+    turn(storage, "v", owner=None)  # version 2, written whole or as a delta
+    key = storage.keys("v").record
+    raw(redis_url).hset(key, "version", "7")
+    with pytest.raises(CorruptRecordError, match=r"'v' is at version 2 but its hash's 'version' field says '7'"):
+        storage.get_job("v")
+    with pytest.raises(CorruptRecordError, match="'version' field"):
+        storage.acquire_lease("v", "w1", 30)
+    assert storage.lease_owner("v") is None  # the lease it took went back
+    raw(redis_url).hset(key, "version", "2")  # set right again: the job reads and runs
+    assert storage.acquire_lease("v", "w1", 30) is not None
+    commit = turn(storage, "v", owner="w1")  # this worker now holds what the hash holds: its next load is warm
+    raw(redis_url).hset(key, "version", "9")
+    warm = storage.records.warm_loads
+    with pytest.raises(CorruptRecordError, match="'version' field says '9'"):
+        storage.acquire_lease("v", "w1", 30)
+    assert storage.records.warm_loads == warm + 1 and commit.record.version == 3  # checked on the warm path too
+
+
 def test_redis_down_raises_storage_unavailable_in_bounded_time() -> None:
     storage = RedisStorage.from_url(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     for call in (lambda: storage.get_job("job-1"), lambda: storage.create_job(record()),

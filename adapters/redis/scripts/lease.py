@@ -20,7 +20,8 @@ __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 # the token of the write whose record the caller holds ('' none)
 # Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
 # the job: see below), 'corrupt:<role>:<type>',
-# else {data, jver, journal pairs, control, inbox, dropped, token, base, dx, btok, hist (nil: history inside data)}:
+# else {data, jver, journal pairs, control, inbox, dropped, token, base, dx, btok, version (the hash's, which the
+# writes fence on: the adapter checks it against the record's JSON), hist (nil: history inside data)}:
 # a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format);
 # base is '=' when it is the one the caller holds (btok, the token of the write that wrote it, is the one sent);
 # data and hist are '=' (base and dx '') when the stored token is the one sent: the caller holds the record.
@@ -51,16 +52,16 @@ if ARGV[2] ~= '' then
   redis.call('HSET', KEYS[1], 'held', ARGV[1])
 end
 local rec = redis.call('HMGET', KEYS[1], 'data', 'jver', 'control', 'inbox', 'dropped', 'token', 'base', 'dx',
-                      'btok', 'hist')
+                      'btok', 'hist', 'version')
 if ARGV[5] and ARGV[5] ~= '' and rec[6] == ARGV[5] then
   return {'=', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or '',
-          rec[6], '', '', rec[9] or '', '='}
+          rec[6], '', '', rec[9] or '', rec[11] or '', '='}
 end
 local base = rec[7] or ''
 if base ~= '' and ARGV[4] and ARGV[4] ~= '' and rec[9] == ARGV[4] then base = '=' end
 -- A record hash without 'data' or 'base' comes back as '' and the adapter reports it corrupt.
 return {rec[1] or '', rec[2] or '', redis.call('HGETALL', KEYS[2]), rec[3] or '', rec[4] or '0', rec[5] or '',
-        rec[6] or '', base, rec[8] or '', rec[9] or '', rec[10]}
+        rec[6] or '', base, rec[8] or '', rec[9] or '', rec[11] or '', rec[10]}
 """
 
 # KEYS: lease; ARGV: owner, ttl_ms
