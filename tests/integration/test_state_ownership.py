@@ -37,6 +37,16 @@ def storage(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
         lite.close()
 
 
+def _crash_then_complete(app: App, storage: Any, job_id: str) -> None:
+    """An attempt of ``job_id`` crashes; its lease runs out; the next attempt, by the same storage, completes it."""
+    with pytest.raises(SimulatedCrash):
+        app.advance(job_id)
+    owner = storage.lease_owner(job_id)
+    if owner is not None:
+        storage.release_lease(job_id, owner)  # as if its lease ran out
+    assert app.advance(job_id).value == "completed"
+
+
 def test_an_attempt_that_changed_its_state_in_place_and_crashed_leaves_the_committed_state(storage: Any) -> None:
     shared = {"n": 0, "seen": []}  # returned as the state: the caller keeps it, and changes it later
     crashes = [True]
@@ -56,13 +66,8 @@ def test_an_attempt_that_changed_its_state_in_place_and_crashed_leaves_the_commi
     app.run_pipeline("p", job_id="own-1", initial_state={})
     assert app.advance("own-1").value == "advanced"
     shared["n"] = 99  # the caller's dict, changed after the phase returned it
-    with pytest.raises(SimulatedCrash):
-        app.advance("own-1")
-    owner = storage.lease_owner("own-1")
-    if owner is not None:
-        storage.release_lease("own-1", owner)  # as if its lease ran out
     # The same storage object (a warm load on Redis, the record object in memory) runs the attempt again.
-    assert app.advance("own-1").value == "completed"
+    _crash_then_complete(app, storage, "own-1")
     job = storage.get_job("own-1")
     assert job is not None and job.result == {"n": 1, "seen": [0]}
     assert [m.state for m in job.history][1] == {"n": 0, "seen": []}  # turn 1's checkpoint as committed
@@ -132,12 +137,7 @@ def test_an_input_a_phase_changed_in_place_before_it_crashed_reaches_the_next_at
     assert record is not None
     storage.commit(transitions.supply_inputs(record, {"approval:c1": {"notes": ["as given"]}}, resume=True,
                                              now=1.0, why="approved", event=make_event("approved", 1.0)))
-    with pytest.raises(SimulatedCrash):
-        app.advance("own-4")
-    owner = storage.lease_owner("own-4")
-    if owner is not None:
-        storage.release_lease("own-4", owner)  # as if its lease ran out
-    assert app.advance("own-4").value == "completed"
+    _crash_then_complete(app, storage, "own-4")
     assert seen == [["as given"], ["as given"]]  # the second attempt got the input, not the first's change
     job = storage.get_job("own-4")
     assert job is not None and job.result == {"notes": ["as given", "changed in place"]}
