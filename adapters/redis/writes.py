@@ -105,7 +105,7 @@ class RecordWrites:
         landed; sending the same ``Commit`` again is safe (its token).
         """
         job_id = commit.job_id
-        keys = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
+        keys = every_key = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
         # Serialise everything first: what JSON cannot carry fails here, with nothing written (I1).
         mode, data, dx = self.records.record_args(job_id, commit.record, self.conn.record_format)
         held = self.records.bases.get(job_id)  # a delta keeps the base it was computed from
@@ -119,7 +119,7 @@ class RecordWrites:
             # commit names only it and the new one of the listing indexes (the script checks 'st'). Without
             # buckets no index's name is sent but the due one's (naming).
             was = held.record.status
-            place, keys = redis_scripts.index_position(was), _pruned(keys, was, commit.record.status)
+            place, keys = redis_scripts.index_position(was), _pruned(every_key, was, commit.record.status)
         msgs = [dump_json(m, "a transcript message") for m in commit.append_messages]
         # A message the journal already holds (the model's answer) is sent as a slice of it.
         sent = self.records.steps.refer(job_id, msgs) if msgs else None
@@ -147,8 +147,7 @@ class RecordWrites:
             # journal does not hold a message sent by reference: send both whole.
             args[at:at + 3] = ["", "0", "\n".join(marks)]
             args[first:first + len(msgs)] = msgs
-            keys = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
-            args[layout.record_mode + 1] = ""  # the status it is in: as 'st' says
+            keys, args[layout.record_mode + 1] = every_key, ""  # the status it is in: as 'st' says
             if mode.startswith("d"):  # the record whole, in its base
                 mode, args[layout.record_mode], dx = "2", "2", frozenset()
                 base_text = data = args[layout.data] = _dump_data(commit.record)
