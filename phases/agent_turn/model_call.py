@@ -70,6 +70,21 @@ def _parse(schema: type[BaseModel], text: Any) -> BaseModel | None:
         return None
 
 
+def journal_form(response: ModelResponse) -> dict[str, Any] | ModelResponse:
+    """``response`` as the journal keeps it: without the fields that hold their defaults.
+
+    A reader (this version or an older one: the defaults have not changed) fills them in again when it
+    validates the answer. Every turn journals its answer, so the ``None`` fields and zero counts left
+    out (``raw``, ``tools_offered``, ``unknown_cost_calls``...) are ~55 bytes a turn not sent to Redis.
+    The message itself is kept as it is, ``None`` values included. An answer JSON cannot carry is
+    returned as it is: the step's own conversion then says what is wrong with it, as for any step.
+    """
+    try:
+        return response.model_dump(mode="json", exclude_defaults=True)
+    except (ValueError, RecursionError):  # PydanticSerializationError is a ValueError
+        return response
+
+
 def _content_of(answer: JSONValue) -> str | None:
     """The text of a journaled model answer (a ``ModelResponse`` in JSON form), if it has one."""
     message = answer.get("message") if isinstance(answer, dict) else None

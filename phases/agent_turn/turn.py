@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from phases import agent_run, journal
 from phases.agent_config import AgentConfig
 from phases.agent_turn.ending import _decide, _emit_turn_events, _over_budget, _result_of
-from phases.agent_turn.model_call import _call_model, _content_of, _kept_answer, _structured
+from phases.agent_turn.model_call import _call_model, _content_of, _kept_answer, _structured, journal_form
 from phases.agent_turn.plan import TURN_PHASE, AgentState, TurnPlan, resolve_model
 from phases.callbacks import fire
 from phases.compaction import estimate_tokens, find_cut, marker, summary_request
@@ -216,7 +216,8 @@ class AgentTurn:
             # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
             # A final answer (no tool calls) is the turn's last write before its commit when nothing else
             # with effects runs in between: its reply is then read with the commit's (StepBeforeCommit).
-            raw = ctx.step(journal.MODEL, lambda: self.call_model(ctx, cfg, self.prefix + past, turn, view, whole),
+            raw = ctx.step(journal.MODEL,
+                           lambda: journal_form(self.call_model(ctx, cfg, self.prefix + past, turn, view, whole)),
                            publish=None if sink is None else lambda value: sink.final_parts(_content_of(value)),
                            before_commit=_final_and_quiet(ctx, cfg), on_refused=dropped)
         except StaleVersionError as exc:
