@@ -262,7 +262,7 @@ def prepare_parent(app: App) -> None:
 
 
 def upgrade_records(app: App) -> tuple[str, bool]:
-    """Step 2 of moving ``app``'s Redis prefix to record format 2 (``pipelines upgrade-records``; see
+    """Step 2 of moving ``app``'s Redis prefix to the newest record format (``pipelines upgrade-records``; see
     :mod:`adapters.redis.record_format`): the prefix, and ``True`` if it moved now (``False``: it was there).
 
     A storage other than Redis has one record format: :class:`ConfigurationError`.

@@ -205,6 +205,10 @@ class RedisConnection:
     def _format_of(self, stored: str) -> int:
         """The record format a recorded layout names, or ConfigurationError if its buckets are not this storage's."""
         fmt = record_format.format_of(stored, self.layout.description)
+        if fmt is None and stored.startswith(self.layout.description + " records="):
+            raise ConfigurationError(
+                f"the jobs under prefix {self.prefix!r} are in a record format this version does not know "
+                f"({stored}): a newer version wrote them; run that version (or a later one) on this prefix")
         if fmt is None:
             raise ConfigurationError(
                 f"the jobs under prefix {self.prefix!r} were written with {stored}, this storage uses "

@@ -22,6 +22,7 @@ from pydantic_core import from_json
 
 from adapters.base import LeaseState
 from adapters.redis.client import _mapped
+from adapters.redis.compact import widen
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import json_line
 from adapters.redis.record_format import changed_fields, delta_json, merged
@@ -133,7 +134,7 @@ class RecordReads:
         else:
             base = _base_text(reply, held)
             fmt2 = bool(base) and not reply[0]  # 'base' and no 'data': record format 2
-            dx = _text(reply[8])
+            dx = widen(_text(reply[8]))
             fields = (frozenset(from_json(dx)) if dx else frozenset()) if fmt2 else None
             size = len(base) + len(dx) if fmt2 else len(reply[0])
             base, btok = (base, _text(reply[9])) if fmt2 else ("", "")
@@ -215,14 +216,16 @@ class RecordReads:
 
         Mode ``1``: ``text`` is the whole record, for ``data``; ``2``: the whole record, for ``base``;
         ``d:<token>``: ``text`` is the fields that differ from ``base``, for ``dx``, valid only while the
-        record hash holds what the write with that token left (the script checks it).
+        record hash holds what the write with that token left (the script checks it). Formats 2 and 3
+        write the record alike; format 3 stores ``dx`` narrowed, which the caller does (the text
+        returned is the JSON).
         """
         what = f"the record of job {record.job_id!r}"
-        base = self.bases.get(job_id) if fmt == 2 else None
+        base = self.bases.get(job_id) if fmt >= 2 else None
         if base is not None and base.record is not None and base.dx is not None:
             fields = changed_fields(record, base.record, base.dx)
             return f"d:{base.token}", delta_json(record, fields, what), frozenset(fields)
-        return str(fmt), dump_record_apart(record, what), frozenset() if fmt == 2 else None
+        return ("1" if fmt == 1 else "2"), dump_record_apart(record, what), frozenset() if fmt >= 2 else None
 
     def lease_owner(self, job_id: str) -> str | None:
         with _mapped(f"reading the lease of job {job_id!r}"):

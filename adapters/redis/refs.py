@@ -34,6 +34,8 @@ import re
 import threading
 from collections.abc import Sequence
 
+from adapters.redis.compact import EVENT_RUNS, narrow
+
 __all__ = ["REF_MIN_BYTES", "JournalValues", "slice_parts"]
 
 #: A message shorter than this goes whole: a reference is ~30 bytes plus the step key.
@@ -115,7 +117,7 @@ class JournalValues:
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: no alternation per character
 
 
-def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
+def slice_parts(value: str, lines: Sequence[str], *, compact: bool = False) -> list[str] | None:
     """Live-stream parts sent with a journal write, each long string it shares with ``value`` cut out.
 
     The text a model streamed is inside its journaled answer too. A part
@@ -123,7 +125,9 @@ def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
     holds as it is goes as ``=<prefix length> <start> <length>\\n<prefix><suffix>``
     (in bytes, ``start`` 1-based in ``value``), which the step script puts back
     together from the value sent in the same call: nothing can be stale.
-    ``None`` when no part has such a string.
+    ``None`` when no part has such a string. ``compact`` (record format 3): the
+    prefix and suffix of a part so cut go compact (:mod:`adapters.redis.compact`;
+    the others are left to the caller), found in the JSON as written.
     """
     out: list[str] = []
     found = False
@@ -142,9 +146,10 @@ def slice_parts(value: str, lines: Sequence[str]) -> list[str] | None:
             continue
         found = True
         a, b, at = cut
+        head, tail = narrow([line[:a], line[b:]], EVENT_RUNS) if compact else (line[:a], line[b:])
         # Lua counts bytes: the offsets of UTF-8 text, not of characters.
-        start, size, lead = len(value[:at].encode()) + 1, len(line[a:b].encode()), len(line[:a].encode())
-        out.append(f"={lead} {start} {size}\n{line[:a]}{line[b:]}")
+        start, size, lead = len(value[:at].encode()) + 1, len(line[a:b].encode()), len(head.encode())
+        out.append(f"={lead} {start} {size}\n{head}{tail}")
     return out if found else None
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from adapters.redis import scripts as redis_scripts
+from adapters.redis.compact import widen
 from pipelines.engine.errors import (
     InvalidInputError,
     StateNotSerializableError,
@@ -126,8 +127,8 @@ def _dump_parts(events: Sequence[Event]) -> list[str]:
 
 
 def _load_part(raw: bytes | str) -> Event:
-    """One stream entry's event, in either encoding; ValueError (or pydantic's) if it does not parse."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
+    """One stream entry's event, in either encoding, compact or not; ValueError (or pydantic's) if it does not parse."""
+    text = widen(raw.decode() if isinstance(raw, bytes) else raw)  # record format 3: adapters.redis.compact
     if not text.startswith("["):
         return Event.model_validate_json(text)  # written before the compact encoding
     row = json.loads(text)

@@ -19,6 +19,7 @@ from typing import Any
 
 from adapters.base import FENCED_KEPT
 from adapters.redis import scripts as redis_scripts
+from adapters.redis.compact import EVENT_RUNS, RECORD_RUNS, narrow
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import EventReads
 from adapters.redis.records import RecordReads, mark_line
@@ -86,11 +87,11 @@ class RecordWrites:
         marks = [mark_line(m) for m in record.history]
         msgs = [dump_json(m, "a transcript message") for m in messages]
         lines = dump_logs(logs)
-        event_lines = _dump_parts(events)
         cp = record.checkpoint
         due = _score(cp.due_at if record.status is JobStatus.RUNNING and cp is not None else None)
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
         self.conn.check_layout(job_id)
+        event_lines = self._parts(events)  # in the prefix's format, known from here
         args = [job_id, token, data, str(record.version), due, len(msgs), len(lines), _finished_at(record),
                 *_listed(record), "\n".join(marks), *msgs, *lines, *event_lines]
         reply = self.conn.run(self.conn.scripts.create, keys, args, f"creating job {job_id!r}")
@@ -124,10 +125,11 @@ class RecordWrites:
         # A message the journal already holds (the model's answer) is sent as a slice of it.
         sent = self.records.steps.refer(job_id, msgs) if msgs else None
         lines = dump_logs(commit.logs)
-        event_lines = _dump_parts(commit.events)
+        event_lines = self._parts(commit.events)
         owner = commit.owner
         args: list[str | int] = [
-            job_id, commit.token, data, str(commit.expected_version), str(commit.record.version),
+            job_id, commit.token, narrow([data], RECORD_RUNS)[0] if mode[0] == "d" and self.compact else data,
+            str(commit.expected_version), str(commit.record.version),
             "0" if owner is None else "1", owner or "",
             "" if commit.truncate_messages_to is None else str(int(commit.truncate_messages_to)),
             "1" if commit.keep_journal else "0", "1" if commit.release_lease else "0",
@@ -187,7 +189,7 @@ class RecordWrites:
         if not parts:
             return
         k = self.conn.keys(job_id)
-        lines = _dump_parts(parts)
+        lines = self._parts(parts)
         reply = self.conn.run(self.conn.scripts.publish, [k.record, k.live], [uuid.uuid4().hex, *lines],
                           f"publishing to the live stream of job {job_id!r}")
         self.conn.check_types(job_id, reply, f"publishing to the live stream of job {job_id!r}")
@@ -255,8 +257,14 @@ class RecordWrites:
         keys = self.conn.script_keys(job_id, naming.STEP_KEYS)
         text = dump_json(value, f"result of step {key!r}")
         lines = _dump_parts(parts)
-        # The text streamed with a model's answer is inside the answer: sent once (redis_refs).
-        sliced = slice_parts(text, lines) if lines else None
+        # The text streamed with a model's answer is inside the answer: sent once (redis_refs), found in the
+        # parts as JSON; then what the step stores goes compact in format 3 (a cut part's prefix and suffix).
+        sliced = slice_parts(text, lines, compact=self.compact) if lines else None
+        if self.compact:
+            sent = sliced or lines
+            at = [i for i, line in enumerate(sent) if not line.startswith("=")]
+            for i, line in zip(at, narrow([sent[i] for i in at], EVENT_RUNS), strict=True):
+                sent[i] = line
         args = [str(version), "0" if owner is None else "1", owner or "", key, text, *(sliced or lines)]
         return keys, args, text, f"journaling step {key!r} of job {job_id!r}"
 
@@ -280,6 +288,16 @@ class RecordWrites:
             self.records.steps.forget(job_id)
             return True
         return False
+
+    @property
+    def compact(self) -> bool:
+        """Whether this storage writes ``dx`` and stream entries compact (record format 3: the prefix's)."""
+        return self.conn.record_format >= 3
+
+    def _parts(self, events: Sequence[Event]) -> list[str]:
+        """Events as this storage writes its stream entries: checked, then compact in format 3."""
+        lines = _dump_parts(events)
+        return narrow(lines, EVENT_RUNS) if self.compact else lines
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         reply = self.conn.run(self.conn.scripts.renew, [self.conn.keys(job_id).lease], [owner, _ttl_ms(ttl)],

@@ -84,10 +84,10 @@ def cmd_reindex(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_upgrade_records(args: argparse.Namespace, out: TextIO) -> int:
-    """Move the app's Redis prefix to record format 2 (adapters.redis.record_format): step 2 of 2."""
+    """Move the app's Redis prefix to the newest record format (adapters.redis.record_format): step 2 of 2."""
     prefix, moved = upgrade_records(loading.load(args.app))
-    print(f"prefix {prefix!r}: " + ("records are written as a delta of a base (format 2) by processes started "
-          "from now on" if moved else "already in record format 2"), file=out)
+    print(f"prefix {prefix!r}: " + ("records are written as a compact delta of a base, and events compact "
+          "(format 3), by processes started from now on" if moved else "already in record format 3"), file=out)
     return 0
 
 

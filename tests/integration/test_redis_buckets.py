@@ -61,10 +61,10 @@ def test_a_storage_with_another_layout_refuses_to_write_the_same_prefix(redis_ur
                                                                         storage: RedisStorage) -> None:
     storage.create_job(JobRecord(job_id="a", status=JobStatus.IDLE))
     # A prefix first written by this version records the newest record format beside its buckets.
-    assert redis.Redis.from_url(redis_url).get(layout_key("bk")) == b"buckets=8 records=2"
+    assert redis.Redis.from_url(redis_url).get(layout_key("bk")) == b"buckets=8 records=3"
     for buckets in (0, 4):
         other = RedisStorage.from_url(redis_url, prefix="bk", buckets=buckets)
-        with pytest.raises(ConfigurationError, match="written with buckets=8 records=2, this storage uses buckets="):
+        with pytest.raises(ConfigurationError, match="written with buckets=8 records=3, this storage uses buckets="):
             other.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
         with pytest.raises(ConfigurationError, match="every process on one prefix must use the same buckets"):
             other.acquire_lease("a", "w", 30)
@@ -109,7 +109,7 @@ def test_a_reader_with_another_layout_is_refused_not_shown_empty_indexes(redis_u
     # The sweep (due jobs), listings, counts and gc of another layout would silently find nothing.
     for read in (lambda: other.due_jobs(1e12), lambda: other.list_jobs(), lambda: other.count_jobs(),
                  lambda: other.finished_jobs(1e12)):
-        with pytest.raises(ConfigurationError, match="written with buckets=8 records=2, this storage uses buckets=0"):
+        with pytest.raises(ConfigurationError, match="written with buckets=8 records=3, this storage uses buckets=0"):
             read()
     other.client.close()
     assert [r.job_id for r in storage.list_jobs()] == ["a"]  # the right layout reads them
@@ -132,10 +132,10 @@ def test_a_bucketed_layout_is_not_recorded_over_jobs_written_without_buckets(red
 def test_the_layout_checked_before_any_write_is_recorded_and_another_refused(redis_url: str) -> None:
     fresh = RedisStorage.from_url(redis_url, prefix="early", buckets=8)
     fresh.conn.check_layout(None)  # what `pipelines worker` does before it takes a job
-    assert fresh.client.get(layout_key("early")) == b"buckets=8 records=2"
+    assert fresh.client.get(layout_key("early")) == b"buckets=8 records=3"
     fresh.conn.check_layout(None)  # once per storage: no second round trip, no error
     other = RedisStorage.from_url(redis_url, prefix="early", buckets=0)
-    with pytest.raises(ConfigurationError, match="written with buckets=8 records=2, this storage uses buckets=0"):
+    with pytest.raises(ConfigurationError, match="written with buckets=8 records=3, this storage uses buckets=0"):
         other.conn.check_layout(None)
     with pytest.raises(ConfigurationError, match="every process on one prefix must use the same buckets"):
         other.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))

@@ -1,8 +1,9 @@
-"""Record format 2 on Redis (adapters.redis.record_format): a commit sends the fields that changed.
+"""Record formats 2 and 3 on Redis (adapters.redis.record_format): a commit sends the fields that changed.
 
 And the two-step move of a prefix an earlier version wrote: this version first writes format 1
-there, beside processes of that version; after ``upgrade_record_format`` new processes write
-format 2, processes started before go on with format 1, and both advance the same jobs.
+there, beside processes of that version; after ``upgrade_record_format`` new processes write the
+newest format, processes started before go on with format 1, and both advance the same jobs.
+Format 3's compact texts (and the move from format 2): tests/integration/test_redis_compact_format.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage, upgrade_record_format
+from adapters.redis.compact import widen
 from adapters.redis.keys import layout_key
 from adapters.redis.record_format import stored_text
 from pipelines import Agent, App
@@ -93,10 +95,10 @@ def test_a_fresh_prefix_writes_a_base_and_then_only_the_fields_a_commit_changed(
     app.run_agent("a", job_id="j", messages=["count"])
     for _ in range(3):
         app.advance("j")
-    assert _storage(app).client.get(layout_key("rf2")) == b"buckets=0 records=2"
+    assert _storage(app).client.get(layout_key("rf2")) == b"buckets=0 records=3"
     held = _hash(app, "j")
     assert "data" not in held and {"base", "dx"} <= set(held)
-    delta = json.loads(held["dx"])
+    delta = json.loads(widen(held["dx"]))  # compact in format 3
     # What a turn changes; not what it never does (ids, the initial state, options, creation time). The
     # scheduler's virtual clock stands still here, so updated_at stays what the base holds.
     assert {"checkpoint", "version", "transcript_len", "usage", "phases_done"} <= set(delta)
@@ -128,7 +130,7 @@ def test_a_fresh_prefix_writes_a_base_and_then_only_the_fields_a_commit_changed(
            [m.model_dump(exclude={"committed_at"}) for m in _record(old).history]
 
 
-def test_an_earlier_versions_prefix_moves_to_format_2_in_two_steps_with_both_writers_on_one_job(
+def test_an_earlier_versions_prefix_moves_to_the_newest_format_in_two_steps_with_both_writers_on_one_job(
         redis_url: str, apps: list[App]) -> None:
     client = redis.Redis.from_url(redis_url)
     client.set(layout_key("mix"), "buckets=0")  # written by a version before format 2
@@ -141,12 +143,12 @@ def test_an_earlier_versions_prefix_moves_to_format_2_in_two_steps_with_both_wri
     held = _hash(step1, "j")
     assert "data" in held and not {"base", "dx"} & set(held)
     assert client.get(layout_key("mix")) == b"buckets=0"
-    # Step 2, once every process runs this version: later processes write format 2.
+    # Step 2, once every process runs this version: later processes write the newest format.
     admin = RedisStorage.from_url(redis_url, prefix="mix")
     assert upgrade_record_format(admin) is True
     assert upgrade_record_format(admin) is False  # there already: nothing to do
     admin.client.close()
-    assert client.get(layout_key("mix")) == b"buckets=0 records=2"
+    assert client.get(layout_key("mix")) == b"buckets=0 records=3"
     step2 = _app(redis_url, "mix", clock)
     apps.append(step2)
     # step1 started before the upgrade and goes on with format 1 until restarted: they take turns.
@@ -171,7 +173,7 @@ def test_an_earlier_versions_prefix_moves_to_format_2_in_two_steps_with_both_wri
     client.close()
 
 
-def test_versions_before_format_2_are_refused_by_a_format_2_prefix_not_left_to_misread_it(
+def test_versions_before_the_newest_format_are_refused_by_its_prefix_not_left_to_misread_it(
         redis_url: str, apps: list[App]) -> None:
     app = _app(redis_url, "guard")
     apps.append(app)
@@ -179,17 +181,17 @@ def test_versions_before_format_2_are_refused_by_a_format_2_prefix_not_left_to_m
     app.advance("j")
     app.advance("j")
     stored = _storage(app).client.get(layout_key("guard"))
-    # An earlier version records "buckets=0" and refuses to run on a prefix whose layout key holds
-    # anything else; a format-2 record has no 'data' for its load to misread as the current record.
-    assert stored == b"buckets=0 records=2" and stored != b"buckets=0"
+    # An earlier version records "buckets=0" (or "buckets=0 records=2") and refuses to run on a prefix whose
+    # layout key holds anything else; a format-3 record has no 'data' for its load to misread as the record.
+    assert stored == b"buckets=0 records=3" and stored not in (b"buckets=0", b"buckets=0 records=2")
     assert "data" not in _hash(app, "j")
     # This version refuses other buckets whatever the format, and upgrading such a prefix too.
     other = RedisStorage.from_url(redis_url, prefix="guard", buckets=4)
-    with pytest.raises(ConfigurationError, match="written with buckets=0 records=2, this storage uses buckets=4"):
+    with pytest.raises(ConfigurationError, match="written with buckets=0 records=3, this storage uses buckets=4"):
         other.conn.check_layout(None)
     with pytest.raises(ConfigurationError, match="nothing was upgraded"):
         upgrade_record_format(other)
-    assert _storage(app).client.get(layout_key("guard")) == b"buckets=0 records=2"
+    assert _storage(app).client.get(layout_key("guard")) == b"buckets=0 records=3"
     other.client.close()
 
 
@@ -210,12 +212,12 @@ def test_a_field_back_at_its_default_is_written_in_the_delta_and_a_changed_base_
     key = storage.keys("d").record
     assert json.loads(storage.client.hget(key, "base") or b"")["error"] == "boom"
     rec = _commit(storage, rec, "w", error=None, title=None, result={"n": 1})  # back at the default
-    delta = json.loads(storage.client.hget(key, "dx") or b"")
+    delta = json.loads(widen((storage.client.hget(key, "dx") or b"").decode()))
     assert delta == {"version": 2, "error": None, "title": None, "result": {"n": 1}}
     rec = _commit(storage, rec, "w", title="t2")
     # What changed since the base stays in the delta: the base still holds the older values.
-    assert json.loads(storage.client.hget(key, "dx") or b"") == {"version": 3, "error": None, "title": "t2",
-                                                                 "result": {"n": 1}}
+    assert json.loads(widen((storage.client.hget(key, "dx") or b"").decode())) == {
+        "version": 3, "error": None, "title": "t2", "result": {"n": 1}}
     fresh = RedisStorage.from_url(redis_url, prefix="dflt")
     got = fresh.get_job("d")
     assert got is not None and (got.error, got.title, got.stop_reason, got.result) == (None, "t2", "x", {"n": 1})
@@ -241,11 +243,11 @@ def test_the_cli_moves_the_apps_prefix_once_and_refuses_a_storage_without_format
     storage.client.set(layout_key(storage.prefix), "buckets=0")  # as an earlier version recorded it
     out = io.StringIO()
     assert main(["upgrade-records", "--app", "tests.apps.redis_app:app"], out=out, err=io.StringIO()) == 0
-    assert "format 2" in out.getvalue() and "started from now on" in out.getvalue()
-    assert storage.client.get(layout_key(storage.prefix)) == b"buckets=0 records=2"
+    assert "format 3" in out.getvalue() and "started from now on" in out.getvalue()
+    assert storage.client.get(layout_key(storage.prefix)) == b"buckets=0 records=3"
     out = io.StringIO()
     assert main(["upgrade-records", "--app", "tests.apps.redis_app:app"], out=out, err=io.StringIO()) == 0
-    assert "already in record format 2" in out.getvalue()
+    assert "already in record format 3" in out.getvalue()
     err = io.StringIO()
     assert main(["upgrade-records", "--app", "tests.apps.memory_app:app"], out=io.StringIO(), err=err) == 1
     assert "MemoryStorage has one record format" in err.getvalue()
@@ -333,7 +335,7 @@ def test_a_commit_without_buckets_names_two_keys_and_the_status_indexes_end_righ
     assert _commit_keys_sent(app) == [2] * TURNS
 
 
-def test_on_a_redis_cluster_a_prefix_moves_to_format_2_in_two_steps_too(redis_cluster_url: str) -> None:
+def test_on_a_redis_cluster_a_prefix_moves_to_the_newest_format_in_two_steps_too(redis_cluster_url: str) -> None:
     prefix = f"rfc{uuid.uuid4().hex[:8]}"  # the cluster lives for the session: a prefix of this test's own
     clock = MemoryScheduler()
     first = _app_on(RedisStorage.from_url(redis_cluster_url, prefix=prefix, cluster=True), clock)
@@ -343,7 +345,7 @@ def test_on_a_redis_cluster_a_prefix_moves_to_format_2_in_two_steps_too(redis_cl
     first.advance("j")
     assert "data" in _hash(first, "j")
     assert upgrade_record_format(storage) is True
-    assert storage.client.get(layout_key(prefix)) == f"{storage.layout.description} records=2".encode()
+    assert storage.client.get(layout_key(prefix)) == f"{storage.layout.description} records=3".encode()
     later = _app_on(RedisStorage.from_url(redis_cluster_url, prefix=prefix, cluster=True), clock)
     later.advance("j")
     later.advance("j")

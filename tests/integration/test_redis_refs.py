@@ -17,6 +17,7 @@ import redis
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
+from adapters.redis.compact import EVENT_RUNS, narrow, widen
 from adapters.redis.scripts import COMMIT_ARGS
 from pipelines import Agent, App, tool
 from pipelines.crash_harness import SimulatedCrash
@@ -187,11 +188,12 @@ def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
     storage.client.execute_command = spy  # type: ignore[method-assign]
     before = r.xlen(storage.keys("j4").live)
     storage.record_step_and_publish("j4", version=rec.version, owner=None, key="model", value=value, parts=parts)
-    # The first part's text went as a slice of the value; the others whole.
-    assert sent[-1][0].startswith("=") and "quotes" not in sent[-1][0]
-    assert sent[-1][1:] == _dump_parts(parts)[1:]
+    # The first part's text went as a slice of the value; the others whole. All of them compact (record
+    # format 3: adapters.redis.compact), the sliced one around its slice.
+    assert sent[-1][0].startswith("=") and "quotes" not in sent[-1][0] and '"turn"' not in sent[-1][0]
+    assert sent[-1][1:] == narrow(_dump_parts(parts)[1:], EVENT_RUNS)
     stored = [fields[b"e"].decode() for _, fields in r.xrange(storage.keys("j4").live)][before:]
-    assert stored == _dump_parts(parts)
+    assert stored == narrow(_dump_parts(parts), EVENT_RUNS) and [widen(t) for t in stored] == _dump_parts(parts)
     assert [p.data for p in storage.read_live("j4")][-3:] == [p.data for p in parts]
 
 
@@ -205,7 +207,8 @@ def test_a_slice_the_step_script_cannot_put_back_together_writes_nothing(
     app.run_agent("a", job_id="j5", messages=["count"])
     rec = storage.get_job("j5")
     assert rec is not None
-    monkeypatch.setattr(redis_adapter, "slice_parts", lambda value, lines: ["=3 1 99999\n[]"])  # past the value
+    # A slice past the value's end:
+    monkeypatch.setattr(redis_adapter, "slice_parts", lambda value, lines, compact: ["=3 1 99999\n[]"])
     part = Event(timestamp=1.5, type="text_delta", turn=1, phase="turn", data={"attempt": "a1", "text": "x"})
     live = r.xlen(storage.keys("j5").live)
     with pytest.raises(StorageError, match="nothing was written"):

@@ -27,6 +27,7 @@ from rq.serializers import JSONSerializer
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import JobKeys, RedisStorage, finished_key, index_keys, job_keys, listing_keys
+from adapters.redis.compact import widen
 from adapters.redis.keys import KeyLayout, layout_key
 from adapters.rq import RQScheduler, rq_job_id
 from phases.agent_turn import resolve_model
@@ -133,8 +134,9 @@ def assert_plain_data(key: bytes, field: bytes, value: bytes) -> None:
 
 
 def _json_text(data: bytes) -> bool:
+    """JSON text, as written or compact (record format 3 stores events and record deltas with runs as bytes)."""
     try:
-        json.loads(data.decode("utf-8"))
+        json.loads(widen(data.decode("utf-8")))
     except (UnicodeDecodeError, ValueError):
         return False
     return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from adapters.redis.compact import RECORD_RUNS, narrow
 from adapters.redis.record_format import changed_fields, delta_json, format_of, merged, record_fields, stored_text
 from pipelines.engine.models import Checkpoint, JobRecord, JobStatus, Usage
 
@@ -24,13 +25,18 @@ def test_merged_and_stored_text_put_a_base_and_its_delta_together() -> None:
     assert stored_text(b'{"x":1}', b'{"a":1}', b'{"a":2}') == '{"x":1}'  # format 1's 'data' wins
     assert json.loads(stored_text(None, b'{"a":1}', b'{"a":2}') or "") == {"a": 2}
     assert stored_text(None, None, b'{"a":2}') is None
+    # Format 3 stores the delta compact: read back as the JSON it was (adapters.redis.compact).
+    (dx,) = narrow(['{"checkpoint":{"next_phase":"turn","state":{"turn":2}},"version":4}'], RECORD_RUNS)
+    assert len(dx) < 30 and json.loads(stored_text(None, b'{"a":1}', dx.encode()) or "") == {
+        "a": 1, "checkpoint": {"next_phase": "turn", "state": {"turn": 2}}, "version": 4}
 
 
 def test_the_layout_names_the_format_beside_the_buckets() -> None:
     assert format_of("buckets=0", "buckets=0") == 1
     assert format_of("buckets=3 records=2", "buckets=3") == 2
     assert format_of("buckets=3 records=2", "buckets=0") is None
-    assert format_of("buckets=0 records=3", "buckets=0") is None  # a later format: not this version's to read
+    assert format_of("buckets=0 records=3", "buckets=0") == 3
+    assert format_of("buckets=0 records=4", "buckets=0") is None  # a later format: not this version's to read
 
 
 def _record() -> JobRecord:

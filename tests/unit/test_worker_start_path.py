@@ -95,7 +95,7 @@ def test_a_forking_worker_does_a_turns_once_a_process_work_before_its_first_hors
     # did it does again, every turn. The OpenTelemetry lookup (propagators found through entry points) was
     # ~5 ms of each horse's ~10 ms, the key layout check a round trip (bench/README.md, figure 12).
     report = _run(FORK_PARENT, BENCH_REDIS_URL=redis_url, BENCH_QUEUE="fork-parent")
-    assert report == {"before": False, "looked_up": True, "propagate": True, "layout": "buckets=0 records=2"}
+    assert report == {"before": False, "looked_up": True, "propagate": True, "layout": "buckets=0 records=3"}
 
 
 WRONG_LAYOUT = """
@@ -117,4 +117,4 @@ except ConfigurationError as exc:
 @pytest.mark.redis
 def test_a_worker_whose_layout_differs_from_the_prefixs_refuses_to_start(redis_url: str) -> None:
     message = _run(WRONG_LAYOUT, BENCH_REDIS_URL=redis_url, BENCH_QUEUE="wrong-layout")
-    assert "written with buckets=4 records=2, this storage uses buckets=0" in message  # not "worked": no job taken
+    assert "written with buckets=4 records=3, this storage uses buckets=0" in message  # not "worked": no job taken

@@ -40,15 +40,17 @@ def index_position(status: JobStatus) -> str:
     return str(list(JobStatus).index(status) + 1)
 
 
-# KEYS: the prefix's layout key; ARGV: its value in record format 1, in format 2.
-# Reply: 1 moved to format 2 now (or recorded so, nothing recorded yet), 0 there already, else the value
-# recorded (another layout: nothing written).
+# KEYS: the prefix's layout key; ARGV: its value in the newest record format, then in each older one.
+# Reply: 1 moved to the newest now (or recorded so, nothing recorded yet), 0 there already, else the value
+# recorded (another layout, or a format not named: nothing written).
 UPGRADE_RECORDS = """
 local cur = redis.call('GET', KEYS[1])
-if not cur or cur == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2])
+if cur == ARGV[1] then return 0 end
+local older = not cur
+for i = 2, #ARGV do older = older or cur == ARGV[i] end
+if older then
+  redis.call('SET', KEYS[1], ARGV[1])
   return 1
 end
-if cur == ARGV[2] then return 0 end
 return cur
 """

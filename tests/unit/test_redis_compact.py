@@ -1,0 +1,72 @@
+"""``adapters.redis.compact``: record format 3's texts, each of the engine's own key runs stored as one byte.
+
+What a reader widens must be the JSON the adapter wrote, byte for byte, whatever the text holds: the runs
+themselves, runs back to back or inside a user's strings, non-ASCII, characters JSON escapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from adapters.redis.compact import ALL_RUNS, EVENT_RUNS, RECORD_RUNS, WORDS, narrow, widen
+from pipelines.engine.errors import StorageError
+
+# Texts as the adapter dumps them: each run of the table, runs back to back, a user's text holding runs and
+# characters JSON escapes, the empty text.
+TEXTS = [
+    *WORDS,
+    "".join(WORDS),
+    "".join(reversed(WORDS)),
+    json.dumps({"role": "user", "content": '"turn" {"turn": ,"tool":" \x01\x1f\n é 中 🙂'}),
+    json.dumps({"call_id": "c", "tool": "add", "error": False}, separators=(",", ":")),
+    '[1796445164.7893429,1,97,"turn",{"finish_reason":"tool_calls","tool_calls":1,"prompt_tokens":5084,'
+    '"completion_tokens":51,"cost_usd":0.0,"request":{"messages":194,"tools":["add"]},"model":"scripted"}]',
+    "",
+]
+
+
+def test_every_text_is_stored_shorter_or_the_same_and_read_back_whole() -> None:
+    stored = narrow(TEXTS, ALL_RUNS)
+    assert [widen(t) for t in stored] == TEXTS
+    assert all(len(s) <= len(t) for s, t in zip(stored, TEXTS, strict=True))
+    assert all(len(stored[i]) == 1 for i in range(len(WORDS)))  # each run alone: its code
+    # A user's text holding runs is narrowed too, and comes back the same (its control characters are escaped).
+    assert "\\u0001" in stored[len(WORDS) + 2] and widen(stored[len(WORDS) + 2]) == TEXTS[len(WORDS) + 2]
+    assert len(stored[-2]) < 0.6 * len(TEXTS[-2])  # a W1 turn's model event: its keys are most of it
+
+
+def test_a_writer_looks_for_the_runs_of_its_kind_of_text_and_every_run_is_of_one_kind_at_least() -> None:
+    record = '{"checkpoint":{"next_phase":"turn","state":{"turn":2},"due_at":1.5},"version":4,"phases_done":3}'
+    assert narrow([record], RECORD_RUNS) == narrow([record], ALL_RUNS) and len(narrow([record], RECORD_RUNS)[0]) < 30
+    event = TEXTS[len(WORDS) + 4]
+    assert narrow([event], EVENT_RUNS) == narrow([event], ALL_RUNS) and widen(narrow([event], EVENT_RUNS)[0]) == event
+    assert {w for w, _ in RECORD_RUNS} | {w for w, _ in EVENT_RUNS} == set(WORDS) == {w for w, _ in ALL_RUNS}
+
+
+def test_a_text_written_whole_reads_as_it_is() -> None:
+    # Formats 1 and 2, or a hand-written record: JSON holds no raw control byte, so nothing is widened.
+    for text in TEXTS:
+        assert widen(text) == text
+
+
+def test_the_table_is_stored_data_and_never_changes() -> None:
+    # Format 3's texts hold these codes: a changed, removed or reordered run would misread every one of them.
+    # A new run needs a new record format (adapters.redis.compact).
+    digest = hashlib.sha256("\n".join(WORDS).encode()).hexdigest()
+    assert (len(WORDS), digest) == (28, "726d328805a0a8a01dd3c71c5ec25bc2c373aa55b7786f939f6bcea5f83128e4")
+    for word in WORDS:
+        assert word.isascii() and word.isprintable()
+
+
+@pytest.mark.parametrize("bad", ["\x01", '{"a":"\x1f"}', "a\x00b", "\t"])
+def test_a_text_holding_a_raw_control_character_is_refused_before_anything_is_written(bad: str) -> None:
+    with pytest.raises(StorageError, match="raw control character"):
+        narrow(['{"ok":1}', bad], ALL_RUNS)
+
+
+def test_newline_is_never_a_code() -> None:
+    (code,) = narrow(['{"turn":'], ALL_RUNS)
+    assert len(code) == 1 and narrow(['{"turn":1}\n{"turn":2}'], ALL_RUNS) == [f"{code}1}}\n{code}2}}"]
