@@ -116,6 +116,15 @@ class RedisConnection:
         record = self.keys(job_id).record
         return [record, self.layout.indexes_of(job_id).due] if naming.short(order) else [record]
 
+    def job_arg(self, job_id: str, keys: Sequence[str]) -> str:
+        """``job_id`` as a script's ARGV beside ``keys``: empty when those are the two keys that hold it.
+
+        Sent the record key and the due index's (:meth:`script_keys`, no buckets), a script reads the
+        job's id from them (:func:`adapters.redis.scripts.naming.naming_fn`): a UUID's ~40 bytes twice a
+        turn (the load and the commit) not sent.
+        """
+        return "" if len(keys) == 2 and not self.layout.buckets else job_id
+
     def run(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str, *, write: bool = True) -> Any:
         """Run one of the Lua scripts: on a plain Redis directly, on a Cluster on the node of its slot.
 

@@ -92,8 +92,8 @@ class RecordReads:
         known = held.token if held is not None and held.stored is not None else ""
         btok = held.btok if held is not None and held.base else ""
         # A read unless it takes the lease (the leftovers of a job whose record is gone go in a write of their own).
-        reply = self.conn.run(self.conn.scripts.load, keys, [owner, ttl_ms, job_id, btok, known],
-                              f"loading job {job_id!r}", write=bool(owner))
+        args = [owner, ttl_ms, self.conn.job_arg(job_id, keys), btok, known]
+        reply = self.conn.run(self.conn.scripts.load, keys, args, f"loading job {job_id!r}", write=bool(owner))
         self.conn.check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
             return None
@@ -281,8 +281,8 @@ class RecordReads:
     def delete_leftovers(self, job_id: str) -> None:
         """Delete what a job whose record is gone left (keys, index entries); a job created again is left alone."""
         what = f"deleting the leftovers of job {job_id!r}, whose record is gone"
-        reply = self.conn.run(self.conn.scripts.delete, self.conn.script_keys(job_id, naming.COMMIT_KEYS),
-                              [job_id, "", "gone"], what)
+        sent = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
+        reply = self.conn.run(self.conn.scripts.delete, sent, [self.conn.job_arg(job_id, sent), "", "gone"], what)
         self.conn.check_types(job_id, reply, what)
         if isinstance(reply, bytes | str):
             return  # 'present': created again since the load saw no record

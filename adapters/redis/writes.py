@@ -92,8 +92,8 @@ class RecordWrites:
         token = uuid.uuid4().hex  # lets a re-sent create recognise itself
         self.conn.check_layout(job_id)
         event_lines = self._parts(events)  # in the prefix's format, known from here
-        args = [job_id, token, data, str(record.version), due, len(msgs), len(lines), _finished_at(record),
-                *_listed(record), "\n".join(marks), *msgs, *lines, *event_lines]
+        args = [self.conn.job_arg(job_id, keys), token, data, str(record.version), due, len(msgs), len(lines),
+                _finished_at(record), *_listed(record), "\n".join(marks), *msgs, *lines, *event_lines]
         reply = self.conn.run(self.conn.scripts.create, keys, args, f"creating job {job_id!r}")
         self.conn.check_types(job_id, reply, f"creating job {job_id!r}")
         if _text(reply) == "exists":
@@ -128,7 +128,8 @@ class RecordWrites:
         event_lines = self._parts(commit.events)
         owner = commit.owner
         args: list[str | int] = [
-            job_id, commit.token, narrow([data], RECORD_RUNS)[0] if mode[0] == "d" and self.compact else data,
+            self.conn.job_arg(job_id, keys), commit.token,
+            narrow([data], RECORD_RUNS)[0] if mode[0] == "d" and self.compact else data,
             str(commit.expected_version), str(commit.record.version),
             "0" if owner is None else "1", owner or "",
             "" if commit.truncate_messages_to is None else str(int(commit.truncate_messages_to)),
@@ -317,8 +318,8 @@ class RecordWrites:
         :class:`StaleVersionError` with nothing deleted (the caller judged the
         job deletable at that version).
         """
-        args = [job_id, "" if if_version is None else str(int(if_version))]
         keys = self.conn.script_keys(job_id, naming.COMMIT_KEYS)
+        args = [self.conn.job_arg(job_id, keys), "" if if_version is None else str(int(if_version))]
         reply = self.conn.run(self.conn.scripts.delete, keys, args, f"deleting job {job_id!r}")
         self.conn.check_types(job_id, reply, f"deleting job {job_id!r}")
         if isinstance(reply, bytes | str) and _text(reply).startswith("stale:"):

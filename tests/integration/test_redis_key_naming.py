@@ -56,6 +56,59 @@ def test_a_script_sent_two_keys_names_every_other_as_the_adapter_does(client: re
         storage.client.close()
 
 
+@pytest.mark.parametrize("prefix", ["p", "a.b:c-d_e", "x:"])
+def test_a_script_sent_two_keys_reads_the_jobs_id_from_them_and_the_storage_sends_it_empty(
+        client: redis.Redis, redis_url: str, prefix: str) -> None:
+    storage = RedisStorage.from_url(redis_url, prefix=prefix)
+    conn = storage.conn
+    try:
+        for order, at in ((naming.COMMIT_KEYS, 1), (naming.LOAD_KEYS, 3)):
+            read_id = naming.naming_fn(order, job_arg=at) + f"\nreturn ARGV[{at}]"
+            for job_id in IDS:
+                keys = conn.script_keys(job_id, order)
+                assert len(keys) == 2 and conn.job_arg(job_id, keys) == ""
+                args = ["a", "b", "c"]
+                args[at - 1] = ""
+                assert client.eval(read_id, 2, *keys, *args) == job_id
+                args[at - 1] = "given"  # an id sent is kept (never with two keys: the check is cheap)
+                assert client.eval(read_id, 2, *keys, *args) == "given"
+        with pytest.raises(ValueError, match="due index"):
+            naming.naming_fn(naming.STEP_KEYS, job_arg=1)
+    finally:
+        storage.client.close()
+
+
+def test_the_job_ids_a_storage_does_not_send_are_the_ones_its_scripts_index_and_clean_up(
+        client: redis.Redis, redis_url: str) -> None:
+    # Ids holding the separators the script strips: the index entries, the leftovers and the delete find them.
+    storage = RedisStorage.from_url(redis_url, prefix="jid")
+
+    def first(ctx: PhaseContext[Any]) -> Next:
+        return Next("second", state={"n": 1})
+
+    def second(ctx: PhaseContext[Any]) -> Done:
+        return Done(result=ctx.state["n"] + 1)
+
+    app = App(storage=storage, scheduler=MemoryScheduler(),
+              pipelines={"p": [Phase("first", first), Phase("second", second)]})
+    try:
+        for job_id in IDS:
+            app.run_pipeline("p", job_id=job_id, initial_state={})
+        app.drain()
+        assert sorted(r.job_id for r in storage.list_jobs(status=JobStatus.COMPLETE)) == sorted(IDS)
+        assert set(client.zrange(storage.finished_key, 0, -1)) == set(IDS)
+        gone, deleted = IDS[1], IDS[6]
+        client.delete(storage.keys(gone).record)  # deleted by hand: a load finds its leftovers by its id
+        assert storage.acquire_lease(gone, "w", 5) is None
+        assert client.exists(storage.keys(gone).messages, storage.keys(gone).events) == 0
+        assert gone not in client.zrange(storage.finished_key, 0, -1)
+        assert storage.delete_job(deleted) is True and storage.get_job(deleted) is None
+        assert set(client.zrange(storage.finished_key, 0, -1)) == set(IDS) - {gone, deleted}
+        assert {r.job_id for r in storage.list_jobs()} == set(IDS) - {gone, deleted}
+    finally:
+        storage.client.close()
+
+
 def test_commit_keys_end_with_every_listing_index_as_the_scripts_count_them(redis_url: str) -> None:
     storage = RedisStorage.from_url(redis_url, prefix="o")
     try:

@@ -12,7 +12,7 @@ __all__ = ["CREATE", "COMMIT", "RECORD_STEP"]
 # ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
 #       finished_at ('' = not finished), status index position, updated_at, history (marks, one per line),
 #       then the messages, the log lines, the events.
-CREATE = naming_fn(COMMIT_KEYS) + PUSH_FN + """
+CREATE = naming_fn(COMMIT_KEYS, job_arg=1) + PUSH_FN + """
 -- KEYS[2..6] are only DEL'd before being written, so their type cannot fail.
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set',
                         KEYS[10], 'finished', 'zset'})
@@ -98,7 +98,7 @@ end
 # message reference does not match the journal: nothing written, send the history and messages whole).
 # Stale replies: missing, version:<stored>, expired (nobody holds the lease),
 # leased (another owner holds it).
-COMMIT = naming_fn(COMMIT_KEYS) + PUSH_FN + _RESOLVE_FN + """
+COMMIT = naming_fn(COMMIT_KEYS, job_arg=1) + PUSH_FN + _RESOLVE_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'messages', 'list', KEYS[3], 'logs', 'list',
                         KEYS[4], 'journal', 'hash', KEYS[5], 'lease', 'string', KEYS[6], 'events', 'stream',
                         KEYS[7], 'due', 'zset', KEYS[9], 'live', 'stream', KEYS[10], 'finished', 'zset',

@@ -17,7 +17,7 @@ __all__ = ["DELETE", "REINDEX"]
 # The job's own keys are only DEL'd (any type goes); the indexes are checked.
 # With an expected version the caller checked the job's status at that version:
 # it is deleted only if nothing committed since (a retry, a continued conversation).
-DELETE = naming_fn(COMMIT_KEYS) + INDEX_FN + """
+DELETE = naming_fn(COMMIT_KEYS, job_arg=1) + INDEX_FN + """
 local bad = wrong_type({KEYS[7], 'due', 'zset', KEYS[8], 'jobs', 'set', KEYS[10], 'finished', 'zset'})
 if not bad then bad = index_checks() end
 if bad then return bad end

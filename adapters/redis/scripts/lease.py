@@ -25,7 +25,7 @@ __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 # a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format);
 # base is '=' when it is the one the caller holds (btok, the token of the write that wrote it, is the one sent);
 # data and hist are '=' (base and dx '') when the stored token is the one sent: the caller holds the record.
-LOAD = naming_fn(LOAD_KEYS) + TYPES_FN + """
+LOAD = naming_fn(LOAD_KEYS, job_arg=3) + TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'journal', 'hash'})
 -- A read-only load never touches the lease, so only taking it checks its type.
 if not bad and ARGV[2] ~= '' then bad = wrong_type({KEYS[3], 'lease', 'string'}) end

@@ -57,17 +57,26 @@ def short(order: tuple[str, ...]) -> bool:
     return any(role in _INDEX_ROLES for role in order)
 
 
-def naming_fn(order: Sequence[str]) -> str:
-    """Lua that, sent only the record key (and the due index's), names the rest (a script's first statement)."""
+def naming_fn(order: Sequence[str], job_arg: int = 0) -> str:
+    """Lua that, sent only the record key (and the due index's), names the rest (a script's first statement).
+
+    ``job_arg``: the place (1-based) of the job's id among the script's ARGV, sent empty with the two keys:
+    the job's keys hold it (``<prefix>:{<job>}:record``), so it is read from there (0: the script takes none).
+    """
     parts = [_suffix(role) for role in order[1:]]
     table = ", ".join(f"{{{which}, '{suffix}'}}" for which, suffix in parts)
     record_len, due_len = len(job_suffixes().record), len(index_suffixes().due)
+    if job_arg and not short(tuple(order)):
+        raise ValueError("only a script sent the due index's key beside the record key can read the job's id")
+    job = "" if not job_arg else f"""
+    -- bases[1] is '<prefix>:{{<job>}}', bases[2] '<prefix>'.
+    if ARGV[{job_arg}] == '' then ARGV[{job_arg}] = string.sub(bases[1], #bases[2] + 3, -2) end"""
     return f"""
 do
   local named = {{{table}}}
   if #KEYS == {2 if short(tuple(order)) else 1} then  -- every key is never so few (a Cluster's COMMIT: 13 at least)
     local bases = {{string.sub(KEYS[1], 1, -{record_len + 1}), KEYS[2] and string.sub(KEYS[2], 1, -{due_len + 1})}}
-    for i, s in ipairs(named) do KEYS[i + 1] = bases[s[1] + 1] .. s[2] end
+    for i, s in ipairs(named) do KEYS[i + 1] = bases[s[1] + 1] .. s[2] end{job}
   end
 end
 """
