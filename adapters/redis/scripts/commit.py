@@ -9,7 +9,8 @@ __all__ = ["CREATE", "COMMIT", "RECORD_STEP"]
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # (naming.COMMIT_KEYS; or only the record key and the due index's, the script naming the rest)
-# ARGV: job_id, token, data, version, due_at ('' = not due), n_messages, n_logs,
+# ARGV: job_id ('' when sent the two keys: read from them, naming), token, data, version, due_at ('' = not
+#       due), n_messages, n_logs,
 #       finished_at ('' = not finished), status index position, updated_at, history (marks, one per line),
 #       then the messages, the log lines, the events.
 CREATE = naming_fn(COMMIT_KEYS, job_arg=1) + PUSH_FN + """
@@ -81,7 +82,8 @@ end
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # (naming.COMMIT_KEYS; or only the record key and the due index's, the script naming the rest: naming)
-# ARGV: job_id, token, data, expected_version, new_version, has_owner, owner,
+# ARGV: job_id ('' when sent the two keys: read from them, naming), token, data, expected_version, new_version,
+#       has_owner, owner,
 #       truncate_to ('' = keep), keep_journal, release_lease, due_at ('' = remove),
 #       n_messages, n_logs, clear_control, live_ttl_ms ('' = keep the live stream),
 #       finished_at ('' = not finished: remove), inbox_taken, status index position, updated_at,

@@ -9,8 +9,8 @@ __all__ = ["DELETE", "REINDEX"]
 
 # KEYS: record, messages, logs, journal, lease, events, due, jobs, live, finished, inbox, then the listing indexes
 # (naming.COMMIT_KEYS; or only the record key and the due index's, the script naming the rest)
-# ARGV: job_id, expected version ('' = whatever it is), mode ('gone': only the leftovers of a job
-# whose record is gone)
+# ARGV: job_id ('' when sent the two keys: naming), expected version ('' = whatever it is), mode ('gone':
+# only the leftovers of a job whose record is gone)
 # Reply: 1 deleted, 0 unknown job, 'stale:version:<stored>' (nothing deleted); in 'gone' mode
 # 'present' (the record is there: nothing deleted) or {due entry removed 0/1, keys deleted,
 # other index entries removed}.

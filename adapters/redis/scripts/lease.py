@@ -16,7 +16,8 @@ __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 
 # KEYS: record, journal, lease, due, jobs, updated (the listing index of every job): naming.LOAD_KEYS, or only the
 # record key and the due index's, the script naming the rest (adapters.redis.scripts.naming)
-# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id, the token of the base the caller holds ('' none),
+# ARGV: owner ('' with ttl_ms '' = read only), ttl_ms, job_id ('' when sent the two keys: naming), the token
+# of the base the caller holds ('' none),
 # the token of the write whose record the caller holds ('' none)
 # Reply: nil (unknown job, or leased by someone else), 'gone' (no record, but an index still names
 # the job: see below), 'corrupt:<role>:<type>',
