@@ -159,6 +159,24 @@ def test_events_are_stored_as_compact_arrays_and_earlier_object_entries_still_re
     assert storage.read_live("e1")[:len(live)] == live
 
 
+def test_format_3_texts_as_this_version_stores_them_read_the_same_in_every_later_one(app: App, r: redis.Redis) -> None:
+    # Record format 3 (adapters.redis.compact), written out byte for byte: a later version must read these as
+    # they are (its run table may only grow, with a new format).
+    app.run_agent("a", job_id="e3", messages=["count"])
+    storage = _storage(app)
+    before = storage.events("e3")
+    r.xadd(storage.keys("e3").events, {"e": b'[7.5,4,3,\x10,\x1b10,12]}]'})
+    r.xadd(storage.keys("e3").events, {"e": b'[7.25,2,3,\x10,\x18c1"\x19add"}]'})
+    got = [(e.timestamp, e.type, e.turn, e.phase, e.data) for e in storage.events("e3")[len(before):]]
+    assert got == [(7.5, "turn_committed", 3, "turn", {"messages": [10, 12]}),
+                   (7.25, "tool_call", 3, "turn", {"call_id": "c1", "tool": "add"})]
+    dx = b'\x01turn\x02\x1c3}\x039.5}\x084\x0b7\x0c2\r3}}'
+    merged = json.loads(stored_text(None, b'{"job_id":"e3","pipeline":"a"}', dx) or "")
+    assert merged == {"job_id": "e3", "pipeline": "a", "version": 4,
+                      "checkpoint": {"next_phase": "turn", "state": {"turn": 3}, "due_at": 9.5},
+                      "usage": {"prompt_tokens": 7, "completion_tokens": 2, "model_calls": 3}}
+
+
 def test_an_event_of_a_type_the_table_does_not_know_and_odd_values_round_trip(app: App) -> None:
     from pipelines.engine.models import Event
 
