@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("reindex", listing.cmd_reindex,
         "put jobs stored before the listing indexes existed into them (safe while running)")
     add("upgrade-records", listing.cmd_upgrade_records,
-        "write Redis records as a delta of a base (format 2) from now on: run it once every process on the "
-        "prefix runs this version")
+        "write Redis records and events in the newest format (3: a compact delta of a base, compact events) "
+        "from now on: run it once every process on the prefix runs this version")
     p = add("ui", dev.cmd_ui, "serve the web page to watch and steer runs (needs phaserunner[web])")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need a token)")
     p.add_argument("--port", type=port, default=8008, help="port, 1-65535 (default: 8008)")

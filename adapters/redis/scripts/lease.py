@@ -23,7 +23,7 @@ __all__ = ["LOAD", "RENEW", "RELEASE", "STATE"]
 # the job: see below), 'corrupt:<role>:<type>',
 # else {data, jver, journal pairs, control, inbox, dropped, token, base, dx, btok, version (the hash's, which the
 # writes fence on: the adapter checks it against the record's JSON), hist (nil: history inside data)}:
-# a record hash holds 'data' (record format 1) or 'base' and 'dx' (format 2: adapters.redis.record_format);
+# a record hash holds 'data' (record format 1) or 'base' and 'dx' (formats 2 and 3, dx compact in 3: record_format);
 # base is '=' when it is the one the caller holds (btok, the token of the write that wrote it, is the one sent);
 # data and hist are '=' (base and dx '') when the stored token is the one sent: the caller holds the record.
 LOAD = naming_fn(LOAD_KEYS, job_arg=3) + TYPES_FN + """
