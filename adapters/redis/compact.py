@@ -7,14 +7,16 @@ events and the live parts) with each run of :data:`WORDS` as its code byte, and 
 version puts the runs back (:func:`widen`) before it parses. That is ~40 % of those texts: less to send,
 to store and to keep in a job's streams.
 
-Why control bytes: JSON text never holds a raw one (RFC 8259 has them escaped inside strings, as
-pydantic-core and :mod:`json` do), so in a stored text a code byte can only be a code, and widening a
-text written whole (formats 1 and 2, a hand-written record) changes nothing: one reader serves every
-format. :func:`narrow` refuses a text that already holds one. NUL and newline are never codes.
+Why control bytes: JSON text never holds a raw one but for its whitespace (RFC 8259 has them escaped
+inside strings, as pydantic-core and :mod:`json` do), so in a stored text a code byte can only be a code,
+and widening a text written whole (formats 1 and 2, a hand-written or pretty-printed record) changes
+nothing: one reader serves every format. The codes are the 28 control bytes that are neither NUL nor
+JSON whitespace (tab, newline, carriage return), one a run; :func:`narrow` refuses a text that already
+holds one.
 
 **WORDS is stored data**: once a prefix holds format-3 texts, every later version must read them as
-written. Entries are never changed, removed or reordered; a new entry (a free code) needs a new record
-format, since readers of this one would leave its byte in place.
+written. Entries are never changed, removed or reordered; every code is taken, so another run needs
+another scheme and a new record format.
 
 The scripts never parse these texts (they store, slice and copy them), so they need no change; a
 live part sent as a slice of a journaled value (:mod:`adapters.redis.refs`) keeps the slice whole
@@ -41,11 +43,13 @@ WORDS: Final = (
     ',"model":"', '{"call_id":"', ',"tool":"', ',"error":false', '{"messages":[', '{"turn":', ',"text":"',
 )
 
-_CODES: Final = tuple(chr(c) for c in range(1, 32) if c != 10)  # every control byte but NUL and newline
-_WIDE: Final = dict(zip(_CODES, WORDS, strict=False))
-_CODE: Final = re.compile("[\x01-\x09\x0b-\x1f]")
+# Every control byte but NUL (narrow's joint) and JSON's own whitespace (tab, newline, carriage return: a JSON
+# text may hold them raw, between its tokens, and the turn history separates its marks with newlines).
+_CODES: Final = tuple(chr(c) for c in range(1, 32) if c not in (9, 10, 13))
+_WIDE: Final = dict(zip(_CODES, WORDS, strict=True))
+_CODE: Final = re.compile("[\x01-\x08\x0b\x0c\x0e-\x1f]")
 
-if len(WORDS) > len(_CODES):  # pragma: no cover - a table grown past its codes
+if len(WORDS) != len(_CODES):  # pragma: no cover - every code is taken: a new run needs another scheme
     raise RuntimeError(f"{len(WORDS)} runs for {len(_CODES)} codes")
 
 Runs = tuple[tuple[str, str], ...]

@@ -165,12 +165,12 @@ def test_format_3_texts_as_this_version_stores_them_read_the_same_in_every_later
     app.run_agent("a", job_id="e3", messages=["count"])
     storage = _storage(app)
     before = storage.events("e3")
-    r.xadd(storage.keys("e3").events, {"e": b'[7.5,4,3,\x10,\x1b10,12]}]'})
-    r.xadd(storage.keys("e3").events, {"e": b'[7.25,2,3,\x10,\x18c1"\x19add"}]'})
+    r.xadd(storage.keys("e3").events, {"e": b'[7.5,4,3,\x12,\x1d10,12]}]'})
+    r.xadd(storage.keys("e3").events, {"e": b'[7.25,2,3,\x12,\x1ac1"\x1badd"}]'})
     got = [(e.timestamp, e.type, e.turn, e.phase, e.data) for e in storage.events("e3")[len(before):]]
     assert got == [(7.5, "turn_committed", 3, "turn", {"messages": [10, 12]}),
                    (7.25, "tool_call", 3, "turn", {"call_id": "c1", "tool": "add"})]
-    dx = b'\x01turn\x02\x1c3}\x039.5}\x084\x0b7\x0c2\r3}}'
+    dx = b'\x01turn\x02\x1e3}\x039.5}\x084\x0c7\x0e2\x0f3}}'
     merged = json.loads(stored_text(None, b'{"job_id":"e3","pipeline":"a"}', dx) or "")
     assert merged == {"job_id": "e3", "pipeline": "a", "version": 4,
                       "checkpoint": {"next_phase": "turn", "state": {"turn": 3}, "due_at": 9.5},

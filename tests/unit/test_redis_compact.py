@@ -53,15 +53,23 @@ def test_a_text_written_whole_reads_as_it_is() -> None:
 
 
 def test_the_table_is_stored_data_and_never_changes() -> None:
-    # Format 3's texts hold these codes: a changed, removed or reordered run would misread every one of them.
-    # A new run needs a new record format (adapters.redis.compact).
-    digest = hashlib.sha256("\n".join(WORDS).encode()).hexdigest()
-    assert (len(WORDS), digest) == (28, "726d328805a0a8a01dd3c71c5ec25bc2c373aa55b7786f939f6bcea5f83128e4")
+    # Format 3's texts hold these codes: a changed, removed or reordered run (or code) would misread every one
+    # of them. Every code is taken (adapters.redis.compact).
+    codes = [narrow([word], ALL_RUNS)[0] for word in WORDS]
+    digest = hashlib.sha256("\n".join(f"{w}\t{ord(c)}" for w, c in zip(WORDS, codes, strict=True)).encode())
+    assert (len(WORDS), digest.hexdigest()) == (
+        28, "54a3c9b744b83cc5ffdaec4eef6d2ac3eb85c6b570368986d0cd8bcb1fbf0a5d")
+    assert {ord(c) for c in codes} == set(range(1, 32)) - {9, 10, 13}  # never NUL or JSON's whitespace
     for word in WORDS:
         assert word.isascii() and word.isprintable()
 
 
-@pytest.mark.parametrize("bad", ["\x01", '{"a":"\x1f"}', "a\x00b", "\t"])
+def test_json_whitespace_is_never_a_code_and_a_pretty_printed_text_reads_as_it_is() -> None:
+    pretty = json.dumps({"checkpoint": {"next_phase": "turn"}, "version": 5}, indent="\t").replace("\n", "\r\n")
+    assert widen(pretty) == pretty and json.loads(widen(narrow([pretty], ALL_RUNS)[0])) == json.loads(pretty)
+
+
+@pytest.mark.parametrize("bad", ["\x01", '{"a":"\x1f"}', "a\x00b", "\x0b"])
 def test_a_text_holding_a_raw_control_character_is_refused_before_anything_is_written(bad: str) -> None:
     with pytest.raises(StorageError, match="raw control character"):
         narrow(['{"ok":1}', bad], ALL_RUNS)
