@@ -214,10 +214,7 @@ class RedisConnection:
     def _format_of(self, stored: str) -> int:
         """The record format a recorded layout names, or ConfigurationError if its buckets are not this storage's."""
         fmt = record_format.format_of(stored, self.layout.description)
-        if fmt is None and stored.startswith(self.layout.description + " records="):
-            raise ConfigurationError(
-                f"the jobs under prefix {self.prefix!r} are in a record format this version does not know "
-                f"({stored}): a newer version wrote them; run that version (or a later one) on this prefix")
+        record_format.check_known(self.prefix, stored, self.layout.description)
         if fmt is None:
             raise ConfigurationError(
                 f"the jobs under prefix {self.prefix!r} were written with {stored}, this storage uses "
@@ -238,6 +235,7 @@ class RedisConnection:
         if stored is None:
             return
         fmt = record_format.format_of(_text(stored), self.layout.description)
+        record_format.check_known(self.prefix, _text(stored), self.layout.description)
         if fmt is None:
             raise ConfigurationError(
                 f"the jobs under prefix {self.prefix!r} were written with {_text(stored)}, this storage uses "

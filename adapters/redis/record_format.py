@@ -47,8 +47,8 @@ from adapters.redis.values import _text
 from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import JobRecord, changed_fields, check_size, dump_fields, record_fields
 
-__all__ = ["LAYOUT_SUFFIX", "NEWEST", "changed_fields", "delta_json", "format_of", "merged", "record_fields",
-           "stored_text", "upgrade_record_format"]
+__all__ = ["LAYOUT_SUFFIX", "NEWEST", "changed_fields", "check_known", "delta_json", "format_of", "merged",
+           "record_fields", "stored_text", "upgrade_record_format"]
 
 NEWEST: Final = 3
 """The record format a prefix first written by this version records."""
@@ -63,6 +63,15 @@ def format_of(stored: str, buckets: str) -> int | None:
         if stored == buckets + suffix:
             return fmt
     return None
+
+
+def check_known(prefix: str, stored: str, buckets: str) -> None:
+    """Raise :class:`ConfigurationError` if the layout ``stored`` names this storage's buckets in a record format
+    this version does not know: a newer version wrote the prefix (nothing of it is read or written)."""
+    if stored.startswith(buckets + " records=") and format_of(stored, buckets) is None:
+        raise ConfigurationError(
+            f"the jobs under prefix {prefix!r} are in a record format this version does not know ({stored}): "
+            "a newer version wrote them; run that version (or a later one) on this prefix")
 
 
 def merged(base: str, dx: str) -> str:
@@ -120,6 +129,7 @@ def upgrade_record_format(storage: Any) -> bool:
                      [buckets + LAYOUT_SUFFIX[NEWEST], *older],
                      f"upgrading the record format of prefix {conn.prefix!r}")
     if not isinstance(reply, int):
+        check_known(conn.prefix, _text(reply), buckets)
         raise ConfigurationError(f"the jobs under prefix {conn.prefix!r} were written with {_text(reply)}, this "
                                  f"storage uses {buckets}: nothing was upgraded")
     conn.record_format = NEWEST

@@ -161,9 +161,12 @@ def test_a_prefix_in_a_format_this_version_does_not_know_is_refused_naming_a_new
         redis_url: str, client: redis.Redis) -> None:
     client.set(layout_key("future"), "buckets=0 records=4")
     storage = RedisStorage.from_url(redis_url, prefix="future")
-    with pytest.raises(ConfigurationError, match=r"record format this version does not know \(buckets=0 records=4\)"):
-        storage.conn.check_layout(None)
-    with pytest.raises(ConfigurationError, match="nothing was upgraded"):
-        upgrade_record_format(storage)
+    newer = r"record format this version does not know \(buckets=0 records=4\): a newer version wrote them"
+    with pytest.raises(ConfigurationError, match=newer):
+        storage.conn.check_layout(None)  # a worker's start, a first write
+    with pytest.raises(ConfigurationError, match=newer):
+        storage.list_jobs()  # a first index read
+    with pytest.raises(ConfigurationError, match=newer):
+        upgrade_record_format(storage)  # never moved back
     assert client.get(layout_key("future")) == b"buckets=0 records=4"
     storage.close()
