@@ -209,8 +209,9 @@ class AgentTurn:
             # Fenced off after the model answered: the answer is lost to this attempt, its cost is not, and the
             # page's view of this turn's model call shows what it said.
             if isinstance(answer, dict):
-                ctx.count_dropped(ModelResponse.model_validate(answer).usage, answer=_kept_answer(answer),
-                                  turn=turn + 1)
+                # Kept with every field (the journal leaves the defaults out): what the page shows of it.
+                whole = ModelResponse.model_validate(answer)
+                ctx.count_dropped(whole.usage, answer=_kept_answer(whole.model_dump(mode="json")), turn=turn + 1)
 
         try:
             # The answer's last text goes out with its journal write (one round trip, see phases.streaming).

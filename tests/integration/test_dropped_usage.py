@@ -107,6 +107,10 @@ def test_what_a_fenced_off_attempt_was_told_is_kept_and_shown_on_the_turns_page(
     assert answer["message"] == {"role": "assistant", "content": "what the fenced-off attempt was told <b>\u202e</b>"}
     assert answer["raw"] == {"id": "chatcmpl-first", "system_fingerprint": "fp_1"}
     assert answer["usage"]["cost_usd"] == 0.5
+    # Kept with every field, though the journal leaves the defaults out: the page shows zero counts as zeros.
+    assert {"finish_reason", "model", "tools_offered", "request"} <= set(answer)
+    assert set(answer["usage"]) == {"prompt_tokens", "completion_tokens", "cost_usd", "model_calls",
+                                    "unknown_cost_calls"}
     assert app.read.fenced_answers("d", 2) == []
     with TestClient(ui_app(app), base_url="http://127.0.0.1") as http:
         page = http.get("/jobs/d/turns/1").text
