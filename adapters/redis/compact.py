@@ -33,8 +33,8 @@ from pipelines.engine.errors import StorageError
 
 __all__ = ["ALL_RUNS", "EVENT_RUNS", "RECORD_RUNS", "WORDS", "Runs", "narrow", "widen"]
 
-#: Record format 3's runs, in code order (byte 1 upward, newline skipped): the record delta's fields,
-#: then the agent turn's events' (the phase name ``"turn"`` among them). Never edited: see the module.
+#: Record format 3's runs, in code order (byte 1 upward, tab, newline and carriage return skipped): the record
+#: delta's fields, then the agent turn's events' (the phase name ``"turn"`` among them). Never edited: see the module.
 WORDS: Final = (
     '{"checkpoint":{"next_phase":"', '","state":', ',"due_at":', ',"created_at":', ',"updated_at":',
     ',"commit_id":"', ',"transcript_epoch":"', ',"version":', ',"transcript_len":', ',"usage":{"prompt_tokens":',
@@ -74,8 +74,8 @@ ALL_RUNS: Final = _runs(WORDS)
 def narrow(texts: Sequence[str], runs: Runs) -> list[str]:
     """``texts`` (JSON texts) as format 3 stores them: each of ``runs`` as its code byte.
 
-    Raises :class:`StorageError` for a text holding a raw control byte (no JSON text does), before
-    anything is written.
+    Raises :class:`StorageError` for a text already holding a code byte (a raw control byte other than
+    JSON's whitespace: no JSON text does), before anything is written.
     """
     if not texts:
         return []

@@ -75,7 +75,7 @@ def journal_form(response: ModelResponse) -> dict[str, Any] | ModelResponse:
 
     A reader (this version or an older one: the defaults have not changed) fills them in again when it
     validates the answer. Every turn journals its answer, so the ``None`` fields and zero counts left
-    out (``raw``, ``tools_offered``, ``unknown_cost_calls``...) are ~55 bytes a turn not sent to Redis.
+    out (``raw``, ``tools_offered``, ``unknown_cost_calls``...) are ~70 bytes a turn not sent to Redis.
     The message itself is kept as it is, ``None`` values included. An answer JSON cannot carry is
     returned as it is: the step's own conversion then says what is wrong with it, as for any step.
     """
