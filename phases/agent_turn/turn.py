@@ -26,7 +26,6 @@ from phases.stop import TurnInfo
 from phases.streaming import DeltaSink
 from phases.titles import start_title
 from phases.tool_calls import call_ids
-from phases.tool_runner import run_tools, tool_message
 from phases.view_migration import ViewMigration, migrate_view
 from pipelines.engine.errors import InvalidInputError, PermanentModelError, StaleVersionError, TransientModelError
 from pipelines.engine.models import Message
@@ -241,17 +240,6 @@ class AgentTurn:
             content = response.message.get("content")
             sink.finish(content if isinstance(content, str) else None)
         return response
-
-    def run_calls(self, ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse,
-                  turn: int) -> list[Message]:
-        calls = response.tool_calls
-        if response.finish_reason == "length" and calls:
-            # Arguments of a cut-off answer cannot be trusted: answer every
-            # call without running it, so the transcript stays valid.
-            return [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
-        offered = self.tmap if response.tools_offered is None else {
-            n: t for n, t in self.tmap.items() if n in response.tools_offered}
-        return run_tools(ctx, offered, calls, turn, default_timeout=cfg.tool_timeout)
 
     def finish_turn(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], state: AgentState,
                     response: ModelResponse, ids: frozenset[str] | None = None,
