@@ -525,12 +525,26 @@ class ByteCounter:
             self._add(f"{script}: arguments", sum(map(size, argv)))
 
 
+def advance_to_end(app: Any, job_id: str) -> list[float]:
+    """Advance ``job_id`` in-process, a turn at a time, until it completes: the seconds each turn took."""
+    from pipelines import AdvanceResult
+
+    times = []
+    while True:
+        t0 = time.perf_counter()
+        result = app.try_advance(job_id)
+        times.append(time.perf_counter() - t0)
+        if result is AdvanceResult.COMPLETED:
+            return times
+        if result is not AdvanceResult.ADVANCED:
+            raise RuntimeError(f"turn {len(times)} of {job_id}: {result}")
+
+
 def long_job(url: str, turns: int, tag: str, count_bytes: bool) -> dict[str, Any]:
     import redis
 
     from adapters.redis import RedisStorage
     from bench.apps import w1_agent
-    from pipelines import AdvanceResult
     from pipelines.app import App
 
     storage = RedisStorage.from_url(url, prefix=f"long{tag}")
@@ -546,15 +560,7 @@ def long_job(url: str, turns: int, tag: str, count_bytes: bool) -> dict[str, Any
     stats = info.info("stats")
     before, out_before = int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"])
     agent.run(job_id=job_id, messages=[w1.USER], storage=storage, scheduler=scheduler)
-    times = []
-    while True:
-        t0 = time.perf_counter()
-        result = app.try_advance(job_id)
-        times.append(time.perf_counter() - t0)
-        if result is AdvanceResult.COMPLETED:
-            break
-        if result is not AdvanceResult.ADVANCED:
-            raise RuntimeError(f"turn {len(times)} of {job_id}: {result}")
+    times = advance_to_end(app, job_id)
     stats = info.info("stats")
     after, out_after = int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"])
     raw = info.lrange(storage.keys(job_id).messages, 0, -1)
@@ -596,7 +602,7 @@ def long_tool_job(url: str, turns: int, tag: str) -> dict[str, int]:
     import redis
 
     from adapters.redis import RedisStorage
-    from pipelines import AdvanceResult, Agent, tool
+    from pipelines import Agent, tool
     from pipelines.app import App
     from pipelines.testing import ScriptedModel, call, reply
 
@@ -616,12 +622,7 @@ def long_tool_job(url: str, turns: int, tag: str) -> dict[str, int]:
     info = redis.Redis.from_url(url)
     before = int(info.info("stats")["total_net_input_bytes"])
     agent.run(job_id="long-tool", messages=["fetch them all"], storage=storage, scheduler=scheduler)
-    for _ in range(turns + 1):
-        result = app.try_advance("long-tool")
-        if result is AdvanceResult.COMPLETED:
-            break
-        if result is not AdvanceResult.ADVANCED:
-            raise RuntimeError(f"the tool job stopped: {result}")
+    advance_to_end(app, "long-tool")
     after = int(info.info("stats")["total_net_input_bytes"])
     transcript = sum(map(len, info.lrange(storage.keys("long-tool").messages, 0, -1)))
     info.close()
