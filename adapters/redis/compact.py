@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from pipelines.engine.errors import StorageError
+from pipelines.engine.models.values import encode_plain
 
-__all__ = ["ALL_RUNS", "EVENT_RUNS", "RECORD_RUNS", "WORDS", "Runs", "narrow", "widen"]
+__all__ = ["ALL_RUNS", "ANSWER_RUNS", "EVENT_RUNS", "RECORD_RUNS", "WORDS", "Runs", "narrow", "narrow_answer", "widen"]
 
 #: Record format 3's runs, in code order (byte 1 upward, tab, newline and carriage return skipped): the record
 #: delta's fields, then the agent turn's events' (the phase name ``"turn"`` among them). Never edited: see the module.
@@ -69,6 +70,12 @@ EVENT_RUNS: Final = _runs([w for w in WORDS if w not in dict(RECORD_RUNS)] +
                           [',"completion_tokens":', ',"cost_usd":'])
 #: Every run (a text of no one kind).
 ALL_RUNS: Final = _runs(WORDS)
+#: What a journaled model answer holds after its message (``ModelResponse``'s usage, model and request).
+ANSWER_RUNS: Final = _runs((',"usage":{"prompt_tokens":', ',"completion_tokens":', ',"model_calls":', ',"cost_usd":',
+                            ',"prompt_tokens":', ',"model":"', ',"request":{"messages":', ',"tools":[', '"turn"'))
+
+# A journaled model answer's first key (``journal_form``): the message, which stays as written.
+_ANSWER_HEAD: Final = '{"message":'
 
 
 def narrow(texts: Sequence[str], runs: Runs) -> list[str]:
@@ -86,6 +93,27 @@ def narrow(texts: Sequence[str], runs: Runs) -> list[str]:
     for word, code in runs:
         joined = joined.replace(word, code)
     return joined.split("\x00")
+
+
+def narrow_answer(value: object, text: str) -> str:
+    """A journaled step value's ``text`` as format 3 stores it: a model answer's fields after its message narrowed.
+
+    Only what follows the message: a commit sends the transcript's assistant message as a slice of the
+    journaled answer, and a live part the text streamed with it (:mod:`adapters.redis.refs`), each found in
+    the stored text byte for byte, so the message is kept as written (~100 bytes a W1 turn are the fields
+    after it). Any other value (a tool's result, which a message holds whole) is stored as it is.
+    """
+    if not (isinstance(value, dict) and text.startswith(_ANSWER_HEAD)):
+        return text
+    message = value.get("message")
+    try:
+        inner = encode_plain(message) if isinstance(message, dict) else ""
+    except ValueError:  # not plain data: the step's own dump said so already, or converted it
+        return text
+    end = len(_ANSWER_HEAD) + len(inner)
+    if not inner or not text.startswith(inner, len(_ANSWER_HEAD)):
+        return text  # dumped otherwise: nothing is narrowed rather than a part of the message
+    return text[:end] + narrow([text[end:]], ANSWER_RUNS)[0]
 
 
 def widen(text: str) -> str:

@@ -348,7 +348,8 @@ def _with_journal(job_id: str, rec: JobRecord, jver: Any, journal: Sequence[Any]
     """``rec`` with the journal its version holds and a pending pause/cancel request (both beside the record)."""
     if rec.checkpoint is not None and journal and _text(jver) == str(rec.version):
         try:
-            steps = {_text(k): json.loads(v) for k, v in zip(journal[::2], journal[1::2], strict=True)}
+            # widen: a model answer journaled in record format 3 (adapters.redis.compact.narrow_answer).
+            steps = {_text(k): json.loads(widen(_text(v))) for k, v in zip(journal[::2], journal[1::2], strict=True)}
         except ValueError as exc:
             raise CorruptRecordError(f"stored journal of job {job_id!r} does not parse: {exc}") from exc
         rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": steps})})

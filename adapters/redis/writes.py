@@ -19,7 +19,7 @@ from typing import Any
 
 from adapters.base import FENCED_KEPT
 from adapters.redis import scripts as redis_scripts
-from adapters.redis.compact import EVENT_RUNS, RECORD_RUNS, narrow
+from adapters.redis.compact import EVENT_RUNS, RECORD_RUNS, narrow, narrow_answer
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import EventReads
 from adapters.redis.records import RecordReads, mark_line
@@ -257,6 +257,8 @@ class RecordWrites:
         """The step script's keys and arguments for journaling ``value`` with ``parts``; the value's text; what."""
         keys = self.conn.script_keys(job_id, naming.STEP_KEYS)
         text = dump_json(value, f"result of step {key!r}")
+        if self.compact:
+            text = narrow_answer(value, text)  # a model answer's fields after its message, as format 3 stores them
         lines = _dump_parts(parts)
         # The text streamed with a model's answer is inside the answer: sent once (redis_refs), found in the
         # parts as JSON; then what the step stores goes compact in format 3 (a cut part's prefix and suffix).

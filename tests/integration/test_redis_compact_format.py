@@ -170,3 +170,46 @@ def test_a_prefix_in_a_format_this_version_does_not_know_is_refused_naming_a_new
         upgrade_record_format(storage)  # never moved back
     assert client.get(layout_key("future")) == b"buckets=0 records=4"
     storage.close()
+
+
+@pytest.mark.parametrize(("layout", "compact"), [("buckets=0 records=2", False), (None, True)])
+def test_a_journaled_model_answer_is_compact_after_its_message_and_a_commit_still_cuts_the_message_from_it(
+        redis_url: str, client: redis.Redis, layout: str | None, compact: bool) -> None:
+    prefix = f"ans{int(compact)}"
+    if layout:
+        client.set(layout_key(prefix), layout)  # a format-2 prefix journals the answer whole
+    storage = RedisStorage.from_url(redis_url, prefix=prefix)
+    keys = storage.keys("w")
+    cp = Checkpoint[Any](next_phase="turn", state={"turn": 1}, version=1, due_at=100.0)
+    storage.create_job(JobRecord(job_id="w", status=JobStatus.RUNNING, checkpoint=cp, version=1))
+    rec = storage.acquire_lease("w", "o", 30)
+    assert rec is not None and rec.checkpoint is not None
+    message = {"role": "assistant", "content": HOSTILE + " long enough to go as a slice " * 4}
+    value = {"message": message, "finish_reason": "stop", "model": HOSTILE,
+             "usage": {"prompt_tokens": 390, "completion_tokens": 51, "model_calls": 1},
+             "request": {"messages": 16, "tools": ["add"]}}
+    storage.record_step_and_publish("w", version=1, owner="o", key="model", value=value, parts=[])
+    stored = (client.hget(keys.journal, "model") or b"").decode()
+    assert _plain(stored) is not compact and stored.startswith('{"message":' + dump_json(message, "m"))
+    assert widen(stored) == dump_json(value, "v")
+    # A worker that takes the job over after a crash reads the answer as it was journaled.
+    fresh = RedisStorage.from_url(redis_url, prefix=prefix)
+    got = fresh.get_job("w")
+    assert got is not None and got.checkpoint is not None and got.checkpoint.journal == {"model": value}
+    sent: list[Any] = []
+    inner = storage.conn.run
+
+    def spy(script: Any, keys: Any, args: Any, what: str, **kw: Any) -> Any:
+        sent.extend(args)
+        return inner(script, keys, args, what, **kw)
+
+    storage.conn.run = spy  # type: ignore[method-assign]
+    new = rec.model_copy(update={"version": 2, "checkpoint": rec.checkpoint.model_copy(update={"version": 2})})
+    storage.commit(Commit(job_id="w", expected_version=1, owner="o", token="t2", record=new,
+                          append_messages=[message]))
+    # The assistant message went as a slice of the compact answer, and is stored as it was written.
+    assert dump_json(message, "m") not in sent and any(str(a).startswith("=12 ") for a in sent)
+    assert client.lrange(keys.messages, 0, -1) == [dump_json(message, "m").encode()]
+    assert fresh.messages("w") == [message]
+    for s in (storage, fresh):
+        s.close()

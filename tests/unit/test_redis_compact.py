@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from adapters.redis.compact import ALL_RUNS, EVENT_RUNS, RECORD_RUNS, WORDS, narrow, widen
+from adapters.redis.compact import ALL_RUNS, EVENT_RUNS, RECORD_RUNS, WORDS, narrow, narrow_answer, widen
 from pipelines.engine.errors import StorageError
+from pipelines.engine.models.values import encode_plain
 
 # Texts as the adapter dumps them: each run of the table, runs back to back, a user's text holding runs and
 # characters JSON escapes, the empty text.
@@ -78,3 +79,42 @@ def test_a_text_holding_a_raw_control_character_is_refused_before_anything_is_wr
 def test_newline_is_never_a_code() -> None:
     (code,) = narrow(['{"turn":'], ALL_RUNS)
     assert len(code) == 1 and narrow(['{"turn":1}\n{"turn":2}'], ALL_RUNS) == [f"{code}1}}\n{code}2}}"]
+
+
+def _answer(content: str) -> dict[str, object]:
+    """A model answer as the agent turn journals it (``journal_form``): the message first, its fields after."""
+    return {"message": {"role": "assistant", "content": content, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+            "finish_reason": "tool_calls", "usage": {"prompt_tokens": 390, "completion_tokens": 51, "model_calls": 1,
+                                                     "cost_usd": 0.5},
+            "model": "scripted", "request": {"messages": 16, "tools": ["add", "turn"]}}
+
+
+@pytest.mark.parametrize("content", ["plain", ',"usage":{"prompt_tokens": "turn" ,"model":"x \x01 é 🙂', ""])
+def test_a_model_answer_is_narrowed_after_its_message_and_the_message_stays_as_written(content: str) -> None:
+    value = _answer(content)
+    text = encode_plain(value)
+    stored = narrow_answer(value, text)
+    message = encode_plain(value["message"])
+    # The message, whatever runs its text holds, is found in what is stored byte for byte: a commit and a
+    # live part are cut from it there (adapters.redis.refs).
+    assert stored.startswith('{"message":' + message)
+    assert len(text) - len(stored) > 80  # usage, model and request: their keys are most of what follows
+    assert widen(stored) == text and json.loads(widen(stored)) == value
+
+
+@pytest.mark.parametrize("value", [
+    "a tool's result",  # a JSON string: a tool message holds it whole
+    {"message": "not a dict", "usage": {"prompt_tokens": 1}},
+    {"usage": {"prompt_tokens": 1}, "message": {"role": "assistant"}},  # not the message first
+    [{"message": {"role": "assistant"}}, {"prompt_tokens": 1}],
+])
+def test_any_other_value_is_journaled_as_it_is(value: object) -> None:
+    text = encode_plain(value)
+    assert narrow_answer(value, text) == text
+
+
+def test_an_answer_dumped_otherwise_than_its_message_is_journaled_as_it_is() -> None:
+    value = _answer("x")
+    text = json.dumps(value)  # spaces after the separators: the message is not found as encode_plain writes it
+    assert narrow_answer(value, text) == text
