@@ -458,7 +458,9 @@ class ByteCounter:
         s = storage.scripts
         names = {s.commit.sha: "commit", s.step.sha: "step", s.create.sha: "create", s.load.sha: "load",
                  s.release.sha: "release", s.renew.sha: "renew", s.publish.sha: "publish", s.send.sha: "send",
-                 s.control.sha: "control", s.dropped.sha: "dropped", s.delete.sha: "delete"}
+                 s.control.sha: "control", s.dropped.sha: "dropped", s.delete.sha: "delete",
+                 # The turn's three by FCALL where the server has functions (adapters.redis.functions).
+                 s.commit.name: "commit", s.step.name: "step", s.load.name: "load"}
         self._names = names
         inner = client.execute_command
 
@@ -474,7 +476,7 @@ class ByteCounter:
         def counting_send(client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any) -> bool:
             sent = bool(send(client, script, keys, args, what, on_reply))
             if sent:  # else it goes the usual way, counted there
-                self._count(("EVALSHA", script.sha, len(keys), *keys, *args))
+                self._count(script.command(keys, args, client))
             return sent
 
         deferred.send = counting_send
@@ -489,13 +491,13 @@ class ByteCounter:
             return len(a) if isinstance(a, bytes) else len(str(a).encode())
 
         cmd = str(args[0]).upper()
-        if cmd != "EVALSHA":
+        if cmd not in ("EVALSHA", "FCALL"):
             self._add(f"{cmd.lower()} commands", sum(map(size, args)))
             return
         script = self._names.get(str(args[1]), "script")
         nkeys = int(args[2])
         argv = list(args[3 + nkeys:])
-        # The command name, the script's SHA and its key count, and the key names.
+        # The command name, the script's SHA (or function's name) and its key count, and the key names.
         self._add("script names and SHAs", sum(map(size, args[:3])))
         self._add("key names", sum(map(size, args[3:3 + nkeys])))
         if script in ("commit", "create"):

@@ -299,9 +299,10 @@ def script_times(url: str, buckets: int, turns: int) -> dict[str, tuple[float, f
     from pipelines import App
 
     storage = _storage(url, f"cap{buckets}", buckets)
-    names = {getattr(storage, a).sha: a.strip("_").removesuffix("_script")
-             for a in ("_create", "_commit", "_step", "_load_script", "_renew", "_release", "_publish", "_send",
-                       "_dropped", "_control", "_delete") if hasattr(storage, a)}
+    s = storage.scripts
+    names = {getattr(s, a).sha: a for a in ("create", "commit", "step", "load", "renew", "release", "publish", "send",
+                                            "dropped", "control", "delete")}
+    names.update({s.commit.name: "commit", s.step.name: "step", s.load.name: "load"})  # by FCALL
     app = App(storage=storage, scheduler=NoopScheduler(), agents=[w1_agent(turns)])
     info = redis.Redis.from_url(url)
     old = info.config_get("slowlog-*")
@@ -327,7 +328,7 @@ def script_times(url: str, buckets: int, turns: int) -> dict[str, tuple[float, f
         name = cmd[0].lower()
         if name in ("slowlog", "config", "info"):
             continue
-        if name == "evalsha" and len(cmd) > 1:
+        if name in ("evalsha", "fcall") and len(cmd) > 1:
             name = f"script {names.get(cmd[1], cmd[1][:8])}"
         us[name] = us.get(name, 0.0) + e["duration"] / turns
         calls[name] = calls.get(name, 0.0) + 1 / turns

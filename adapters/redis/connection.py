@@ -19,7 +19,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from adapters.redis import record_format, scripts
+from adapters.redis import functions, record_format, scripts
 from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
 from adapters.redis.deferred import Deferred
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
@@ -37,14 +37,18 @@ CLUSTER_BUCKETS = 64
 class Scripts:
     """The storage's Lua scripts (:mod:`adapters.redis.scripts`), registered on one client.
 
-    ``register_script`` runs EVALSHA and reloads the script after ``SCRIPT FLUSH``.
+    ``register_script`` runs EVALSHA and reloads the script after ``SCRIPT FLUSH``. The turn's three
+    (``load``, ``step``, ``commit``) are functions of one library where the server has them
+    (:mod:`adapters.redis.functions`), loaded again after ``FUNCTION FLUSH`` or a restart.
     """
 
     def __init__(self, client: Any) -> None:
+        names = functions.LIBRARY.names
+        self.library = functions.Library(functions.LIBRARY)
         self.create = client.register_script(scripts.CREATE)
-        self.commit = client.register_script(scripts.COMMIT)
-        self.step = client.register_script(scripts.RECORD_STEP)
-        self.load = client.register_script(scripts.LOAD)
+        self.commit = functions.Hot(client.register_script(scripts.COMMIT), self.library, names["c"])
+        self.step = functions.Hot(client.register_script(scripts.RECORD_STEP), self.library, names["s"])
+        self.load = functions.Hot(client.register_script(scripts.LOAD), self.library, names["l"])
         self.renew = client.register_script(scripts.RENEW)
         self.release = client.register_script(scripts.RELEASE)
         self.lease_state = client.register_script(scripts.STATE)
@@ -179,14 +183,26 @@ class RedisConnection:
         node = self.client.get_node_from_key(keys[0]).redis_connection if self.cluster else self.client
         if not self.replicas or not write:
             return script(keys=keys, args=args, client=node)
-        pipe = node.pipeline(transaction=False)  # one connection: WAIT counts that connection's writes
-        script(keys=keys, args=args, client=pipe)
-        pipe.wait(self.replicas, int(self.replica_timeout * 1000))
-        reply, acked = pipe.execute()
+        if isinstance(script, functions.Hot):
+            script.library.ready(node)  # checked on that server before it goes in a pipeline
+        try:
+            reply, acked = self._waited(node, script, keys, args)
+        except redis.exceptions.ResponseError as exc:
+            if not isinstance(script, functions.Hot) or not script.not_run(exc, node):
+                raise
+            reply, acked = self._waited(node, script, keys, args)  # the library loaded, or by EVALSHA
         if int(acked) < self.replicas:
             raise StorageUnavailableError(f"{what}: written, but only {acked} of {self.replicas} replicas "
                                           f"acknowledged it within {self.replica_timeout}s (a failover could lose it)")
         return reply
+
+    def _waited(self, node: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:
+        """The script's reply and how many replicas ``WAIT`` counted it on (one pipeline, one connection)."""
+        pipe = node.pipeline(transaction=False)  # one connection: WAIT counts that connection's writes
+        script(keys=keys, args=args, client=pipe)
+        pipe.wait(self.replicas, int(self.replica_timeout * 1000))
+        reply, acked = pipe.execute()
+        return reply, acked
 
     def check_layout(self, job_id: str | None) -> None:
         """Record this prefix's layout on first use, or refuse to run with another one (once per storage).

@@ -11,10 +11,11 @@ Why this keeps I5 (a finished tool does not run again): the write has left the p
 :meth:`Deferred.send` returns, as a synchronous write has when it starts waiting; a process killed
 after that point still delivers it (the kernel sends what the socket holds). A connection lost on the
 way has the script run again, synchronously: the journal write is idempotent (same key, value and
-version). So does a reply that says the server had not loaded the script (``SCRIPT FLUSH``, a restarted
-server; the turn's model answer, journaled just before by the same script, loads it otherwise): the write
-did not run, and runs with the thread's next script. A worker killed in between runs the call again, as
-one killed inside the call would: the one case where this write keeps less than a synchronous one.
+version). So does a reply that says the server had not loaded the script or its function (``FUNCTION
+FLUSH``, a restarted server; the turn's model answer, journaled just before by the same function, loads
+it otherwise): the write did not run, and runs with the thread's next script. A worker killed in between
+runs the call again, as one killed inside the call would: the one case where this write keeps less than a
+synchronous one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any, NamedTuple
 
 import redis
 
+from adapters.redis.functions import Hot
+
 __all__ = ["Deferred"]
 
 # A connection lost on the way: whether the script ran is unknown, and running it again is safe.
@@ -35,8 +38,9 @@ _LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSErro
 class _Pending(NamedTuple):
     conn: Any  # a redis-py Connection taken out of ``pool``
     pool: Any
+    client: Any  # the client ``pool`` is of
     pid: int  # the process that sent it: a forked child does not read its parent's socket
-    script: Any
+    script: Hot
     keys: Sequence[str]
     args: Sequence[Any]
     what: str
@@ -49,7 +53,7 @@ class Deferred:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def send(self, client: Any, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,
+    def send(self, client: Any, script: Hot, keys: Sequence[str], args: Sequence[Any], what: str,
              on_reply: Callable[[Any], None]) -> bool:
         """Send ``script`` on a connection of ``client``'s pool and keep it; ``False`` if it could not be sent.
 
@@ -66,14 +70,14 @@ class Deferred:
         except _LOST:
             return False  # no connection (the server is down?): the usual way says so, as its error
         try:
-            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            conn.send_command(*script.command(keys, args, client))  # FCALL, or EVALSHA where functions are off
         except BaseException as exc:
             conn.disconnect()  # not sent, or not wholly
             pool.release(conn)
             if isinstance(exc, _LOST):
                 return False  # the caller sends it again, synchronously (the write is idempotent)
             raise
-        self._local.pending = _Pending(conn, pool, os.getpid(), script, keys, args, what, on_reply)
+        self._local.pending = _Pending(conn, pool, client, os.getpid(), script, keys, args, what, on_reply)
         return True
 
     def waiting(self) -> bool:
@@ -99,9 +103,11 @@ class Deferred:
             conn.disconnect()  # run or not: the reply is lost with the connection
             pool.release(conn)
             reply = run(pending.script, pending.keys, pending.args, pending.what)
-        except redis.exceptions.ResponseError:
+        except redis.exceptions.ResponseError as exc:
             pool.release(conn)  # an error reply, read whole: the connection is fine
-            raise
+            if not pending.script.not_run(exc, pending.client):
+                raise
+            reply = run(pending.script, pending.keys, pending.args, pending.what)  # the function was missing
         except BaseException:
             conn.disconnect()  # interrupted mid-read: what is left on it cannot be read in order
             pool.release(conn)

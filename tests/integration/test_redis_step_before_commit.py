@@ -99,13 +99,18 @@ def test_closing_the_storage_reads_the_reply_first_and_a_later_call_reconnects(r
     admin.close()
 
 
-def test_a_script_the_server_lost_is_run_again(redis_url: str, storage: RedisStorage) -> None:
+@pytest.mark.parametrize("functions", [True, False])
+def test_a_script_the_server_lost_is_run_again(redis_url: str, storage: RedisStorage, functions: bool) -> None:
     _job(storage)
     admin = redis.Redis.from_url(redis_url)
-    admin.script_flush()  # a restarted server, say: EVALSHA answers NOSCRIPT
+    if functions:  # a restarted server, say: FCALL answers "Function not found" (adapters.redis.functions)
+        admin.function_flush()
+    else:  # a server without functions: EVALSHA answers NOSCRIPT
+        storage.scripts.library.on = False
+        admin.script_flush()
     storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value=[1])
     assert _journal(redis_url, storage) == MODEL
-    storage.get_job("j1")  # reads the NOSCRIPT reply: the write is run again, loading the script
+    storage.get_job("j1")  # reads the "not found" reply: the write is run again, loading the function or script
     assert _journal(redis_url, storage) == {**MODEL, "tool:c1": [1]}
     admin.close()
 

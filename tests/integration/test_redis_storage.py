@@ -128,8 +128,8 @@ def test_a_commit_whose_reply_was_lost_is_resent_by_redis_py_and_recognised(redi
     storage = RedisStorage.from_url(f"redis://127.0.0.1:{proxy.port}/0", prefix="itest")
     try:
         storage.create_job(record(), messages=[{"role": "user", "content": "hi"}])
-        # The commit script's sha travels in EVALSHA: lose exactly that reply.
-        proxy.armed = storage.scripts.commit.sha.encode()
+        # The commit function's name travels in FCALL (adapters.redis.functions): lose exactly that reply.
+        proxy.armed = storage.scripts.commit.name.encode()
         c = turn(storage, "job-1")  # redis-py reconnects and re-sends; no exception
         assert proxy.dropped == 1
         got = storage.get_job("job-1")
@@ -351,16 +351,19 @@ def test_auth_and_db_number_come_from_the_url(auth_server: RedisServer) -> None:
         c.close()
 
 
-def test_scripts_still_run_after_script_flush(storage: RedisStorage, redis_url: str) -> None:
+@pytest.mark.parametrize("flush", ["script_flush", "function_flush"])
+def test_scripts_still_run_after_script_flush(storage: RedisStorage, redis_url: str, flush: str) -> None:
+    # SCRIPT FLUSH empties the script cache; FUNCTION FLUSH the turn's functions (adapters.redis.functions).
     storage.create_job(record())
     turn(storage, "job-1")
-    raw(redis_url).script_flush()
+    getattr(raw(redis_url), flush)()
     assert storage.acquire_lease("job-1", "w1", 30) is not None
-    raw(redis_url).script_flush()
+    getattr(raw(redis_url), flush)()
     turn(storage, "job-1", owner="w1")
-    raw(redis_url).script_flush()
+    getattr(raw(redis_url), flush)()
     assert storage.renew_lease("job-1", "w1", 30) is False  # the commit released it
     assert storage.delete_job("job-1") is True
+    assert storage.scripts.library.on  # loaded again, not given up for EVALSHA
 
 
 def test_nothing_is_pickled_every_value_is_json_or_plain_text(storage: RedisStorage, redis_url: str) -> None:

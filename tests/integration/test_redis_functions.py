@@ -1,0 +1,181 @@
+"""The turn's three scripts as Redis functions (adapters.redis.functions): by FCALL where the server has them.
+
+Each case is a whole job against a real redis-server: the turn's calls go by a 9-character name, a
+server that lost its functions has them loaded again, and a server that cannot have them (no FCALL, a
+user not allowed it or FUNCTION LOAD, a library of that name holding other code) runs the same scripts
+by EVALSHA. Whatever way they ran, the job ends with the same record and transcript.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.redis import RedisStorage
+from adapters.redis.functions import LIBRARY, library_code
+from pipelines.engine.models import JobStatus
+from tests.integration.test_redis_record_format import TURNS, _app_on, _finish, _record, _same_run
+from tests.redis_server import RedisServer, find_redis_server
+
+pytestmark = pytest.mark.redis
+
+NAME, CODE, NAMES, DIGEST = LIBRARY
+
+
+class Calls:
+    """The command name and first argument of every call a storage's client sends."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        self.sent: list[tuple[str, str]] = []
+        inner = storage.client.execute_command
+
+        def spy(*args: Any, **options: Any) -> Any:
+            self.sent.append((str(args[0]).upper(), str(args[1]) if len(args) > 1 else ""))
+            return inner(*args, **options)
+
+        storage.client.execute_command = spy  # type: ignore[method-assign]
+
+    def turn_calls(self, storage: RedisStorage) -> set[tuple[str, str]]:
+        """The calls of the turn's three scripts, whichever way they went."""
+        s = storage.scripts
+        ours = {s.load.name, s.step.name, s.commit.name, s.load.sha, s.step.sha, s.commit.sha}
+        return {(cmd, arg) for cmd, arg in self.sent if arg in ours}
+
+
+def _run(url: str, **kw: Any) -> tuple[RedisStorage, Calls]:
+    storage = RedisStorage.from_url(url, prefix=f"fn{uuid.uuid4().hex[:8]}", **kw)
+    calls = Calls(storage)
+    app = _app_on(storage)
+    app.run_agent("a", job_id="j", messages=["count"])
+    _finish(app, "j")
+    assert _record(app).status is JobStatus.COMPLETE and len(app.messages("j")) == 2 * TURNS
+    return storage, calls
+
+
+def _reference(redis_url: str) -> Any:
+    storage, _ = _run(redis_url)
+    try:
+        return _record(_app_on(storage)), storage.messages("j")
+    finally:
+        storage.client.close()
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A redis-server of this test's own, started with ``extra`` arguments (``server(*extra)``)."""
+    made: list[RedisServer] = []
+
+    def start(*extra: str) -> RedisServer:
+        binary = find_redis_server()
+        assert binary is not None
+        s = RedisServer(binary, extra_args=list(extra))
+        s.start()
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.cleanup()
+
+
+def test_the_turn_calls_its_three_scripts_by_a_short_name_and_the_library_is_this_versions(redis_url: str) -> None:
+    storage, calls = _run(redis_url)
+    s = storage.scripts
+    assert calls.turn_calls(storage) == {("FCALL", s.load.name), ("FCALL", s.step.name), ("FCALL", s.commit.name)}
+    assert all(len(n) == 9 for n in NAMES.values()) and NAME.startswith("phaserunner_")
+    [lib] = storage.client.function_list(library=NAME, withcode=True)
+    info = dict(zip(lib[::2], lib[1::2], strict=True)) if isinstance(lib, list) else lib
+    code = info.get(b"library_code", info.get("library_code"))
+    assert code in (CODE, CODE.encode())
+    storage.client.close()
+
+
+def test_the_library_name_follows_its_code() -> None:
+    other = library_code({"c": "return 1", "l": "return 2", "s": "return 3"})
+    assert other.name != NAME and set(other.names.values()).isdisjoint(NAMES.values())
+    assert library_code({"c": "return 1", "l": "return 2", "s": "return 3"}) == other
+
+
+def test_a_server_that_lost_its_functions_loads_them_again_mid_job(redis_url: str) -> None:
+    storage = RedisStorage.from_url(redis_url, prefix=f"fl{uuid.uuid4().hex[:8]}")
+    app = _app_on(storage)
+    admin = redis.Redis.from_url(redis_url)
+    app.run_agent("a", job_id="j", messages=["count"])
+    for _ in range(TURNS + 2):
+        if app.get("j").status is not JobStatus.RUNNING:
+            break
+        admin.function_flush()  # a restart without persistence: every turn's first call finds nothing
+        app.advance("j")
+    assert _record(app).status is JobStatus.COMPLETE and storage.scripts.library.on
+    want, messages = _reference(redis_url)
+    _same_run(_record(app), want)
+    assert storage.messages("j") == messages
+    assert admin.function_list(library=NAME)  # loaded again
+    admin.close()
+    storage.client.close()
+
+
+@pytest.mark.parametrize("how", ["no FCALL", "FCALL not allowed", "FUNCTION LOAD not allowed", "another library"])
+def test_a_server_that_cannot_run_this_library_runs_the_same_scripts_by_evalsha(
+        how: str, redis_url: str, server: Any, caplog: pytest.LogCaptureFixture) -> None:
+    if how == "no FCALL":  # as Redis 6 (or a proxy without functions) answers
+        url = server("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "").url
+    else:
+        url = server().url
+        admin = redis.Redis.from_url(url)
+        if how == "another library":  # a clash of the 24-bit name: never run another version's code
+            admin.function_load(CODE.replace(DIGEST, "0" * 40).replace("return reply('ok')", "return 'not ours'"))
+        else:
+            denied = "-fcall" if how == "FCALL not allowed" else "-function"
+            admin.acl_setuser("w", enabled=True, passwords=["+pw"], keys=["~*"], channels=["&*"],
+                              commands=["+@all", denied])
+            url = url.replace("redis://", "redis://w:pw@")
+        admin.close()
+    with caplog.at_level(logging.WARNING, logger="adapters.redis.functions"):
+        storage, calls = _run(url)
+    s = storage.scripts
+    assert not s.library.on and "Redis functions not used" in caplog.text
+    # Checked before the first call (function v, then FUNCTION LOAD): not one of the three went by FCALL.
+    assert calls.turn_calls(storage) == {("EVALSHA", s.load.sha), ("EVALSHA", s.step.sha), ("EVALSHA", s.commit.sha)}
+    want, messages = _reference(redis_url)
+    _same_run(_record(_app_on(storage)), want)
+    assert storage.messages("j") == messages
+    storage.client.close()
+
+
+def test_on_a_cluster_with_replicas_each_node_loads_it_again_and_every_write_is_waited_for(
+        redis_cluster_url: str) -> None:
+    storage = RedisStorage.from_url(redis_cluster_url, prefix=f"fc{uuid.uuid4().hex[:8]}", cluster=True,
+                                    replicas=1)
+    calls = Calls(storage)
+    waits: list[Any] = []
+    for node in storage.client.get_primaries():  # the pipelines that carry a write and its WAIT
+        inner = node.redis_connection.pipeline
+
+        def pipeline(*a: Any, _inner: Any = inner, **kw: Any) -> Any:
+            pipe = _inner(*a, **kw)
+            waits.append(pipe)
+            return pipe
+
+        node.redis_connection.pipeline = pipeline
+    app = _app_on(storage)
+    app.run_agent("a", job_id="j", messages=["count"])
+    for _ in range(TURNS + 2):
+        if app.get("j").status is not JobStatus.RUNNING:
+            break
+        for node in storage.client.get_primaries():
+            node.redis_connection.function_flush()  # and so on its replica
+        app.advance("j")
+    assert _record(app).status is JobStatus.COMPLETE and storage.scripts.library.on
+    assert len(storage.messages("j")) == 2 * TURNS
+    assert waits and all(cmd == "WAIT" or cmd == "FCALL" for p in waits for cmd in
+                         (str(c[0][0]).upper() for c in p.command_stack))
+    primary = storage.client.get_node_from_key(storage.keys("j").record).redis_connection
+    assert primary.function_list(library=NAME)  # loaded again where the job lives
+    assert calls.sent == [] or all(cmd != "EVALSHA" for cmd, _ in calls.sent)
+    storage.client.close()
