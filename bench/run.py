@@ -459,7 +459,7 @@ class ByteCounter:
         names = {s.commit.sha: "commit", s.step.sha: "step", s.create.sha: "create", s.load.sha: "load",
                  s.release.sha: "release", s.renew.sha: "renew", s.publish.sha: "publish", s.send.sha: "send",
                  s.control.sha: "control", s.dropped.sha: "dropped", s.delete.sha: "delete",
-                 # The turn's three by FCALL where the server has functions (adapters.redis.functions).
+                 # The turn's three by FCALL where the server has functions (adapters.redis.library).
                  s.commit.name: "commit", s.step.name: "step", s.load.name: "load"}
         self._names = names
         inner = client.execute_command

@@ -10,7 +10,9 @@
 * :mod:`adapters.redis.keys`: every key name, and the bucketed layout on a Cluster.
 * :mod:`adapters.redis.record_format`: how a record is written (whole, or a delta of a base), and
   moving a prefix to the newer format (:func:`upgrade_record_format`).
-* :mod:`adapters.redis.scripts`: the Lua scripts (one per check-then-write).
+* :mod:`adapters.redis.scripts`: the Lua scripts (one per check-then-write); :mod:`adapters.redis.library`:
+  the turn's three as Redis functions, by ``FCALL``.
+* :mod:`adapters.redis.compact`: record format 3's compact texts.
 * :mod:`adapters.redis.listing`, :mod:`adapters.redis.recent`: the listing
   indexes and the newest-first reads.
 * :mod:`adapters.redis.live`, :mod:`adapters.redis.live_async`: the live stream.

@@ -19,7 +19,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from adapters.redis import functions, record_format, scripts
+from adapters.redis import library, record_format, scripts
 from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
 from adapters.redis.deferred import Deferred
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
@@ -39,16 +39,16 @@ class Scripts:
 
     ``register_script`` runs EVALSHA and reloads the script after ``SCRIPT FLUSH``. The turn's three
     (``load``, ``step``, ``commit``) are functions of one library where the server has them
-    (:mod:`adapters.redis.functions`), loaded again after ``FUNCTION FLUSH`` or a restart.
+    (:mod:`adapters.redis.library`), loaded again after ``FUNCTION FLUSH`` or a restart.
     """
 
     def __init__(self, client: Any) -> None:
-        names = functions.LIBRARY.names
-        self.library = functions.Library(functions.LIBRARY)
+        names = library.LIBRARY.names
+        self.library = library.Library(library.LIBRARY)
         self.create = client.register_script(scripts.CREATE)
-        self.commit = functions.Hot(client.register_script(scripts.COMMIT), self.library, names["c"])
-        self.step = functions.Hot(client.register_script(scripts.RECORD_STEP), self.library, names["s"])
-        self.load = functions.Hot(client.register_script(scripts.LOAD), self.library, names["l"])
+        self.commit = library.Hot(client.register_script(scripts.COMMIT), self.library, names["c"])
+        self.step = library.Hot(client.register_script(scripts.RECORD_STEP), self.library, names["s"])
+        self.load = library.Hot(client.register_script(scripts.LOAD), self.library, names["l"])
         self.renew = client.register_script(scripts.RENEW)
         self.release = client.register_script(scripts.RELEASE)
         self.lease_state = client.register_script(scripts.STATE)
@@ -183,12 +183,12 @@ class RedisConnection:
         node = self.client.get_node_from_key(keys[0]).redis_connection if self.cluster else self.client
         if not self.replicas or not write:
             return script(keys=keys, args=args, client=node)
-        if isinstance(script, functions.Hot):
+        if isinstance(script, library.Hot):
             script.library.ready(node)  # checked on that server before it goes in a pipeline
         try:
             reply, acked = self._waited(node, script, keys, args)
         except redis.exceptions.ResponseError as exc:
-            if not isinstance(script, functions.Hot) or not script.not_run(exc, node):
+            if not isinstance(script, library.Hot) or not script.not_run(exc, node):
                 raise
             reply, acked = self._waited(node, script, keys, args)  # the library loaded, or by EVALSHA
         if int(acked) < self.replicas:

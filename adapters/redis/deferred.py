@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from adapters.redis.functions import Hot
+from adapters.redis.library import Hot
 
 __all__ = ["Deferred"]
 

@@ -55,7 +55,7 @@ class Commits:
     def __init__(self, storage: RedisStorage) -> None:
         self.sent: list[list[str]] = []
         inner = storage.client.execute_command
-        # By FCALL (adapters.redis.functions), or by EVALSHA where the server has no functions.
+        # By FCALL (adapters.redis.library), or by EVALSHA where the server has no functions.
         names = (storage.scripts.commit.name, storage.scripts.commit.sha)
 
         def spy(*args: Any, **options: Any) -> Any:

@@ -103,7 +103,7 @@ def test_closing_the_storage_reads_the_reply_first_and_a_later_call_reconnects(r
 def test_a_script_the_server_lost_is_run_again(redis_url: str, storage: RedisStorage, functions: bool) -> None:
     _job(storage)
     admin = redis.Redis.from_url(redis_url)
-    if functions:  # a restarted server, say: FCALL answers "Function not found" (adapters.redis.functions)
+    if functions:  # a restarted server, say: FCALL answers "Function not found" (adapters.redis.library)
         admin.function_flush()
     else:  # a server without functions: EVALSHA answers NOSCRIPT
         storage.scripts.library.on = False

@@ -128,7 +128,7 @@ def test_a_commit_whose_reply_was_lost_is_resent_by_redis_py_and_recognised(redi
     storage = RedisStorage.from_url(f"redis://127.0.0.1:{proxy.port}/0", prefix="itest")
     try:
         storage.create_job(record(), messages=[{"role": "user", "content": "hi"}])
-        # The commit function's name travels in FCALL (adapters.redis.functions): lose exactly that reply.
+        # The commit function's name travels in FCALL (adapters.redis.library): lose exactly that reply.
         proxy.armed = storage.scripts.commit.name.encode()
         c = turn(storage, "job-1")  # redis-py reconnects and re-sends; no exception
         assert proxy.dropped == 1
@@ -353,7 +353,7 @@ def test_auth_and_db_number_come_from_the_url(auth_server: RedisServer) -> None:
 
 @pytest.mark.parametrize("flush", ["script_flush", "function_flush"])
 def test_scripts_still_run_after_script_flush(storage: RedisStorage, redis_url: str, flush: str) -> None:
-    # SCRIPT FLUSH empties the script cache; FUNCTION FLUSH the turn's functions (adapters.redis.functions).
+    # SCRIPT FLUSH empties the script cache; FUNCTION FLUSH the turn's functions (adapters.redis.library).
     storage.create_job(record())
     turn(storage, "job-1")
     getattr(raw(redis_url), flush)()

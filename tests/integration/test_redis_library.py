@@ -1,4 +1,4 @@
-"""The turn's three scripts as Redis functions (adapters.redis.functions): by FCALL where the server has them.
+"""The turn's three scripts as Redis functions (adapters.redis.library): by FCALL where the server has them.
 
 Each case is a whole job against a real redis-server: the turn's calls go by a 9-character name, a
 server that lost its functions has them loaded again, and a server that cannot have them (no FCALL, a
@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from adapters.redis import RedisStorage
-from adapters.redis.functions import LIBRARY, library_code
+from adapters.redis.library import LIBRARY, library_code
 from pipelines.engine.models import JobStatus
 from tests.integration.test_redis_record_format import TURNS, _app_on, _finish, _record, _same_run
 from tests.redis_server import RedisServer, find_redis_server
@@ -136,7 +136,7 @@ def test_a_server_that_cannot_run_this_library_runs_the_same_scripts_by_evalsha(
                               commands=["+@all", denied])
             url = url.replace("redis://", "redis://w:pw@")
         admin.close()
-    with caplog.at_level(logging.WARNING, logger="adapters.redis.functions"):
+    with caplog.at_level(logging.WARNING, logger="adapters.redis.library"):
         storage, calls = _run(url)
     s = storage.scripts
     assert not s.library.on and "Redis functions not used" in caplog.text

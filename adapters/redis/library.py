@@ -1,5 +1,7 @@
 """The turn's three scripts as one Redis function library, called by a 9-character name instead of a SHA.
 
+(Not :mod:`adapters.redis.scripts.functions`, the Lua helpers several scripts share.)
+
 A W1 turn runs LOAD, RECORD_STEP (twice: the model's answer, the tool's result) and COMMIT. By
 ``EVALSHA`` each call names its script by a 40-character SHA-1: ~190 of the ~2,100 bytes a turn sends
 to Redis (bench/README.md, figure 4a). Redis 7 keeps *functions* too (``FUNCTION LOAD``, ``FCALL``):
