@@ -248,8 +248,9 @@ def prepare_parent(app: App) -> None:
 
     A forking worker's horses (one a turn) inherit what this process holds, and redo whatever it left
     undone: the OpenTelemetry API's lookup (its propagators are found through entry points: ~5 ms of
-    imports) and, on Redis, the key layout check (a round trip). Measured in bench/README.md (figure 12).
-    A layout other than the one recorded for the prefix is refused here, at start, not by every turn.
+    imports) and, on Redis, the key layout check and the function library's (a round trip each).
+    Measured in bench/README.md (figure 12). A layout other than the one recorded for the prefix is
+    refused here, at start, not by every turn.
     """
     from adapters.redis import RedisStorage
 
@@ -257,6 +258,7 @@ def prepare_parent(app: App) -> None:
     if isinstance(app.storage, RedisStorage):
         try:
             app.storage.conn.check_layout(None)
+            app.storage.conn.check_library()
         except StorageUnavailableError:
             logger.warning("Redis unreachable at start: the key layout is checked by the first turn instead")
 

@@ -108,7 +108,7 @@ def narrow_answer(value: object, text: str) -> str:
     message = value.get("message")
     try:
         inner = encode_plain(message) if isinstance(message, dict) else ""
-    except ValueError:  # not plain data: the step's own dump said so already, or converted it
+    except (ValueError, TypeError):  # not plain data: the step's own dump converted it (then not found below)
         return text
     end = len(_ANSWER_HEAD) + len(inner)
     if not inner or not text.startswith(inner, len(_ANSWER_HEAD)):

@@ -142,6 +142,8 @@ class RedisConnection:
         """
         if self._deferred.waiting():
             self.collect_deferred()
+        if not write and isinstance(script, library.Hot):
+            script = script.script  # a read by EVALSHA: a function that may write is refused at maxmemory
         if not self.cluster and (not self.replicas or not write):
             with _mapped(what):
                 return script(keys=keys, args=args)
@@ -195,6 +197,16 @@ class RedisConnection:
             raise StorageUnavailableError(f"{what}: written, but only {acked} of {self.replicas} replicas "
                                           f"acknowledged it within {self.replica_timeout}s (a failover could lose it)")
         return reply
+
+    def check_library(self) -> None:
+        """Check the turn's function library on the server now (one round trip), as a first call would.
+
+        ``pipelines worker`` does before it forks work-horses, which inherit it checked. On a Cluster each
+        node is checked by the first call there.
+        """
+        if not self.cluster:
+            with _mapped("checking the turn's function library"):
+                self.scripts.library.ready(self.client)
 
     def _waited(self, node: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:
         """The script's reply and how many replicas ``WAIT`` counted it on (one pipeline, one connection)."""

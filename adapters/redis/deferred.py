@@ -63,6 +63,11 @@ class Deferred:
         if pool is None:
             return False
         try:
+            # FCALL, or EVALSHA where functions are off; checked before a connection is held (it may take one).
+            command = script.command(keys, args, client)
+        except _LOST:
+            return False  # the usual way says so, as its error
+        try:
             try:
                 conn = pool.get_connection()
             except TypeError:  # redis-py before 5.3 names the command a connection is taken for
@@ -70,7 +75,7 @@ class Deferred:
         except _LOST:
             return False  # no connection (the server is down?): the usual way says so, as its error
         try:
-            conn.send_command(*script.command(keys, args, client))  # FCALL, or EVALSHA where functions are off
+            conn.send_command(*command)
         except BaseException as exc:
             conn.disconnect()  # not sent, or not wholly
             pool.release(conn)

@@ -14,29 +14,37 @@ no SHA parsed: 0.66 against 0.73 µs a call measured with redis-benchmark on thi
 Lifecycle (:class:`Library`):
 
 * before its first call on a server (the storage's client, or a Cluster node's), a process calls the
-  library's function ``v``, which answers the full SHA-1 of the library's scripts: this version's, and
+  library's function ``v``, which answers the full SHA-1 of the library's code: this version's, and
   the server is checked; ``Function not found``, and it loads the library (``FUNCTION LOAD``); another
   SHA-1 (a library of that name from another version: 6 hex digits clash once in 16 million pairs of
   versions), and it turns functions off, so it never runs another version's Lua. One small round trip
-  a process and server.
+  a process and server: ``pipelines worker`` makes it before it forks work-horses, which inherit it.
 * a call answered ``Function not found`` later (a restart without persistence, ``FUNCTION FLUSH``, a
   failover to a server that never had it) did not run: the library is loaded there and the call made
   again. Calls are idempotent anyway (tokens, owner checks).
 * ``Library already exists`` when loading (another process loaded it meanwhile) is checked with ``v``.
-* a server without functions (Redis before 7, a proxy that does not pass them), or a user not allowed
-  ``FCALL`` or ``FUNCTION LOAD``, turns them off: the calls go by ``EVALSHA`` as before, for the life
-  of the process (a warning in the log says why).
+* any other answer to ``v`` or ``FUNCTION LOAD`` but a passing one (``LOADING``, ``BUSY``, ``OOM``,
+  ``READONLY``, ``MASTERDOWN``, ``TRYAGAIN``, ``CLUSTERDOWN``: raised, as the call itself would be) turns
+  functions off: a server without them (Redis before 7, Dragonfly, a proxy that does not pass them,
+  whatever each answers), a user not allowed ``FCALL`` or ``FUNCTION LOAD``. The calls then go by
+  ``EVALSHA`` as before, for the life of the process, and a warning in the log says why.
+
+Reads go by ``EVALSHA`` always (:meth:`RedisConnection.run <adapters.redis.connection.RedisConnection.run>`,
+``write=False``): Redis refuses a function that may write (these three, but for ``v``) before it starts
+when the server is out of memory (``maxmemory``) or a read-only replica, where a script is refused only
+at its first write. So a page, a listing or the sweep reads a job whatever the server's memory, as before.
+A running call is stopped with ``FUNCTION KILL``, not ``SCRIPT KILL`` (these calls last microseconds).
 
 Functions persist with the dataset (RDB, AOF) and replicate, unlike the script cache: a version whose
-scripts changed leaves its library behind on the server (a few tens of KB; ``FUNCTION LIST
-LIBRARYNAME phaserunner_`` lists them and ``FUNCTION DELETE`` removes one no process runs any more).
+scripts changed leaves its library behind on the server (~17 KB; ``FUNCTION LIST LIBRARYNAME
+phaserunner_`` lists them and ``FUNCTION DELETE`` removes one no process runs any more).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import threading
+import re
 import weakref
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
@@ -48,6 +56,14 @@ from adapters.redis.scripts import COMMIT, LOAD, RECORD_STEP
 __all__ = ["LIBRARY", "Hot", "Library", "LibrarySpec", "library_code"]
 
 _log = logging.getLogger(__name__)
+
+# Errors that say the server is not ready now, not that it cannot have functions: raised as the call's own
+# (redis-py maps each but BUSY to a class of its own, its code taken off the message).
+_PASSING: Final = (redis.exceptions.BusyLoadingError, redis.exceptions.OutOfMemoryError,
+                   redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+# "unknown command 'FCALL'" (Redis 7), "unknown command `FCALL`" (Redis 6, Dragonfly), "no permissions to run
+# the 'fcall' command" (ACL). Quoted: a pipeline's error names the command it failed unquoted, whatever failed.
+_NO_FCALL: Final = re.compile(r"(unknown command|permissions to run the) [`'\"]fcall[`'\"]", re.IGNORECASE)
 
 
 class LibrarySpec(NamedTuple):
@@ -62,24 +78,28 @@ class LibrarySpec(NamedTuple):
 def library_code(bodies: dict[str, str]) -> LibrarySpec:
     """The library registering each of ``bodies`` (role letter -> script) as a function of its own.
 
-    Beside them, function ``v`` answers the full SHA-1 of the bodies: what a process checks on a server
-    before it calls a function there (:meth:`Library.ensure`), as the 6 hex digits of the names could
-    be another version's.
+    Beside them, function ``v`` answers the full SHA-1 of the library's code: what a process checks on a
+    server before it calls a function there (:meth:`Library.ready`), as the 6 hex digits of the names
+    could be another version's. The digest is of the code with its names and digest left out, so it
+    covers the wrapping as well as the scripts.
     """
     if "v" in bodies:
         raise ValueError("role 'v' is the library's own check")
-    joined = "".join(f"{role}\0{body}\0" for role, body in sorted(bodies.items()))
-    full = hashlib.sha1(joined.encode()).hexdigest()
+
+    def code_for(digest: str, full: str) -> str:
+        names = {role: f"pr{digest}{role}" for role in [*bodies, "v"]}
+        # A script's KEYS and ARGV are globals; a function's, its callback's arguments. The body is the
+        # callback's, unchanged: its top-level locals and returns are a function's as they were a chunk's.
+        return f"#!lua name=phaserunner_{digest}\n" + "".join(
+            f"redis.register_function('{names[role]}', function(KEYS, ARGV)\n{body}\nend)\n"
+            for role, body in sorted(bodies.items())) + (
+            f"redis.register_function{{function_name='{names['v']}', callback=function() return '{full}' end, "
+            "flags={'no-writes'}}\n")
+
+    full = hashlib.sha1(code_for("", "").encode()).hexdigest()
     digest = full[:6]
-    names = {role: f"pr{digest}{role}" for role in [*bodies, "v"]}
-    # A script's KEYS and ARGV are globals; a function's, its callback's arguments. The body is the
-    # callback's, unchanged: its top-level locals and returns are a function's as they were a chunk's.
-    code = f"#!lua name=phaserunner_{digest}\n" + "".join(
-        f"redis.register_function('{names[role]}', function(KEYS, ARGV)\n{body}\nend)\n"
-        for role, body in sorted(bodies.items())) + (
-        f"redis.register_function{{function_name='{names['v']}', callback=function() return '{full}' end, "
-        "flags={'no-writes'}}\n")
-    return LibrarySpec(f"phaserunner_{digest}", code, names, full)
+    return LibrarySpec(f"phaserunner_{digest}", code_for(digest, full),
+                       {role: f"pr{digest}{role}" for role in [*bodies, "v"]}, full)
 
 
 #: The turn's three scripts, by role letter: the library's name, its code, each role's function name.
@@ -89,7 +109,9 @@ LIBRARY: Final = library_code({"c": COMMIT, "l": LOAD, "s": RECORD_STEP})
 class Library:
     """Whether this process calls the library's functions, and on which servers it checked them (see the module).
 
-    A server is known by its client: the storage's, or on a Cluster each node's.
+    A server is known by its client: the storage's, or on a Cluster each node's. No lock: two threads
+    checking or loading at once both succeed ("already exists" is checked as any load), and a lock held
+    over a round trip would be inherited held by a process forked meanwhile (an RQ work-horse).
     """
 
     def __init__(self, spec: LibrarySpec) -> None:
@@ -97,65 +119,59 @@ class Library:
         self._check, self._full = spec.names["v"], spec.digest
         self.on = True  # until a server says it cannot have them
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._lock = threading.Lock()
 
     def ready(self, client: Any) -> bool:
-        """Whether to call the functions on ``client``'s server: on, and checked there (once per client)."""
-        if self.on and client not in self._checked:
-            self.ensure(client)
-        return self.on
+        """Whether to call the functions on ``client``'s server: on, and checked there (once per client).
 
-    def ensure(self, client: Any) -> None:
-        """Check that ``client``'s server holds this library (loading it if it has none), or turn functions off."""
-        with self._lock:
-            if not self.on:
-                return
+        Raises what a call would for a server not ready now (``LOADING``, ``OOM``..., a lost connection).
+        """
+        if self.on and client not in self._checked:
             try:
-                found = client.fcall(self._check, 0)
+                self._verify(client)
             except redis.exceptions.ResponseError as exc:
-                if self._unknown(exc):
-                    return
                 if not _not_found(exc):
-                    raise
-                self._load(client)
-            else:
-                if _text(found) != self._full:
-                    self._off(f"library {self.name} on the server holds other code than this version's")
+                    self._refused(f"FCALL of the library's check answered {exc}", exc)
+                    return False
+                self.load(client)
             if self.on:
                 self._checked.add(client)
+        return self.on
 
     def load(self, client: Any) -> None:
-        """Load the library on ``client``'s server, which answered that it has none."""
-        with self._lock:
-            if self.on:
-                self._load(client)
+        """Load the library on ``client``'s server, which answered that it has none (or turn functions off)."""
+        if not self.on:
+            return
+        try:
+            client.function_load(self.code)
+        except redis.exceptions.ResponseError as exc:
+            if "already exists" not in str(exc):
+                self._refused(f"FUNCTION LOAD answered {exc}", exc)
+                return
+            try:
+                self._verify(client)  # loaded by another process meanwhile: this version's?
+            except redis.exceptions.ResponseError as again:
+                if not _not_found(again):  # else deleted again meanwhile: the call's retry says what is wrong
+                    self._refused(f"FCALL of the library's check answered {again}", again)
 
     def unknown(self, exc: BaseException) -> bool:
         """Whether ``exc`` (a call's error) says the server has no ``FCALL``, or this user may not run it.
 
         Functions are then turned off.
         """
-        with self._lock:
-            return self._unknown(exc)
-
-    def _load(self, client: Any) -> None:
-        try:
-            client.function_load(self.code)
-        except redis.exceptions.ResponseError as exc:
-            if "already exists" not in str(exc):
-                self._off(f"FUNCTION LOAD answered {exc}")
-            elif _text(client.fcall(self._check, 0)) != self._full:  # loaded by another process meanwhile?
-                self._off(f"library {self.name} on the server holds other code than this version's")
-
-    def _unknown(self, exc: BaseException) -> bool:
-        text = str(exc).lower()
-        refused = "unknown command" in text or isinstance(exc, redis.exceptions.NoPermissionError)
-        # "unknown command 'FCALL'", "has no permissions to run the 'fcall' command" (quoted: a pipeline's error
-        # names the command it failed unquoted, whatever the error was).
-        if isinstance(exc, redis.exceptions.ResponseError) and refused and "'fcall'" in text:
+        if isinstance(exc, redis.exceptions.ResponseError) and _NO_FCALL.search(str(exc)):
             self._off(f"FCALL answered {exc}")
             return True
         return False
+
+    def _verify(self, client: Any) -> None:
+        found = client.fcall(self._check, 0)
+        if (found.decode() if isinstance(found, bytes) else str(found)) != self._full:
+            self._off(f"library {self.name} on the server holds other code than this version's")
+
+    def _refused(self, why: str, exc: redis.exceptions.ResponseError) -> None:
+        if isinstance(exc, _PASSING) or str(exc).startswith("BUSY "):
+            raise exc
+        self._off(why)
 
     def _off(self, why: str) -> None:
         if self.on:
@@ -211,10 +227,6 @@ class Hot:
         if self.library.ready(client):
             return ("FCALL", self.name, len(keys), *keys, *args)
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _not_found(exc: BaseException) -> bool:

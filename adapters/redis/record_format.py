@@ -16,7 +16,8 @@ writes the record whole, in ``base``.
 **Format 3** (this version and later): format 2, with ``dx`` and every stream entry (the events and
 the live parts) written compact: each of the engine's own key runs as one control byte
 (:mod:`adapters.redis.compact`), about 40 % of those texts; so is a journaled model answer after its
-message (:func:`~adapters.redis.compact.narrow_answer`). Every reader of this version widens what it
+message (:func:`~adapters.redis.compact.narrow_answer`; added to format 3 before any release held it, so
+every reader of format 3 widens it). Every reader of this version widens what it
 reads from those places, which leaves a text written whole as it is: it reads the three formats alike.
 
 **Which format a storage writes** is the prefix's, recorded in its layout key beside the bucket

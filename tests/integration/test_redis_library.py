@@ -18,6 +18,7 @@ import redis
 
 from adapters.redis import RedisStorage
 from adapters.redis.library import LIBRARY, library_code
+from pipelines.engine.errors import StorageError
 from pipelines.engine.models import JobStatus
 from tests.integration.test_redis_record_format import TURNS, _app_on, _finish, _record, _same_run
 from tests.redis_server import RedisServer, find_redis_server
@@ -86,7 +87,9 @@ def server() -> Iterator[Any]:
 def test_the_turn_calls_its_three_scripts_by_a_short_name_and_the_library_is_this_versions(redis_url: str) -> None:
     storage, calls = _run(redis_url)
     s = storage.scripts
-    assert calls.turn_calls(storage) == {("FCALL", s.load.name), ("FCALL", s.step.name), ("FCALL", s.commit.name)}
+    # The writes by FCALL; a read (app.get, no lease taken) by EVALSHA, which a server at maxmemory still runs.
+    assert calls.turn_calls(storage) == {("FCALL", s.load.name), ("FCALL", s.step.name), ("FCALL", s.commit.name),
+                                         ("EVALSHA", s.load.sha)}
     assert all(len(n) == 9 for n in NAMES.values()) and NAME.startswith("phaserunner_")
     [lib] = storage.client.function_list(library=NAME, withcode=True)
     info = dict(zip(lib[::2], lib[1::2], strict=True)) if isinstance(lib, list) else lib
@@ -123,7 +126,7 @@ def test_a_server_that_lost_its_functions_loads_them_again_mid_job(redis_url: st
 @pytest.mark.parametrize("how", ["no FCALL", "FCALL not allowed", "FUNCTION LOAD not allowed", "another library"])
 def test_a_server_that_cannot_run_this_library_runs_the_same_scripts_by_evalsha(
         how: str, redis_url: str, server: Any, caplog: pytest.LogCaptureFixture) -> None:
-    if how == "no FCALL":  # as Redis 6 (or a proxy without functions) answers
+    if how == "no FCALL":  # a server without the command ("unknown command 'FCALL'")
         url = server("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "").url
     else:
         url = server().url
@@ -178,4 +181,87 @@ def test_on_a_cluster_with_replicas_each_node_loads_it_again_and_every_write_is_
     primary = storage.client.get_node_from_key(storage.keys("j").record).redis_connection
     assert primary.function_list(library=NAME)  # loaded again where the job lives
     assert calls.sent == [] or all(cmd != "EVALSHA" for cmd, _ in calls.sent)
+    storage.client.close()
+
+
+def _failing_fcall(storage: RedisStorage, error: Exception, times: int) -> list[str]:
+    """Have the storage's client answer its next ``times`` FCALLs with ``error``; the names they called."""
+    inner, failed = storage.client.fcall, []
+
+    def fcall(name: str, *args: Any) -> Any:
+        if len(failed) < times:
+            failed.append(name)
+            raise error
+        return inner(name, *args)
+
+    storage.client.fcall = fcall  # type: ignore[method-assign]
+    return failed
+
+
+@pytest.mark.parametrize("answer", ["unknown command `FCALL`, with args beginning with: ",  # Redis 6, Dragonfly
+                                    "ERR no such command", "something this version never heard of"])
+def test_a_server_answering_fcall_in_its_own_words_runs_the_scripts_by_evalsha(redis_url: str, answer: str) -> None:
+    storage = RedisStorage.from_url(redis_url, prefix=f"fw{uuid.uuid4().hex[:8]}")
+    failed = _failing_fcall(storage, redis.exceptions.ResponseError(answer), times=10**6)
+    calls = Calls(storage)
+    app = _app_on(storage)
+    app.run_agent("a", job_id="j", messages=["count"])
+    _finish(app, "j")
+    assert _record(app).status is JobStatus.COMPLETE and not storage.scripts.library.on
+    assert failed == [NAMES["v"]]  # asked once, before the first call: never again
+    s = storage.scripts
+    assert calls.turn_calls(storage) == {("EVALSHA", s.load.sha), ("EVALSHA", s.step.sha), ("EVALSHA", s.commit.sha)}
+    storage.client.close()
+
+
+@pytest.mark.parametrize("error", [redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+                                   redis.exceptions.ResponseError("BUSY Redis is busy running a script.")])
+def test_a_server_not_ready_now_fails_the_call_and_keeps_functions_on(redis_url: str, error: Exception) -> None:
+    storage = RedisStorage.from_url(redis_url, prefix=f"fb{uuid.uuid4().hex[:8]}")
+    app = _app_on(storage)
+    app.run_agent("a", job_id="j", messages=["count"])
+    _failing_fcall(storage, error, times=1)
+    with pytest.raises(StorageError):
+        storage.acquire_lease("j", "w1", 30)  # as the call itself would fail: nothing concluded from it
+    assert storage.scripts.library.on
+    _finish(app, "j")  # the next calls check, and run by FCALL
+    assert _record(app).status is JobStatus.COMPLETE and storage.scripts.library.on
+    storage.client.close()
+
+
+def test_reads_go_by_evalsha_and_work_on_a_server_out_of_memory(server: Any) -> None:
+    url = server().url
+    storage = RedisStorage.from_url(url, prefix="oom")
+    app = _app_on(storage)
+    app.run_agent("a", job_id="j", messages=["count"])
+    app.advance("j")
+    admin = redis.Redis.from_url(url)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)  # every write refused from now on
+    try:
+        # Redis refuses a function that may write before it starts; a script only at its first write.
+        assert _record(app).version == 2 and [j.job_id for j in storage.list_jobs()] == ["j"]
+        with pytest.raises(StorageError, match="maxmemory"):
+            storage.acquire_lease("j", "w1", 30)
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+    assert storage.scripts.library.on
+    _finish(app, "j")
+    assert _record(app).status is JobStatus.COMPLETE
+    storage.client.close()
+
+
+def test_a_worker_checks_the_library_before_it_forks_so_a_turn_does_not(redis_url: str) -> None:
+    from pipelines.worker import prepare_parent
+
+    storage = RedisStorage.from_url(redis_url, prefix=f"fp{uuid.uuid4().hex[:8]}")
+    app = _app_on(storage)
+    prepare_parent(app)
+    calls = Calls(storage)
+    app.run_agent("a", job_id="j", messages=["count"])
+    _finish(app, "j")
+    assert _record(app).status is JobStatus.COMPLETE
+    sent = [name for cmd, name in calls.sent if cmd == "FCALL"]
+    assert sent and NAMES["v"] not in sent  # checked once, in the parent: every horse inherits it
     storage.client.close()
