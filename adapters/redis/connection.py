@@ -198,15 +198,27 @@ class RedisConnection:
                                           f"acknowledged it within {self.replica_timeout}s (a failover could lose it)")
         return reply
 
+    def close(self) -> None:
+        """Close every connection of the client, a deferred write's reply read first (``RedisStorage.close``)."""
+        try:
+            self.collect_deferred()
+        finally:
+            self.client.close()
+            if self.cluster:  # RedisCluster.close() closes each node's client, not the pool it was given
+                for node in self.client.get_nodes():
+                    if node.redis_connection is not None:
+                        node.redis_connection.connection_pool.disconnect()
+
     def check_library(self) -> None:
         """Check the turn's function library on the server now (one round trip), as a first call would.
 
-        ``pipelines worker`` does before it forks work-horses, which inherit it checked. On a Cluster each
-        node is checked by the first call there.
+        ``pipelines worker`` does before it forks work-horses, which inherit it checked. On a Cluster, on
+        every master it knows now (a node that takes slots later is checked by its first call).
         """
-        if not self.cluster:
-            with _mapped("checking the turn's function library"):
-                self.scripts.library.ready(self.client)
+        with _mapped("checking the turn's function library"):
+            nodes = [n.redis_connection for n in self.client.get_primaries()] if self.cluster else [self.client]
+            for node in nodes:
+                self.scripts.library.ready(node)
 
     def _waited(self, node: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:
         """The script's reply and how many replicas ``WAIT`` counted it on (one pipeline, one connection)."""

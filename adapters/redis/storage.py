@@ -144,10 +144,7 @@ class RedisStorage:
         A journal write this thread sent without waiting (:class:`~adapters.base.StepBeforeCommit`) has its
         reply read first: what it reports (a fenced-off attempt) is not lost with the connection.
         """
-        try:
-            self.conn.collect_deferred()
-        finally:
-            self.conn.client.close()
+        self.conn.close()
 
     # --- the connection's settings -------------------------------------------
     @property

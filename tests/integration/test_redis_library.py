@@ -63,7 +63,7 @@ def _reference(redis_url: str) -> Any:
     try:
         return _record(_app_on(storage)), storage.messages("j")
     finally:
-        storage.client.close()
+        storage.close()
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_the_turn_calls_its_three_scripts_by_a_short_name_and_the_library_is_thi
     info = dict(zip(lib[::2], lib[1::2], strict=True)) if isinstance(lib, list) else lib
     code = info.get(b"library_code", info.get("library_code"))
     assert code in (CODE, CODE.encode())
-    storage.client.close()
+    storage.close()
 
 
 def test_the_library_name_follows_its_code() -> None:
@@ -120,7 +120,7 @@ def test_a_server_that_lost_its_functions_loads_them_again_mid_job(redis_url: st
     assert storage.messages("j") == messages
     assert admin.function_list(library=NAME)  # loaded again
     admin.close()
-    storage.client.close()
+    storage.close()
 
 
 @pytest.mark.parametrize("how", ["no FCALL", "FCALL not allowed", "FUNCTION LOAD not allowed", "another library"])
@@ -148,7 +148,7 @@ def test_a_server_that_cannot_run_this_library_runs_the_same_scripts_by_evalsha(
     want, messages = _reference(redis_url)
     _same_run(_record(_app_on(storage)), want)
     assert storage.messages("j") == messages
-    storage.client.close()
+    storage.close()
 
 
 def test_on_a_cluster_with_replicas_each_node_loads_it_again_and_every_write_is_waited_for(
@@ -156,13 +156,19 @@ def test_on_a_cluster_with_replicas_each_node_loads_it_again_and_every_write_is_
     storage = RedisStorage.from_url(redis_cluster_url, prefix=f"fc{uuid.uuid4().hex[:8]}", cluster=True,
                                     replicas=1)
     calls = Calls(storage)
-    waits: list[Any] = []
-    for node in storage.client.get_primaries():  # the pipelines that carry a write and its WAIT
+    waits: list[list[str]] = []  # the commands of each pipeline that carries a write and its WAIT
+    for node in storage.client.get_primaries():
         inner = node.redis_connection.pipeline
 
         def pipeline(*a: Any, _inner: Any = inner, **kw: Any) -> Any:
             pipe = _inner(*a, **kw)
-            waits.append(pipe)
+            execute = pipe.execute
+
+            def sent(*ea: Any, **ekw: Any) -> Any:
+                waits.append([str(c[0][0]).upper() for c in pipe.command_stack])
+                return execute(*ea, **ekw)
+
+            pipe.execute = sent
             return pipe
 
         node.redis_connection.pipeline = pipeline
@@ -176,12 +182,15 @@ def test_on_a_cluster_with_replicas_each_node_loads_it_again_and_every_write_is_
         app.advance("j")
     assert _record(app).status is JobStatus.COMPLETE and storage.scripts.library.on
     assert len(storage.messages("j")) == 2 * TURNS
-    assert waits and all(cmd == "WAIT" or cmd == "FCALL" for p in waits for cmd in
-                         (str(c[0][0]).upper() for c in p.command_stack))
+    # Every write went with its WAIT. The turns' by FCALL: a load, two journal writes and a commit a turn
+    # (the last turn one journal write), 31 in all, and each turn's first call again once the library it
+    # found flushed was loaded. The create and the archive are scripts (EVALSHA).
+    assert waits and all(len(cmds) == 2 and cmds[1] == "WAIT" for cmds in waits)
+    assert [cmds[0] for cmds in waits].count("FCALL") >= 4 * TURNS
     primary = storage.client.get_node_from_key(storage.keys("j").record).redis_connection
     assert primary.function_list(library=NAME)  # loaded again where the job lives
     assert calls.sent == [] or all(cmd != "EVALSHA" for cmd, _ in calls.sent)
-    storage.client.close()
+    storage.close()
 
 
 def _failing_fcall(storage: RedisStorage, error: Exception, times: int) -> list[str]:
@@ -211,7 +220,7 @@ def test_a_server_answering_fcall_in_its_own_words_runs_the_scripts_by_evalsha(r
     assert failed == [NAMES["v"]]  # asked once, before the first call: never again
     s = storage.scripts
     assert calls.turn_calls(storage) == {("EVALSHA", s.load.sha), ("EVALSHA", s.step.sha), ("EVALSHA", s.commit.sha)}
-    storage.client.close()
+    storage.close()
 
 
 @pytest.mark.parametrize("error", [redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
@@ -226,7 +235,7 @@ def test_a_server_not_ready_now_fails_the_call_and_keeps_functions_on(redis_url:
     assert storage.scripts.library.on
     _finish(app, "j")  # the next calls check, and run by FCALL
     assert _record(app).status is JobStatus.COMPLETE and storage.scripts.library.on
-    storage.client.close()
+    storage.close()
 
 
 def test_reads_go_by_evalsha_and_work_on_a_server_out_of_memory(server: Any) -> None:
@@ -249,7 +258,7 @@ def test_reads_go_by_evalsha_and_work_on_a_server_out_of_memory(server: Any) -> 
     assert storage.scripts.library.on
     _finish(app, "j")
     assert _record(app).status is JobStatus.COMPLETE
-    storage.client.close()
+    storage.close()
 
 
 def test_a_worker_checks_the_library_before_it_forks_so_a_turn_does_not(redis_url: str) -> None:
@@ -264,4 +273,30 @@ def test_a_worker_checks_the_library_before_it_forks_so_a_turn_does_not(redis_ur
     assert _record(app).status is JobStatus.COMPLETE
     sent = [name for cmd, name in calls.sent if cmd == "FCALL"]
     assert sent and NAMES["v"] not in sent  # checked once, in the parent: every horse inherits it
-    storage.client.close()
+    storage.close()
+
+
+def test_on_a_cluster_the_worker_checks_every_master_before_it_forks(redis_cluster_url: str) -> None:
+    from pipelines.worker import prepare_parent
+
+    storage = RedisStorage.from_url(redis_cluster_url, prefix=f"fq{uuid.uuid4().hex[:8]}", cluster=True)
+    app = _app_on(storage)
+    prepare_parent(app)
+    sent: list[str] = []
+    for node in storage.client.get_primaries():
+        inner = node.redis_connection.execute_command
+
+        def spy(*args: Any, _inner: Any = inner, **options: Any) -> Any:
+            if str(args[0]).upper() == "FCALL":
+                sent.append(str(args[1]))
+            return _inner(*args, **options)
+
+        node.redis_connection.execute_command = spy
+    app.run_agent("a", job_id="j", messages=["count"])
+    _finish(app, "j")
+    assert _record(app).status is JobStatus.COMPLETE
+    assert sent and NAMES["v"] not in sent  # every master checked at start: no turn asks
+    storage.close()
+    # Every node's connections too (RedisCluster.close() leaves the pools it handed its node clients open).
+    assert all(c._sock is None for node in storage.client.get_nodes()
+               for c in node.redis_connection.connection_pool._available_connections)
