@@ -260,7 +260,8 @@ def prepare_parent(app: App) -> None:
             app.storage.conn.check_layout(None)
             app.storage.conn.check_library()
         except StorageUnavailableError:
-            logger.warning("Redis unreachable at start: the key layout is checked by the first turn instead")
+            logger.warning("Redis unreachable at start: the key layout and the function library are checked "
+                           "by the first turn instead")
 
 
 def upgrade_records(app: App) -> tuple[str, bool]:

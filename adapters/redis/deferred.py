@@ -65,8 +65,8 @@ class Deferred:
         try:
             # FCALL, or EVALSHA where functions are off; checked before a connection is held (it may take one).
             command = script.command(keys, args, client)
-        except _LOST:
-            return False  # the usual way says so, as its error
+        except (redis.exceptions.RedisError, OSError):
+            return False  # the server not ready, or gone: the usual way says so, as its error
         try:
             try:
                 conn = pool.get_connection()

@@ -3,7 +3,7 @@
 (Not :mod:`adapters.redis.scripts.functions`, the Lua helpers several scripts share.)
 
 A W1 turn runs LOAD, RECORD_STEP (twice: the model's answer, the tool's result) and COMMIT. By
-``EVALSHA`` each call names its script by a 40-character SHA-1: ~190 of the ~2,100 bytes a turn sends
+``EVALSHA`` each call names its script by a 40-character SHA-1: ~190 of the ~2,200 bytes a turn sent
 to Redis (bench/README.md, figure 4a). Redis 7 keeps *functions* too (``FUNCTION LOAD``, ``FCALL``):
 the same Lua, registered under a name the library chooses. :data:`LIBRARY` registers the three scripts
 as ``pr<6 hex>l``, ``pr<6 hex>s`` and ``pr<6 hex>c``, the hex from the library's own code, so two

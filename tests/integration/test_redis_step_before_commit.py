@@ -226,3 +226,23 @@ def test_a_final_answer_refused_after_the_call_returned_is_counted_as_a_fenced_a
     assert job.dropped.model_calls == 1 and job.dropped.prompt_tokens == 7
     kept = storage.fenced_answers("c1")
     assert len(kept) == 1 and kept[0]["answer"]["message"]["content"] == "all done"
+
+
+def test_a_server_not_ready_for_the_library_check_has_the_write_sent_the_usual_way(
+        redis_url: str, storage: RedisStorage) -> None:
+    _job(storage)
+    fresh = RedisStorage.from_url(redis_url, prefix=storage.prefix)  # its first call on the server: a deferred one
+    inner, asked = fresh.client.fcall, []
+
+    def fcall(name: str, *args: Any) -> Any:
+        if not asked:  # the library's check, answered as a server busy with a script answers
+            asked.append(name)
+            raise redis.ResponseError("BUSY Redis is busy running a script.")
+        return inner(name, *args)
+
+    fresh.client.fcall = fcall  # type: ignore[method-assign]
+    fresh.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value="done")
+    # Not sent deferred (nothing concluded from the BUSY answer): sent and waited for, by FCALL once checked.
+    assert asked and not fresh.conn._deferred.waiting() and fresh.scripts.library.on
+    assert _journal(redis_url, storage) == {**MODEL, "tool:c1": "done"}
+    fresh.close()
