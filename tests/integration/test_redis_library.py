@@ -1,9 +1,9 @@
 """The turn's three scripts as Redis functions (adapters.redis.library): by FCALL where the server has them.
 
-Each case is a whole job against a real redis-server: the turn's calls go by a 9-character name, a
-server that lost its functions has them loaded again, and a server that cannot have them (no FCALL, a
-user not allowed it or FUNCTION LOAD, a library of that name holding other code) runs the same scripts
-by EVALSHA. Whatever way they ran, the job ends with the same record and transcript.
+Most cases run a whole job against a real redis-server (or the Redis Cluster): the turn's calls go by a
+9-character name, a server that lost its functions has them loaded again, and a server that cannot have
+them (no FCALL, a user not allowed it or FUNCTION LOAD, a library of that name holding other code) runs
+the same scripts by EVALSHA. Whatever way they ran, the job ends with the same record and transcript.
 """
 
 from __future__ import annotations
@@ -155,7 +155,6 @@ def test_on_a_cluster_with_replicas_each_node_loads_it_again_and_every_write_is_
         redis_cluster_url: str) -> None:
     storage = RedisStorage.from_url(redis_cluster_url, prefix=f"fc{uuid.uuid4().hex[:8]}", cluster=True,
                                     replicas=1)
-    calls = Calls(storage)
     waits: list[list[str]] = []  # the commands of each pipeline that carries a write and its WAIT
     for node in storage.client.get_primaries():
         inner = node.redis_connection.pipeline
@@ -189,7 +188,6 @@ def test_on_a_cluster_with_replicas_each_node_loads_it_again_and_every_write_is_
     assert [cmds[0] for cmds in waits].count("FCALL") >= 4 * TURNS
     primary = storage.client.get_node_from_key(storage.keys("j").record).redis_connection
     assert primary.function_list(library=NAME)  # loaded again where the job lives
-    assert calls.sent == [] or all(cmd != "EVALSHA" for cmd, _ in calls.sent)
     storage.close()
 
 
