@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from adapters.rq import RQScheduler
 
 __all__ = ["ADVANCE_FUNC", "ALIVE_TTL_RANGE", "APP_ENV", "advance_job", "advance_with_default", "forget_apps",
-           "load_app", "rq_scheduler", "run_rq_worker", "start_sweeper", "upgrade_records", "use_app", "warm_up",
-           "worker_app"]
+           "load_app", "prune_functions", "rq_scheduler", "run_rq_worker", "start_sweeper", "upgrade_records",
+           "use_app", "warm_up", "worker_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +262,19 @@ def prepare_parent(app: App) -> None:
         except StorageUnavailableError:
             logger.warning("Redis unreachable at start: the key layout and the function library are checked "
                            "by the first turn instead")
+
+
+def prune_functions(app: App) -> tuple[str, list[str]]:
+    """Delete other versions' Redis function libraries (``pipelines prune-functions``): this version's name, those gone.
+
+    A storage other than Redis has none: :class:`ConfigurationError`.
+    """
+    from adapters.redis import RedisStorage
+    from adapters.redis.library import LIBRARY
+
+    if not isinstance(app.storage, RedisStorage):
+        raise ConfigurationError(f"{type(app.storage).__name__} keeps no Redis functions: nothing to prune")
+    return LIBRARY.name, app.storage.conn.prune_libraries()
 
 
 def upgrade_records(app: App) -> tuple[str, bool]:

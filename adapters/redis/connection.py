@@ -220,6 +220,20 @@ class RedisConnection:
             for node in nodes:
                 self.scripts.library.ready(node)
 
+    def prune_libraries(self) -> list[str]:
+        """Delete other versions' function libraries (:func:`adapters.redis.library.prune`), on every master.
+
+        A server without functions has none to delete: ``[]``.
+        """
+        with _mapped("deleting other versions' function libraries"):
+            nodes = [n.redis_connection for n in self.client.get_primaries()] if self.cluster else [self.client]
+            try:
+                return sorted({name for node in nodes for name in library.prune(node)})
+            except redis.exceptions.ResponseError as exc:
+                if "unknown command" in str(exc).lower():
+                    return []
+                raise
+
     def _waited(self, node: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:
         """The script's reply and how many replicas ``WAIT`` counted it on (one pipeline, one connection)."""
         pipe = node.pipeline(transaction=False)  # one connection: WAIT counts that connection's writes

@@ -37,7 +37,8 @@ A running call is stopped with ``FUNCTION KILL``, not ``SCRIPT KILL`` (these cal
 
 Functions persist with the dataset (RDB, AOF) and replicate, unlike the script cache: a version whose
 scripts changed leaves its library behind on the server (~17 KB; ``FUNCTION LIST LIBRARYNAME
-phaserunner_`` lists them and ``FUNCTION DELETE`` removes one no process runs any more).
+phaserunner_`` lists them; :func:`prune` (``pipelines prune-functions``) deletes every one but this
+version's: safe while an older version still runs, whose processes load theirs again where they call it).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import redis
 
 from adapters.redis.scripts import COMMIT, LOAD, RECORD_STEP
 
-__all__ = ["LIBRARY", "Hot", "Library", "LibrarySpec", "library_code"]
+__all__ = ["LIBRARY", "Hot", "Library", "LibrarySpec", "library_code", "prune"]
 
 _log = logging.getLogger(__name__)
 
@@ -164,8 +165,7 @@ class Library:
         return False
 
     def _verify(self, client: Any) -> None:
-        found = client.fcall(self._check, 0)
-        if (found.decode() if isinstance(found, bytes) else str(found)) != self._full:
+        if _text(client.fcall(self._check, 0)) != self._full:
             self._off(f"library {self.name} on the server holds other code than this version's")
 
     def _refused(self, why: str, exc: redis.exceptions.ResponseError) -> None:
@@ -232,3 +232,28 @@ class Hot:
 def _not_found(exc: BaseException) -> bool:
     # "Function not found", or a pipeline's "Command # 1 (FCALL ...) of pipeline caused error: Function not found"
     return str(exc).endswith("Function not found")
+
+
+def prune(client: Any, keep: str = LIBRARY.name) -> list[str]:
+    """Delete the ``phaserunner_*`` libraries on ``client``'s server but ``keep``; the names deleted, sorted.
+
+    Other libraries are left alone. A process of the version whose library goes loads it again at its
+    next call there (``Function not found``: the call did not run), so this is safe while it runs.
+    """
+    gone = []
+    for lib in client.function_list(library="phaserunner_*") or ():
+        pairs = lib.items() if isinstance(lib, dict) else zip(lib[::2], lib[1::2], strict=True)  # RESP3 / RESP2
+        info = {_text(k): v for k, v in pairs}
+        name = _text(info.get("library_name", ""))
+        if name.startswith("phaserunner_") and name != keep:
+            try:
+                client.function_delete(name)
+            except redis.exceptions.ResponseError as exc:
+                if "not found" not in str(exc).lower():  # else deleted meanwhile (another prune)
+                    raise
+            gone.append(name)
+    return sorted(gone)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

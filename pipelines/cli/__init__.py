@@ -15,6 +15,7 @@ that app's storage and scheduler::
     pipelines jobs      --app X [--status running] [--limit N] [--version] [--before CURSOR] [--count]
     pipelines reindex   --app X              # put jobs stored before the listing indexes into them
     pipelines upgrade-records --app X        # Redis: the newest record format (after every process upgraded)
+    pipelines prune-functions --app X        # Redis: delete other versions' function libraries
     pipelines pause | resume --app X JOB
     pipelines approve   --app X JOB CALL
     pipelines reject    --app X JOB CALL --reason "..."

@@ -1,4 +1,4 @@
-"""``pipelines jobs`` (the listing, a page at a time by cursor; counts; versions), ``reindex`` and ``upgrade-records``.
+"""``pipelines jobs`` (the listing, by cursor; counts; versions), ``reindex``, ``upgrade-records``, ``prune-functions``.
 
 Registered by :func:`pipelines.cli.build_parser`; see that module for the
 common ``--app`` option and exit codes.
@@ -18,9 +18,9 @@ from pipelines.cli.loading import when
 from pipelines.cli.runs import family_columns
 from pipelines.engine.models import JobRecord, JobStatus
 from pipelines.errors import ConfigurationError
-from pipelines.worker import upgrade_records
+from pipelines.worker import prune_functions, upgrade_records
 
-__all__ = ["cmd_jobs", "cmd_reindex", "cmd_upgrade_records"]
+__all__ = ["cmd_jobs", "cmd_prune_functions", "cmd_reindex", "cmd_upgrade_records"]
 
 logger = logging.getLogger("pipelines")
 
@@ -88,6 +88,16 @@ def cmd_upgrade_records(args: argparse.Namespace, out: TextIO) -> int:
     prefix, moved = upgrade_records(loading.load(args.app))
     print(f"prefix {prefix!r}: " + ("records are written as a compact delta of a base, and events compact "
           "(format 3), by processes started from now on" if moved else "already in record format 3"), file=out)
+    return 0
+
+
+def cmd_prune_functions(args: argparse.Namespace, out: TextIO) -> int:
+    """Delete other versions' function libraries from the app's Redis (adapters.redis.library.prune)."""
+    keep, gone = prune_functions(loading.load(args.app))
+    for name in gone:
+        print(f"deleted {name} (another version's: a process of it still running loads it again)", file=out)
+    print(f"kept {keep} (this version's)" if gone else f"nothing to delete: no library but this version's ({keep})",
+          file=out)
     return 0
 
 

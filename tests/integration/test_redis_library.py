@@ -294,7 +294,53 @@ def test_on_a_cluster_the_worker_checks_every_master_before_it_forks(redis_clust
     _finish(app, "j")
     assert _record(app).status is JobStatus.COMPLETE
     assert sent and NAMES["v"] not in sent  # every master checked at start: no turn asks
+    older = library_code({"c": "return 1", "l": "return 2", "s": "return 3"})
+    for node in storage.client.get_primaries():
+        node.redis_connection.function_load(older.code)
+    assert storage.conn.prune_libraries() == [older.name]  # from every master
+    assert all(not node.redis_connection.function_list(library=older.name)
+               and node.redis_connection.function_list(library=NAME) for node in storage.client.get_primaries())
     storage.close()
     # Every node's connections too (RedisCluster.close() leaves the pools it handed its node clients open).
     assert all(c._sock is None for node in storage.client.get_nodes()
                for c in node.redis_connection.connection_pool._available_connections)
+
+
+def test_pruning_deletes_other_versions_libraries_only_and_their_processes_load_theirs_again(
+        app: Any, redis_url: str) -> None:
+    import io
+
+    from adapters.redis.library import Library
+    from pipelines.cli import main
+
+    storage = app.storage
+    assert isinstance(storage, RedisStorage)
+    admin = redis.Redis.from_url(redis_url)
+    older = library_code({"c": "return 'older c'", "l": "return 'older l'", "s": "return 'older s'"})
+    admin.function_load(older.code)  # an earlier version's, left behind by its last process
+    admin.function_load("#!lua name=theirs\nredis.register_function('theirs_f', function() return 1 end)")
+    storage.conn.check_library()  # this version's, loaded as a worker's start loads it
+    ours = _app_on(storage)
+    ours.run_agent("a", job_id="j", messages=["count"])
+    ours.advance("j")
+    out = io.StringIO()
+    assert main(["prune-functions", "--app", "tests.apps.redis_app:app"], out=out, err=io.StringIO()) == 0
+    assert f"deleted {older.name}" in out.getvalue() and f"kept {NAME}" in out.getvalue()
+    names = {lib[1].decode() if isinstance(lib, list) else lib["library_name"] for lib in admin.function_list()}
+    assert names == {NAME, "theirs"}  # someone else's library is not ours to delete
+    # A process of the earlier version still running finds its library gone and loads it again.
+    still = Library(older)
+    assert still.ready(admin) and admin.fcall(older.names["c"], 0) == b"older c"
+    out = io.StringIO()
+    assert main(["prune-functions", "--app", "tests.apps.redis_app:app"], out=out, err=io.StringIO()) == 0
+    assert f"deleted {older.name}" in out.getvalue()
+    out = io.StringIO()
+    assert main(["prune-functions", "--app", "tests.apps.redis_app:app"], out=out, err=io.StringIO()) == 0
+    assert out.getvalue().startswith("nothing to delete")
+    _finish(ours, "j")  # this version's library was kept: the job runs on by FCALL
+    assert _record(ours).status is JobStatus.COMPLETE and storage.scripts.library.on
+    err = io.StringIO()
+    assert main(["prune-functions", "--app", "tests.apps.memory_app:app"], out=io.StringIO(), err=err) == 1
+    assert "keeps no Redis functions" in err.getvalue()
+    admin.function_delete("theirs")
+    admin.close()
