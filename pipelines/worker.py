@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any
 from pipelines.app import App
 from pipelines.app.entry import WORKER_ENTRY
 from pipelines.engine import telemetry
-from pipelines.engine.errors import ConfigurationError, InvalidInputError, PipelineError, StorageUnavailableError
+from pipelines.engine.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    PipelineError,
+    StorageError,
+    StorageUnavailableError,
+)
 
 if TYPE_CHECKING:
     from adapters.rq import RQScheduler
@@ -258,16 +264,20 @@ def prepare_parent(app: App) -> None:
     if isinstance(app.storage, RedisStorage):
         try:
             app.storage.conn.check_layout(None)
-            app.storage.conn.check_library()
         except StorageUnavailableError:
-            logger.warning("Redis unreachable at start: the key layout and the function library are checked "
-                           "by the first turn instead")
+            logger.warning("Redis unreachable at start: the key layout is checked by the first turn instead")
+            return
+        try:
+            app.storage.conn.check_library()
+        except StorageError as exc:  # a server busy or out of memory now: each call checks, as it would
+            logger.warning("the turn's function library is checked by the first turn instead: %s", exc)
 
 
-def prune_functions(app: App) -> tuple[str, list[str]]:
+def prune_functions(app: App) -> tuple[str, list[str] | None]:
     """Delete other versions' Redis function libraries (``pipelines prune-functions``): this version's name, those gone.
 
-    A storage other than Redis has none: :class:`ConfigurationError`.
+    ``None`` for those gone: the server has no functions. A storage other than Redis has none:
+    :class:`ConfigurationError`.
     """
     from adapters.redis import RedisStorage
     from adapters.redis.library import LIBRARY

@@ -203,11 +203,12 @@ class RedisConnection:
         try:
             self.collect_deferred()
         finally:
-            self.client.close()
-            if self.cluster:  # RedisCluster.close() closes each node's client, not the pool it was given
-                for node in self.client.get_nodes():
-                    if node.redis_connection is not None:
-                        node.redis_connection.connection_pool.disconnect()
+            if self.cluster:
+                # Every node's pool (RedisCluster.close() closes the node clients, not the pools it gave them,
+                # and drops the default node, which a later call needs: the storage stays usable).
+                self.client.disconnect_connection_pools()
+            else:
+                self.client.close()
 
     def check_library(self) -> None:
         """Check the turn's function library on the server now (one round trip), as a first call would.
@@ -220,10 +221,10 @@ class RedisConnection:
             for node in nodes:
                 self.scripts.library.ready(node)
 
-    def prune_libraries(self) -> list[str]:
+    def prune_libraries(self) -> list[str] | None:
         """Delete other versions' function libraries (:func:`adapters.redis.library.prune`), on every master.
 
-        A server without functions has none to delete: ``[]``.
+        ``None``: the server has no functions (``FUNCTION`` unknown), so none to delete.
         """
         with _mapped("deleting other versions' function libraries"):
             nodes = [n.redis_connection for n in self.client.get_primaries()] if self.cluster else [self.client]
@@ -231,7 +232,7 @@ class RedisConnection:
                 return sorted({name for node in nodes for name in library.prune(node)})
             except redis.exceptions.ResponseError as exc:
                 if "unknown command" in str(exc).lower():
-                    return []
+                    return None
                 raise
 
     def _waited(self, node: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:

@@ -37,7 +37,7 @@ A running call is stopped with ``FUNCTION KILL``, not ``SCRIPT KILL`` (these cal
 
 Functions persist with the dataset (RDB, AOF) and replicate, unlike the script cache: a version whose
 scripts changed leaves its library behind on the server (~17 KB; ``FUNCTION LIST LIBRARYNAME
-phaserunner_`` lists them; :func:`prune` (``pipelines prune-functions``) deletes every one but this
+'phaserunner_*'`` lists them; :func:`prune` (``pipelines prune-functions``) deletes every one but this
 version's: safe while an older version still runs, whose processes load theirs again where they call it).
 """
 
@@ -235,24 +235,29 @@ def _not_found(exc: BaseException) -> bool:
 
 
 def prune(client: Any, keep: str = LIBRARY.name) -> list[str]:
-    """Delete the ``phaserunner_*`` libraries on ``client``'s server but ``keep``; the names deleted, sorted.
+    """Delete the libraries :func:`library_code` named on ``client``'s server but ``keep``; those deleted, sorted.
 
-    Other libraries are left alone. A process of the version whose library goes loads it again at its
-    next call there (``Function not found``: the call did not run), so this is safe while it runs.
+    Only names of that form (``phaserunner_`` and 6 hex digits): any other library is left alone. A
+    process of the version whose library goes loads it again at its next call there (``Function not
+    found``: the call did not run), so this is safe while one runs; run it once every process runs this
+    version, or the older ones load theirs again.
     """
     gone = []
     for lib in client.function_list(library="phaserunner_*") or ():
         pairs = lib.items() if isinstance(lib, dict) else zip(lib[::2], lib[1::2], strict=True)  # RESP3 / RESP2
-        info = {_text(k): v for k, v in pairs}
-        name = _text(info.get("library_name", ""))
-        if name.startswith("phaserunner_") and name != keep:
+        name = _text({_text(k): v for k, v in pairs}.get("library_name", ""))
+        if _GENERATED.fullmatch(name) and name != keep:
             try:
                 client.function_delete(name)
             except redis.exceptions.ResponseError as exc:
-                if "not found" not in str(exc).lower():  # else deleted meanwhile (another prune)
+                if "not found" not in str(exc).lower():
                     raise
+                continue  # deleted meanwhile (another prune): not this one's to report
             gone.append(name)
     return sorted(gone)
+
+
+_GENERATED: Final = re.compile(r"phaserunner_[0-9a-f]{6}")
 
 
 def _text(value: Any) -> str:

@@ -94,6 +94,9 @@ def cmd_upgrade_records(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_prune_functions(args: argparse.Namespace, out: TextIO) -> int:
     """Delete other versions' function libraries from the app's Redis (adapters.redis.library.prune)."""
     keep, gone = prune_functions(loading.load(args.app))
+    if gone is None:
+        print("nothing to delete: this Redis server has no functions (the scripts run by EVALSHA)", file=out)
+        return 0
     for name in gone:
         print(f"deleted {name} (another version's: a process of it still running loads it again)", file=out)
     print(f"kept {keep} (this version's)" if gone else f"nothing to delete: no library but this version's ({keep})",

@@ -9,6 +9,7 @@ the same scripts by EVALSHA. Whatever way they ran, the job ends with the same r
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+import tests.apps
 from adapters.redis import RedisStorage
 from adapters.redis.library import LIBRARY, library_code
 from pipelines.engine.errors import StorageError
@@ -304,6 +306,8 @@ def test_on_a_cluster_the_worker_checks_every_master_before_it_forks(redis_clust
     # Every node's connections too (RedisCluster.close() leaves the pools it handed its node clients open).
     assert all(c._sock is None for node in storage.client.get_nodes()
                for c in node.redis_connection.connection_pool._available_connections)
+    assert [j.job_id for j in storage.list_jobs()] == ["j"]  # and a later call opens new ones
+    storage.close()
 
 
 def test_pruning_deletes_other_versions_libraries_only_and_their_processes_load_theirs_again(
@@ -319,6 +323,8 @@ def test_pruning_deletes_other_versions_libraries_only_and_their_processes_load_
     older = library_code({"c": "return 'older c'", "l": "return 'older l'", "s": "return 'older s'"})
     admin.function_load(older.code)  # an earlier version's, left behind by its last process
     admin.function_load("#!lua name=theirs\nredis.register_function('theirs_f', function() return 1 end)")
+    # Named like ours, but not as library_code names them: someone's own, left alone too.
+    admin.function_load("#!lua name=phaserunner_custom\nredis.register_function('prc_f', function() return 1 end)")
     storage.conn.check_library()  # this version's, loaded as a worker's start loads it
     ours = _app_on(storage)
     ours.run_agent("a", job_id="j", messages=["count"])
@@ -327,7 +333,7 @@ def test_pruning_deletes_other_versions_libraries_only_and_their_processes_load_
     assert main(["prune-functions", "--app", "tests.apps.redis_app:app"], out=out, err=io.StringIO()) == 0
     assert f"deleted {older.name}" in out.getvalue() and f"kept {NAME}" in out.getvalue()
     names = {lib[1].decode() if isinstance(lib, list) else lib["library_name"] for lib in admin.function_list()}
-    assert names == {NAME, "theirs"}  # someone else's library is not ours to delete
+    assert names == {NAME, "theirs", "phaserunner_custom"}  # someone else's library is not ours to delete
     # A process of the earlier version still running finds its library gone and loads it again.
     still = Library(older)
     assert still.ready(admin) and admin.fcall(older.names["c"], 0) == b"older c"
@@ -343,4 +349,44 @@ def test_pruning_deletes_other_versions_libraries_only_and_their_processes_load_
     assert main(["prune-functions", "--app", "tests.apps.memory_app:app"], out=io.StringIO(), err=err) == 1
     assert "keeps no Redis functions" in err.getvalue()
     admin.function_delete("theirs")
+    admin.function_delete("phaserunner_custom")
     admin.close()
+
+
+def test_pruning_on_a_server_without_functions_says_so(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from pipelines import worker
+    from pipelines.cli import main
+
+    monkeypatch.setenv("REDIS_URL", server("--rename-command", "FUNCTION", "", "--rename-command", "FCALL", "").url)
+    monkeypatch.delenv("FAKE_OPENAI_BASE", raising=False)
+    # The app module reads REDIS_URL once, at import: imported afresh here, and put back as it was after.
+    monkeypatch.delitem(sys.modules, "tests.apps.redis_app", raising=False)
+    monkeypatch.delattr(tests.apps, "redis_app", raising=False)
+    worker.forget_apps()
+    out = io.StringIO()
+    try:
+        assert main(["prune-functions", "--app", "tests.apps.redis_app:app"], out=out, err=io.StringIO()) == 0
+    finally:
+        worker.forget_apps()
+        loaded = sys.modules.get("tests.apps.redis_app")
+        if loaded is not None:  # the one imported here (its queues share the storage's client): closed
+            loaded.storage.close()
+    assert out.getvalue().startswith("nothing to delete: this Redis server has no functions")
+
+
+def test_a_server_busy_at_the_workers_start_has_the_library_checked_by_the_first_turn(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from pipelines.worker import prepare_parent
+
+    storage = RedisStorage.from_url(redis_url, prefix=f"fs{uuid.uuid4().hex[:8]}")
+    app = _app_on(storage)
+    failed = _failing_fcall(storage, redis.exceptions.ResponseError("BUSY Redis is busy running a script."), 1)
+    with caplog.at_level(logging.WARNING, logger="pipelines.worker"):
+        prepare_parent(app)  # the worker starts: nothing concluded from the answer
+    assert failed == [NAMES["v"]] and "checked by the first turn instead" in caplog.text
+    app.run_agent("a", job_id="j", messages=["count"])
+    _finish(app, "j")
+    assert _record(app).status is JobStatus.COMPLETE and storage.scripts.library.on
+    storage.close()
