@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
         "write Redis records and events in the newest format (3: a compact delta of a base, compact events) "
         "from now on: run it once every process on the prefix runs this version")
     add("prune-functions", listing.cmd_prune_functions,
-        "delete other versions' Redis function libraries (phaserunner_*), keeping this version's: safe while "
-        "an older version runs (its processes load theirs again)")
+        "delete the Redis function libraries other versions left (phaserunner_<6 hex>), keeping this "
+        "version's: safe while an older version runs (its processes load theirs again)")
     p = add("ui", dev.cmd_ui, "serve the web page to watch and steer runs (needs phaserunner[web])")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need a token)")
     p.add_argument("--port", type=port, default=8008, help="port, 1-65535 (default: 8008)")
