@@ -58,6 +58,7 @@ from phases.litellm_errors import _is_loopback_url, _RetryableError, _translate,
 from phases.litellm_errors import _redact as _redact
 from phases.litellm_errors import _retry_after as _retry_after
 from phases.litellm_stream import _complete_streamed
+from phases.litellm_warm import warm_http
 from phases.model import ModelRequest, ModelResponse, is_secret_param
 from pipelines.engine.errors import PermanentModelError, TransientModelError
 from pipelines.engine.models import Message, Usage
@@ -97,7 +98,8 @@ def warm() -> None:
 
     Also makes one offline call (``mock_response``, no network): litellm
     imports more modules lazily at its first completion, and a forked
-    work-horse would otherwise pay for them on every turn.
+    work-horse would otherwise pay for them on every turn; then a real call's
+    HTTP path, offline too (:mod:`phases.litellm_warm`: ~90 ms a horse).
     """
     llm = _litellm()
     tool = {"type": "function", "function": {"name": "noop", "description": "", "parameters": {"type": "object"}}}
@@ -109,6 +111,7 @@ def warm() -> None:
     except Exception:  # warming is an optimisation: never fail a worker's start over it
         logger.debug("litellm warm-up call failed", exc_info=True)
     _warm_stream()
+    warm_http(llm)
 
 
 _warming: threading.Thread | None = None

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel
 
@@ -366,5 +367,11 @@ def test_warm_imports_litellm_and_runs_one_offline_completion(monkeypatch: pytes
     litellm_model.warm()
     # One plain call, plus one streamed call the first time in a process (whether an earlier test did it
     # depends on the order): all offline, no request leaves the process.
-    assert len([c for c in calls if not c.get("stream")]) == 1
-    assert calls and all(c["mock_response"] == "ok" for c in calls)
+    mocked = [c for c in calls if "client" not in c]
+    assert len([c for c in mocked if not c.get("stream")]) == 1
+    assert mocked and all(c["mock_response"] == "ok" for c in mocked)
+    # Then a real call's HTTP path, a streamed call and a plain one (phases.litellm_warm), through a transport
+    # that answers in process: a request built and read back, no socket opened.
+    through = [c for c in calls if "client" in c]
+    assert [bool(c.get("stream")) for c in through] == [True, False]
+    assert all(isinstance(c["client"]._client._transport, httpx.MockTransport) for c in through)

@@ -130,3 +130,39 @@ def test_the_workers_warm_up_has_loaded_litellm_when_it_returns() -> None:
     assert report["before"] is False
     assert report["loaded"] is True
     assert not [name for name in report["threads"] if name.startswith("pipelines-warm")]
+
+
+HORSE_CALL = """
+import json, os, sys
+from phases import litellm_model
+from phases.litellm_model import LiteLLMModel
+from phases.model import ModelRequest
+litellm_model.warm()  # what a forking worker's parent runs before its first fork
+read, write = os.pipe()
+pid = os.fork()  # a work-horse: its first real call, streamed as a turn's is
+if pid == 0:
+    before = set(sys.modules)
+    model = LiteLLMModel("openai/fake-model", params={"api_base": sys.argv[1], "api_key": "sk-test", "timeout": 20})
+    deltas = []
+    answer = model.complete(ModelRequest(messages=[{"role": "user", "content": "one"}], on_delta=deltas.append))
+    os.write(write, json.dumps({"answer": answer.message["content"], "deltas": "".join(map(str, deltas)),
+                                "imported": sorted(set(sys.modules) - before)}).encode())
+    os._exit(0)
+os.close(write)
+_, status = os.waitpid(pid, 0)
+print(os.read(read, 1 << 20).decode())
+"""
+
+
+def test_a_horse_forked_after_the_warm_up_imports_nothing_for_its_first_real_call(fake_openai: FakeOpenAI) -> None:
+    # A forking worker's parent never makes a real call: whatever that call imports, every horse (one a turn)
+    # imported again at its first, ~90 ms a turn for httpcore, h2 and litellm's service logger.
+    fake_openai.script(streamed(text_reply("the answer"), chunk_chars=3))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", HORSE_CALL, fake_openai.url], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["answer"] == "the answer" and report["deltas"] == "the answer"
+    assert report["imported"] == []
+    assert len(fake_openai.requests) == 1
