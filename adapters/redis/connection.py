@@ -217,8 +217,7 @@ class RedisConnection:
         every master it knows now (a node that takes slots later is checked by its first call).
         """
         with _mapped("checking the turn's function library"):
-            nodes = [n.redis_connection for n in self.client.get_primaries()] if self.cluster else [self.client]
-            for node in nodes:
+            for node in self._masters():
                 self.scripts.library.ready(node)
 
     def prune_libraries(self) -> list[str] | None:
@@ -227,13 +226,16 @@ class RedisConnection:
         ``None``: the server has no functions (``FUNCTION`` unknown), so none to delete.
         """
         with _mapped("deleting other versions' function libraries"):
-            nodes = [n.redis_connection for n in self.client.get_primaries()] if self.cluster else [self.client]
             try:
-                return sorted({name for node in nodes for name in library.prune(node)})
+                return sorted({name for node in self._masters() for name in library.prune(node)})
             except redis.exceptions.ResponseError as exc:
                 if "unknown command" in str(exc).lower():
                     return None
                 raise
+
+    def _masters(self) -> list[Any]:
+        """A client for each server that takes writes: the storage's, or on a Cluster each master's it knows."""
+        return [n.redis_connection for n in self.client.get_primaries()] if self.cluster else [self.client]
 
     def _waited(self, node: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:
         """The script's reply and how many replicas ``WAIT`` counted it on (one pipeline, one connection)."""

@@ -53,6 +53,7 @@ from typing import Any, Final, NamedTuple
 import redis
 
 from adapters.redis.scripts import COMMIT, LOAD, RECORD_STEP
+from adapters.redis.values import _text
 
 __all__ = ["LIBRARY", "Hot", "Library", "LibrarySpec", "library_code", "prune"]
 
@@ -87,8 +88,11 @@ def library_code(bodies: dict[str, str]) -> LibrarySpec:
     if "v" in bodies:
         raise ValueError("role 'v' is the library's own check")
 
+    def names_for(digest: str) -> dict[str, str]:
+        return {role: f"pr{digest}{role}" for role in [*bodies, "v"]}
+
     def code_for(digest: str, full: str) -> str:
-        names = {role: f"pr{digest}{role}" for role in [*bodies, "v"]}
+        names = names_for(digest)
         # A script's KEYS and ARGV are globals; a function's, its callback's arguments. The body is the
         # callback's, unchanged: its top-level locals and returns are a function's as they were a chunk's.
         return f"#!lua name=phaserunner_{digest}\n" + "".join(
@@ -99,8 +103,7 @@ def library_code(bodies: dict[str, str]) -> LibrarySpec:
 
     full = hashlib.sha1(code_for("", "").encode()).hexdigest()
     digest = full[:6]
-    return LibrarySpec(f"phaserunner_{digest}", code_for(digest, full),
-                       {role: f"pr{digest}{role}" for role in [*bodies, "v"]}, full)
+    return LibrarySpec(f"phaserunner_{digest}", code_for(digest, full), names_for(digest), full)
 
 
 #: The turn's three scripts, by role letter: the library's name, its code, each role's function name.
@@ -258,7 +261,3 @@ def prune(client: Any, keep: str = LIBRARY.name) -> list[str]:
 
 
 _GENERATED: Final = re.compile(r"phaserunner_[0-9a-f]{6}")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
