@@ -19,9 +19,10 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from adapters.redis import library, record_format, scripts
+from adapters.redis import held, library, record_format, scripts
 from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
 from adapters.redis.deferred import Deferred
+from adapters.redis.held import Held
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
 from adapters.redis.scripts import naming
 from adapters.redis.values import _KEY_TYPES, _text
@@ -93,6 +94,8 @@ class RedisConnection:
         self.failover_timeout = float(failover_timeout)
         self.scripts = Scripts(client)
         self._deferred = Deferred()
+        # The turn's functions go on a connection each thread keeps (adapters.redis.held): a plain Redis only.
+        self._held = Held() if held.usable(client) and not self.cluster else None
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of ``job_id`` (validated)."""
@@ -146,6 +149,8 @@ class RedisConnection:
             script = script.script  # a read by EVALSHA: a function that may write is refused at maxmemory
         if not self.cluster and (not self.replicas or not write):
             with _mapped(what):
+                if write and self._held is not None and isinstance(script, library.Hot):
+                    return script(keys=keys, args=args, held=self._held)  # the turn's: on the thread's kept connection
                 return script(keys=keys, args=args)
         deadline, pause = time.monotonic() + self.failover_timeout, 0.05
         while True:
@@ -203,6 +208,8 @@ class RedisConnection:
         try:
             self.collect_deferred()
         finally:
+            if self._held is not None:
+                self._held.close()
             if self.cluster:
                 # Every node's pool (RedisCluster.close() closes the node clients, not the pools it gave them,
                 # and drops the default node, which a later call needs: the storage stays usable).

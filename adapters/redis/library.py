@@ -48,10 +48,12 @@ import logging
 import re
 import weakref
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Final, NamedTuple
 
 import redis
 
+from adapters.redis.held import Held
 from adapters.redis.scripts import COMMIT, LOAD, RECORD_STEP
 from adapters.redis.values import _text
 
@@ -194,23 +196,27 @@ class Hot:
         self.library = library
         self.name = name
 
-    def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None) -> Any:
+    def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None,
+                 held: Held | None = None) -> Any:
         """Run it on ``client`` (the one it was registered on by default).
 
         A pipeline queues it: its caller checks the pipeline's server first (:meth:`Library.ready`).
+        ``held``: the ``FCALL`` goes on the calling thread's kept connection of ``client``'s pool
+        (:mod:`adapters.redis.held`) instead of one taken from the pool for it.
         """
         client = self.script.registered_client if client is None else client
         if isinstance(client, redis.client.Pipeline):
             if self.library.on:
                 return client.fcall(self.name, len(keys), *keys, *args)
         elif self.library.ready(client):
+            call = client.fcall if held is None else partial(_held_fcall, held, client)
             try:
-                return client.fcall(self.name, len(keys), *keys, *args)
+                return call(self.name, len(keys), *keys, *args)
             except redis.exceptions.ResponseError as exc:
                 if not self.not_run(exc, client):
                     raise
             if self.library.on:
-                return client.fcall(self.name, len(keys), *keys, *args)
+                return call(self.name, len(keys), *keys, *args)
         return self.script(keys=keys, args=args, client=client)
 
     def not_run(self, exc: BaseException, client: Any) -> bool:
@@ -230,6 +236,10 @@ class Hot:
         if self.library.ready(client):
             return ("FCALL", self.name, len(keys), *keys, *args)
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+def _held_fcall(held: Held, client: Any, *args: Any) -> Any:
+    return held.call(client, ("FCALL", *args))
 
 
 def _not_found(exc: BaseException) -> bool:

@@ -41,6 +41,7 @@ from typing import Any
 
 import redis
 
+from adapters.redis.held import pool_only_process
 from adapters.redis.pending import one_question_process
 
 __all__ = ["ALIVE_FIELD", "Lifeline", "alive_key", "watch_parent"]
@@ -150,6 +151,7 @@ class Lifeline:
         if self.lifeline_pid:  # 0: forked by a worker that never bootstrapped (RQ's work() always does)
             watch_parent(signal.SIGKILL, self.lifeline_pid)
         one_question_process()  # a horse runs one job: its first question costs no connection of its own
+        pool_only_process()  # nor do the turn's calls (adapters/redis/held.py)
         super().main_work_horse(job, queue)  # type: ignore[misc]
 
     def teardown(self) -> None:

@@ -24,6 +24,7 @@ from pipelines.engine.errors import StorageError
 from pipelines.engine.models import JobStatus
 from tests.integration.test_redis_record_format import TURNS, _app_on, _finish, _record, _same_run
 from tests.redis_server import RedisServer, find_redis_server
+from tests.redis_spy import spy_commands
 
 pytestmark = pytest.mark.redis
 
@@ -35,13 +36,12 @@ class Calls:
 
     def __init__(self, storage: RedisStorage) -> None:
         self.sent: list[tuple[str, str]] = []
-        inner = storage.client.execute_command
 
-        def spy(*args: Any, **options: Any) -> Any:
+        def spy(send: Any, *args: Any) -> Any:
             self.sent.append((str(args[0]).upper(), str(args[1]) if len(args) > 1 else ""))
-            return inner(*args, **options)
+            return send(*args)
 
-        storage.client.execute_command = spy  # type: ignore[method-assign]
+        spy_commands(storage, spy)
 
     def turn_calls(self, storage: RedisStorage) -> set[tuple[str, str]]:
         """The calls of the turn's three scripts, whichever way they went."""

@@ -22,6 +22,7 @@ from adapters.redis.scripts import COMMIT_ARGS
 from pipelines import Agent, App, tool
 from pipelines.crash_harness import SimulatedCrash
 from pipelines.testing import ScriptedModel, call, reply
+from tests.redis_spy import spy_commands
 
 pytestmark = pytest.mark.redis
 
@@ -54,19 +55,18 @@ class Commits:
 
     def __init__(self, storage: RedisStorage) -> None:
         self.sent: list[list[str]] = []
-        inner = storage.client.execute_command
         # By FCALL (adapters.redis.library), or by EVALSHA where the server has no functions.
         names = (storage.scripts.commit.name, storage.scripts.commit.sha)
 
-        def spy(*args: Any, **options: Any) -> Any:
-            got = inner(*args, **options)  # a first call answered "not found" raises: not counted
+        def spy(send: Any, *args: Any) -> Any:
+            got = send(*args)  # a first call answered "not found" raises: not counted
             if len(args) > 1 and str(args[0]).upper() in ("FCALL", "EVALSHA") and args[1] in names:
                 argv = [a.decode() if isinstance(a, bytes) else str(a) for a in args[3 + int(args[2]):]]
                 n, first = int(argv[COMMIT_ARGS.n_messages]), COMMIT_ARGS.fixed
                 self.sent.append(argv[first:first + n])
             return got
 
-        storage.client.execute_command = spy
+        spy_commands(storage, spy)
 
 
 @pytest.fixture
@@ -179,14 +179,13 @@ def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(
                    data={"attempt": "a1", "text": "not in the value " * 8}),
              Event(timestamp=1.7, type="attempt_started", turn=1, phase="turn", data={"attempt": "a1"})]
     sent: list[list[str]] = []
-    inner = storage.client.execute_command
 
-    def spy(*args: Any, **options: Any) -> Any:
+    def spy(send: Any, *args: Any) -> Any:
         if len(args) > 1 and args[1] in (storage.scripts.step.name, storage.scripts.step.sha):
             sent.append([a.decode() if isinstance(a, bytes) else str(a) for a in args[3 + int(args[2]) + 5:]])
-        return inner(*args, **options)
+        return send(*args)
 
-    storage.client.execute_command = spy  # type: ignore[method-assign]
+    spy_commands(storage, spy)
     before = r.xlen(storage.keys("j4").live)
     storage.record_step_and_publish("j4", version=rec.version, owner=None, key="model", value=value, parts=parts)
     # The first part's text went as a slice of the value; the others whole. All of them compact (record

@@ -128,7 +128,9 @@ def test_a_forking_worker_s_horse_opens_one_redis_connection(cluster: Cluster, r
     # A horse runs one RQ job and exits, so every connection it opens is opened again by the next one. Under
     # continue_for a turn asks whether other work waits: on a side connection in a long-lived process, on the
     # client's own for a horse's first question (adapters.redis.pending.one_question_process), where the
-    # connect would cost more than it saves. Jobs of one turn: one question a horse.
+    # connect would cost more than it saves. Jobs of one turn: one question a horse. The turn's three calls
+    # go on a connection a thread keeps in a long-lived process, through the pool in a horse
+    # (adapters.redis.held.pool_only_process).
     from bench import apps, w1
 
     env = {"BENCH_REDIS_URL": redis_url, "BENCH_QUEUE": "horses", "BENCH_TURNS": "1", "BENCH_CONTINUE": "0.25"}

@@ -1,0 +1,122 @@
+"""A connection each thread keeps for the turn's three functions (LOAD, RECORD_STEP, COMMIT).
+
+A command through ``redis.Redis.execute_command`` takes a connection from the pool and gives it back:
+with redis-py 8 that is a lock, a ``poll`` of the socket (``can_read``), the pool's observability
+counters and a deprecation wrapper, about 20 us of client CPU a command on the bench machine
+(bench/README.md), a third of what the round trip itself costs the client. A turn sends three.
+:class:`Held` sends them on a connection the thread made once and keeps.
+
+The connection is made like the client's pool makes its connections but is never the pool's (as
+:mod:`adapters.redis.pending`'s): a sized or blocking pool is not drained by worker threads that each
+keep one, and a pool with client-side caching never reads what waits on it. What the pool's checks
+gave is kept:
+
+- A connection the server closed (a restart, an idle timeout) is connected again by the send itself.
+- A call whose connection is lost on the way is sent again on a new one as the client's ``retry`` says,
+  as ``execute_command`` does (every function is idempotent: tokens and owner checks); past that the
+  error goes up as redis-py's.
+- A reply is read whole or the connection is dropped: no connection is left holding a reply nobody read.
+- A forked child never uses its parent's connection: the process id is checked at every call.
+- A thread's connection is closed when the thread ends (its ``threading.local`` is freed), and
+  :meth:`Held.close` closes every thread's (``RedisStorage.close``; a later call connects again).
+
+A forking worker's horse (:func:`pool_only_process`) keeps none: it runs one job, and everything else
+it sends goes through the pool's connection, so a kept one would be one more to make (a connect and the
+client's handshake, each a round trip) for the three calls of a turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+__all__ = ["Held", "pool_only_process", "usable"]
+
+_POOL_ONLY_PID = 0  # the process marked by pool_only_process(); 0: none
+
+
+def pool_only_process() -> None:
+    """Mark this process as one that runs one job (a forking worker's horse): its calls go through the pool.
+
+    A child of this process is not marked.
+    """
+    global _POOL_ONLY_PID
+    _POOL_ONLY_PID = os.getpid()
+
+
+class _Slot:
+    """A thread's connection, made like ``pool`` makes its own; closed when the thread's slot is freed."""
+
+    __slots__ = ("__weakref__", "conn", "pid", "pool")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.pid = os.getpid()
+        self.conn: Any = pool.connection_class(**pool.connection_kwargs)
+
+    def __del__(self) -> None:
+        # A forked child's copy is its parent's socket: never closed from the child.
+        if self.pid == os.getpid():
+            with contextlib.suppress(Exception):  # at interpreter exit redis-py may be gone already
+                self.conn.disconnect()
+
+
+class Held:
+    """Per thread, one connection of a client's pool, kept for calls that would each take one (see the module)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._slots: weakref.WeakSet[_Slot] = weakref.WeakSet()  # every live thread's, for close()
+        self._lock = threading.Lock()
+
+    def call(self, client: Any, command: Sequence[Any]) -> Any:
+        """Send ``command`` on this thread's connection for ``client`` and read its reply (raw, as FCALL's).
+
+        A lost connection is connected again and the command sent again as the client's ``retry`` says
+        (what ``execute_command`` does); the last error goes up as redis-py's.
+        """
+        pid = os.getpid()
+        if pid == _POOL_ONLY_PID:
+            return client.execute_command(*command)
+        pool = client.connection_pool
+        slot: _Slot | None = getattr(self._local, "slot", None)
+        if slot is None or slot.pool is not pool or slot.pid != pid:
+            slot = self._local.slot = _Slot(pool)
+            with self._lock:
+                self._slots.add(slot)
+        conn = slot.conn
+        return conn.retry.call_with_retry(lambda: _send(conn, command), lambda _error: conn.disconnect())
+
+    def close(self) -> None:
+        """Close every thread's connection (``RedisStorage.close``); each connects again at its thread's next call."""
+        with self._lock:
+            slots = list(self._slots)
+        pid = os.getpid()
+        for slot in slots:
+            if slot.pid == pid:
+                slot.conn.disconnect()
+
+
+def usable(client: Any) -> bool:
+    """Whether ``client``'s calls may go on a kept connection: a pooled ``redis.Redis`` (not a Cluster's).
+
+    A client made with ``single_connection_client=True`` sends everything on its one connection, as asked.
+    """
+    return isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
+
+
+def _send(conn: Any, command: Sequence[Any]) -> Any:
+    try:
+        conn.send_command(*command)
+        return conn.read_response()
+    except redis.exceptions.ResponseError:
+        raise  # an error reply, read whole: the connection is fine
+    except BaseException:
+        conn.disconnect()  # not sent wholly, or interrupted mid-read: what is left on it cannot be read in order
+        raise
