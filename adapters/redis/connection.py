@@ -179,7 +179,7 @@ class RedisConnection:
             return False
         if self._deferred.waiting():
             self.collect_deferred()
-        return self._deferred.send(self.client, script, keys, args, what, on_reply)
+        return self._deferred.send(self.client, script, keys, args, what, on_reply, self._held)
 
     def collect_deferred(self) -> None:
         """Read the reply of this thread's deferred write, if one waits (see :meth:`send_deferred`)."""

@@ -2,8 +2,9 @@
 
 The agent turn journals its one tool call's result, or a final answer (no tool calls), right before its
 commit. Waiting for that write's reply cost a round trip a turn (about a tenth of a W1 turn on Redis,
-bench/README.md), though nothing but the commit follows it. :class:`Deferred` sends the script on a
-connection it keeps out of the pool and reads the reply when the thread runs its next script
+bench/README.md), though nothing but the commit follows it. :class:`Deferred` sends the script on the
+thread's kept connection (:mod:`adapters.redis.held`; in a forking worker's horse, on one it takes out of
+the pool until then) and reads the reply when the thread runs its next script
 (:meth:`RedisConnection.run <adapters.redis.connection.RedisConnection.run>` collects it first), by then
 usually in the socket's buffer already.
 
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from adapters.redis.held import Held
 from adapters.redis.library import Hot
 
 __all__ = ["Deferred"]
@@ -36,9 +38,9 @@ _LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSErro
 
 
 class _Pending(NamedTuple):
-    conn: Any  # a redis-py Connection taken out of ``pool``
-    pool: Any
-    client: Any  # the client ``pool`` is of
+    conn: Any  # a redis-py Connection: taken out of the client's pool, or the thread's kept one
+    give_back: Callable[[Any], None]  # the pool's release, or nothing for the kept one
+    client: Any  # the client it is of
     pid: int  # the process that sent it: a forked child does not read its parent's socket
     script: Hot
     keys: Sequence[str]
@@ -54,9 +56,11 @@ class Deferred:
         self._local = threading.local()
 
     def send(self, client: Any, script: Hot, keys: Sequence[str], args: Sequence[Any], what: str,
-             on_reply: Callable[[Any], None]) -> bool:
-        """Send ``script`` on a connection of ``client``'s pool and keep it; ``False`` if it could not be sent.
+             on_reply: Callable[[Any], None], held: Held | None = None) -> bool:
+        """Send ``script`` on a connection of ``client`` and keep it; ``False`` if it could not be sent.
 
+        The connection is the thread's kept one (``held``: :mod:`adapters.redis.held`, whose next call
+        on this thread comes after the reply is read), else one taken out of the client's pool.
         ``on_reply`` gets the reply when it is read. The caller runs the script the usual way on ``False``.
         """
         pool = getattr(client, "connection_pool", None)
@@ -67,22 +71,25 @@ class Deferred:
             command = script.command(keys, args, client)
         except (redis.exceptions.RedisError, OSError):
             return False  # the server not ready, or gone: the usual way says so, as its error
-        try:
+        conn = None if held is None else held.connection(client)
+        give_back: Callable[[Any], None] = _kept if conn is not None else pool.release
+        if conn is None:
             try:
-                conn = pool.get_connection()
-            except TypeError:  # redis-py before 5.3 names the command a connection is taken for
-                conn = pool.get_connection("EVALSHA")
-        except _LOST:
-            return False  # no connection (the server is down?): the usual way says so, as its error
+                try:
+                    conn = pool.get_connection()
+                except TypeError:  # redis-py before 5.3 names the command a connection is taken for
+                    conn = pool.get_connection("EVALSHA")
+            except _LOST:
+                return False  # no connection (the server is down?): the usual way says so, as its error
         try:
             conn.send_command(*command)
         except BaseException as exc:
             conn.disconnect()  # not sent, or not wholly
-            pool.release(conn)
+            give_back(conn)
             if isinstance(exc, _LOST):
                 return False  # the caller sends it again, synchronously (the write is idempotent)
             raise
-        self._local.pending = _Pending(conn, pool, client, os.getpid(), script, keys, args, what, on_reply)
+        self._local.pending = _Pending(conn, give_back, client, os.getpid(), script, keys, args, what, on_reply)
         return True
 
     def waiting(self) -> bool:
@@ -98,25 +105,29 @@ class Deferred:
         self._local.pending = None
         if pending is None or pending.pid != os.getpid():
             return  # sent by the process this one was forked from: its own to read
-        conn, pool = pending.conn, pending.pool
+        conn, give_back = pending.conn, pending.give_back
         try:
             reply = conn.read_response()
         except redis.exceptions.NoScriptError:  # not run: the server lost its scripts meanwhile
-            pool.release(conn)
+            give_back(conn)
             reply = run(pending.script, pending.keys, pending.args, pending.what)
         except _LOST:
             conn.disconnect()  # run or not: the reply is lost with the connection
-            pool.release(conn)
+            give_back(conn)
             reply = run(pending.script, pending.keys, pending.args, pending.what)
         except redis.exceptions.ResponseError as exc:
-            pool.release(conn)  # an error reply, read whole: the connection is fine
+            give_back(conn)  # an error reply, read whole: the connection is fine
             if not pending.script.not_run(exc, pending.client):
                 raise
             reply = run(pending.script, pending.keys, pending.args, pending.what)  # the function was missing
         except BaseException:
             conn.disconnect()  # interrupted mid-read: what is left on it cannot be read in order
-            pool.release(conn)
+            give_back(conn)
             raise
         else:
-            pool.release(conn)
+            give_back(conn)
         pending.on_reply(reply)
+
+
+def _kept(conn: Any) -> None:
+    """The thread's kept connection is not the pool's to take back: it stays with the thread."""

@@ -84,14 +84,26 @@ class Held:
         pid = os.getpid()
         if pid == _POOL_ONLY_PID:
             return client.execute_command(*command)
-        pool = client.connection_pool
+        conn = self._slot(client.connection_pool, pid).conn
+        return conn.retry.call_with_retry(lambda: _send(conn, command), lambda _error: conn.disconnect())
+
+    def connection(self, client: Any) -> Any:
+        """This thread's connection for ``client`` (made now if it has none); ``None`` in a horse (the pool's then).
+
+        For a caller that sends on it and reads the reply itself before this thread's next :meth:`call`.
+        """
+        pid = os.getpid()
+        if pid == _POOL_ONLY_PID:
+            return None
+        return self._slot(client.connection_pool, pid).conn
+
+    def _slot(self, pool: Any, pid: int) -> _Slot:
         slot: _Slot | None = getattr(self._local, "slot", None)
         if slot is None or slot.pool is not pool or slot.pid != pid:
             slot = self._local.slot = _Slot(pool)
             with self._lock:
                 self._slots.add(slot)
-        conn = slot.conn
-        return conn.retry.call_with_retry(lambda: _send(conn, command), lambda _error: conn.disconnect())
+        return slot
 
     def close(self) -> None:
         """Close every thread's connection (``RedisStorage.close``); each connects again at its thread's next call."""

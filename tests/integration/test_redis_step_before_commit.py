@@ -63,23 +63,40 @@ def storage(redis_url: str) -> Any:
     store.client.close()
 
 
+@pytest.fixture(params=["kept", "pool"])
+def way(request: pytest.FixtureRequest, storage: RedisStorage) -> str:
+    """The connection the write goes on: the thread's kept one (adapters/redis/held.py), or the pool's
+    (a forking worker's horse, a client with a single connection: no kept one)."""
+    if request.param == "pool":
+        storage.conn._held = None
+    return str(request.param)
+
+
 def test_the_reply_is_read_by_the_threads_next_script_and_the_connection_goes_back(redis_url: str,
-                                                                                  storage: RedisStorage) -> None:
+                                                                                  storage: RedisStorage,
+                                                                                  way: str) -> None:
     _job(storage)
     pool = storage.client.connection_pool
+    busy = len(pool._in_use_connections)
     storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value={"sum": 4})
-    assert storage.conn._deferred.waiting()  # sent, its reply not read: its connection is out of the pool
+    assert storage.conn._deferred.waiting()  # sent, its reply not read
+    pending = storage.conn._deferred._local.pending
+    if way == "kept":  # on the thread's own connection: none taken from the pool
+        assert pending.conn is storage.conn._held._local.slot.conn  # type: ignore[union-attr]
+        assert len(pool._in_use_connections) == busy
+    else:  # out of the pool until its reply is read
+        assert len(pool._in_use_connections) == busy + 1
     # The server runs it whether or not anyone reads the reply (as for a worker killed now: below).
     assert _eventually(lambda: _journal(redis_url, storage).get("tool:c1")) == {"sum": 4}
-    busy = len(pool._in_use_connections)
     loaded = storage.acquire_lease("j1", "w1", 30)  # the next script reads the reply first
-    assert not storage.conn._deferred.waiting() and len(pool._in_use_connections) == busy - 1
+    assert not storage.conn._deferred.waiting() and len(pool._in_use_connections) == busy
     assert loaded is not None and loaded.checkpoint is not None
     assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
 
 
 def test_closing_the_storage_reads_the_reply_first_and_a_later_call_reconnects(redis_url: str,
-                                                                               storage: RedisStorage) -> None:
+                                                                               storage: RedisStorage,
+                                                                               way: str) -> None:
     _job(storage)
     refused: list[str] = []
     admin = redis.Redis.from_url(redis_url)
@@ -87,11 +104,13 @@ def test_closing_the_storage_reads_the_reply_first_and_a_later_call_reconnects(r
     storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value=5,
                                       on_refused=lambda: refused.append("tool:c1"))
     assert storage.conn._deferred.waiting()
+    conn = storage.conn._deferred._local.pending.conn
     pool = storage.client.connection_pool
-    assert pool._in_use_connections  # the deferred write's
+    assert conn._sock is not None and (conn in pool._in_use_connections) == (way == "pool")
     storage.close()
     # The refusal reached the turn before the connection went (not lost with it), and every connection is closed.
     assert refused == ["tool:c1"] and not storage.conn._deferred.waiting()
+    assert conn._sock is None
     assert not pool._in_use_connections and all(c._sock is None for c in pool._available_connections)
     assert _journal(redis_url, storage) == MODEL
     job = storage.get_job("j1")  # a later call opens a new connection
@@ -155,9 +174,10 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     keys: list[str] = []
     real = Deferred.send
 
-    def counting(self: Deferred, client: Any, script: Any, skeys: Any, args: Any, what: str, on_reply: Any) -> bool:
+    def counting(self: Deferred, client: Any, script: Any, skeys: Any, args: Any, what: str, on_reply: Any,
+                 held: Any = None) -> bool:
         keys.append(args[3])
-        return real(self, client, script, skeys, args, what, on_reply)
+        return real(self, client, script, skeys, args, what, on_reply, held)
 
     monkeypatch.setattr(Deferred, "send", counting)
     return keys
