@@ -469,12 +469,23 @@ class ByteCounter:
             return inner(*args, **options)
 
         client.execute_command = counting
-        # A journal write sent without waiting for its reply (adapters/redis/deferred.py) skips execute_command.
+        # The turn's functions go on a connection the thread keeps (adapters/redis/held.py): not execute_command.
+        held = storage.conn._held
+        if held is not None:
+            call = held.call
+
+            def counting_call(client: Any, command: Any) -> Any:
+                self._count(tuple(command))
+                return call(client, command)
+
+            held.call = counting_call
+        # A journal write sent without waiting for its reply (adapters/redis/deferred.py) skips both.
         deferred = storage.conn._deferred
         send = deferred.send
 
-        def counting_send(client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any) -> bool:
-            sent = bool(send(client, script, keys, args, what, on_reply))
+        def counting_send(client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any,
+                          held: Any = None) -> bool:
+            sent = bool(send(client, script, keys, args, what, on_reply, held))
             if sent:  # else it goes the usual way, counted there
                 self._count(script.command(keys, args, client))
             return sent

@@ -68,7 +68,7 @@ class _Slot:
 
 
 class Held:
-    """Per thread, one connection of a client's pool, kept for calls that would each take one (see the module)."""
+    """Per thread, one connection made as a client's pool makes them, kept for calls that would each take one."""
 
     def __init__(self) -> None:
         self._local = threading.local()

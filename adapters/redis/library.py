@@ -201,8 +201,8 @@ class Hot:
         """Run it on ``client`` (the one it was registered on by default).
 
         A pipeline queues it: its caller checks the pipeline's server first (:meth:`Library.ready`).
-        ``held``: the ``FCALL`` goes on the calling thread's kept connection of ``client``'s pool
-        (:mod:`adapters.redis.held`) instead of one taken from the pool for it.
+        ``held``: the ``FCALL`` goes on the connection the calling thread keeps for ``client``
+        (:mod:`adapters.redis.held`) instead of one taken from its pool for it.
         """
         client = self.script.registered_client if client is None else client
         if isinstance(client, redis.client.Pipeline):
