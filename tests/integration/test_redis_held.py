@@ -176,6 +176,26 @@ def test_a_reply_lost_on_the_way_has_the_call_sent_again(redis_url: str, storage
     assert lost and _journal(redis_url, storage) == {"twice": {"a": 1}}
 
 
+def test_a_read_interrupted_midway_drops_the_connection_and_the_next_call_reads_its_own_reply(
+        redis_url: str, storage: RedisStorage) -> None:
+    _job(storage)
+    slot = storage.conn._held._local.slot  # type: ignore[union-attr]
+    conn, read = slot.conn, slot.conn.read_response
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # a signal while the reply is on its way: it stays unread on the socket
+
+    conn.read_response = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _step(storage, "interrupted", 1)
+    finally:
+        conn.read_response = read
+    assert conn._sock is None  # dropped: its unread reply cannot answer the next call
+    _step(storage, "next", 2)
+    assert _journal(redis_url, storage) == {"interrupted": 1, "next": 2}
+
+
 def test_an_error_reply_leaves_the_connection_usable(redis_url: str, storage: RedisStorage) -> None:
     _job(storage)
     held = storage.conn._held
