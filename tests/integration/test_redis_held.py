@@ -10,7 +10,6 @@ Cluster: elsewhere).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import threading
 import uuid
@@ -22,6 +21,7 @@ import redis
 from adapters.redis import RedisStorage, held
 from adapters.redis.held import Held
 from pipelines.engine.models import Checkpoint, JobRecord, JobStatus
+from tests.integration.test_redis_step_before_commit import _journal
 
 
 @pytest.fixture
@@ -39,15 +39,6 @@ def _job(storage: RedisStorage, job_id: str = "j1") -> None:
 
 def _step(storage: RedisStorage, key: str, value: Any, job_id: str = "j1") -> None:
     storage.record_step(job_id, version=1, owner="w1", key=key, value=value)
-
-
-def _journal(url: str, storage: RedisStorage, job_id: str = "j1") -> dict[str, Any]:
-    client = redis.Redis.from_url(url)
-    try:
-        raw = client.hgetall(storage.keys(job_id).journal)
-    finally:
-        client.close()
-    return {k.decode(): json.loads(v) for k, v in raw.items()}
 
 
 class Taken:
