@@ -479,18 +479,16 @@ class ByteCounter:
                 return call(client, command)
 
             held.call = counting_call
-        # A journal write sent without waiting for its reply (adapters/redis/deferred.py) skips both.
+        # A journal write sent without waiting for its reply, and the commit sent right behind it
+        # (adapters/redis/deferred.py), go through Deferred.write.
         deferred = storage.conn._deferred
-        send = deferred.send
+        write = deferred.write
 
-        def counting_send(client: Any, script: Any, keys: Any, args: Any, what: str, on_reply: Any,
-                          held: Any = None) -> bool:
-            sent = bool(send(client, script, keys, args, what, on_reply, held))
-            if sent:  # else it goes the usual way, counted there
-                self._count(script.command(keys, args, client))
-            return sent
+        def counting_write(conn: Any, command: Any) -> None:
+            self._count(tuple(command))
+            write(conn, command)
 
-        deferred.send = counting_send
+        deferred.write = counting_write
 
     def _add(self, what: str, n: int) -> None:
         self.by[what] = self.by.get(what, 0) + n

@@ -178,8 +178,9 @@ class CallCounter:
     """Counts the commands a storage sends (pipelined ones too) and its round trips.
 
     Through its client's ``execute_command``, and the two ways that skip it: the turn's functions on
-    the connection a thread keeps (adapters/redis/held.py) and a journal write whose reply is read
-    with the next call (adapters/redis/deferred.py), each a command and a round trip.
+    the connection a thread keeps (adapters/redis/held.py), and a journal write whose reply is read
+    later with the commit sent right behind it (adapters/redis/deferred.py's ``Deferred.write``). Each
+    command counts a round trip (it has its reply), waited for or not.
     """
 
     def __init__(self, storage: Any) -> None:
@@ -197,16 +198,14 @@ class CallCounter:
                 return call(*args)
 
             held.call = counting_call
-        defer = deferred.send
+        write = deferred.write
 
-        def counting_send(*args: Any) -> bool:
-            sent = bool(defer(*args))
-            if sent:  # else it goes the usual way, counted there
-                self.commands += 1
-                self.round_trips += 1
-            return sent
+        def counting_write(*args: Any) -> None:
+            self.commands += 1
+            self.round_trips += 1
+            write(*args)
 
-        deferred.send = counting_send
+        deferred.write = counting_write
 
         def counting(*args: Any, **options: Any) -> Any:
             self.commands += 1

@@ -144,14 +144,14 @@ class RedisConnection:
         failover cannot roll it back.
         """
         if self._deferred.waiting():
-            self.collect_deferred()
+            sent, reply = self._behind_deferred(script, keys, args, what, write)
+            if sent:
+                return reply
         if not write and isinstance(script, library.Hot):
             script = script.script  # a read by EVALSHA: a function that may write is refused at maxmemory
         if not self.cluster and (not self.replicas or not write):
             with _mapped(what):
-                if write and self._held is not None and isinstance(script, library.Hot):
-                    return script(keys=keys, args=args, held=self._held)  # the turn's: on the thread's kept connection
-                return script(keys=keys, args=args)
+                return self._direct(script, keys, args, write)
         deadline, pause = time.monotonic() + self.failover_timeout, 0.05
         while True:
             try:
@@ -167,6 +167,25 @@ class RedisConnection:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+    def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any], write: bool) -> Any:
+        """Run ``script`` on a plain Redis: the turn's writes on the thread's kept connection (adapters.redis.held)."""
+        if write and self._held is not None and isinstance(script, library.Hot):
+            return script(keys=keys, args=args, held=self._held)
+        return script(keys=keys, args=args)
+
+    def _behind_deferred(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,
+                         write: bool) -> tuple[bool, Any]:
+        """The turn's commit sent right behind its journal write on the thread's kept connection, both replies
+        read after both went (:meth:`adapters.redis.deferred.Deferred.then`); ``(False, None)``: not so sent,
+        the write's reply read, the call to go the usual way."""
+        if write and self._held is not None and isinstance(script, library.Hot):
+            with _mapped(what):
+                sent, reply = self._deferred.then(script, keys, args, self.client, what, self.run)
+            if sent:
+                return True, reply
+        self.collect_deferred()  # the write's reply read first; the call goes the usual way
+        return False, None
 
     def send_deferred(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,
                       on_reply: Callable[[Any], None]) -> bool:

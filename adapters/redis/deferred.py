@@ -5,8 +5,10 @@ commit. Waiting for that write's reply cost a round trip a turn (about a tenth o
 bench/README.md), though nothing but the commit follows it. :class:`Deferred` sends the script on the
 thread's kept connection (:mod:`adapters.redis.held`; in a forking worker's horse, on one it takes out of
 the pool until then) and reads the reply when the thread runs its next script
-(:meth:`RedisConnection.run <adapters.redis.connection.RedisConnection.run>` collects it first), by then
-usually in the socket's buffer already.
+(:meth:`RedisConnection.run <adapters.redis.connection.RedisConnection.run>` collects it first). On the
+kept connection the next script, the commit, is sent right behind it before either reply is read
+(:meth:`Deferred.then`): the server runs them in the order they went, as before, and the commit does
+not wait for the write's reply first.
 
 Why this keeps I5 (a finished tool does not run again): the write has left the process when
 :meth:`Deferred.send` returns, as a synchronous write has when it starts waiting; a process killed
@@ -35,6 +37,8 @@ __all__ = ["Deferred"]
 
 # A connection lost on the way: whether the script ran is unknown, and running it again is safe.
 _LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+Run = Callable[[Any, Sequence[str], Sequence[Any], str], Any]  # RedisConnection.run: a script, waited for
 
 
 class _Pending(NamedTuple):
@@ -82,7 +86,7 @@ class Deferred:
             except _LOST:
                 return False  # no connection (the server is down?): the usual way says so, as its error
         try:
-            conn.send_command(*command)
+            self.write(conn, command)
         except BaseException as exc:
             conn.disconnect()  # not sent, or not wholly
             give_back(conn)
@@ -92,11 +96,17 @@ class Deferred:
         self._local.pending = _Pending(conn, give_back, client, os.getpid(), script, keys, args, what, on_reply)
         return True
 
+    @staticmethod
+    def write(conn: Any, command: Sequence[Any]) -> None:
+        """Put ``command`` on ``conn`` without reading its reply (the one place this module sends: tests and
+        the benches watch it)."""
+        conn.send_command(*command)
+
     def waiting(self) -> bool:
         """Whether this thread sent a script whose reply is not read yet."""
         return getattr(self._local, "pending", None) is not None
 
-    def collect(self, run: Callable[[Any, Sequence[str], Sequence[Any], str], Any]) -> None:
+    def collect(self, run: Run) -> None:
         """Read this thread's pending reply and hand it on; ``run`` runs the script again when it must be.
 
         Errors of the script itself are raised here, as a synchronous call raises them.
@@ -105,28 +115,91 @@ class Deferred:
         self._local.pending = None
         if pending is None or pending.pid != os.getpid():
             return  # sent by the process this one was forked from: its own to read
-        conn, give_back = pending.conn, pending.give_back
         try:
-            reply = conn.read_response()
-        except redis.exceptions.NoScriptError:  # not run: the server lost its scripts meanwhile
-            give_back(conn)
-            reply = run(pending.script, pending.keys, pending.args, pending.what)
-        except _LOST:
-            conn.disconnect()  # run or not: the reply is lost with the connection
-            give_back(conn)
-            reply = run(pending.script, pending.keys, pending.args, pending.what)
-        except redis.exceptions.ResponseError as exc:
-            give_back(conn)  # an error reply, read whole: the connection is fine
-            if not pending.script.not_run(exc, pending.client):
-                raise
-            reply = run(pending.script, pending.keys, pending.args, pending.what)  # the function was missing
-        except BaseException:
-            conn.disconnect()  # interrupted mid-read: what is left on it cannot be read in order
-            give_back(conn)
+            got = _read(pending.conn)
+        finally:
+            pending.give_back(pending.conn)
+        _settle(pending, got, run)
+
+    def then(self, script: Hot, keys: Sequence[str], args: Sequence[Any], client: Any, what: str,
+             run: Run) -> tuple[bool, Any]:
+        """Send ``script`` right behind this thread's pending write, on the same kept connection, then read both.
+
+        The write's reply is not waited for before the next call goes (a round trip off the turn's path):
+        the server runs the two in the order they were sent, so the write comes first as before, and both
+        replies are read before anything else is sent on the connection. ``(True, reply)`` with the next
+        call's reply; ``(False, None)`` when nothing waits on a kept connection, or ``script`` could not be
+        sent: the caller then collects and runs it the usual way.
+
+        Its reply decides: a call that ran (any reply but an error) returns it, whatever became of the write
+        before it (the call is the commit, which holds what the write journaled). A call that did not run (the
+        connection lost, the function or script missing) is run again once the write is settled as
+        :meth:`collect` settles it; any other error is raised, as a synchronous call raises it.
+        """
+        pending: _Pending | None = getattr(self._local, "pending", None)
+        if pending is None or pending.give_back is not _kept or pending.pid != os.getpid():
+            return False, None
+        try:
+            command = script.command(keys, args, client)  # FCALL, or EVALSHA where functions are off
+        except (redis.exceptions.RedisError, OSError):
+            return False, None  # the server not ready, or gone: the usual way says so, as its error
+        conn = pending.conn
+        try:
+            self.write(conn, command)
+        except BaseException as exc:
+            conn.disconnect()  # not sent wholly; the write's reply goes with it (collect runs the write again)
+            if isinstance(exc, _LOST):
+                return False, None
             raise
-        else:
-            give_back(conn)
-        pending.on_reply(reply)
+        self._local.pending = None
+        first = _read(conn)
+        second = _read(conn) if not isinstance(first.error, _LOST) else first  # lost: both replies with it
+        if second.error is None:
+            if first.error is None:
+                pending.on_reply(first.value)
+            return True, second.value
+        _settle(pending, first, run)
+        if not _did_not_run(script, second.error, client):
+            raise second.error
+        return True, run(script, keys, args, what)
+
+
+class _Read(NamedTuple):
+    """A reply read off a connection: its value, or the error it was (an error reply, or the connection lost)."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+def _read(conn: Any) -> _Read:
+    try:
+        return _Read(conn.read_response())
+    except redis.exceptions.ResponseError as exc:
+        return _Read(error=exc)  # an error reply, read whole: the connection is fine
+    except _LOST as exc:
+        conn.disconnect()  # run or not: the reply is lost with the connection
+        return _Read(error=exc)
+    except BaseException:
+        conn.disconnect()  # interrupted mid-read: what is left on it cannot be read in order
+        raise
+
+
+def _did_not_run(script: Hot, error: BaseException, client: Any) -> bool:
+    """Whether a call that failed with ``error`` did not run, so that sending it again is what to do.
+
+    The connection lost (run or not: every script here is idempotent), the server without the script
+    (``NOSCRIPT``) or the function (which :meth:`Hot.not_run` loads, or turns functions off).
+    """
+    return isinstance(error, (redis.exceptions.NoScriptError, *_LOST)) or script.not_run(error, client)
+
+
+def _settle(pending: _Pending, got: _Read, run: Run) -> None:
+    """Hand the write's reply on; a write that did not run is run again first, another error raised."""
+    if got.error is not None:
+        if not _did_not_run(pending.script, got.error, pending.client):
+            raise got.error
+        got = _Read(run(pending.script, pending.keys, pending.args, pending.what))
+    pending.on_reply(got.value)
 
 
 def _kept(conn: Any) -> None:

@@ -27,6 +27,7 @@ from adapters.redis.deferred import Deferred
 from bench import w1
 from bench.apps import w1_agent
 from pipelines.engine.models import Checkpoint, JobRecord, JobStatus
+from pipelines.testing import ScriptedModel, call, reply
 
 MODEL = {"model": "the answer"}
 
@@ -266,3 +267,98 @@ def test_a_server_not_ready_for_the_library_check_has_the_write_sent_the_usual_w
     assert asked and not fresh.conn._deferred.waiting() and fresh.scripts.library.on
     assert _journal(redis_url, storage) == {**MODEL, "tool:c1": "done"}
     fresh.close()
+
+
+# --- the commit sent right behind the journal write (Deferred.then) ----------------------------------
+def _acting(msgs: list[dict[str, Any]]) -> Any:
+    done = sum(1 for m in msgs if m["role"] == "assistant")
+    return "done" if done >= 3 else reply(f"step {done}", call("act", n=done))
+
+
+def _acting_app(storage: RedisStorage, sabotage: Any, ran: list[int]) -> Any:
+    from pipelines import Agent, App, tool
+
+    @tool
+    def act(n: int) -> dict[str, int]:
+        """Act once per call; the first call sabotages what follows it."""
+        ran.append(n)
+        if len(ran) == 1:
+            sabotage()
+        return {"acted": n}
+
+    return App(storage=storage, scheduler=MemoryScheduler(),
+               agents=[Agent(name="s", model=ScriptedModel(_acting), tools=[act], max_turns=10)])
+
+
+def test_the_commit_goes_right_behind_the_journal_write_and_both_replies_are_read_after(
+        redis_url: str, storage: RedisStorage) -> None:
+    _job(storage, "warm")  # the thread's kept connection made
+    conn = storage.conn._held._local.slot.conn  # type: ignore[union-attr]
+    ops: list[str] = []
+    send, read = conn.send_command, conn.read_response
+
+    def sending(*args: Any, **kwargs: Any) -> Any:
+        ops.append(f"send {args[1]}")
+        return send(*args, **kwargs)
+
+    def reading(*args: Any, **kwargs: Any) -> Any:
+        ops.append("read")
+        return read(*args, **kwargs)
+
+    conn.send_command, conn.read_response = sending, reading
+    ran: list[int] = []
+    app = _acting_app(storage, lambda: None, ran)
+    app.run_agent("s", job_id="p1", messages=["go"])
+    app.scheduler.drain()
+    assert app.get("p1").status is JobStatus.COMPLETE and ran == [0, 1, 2]
+    s = storage.scripts
+    step, commit = f"send {s.step.name}", f"send {s.commit.name}"
+    # Each turn: the model's answer waited for; its tool's result, then the commit, sent before either reply is read.
+    behind = [i for i in range(len(ops) - 3) if ops[i:i + 4] == [step, commit, "read", "read"]]
+    assert len(behind) == 4  # three tool turns and the final answer's turn
+
+
+@pytest.mark.parametrize("how", ["flush functions", "flush scripts", "kill connections"])
+def test_a_journal_write_and_the_commit_behind_it_that_did_not_run_are_run_again(
+        redis_url: str, storage: RedisStorage, how: str) -> None:
+    admin = redis.Redis.from_url(redis_url)
+    if how == "flush scripts":
+        storage.scripts.library.on = False  # a server without functions: EVALSHA, NOSCRIPT when flushed
+    sabotage = {
+        "flush functions": admin.function_flush,  # a restarted server: FCALL answers "Function not found"
+        "flush scripts": admin.script_flush,
+        "kill connections": lambda: admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"),
+    }[how]
+    ran: list[int] = []
+    app = _acting_app(storage, sabotage, ran)
+    app.run_agent("s", job_id="p2", messages=["go"])
+    app.scheduler.drain()
+    admin.close()
+    job = app.get("p2")
+    assert job.status is JobStatus.COMPLETE and ran == [0, 1, 2]  # each tool ran once: the write went again
+    tools = [json.loads(m["content"]) for m in app.messages("p2") if m["role"] == "tool"]
+    assert tools == [{"acted": 0}, {"acted": 1}, {"acted": 2}]
+    assert [m["role"] for m in app.messages("p2")] == ["user", *["assistant", "tool"] * 3, "assistant"]
+
+
+def test_a_connection_lost_after_the_write_and_the_call_behind_it_went_has_both_run_again(
+        redis_url: str, storage: RedisStorage) -> None:
+    _job(storage)
+    storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value={"sum": 4})
+    conn = storage.conn._held._local.slot.conn  # type: ignore[union-attr]
+    read, lost = conn.read_response, []
+
+    def lose_first(*args: Any, **kwargs: Any) -> Any:
+        if not lost:  # both went; the connection drops before either reply is read
+            lost.append(True)
+            raise redis.exceptions.ConnectionError("connection reset by peer")
+        return read(*args, **kwargs)
+
+    conn.read_response = lose_first
+    try:
+        loaded = storage.acquire_lease("j1", "w1", 30)  # a write of the turn's: it goes right behind the journal's
+    finally:
+        conn.read_response = read
+    assert lost and loaded is not None and loaded.checkpoint is not None
+    assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
+    assert _journal(redis_url, storage) == {**MODEL, "tool:c1": {"sum": 4}}
