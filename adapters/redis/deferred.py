@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from adapters.redis.held import Held
+from adapters.redis.held import Held, put
 from adapters.redis.library import Hot
 
 __all__ = ["Deferred"]
@@ -100,7 +100,7 @@ class Deferred:
     def write(conn: Any, command: Sequence[Any]) -> None:
         """Put ``command`` on ``conn`` without reading its reply (the one place this module sends: tests and
         the benches watch it)."""
-        conn.send_command(*command)
+        put(conn, command)
 
     def waiting(self) -> bool:
         """Whether this thread sent a script whose reply is not read yet."""

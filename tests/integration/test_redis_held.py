@@ -260,3 +260,33 @@ def test_a_held_call_sends_the_command_it_is_given_and_reads_its_reply(storage: 
     held = Held()
     assert held.call(storage.client, ("ECHO", "hello")) == b"hello"
     held.close()
+
+
+def test_a_command_is_packed_as_redis_py_packs_it_and_a_bad_value_is_refused_the_same_way(
+        storage: RedisStorage) -> None:
+    from redis.connection import HiredisRespSerializer, PythonRespSerializer
+
+    sent: list[bytes] = []
+
+    class Wire:
+        def send_packed_command(self, packed: Any, check_health: bool = True) -> None:
+            sent.append(packed if isinstance(packed, bytes) else b"".join(packed))
+
+        def send_command(self, *args: Any) -> None:
+            raise redis.exceptions.DataError(f"Invalid input of type: {type(args[-1]).__name__!r}")
+
+    command = ("FCALL", "prabc123c", 2, "pr:{j1}:record", "pr:due", "", "é ☃ \\n", b"\x00raw", 12)
+    held.put(Wire(), command)
+    expected = HiredisRespSerializer().pack(*command)[0]
+    assert sent == [expected]
+    encoder = storage.client.connection_pool.get_encoder()
+    assert b"".join(PythonRespSerializer(6000, encoder.encode).pack(*command)) == expected  # without hiredis too
+    with pytest.raises(redis.exceptions.DataError):
+        held.put(Wire(), ("ECHO", None))  # hiredis refuses it; redis-py's send_command says what it is
+    # And on a real connection: the reply of what was put.
+    conn = storage.client.connection_pool.get_connection()
+    try:
+        held.put(conn, ("ECHO", "é ☃"))
+        assert conn.read_response() == "é ☃".encode()
+    finally:
+        storage.client.connection_pool.release(conn)
