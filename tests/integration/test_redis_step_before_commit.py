@@ -295,17 +295,18 @@ def test_the_commit_goes_right_behind_the_journal_write_and_both_replies_are_rea
     _job(storage, "warm")  # the thread's kept connection made
     conn = storage.conn._held._local.slot.conn  # type: ignore[union-attr]
     ops: list[str] = []
-    send, read = conn.send_command, conn.read_response
+    send, read = conn.send_packed_command, conn.read_response
 
-    def sending(*args: Any, **kwargs: Any) -> Any:
-        ops.append(f"send {args[1]}")
-        return send(*args, **kwargs)
+    def sending(packed: Any, *args: Any, **kwargs: Any) -> Any:
+        wire = packed if isinstance(packed, bytes | str) else b"".join(packed)
+        ops.append("send " + wire.split(b"\r\n")[4].decode())  # *N, $len, FCALL, $len, its name
+        return send(packed, *args, **kwargs)
 
     def reading(*args: Any, **kwargs: Any) -> Any:
         ops.append("read")
         return read(*args, **kwargs)
 
-    conn.send_command, conn.read_response = sending, reading
+    conn.send_packed_command, conn.read_response = sending, reading
     ran: list[int] = []
     app = _acting_app(storage, lambda: None, ran)
     app.run_agent("s", job_id="p1", messages=["go"])
