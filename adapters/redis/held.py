@@ -136,7 +136,7 @@ def put(conn: Any, command: Sequence[Any]) -> None:
     conversions, which str, int and bytes need none of: ~5 us a turn's command); a value hiredis does not
     take goes through ``send_command``, which says what is wrong with it (``DataError``).
     """
-    if _pack_command is not None:
+    if _pack_command is not None and not (isinstance(command[0], str) and " " in command[0]):  # "SCRIPT LOAD": split
         try:
             packed = _pack_command(tuple(command))
         except TypeError:

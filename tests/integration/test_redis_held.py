@@ -272,8 +272,8 @@ def test_a_command_is_packed_as_redis_py_packs_it_and_a_bad_value_is_refused_the
         def send_packed_command(self, packed: Any, check_health: bool = True) -> None:
             sent.append(packed if isinstance(packed, bytes) else b"".join(packed))
 
-        def send_command(self, *args: Any) -> None:
-            raise redis.exceptions.DataError(f"Invalid input of type: {type(args[-1]).__name__!r}")
+        def send_command(self, *args: Any) -> None:  # as redis-py's, which packs with hiredis here
+            self.send_packed_command(HiredisRespSerializer().pack(*args))  # DataError for a value it refuses
 
     command = ("FCALL", "prabc123c", 2, "pr:{j1}:record", "pr:due", "", "é ☃ \\n", b"\x00raw", 12)
     held.put(Wire(), command)
@@ -281,6 +281,9 @@ def test_a_command_is_packed_as_redis_py_packs_it_and_a_bad_value_is_refused_the
     assert sent == [expected]
     encoder = storage.client.connection_pool.get_encoder()
     assert b"".join(PythonRespSerializer(6000, encoder.encode).pack(*command)) == expected  # without hiredis too
+    sent.clear()
+    held.put(Wire(), ("CLIENT SETNAME", "x"))  # a command name of two words: redis-py splits it, so does put
+    assert sent == [HiredisRespSerializer().pack("CLIENT SETNAME", "x")[0]]
     with pytest.raises(redis.exceptions.DataError):
         held.put(Wire(), ("ECHO", None))  # hiredis refuses it; redis-py's send_command says what it is
     # And on a real connection: the reply of what was put.
