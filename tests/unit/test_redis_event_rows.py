@@ -41,3 +41,15 @@ def test_an_unusual_event_takes_the_general_path_which_converts_or_refuses_namin
         _dump_parts([Event(timestamp=1.0, type="tool_call", data={"pair": (1, 2)})])
     with pytest.raises(StateNotSerializableError, match="event 'tool_call'"):
         _dump_parts([Event(timestamp=float("nan"), type="tool_call")])
+
+
+@pytest.mark.parametrize("fields", [
+    [b"e", b'{"a":1}'], ["e", '{"a":1}'], [b"e", "{}"],  # the one field this storage writes: bytes or str
+    [b"x", b"1", b"e", b'{"a":1}'], {b"e": b'{"a":1}'}, {"e": '{"a":1}'}, [b"x", b"1"], [], None,
+])
+def test_a_stream_entry_s_text_is_found_whatever_its_shape(fields: object) -> None:
+    from adapters.redis.events import entry
+
+    as_dict = dict(zip(fields[::2], fields[1::2], strict=False)) if isinstance(fields, list) else fields
+    raw = (as_dict or {}).get(b"e") or (as_dict or {}).get("e") or ""
+    assert entry(fields) == (raw.decode() if isinstance(raw, bytes) else raw)
