@@ -14,8 +14,6 @@ from typing import Any
 
 __all__ = ["spy_commands"]
 
-Send = Callable[..., Any]
-
 
 def spy_commands(storage: Any, spy: Callable[..., Any]) -> None:
     """Route every command ``storage`` sends through ``spy(send, *args)``, which sends it with ``send(*args)``."""
