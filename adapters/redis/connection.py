@@ -171,7 +171,10 @@ class RedisConnection:
     def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any], write: bool) -> Any:
         """Run ``script`` on a plain Redis: the turn's writes on the thread's kept connection (adapters.redis.held)."""
         if write and self._held is not None and isinstance(script, library.Hot):
-            return script(keys=keys, args=args, held=self._held)
+            reply = script(keys=keys, args=args, held=self._held)
+            if script is self.scripts.commit:
+                self._held.committed()  # a forking worker's horse that goes on keeps a connection from here
+            return reply
         return script(keys=keys, args=args)
 
     def _behind_deferred(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,

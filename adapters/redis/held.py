@@ -20,9 +20,10 @@ gave is kept:
 - A thread's connection is closed when the thread ends (its ``threading.local`` is freed), and
   :meth:`Held.close` closes every thread's (``RedisStorage.close``; a later call connects again).
 
-A forking worker's horse (:func:`pool_only_process`) keeps none: it runs one job, and everything else
-it sends goes through the pool's connection, so a kept one would be one more to make (a connect and the
-client's handshake, each a round trip) for the three calls of a turn.
+A forking worker's horse (:func:`pool_only_process`) keeps none for its first turn: it usually runs one
+turn and exits, and everything else it sends goes through the pool's connection, so a kept one would be
+one more to make (a connect and the client's handshake, each a round trip) for the three calls of a
+turn. A horse that goes on with its job (``continue_for``) keeps one from its second turn.
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ try:  # redis-py packs commands with hiredis when it is installed (it is in the 
 except ImportError:  # pragma: no cover - then redis-py's own packer, through send_command
     _pack_command = None
 
-_POOL_ONLY_PID = 0  # the process marked by pool_only_process(); 0: none
+_POOL_ONLY_PID = 0  # the process marked by pool_only_process() and not past its first commit; 0: none
 
 
 def pool_only_process() -> None:
-    """Mark this process as one that runs one job (a forking worker's horse): its calls go through the pool.
+    """Mark this process as one that runs one job (a forking worker's horse): its calls go through the pool
+    until its first commit (:meth:`Held.committed`), as everything else the horse sends does.
 
-    A child of this process is not marked.
+    A horse usually runs one turn and exits: a kept connection would be one more to make (a connect and the
+    client's handshake) for three calls. One that goes on with its job (``continue_for``) keeps one from its
+    second turn, where it pays. A child of this process is not marked.
     """
     global _POOL_ONLY_PID
     _POOL_ONLY_PID = os.getpid()
@@ -110,6 +114,13 @@ class Held:
             with self._lock:
                 self._slots.add(slot)
         return slot
+
+    @staticmethod
+    def committed() -> None:
+        """A commit went: a horse past it goes on with its job (``continue_for``), and keeps a connection now."""
+        global _POOL_ONLY_PID
+        if os.getpid() == _POOL_ONLY_PID:
+            _POOL_ONLY_PID = 0
 
     def close(self) -> None:
         """Close every thread's connection (``RedisStorage.close``); each connects again at its thread's next call."""

@@ -216,21 +216,34 @@ def test_a_forked_child_uses_a_connection_of_its_own(redis_url: str, storage: Re
     assert _journal(redis_url, storage) == {"child": 5, "parent": 6}
 
 
-def test_a_horse_sends_them_through_the_pool(redis_url: str, storage: RedisStorage) -> None:
+@pytest.mark.parametrize("turns", [1, 3])
+def test_a_horse_sends_its_first_turn_through_the_pool_and_keeps_a_connection_if_it_goes_on(
+        redis_url: str, storage: RedisStorage, turns: int) -> None:
+    from bench import w1
+    from bench.apps import w1_agent
+    from bench.run import NoopScheduler  # no queue to hand the job back to: continue_for runs every turn
+    from pipelines.app import App
+
     _job(storage)
     parent = storage.conn._held._local.slot  # type: ignore[union-attr]
+    app = App(storage=storage, scheduler=NoopScheduler(), agents=[w1_agent(turns)], continue_for=30)
+    app.run_agent("w1", job_id="h1", messages=[w1.USER])
     pid = os.fork()
-    if pid == 0:  # a forking worker's horse (adapters.rq.lifeline marks it): one job, the pool's connection
+    if pid == 0:  # a forking worker's horse (adapters.rq.lifeline marks it), running one job
         code = 1
         try:
             held.pool_only_process()
-            _step(storage, "horse", 9)
-            code = 0 if storage.conn._held._local.slot is parent else 2  # type: ignore[union-attr]
+            app.try_advance("h1")  # under continue_for: every turn of the job, in this process
+            slot = storage.conn._held._local.slot  # type: ignore[union-attr]
+            # One turn: all of it through the pool (the parent's slot untouched, none made). More: a kept
+            # connection of the horse's own from its second turn.
+            kept = slot is not parent and slot.pid == os.getpid()
+            code = 0 if app.get("h1").status is JobStatus.COMPLETE and kept == (turns > 1) else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert _journal(redis_url, storage) == {"horse": 9}
+    assert len(app.messages("h1")) == 2 + 2 * (turns - 1) + 1
 
 
 def test_a_client_with_a_single_connection_sends_everything_on_it(redis_url: str) -> None:
