@@ -446,15 +446,16 @@ class NoopScheduler:
 
 
 class ByteCounter:
-    """Wraps a redis-py client's ``execute_command`` and sorts the bytes of every argument sent.
+    """Sees every command a storage sends (``tests.redis_spy.spy_commands``) and sorts the bytes of its arguments.
 
     The ARGV layouts come from :mod:`adapters.redis.scripts` (its ``*_ARGS`` constants), so the
     breakdown follows the scripts instead of going stale when they gain an argument.
     """
 
     def __init__(self, storage: Any) -> None:
+        from tests.redis_spy import spy_commands
+
         self.by: dict[str, int] = {}
-        client = storage.client
         s = storage.scripts
         names = {s.commit.sha: "commit", s.step.sha: "step", s.create.sha: "create", s.load.sha: "load",
                  s.release.sha: "release", s.renew.sha: "renew", s.publish.sha: "publish", s.send.sha: "send",
@@ -462,33 +463,13 @@ class ByteCounter:
                  # The turn's three by FCALL where the server has functions (adapters.redis.library).
                  s.commit.name: "commit", s.step.name: "step", s.load.name: "load"}
         self._names = names
-        inner = client.execute_command
 
-        def counting(*args: Any, **options: Any) -> Any:
+        def counting(send: Any, *args: Any) -> Any:
             self._count(args)
-            return inner(*args, **options)
+            return send(*args)
 
-        client.execute_command = counting
-        # The turn's functions go on a connection the thread keeps (adapters/redis/held.py): not execute_command.
-        held = storage.conn._held
-        if held is not None:
-            call = held.call
-
-            def counting_call(client: Any, command: Any) -> Any:
-                self._count(tuple(command))
-                return call(client, command)
-
-            held.call = counting_call
-        # A journal write sent without waiting for its reply, and the commit sent right behind it
-        # (adapters/redis/deferred.py), go through Deferred.write.
-        deferred = storage.conn._deferred
-        write = deferred.write
-
-        def counting_write(conn: Any, command: Any) -> None:
-            self._count(tuple(command))
-            write(conn, command)
-
-        deferred.write = counting_write
+        # Through the client, the thread's kept connection and the deferred write's (tests/redis_spy.py).
+        spy_commands(storage, counting)
 
     def _add(self, what: str, n: int) -> None:
         self.by[what] = self.by.get(what, 0) + n

@@ -184,33 +184,19 @@ class CallCounter:
     """
 
     def __init__(self, storage: Any) -> None:
+        from tests.redis_spy import spy_commands  # the client's commands and the two ways that skip it
+
         self.commands = 0
         self.round_trips = 0
         client = storage.client
-        send, make_pipeline = client.execute_command, client.pipeline
-        held, deferred = storage.conn._held, storage.conn._deferred
-        if held is not None:
-            call = held.call
+        make_pipeline = client.pipeline
 
-            def counting_call(*args: Any) -> Any:
-                self.commands += 1
-                self.round_trips += 1
-                return call(*args)
-
-            held.call = counting_call
-        write = deferred.write
-
-        def counting_write(*args: Any) -> None:
+        def counting(send: Any, *args: Any) -> Any:
             self.commands += 1
             self.round_trips += 1
-            write(*args)
+            return send(*args)
 
-        deferred.write = counting_write
-
-        def counting(*args: Any, **options: Any) -> Any:
-            self.commands += 1
-            self.round_trips += 1
-            return send(*args, **options)
+        spy_commands(storage, counting)
 
         def pipeline(*args: Any, **options: Any) -> Any:
             pipe = make_pipeline(*args, **options)
@@ -224,7 +210,6 @@ class CallCounter:
             pipe.execute = execute
             return pipe
 
-        client.execute_command = counting
         client.pipeline = pipeline
 
 
