@@ -22,7 +22,6 @@ from redis.retry import Retry
 from adapters.redis import held, library, record_format, scripts
 from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact, driver_info, settle_driver_info
 from adapters.redis.deferred import Deferred
-from adapters.redis.held import Held
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
 from adapters.redis.scripts import naming
 from adapters.redis.values import _KEY_TYPES, _text
@@ -95,7 +94,7 @@ class RedisConnection:
         self.scripts = Scripts(client)
         self._deferred = Deferred()
         # The turn's functions go on a connection each thread keeps (adapters.redis.held): a plain Redis only.
-        self._held = Held() if held.usable(client) and not self.cluster else None
+        self._held = held.Held() if held.usable(client) else None
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of ``job_id`` (validated)."""
@@ -168,21 +167,26 @@ class RedisConnection:
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
+    def _kept_for(self, script: Any, write: bool) -> held.Held | None:
+        """The ``Held`` whose connections ``script`` goes on (the turn's writes on a plain Redis), else ``None``."""
+        return self._held if write and isinstance(script, library.Hot) else None
+
     def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any], write: bool) -> Any:
         """Run ``script`` on a plain Redis: the turn's writes on the thread's kept connection (adapters.redis.held)."""
-        if write and self._held is not None and isinstance(script, library.Hot):
-            reply = script(keys=keys, args=args, held=self._held)
-            if script is self.scripts.commit:
-                self._held.committed()  # a forking worker's horse that goes on keeps a connection from here
-            return reply
-        return script(keys=keys, args=args)
+        kept = self._kept_for(script, write)
+        if kept is None:
+            return script(keys=keys, args=args)
+        reply = script(keys=keys, args=args, held=kept)
+        if script is self.scripts.commit:
+            kept.committed()  # a forking worker's horse that goes on keeps a connection from here
+        return reply
 
     def _behind_deferred(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,
                          write: bool) -> tuple[bool, Any]:
         """The turn's commit sent right behind its journal write on the thread's kept connection, both replies
         read after both went (:meth:`adapters.redis.deferred.Deferred.then`); ``(False, None)``: not so sent,
         the write's reply read, the call to go the usual way."""
-        if write and self._held is not None and isinstance(script, library.Hot):
+        if self._kept_for(script, write) is not None:
             with _mapped(what):
                 sent, reply = self._deferred.then(script, keys, args, self.client, what, self.run)
             if sent:

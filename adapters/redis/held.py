@@ -91,10 +91,9 @@ class Held:
         A lost connection is connected again and the command sent again as the client's ``retry`` says
         (what ``execute_command`` does); the last error goes up as redis-py's.
         """
-        pid = os.getpid()
-        if pid == _POOL_ONLY_PID:
+        conn = self.connection(client)
+        if conn is None:  # a forking worker's horse, before its first commit
             return client.execute_command(*command)
-        conn = self._slot(client.connection_pool, pid).conn
         return conn.retry.call_with_retry(lambda: _send(conn, command), lambda _error: conn.disconnect())
 
     def connection(self, client: Any) -> Any:
@@ -133,7 +132,7 @@ class Held:
 
 
 def usable(client: Any) -> bool:
-    """Whether ``client``'s calls may go on a kept connection: a pooled ``redis.Redis`` (not a Cluster's).
+    """Whether ``client``'s calls may go on a kept connection: a pooled ``redis.Redis`` (a ``RedisCluster`` is none).
 
     A client made with ``single_connection_client=True`` sends everything on its one connection, as asked.
     """
