@@ -499,10 +499,11 @@ class ByteCounter:
             self._add("transcript messages (a journaled one as a reference)", sum(map(size, msgs)))
             self._add("log entries", sum(map(size, logs)))
             self._add("events (durable log)", sum(map(size, events)))
-            # COMMIT's record mode (adapters.redis.record_format) and status place close its fixed arguments.
+            # COMMIT's record mode (adapters.redis.record_format), status place and archive flag close its fixed
+            # arguments.
             end = layout.record_mode if layout.record_mode >= 0 else fixed
             self._add("record: turn history (base, dropped, new marks)", sum(map(size, argv[layout.history:end])))
-            self._add("record: format mode, status place", sum(map(size, argv[end:fixed])))
+            self._add("record: format mode, status place, archive flag", sum(map(size, argv[end:fixed])))
             rest = [a for i, a in enumerate(argv[:layout.history]) if i != layout.data]
             self._add(f"{script}: ids, tokens, versions, flags", sum(map(size, rest)))
         elif script == "step":

@@ -38,7 +38,7 @@ class Scripts:
     """The storage's Lua scripts (:mod:`adapters.redis.scripts`), registered on one client.
 
     ``register_script`` runs EVALSHA and reloads the script after ``SCRIPT FLUSH``. The turn's three
-    (``load``, ``step``, ``commit``) are functions of one library where the server has them
+    (``load``, ``step``, ``commit``) and ``archive`` are functions of one library where the server has them
     (:mod:`adapters.redis.library`), loaded again after ``FUNCTION FLUSH`` or a restart.
     """
 
@@ -58,7 +58,7 @@ class Scripts:
         self.send = client.register_script(scripts.SEND)
         self.dropped = client.register_script(scripts.DROPPED)
         self.reindex = client.register_script(scripts.REINDEX)
-        self.archive = client.register_script(scripts.ARCHIVE)
+        self.archive = library.Hot(client.register_script(scripts.ARCHIVE), self.library, names["a"])
         self.events = client.register_script(scripts.EVENTS)
         self.read_live = client.register_script(scripts.READ_LIVE)
         self.upgrade_records = client.register_script(scripts.UPGRADE_RECORDS)
@@ -168,8 +168,17 @@ class RedisConnection:
             pause = min(pause * 2, 1.0)
 
     def _kept_for(self, script: Any, write: bool) -> held.Held | None:
-        """The ``Held`` whose connections ``script`` goes on (the turn's writes on a plain Redis), else ``None``."""
-        return self._held if write and isinstance(script, library.Hot) else None
+        """The ``Held`` whose connections ``script`` goes on (the turn's writes on a plain Redis), else ``None``.
+
+        A finished job's archive goes on the thread's connection only if it keeps one already: a forking
+        worker's horse that ran one turn sent it through the pool, and makes none for the archive, its
+        last call before it exits.
+        """
+        if not write or not isinstance(script, library.Hot) or self._held is None:
+            return None
+        if script is self.scripts.archive and not self._held.keeps(self.client):
+            return None
+        return self._held
 
     def _direct(self, script: Any, keys: Sequence[str], args: Sequence[Any], write: bool) -> Any:
         """Run ``script`` on a plain Redis: the turn's writes on the thread's kept connection (adapters.redis.held)."""

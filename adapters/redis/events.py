@@ -59,13 +59,18 @@ class EventReads:
         is not finished, or it moved on meanwhile (nothing written; try again
         later). Readers see the same events with the same ids either way.
         """
-        k, ix = self.conn.keys(job_id), self.conn.layout.indexes_of(job_id)
+        k = self.conn.keys(job_id)
         what = f"archiving the events of job {job_id!r}"
         reply = self.conn.run(self.conn.scripts.events, [k.record, k.events], ["-", "", ""], what, write=False)
         self.conn.check_types(job_id, reply, what)
         blob, entries = reply
+        return self._archive(job_id, blob, entries, what)
+
+    def _archive(self, job_id: str, blob: Any, entries: Any, what: str) -> bool:
+        """Write the archive of ``entries`` (the whole stream, as read) after ``blob`` (the archive read with them)."""
         if not entries:
             return False
+        k, ix = self.conn.keys(job_id), self.conn.layout.indexes_of(job_id)
         stream = [(_text(entry_id), entry(fields)) for entry_id, fields in entries]
         old = _text(blob) if blob else ""
         try:
@@ -78,11 +83,18 @@ class EventReads:
         self.conn.check_types(job_id, done, what)
         return done == "ok"
 
-    def archive_quietly(self, job_id: str) -> None:
-        # After a commit that finished the job: the commit stands whatever happens here; a job left
-        # unarchived still reads the same and is archived by a later call.
+    def archive_quietly(self, job_id: str, read: tuple[Any, Any] | None = None) -> None:
+        """:meth:`archive_events` after a commit that finished the job, from ``read`` (the archive and the
+        stream's entries, as the commit read them) when given.
+
+        The commit stands whatever happens here: a failure is logged, and a job left unarchived still
+        reads the same and is archived by a later call.
+        """
         try:
-            self.archive_events(job_id)
+            if read is None:
+                self.archive_events(job_id)
+            else:
+                self._archive(job_id, *read, f"archiving the events of job {job_id!r}")
         except PipelineError as exc:
             _log.warning("job %s: its events stay in their stream (archiving failed: %s)", job_id, exc)
 

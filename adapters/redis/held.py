@@ -106,6 +106,11 @@ class Held:
             return None
         return self._slot(client.connection_pool, pid).conn
 
+    def keeps(self, client: Any) -> bool:
+        """Whether this thread keeps a connection for ``client`` already (none is made by asking)."""
+        slot: _Slot | None = getattr(self._local, "slot", None)
+        return slot is not None and slot.pool is client.connection_pool and slot.pid == os.getpid()
+
     def _slot(self, pool: Any, pid: int) -> _Slot:
         slot: _Slot | None = getattr(self._local, "slot", None)
         if slot is None or slot.pool is not pool or slot.pid != pid:

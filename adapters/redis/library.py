@@ -1,4 +1,4 @@
-"""The turn's three scripts as one Redis function library, called by a 9-character name instead of a SHA.
+"""The turn's three scripts (and a finished job's archive) as one Redis function library, called by name.
 
 (Not :mod:`adapters.redis.scripts.functions`, the Lua helpers several scripts share.)
 
@@ -6,7 +6,8 @@ A W1 turn runs LOAD, RECORD_STEP (twice: the model's answer, the tool's result) 
 ``EVALSHA`` each call names its script by a 40-character SHA-1: ~190 of the ~2,200 bytes a turn sent
 to Redis (bench/README.md, figure 4a). Redis 7 keeps *functions* too (``FUNCTION LOAD``, ``FCALL``):
 the same Lua, registered under a name the library chooses. :data:`LIBRARY` registers the three scripts
-as ``pr<6 hex>l``, ``pr<6 hex>s`` and ``pr<6 hex>c``, the hex from the library's own code, so two
+as ``pr<6 hex>l``, ``pr<6 hex>s`` and ``pr<6 hex>c`` (and ARCHIVE, which the worker that finishes a job runs
+right after its commit, as ``pr<6 hex>a``), the hex from the library's own code, so two
 versions of this package on one server (a rolling deploy) each have their own library and never run
 the other's code. ``FCALL`` also costs the server a little less than ``EVALSHA`` (a name looked up,
 no SHA parsed: 0.66 against 0.73 µs a call measured with redis-benchmark on this machine).
@@ -30,7 +31,7 @@ Lifecycle (:class:`Library`):
   ``EVALSHA`` as before, for the life of the process, and a warning in the log says why.
 
 Reads go by ``EVALSHA`` always (:meth:`RedisConnection.run <adapters.redis.connection.RedisConnection.run>`,
-``write=False``): Redis refuses a function that may write (these three, but for ``v``) before it starts
+``write=False``): Redis refuses a function that may write (all of them but ``v``) before it starts
 when the server is out of memory (``maxmemory``) or a read-only replica, where a script is refused only
 at its first write. So a page, a listing or the sweep reads a job whatever the server's memory, as before.
 A running call is stopped with ``FUNCTION KILL``, not ``SCRIPT KILL`` (these calls last microseconds).
@@ -54,7 +55,7 @@ from typing import Any, Final, NamedTuple
 import redis
 
 from adapters.redis.held import Held
-from adapters.redis.scripts import COMMIT, LOAD, RECORD_STEP
+from adapters.redis.scripts import ARCHIVE, COMMIT, LOAD, RECORD_STEP
 from adapters.redis.values import _text
 
 __all__ = ["LIBRARY", "Hot", "Library", "LibrarySpec", "library_code", "prune"]
@@ -108,8 +109,9 @@ def library_code(bodies: dict[str, str]) -> LibrarySpec:
     return LibrarySpec(f"phaserunner_{digest}", code_for(digest, full), names_for(digest), full)
 
 
-#: The turn's three scripts, by role letter: the library's name, its code, each role's function name.
-LIBRARY: Final = library_code({"c": COMMIT, "l": LOAD, "s": RECORD_STEP})
+#: The turn's three scripts and ARCHIVE (run by the worker that finishes a job, right after its commit), by role
+#: letter: the library's name, its code, each role's function name.
+LIBRARY: Final = library_code({"a": ARCHIVE, "c": COMMIT, "l": LOAD, "s": RECORD_STEP})
 
 
 class Library:

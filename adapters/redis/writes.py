@@ -127,6 +127,8 @@ class RecordWrites:
         lines = dump_logs(commit.logs)
         event_lines = self._parts(commit.events)
         owner = commit.owner
+        # A commit that finishes the job reads what archiving its events needs (one call fewer).
+        archive = self.archive_finished and commit.record.status in _FINISHED
         args: list[str | int] = [
             self.conn.job_arg(job_id, keys), commit.token,
             narrow([data], RECORD_RUNS)[0] if mode[0] == "d" and self.compact else data,
@@ -138,13 +140,13 @@ class RecordWrites:
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
             base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0", mode, place,
-            *(sent or msgs), *lines, *event_lines,
+            "1" if archive else "0", *(sent or msgs), *lines, *event_lines,
         ]
         layout = redis_scripts.COMMIT_ARGS
         at, first = layout.history, layout.fixed
         self.records.forget_base(job_id)  # the stored history is unknown until this commit's reply
         self.records.steps.forget(job_id)  # the commit ends the journal (the next load remembers a kept one)
-        reply = _text(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
+        reply, read = _commit_reply(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
         if reply == "rebase":
             # The record hash is not the one the delta was computed from (recreated meanwhile?), or the
             # journal does not hold a message sent by reference: send both whole.
@@ -155,7 +157,8 @@ class RecordWrites:
                 mode, args[layout.record_mode], dx = "2", "2", frozenset()
                 base_text = data = args[layout.data] = _dump_data(commit.record)
                 btok = commit.token
-            reply = _text(self.conn.run(self.conn.scripts.commit, keys, args, f"committing job {job_id!r}"))
+            reply, read = _commit_reply(self.conn.run(self.conn.scripts.commit, keys, args,
+                                                      f"committing job {job_id!r}"))
         self.conn.check_types(job_id, reply, f"committing job {job_id!r}")
         if reply.startswith(("stale:", "inbox:")):
             raise _refused(job_id, reply, commit)
@@ -166,8 +169,9 @@ class RecordWrites:
                                   base_text if dx is not None else "", btok if dx is not None else "",
                                   as_stored(commit.record),
                                   len(data) + (len(base_text) if mode.startswith("d") else 0))
-        if self.archive_finished and commit.record.status in _FINISHED:
-            self.history.archive_quietly(job_id)
+        if archive:
+            # A re-sent commit ('applied': its first reply was lost) brings no read: the archive reads its own.
+            self.history.archive_quietly(job_id, read)
         _, pending, waiting = reply.split(":", 2)
         return CommitReply(pending or None, int(waiting or 0))
 
@@ -352,3 +356,13 @@ def _dump_data(record: JobRecord) -> str:
     """The record's ``data`` field: its JSON without the turn history (kept in ``hist``, one mark a line)."""
     what = f"the record of job {record.job_id!r}"
     return dump_record(record.model_copy(update={"history": []}) if record.history else record, what)
+
+
+def _commit_reply(raw: Any) -> tuple[str, tuple[Any, Any] | None]:
+    """COMMIT's status text, and the archive's read when the reply carries one (the archive flag)."""
+    if isinstance(raw, list):
+        if len(raw) != 3:
+            raise StorageError(f"the commit script answered a list of {len(raw)} items, not 3 (the status, "
+                               "the archive and the event stream's entries)")
+        return _text(raw[0]), (raw[1], raw[2])
+    return _text(raw), None

@@ -10,9 +10,12 @@ import pytest
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
 from adapters.redis import archive as redis_archive
+from adapters.redis.library import LIBRARY
+from adapters.redis.writes import _commit_reply
 from pipelines import Agent, App, tool
-from pipelines.engine.errors import CorruptRecordError, InvalidInputError
+from pipelines.engine.errors import CorruptRecordError, InvalidInputError, StorageError
 from pipelines.testing import ScriptedModel, call, reply
+from tests.redis_spy import spy_commands
 
 pytestmark = pytest.mark.redis
 
@@ -94,6 +97,38 @@ def test_a_commit_that_finishes_a_job_archives_it_and_a_continued_job_reads_old_
     assert ids == sorted(ids) and len(set(ids)) == len(ids)  # one order across archive and stream
     assert storage.client.xlen(k.events) == 0  # finished again: archived again, old and new together
     assert [e.id for e in storage.events("j2", after=first[-1].id)] == [e.id for e in everything[len(first):]]
+
+
+def test_the_commit_that_finishes_a_job_reads_what_its_archive_needs(redis_url: str) -> None:
+    # The archive packs what the finishing commit handed back: no read of its own, one ARCHIVE call.
+    storage = RedisStorage.from_url(redis_url, prefix="arch-one")
+    sent: list[tuple[Any, ...]] = []
+
+    def spy(send: Any, *args: Any) -> Any:
+        sent.append(args)
+        return send(*args)
+
+    spy_commands(storage, spy)
+    _run(_app(storage), "j", "count")
+    names = [(str(a[0]).upper(), a[1]) for a in sent if len(a) > 1]
+    assert ("EVALSHA", storage.conn.scripts.events.sha) not in names  # the events script, by its SHA
+    assert names.count(("FCALL", LIBRARY.names["a"])) == 1
+    assert storage.client.xlen(storage.keys("j").events) == 0
+    everything = storage.events("j")
+    twin = RedisStorage(storage.client, prefix="arch-twin", archive_events=False)  # the same job, not archived
+    _run(_app(twin), "j", "count")
+    assert [(e.type, e.turn) for e in everything] == [(e.type, e.turn) for e in twin.events("j")]
+    assert everything[0].type == "job_started" and everything[-1].type == "job_finished"
+    plain = RedisStorage(storage.client, prefix="arch-one", archive_events=False)
+    assert plain.events("j") == everything  # read back from the archive alone: every event, same ids
+    storage.client.close()
+
+
+def test_a_commit_reply_is_its_status_or_the_status_with_the_archives_read() -> None:
+    assert _commit_reply(b"ok::0") == ("ok::0", None)
+    assert _commit_reply([b"ok::0", b"", []]) == ("ok::0", (b"", []))
+    with pytest.raises(StorageError, match="a list of 2 items"):
+        _commit_reply([b"ok::0", b""])
 
 
 def test_a_running_job_or_a_stream_that_moved_is_not_archived(storage: RedisStorage) -> None:

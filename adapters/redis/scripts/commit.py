@@ -93,8 +93,11 @@ end
 #       'base', 'd:<token>' the fields that differ from 'base', in 'dx', while the stored token is <token>;
 #       'd' names the history base token), the status index place the job is in ('': not known, and
 #       KEYS end with every listing index; else with three: every job's, that status's, the new status's),
+#       archive ('1': the commit finishes the job and the adapter archives its events: the reply carries
+#       what the archive reads),
 #       then the messages (each JSON text or a reference into the journal), the log lines, the events.
-# Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit);
+# Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit); with archive '1',
+# {'ok:...', the archive field ('' = none), the event stream's entries} (adapters.redis.events);
 # 'inbox:<inbox count>' (the commit ends the run past messages sent meanwhile: nothing written);
 # 'stale:<why>'; 'corrupt:<role>:<type>'; 'rebase' (the history base is not the stored record's, or a
 # message reference does not match the journal: nothing written, send the history and messages whole).
@@ -152,7 +155,7 @@ if string.sub(mode, 1, 2) == 'd:'
   return 'rebase'
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-local messages = resolve(KEYS[4], 26, 25 + n)
+local messages = resolve(KEYS[4], 27, 26 + n)
 if not messages then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
@@ -172,8 +175,8 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 push_all(KEYS[2], messages)
-push(KEYS[3], 26 + n, 25 + n + nl)
-cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 26 + n + nl))
+push(KEYS[3], 27 + n, 26 + n + nl)
+cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 27 + n + nl))
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.
@@ -204,6 +207,11 @@ end
 -- version fence; the commit that applies it (or makes it moot) drops it, and
 -- every commit reports one still pending so a worker keeping the lease obeys it.
 if ARGV[14] == '1' then redis.call('HDEL', KEYS[1], 'control') end
+-- A commit that finishes the job hands back what archiving its events reads (EVENTS from the start),
+-- so the adapter packs them and runs ARCHIVE without a read of its own.
+if ARGV[26] == '1' then
+  return {reply('ok'), redis.call('HGET', KEYS[1], 'evz') or '', redis.call('XRANGE', KEYS[6], '-', '+')}
+end
 return reply('ok')
 """
 
