@@ -34,7 +34,7 @@ def spy_commands(storage: Any, spy: Callable[..., Any]) -> None:
     deferred = storage.conn._deferred
     write = deferred.write
 
-    def unanswered(conn: Any, command: Any) -> None:
-        spy(lambda *a: write(conn, a), *command)
+    def unanswered(conn: Any, command: Any, **options: Any) -> None:
+        spy(lambda *a: write(conn, a, **options), *command)
 
     deferred.write = unanswered

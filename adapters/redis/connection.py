@@ -24,7 +24,7 @@ from adapters.redis.client import _FAILOVER_ERRORS, _check_url, _mapped, _redact
 from adapters.redis.deferred import Deferred
 from adapters.redis.keys import JobKeys, KeyLayout, check_prefix, index_keys, layout_key
 from adapters.redis.scripts import naming
-from adapters.redis.values import _KEY_TYPES, _text
+from adapters.redis.values import _KEY_TYPES, _status, _text
 from pipelines.engine.errors import ConfigurationError, CorruptRecordError, StorageUnavailableError
 
 __all__ = ["CLUSTER_BUCKETS", "RedisConnection", "Scripts", "connect_url"]
@@ -186,8 +186,10 @@ class RedisConnection:
         if kept is None:
             return script(keys=keys, args=args)
         reply = script(keys=keys, args=args, held=kept)
-        if script is self.scripts.commit:
-            kept.committed()  # a forking worker's horse that goes on keeps a connection from here
+        if script is self.scripts.commit and _status(reply).startswith(("ok", "applied")):
+            # A forking worker's horse that goes on keeps a connection from here (not after a commit refused
+            # or sent again whole: 'rebase'; a one-turn horse's re-sent commit goes through the pool too).
+            kept.committed()
         return reply
 
     def _behind_deferred(self, script: Any, keys: Sequence[str], args: Sequence[Any], what: str,

@@ -32,6 +32,7 @@ import redis
 
 from adapters.redis.held import Held, put
 from adapters.redis.library import Hot
+from adapters.redis.values import _status
 
 __all__ = ["Deferred"]
 
@@ -51,6 +52,7 @@ class _Pending(NamedTuple):
     args: Sequence[Any]
     what: str
     on_reply: Callable[[Any], None]
+    sock: Any  # the socket it went on: one closed meanwhile (RedisStorage.close() from another thread) lost its reply
 
 
 class Deferred:
@@ -93,14 +95,15 @@ class Deferred:
             if isinstance(exc, _LOST):
                 return False  # the caller sends it again, synchronously (the write is idempotent)
             raise
-        self._local.pending = _Pending(conn, give_back, client, os.getpid(), script, keys, args, what, on_reply)
+        self._local.pending = _Pending(conn, give_back, client, os.getpid(), script, keys, args, what, on_reply,
+                                       _socket(conn))
         return True
 
     @staticmethod
-    def write(conn: Any, command: Sequence[Any]) -> None:
+    def write(conn: Any, command: Sequence[Any], *, check_health: bool = True) -> None:
         """Put ``command`` on ``conn`` without reading its reply (the one place this module sends: tests and
-        the benches watch it)."""
-        put(conn, command)
+        the benches watch it). ``check_health=False`` behind an unread reply (see :func:`held.put`)."""
+        put(conn, command, check_health=check_health)
 
     def waiting(self) -> bool:
         """Whether this thread sent a script whose reply is not read yet."""
@@ -116,7 +119,7 @@ class Deferred:
         if pending is None or pending.pid != os.getpid():
             return  # sent by the process this one was forked from: its own to read
         try:
-            got = _read(pending.conn)
+            got = _read(pending.conn) if _socket(pending.conn) is pending.sock else _closed(pending.conn)
         finally:
             pending.give_back(pending.conn)
         _settle(pending, got, run)
@@ -133,19 +136,26 @@ class Deferred:
 
         Its reply decides: a call that ran (any reply but an error) returns it, whatever became of the write
         before it (the call is the commit, which holds what the write journaled). A call that did not run (the
-        connection lost, the function or script missing) is run again once the write is settled as
-        :meth:`collect` settles it; any other error is raised, as a synchronous call raises it.
+        function or script missing) is run again once the write is settled as :meth:`collect` settles it; any
+        other error is raised, as a synchronous call raises it. A connection lost before the write's reply was
+        read takes both replies with it: both run again, in order, and a write refused then because the call
+        behind it had run (it answers ``applied``) is not taken as refused (:func:`_after_loss`). The call goes
+        without redis-py's health check (whose ``PING`` would read the write's reply), and not at all on a
+        connection closed since the write went (``RedisStorage.close()`` from another thread): its reply went
+        with it, and :meth:`collect` runs the write again.
         """
         pending: _Pending | None = getattr(self._local, "pending", None)
         if pending is None or pending.give_back is not _kept or pending.pid != os.getpid():
             return False, None
+        if _socket(pending.conn) is not pending.sock:
+            return False, None  # closed meanwhile: the write's reply went with it (collect runs it again)
         try:
             command = script.command(keys, args, client)  # FCALL, or EVALSHA where functions are off
         except (redis.exceptions.RedisError, OSError):
             return False, None  # the server not ready, or gone: the usual way says so, as its error
         conn = pending.conn
         try:
-            self.write(conn, command)
+            self.write(conn, command, check_health=False)  # a health check's PING would read the write's reply
         except BaseException as exc:
             conn.disconnect()  # not sent wholly; the write's reply goes with it (collect runs the write again)
             if isinstance(exc, _LOST):
@@ -153,7 +163,9 @@ class Deferred:
             raise
         self._local.pending = None
         first = _read(conn)
-        second = _read(conn) if not isinstance(first.error, _LOST) else first  # lost: both replies with it
+        if isinstance(first.error, _LOST):  # both replies went with the connection
+            return True, _after_loss(pending, script, keys, args, what, run)
+        second = _read(conn)
         if second.error is None:
             if first.error is None:
                 pending.on_reply(first.value)
@@ -191,6 +203,31 @@ def _did_not_run(script: Hot, error: BaseException, client: Any) -> bool:
     (``NOSCRIPT``) or the function (which :meth:`Hot.not_run` loads, or turns functions off).
     """
     return isinstance(error, (redis.exceptions.NoScriptError, *_LOST)) or script.not_run(error, client)
+
+
+def _after_loss(pending: _Pending, script: Hot, keys: Sequence[str], args: Sequence[Any], what: str, run: Run) -> Any:
+    """The call's reply when the connection went before the write's reply was read: whether either ran is unknown.
+
+    Both run again, in the order they went (the call may refer to what the write journals). A write that ran
+    with the call behind it is refused when run again (the call moved the job's version on), and the call
+    answers ``applied``: the write is not taken as refused then. Else its reply is handed on as
+    :meth:`Deferred.collect` hands it.
+    """
+    again = run(pending.script, pending.keys, pending.args, pending.what)
+    reply = run(script, keys, args, what)
+    if not (_status(again).startswith("stale:") and _status(reply).startswith("applied")):
+        pending.on_reply(again)
+    return reply
+
+
+def _socket(conn: Any) -> Any:
+    return getattr(conn, "_sock", None)
+
+
+def _closed(conn: Any) -> _Read:
+    conn.disconnect()  # whatever it holds now is not the write's reply
+    return _Read(error=redis.exceptions.ConnectionError("the connection the write went on was closed before its "
+                                                         "reply was read"))
 
 
 def _settle(pending: _Pending, got: _Read, run: Run) -> None:

@@ -84,6 +84,15 @@ class Held:
         self._local = threading.local()
         self._slots: weakref.WeakSet[_Slot] = weakref.WeakSet()  # every live thread's, for close()
         self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
+
+    def _guard(self) -> threading.Lock:
+        """The lock over ``_slots``: a forked child makes its own, as the parent's may have been held at the fork
+        (by another of its threads) and would stay held in the child for ever."""
+        pid = os.getpid()
+        if self._lock_pid != pid:
+            self._lock, self._lock_pid = threading.Lock(), pid
+        return self._lock
 
     def call(self, client: Any, command: Sequence[Any]) -> Any:
         """Send ``command`` on this thread's connection for ``client`` and read its reply (raw, as FCALL's).
@@ -115,7 +124,7 @@ class Held:
         slot: _Slot | None = getattr(self._local, "slot", None)
         if slot is None or slot.pool is not pool or slot.pid != pid:
             slot = self._local.slot = _Slot(pool)
-            with self._lock:
+            with self._guard():
                 self._slots.add(slot)
         return slot
 
@@ -128,7 +137,7 @@ class Held:
 
     def close(self) -> None:
         """Close every thread's connection (``RedisStorage.close``); each connects again at its thread's next call."""
-        with self._lock:
+        with self._guard():
             slots = list(self._slots)
         pid = os.getpid()
         for slot in slots:
@@ -144,12 +153,14 @@ def usable(client: Any) -> bool:
     return isinstance(client, redis.Redis) and getattr(client, "connection", None) is None
 
 
-def put(conn: Any, command: Sequence[Any]) -> None:
+def put(conn: Any, command: Sequence[Any], *, check_health: bool = True) -> None:
     """Send ``command`` on ``conn`` without reading its reply, packed as redis-py packs it.
 
     By hiredis directly when it is there (what ``send_command`` does then, less its per-argument
     conversions, which str, int and bytes need none of: ~5 us a turn's command); a value hiredis does not
     take goes through ``send_command``, which says what is wrong with it (``DataError``).
+    ``check_health=False`` for a connection whose earlier reply is still unread: redis-py's health check
+    (``health_check_interval``) would send a ``PING`` and read that reply as the ``PING``'s.
     """
     if _pack_command is not None and not (isinstance(command[0], str) and " " in command[0]):  # "SCRIPT LOAD": split
         try:
@@ -157,9 +168,9 @@ def put(conn: Any, command: Sequence[Any]) -> None:
         except TypeError:
             pass
         else:
-            conn.send_packed_command([packed])
+            conn.send_packed_command([packed], check_health=check_health)
             return
-    conn.send_command(*command)
+    conn.send_command(*command, check_health=check_health)
 
 
 def _send(conn: Any, command: Sequence[Any]) -> Any:

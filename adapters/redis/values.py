@@ -53,6 +53,13 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _status(reply: Any) -> str:
+    """A script's status text; ``""`` for a reply that has none (a commit handing back the archive's read
+    answers a list led by its status)."""
+    first = reply[0] if isinstance(reply, list) and reply else reply
+    return _text(first) if isinstance(first, bytes | str) else ""
+
+
 def _score(due_at: float | None) -> str:
     if due_at is None:
         return ""

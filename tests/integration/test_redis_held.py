@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -246,6 +248,60 @@ def test_a_horse_sends_its_first_turn_through_the_pool_and_keeps_a_connection_if
     assert len(app.messages("h1")) == 2 + 2 * (turns - 1) + 1
 
 
+def test_a_one_turn_horse_whose_commit_is_sent_again_whole_keeps_no_connection(
+        redis_url: str, storage: RedisStorage) -> None:
+    # A commit answered 'rebase' (the record hash not the one its delta was computed from) is sent again whole:
+    # through the pool, as the rest of a one-turn horse's calls, not on a connection made for it.
+    from bench.run import NoopScheduler
+    from pipelines import Agent
+    from pipelines.app import App
+    from pipelines.testing import ScriptedModel
+
+    def model(msgs: list[Any]) -> str:
+        redis.Redis.from_url(redis_url).hset(storage.keys("h1").record, "token", "another")  # -> 'rebase'
+        return "done"
+
+    app = App(storage=storage, scheduler=NoopScheduler(), agents=[Agent(name="a", model=ScriptedModel(model))],
+              continue_for=30)
+    app.run_agent("a", job_id="h1", messages=["hi"])
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            held.pool_only_process()
+            app.try_advance("h1")
+            slot = getattr(storage.conn._held._local, "slot", None)  # type: ignore[union-attr]
+            made = slot is not None and slot.pid == os.getpid()
+            code = 0 if app.get("h1").status is JobStatus.COMPLETE and not made else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_child_forked_while_another_thread_held_the_lock_makes_its_connection(
+        redis_url: str, storage: RedisStorage) -> None:
+    kept = storage.conn._held
+    assert kept is not None
+    with kept._lock:  # another thread of the parent, in the middle of making its connection, at the fork
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _job(storage, "f1")  # makes the child's own connection: under the lock
+                code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if done == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child waited for ever on the lock its parent's thread held at the fork")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
 def test_a_client_with_a_single_connection_sends_everything_on_it(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url, single_connection_client=True)
     store = RedisStorage(client, prefix=f"h{uuid.uuid4().hex[:8]}")
@@ -280,13 +336,16 @@ def test_a_command_is_packed_as_redis_py_packs_it_and_a_bad_value_is_refused_the
     from redis.connection import HiredisRespSerializer, PythonRespSerializer
 
     sent: list[bytes] = []
+    checked: list[bool] = []
 
     class Wire:
         def send_packed_command(self, packed: Any, check_health: bool = True) -> None:
             sent.append(packed if isinstance(packed, bytes) else b"".join(packed))
+            checked.append(check_health)
 
-        def send_command(self, *args: Any) -> None:  # as redis-py's, which packs with hiredis here
-            self.send_packed_command(HiredisRespSerializer().pack(*args))  # DataError for a value it refuses
+        def send_command(self, *args: Any, **kwargs: Any) -> None:  # as redis-py's, which packs with hiredis here
+            # DataError for a value it refuses.
+            self.send_packed_command(HiredisRespSerializer().pack(*args), check_health=kwargs.get("check_health", True))
 
     command = ("FCALL", "prabc123c", 2, "pr:{j1}:record", "pr:due", "", "é ☃ \\n", b"\x00raw", 12)
     held.put(Wire(), command)
@@ -299,6 +358,11 @@ def test_a_command_is_packed_as_redis_py_packs_it_and_a_bad_value_is_refused_the
     assert sent == [HiredisRespSerializer().pack("CLIENT SETNAME", "x")[0]]
     with pytest.raises(redis.exceptions.DataError):
         held.put(Wire(), ("ECHO", None))  # hiredis refuses it; redis-py's send_command says what it is
+    # Behind an unread reply no health check goes first (its PING would read that reply as its own), both ways.
+    checked.clear()
+    held.put(Wire(), ("ECHO", "x"), check_health=False)
+    held.put(Wire(), ("CLIENT SETNAME", "x"), check_health=False)
+    assert checked == [False, False]
     # And on a real connection: the reply of what was put.
     conn = storage.client.connection_pool.get_connection()
     try:

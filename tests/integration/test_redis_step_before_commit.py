@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from typing import Any
@@ -363,3 +364,91 @@ def test_a_connection_lost_after_the_write_and_the_call_behind_it_went_has_both_
     assert lost and loaded is not None and loaded.checkpoint is not None
     assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
     assert _journal(redis_url, storage) == {**MODEL, "tool:c1": {"sum": 4}}
+
+
+def _fcalls(storage: RedisStorage) -> list[str]:
+    """The FCALLs ``storage`` sends from now on, by function name (tests/redis_spy.py sees every way)."""
+    from tests.redis_spy import spy_commands
+
+    names: list[str] = []
+
+    def spy(send: Any, *args: Any) -> Any:
+        if str(args[0]).upper() == "FCALL":
+            names.append(args[1].decode() if isinstance(args[1], bytes) else str(args[1]))
+        return send(*args)
+
+    spy_commands(storage, spy)
+    return names
+
+
+def test_a_connection_lost_after_the_write_and_the_commit_behind_it_ran_keeps_the_answer_as_committed(
+        storage: RedisStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both ran; the connection drops before their replies are read. Run again, the write is refused (the commit
+    # moved the version on) and the commit answers 'applied': the answer is the turn's, not a fenced-off one.
+    from adapters.redis import deferred
+    from pipelines import Agent, App
+
+    real_read, real_then, armed, lost = deferred._read, Deferred.then, [], []
+
+    def then(self: Deferred, *args: Any, **kwargs: Any) -> Any:
+        armed.append(True)
+        try:
+            return real_then(self, *args, **kwargs)
+        finally:
+            armed.clear()
+
+    def read(conn: Any) -> Any:
+        if armed and not lost:
+            lost.append(conn.read_response())  # the write's reply: the commit behind it runs meanwhile
+            time.sleep(0.05)
+            conn.disconnect()
+            return deferred._Read(error=redis.exceptions.ConnectionError("connection reset by peer"))
+        return real_read(conn)
+
+    monkeypatch.setattr(Deferred, "then", then)
+    monkeypatch.setattr(deferred, "_read", read)
+    app = App(storage=storage, scheduler=MemoryScheduler(), agents=[Agent(name="chat", model=ScriptedModel(
+        lambda msgs: "all done"))])
+    app.run_agent("chat", job_id="c1", messages=["hello"])
+    app.scheduler.drain()
+    job = storage.get_job("c1")
+    assert lost and job is not None and job.status is JobStatus.COMPLETE
+    assert job.usage.model_calls == 1 and job.dropped.model_calls == 0
+    assert storage.fenced_answers("c1") == []
+    assert [m["content"] for m in storage.messages("c1")] == ["hello", "all done"]
+
+
+def test_no_health_check_goes_between_the_write_and_the_commit_behind_it(redis_url: str) -> None:
+    # redis-py's health check sends a PING before a command once its interval passed; behind an unread reply
+    # it would read that reply as the PING's and the commit's as the write's.
+    storage = RedisStorage.from_url(f"{redis_url}?health_check_interval=30&socket_timeout=2",
+                                    prefix=f"d{uuid.uuid4().hex[:8]}")
+    try:
+        _job(storage)
+        sent = _fcalls(storage)
+        storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value={"sum": 4})
+        conn = storage.conn._held._local.slot.conn  # type: ignore[union-attr]
+        assert conn.health_check_interval == 30
+        conn.next_health_check = 0  # the interval passed while the turn ran
+        loaded = storage.acquire_lease("j1", "w1", 30)  # a write of the turn's: it goes right behind
+        assert loaded is not None and loaded.checkpoint is not None
+        assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
+        assert sent == [storage.scripts.step.name, storage.scripts.load.name], "each sent once, read in order"
+    finally:
+        storage.client.close()
+
+
+def test_a_storage_closed_by_another_thread_has_the_pending_write_run_again(
+        redis_url: str, storage: RedisStorage) -> None:
+    _job(storage)
+    sent = _fcalls(storage)
+    storage.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value={"sum": 4})
+    closer = threading.Thread(target=storage.close)  # a thread may outlive close(): its next call reconnects
+    closer.start()
+    closer.join()
+    loaded = storage.acquire_lease("j1", "w1", 30)
+    assert loaded is not None and loaded.checkpoint is not None
+    assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
+    # The write's reply went with the closed socket: the write runs again, then the call, each read in order.
+    step, load = storage.scripts.step.name, storage.scripts.load.name
+    assert sent == [step, step, load]
