@@ -28,16 +28,21 @@ dequeue. A busy worker sent eleven round trips a turn for them, to move an
   check fails, the heartbeat and the "idle" RQ sends before its dequeue go
   out instead.
 * A state already written is not written again.
+* A job with no success or failure callback has the heartbeat RQ writes as its work ends (a round trip
+  of its own, there to show the job alive while a callback runs) written with the job's end instead:
+  RQ saves the job, that heartbeat in it, in the pipeline that follows.
 
 A busy worker so sends none of these round trips of its own a take, where RQ
-sent eleven; RQ's suspension check, which it sends anyway, keeps the keys and
-the state as RQ would.
+sent eleven (twelve with the job's heartbeat); RQ's suspension check, which it
+sends anyway, keeps the keys and the state as RQ would.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from rq.utils import now as rq_now
 
 __all__ = ["HEARTBEAT_SLACK", "LeanBookkeeping"]
 
@@ -82,6 +87,19 @@ class LeanBookkeeping:
             return super().monitor_work_horse(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._job_ran = True
+
+    def handle_execution_ended(self, job: Any, queue: Any, heartbeat_ttl: int) -> None:
+        """RQ's, but a job with no callback has the heartbeat of its end written with its end, not before it.
+
+        RQ writes the job's ``last_heartbeat`` (one round trip) as its work ends, so that the job shows
+        alive while a success or failure callback runs, then writes the job's end (its status, result and
+        that same heartbeat, the job saved whole) in one pipeline. A job with neither callback goes straight
+        to that pipeline, which writes the heartbeat a moment later: the round trip before it moved nothing.
+        """
+        if job.success_callback is None and job.failure_callback is None:
+            job.ended_at = job.last_heartbeat = rq_now()
+            return
+        super().handle_execution_ended(job, queue, heartbeat_ttl)  # type: ignore[misc]
 
     def execute_job(self, job: Any, queue: Any) -> None:
         try:

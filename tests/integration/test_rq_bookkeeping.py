@@ -17,8 +17,9 @@ import redis
 import redis.connection
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from rq import Queue, SimpleWorker
+from rq import Callback, Queue, SimpleWorker
 from rq.serializers import JSONSerializer
+from rq.utils import now as rq_now
 
 import adapters.rq.bookkeeping as bookkeeping
 from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
@@ -231,3 +232,42 @@ def test_a_failed_suspension_check_leaves_idle_to_the_dequeue(r: redis.Redis, se
     worker.connection = r
     worker.set_state("idle")  # the dequeue's
     assert len(_states(sent, worker)) == 2 and r.hget(worker.key, "state") == b"idle"
+
+
+def _job_beats(trips: list[bytes], job_id: str) -> list[bytes]:
+    """The standalone round trips writing a job's heartbeat (``HSET rq:job:<id> last_heartbeat``, no pipeline)."""
+    key = f"rq:job:{job_id}".encode()
+    beat = b"HSET\r\n$%d\r\n%s\r\n$14\r\nlast_heartbeat" % (len(key), key)
+    return [t for t in trips if t.startswith(b"*4\r\n$4\r\nHSET") and beat in t]
+
+
+def _says_hi(job: Any, connection: Any, result: Any) -> None:  # a success callback (RQ imports it by name)
+    connection.set(f"hi:{job.id}", "1")
+
+
+@pytest.mark.parametrize("cls", [SimpleWorker, PrioritySimpleWorker])
+def test_a_job_without_callbacks_has_its_ending_heartbeat_written_with_its_end(
+        r: redis.Redis, sent: list[bytes], cls: type[Any]) -> None:
+    """RQ writes a job's heartbeat as its work ends (a round trip), then saves the job; ours, for a job with no
+    callback to keep alive meanwhile, only saves it: the same heartbeat, a round trip fewer a job."""
+    q = Queue("beat", connection=r, serializer=JSONSerializer)
+    plain = [q.enqueue("os.getpid") for _ in range(5)]
+    failing = q.enqueue("os.path.join")  # called without arguments: it raises
+    called = q.enqueue("os.getpid", on_success=Callback(f"{__name__}._says_hi"))
+    worker = _worker(r, cls)
+    sent.clear()
+    started = rq_now()
+    worker.work(burst=True)
+    assert [j.get_status(refresh=True) for j in plain] == ["finished"] * 5
+    assert failing.get_status(refresh=True) == "failed" and called.get_status(refresh=True) == "finished"
+    assert r.get(f"hi:{called.id}") == b"1"
+    for job in [*plain, failing, called]:
+        job.refresh()
+        assert job.last_heartbeat is not None and job.last_heartbeat >= started.replace(microsecond=0)
+        assert job.ended_at is not None
+    beats = {j.id: len(_job_beats(sent, j.id)) for j in [*plain, failing, called]}
+    if cls is SimpleWorker:
+        assert set(beats.values()) == {1}, "what the count is against"
+    else:
+        assert beats[called.id] == 1, "a job with a callback keeps RQ's heartbeat before it"
+        assert all(beats[j.id] == 0 for j in [*plain, failing]), beats
