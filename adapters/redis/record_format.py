@@ -82,7 +82,7 @@ def merged(base: str, dx: str) -> str:
     ``dx`` as stored: compact in format 3 (widened here).
     """
     dx = widen(dx).strip()
-    if not dx or dx == "{}":
+    if not dx or dx[1:].strip() == "}":  # no member ("{}", or "{ }" written by hand)
         return base
     body = base.rstrip()[:-1].rstrip()
     return f"{body}{'' if body.endswith('{') else ','}{dx[1:]}"

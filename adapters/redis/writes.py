@@ -165,6 +165,11 @@ class RecordWrites:
         if commit.record.status is JobStatus.RUNNING:
             # The same worker commits the job's next turn without loading it (continue_for): a delta.
             # Its next load (the next queued turn) parses only the marks added since (_known_marks).
+            # A commit sent again ('applied': its first reply was lost) wrote nothing now: the record hash
+            # holds what the first send wrote, in whichever mode that was, so no base of it is remembered
+            # (the next commit writes the record whole), only the history, which both sends computed alike.
+            if reply.startswith("applied"):
+                dx = None
             self.records.remember(job_id, commit.token, commit.record.history, marks, commit.record, dx,
                                   base_text if dx is not None else "", btok if dx is not None else "",
                                   as_stored(commit.record),

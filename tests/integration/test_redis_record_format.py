@@ -23,7 +23,7 @@ from adapters.redis.compact import widen
 from adapters.redis.keys import layout_key
 from adapters.redis.record_format import stored_text
 from pipelines import Agent, App
-from pipelines.engine.errors import ConfigurationError
+from pipelines.engine.errors import ConfigurationError, StorageUnavailableError
 from pipelines.engine.models import Commit, JobRecord, JobStatus
 from pipelines.testing import ScriptedModel, call, reply
 from tests.apps.agent_app import add
@@ -233,6 +233,37 @@ def test_a_field_back_at_its_default_is_written_in_the_delta_and_a_changed_base_
     assert stored is not None and json.loads(stored)["version"] == rec.version
     storage.client.close()
     fresh.client.close()
+
+
+def test_a_commit_sent_again_after_its_reply_was_lost_leaves_the_next_delta_right(redis_url: str) -> None:
+    # The first send lands as a delta and its reply is lost; sent again (as its docstring allows) it answers
+    # 'applied'. The worker must not then take the record it sent whole for the hash's base: the next delta
+    # would be computed against a base the hash does not hold, and drop what the lost-reply commit changed.
+    storage = RedisStorage.from_url(redis_url, prefix=f"again{uuid.uuid4().hex[:6]}")
+    storage.create_job(JobRecord(job_id="d", status=JobStatus.RUNNING, pipeline="p"))
+    rec = storage.acquire_lease("d", "w", 30)
+    assert rec is not None
+    rec = _commit(storage, rec, "w", title="t1")  # whole, in 'base'
+    new = rec.model_copy(update={"version": rec.version + 1, "title": "t2", "stop_reason": "s2"})
+    again = Commit(job_id="d", expected_version=rec.version, owner="w", token=uuid.uuid4().hex, record=new,
+                   release_lease=False)
+    real = storage.conn.run
+
+    def lose_reply(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)  # it ran: its reply is lost on the way
+        storage.conn.run = real  # type: ignore[method-assign]
+        raise StorageUnavailableError("connection reset by peer (the reply was lost)")
+
+    storage.conn.run = lose_reply  # type: ignore[method-assign]
+    with pytest.raises(StorageUnavailableError):
+        storage.commit(again)
+    storage.commit(again)  # 'applied'
+    last = _commit(storage, new, "w", error="e3")
+    got = RedisStorage.from_url(redis_url, prefix=storage.conn.prefix).get_job("d")
+    assert got is not None
+    assert (got.title, got.stop_reason, got.error, got.version) == ("t2", "s2", "e3", last.version)
+    assert storage.get_job("d") == got
+    storage.client.close()
 
 
 def test_the_cli_moves_the_apps_prefix_once_and_refuses_a_storage_without_formats(

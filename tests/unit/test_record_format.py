@@ -20,6 +20,7 @@ def test_pydantic_and_json_read_a_later_member_over_an_earlier_one() -> None:
 
 def test_merged_and_stored_text_put_a_base_and_its_delta_together() -> None:
     assert merged('{"a":1}', "") == '{"a":1}' and merged('{"a":1}', "{}") == '{"a":1}'
+    assert merged('{"a":1}', "{ \n }") == '{"a":1}'  # no member, however spaced (a hand-written dx)
     assert json.loads(merged('{"a":1} ', ' {"b":[2]}')) == {"a": 1, "b": [2]}
     assert json.loads(merged("{}", '{"b":2}')) == {"b": 2}
     assert stored_text(b'{"x":1}', b'{"a":1}', b'{"a":2}') == '{"x":1}'  # format 1's 'data' wins
