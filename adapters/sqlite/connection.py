@@ -241,21 +241,45 @@ class Database:
 
     def _in_transaction(self, begin: str, fn: Callable[[sqlite3.Connection], T], *, relaxed: bool = False) -> T:
         conn = self.connection()
+        if conn.in_transaction:
+            # Between calls no transaction is ever open here: one is what an interrupt at the wrong moment left
+            # (see below). It goes first, or it would hold the file's write lock for every other writer.
+            conn.execute("ROLLBACK")
         if relaxed:
             conn.execute("PRAGMA synchronous=NORMAL")  # outside any transaction, where SQLite allows it
         try:
-            conn.execute(begin)
+            # BEGIN, the body and COMMIT under one handler: an exception anywhere in them (an interrupt or a
+            # signal handler's SystemExit landing right after BEGIN returned, a COMMIT refused) rolls back.
             try:
+                conn.execute(begin)
                 result = fn(conn)
+                conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
         finally:
             if relaxed:
-                conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                # Outside the transaction now (SQLite refuses a safety level change inside one). A connection
+                # that could not be set back must not serve a durable write at NORMAL: it is dropped (the
+                # thread opens another), and the call's own outcome stands.
+                try:
+                    conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                except sqlite3.Error:
+                    self._drop(conn)
+                except BaseException:  # an interrupt: the connection goes too, and the interrupt goes on
+                    self._drop(conn)
+                    raise
         return result
+
+    def _drop(self, conn: sqlite3.Connection) -> None:
+        """Close this thread's ``conn`` and forget it: the thread's next call opens a new one."""
+        with self._lock:
+            self._all = [c for c in self._all if c is not conn]
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
 
     def _retry(self, fn: Callable[[], T], what: str) -> T:
         deadline = time.monotonic() + RETRY_SECONDS

@@ -97,8 +97,8 @@ class SQLiteStorage(SQLiteReads):
         """Every new connection: the schema must be this library's; the first one notes this process."""
         schema.check_schema(conn, self.path)
         if self._registered != os.getpid():
-            self._registered = os.getpid()
             processes.register(conn, self.path)
+            self._registered = os.getpid()  # after it went: a first write that met a busy file registers again
 
     def _now(self) -> float:
         return self._clock()

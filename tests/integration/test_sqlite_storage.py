@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -372,4 +373,74 @@ def test_a_record_with_history_reads_back_the_same_whether_this_process_kept_it_
     other.commit(Commit(job_id="j", expected_version=new.version, token="theirs", record=theirs))
     assert storage.get_job("j") == theirs
     other.close()
+    storage.close()
+
+
+class _InterruptedAfterBegin:
+    """A thread's connection whose next ``BEGIN`` goes through and is then interrupted (a signal landing there)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn, self.armed = conn, True
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        done = self.conn.execute(sql, *args)
+        if self.armed and sql.startswith("BEGIN"):
+            self.armed = False
+            raise KeyboardInterrupt
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_an_interrupt_right_after_begin_leaves_no_transaction_open_to_lock_the_file(
+        tmp_path: Path, durable: bool) -> None:
+    storage = SQLiteStorage(tmp_path / "a.db")
+    storage.create_job(record())
+    real = storage._db.connection()
+    storage._db._local.conn = _InterruptedAfterBegin(real)  # type: ignore[attr-defined]
+    with pytest.raises(KeyboardInterrupt):
+        if durable:
+            storage.request_control("j", "pause")
+        else:
+            storage.acquire_lease("j", "w", 30)  # a lease is written without a sync of its own
+    assert not real.in_transaction
+    other = sqlite3.connect(tmp_path / "a.db", timeout=0.2, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer (another process) is not locked out
+    other.execute("ROLLBACK")
+    other.close()
+    assert pragma(tmp_path / "a.db", "journal_mode") == "wal"
+    assert real.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again after a relaxed write
+    assert storage.acquire_lease("j", "w", 30) is not None and storage.request_control("j", "pause")
+    storage.close()
+
+
+def test_a_transaction_an_interrupt_left_open_goes_before_the_next_write(tmp_path: Path) -> None:
+    storage = SQLiteStorage(tmp_path / "a.db")
+    storage.create_job(record())
+    storage._db.connection().execute("BEGIN IMMEDIATE")  # left open: an interrupt inside the rollback's handler
+    assert storage.acquire_lease("j", "w", 30) is not None
+    assert not storage._db.connection().in_transaction
+    storage.close()
+
+
+def test_a_process_whose_first_write_met_a_busy_file_is_registered_all_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    first = SQLiteStorage(path)
+    first.create_job(record())
+    first.close()
+    with sqlite3.connect(path) as admin:
+        admin.execute("DELETE FROM processes")  # as if this process had never written to it
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")
+    releaser = threading.Timer(0.5, lambda: blocker.execute("COMMIT"))
+    releaser.start()
+    storage = SQLiteStorage(path, busy_timeout=0.1)  # its first write waits out the blocker, retried
+    assert storage.acquire_lease("j", "w", 30) is not None
+    releaser.join()
+    with sqlite3.connect(path) as admin:
+        pids = [row[0] for row in admin.execute("SELECT pid FROM processes")]
+    assert os.getpid() in pids
+    blocker.close()
     storage.close()
