@@ -811,3 +811,21 @@ def test_load_app_bad_paths_are_configuration_errors_naming_the_path(path: str, 
 def test_load_app_never_lets_a_raw_exception_escape(path: Any) -> None:
     with pytest.raises(ConfigurationError):
         load_app(path)
+
+
+def test_a_commit_refuses_a_negative_cut_or_take_and_a_record_of_another_job() -> None:
+    # What a storage would otherwise do differently (SQLite deleted the whole transcript for a cut of -1, the
+    # memory storage its last message) or store under the wrong id: refused where the commit is made.
+    from pydantic import ValidationError
+
+    from pipelines.engine.models import Commit, JobRecord, JobStatus
+
+    record = JobRecord(job_id="j", status=JobStatus.RUNNING, version=2)
+    with pytest.raises(ValidationError, match="truncate_messages_to"):
+        Commit(job_id="j", expected_version=1, token="t", record=record, truncate_messages_to=-1)
+    with pytest.raises(ValidationError, match="take_inbox"):
+        Commit(job_id="j", expected_version=1, token="t", record=record, take_inbox=-2)
+    with pytest.raises(ValidationError, match="the commit of job 'k' holds the record of job 'j'"):
+        Commit(job_id="k", expected_version=1, token="t", record=record)
+    ok = Commit(job_id="j", expected_version=1, token="t", record=record, truncate_messages_to=0)
+    assert ok.truncate_messages_to == 0 and ok.take_inbox == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from pipelines.engine.models.records import Event, JobRecord, JobStatus, LogEntry
 from pipelines.engine.models.values import Message
@@ -28,7 +28,7 @@ class Commit(BaseModel):
     token: str
     record: JobRecord
     append_messages: list[Message] = Field(default_factory=list)
-    truncate_messages_to: int | None = None
+    truncate_messages_to: int | None = Field(default=None, ge=0)  # keep the first N messages (a rewind)
     logs: list[LogEntry] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
     keep_journal: bool = False
@@ -36,11 +36,18 @@ class Commit(BaseModel):
     # Drop a pending pause/cancel request (the commit applies it or makes it moot).
     clear_control: bool = False
     # How many messages this commit took from the front of the job's inbox into the transcript.
-    take_inbox: int = 0
+    take_inbox: int = Field(default=0, ge=0)
     # The commit ends the run: storage refuses it (InboxNotEmptyError, nothing written) if the inbox
     # holds more than ``take_inbox`` messages, checked in the same atomic step that writes, so a run
     # never completes past messages sent while its last turn ran.
     ends_run: bool = False
+
+    @model_validator(mode="after")
+    def _of_its_job(self) -> Commit:
+        # A commit writes its job's record: one of another job would be stored under this job's id.
+        if self.record.job_id != self.job_id:
+            raise ValueError(f"the commit of job {self.job_id!r} holds the record of job {self.record.job_id!r}")
+        return self
 
     @property
     def due_at(self) -> float | None:
