@@ -117,12 +117,16 @@ class Held:
 
     def keeps(self, client: Any) -> bool:
         """Whether this thread keeps a connection for ``client`` already (none is made by asking)."""
+        return self._kept(client.connection_pool, os.getpid()) is not None
+
+    def _kept(self, pool: Any, pid: int) -> _Slot | None:
+        """This thread's slot if it holds a connection of ``pool`` made in this process, else ``None``."""
         slot: _Slot | None = getattr(self._local, "slot", None)
-        return slot is not None and slot.pool is client.connection_pool and slot.pid == os.getpid()
+        return slot if slot is not None and slot.pool is pool and slot.pid == pid else None
 
     def _slot(self, pool: Any, pid: int) -> _Slot:
-        slot: _Slot | None = getattr(self._local, "slot", None)
-        if slot is None or slot.pool is not pool or slot.pid != pid:
+        slot = self._kept(pool, pid)
+        if slot is None:
             slot = self._local.slot = _Slot(pool)
             with self._guard():
                 self._slots.add(slot)
