@@ -207,7 +207,7 @@ class _LeasedJob:
         rec = with_phase_state(saver.record, ctx)
         outcome = _normalised(outcome, rec, pipeline)
         try:
-            commit, reply = self.commit(rec, ctx, outcome, keep_lease)
+            commit, reply = self.commit(rec, ctx, outcome, keep_lease, stored=saver.record)
         except StaleVersionError:
             logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
             return AdvanceResult.STALE, None, CommitReply()
@@ -218,7 +218,12 @@ class _LeasedJob:
         return result, commit, reply
 
     def commit(self, rec: JobRecord, ctx: PhaseContext[Any], outcome: transitions.Outcome,
-               keep_lease: Callable[[], bool]) -> tuple[Commit, CommitReply]:
+               keep_lease: Callable[[], bool], *, stored: JobRecord | None = None) -> tuple[Commit, CommitReply]:
+        """Commit ``outcome`` on ``rec``; an outcome storage refuses ends the job in error instead.
+
+        ``stored``: the record as storage holds it (``rec`` may hold the state as the phase changed it in
+        place): the failure is built on it, so a state storage refuses is not refused twice (I9).
+        """
         out = ctx.take_output()
         now = self.scheduler.now()
         commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now, keep_lease=keep_lease())
@@ -230,7 +235,8 @@ class _LeasedJob:
             # while every sweep runs the phase into the same wall (I9).
             failed = Fail(f"the outcome of phase {ctx.phase!r} could not be committed: {exc}")
             kept = transitions.PhaseOutput(usage=out.usage, usage_keys=out.usage_keys)
-            commit = transitions.after_phase(rec, failed, kept, owner=self.owner, now=now)
+            commit = transitions.after_phase(rec if stored is None else stored, failed, kept, owner=self.owner,
+                                             now=now)
             return commit, writer.apply(self.storage, self.scheduler, commit)
 
     def apply_outcome(self, rec: JobRecord, commit: Commit, outcome: transitions.Outcome,
