@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from phases.tools import Tool
 from pipelines.engine.errors import InvalidInputError
-from pipelines.engine.models import JSONValue, to_json_value
+from pipelines.engine.models import JSONValue, owned_json_value
 
 __all__ = ["MAX_CONTEXT_BYTES", "MAX_TAGS", "check_context", "check_tags", "check_tools_context",
            "tool_context_of"]
@@ -42,7 +42,9 @@ def _size(value: JSONValue, what: str) -> None:
 
 def check_context(context: Any) -> JSONValue:
     """``context`` in stored form (JSON, within :data:`MAX_CONTEXT_BYTES`), else :class:`InvalidInputError`."""
-    value = to_json_value(context, what="context")  # StateNotSerializableError (an InvalidInputError) names it
+    # StateNotSerializableError (an InvalidInputError) names it. The engine's own copy: a record a storage
+    # keeps as it is must not change when the caller changes the dict it passed (a tool reads it).
+    value = owned_json_value(context, what="context")
     _size(value, "context")
     return value
 

@@ -27,7 +27,7 @@ from pipelines.engine.models import (
     JSONValue,
     Message,
     check_messages,
-    to_json_value,
+    owned_json_value,
     validate_job_id,
 )
 from pipelines.engine.phase import Pipeline
@@ -60,7 +60,9 @@ def _initial_state(job_id: str, model: type[BaseModel] | None, state: Any) -> JS
     if model is not None and isinstance(state, BaseModel) and not isinstance(state, model):
         raise InvalidInputError(f"initial_state of job {job_id!r} must be a {model.__name__}, "
                                 f"got {type(state).__name__}")
-    return to_json_value(state, what=f"initial_state of job {job_id!r}")
+    # The engine's own copy: a record a storage keeps as it is (a retry's, a continued run's) must not
+    # change when the caller changes the dict it passed.
+    return owned_json_value(state, what=f"initial_state of job {job_id!r}")
 
 
 def _continued(storage: Storage, rec: JobRecord, *, first: str, state: JSONValue, messages: list[Message],
@@ -100,7 +102,8 @@ def start_job(
     transcript back to where this run began. ``continue_completed``: a
     ``complete`` job starts a new run with ``messages`` appended to its kept
     transcript (a conversation going on). A running, waiting or paused job
-    raises :class:`JobConflictError`. Returns the record as written.
+    raises :class:`JobConflictError`. Returns the record as written: the very object a storage may keep
+    and hand to the next lease, so a caller that passes it on hands out a copy (``detached``).
     """
     validate_job_id(job_id)
     check_retry_mode(retry_mode)
@@ -110,7 +113,7 @@ def start_job(
     first = initial_phase or pipeline.first
     state = _initial_state(job_id, pipeline.state_model_of(pipeline.by_name[first]), initial_state)
     new_messages = check_messages(messages, f"initial messages of job {job_id!r}")
-    opts = to_json_value(options or {}, what=f"options of job {job_id!r}")
+    opts = owned_json_value(options or {}, what=f"options of job {job_id!r}")
     now = scheduler.now()
     existing = storage.get_job(job_id)
     fresh = False
