@@ -24,7 +24,7 @@ from pipelines.engine import transitions, writer
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import InvalidInputError, JobConflictError, StaleVersionError
 from pipelines.engine.events import make_event
-from pipelines.engine.models import JobRecord, JobStatus, JSONValue
+from pipelines.engine.models import JobRecord, JobStatus, JSONValue, detached
 
 __all__ = ["approve", "pending_calls", "pending_calls_of", "record_tool_result", "reject"]
 
@@ -102,7 +102,7 @@ def _decide(job_id: str, call_id: str, decision: dict[str, Any], storage: Storag
             writer.apply(storage, scheduler, commit)
         except StaleVersionError:
             continue  # someone else wrote first: read again (and lose cleanly if it was this call)
-        return commit.record
+        return detached(commit.record)  # the caller's own: storage may keep the committed object
     raise JobConflictError(f"job {job_id!r} kept changing while call {call_id!r} was being decided; try again")
 
 
@@ -133,7 +133,7 @@ def record_tool_result(job_id: str, call_id: str, result: Any, *, storage: Stora
             writer.apply(storage, scheduler, commit)
         except StaleVersionError:
             continue
-        return commit.record
+        return detached(commit.record)  # the caller's own: storage may keep the committed object
     raise JobConflictError(f"job {job_id!r} kept changing while a result of {call_id!r} was recorded; try again")
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from adapters.base import Scheduler, Storage
 from pipelines.engine import children, flow, transitions, writer
 from pipelines.engine.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
-from pipelines.engine.models import Commit, JobRecord, JobStatus, validate_job_id
+from pipelines.engine.models import Commit, JobRecord, JobStatus, detached, validate_job_id
 from pipelines.engine.tokens import new_token
 
 __all__ = ["cancel_job", "load_job", "pause_job", "requeue_overdue", "resume_job"]
@@ -44,7 +44,7 @@ def _write(storage: Storage, scheduler: Scheduler, commit: Commit, what: str) ->
         writer.apply(storage, scheduler, commit)
     except StaleVersionError as exc:
         raise JobConflictError(f"job {commit.job_id!r} changed during the {what}; try again") from exc
-    return commit.record
+    return detached(commit.record)  # the caller's own: storage may keep the committed object
 
 
 def pause_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: float = 30.0) -> JobRecord:

@@ -30,7 +30,8 @@ from pipelines.engine.models.values import (
 )
 
 __all__ = ["check_event_size", "check_record_fields", "dump_events", "dump_fields", "dump_logs", "dump_marks",
-           "dump_record", "dump_record_apart", "plain_event", "record_fields", "changed_fields", "as_stored"]
+           "detached", "dump_record", "dump_record_apart", "plain_event", "record_fields", "changed_fields",
+           "as_stored"]
 
 # Fields whose entries are separate values (step results, a person's inputs): each entry gets the
 # whole MAX_VALUE_DEPTH, as when it was journaled; the dict around them is the envelope's level.
@@ -197,6 +198,16 @@ def as_stored(record: JobRecord) -> JobRecord:
     if record.control is None and not record.inbox and record.dropped == NO_USAGE:
         return record
     return record.model_copy(update={"control": None, "inbox": 0, "dropped": NO_USAGE})
+
+
+def detached(record: JobRecord) -> JobRecord:
+    """A copy of ``record`` sharing no object with it: what a caller is handed of a record it just committed.
+
+    A storage may keep the committed record object itself and hand it to the next lease as it is
+    (:func:`as_stored`): a caller changing the record, state or options it was given must change
+    nothing stored.
+    """
+    return record.model_copy(deep=True)
 
 
 def dump_fields(record: JobRecord, fields: set[str], what: str) -> str:
