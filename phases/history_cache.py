@@ -121,7 +121,7 @@ class HistoryCache:
         def put(cp: Checkpoint[Any]) -> None:
             self._put(job_id, Held(messages, ids, cp.transcript_epoch, cp.commit_id, view))
 
-        ctx.on_commit(put)
+        ctx.on_commit(put, reads_only=True)  # the epoch and commit id only
 
     def _put(self, job_id: str, held: Held) -> Held:
         with self._lock:

@@ -408,7 +408,7 @@ def test_the_history_cache_is_bounded_by_messages_and_drops_finished_jobs() -> N
         def __init__(self, job_id: str) -> None:
             self.job_id = job_id
 
-        def on_commit(self, fn: Any) -> None:
+        def on_commit(self, fn: Any, *, reads_only: bool = False) -> None:
             hooks.append(fn)
 
     class Cp:

@@ -35,7 +35,7 @@ class Ctx:
         self.reads.append(start)
         return [dict(m) for m in self.stored[start:self.transcript_len]]
 
-    def on_commit(self, fn: Any) -> None:
+    def on_commit(self, fn: Any, *, reads_only: bool = False) -> None:
         self.hooks.append(fn)
 
 

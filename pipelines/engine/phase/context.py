@@ -137,7 +137,7 @@ class PhaseContext(Generic[S]):
         self._recorded_at: dict[str, float] = {}  # when this attempt journaled each step (timelines)
         self._lock = threading.Lock()
         self._buffer = _Buffered()
-        self._on_commit: list[Callable[[Checkpoint[Any]], None]] = []
+        self._on_commit: list[tuple[Callable[[Checkpoint[Any]], None], bool]] = []  # (fn, reads_only)
         #: Tells this run of the phase apart from any other (a crash re-run, a lease taken over): a
         #: client of the live stream drops the text of an attempt once a newer one starts.
         self.attempt_id = (owner or "local")[-12:]
@@ -350,13 +350,16 @@ class PhaseContext(Generic[S]):
         with self._lock:
             return key in self._recorded_at
 
-    def on_commit(self, fn: Callable[[Checkpoint[Any]], None]) -> None:
+    def on_commit(self, fn: Callable[[Checkpoint[Any]], None], *, reads_only: bool = False) -> None:
         """Call ``fn(new_checkpoint)`` once this phase's commit has landed (moving on to a next phase).
 
         For in-process caches: a callback never runs for a commit that was
-        fenced off, so what it caches is exactly what storage holds.
+        fenced off, so what it caches is exactly what storage holds. Its
+        state is a copy of the committed one: changing it changes nothing
+        stored. ``reads_only=True``: ``fn`` keeps no part of the state it
+        could change (the commit id, say), so no copy is made for it.
         """
-        self._on_commit.append(fn)
+        self._on_commit.append((fn, reads_only))
 
     # --- for the runner ----------------------------------------------------
     def take_output(self) -> PhaseOutput:
@@ -371,9 +374,16 @@ class PhaseContext(Generic[S]):
         # Each runs once: handed over like the output, so a callback that refers to this context (a
         # closure over it) does not keep it, and all the turn held, alive in a reference cycle.
         fns, self._on_commit = self._on_commit, []
-        for fn in fns:
+        own = None
+        for fn, reads_only in fns:
+            given = checkpoint
+            if not reads_only and type(checkpoint.state) in (dict, list):
+                # A copy of the state: a storage may keep the committed checkpoint as it is and hand it to the
+                # next lease, so a cache that changes what it was given must change nothing stored.
+                own = own or checkpoint.model_copy(update={"state": fresh_json(checkpoint.state)})
+                given = own
             try:
-                fn(checkpoint)
+                fn(given)
             except Exception:
                 logging.getLogger("pipelines").warning("job %s: on_commit callback failed", self.job_id,
                                                        exc_info=True)
