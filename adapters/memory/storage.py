@@ -40,6 +40,7 @@ from pipelines.engine.models import (
     JSONValue,
     LogEntry,
     Message,
+    TurnMark,
     as_stored,
     check_messages,
     dump_events,
@@ -100,7 +101,11 @@ class MemoryStorage(BesideRecord, HistoryReads):
             except ValidationError as exc:
                 raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
             if job.history.marks:
-                rec.history = list(job.history.marks)  # frozen marks, shared like the Redis adapter's
+                # The engine's lease shares the frozen marks (like the Redis adapter's warm load: its commit
+                # then checks only the marks it adds); a reader gets its own, parsed, since a mark's state
+                # is a dict it could change (and a fork would start from it).
+                rec.history = (list(job.history.marks) if warm else
+                               [TurnMark.model_validate_json(line) for line in job.history.lines])
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})

@@ -57,12 +57,17 @@ def _json(job_id: str, text: str, what: str) -> Any:
         raise CorruptRecordError(f"a stored {what} of job {job_id!r} does not parse: {exc}") from exc
 
 
-def load_record(conn: sqlite3.Connection, row: Sequence[Any], kept: Histories) -> JobRecord:
+def load_record(conn: sqlite3.Connection, row: Sequence[Any], kept: Histories | None) -> JobRecord:
     """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox and dropped usage
-    (parsed apart from its history when ``kept`` holds the text: see :mod:`adapters.sqlite.history`)."""
+    (parsed apart from its history when ``kept`` holds the text: see :mod:`adapters.sqlite.history`).
+
+    ``kept``: only for the engine's lease, which shares the kept history marks (its commit then dumps only
+    the marks it adds); a reader (``None``) gets marks of its own, parsed, so changing them changes nothing
+    a later load or fork sees.
+    """
     job_id, text, journaled, control, dropped, waiting = row
     try:
-        rec = kept.load(job_id, text)
+        rec = JobRecord.model_validate_json(text) if kept is None else kept.load(job_id, text)
     except ValidationError as exc:
         raise CorruptRecordError(f"stored record of job {job_id!r} does not parse: {exc}") from exc
     if rec.checkpoint is not None and journaled:
@@ -104,7 +109,7 @@ class SQLiteReads:
         """The record with its current journal, control request and inbox length, or ``None``."""
         def read(conn: sqlite3.Connection) -> JobRecord | None:
             row = conn.execute(f"SELECT {RECORD_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            return None if row is None else load_record(conn, row, self._kept)
+            return None if row is None else load_record(conn, row, None)
 
         return self._db.read(read, f"loading job {job_id!r}")
 
@@ -276,7 +281,7 @@ class SQLiteReads:
             out = []
             for row in conn.execute(sql, (*args, max(0, limit))).fetchall():
                 try:
-                    out.append(load_record(conn, row, self._kept))
+                    out.append(load_record(conn, row, None))
                 except CorruptRecordError as exc:  # one bad record never hides the others
                     logger.error("job %s: unreadable record skipped: %s", row[0], exc)
             return out
