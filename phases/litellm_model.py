@@ -59,7 +59,7 @@ from phases.litellm_errors import _redact as _redact
 from phases.litellm_errors import _retry_after as _retry_after
 from phases.litellm_stream import _complete_streamed
 from phases.litellm_warm import warm_http
-from phases.model import ModelRequest, ModelResponse, is_secret_param
+from phases.model import ModelRequest, ModelResponse, ReadOnlyMessages, is_secret_param
 from pipelines.engine.errors import PermanentModelError, TransientModelError
 from pipelines.engine.models import Message, Usage
 
@@ -181,7 +181,7 @@ def _warm_stream() -> None:
         logger.debug("litellm stream warm-up failed", exc_info=True)
 
 
-class LiteLLMModel:
+class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see _kwargs)
     """A :class:`~phases.model.Model` that calls ``litellm.completion``.
 
     ``model`` is a litellm model string (``"openai/gpt-4o-mini"``,

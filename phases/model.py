@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from phases.tool_calls import check_tool_calls
 from pipelines.engine.models import Message, Usage
 
-__all__ = ["Model", "ModelRequest", "ModelResponse", "is_secret_param"]
+__all__ = ["Model", "ModelRequest", "ModelResponse", "ReadOnlyMessages", "is_secret_param"]
 
 # Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
 # friends visible while catching access_token, id_token and the like.
@@ -86,6 +86,21 @@ class ModelResponse(BaseModel):
 
 @runtime_checkable
 class Model(Protocol):
-    """Anything that can answer a :class:`ModelRequest`; ``complete`` may be ``async def``."""
+    """Anything that can answer a :class:`ModelRequest`; ``complete`` may be ``async def``.
+
+    ``request.messages`` is the model's own copy: it may change it in place (add a provider's cache
+    marker, say). A model that never does, or changes only a copy it makes, can say so by also
+    inheriting :class:`ReadOnlyMessages`, and is then handed the transcript's own messages, uncopied.
+    """
 
     def complete(self, request: ModelRequest) -> ModelResponse | Awaitable[ModelResponse]: ...
+
+
+class ReadOnlyMessages:
+    """A base for a :class:`Model` that never changes ``request.messages`` in place (or only a copy it makes).
+
+    The agent turn then hands it the very message dicts of the worker's transcript cache, saving a copy
+    of the transcript at every call. Any other model gets a copy of its own: a change made in place would
+    otherwise reach later turns on the same worker (not on another one) and the messages the turn commits.
+    :class:`~phases.litellm_model.LiteLLMModel` and :class:`~pipelines.testing.ScriptedModel` inherit it.
+    """

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from phases.model import ModelRequest, ModelResponse
+from phases.model import ModelRequest, ModelResponse, ReadOnlyMessages
 from pipelines.crash_harness import (
     CrashPoint,
     CrashReport,
@@ -58,7 +58,7 @@ def reply(content: str | None = None, *calls: dict[str, Any], **extra: Any) -> M
     return msg
 
 
-class ScriptedModel:
+class ScriptedModel(ReadOnlyMessages):
     """A model that answers from a script: ``ScriptedModel(["hi", reply(None, call("add", a=1))])``.
 
     ``script`` is a list of turns (used in order, shared by every job this
@@ -66,6 +66,9 @@ class ScriptedModel:
     job). Tool calls without ids get ``call_<turn>_<i>``. ``finish_reason``
     is "tool_calls" when there are calls, else "stop" (or the dict's
     ``finish_reason`` key, which is removed from the message).
+
+    The function is handed the request's messages, which are the agent's own (the model says it changes
+    none: :class:`~phases.model.ReadOnlyMessages`): it reads them and changes none in place.
     """
 
     def __init__(self, script: Sequence[Reply] | Callable[[list[Message]], Reply]) -> None:

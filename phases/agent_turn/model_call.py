@@ -10,12 +10,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from phases import flow_limits, journal
-from phases.model import Model, ModelRequest, ModelResponse, is_secret_param
+from phases.model import Model, ModelRequest, ModelResponse, ReadOnlyMessages, is_secret_param
 from phases.observe import notify
 from phases.tool_calls import normalise_tool_calls
 from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
-from pipelines.engine.models import JSONValue, Message
+from pipelines.engine.models import JSONValue, Message, fresh_json
 from pipelines.engine.phase import Done, Fail, PhaseContext
 
 __all__: list[str] = []
@@ -95,7 +95,10 @@ def _content_of(answer: JSONValue) -> str | None:
 def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], schemas: list[dict[str, Any]],
                 params: dict[str, Any], turn: int, response_format: type[BaseModel] | None = None, *,
                 taken: frozenset[str] | None = None) -> ModelResponse:
-    request = ModelRequest(messages=messages, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
+    # The model's own copy of the messages (they are the worker's transcript cache), unless it says it
+    # changes none in place.
+    given = messages if isinstance(model, ReadOnlyMessages) else fresh_json(messages)
+    request = ModelRequest(messages=given, tools=schemas, params=params, job_id=ctx.job_id, turn=turn,
                            response_format=response_format, on_delta=ctx.on_delta,
                            stream_retries=ctx.on_delta.retries if ctx.on_delta else 0,
                            on_restart=ctx.on_delta.restart if ctx.on_delta else None)
