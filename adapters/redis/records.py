@@ -37,7 +37,7 @@ from pipelines.engine.models import (
     Message,
     TurnMark,
     Usage,
-    dump_json,
+    dump_marks,
     dump_record_apart,
 )
 
@@ -359,8 +359,10 @@ def _with_journal(job_id: str, rec: JobRecord, jver: Any, journal: Sequence[Any]
 
 
 def mark_line(mark: TurnMark) -> str:
-    # dump_json escapes every newline inside strings, so a mark is always one line.
-    return dump_json(mark.model_dump(), "a turn mark of the record's history")
+    # JSON escapes every newline inside strings, so a mark is always one line. Checked as the memory and
+    # SQLite adapters check theirs (dump_marks): its state gets a value's whole nesting allowance, which
+    # the record's JSON with the history spliced in reads back (record, history, mark: three levels).
+    return dump_marks([mark], "a turn mark of the record's history")[0]
 
 
 def lines_of(hist: Any) -> list[str]:
