@@ -95,8 +95,13 @@ class LeanBookkeeping:
         alive while a success or failure callback runs, then writes the job's end (its status, result and
         that same heartbeat, the job saved whole) in one pipeline. A job with neither callback goes straight
         to that pipeline, which writes the heartbeat a moment later: the round trip before it moved nothing.
+
+        Told by the callbacks' stored names, which import nothing: RQ's ``success_callback`` property
+        imports the callback, and one that cannot be imported must fail where RQ handles it, not here
+        (an error here escapes RQ's handling and stops a worker that runs jobs in its own process).
+        An RQ whose jobs keep the names elsewhere takes RQ's own way.
         """
-        if job.success_callback is None and job.failure_callback is None:
+        if not (getattr(job, "_success_callback_name", "?") or getattr(job, "_failure_callback_name", "?")):
             job.ended_at = job.last_heartbeat = rq_now()
             return
         super().handle_execution_ended(job, queue, heartbeat_ttl)  # type: ignore[misc]

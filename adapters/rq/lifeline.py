@@ -123,6 +123,7 @@ class _Beat:
         with contextlib.suppress(redis.RedisError):
             self.client.delete(self.key)
         self.client.close()
+        self.client.connection_pool.disconnect()  # its own pool: a client given one leaves it open on close()
 
 
 class Lifeline:

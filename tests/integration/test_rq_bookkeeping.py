@@ -272,3 +272,16 @@ def test_a_job_without_callbacks_has_its_ending_heartbeat_written_with_its_end(
     else:
         assert beats[called.id] == 1, "a job with a callback keeps RQ's heartbeat before it"
         assert all(beats[j.id] == 0 for j in [*plain, failing]), beats
+
+
+@pytest.mark.parametrize("cls", [SimpleWorker, PrioritySimpleWorker])
+def test_a_job_naming_a_callback_that_cannot_be_imported_fails_and_the_worker_goes_on(
+        r: redis.Redis, cls: type[Any]) -> None:
+    """RQ fails such a job where it handles a callback's errors; ours must not meet the import earlier, outside
+    that handling (it stopped a worker running jobs in its own process, the job left started)."""
+    q = Queue("beat", connection=r, serializer=JSONSerializer)
+    broken = q.enqueue("os.path.join", on_failure=Callback("no_such_module_here.handler"))  # fails, then its callback
+    behind = q.enqueue("os.getpid")
+    _worker(r, cls).work(burst=True)
+    assert broken.get_status(refresh=True) == "failed"
+    assert behind.get_status(refresh=True) == "finished" and q.count == 0
