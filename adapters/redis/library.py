@@ -166,7 +166,9 @@ class Library:
 
         Functions are then turned off.
         """
-        if isinstance(exc, redis.exceptions.ResponseError) and _NO_FCALL.search(str(exc)):
+        # A pipeline's error quotes the failed command's arguments first: only the server's answer counts.
+        said = str(exc).rpartition(" caused error: ")[2]
+        if isinstance(exc, redis.exceptions.ResponseError) and _NO_FCALL.search(said):
             self._off(f"FCALL answered {exc}")
             return True
         return False

@@ -390,3 +390,17 @@ def test_a_server_busy_at_the_workers_start_has_the_library_checked_by_the_first
     _finish(app, "j")
     assert _record(app).status is JobStatus.COMPLETE and storage.scripts.library.on
     storage.close()
+
+
+def test_only_the_servers_answer_says_a_server_has_no_functions() -> None:
+    # redis-py quotes a pipelined command's arguments in its error: a turn's own data must not read as the answer.
+    from adapters.redis.library import Library
+
+    lib = Library(library_code({"a": "return 1"}))
+    quoted = redis.exceptions.ResponseError(
+        "Command # 1 (FCALL prabc a 1 k unknown command 'fcall') of pipeline caused error: BUSY script running")
+    assert not lib.unknown(quoted) and lib.on
+    assert lib.unknown(redis.exceptions.ResponseError(
+        "Command # 1 (FCALL prabc a 1 k) of pipeline caused error: unknown command 'fcall', with args")) and not lib.on
+    assert Library(library_code({"a": "return 1"})).unknown(redis.exceptions.ResponseError(
+        "unknown command 'FCALL', with args beginning with: 'prabc'"))
