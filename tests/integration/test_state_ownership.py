@@ -366,3 +366,4 @@ def test_the_library_s_own_models_say_they_change_no_message_they_are_sent() -> 
     from pipelines.testing import ScriptedModel
 
     assert issubclass(ScriptedModel, ReadOnlyMessages) and issubclass(LiteLLMModel, ReadOnlyMessages)
+

@@ -659,3 +659,28 @@ def test_a_phase_can_wait_for_a_person_with_its_own_details() -> None:
     assert job is not None and job.status is JobStatus.WAITING
     assert job.waiting == {"reason": "need a signature", "form": "B-7", "call_id": None}
     assert storage.events("job-1")[-1].data == {"reason": "need a signature", "form": "B-7"}
+
+
+def test_the_details_of_a_wait_are_the_engines_own_copy_and_checked_where_the_phase_ends() -> None:
+    # The record keeps them (waiting): a phase's code changing its dict afterwards changes nothing stored, and
+    # what JSON cannot carry fails the job naming the wait, not a commit storage refused.
+    from pipelines.engine.phase import Pipeline, WaitForInput
+
+    details: dict[str, Any] = {"kind": "question", "options": ["yes", "no"]}
+    asked = [WaitForInput("ask", details=details), WaitForInput("ask", details={"point": (1, 2)})]
+
+    def only(ctx: PhaseContext[Any]) -> Done:
+        raise asked.pop(0)
+
+    storage, scheduler = MemoryStorage(), MemoryScheduler()
+    pipeline = Pipeline(phases=[Phase("only", only)])
+    for job_id in ("w1", "w2"):
+        run_pipeline(job_id=job_id, phases=pipeline, storage=storage, scheduler=scheduler, initial_state={})
+        advance_phase(job_id=job_id, phases=pipeline, storage=storage, scheduler=scheduler)
+    record = storage.acquire_lease("w1", "someone", 30)  # the record a storage keeps, handed to a lease
+    assert record is not None and record.waiting is not None
+    details["options"].append("changed afterwards")
+    assert record.waiting["options"] == ["yes", "no"]
+    failed = storage.get_job("w2")
+    assert failed is not None and failed.status is JobStatus.ERROR
+    assert "details of the wait of phase 'only'" in (failed.error or "")

@@ -135,6 +135,10 @@ def _normalised(outcome: transitions.Outcome, rec: JobRecord, pipeline: Pipeline
         if isinstance(outcome, Done):
             value = owned_json_value(outcome.result, what=f"result returned by phase {cp.next_phase!r}")
             return Done(result=value, reason=outcome.reason)
+        if isinstance(outcome, WaitForInput) and outcome.details:
+            # The record keeps them (``waiting``): the engine's own copy, as of a state or a result.
+            details = owned_json_value(outcome.details, what=f"details of the wait of phase {cp.next_phase!r}")
+            return WaitForInput(outcome.reason, call_id=outcome.call_id, details=details)
     except PipelineError as exc:
         return Fail(str(exc))
     return outcome
