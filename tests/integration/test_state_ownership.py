@@ -73,14 +73,16 @@ def test_an_attempt_that_changed_its_state_in_place_and_crashed_leaves_the_commi
     assert [m.state for m in job.history][1] == {"n": 0, "seen": []}  # turn 1's checkpoint as committed
 
 
-def test_a_reader_changing_the_record_it_was_given_changes_nothing_stored(storage: Any) -> None:
-    def only(ctx: PhaseContext[Any]) -> Next | Done:
-        if ctx.state["n"] >= 2:
-            return Done(result=ctx.state)
-        return Next("only", state={"n": ctx.state["n"] + 1, "items": [*ctx.state["items"], ctx.state["n"]]})
+def _counting(ctx: PhaseContext[Any]) -> Next | Done:
+    """Three turns: each adds the turn's number to the state's items."""
+    if ctx.state["n"] >= 2:
+        return Done(result=ctx.state)
+    return Next("only", state={"n": ctx.state["n"] + 1, "items": [*ctx.state["items"], ctx.state["n"]]})
 
+
+def test_a_reader_changing_the_record_it_was_given_changes_nothing_stored(storage: Any) -> None:
     scheduler = MemoryScheduler()
-    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("only", only)]})
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("only", _counting)]})
     app.run_pipeline("p", job_id="own-2", initial_state={"n": 0, "items": []})
     assert app.advance("own-2").value == "advanced"
     read = storage.get_job("own-2")
@@ -223,13 +225,8 @@ def test_an_on_commit_callback_changing_the_checkpoint_it_was_given_changes_noth
 
 
 def test_a_reader_changing_a_turn_mark_changes_no_later_read_or_fork(storage: Any) -> None:
-    def only(ctx: PhaseContext[Any]) -> Next | Done:
-        if ctx.state["n"] >= 2:
-            return Done(result=ctx.state)
-        return Next("only", state={"n": ctx.state["n"] + 1, "items": [*ctx.state["items"], ctx.state["n"]]})
-
     scheduler = MemoryScheduler()
-    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("only", only)]})
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("only", _counting)]})
     app.run_pipeline("p", job_id="own-8", initial_state={"n": 0, "items": []})
     scheduler.drain()
     read = storage.get_job("own-8")
