@@ -6,7 +6,7 @@ Keys (beside the storage's, under its prefix):
   left), ``t`` (tokens left, may be negative: debt after a correction),
   ``ts`` (when they were computed), ``b`` (blocked until, after a 429).
 * ``<prefix>:flow:slots:<key>``: a sorted set, the concurrency slots held:
-  member = job id, score = when its lease expires. Expired members are
+  member = "<job id> <lease owner>", score = when its lease expires. Expired members are
   removed by the take itself, so a killed worker's slot comes back.
 
 Unlike the storage scripts these read Redis's clock (``TIME``): buckets and

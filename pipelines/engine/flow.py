@@ -265,13 +265,14 @@ class FlowControl:
         return self.concurrency[best] if best is not None else self.concurrency.get("*")
 
     # --- concurrency slots (the runner, around each turn) -----------------------------------
-    def enter_turn(self, record: JobRecord, now: float, *, lease: int | None = None) -> float:
+    def enter_turn(self, record: JobRecord, now: float, *, lease: int | None = None, owner: str | None = None) -> float:
         """Take a slot of the run's concurrency key; 0 when granted, else seconds to wait.
 
         ``lease``: the job's lease in :data:`~pipelines.engine.leases.LEASE_KEEPER`
-        (the runner's); a granted slot is renewed and released with it.
+        (the runner's); a granted slot is renewed and released with it. ``owner``: the
+        lease's owner, whose slot it is (see :meth:`_slot_of`).
         """
-        slot = self._slot_of(record)
+        slot = self._slot_of(record, owner)
         if slot is None:
             return 0.0
         limit = self.limit_for(slot.key)
@@ -283,20 +284,27 @@ class FlowControl:
             LEASE_KEEPER.attach(lease, slot)
         return 0.0
 
-    def leave_turn(self, record: JobRecord, *, lease: int | None = None) -> None:
+    def leave_turn(self, record: JobRecord, *, lease: int | None = None, owner: str | None = None) -> None:
         """Give the slot back (a no-op for a run without a limited key); it no longer follows ``lease``."""
-        slot = self._slot_of(record)
+        slot = self._slot_of(record, owner)
         if slot is None:
             return
         if lease is not None:
             LEASE_KEEPER.detach(lease, slot)  # before the release: a late renewal finds no slot to extend
         slot.release()
 
-    def _slot_of(self, record: JobRecord) -> _Slot | None:
+    def _slot_of(self, record: JobRecord, owner: str | None) -> _Slot | None:
+        """The slot a turn of ``record`` holds under ``owner``'s lease, or ``None`` when its key has no limit.
+
+        Held in the owner's name, not the job's: a worker that stalled past its lease, whose job another
+        worker took over, may still be running its turn, so it keeps counting until it gives its own slot
+        back (or the slot runs out), and then gives back only its own, never the new holder's.
+        """
         key = _key_of(record)
         if key is None or self.limit_for(key) is None or self.store is None:
             return None
-        return _Slot(self.store, key, record.job_id, self.slot_seconds, self.clock)
+        member = record.job_id if owner is None else f"{record.job_id} {owner}"
+        return _Slot(self.store, key, member, self.slot_seconds, self.clock)
 
     # --- rate limits (the agent turn, around the model call) -------------------------------
     def before_call(self, model: str, tokens: int, now: float) -> float:

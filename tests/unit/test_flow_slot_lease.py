@@ -126,3 +126,44 @@ def test_the_keeper_renews_a_companion_after_its_lease_and_releases_it_when_the_
     assert late.calls == ["release"]
     keeper.renew_due(now + 30.0)
     assert kept.calls == ["renew", "release"]  # nothing more: the lease is no longer kept
+
+
+def test_a_worker_taking_over_a_stalled_workers_job_waits_for_its_slot() -> None:
+    # The stalled worker may still be running its turn (its lease ran out, its process did not): the job counts
+    # twice until that worker gives its own slot back or the slot runs out, and a limit of 1 holds.
+    clock = VirtualClock(1000.0)
+    seen: list[AdvanceResult] = []
+
+    @tool
+    def long_tool() -> str:
+        """Stall past the lease (no renewal: the whole process is stopped), then watch a takeover."""
+        clock.advance(LEASE + 0.2)
+        seen.append(app.advance("a"))  # another worker takes the job over: its lease ran out
+        return "ok"
+
+    app = build(clock, long_tool)
+    app.run_agent("long", job_id="a", user="go", concurrency_key="k")
+    assert app.advance("a") is AdvanceResult.STALE  # the stalled turn is fenced off at its commit
+    assert seen == [AdvanceResult.DEFERRED]  # not a second turn of key k beside the one still running
+
+
+def test_a_stalled_worker_gives_back_only_its_own_slot() -> None:
+    clock = VirtualClock(1000.0)
+
+    @tool
+    def long_tool() -> str:
+        """Unused."""
+        return "ok"
+
+    app = build(clock, long_tool)
+    app.run_agent("quick", job_id="a", user="go", concurrency_key="k")
+    record = app.storage.get_job("a")
+    assert record is not None and app.flow is not None
+    store = app.flow.store
+    assert isinstance(store, MemoryFlowStore)
+    assert app.flow.enter_turn(record, clock(), owner="stalled") == 0.0
+    assert app.flow.enter_turn(record, clock(), owner="new") > 0  # the stalled worker's slot still counts
+    clock.advance(LEASE * 1.5 + 0.1)  # it ran out
+    assert app.flow.enter_turn(record, clock(), owner="new") == 0.0
+    app.flow.leave_turn(record, owner="stalled")  # the stalled worker wakes and gives back its slot
+    assert store.slots("k", clock()) == ["a new"]  # not the new holder's

@@ -145,13 +145,13 @@ class _LeasedJob:
         """``run_phase`` inside a concurrency slot of the run's key (when the App limits it)."""
         if self.flow is None:
             return self.run_phase(record, pipeline, keep_lease)
-        wait = self.flow.enter_turn(record, self.scheduler.now(), lease=self.lease)
+        wait = self.flow.enter_turn(record, self.scheduler.now(), lease=self.lease, owner=self.owner)
         if wait > 0:
             return self.defer(record, wait, "concurrency limit"), None, CommitReply()
         try:
             return self.run_phase(record, pipeline, keep_lease)
         finally:
-            self.flow.leave_turn(record, lease=self.lease)
+            self.flow.leave_turn(record, lease=self.lease, owner=self.owner)
 
     def defer(self, record: JobRecord, delay: float, why: str) -> AdvanceResult:
         """Run the same turn again after ``delay``, committing nothing (flow control: no attempt spent).
