@@ -184,12 +184,16 @@ class UIMessageEncoder:
             return self._rewrite(shown[:start] + piece)
         return self._send(piece[overlap:])  # a new attempt repeating what is shown sends only what goes further
 
-    def _sync_text(self, target: str) -> list[Chunk]:
-        """Bring the open text part to ``target``: send what it adds, or send the message again."""
+    def _sync_text(self, target: str, *, final: bool = False) -> list[Chunk]:
+        """Bring the open text part to ``target``: send what it adds, or send the message again.
+
+        ``final``: ``target`` is the committed text, after which nothing comes: shown text it does not
+        hold all of (an abandoned attempt that said more) is taken back.
+        """
         shown = self._joined()
         if target.startswith(shown):
             return self._send(target[len(shown):])
-        if shown.startswith(target):
+        if shown.startswith(target) and not final:
             return []  # a new attempt repeating what is shown: wait until it says more
         return self._rewrite(target)
 
@@ -261,7 +265,7 @@ class UIMessageEncoder:
         committed = self._messages(start, stop) if stop > start else []
         out = [] if part.turn == self._turn else self._open_step(int(part.turn or 0))
         assistants = [m for m in committed if m.get("role") == "assistant"]
-        out += self._sync_text("".join(_text_of(m) for m in assistants))
+        out += self._sync_text("".join(_text_of(m) for m in assistants), final=True)
         if self._text_id is not None:
             out += self._emit({"type": "text-end", "id": self._text_id})
             self._text_id = None

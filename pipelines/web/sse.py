@@ -353,20 +353,25 @@ def latest_attempts(run: list[Event]) -> list[Event]:
     Per turn, the latest attempt that sent text decides: an earlier attempt whose text it repeats or
     goes on from (an attempt that reuses a journaled answer, after an approval or a crash, says the
     same again) stays, and the encoder sends only what goes further; one that said something else
-    is dropped, so the replay never has to take text back.
+    is dropped, so the replay never has to take text back. While the turn runs, an earlier attempt
+    that said more than the latest has so far stays too (the latest may say it all again); once the
+    turn committed, its latest attempt said all it will, and one that said more is dropped.
     """
     said: dict[tuple[int, str], list[str]] = {}
     latest: dict[int, str] = {}
+    committed: set[int] = set()
     for part in run:
         if part.type == "text_delta" and part.turn is not None:
             attempt = str(part.data.get("attempt"))
             said.setdefault((part.turn, attempt), []).append(str(part.data.get("text", "")))
             latest[part.turn] = attempt
+        elif part.type == "turn_committed" and part.turn is not None:
+            committed.add(part.turn)
     final = {turn: "".join(said[(turn, attempt)]) for turn, attempt in latest.items()}
     dropped = set()
     for (turn, attempt), pieces in said.items():
         text = "".join(pieces)
-        if not (final[turn].startswith(text) or text.startswith(final[turn])):
+        if not (final[turn].startswith(text) or (turn not in committed and text.startswith(final[turn]))):
             dropped.add((turn, attempt))
     if not dropped:
         return run

@@ -317,7 +317,11 @@ def test_the_ai_packages_own_reader_assembles_a_finished_redis_conversation_from
         storage.client.close()
 
 
-def test_a_retried_stream_that_says_something_else_still_assembles_to_the_transcript() -> None:
+@pytest.mark.parametrize("abandoned", ["I think the answer is probably something like " * 6, TEXT + " And more."],
+                         ids=["something-else", "more-than-the-answer"])
+def test_a_retried_stream_that_says_something_else_still_assembles_to_the_transcript(abandoned: str) -> None:
+    # The second case: the retry's whole answer is a prefix of what the broken attempt said, which the client
+    # must not keep once the turn committed.
     from phases.model import ModelRequest, ModelResponse
     from pipelines.engine.models import Usage
 
@@ -327,7 +331,8 @@ def test_a_retried_stream_that_says_something_else_still_assembles_to_the_transc
         def complete(self, request: ModelRequest) -> ModelResponse:
             started.wait(10)  # the client is connected: what follows reaches it live
             assert request.on_delta is not None and request.on_restart is not None
-            request.on_delta("I think the answer is probably something like " * 6)
+            request.on_delta(abandoned)
+            time.sleep(0.1)  # published (past the first batch's window) before the stream breaks
             request.on_restart()  # the provider's stream broke; the retry says something else
             request.on_delta(TEXT)
             return ModelResponse(message={"role": "assistant", "content": TEXT}, finish_reason="stop",
