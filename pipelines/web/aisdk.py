@@ -4,7 +4,7 @@
 ``finish-step``, ``finish``, ``error``.
 
 One run of the job (``job_started`` / ``job_continued`` / ``job_retried`` up to ``job_finished``,
-``job_failed``, ``job_cancelled`` or a final wait) is one assistant UI message; each turn is one
+``job_failed``, ``job_cancelled``, or a wait or pause nothing follows yet) is one assistant UI message; each turn is one
 step. Text is forwarded as it arrives; the committed transcript stays the truth: at
 ``turn_committed`` the turn's text is reconciled with the committed assistant message, and its
 tool calls and results are read from the transcript (the stream's parts carry only their ids).
@@ -44,8 +44,9 @@ Chunk = dict[str, Any]
 RUN_STARTS = frozenset({"job_started", "job_continued", "job_retried"})
 # Events that end the run's UI message, with the finish reason the AI SDK knows.
 ENDS = {"job_finished": "stop", "job_failed": "error", "job_cancelled": "other", "job_waiting": "other",
-        "approval_requested": "other"}
-_WAITS = frozenset({"job_waiting", "approval_requested"})
+        "approval_requested": "other", "job_paused": "other"}
+# Ends only when nothing follows yet: a run that goes on after them (resumed, approved) is one message in a replay.
+_WAITS = frozenset({"job_waiting", "approval_requested", "job_paused"})
 
 
 def run_start(parts: list[Event], upto: int | None = None) -> int:

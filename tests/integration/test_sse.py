@@ -137,6 +137,20 @@ def test_resuming_from_last_event_id_or_cursor_misses_nothing_and_repeats_nothin
         assert [p.id for p in via_query] == [p.id for p in everything[3:]]
 
 
+
+def test_an_ai_sdk_cursor_older_than_every_part_gets_the_whole_run(app: App) -> None:
+    # "0" (or an id whose parts are gone): the client holds nothing these parts rebuild, so all of the run comes.
+    app.run_agent("a", job_id="r0", messages=["where is A-1?"])
+    run_to_the_end(app, "r0")
+    oldest = "0" if isinstance(app.storage, MemoryStorage) else "1-0"  # ids are positions / <ms>-<seq>
+    with serve(routes(app)) as base, httpx.stream("GET", f"{base}/jobs/r0/stream?format=ai-sdk",
+                                                 headers={"Last-Event-ID": oldest}, timeout=30) as r:
+        assert r.status_code == 200
+        chunks = [json.loads(data) for event_id, data in read_events(r) if event_id is not None]
+    assert chunks[0]["type"] == "start" and chunks[-1] == {"type": "finish", "finishReason": "stop"}
+    said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert said == "".join(m["content"] or "" for m in run_messages(app, "r0") if m["role"] == "assistant")
+
 def test_a_follower_receives_the_text_live_and_the_response_ends_with_the_job(app: App) -> None:
     app.run_agent("a", job_id="r2", messages=["where is A-1?"])
     worker = threading.Thread(target=run_to_the_end, args=(app, "r2"))

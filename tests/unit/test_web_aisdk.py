@@ -85,3 +85,27 @@ def test_a_replay_keeps_only_the_attempts_the_latest_one_does_not_contradict() -
     same = run[:1] + run[3:]  # an attempt that says the same again (a reused journaled answer) drops nothing
     assert latest_attempts(same) is same
     assert _split("7:2:hc") == ("7", 2, "hc") and _split("7:2:c") == ("7", 2, "c") and _split("7:2") == ("7", 2, "")
+
+
+def test_a_paused_run_ends_its_message_only_when_nothing_follows_the_pause() -> None:
+    # A follower of a paused conversation is not left streaming for as long as the pause lasts.
+    paused = encode([part(1, "job_started"), part(2, "turn_started", 1), part(3, "turn_committed", 1, messages=[1, 2]),
+                     part(4, "job_paused")])
+    assert paused[-1] == {"type": "finish", "finishReason": "other"}
+    encoder = UIMessageEncoder("j", lambda a, b: COMMITTED[a - 1:b - 1])
+    encoder.feed(part(1, "job_started"))
+    assert encoder.feed(part(2, "job_paused"), final=False) == [] and not encoder.ended  # a replay: it resumed
+
+
+def test_a_committed_turn_ends_with_its_text_even_after_an_attempt_that_said_more() -> None:
+    # The retry's whole answer is a prefix of what the broken attempt said: taken back at the commit.
+    run = [part(1, "job_started"), part(2, "attempt_started", 1, attempt="a"),
+           part(3, "text_delta", 1, attempt="a", text="Hello there, friend. And much more besides."),
+           part(4, "attempt_started", 1, attempt="b"),
+           part(5, "text_delta", 1, attempt="b", text="Hello there, friend."),
+           part(6, "turn_committed", 1, messages=[1, 2]), part(7, "job_finished")]
+    assert texts_after_last_start(encode(run)) == "Hello there, friend."
+    from pipelines.web.sse import latest_attempts
+
+    assert [p.id for p in latest_attempts(run)] == ["1", "2", "4", "5", "6", "7"]  # committed: "a" said more
+    assert [p.id for p in latest_attempts(run[:5])] == ["1", "2", "3", "4", "5"]  # running: "b" may say it all
