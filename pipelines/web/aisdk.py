@@ -47,6 +47,7 @@ ENDS = {"job_finished": "stop", "job_failed": "error", "job_cancelled": "other",
         "approval_requested": "other", "job_paused": "other"}
 # Ends only when nothing follows yet: a run that goes on after them (resumed, approved) is one message in a replay.
 _WAITS = frozenset({"job_waiting", "approval_requested", "job_paused"})
+_TURN_PARTS = frozenset({"attempt_started", "text_delta", "turn_started", "turn_committed"})
 
 
 def run_start(parts: list[Event], upto: int | None = None) -> int:
@@ -81,6 +82,9 @@ class UIMessageEncoder:
         self._log: list[Chunk] = []  # chunks of the open message after its start, to send it again
         self._asked: set[str] = set()  # calls sent as waiting for approval: their input is shown already
         self._denied: set[str] = set()  # calls a person rejected: shown as denied, not as a result
+        # The last turn of this run that committed: text for it or an earlier turn after that comes from a
+        # worker fenced off meanwhile (its lease ran out mid-turn, another committed the turn) and is not shown.
+        self._done_turn = 0
         self._end_step()
 
     def _end_step(self) -> None:
@@ -112,8 +116,8 @@ class UIMessageEncoder:
         if kind == "call_rejected":
             self._denied.add(str(part.data.get("call_id")))
             return []
-        if part.turn is None or kind not in ("attempt_started", "text_delta", "turn_started", "turn_committed"):
-            return []
+        if part.turn is None or kind not in _TURN_PARTS or (part.turn <= self._done_turn and kind != "turn_committed"):
+            return []  # not a turn's part, or a fenced-off worker's late text for a turn already committed
         out = [] if self.message_id is not None else self._start(f"{self.job_id}-{part.id}")
         if kind == "turn_committed":
             return out + self._commit(part)
@@ -138,6 +142,7 @@ class UIMessageEncoder:
         self.message_id = message_id + ("-again" if self.again else "")
         self.again = False
         self._asked, self._denied = set(), set()
+        self._done_turn = 0
         self._end_step()
         return [{"type": "start", "messageId": self.message_id}]
 
@@ -261,6 +266,7 @@ class UIMessageEncoder:
 
     # --- a committed turn --------------------------------------------------------------------
     def _commit(self, part: Event) -> list[Chunk]:
+        self._done_turn = max(self._done_turn, int(part.turn or 0))
         span = part.data.get("messages")
         start, stop = (int(span[0]), int(span[1])) if isinstance(span, list) and len(span) == 2 else (0, 0)
         committed = self._messages(start, stop) if stop > start else []

@@ -361,8 +361,12 @@ def latest_attempts(run: list[Event]) -> list[Event]:
     said: dict[tuple[int, str], list[str]] = {}
     latest: dict[int, str] = {}
     committed: set[int] = set()
-    for part in run:
+    late: set[int] = set()  # parts of a fenced-off worker, for a turn already committed (the encoder skips them)
+    for i, part in enumerate(run):
         if part.type == "text_delta" and part.turn is not None:
+            if part.turn <= max(committed, default=0):
+                late.add(i)
+                continue
             attempt = str(part.data.get("attempt"))
             said.setdefault((part.turn, attempt), []).append(str(part.data.get("text", "")))
             latest[part.turn] = attempt
@@ -374,10 +378,10 @@ def latest_attempts(run: list[Event]) -> list[Event]:
         text = "".join(pieces)
         if not (final[turn].startswith(text) or (turn not in committed and text.startswith(final[turn]))):
             dropped.add((turn, attempt))
-    if not dropped:
+    if not dropped and not late:
         return run
-    return [p for p in run if p.type != "text_delta" or p.turn is None
-            or (p.turn, str(p.data.get("attempt"))) not in dropped]
+    return [p for i, p in enumerate(run) if i not in late and (
+        p.type != "text_delta" or p.turn is None or (p.turn, str(p.data.get("attempt"))) not in dropped)]
 
 
 def _after(parts: list[Event], cursor: str | None) -> list[Event]:

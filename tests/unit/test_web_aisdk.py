@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pipelines.engine.models import Event
@@ -109,3 +110,23 @@ def test_a_committed_turn_ends_with_its_text_even_after_an_attempt_that_said_mor
 
     assert [p.id for p in latest_attempts(run)] == ["1", "2", "4", "5", "6", "7"]  # committed: "a" said more
     assert [p.id for p in latest_attempts(run[:5])] == ["1", "2", "3", "4", "5"]  # running: "b" may say it all
+
+
+def test_text_of_a_fenced_off_worker_for_a_committed_turn_is_not_shown() -> None:
+    # A worker that stalled past its lease publishes turn 1's text after another committed turn 1 and began turn 2.
+    from pipelines.streams import turn_texts
+    from pipelines.web.sse import latest_attempts
+
+    run = [part(1, "job_started"), part(2, "attempt_started", 1, attempt="new"),
+           part(3, "text_delta", 1, attempt="new", text="Hello there, friend."),
+           part(4, "turn_committed", 1, messages=[1, 2]),
+           part(5, "attempt_started", 2, attempt="new"),
+           part(6, "attempt_started", 1, attempt="zombie"),
+           part(7, "text_delta", 1, attempt="zombie", text="STALE"),
+           part(8, "text_delta", 2, attempt="new", text="Hello th"),
+           part(9, "turn_committed", 2, messages=[1, 2]), part(10, "job_finished")]
+    chunks = encode(run)
+    assert [c["type"] for c in chunks].count("start-step") == 2 and [c["type"] for c in chunks].count("start") == 1
+    assert "STALE" not in json.dumps(chunks)
+    assert turn_texts(run) == {1: "Hello there, friend.", 2: "Hello th"}
+    assert [p.id for p in latest_attempts(run)] == ["1", "2", "3", "4", "5", "6", "8", "9", "10"]
