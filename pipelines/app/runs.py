@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 from phases.callbacks import CALLBACKS, check_callbacks
 from pipelines.engine import control, flow, inbox, transitions, writer
 from pipelines.engine.capabilities import Feature, has
-from pipelines.engine.errors import ConfigurationError, CorruptRecordError, InvalidInputError, JobConflictError
+from pipelines.engine.errors import (
+    ConfigurationError,
+    CorruptRecordError,
+    InvalidInputError,
+    JobConflictError,
+    JobNotFoundError,
+)
 from pipelines.engine.models import JobRecord, Message, to_json_value, validate_job_id
 from pipelines.engine.start import RetryMode, check_retry_mode, start_job
 from pipelines.handle import JobView, RunHandle
@@ -105,6 +111,12 @@ class Runs:
             return RunHandle(self.app, _landed_fork(existing, new_job_id, request))
         messages = self.storage.messages(job_id, 0, mark.transcript_len)
         if len(messages) != mark.transcript_len:
+            # Deleted or cut back meanwhile (retention, a full retry): say that, not corruption.
+            now = self.storage.get_job(job_id)
+            if now is None:
+                raise JobNotFoundError(f"job {job_id!r} was deleted while it was being forked")
+            if now.version != src.version:
+                raise JobConflictError(f"job {job_id!r} changed while it was being forked; try again")
             raise CorruptRecordError(f"job {job_id!r} holds {len(messages)} messages, fewer than the "
                                      f"{mark.transcript_len} its turn {at_turn} committed")
         commit = transitions.fork(src, mark, new_job_id=new_job_id, messages=messages, request=request,

@@ -107,6 +107,23 @@ def test_a_fork_that_races_another_to_the_id_is_judged_on_what_that_one_asked(
     assert storage.get_job("f").options.get("max_turns") == (None if same else 9)
 
 
+
+def test_a_fork_whose_source_is_deleted_meanwhile_says_so(storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.engine.errors import JobNotFoundError
+
+    app = finished_bot(storage)
+    real = storage.messages
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(storage, "messages", real)
+        app.delete("orig")  # retention, or an operator, between the fork's two reads
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "messages", racing)
+    with pytest.raises(JobNotFoundError, match="deleted while it was being forked"):
+        app.fork("orig", at_turn=1, new_job_id="f")
+    assert storage.get_job("f") is None
+
 # --- defect 6: a child its parent still waits for is not deleted; a gone one is read as failed -------
 @tool(needs_approval=True)
 def wire(to: str) -> str:
