@@ -156,6 +156,13 @@ def _apply_held(record: JobRecord, storage: Storage, scheduler: Scheduler, kind:
     if record.status is not JobStatus.RUNNING:
         if requested and record.control is not None:
             writer.request_control(storage, record.job_id, None)
+        # The turn in flight ended otherwise (in a wait, say): the request applies as it would have to a
+        # job found so from the start (pause_job / cancel_job), not refused for a race it did not lose.
+        if kind == "cancel" and record.status not in transitions.FINAL:
+            return _write(storage, scheduler, build(record, owner), kind)
+        if kind == "pause" and children.waits_for_children(record):
+            # No turn of its own: pause_job pauses the children it waits for. Its request was cleared above.
+            return detached(record).model_copy(update={"control": None})
         return _settled(record, kind)
     return _write(storage, scheduler, build(record, owner), kind)
 

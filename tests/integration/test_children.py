@@ -183,6 +183,43 @@ def test_cancel_and_pause_of_the_parent_reach_its_children(storage: Any) -> None
     assert storage.get_job("p8").status is JobStatus.CANCELLED  # the child's end does not wake it
 
 
+
+@pytest.mark.parametrize("kind", ["pause", "cancel"])
+def test_a_pause_or_cancel_asked_while_the_parents_turn_ends_in_a_wait_reaches_its_children(
+        storage: Any, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Asked while the turn that starts the child runs: that turn commits a wait, not a boundary where the
+    # request applies; the request then applies to the waiting parent as it would have from the start.
+    import threading
+    import time
+
+    import phases.children
+
+    started = threading.Event()
+    real = phases.children.start_child
+
+    def slow_start(*args: Any, **kwargs: Any) -> Any:
+        child_id = real(*args, **kwargs)
+        started.set()
+        time.sleep(0.3)  # the rest of the turn
+        return child_id
+
+    monkeypatch.setattr(phases.children, "start_child", slow_start)
+    app = _app(storage, parent_agent(child_agent()))
+    app.run_agent("boss", job_id="p9", user="go")
+    turn = threading.Thread(target=app.advance, args=("p9",))
+    turn.start()
+    assert started.wait(10)
+    view = app.pause("p9", wait=10) if kind == "pause" else app.cancel("p9", wait=10)
+    turn.join(10)
+    kid = storage.get_job(child_job_id("p9", "c0"))
+    parent = storage.get_job("p9")
+    if kind == "pause":
+        assert view.status is JobStatus.WAITING and view.record.control is None
+        assert kid.status is JobStatus.PAUSED and parent.status is JobStatus.WAITING and parent.control is None
+    else:
+        assert view.status is JobStatus.CANCELLED
+        assert kid.status is JobStatus.CANCELLED and parent.status is JobStatus.CANCELLED
+
 class Topic(BaseModel):
     topic: str
 
