@@ -335,3 +335,42 @@ def test_a_conversation_an_older_version_left_complete_with_messages_takes_them_
     app.drain()
     assert [t for r, t in roles_and_texts(app, "j") if r == "user"] == ["where is A-1?", "second", "third"]
     assert app.get("j").record.inbox == 0  # type: ignore[union-attr]
+
+
+@tool
+def step(n: int) -> int:
+    """A step."""
+    return n
+
+
+def test_a_fork_whose_last_turn_is_sent_a_message_starts_a_whole_new_run(app: App) -> None:
+    # The next run of a fork starts as the source's runs do: at turn 0 with its whole max_turns, not at the turn
+    # the fork was taken at (the state a fork resumes from is its checkpoint's, not its runs' start).
+    send_to: dict[str, str | None] = {"job": None}
+
+    def script(messages: list[dict[str, Any]]) -> Any:
+        since = 0
+        for m in reversed(messages):
+            if m["role"] == "user":
+                break
+            since += m["role"] == "assistant"
+        if since >= 2:
+            if send_to["job"] is not None:  # a message arrives while this (last) turn runs
+                job, send_to["job"] = send_to["job"], None
+                app.send(job, ["again"])
+            return "done"
+        return reply(f"step {since}", call("step", n=since))
+
+    app.add_agent(Agent(name="stepper", model=ScriptedModel(script), tools=[step], stream=False))
+    app.run_agent("stepper", job_id="base", user="go", max_turns=3)
+    app.drain()
+    app.fork("base", at_turn=1, new_job_id="fork")
+    send_to["job"] = "fork"
+    app.resume("fork")
+    app.drain()
+    fork = app.get("fork")
+    assert fork is not None and fork.status is JobStatus.COMPLETE and fork.stop_reason == "done"
+    messages = app.messages("fork")
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    assert messages[last_user]["content"] == "again"
+    assert sum(m["role"] == "assistant" for m in messages[last_user:]) == 3  # the whole run, not two turns

@@ -119,8 +119,11 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
     record = JobRecord(
         job_id=new_job_id, pipeline=src.pipeline, status=status, checkpoint=cp, version=1,
         result=src.result if same_end else None, stop_reason=src.stop_reason if same_end else None,
-        transcript_len=len(messages), base_transcript_len=len(messages), initial_phase=phase or src.initial_phase,
-        initial_state=mark.state, options=options, phases_done=mark.phases_done, created_at=now, updated_at=now,
+        # A run of the fork starts as the source's runs do (a conversation that goes on after the fork's
+        # run ends, a full retry): from the source's start, not the state of the turn it was forked at.
+        transcript_len=len(messages), base_transcript_len=len(messages), initial_phase=src.initial_phase or phase,
+        initial_state=src.initial_state if src.initial_phase is not None else mark.state, options=options,
+        phases_done=mark.phases_done, created_at=now, updated_at=now,
         history=[m for m in src.history if m.phases_done <= mark.phases_done], forked_from=src.job_id,
         # The version that wrote that turn: a newer worker migrates the fork as it did the original.
         at_turn=mark.phases_done, code_version=mark.code_version or src.code_version, fork_request=request)
