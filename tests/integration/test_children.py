@@ -220,6 +220,29 @@ def test_a_pause_or_cancel_asked_while_the_parents_turn_ends_in_a_wait_reaches_i
         assert view.status is JobStatus.CANCELLED
         assert kid.status is JobStatus.CANCELLED and parent.status is JobStatus.CANCELLED
 
+
+def test_a_child_its_parents_cancel_could_not_reach_is_cancelled_at_its_next_turn(
+        storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parent's turn started the child and was forced off before its wait committed: the parent does not
+    # list the child, so the cancel's walk cannot reach it. The child sees its parent cancelled and stops.
+    import phases.children
+
+    app = _app(storage, parent_agent(child_agent()))
+    real = phases.children.start_child
+
+    def start_then_force_cancel(*args: Any, **kwargs: Any) -> Any:
+        child_id = real(*args, **kwargs)
+        app.cancel("p10", force=True)  # an operator's forced cancel lands while the turn is in flight
+        return child_id
+
+    monkeypatch.setattr(phases.children, "start_child", start_then_force_cancel)
+    app.run_agent("boss", job_id="p10", user="go")
+    assert app.advance("p10").value == "stale"
+    kid = child_job_id("p10", "c0")
+    assert storage.get_job("p10").children == [] and storage.get_job(kid).status is JobStatus.RUNNING
+    assert app.advance(kid).value == "cancelled"
+    assert storage.get_job(kid).status is JobStatus.CANCELLED and storage.get_job(kid).result is None
+
 class Topic(BaseModel):
     topic: str
 
