@@ -51,7 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from adapters.base import page_cursor
 from pipelines.engine import transitions
@@ -137,14 +137,23 @@ def owned(child: JobRecord, parent_job: str, call_id: str | None = None) -> bool
 
 
 def awaited_by(child: JobRecord, storage: Storage) -> str | None:
-    """The parent still waiting for ``child``'s outcome (so ``child`` must not be deleted), or ``None``."""
+    """The parent still waiting for ``child``'s outcome (so ``child`` must not be deleted), or ``None``.
+
+    Waiting for it by name, or about to: a parent not finished that does not list ``child`` yet was
+    stopped (a crash, say) between the child's create and the commit of its wait, and the re-run of that
+    turn adopts the child it finds under the call's id, or would start the call's work again.
+    """
     if child.parent_job is None:
         return None
     parent = storage.get_job(child.parent_job)
-    if parent is None or not waits_for_children(parent):
+    if parent is None or parent.status not in _UNFINISHED:
         return None
-    named = any(str(c["child"]) == child.job_id for c in _calls(parent))
-    return parent.job_id if named else None
+    if waits_for_children(parent) and any(str(c["child"]) == child.job_id for c in _calls(parent)):
+        return parent.job_id
+    return parent.job_id if child.job_id not in parent.children else None
+
+
+_UNFINISHED: Final = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 
 
 def _gone(child_id: str, why: str) -> JobRecord:

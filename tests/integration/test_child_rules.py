@@ -17,6 +17,7 @@ from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.redis import RedisStorage
 from phases.children import agent_phase, start_child
 from pipelines import Agent, App, Done, JobStatus, Phase, PhaseContext, tool
+from pipelines.crash_harness import SimulatedCrash
 from pipelines.engine import children
 from pipelines.engine.children import child_job_id
 from pipelines.engine.errors import InvalidInputError, JobConflictError
@@ -177,6 +178,46 @@ def test_a_child_its_parent_waits_for_is_not_deleted_by_delete_or_retention(stor
     app.delete(done)  # its outcome is in the parent now: nothing waits for it
     assert storage.get_job(done) is None
 
+
+
+def test_a_child_whose_parents_wait_never_committed_is_kept_for_the_re_run(
+        storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parent's worker died between the child's create and the parent's wait commit: the parent does not
+    # list the child yet, and the re-run of its turn adopts it. Deleted meanwhile, its work would run twice.
+    calls: list[str] = []
+
+    def researcher(messages: list[Message]) -> Any:
+        calls.append(messages[-1]["content"])
+        return f"found: {messages[-1]['content']}"
+
+    def boss(messages: list[Message]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, {**call("researcher", input="x"), "id": "c0"})
+        return "boss: " + messages[-1]["content"]
+
+    r = Agent(name="researcher", model=ScriptedModel(researcher))
+    app = _app(storage, Agent(name="boss", model=ScriptedModel(boss), tools=[r.as_tool(description="Research.")]))
+    real = storage.commit
+
+    def dying(commit: Any) -> Any:
+        if commit.job_id == "p" and commit.record.status is JobStatus.WAITING:
+            raise SimulatedCrash("the parent's worker dies before its wait commits")
+        return real(commit)
+
+    monkeypatch.setattr(storage, "commit", dying)
+    app.run_agent("boss", job_id="p", user="go")
+    with pytest.raises(SimulatedCrash):
+        app.advance("p")
+    monkeypatch.setattr(storage, "commit", real)
+    kid = child_job_id("p", "c0")
+    assert app.advance(kid).value == "completed"
+    app.scheduler.clock.advance(3600)  # type: ignore[attr-defined]
+    storage.release_lease("p", storage.lease_owner("p") or "")  # the dead worker's lease ran out
+    with pytest.raises(JobConflictError, match="child run its parent 'p' still waits for"):
+        app.delete(kid)
+    assert kid not in app.gc(older_than=60, scan=True)
+    app.drain()
+    assert storage.get_job("p").result == "boss: found: x" and calls == ["x"]  # the call's work ran once
 
 def test_a_child_deleted_all_the_same_is_read_as_failed_never_as_running(storage: Any) -> None:
     app, done, waits = two_children(storage)
