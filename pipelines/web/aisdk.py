@@ -162,6 +162,10 @@ class UIMessageEncoder:
         self._end_step()
         return out + self._emit({"type": "finish-step"})
 
+    def abort(self, error: str) -> list[Chunk]:
+        """End an open message with ``error`` (the job's stream ended before its run did); ``[]`` when none is open."""
+        return self._finish("error", error)
+
     def _finish(self, reason: str, error: str | None = None) -> list[Chunk]:
         if self.message_id is None:
             return []

@@ -345,7 +345,10 @@ class _AiSdkEmitter(_Emitter):
         return [_event(c, f"{part.id}:{i}{suffix}") for i, c in enumerate(chunks)]
 
     def close(self) -> list[str]:
-        return ["data: [DONE]\n\n"]
+        # A message still open here lost its run's end: the job was deleted (or its storage lost it) while
+        # followed. Said so, not ended as if the run had finished.
+        error = self.encoder.abort("the job's stream ended before its run did: the job no longer exists")
+        return [*(_event(c) for c in error), "data: [DONE]\n\n"]
 
 
 def latest_attempts(run: list[Event]) -> list[Event]:

@@ -151,6 +151,22 @@ def test_an_ai_sdk_cursor_older_than_every_part_gets_the_whole_run(app: App) -> 
     said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
     assert said == "".join(m["content"] or "" for m in run_messages(app, "r0") if m["role"] == "assistant")
 
+
+def test_an_ai_sdk_follower_of_a_job_deleted_meanwhile_is_told_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not a message that just ends as if its run had finished: an error says why.
+    import pipelines.streams
+
+    monkeypatch.setattr(pipelines.streams, "_AWAIT", 0.2)  # how soon a quiet follower looks at the job again
+    app = memory_app()
+    app.run_agent("a", job_id="g1", messages=["where is A-1?"])  # running, no worker: nothing more comes
+    threading.Timer(0.5, app.storage.delete_job, args=("g1",)).start()  # behind the App's back
+    with serve(routes(app)) as base, httpx.stream("GET", f"{base}/jobs/g1/stream?format=ai-sdk", timeout=30) as r:
+        chunks = [data for event_id, data in read_events(r) if not data.startswith(":")]
+    assert json.loads(chunks[0])["type"] == "start" and chunks[-1] == "[DONE]"
+    assert json.loads(chunks[-3]) == {"type": "error", "errorText": "the job's stream ended before its run did: "
+                                                                     "the job no longer exists"}
+    assert json.loads(chunks[-2]) == {"type": "finish", "finishReason": "error"}
+
 def test_a_follower_receives_the_text_live_and_the_response_ends_with_the_job(app: App) -> None:
     app.run_agent("a", job_id="r2", messages=["where is A-1?"])
     worker = threading.Thread(target=run_to_the_end, args=(app, "r2"))
