@@ -109,6 +109,7 @@ class JobStreamResponse(StreamingResponse):
             await JSONResponse({"error": str(exc)}, status_code=400)(scope, receive, send)
             return
         self.body_iterator = self._events(backlog)
+        del backlog  # the body's to let go of once replayed (see _events)
         await super().__call__(scope, receive, send)
 
     async def _backlog(self) -> list[Event]:
@@ -128,25 +129,27 @@ class JobStreamResponse(StreamingResponse):
         return parts
 
     async def _events(self, backlog: list[Event]) -> AsyncIterator[str]:
+        emit: _Emitter
         if self.format == "ai-sdk":
             encoder = UIMessageEncoder(self.job_id, lambda a, b: self.app.messages(self.job_id, a, b),
                                        hold_text=self.hold_text)
             emit = _AiSdkEmitter(encoder, compacted=self.compacted)
             # The encoder reads the transcript at each turn's end: a storage round trip, so off the event loop.
             first = await asyncio.to_thread(emit.replay_ai, backlog, self.cursor, self.chunk)
-            async for text in self._follow(first, backlog, emit):
-                yield text
-            return
-        plain = _PartsEmitter()
-        async for text in self._follow(plain.replay(backlog, self.cursor), backlog, plain):
+        else:
+            emit = _PartsEmitter()
+            first = emit.replay(backlog, self.cursor)
+        # Only where the live part begins is kept, not the parts read (all runs', on memory) for the whole connection.
+        after = backlog[-1].id if backlog else self.cursor
+        del backlog
+        async for text in self._follow(first, after, emit):
             yield text
 
-    async def _follow(self, first: list[str], backlog: list[Event], emit: _Emitter) -> AsyncIterator[str]:
+    async def _follow(self, first: list[str], after: str | None, emit: _Emitter) -> AsyncIterator[str]:
         for text in first:
             yield text
         gone = False
         if not emit.done:
-            after = backlog[-1].id if backlog else self.cursor
             async for text in self._live(emit, after):
                 if text is _GONE:
                     gone = True
