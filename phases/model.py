@@ -22,7 +22,7 @@ __all__ = ["Model", "ModelRequest", "ModelResponse", "ReadOnlyMessages", "is_sec
 
 # Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
 # friends visible while catching access_token, id_token and the like.
-_SECRET_NAME = re.compile(r"key|token(?!s)|secret|passw|authoriz|credential|cookie|session", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"key|token(?!s)|secret|passw|auth|bearer|credential|cookie|session", re.IGNORECASE)
 # Every header value is treated as secret: auth schemes vary by provider.
 _HEADER_PARAMS = frozenset({"headers", "extra_headers", "default_headers"})
 

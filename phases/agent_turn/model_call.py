@@ -4,6 +4,7 @@ and the structured-output follow-up when the final answer does not fit the schem
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -133,15 +134,16 @@ def request_summary(messages: list[Message], schemas: list[dict[str, Any]], para
     """What a model call sent, in short, for the page's view of a turn: never a secret.
 
     The messages are counted, not copied (they are the transcript, stored once); a parameter whose name
-    says it holds a secret (:func:`phases.model.is_secret_param`, the rule error messages use too) is
-    named with its value hidden, and an address loses any user and password in it.
+    says it holds a secret (:func:`phases.model.is_secret_param`, the rule error messages use too), or
+    whose value looks like one (``Bearer ...``, ``sk-...``), is named with its value hidden, and an
+    address loses any user, password and query string in it (a gateway's ``?key=``).
     """
     shown: dict[str, Any] = {}
     for name, value in sorted(params.items()):
-        if is_secret_param(str(name)):
+        if is_secret_param(str(name)) or (isinstance(value, str) and _SECRET_VALUE.match(value)):
             shown[str(name)] = "[hidden]"
         elif isinstance(value, str):
-            shown[str(name)] = _without_userinfo(value)[:200]
+            shown[str(name)] = _address_shown(value)[:200]
         elif value is None or isinstance(value, bool | int | float):
             shown[str(name)] = value
         else:
@@ -150,8 +152,17 @@ def request_summary(messages: list[Message], schemas: list[dict[str, Any]], para
     return {"messages": len(messages), "tools": tools, **({"params": shown} if shown else {})}
 
 
-def _without_userinfo(text: str) -> str:
+_SECRET_VALUE = re.compile(r"\s*(bearer|basic|token)\s|\s*sk[-_]", re.IGNORECASE)  # an auth header's or a key's shape
+
+
+def _address_shown(text: str) -> str:
+    """``text`` without the user, password, query string and fragment of an address in it (else as it is)."""
     scheme, sep, rest = text.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
+    if not sep:
         return text
-    return f"{scheme}://{rest.split('@', 1)[1]}"
+    host, slash, path = rest.partition("/")
+    host = host.rsplit("@", 1)[-1]
+    path, query, _ = path.partition("?")
+    if not query and "#" in path:
+        path = path.split("#", 1)[0]
+    return f"{scheme}://{host}{slash}{path}" + ("?[hidden]" if query else "")

@@ -21,7 +21,9 @@ from tests.integration.test_ui import LOCAL
 
 SECRET = "sk-live-do-not-show-0123456789"
 PARAMS = {"temperature": 0.2, "max_tokens": 300, "api_key": SECRET, "extra_headers": {"x-token": SECRET},
-          "api_base": f"https://user:{SECRET}@llm.example.test/v1", "seed": 7}
+          "api_base": f"https://user:{SECRET}@llm.example.test/v1?key={SECRET}", "seed": 7,
+          # A secret under a name the rule did not know, and one whose value says what it is.
+          "auth": f"Bearer {SECRET}", "gateway_pass_through": SECRET}
 
 
 @tool
@@ -68,7 +70,8 @@ def test_a_turns_call_shows_what_was_sent_and_what_came_back_and_never_a_secret(
     assert first.status_code == 200 and SECRET not in page and SECRET not in second
     assert '<dd id="call-tools"><code>lookup</code>' in page
     assert "&#34;api_key&#34;: &#34;[hidden]&#34;" in page and "&#34;extra_headers&#34;: &#34;[hidden]&#34;" in page
-    assert "https://llm.example.test/v1" in page and "&#34;max_tokens&#34;: 300" in page
+    assert "https://llm.example.test/v1?[hidden]" in page and "&#34;max_tokens&#34;: 300" in page
+    assert "&#34;auth&#34;: &#34;[hidden]&#34;" in page and "&#34;gateway_pass_through&#34;: &#34;[hidden]&#34;" in page
     assert 'id="call-messages">1 &middot;' in page  # the user's question (this agent has no system prompt)
     assert "Let me look." in page and "&#34;lookup&#34;" in page and "order A-1: shipped" in page
     assert 'id="call-one-attempt"' in page
