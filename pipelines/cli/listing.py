@@ -14,6 +14,7 @@ from typing import TextIO
 
 from pipelines.app import App, page_cursor, parse_cursor, tags_of
 from pipelines.cli import loading
+from pipelines.cli.args import printable
 from pipelines.cli.loading import when
 from pipelines.cli.runs import family_columns
 from pipelines.engine.models import JobRecord, JobStatus
@@ -44,8 +45,9 @@ def cmd_jobs(args: argparse.Namespace, out: TextIO) -> int:
     for r in records:
         phase = r.checkpoint.next_phase if r.checkpoint else "-"
         tags = ",".join(tags_of(r)) or "-"
-        print(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{when(r.updated_at)}\t{tags}"
-              f"{family_columns(r)}", file=out)
+        # Tags, names and versions are text a caller chose: no control character of theirs reaches the terminal.
+        print(printable(f"{r.job_id}\t{r.status.value}\t{r.pipeline}\t{phase}\tv{r.version}\t{when(r.updated_at)}"
+                        f"\t{tags}{family_columns(r)}"), file=out)
     return 0
 
 
@@ -111,6 +113,6 @@ def _print_versions(records: list[JobRecord], out: TextIO) -> int:
         counts.setdefault((r.pipeline, r.code_version or "-"), Counter())[r.status.value] += 1
     for (pipeline, version), by_status in sorted(counts.items()):
         summary = " ".join(f"{s}={n}" for s, n in sorted(by_status.items()))
-        print(f"{pipeline}\t{version}\t{sum(by_status.values())}\t{summary}", file=out)
+        print(printable(f"{pipeline}\t{version}\t{sum(by_status.values())}\t{summary}"), file=out)
     return 0
 

@@ -30,3 +30,19 @@ def test_jobs_filters_by_every_tag_given_and_shows_the_tags(monkeypatch: pytest.
     assert [(r[0], r[-1]) for r in rows] == [("j1", "tenant:acme,beta")]
     with pytest.raises(InvalidInputError, match="without whitespace"):
         app.jobs(tags=["a b"])
+
+
+def test_jobs_shows_a_tags_control_characters_escaped_not_sent_to_the_terminal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PIPELINES_APP", raising=False)
+    app = memory_app.reset()
+    app.provenance = False
+    app.add_agent(Agent(name="helper", model=ScriptedModel(["a"])))
+    app.run_agent("helper", job_id="t1", user="hi", tags=["\x1b]0;PWNED\x07\x1b[2J"])  # no whitespace: a valid tag
+    for argv in (["jobs", "--app", APP], ["jobs", "--app", APP, "--version"]):
+        out = io.StringIO()
+        assert main(argv, out=out, err=io.StringIO()) == 0
+        assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
+    out = io.StringIO()
+    assert main(["jobs", "--app", APP], out=out, err=io.StringIO()) == 0
+    assert out.getvalue().split("\t")[-1].strip() == "\\x1b]0;PWNED\\x07\\x1b[2J"
