@@ -188,6 +188,9 @@ class Tool:
                 data = json.loads(arguments)
             except json.JSONDecodeError as exc:
                 raise ToolArgumentsError(f"arguments for tool {self.name!r} are not valid JSON: {exc}") from exc
+            except RecursionError:  # the model's to correct, as any malformed arguments, not the job's end
+                raise ToolArgumentsError(f"arguments for tool {self.name!r} nest lists/objects too deeply "
+                                         "to read") from None
         elif isinstance(arguments, Mapping):
             data = dict(arguments)
         else:

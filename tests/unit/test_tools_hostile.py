@@ -136,6 +136,8 @@ def test_the_fixed_ids_are_journaled_so_a_rerun_after_a_crash_answers_the_same_i
         pytest.param([{"function": {"name": "echo", "arguments": 123}}], "must be a JSON object", id="arguments-123"),
         pytest.param([{"function": {"name": "echo", "arguments": ["A"]}}], "must be a JSON object",
                      id="arguments-list"),
+        pytest.param([{"function": {"name": "echo", "arguments": '{"text": ' + "[" * 5000 + "]" * 5000 + "}"}}],
+                     "nest lists/objects too deeply", id="arguments-nested-past-the-parser"),
     ],
 )
 def test_malformed_calls_become_errors_the_model_reads(tool_calls: Any, expected: str) -> None:
