@@ -50,23 +50,36 @@ def pending_calls(job_id: str, *, storage: Storage) -> list[dict[str, Any]]:
 
 
 def pending_calls_of(record: JobRecord) -> list[dict[str, Any]]:
-    """The calls ``record`` (a waiting job) still needs a decision on."""
+    """The calls ``record`` (a waiting job) still needs a decision on, each with the ``digest`` of what it asks
+    (pass it to :func:`approve` / :func:`reject` to decide on exactly what was shown)."""
     if record.status is not JobStatus.WAITING or record.waiting is None or record.checkpoint is None:
         return []
     entries = _entries(record)
-    return [c for c in record.waiting.get("calls") or [] if journal.approval_key(str(c.get("call_id"))) not in entries]
+    calls = {c.get("id"): c for c in journal.model_calls(entries)}
+    return [{**c, **({"digest": arguments_digest(calls[c.get("call_id")])} if c.get("call_id") in calls else {})}
+            for c in record.waiting.get("calls") or [] if journal.approval_key(str(c.get("call_id"))) not in entries]
 
 
-def approve(job_id: str, call_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRecord:
-    """Approve the waiting call ``call_id`` with the arguments it was shown with; the job goes on."""
-    return _decide(job_id, call_id, {"decision": "approved"}, storage, scheduler)
+def approve(job_id: str, call_id: str, *, digest: str | None = None, storage: Storage,
+            scheduler: Scheduler) -> JobRecord:
+    """Approve the waiting call ``call_id`` with the arguments it was shown with; the job goes on.
+
+    ``digest`` (a pending call's, see :func:`pending_calls_of`): refused with
+    :class:`JobConflictError` when the call now pending under that id asks something else (the job was
+    retried meanwhile, and the new turn's call got the same id).
+    """
+    return _decide(job_id, call_id, {"decision": "approved"}, storage, scheduler, digest)
 
 
-def reject(job_id: str, call_id: str, *, reason: str, storage: Storage, scheduler: Scheduler) -> JobRecord:
-    """Reject the waiting call ``call_id``; the model gets ``reason`` as the tool's result and goes on."""
+def reject(job_id: str, call_id: str, *, reason: str, digest: str | None = None, storage: Storage,
+           scheduler: Scheduler) -> JobRecord:
+    """Reject the waiting call ``call_id``; the model gets ``reason`` as the tool's result and goes on.
+
+    ``digest``: as for :func:`approve`.
+    """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("reject needs a non-empty reason; the model reads it")
-    return _decide(job_id, call_id, {"decision": "rejected", "reason": reason}, storage, scheduler)
+    return _decide(job_id, call_id, {"decision": "rejected", "reason": reason}, storage, scheduler, digest)
 
 
 def _check_decidable(record: JobRecord, call_id: str) -> dict[str, Any]:
@@ -85,11 +98,14 @@ def _check_decidable(record: JobRecord, call_id: str) -> dict[str, Any]:
 
 
 def _decide(job_id: str, call_id: str, decision: dict[str, Any], storage: Storage,
-            scheduler: Scheduler) -> JobRecord:
+            scheduler: Scheduler, digest: str | None = None) -> JobRecord:
     for _ in range(_TRIES):
         record = load_job(storage, job_id)
         call = _check_decidable(record, call_id)
         entry = {**decision, "digest": arguments_digest(call)}
+        if digest is not None and digest != entry["digest"]:
+            raise JobConflictError(f"call {call_id!r} of job {job_id!r} now asks something other than what was "
+                                   "shown (the job ran that turn again); nothing decided: look at it again")
         left = [c for c in pending_calls_of(record) if c.get("call_id") != call_id]
         now = scheduler.now()
         event = make_event(f"call_{decision['decision']}", now, phase=_phase(record), call_id=call_id,

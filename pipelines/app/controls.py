@@ -67,14 +67,15 @@ class Controls:
                   storage=self.storage, scheduler=self.scheduler, retry_mode=retry_mode)
         return self.app.read.view(control.load_job(self.storage, job_id))
 
-    def approve(self, job_id: str, call_id: str) -> JobView:
+    def approve(self, job_id: str, call_id: str, *, digest: str | None = None) -> JobView:
         """Approve a waiting tool call with the arguments it was shown with."""
-        return self.app.read.view(approvals.approve(job_id, call_id, storage=self.storage, scheduler=self.scheduler))
+        return self.app.read.view(approvals.approve(job_id, call_id, digest=digest, storage=self.storage,
+                                                    scheduler=self.scheduler))
 
-    def reject(self, job_id: str, call_id: str, *, reason: str) -> JobView:
+    def reject(self, job_id: str, call_id: str, *, reason: str, digest: str | None = None) -> JobView:
         """Reject a waiting tool call; the model reads ``reason`` as its result."""
-        return self.app.read.view(approvals.reject(job_id, call_id, reason=reason, storage=self.storage,
-                                          scheduler=self.scheduler))
+        return self.app.read.view(approvals.reject(job_id, call_id, reason=reason, digest=digest,
+                                                   storage=self.storage, scheduler=self.scheduler))
 
     def record_tool_result(self, job_id: str, call_id: str, result: Any) -> JobView:
         """Record what an interrupted call did, as a person found it (see :mod:`phases.approvals`)."""

@@ -316,13 +316,13 @@ class App:
         """Run a failed or cancelled job again: ``"resume"`` from its checkpoint, ``"full"`` from the start."""
         return self.controls.retry(job_id, mode=mode)
 
-    def approve(self, job_id: str, call_id: str) -> JobView:
-        """Approve a waiting tool call with the arguments it was shown with."""
-        return self.controls.approve(job_id, call_id)
+    def approve(self, job_id: str, call_id: str, *, digest: str | None = None) -> JobView:
+        """Approve a waiting tool call with the arguments it was shown with (``digest``: see :meth:`reject`)."""
+        return self.controls.approve(job_id, call_id, digest=digest)
 
-    def reject(self, job_id: str, call_id: str, *, reason: str) -> JobView:
-        """Reject a waiting tool call; the model reads ``reason`` as its result."""
-        return self.controls.reject(job_id, call_id, reason=reason)
+    def reject(self, job_id: str, call_id: str, *, reason: str, digest: str | None = None) -> JobView:
+        """Reject a waiting call (the model reads ``reason``); ``digest``: a pending call's, refused if it changed."""
+        return self.controls.reject(job_id, call_id, reason=reason, digest=digest)
 
     def record_tool_result(self, job_id: str, call_id: str, result: Any) -> JobView:
         """Record what an interrupted call did, as a person found it (see :mod:`phases.approvals`)."""

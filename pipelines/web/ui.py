@@ -112,9 +112,10 @@ def _act(ui: UI, request: Request) -> Response:
     form: dict[str, str] = request.state.form
     app = ui.app
     call_id = form.get("call_id", "")
+    digest = form.get("digest") or None  # what the page showed: a call asking something else is refused
     steps: dict[str, Callable[[], object]] = {
-        "approve": lambda: app.approve(job_id, call_id),
-        "reject": lambda: app.reject(job_id, call_id, reason=form.get("reason", "")),
+        "approve": lambda: app.approve(job_id, call_id, digest=digest),
+        "reject": lambda: app.reject(job_id, call_id, reason=form.get("reason", ""), digest=digest),
         "retry": lambda: app.retry(job_id, mode=form.get("mode", "resume")),  # type: ignore[arg-type]
         "cancel": lambda: app.cancel(job_id, wait=2.0),
         "pause": lambda: app.pause(job_id, wait=2.0),

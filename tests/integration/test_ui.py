@@ -165,6 +165,21 @@ def test_approve_with_csrf_runs_the_call_and_the_job_completes(app: App, client:
     assert "refunded 7" in client.get("/jobs/w1").text
 
 
+def test_the_approve_form_carries_what_it_showed_and_a_stale_one_is_refused(app: App, client: TestClient) -> None:
+    import re
+
+    waiting_job(app)
+    page = client.get("/jobs/w1").text
+    (digest,) = set(re.findall(r'name="digest" value="([0-9a-f]{64})"', page))  # approve and reject forms
+    assert digest == app.get("w1").pending_calls[0]["digest"]  # type: ignore[union-attr]
+    stale = client.post("/jobs/w1/approve", data={"csrf": csrf_of(page), "call_id": "r1", "digest": "0" * 64})
+    assert stale.status_code == 409 and "asks something other than what was shown" in stale.text
+    assert app.get("w1").status is JobStatus.WAITING  # type: ignore[union-attr]
+    done = client.post("/jobs/w1/approve", data={"csrf": csrf_of(page), "call_id": "r1", "digest": digest},
+                       follow_redirects=False)
+    assert done.status_code == 303
+
+
 def test_reject_needs_a_reason_and_the_model_reads_it(app: App, client: TestClient) -> None:
     waiting_job(app)
     token = csrf_of(client.get("/jobs/w1").text)

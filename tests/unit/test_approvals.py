@@ -52,8 +52,10 @@ def test_a_call_needing_approval_waits_with_the_pending_call_readable() -> None:
     job = storage.get_job("r")
     assert job.status is JobStatus.WAITING and refunds == []
     assert job.waiting["kind"] == "approval"
-    assert pending_calls("r", storage=storage) == [
-        {"call_id": "c1", "tool": "refund", "arguments": '{"order": "o-1", "amount": 50}'}]
+    (pending,) = pending_calls("r", storage=storage)
+    assert {k: v for k, v in pending.items() if k != "digest"} == {
+        "call_id": "c1", "tool": "refund", "arguments": '{"order": "o-1", "amount": 50}'}
+    assert len(pending["digest"]) == 64  # what a decision on exactly these arguments passes back
     assert len(model.calls) == 1
     assert storage.messages("r") == [{"role": "user", "content": "refund please"}]  # nothing of the turn yet
 
@@ -79,6 +81,30 @@ def test_reject_sends_the_reason_to_the_model_and_nothing_runs() -> None:
     assert tool_msg["role"] == "tool" and "amount too high for this customer" in tool_msg["content"]
     assert "rejected" in model.calls[1].messages[2]["content"]
     assert storage.get_job("r").result == "ok, no refund"
+
+
+def test_a_decision_taken_on_what_was_shown_is_refused_when_the_call_now_asks_something_else() -> None:
+    # A stale page: the job was cancelled and retried from the start meanwhile, and the new turn's call got the
+    # same id (providers reuse them) with other arguments. Deciding on the digest shown refuses it.
+    storage, scheduler, _ = start(refund_call(50), refund_call(7000), "done")
+    (shown,) = pending_calls("r", storage=storage)
+    from pipelines.app import App
+
+    app = App.for_adapters(storage, scheduler)  # the App the agent's run went through
+    app.cancel("r")
+    app.retry("r", mode="full")
+    scheduler.drain()
+    (now,) = pending_calls("r", storage=storage)
+    assert now["call_id"] == shown["call_id"] and now["digest"] != shown["digest"]
+    for decide in (lambda: approve("r", "c1", digest=shown["digest"], storage=storage, scheduler=scheduler),
+                   lambda: reject("r", "c1", reason="no", digest=shown["digest"], storage=storage,
+                                  scheduler=scheduler)):
+        with pytest.raises(JobConflictError, match="asks something other than what was shown"):
+            decide()
+    assert storage.get_job("r").status is JobStatus.WAITING and refunds == []
+    approve("r", "c1", digest=now["digest"], storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    assert refunds == [7000]
 
 
 def test_an_approval_is_bound_to_the_exact_arguments_it_was_shown() -> None:
