@@ -17,8 +17,10 @@ many jobs changed since the page was loaded.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Final
 
 from pipelines.app import App, page_cursor, parse_cursor, tags_of
 from pipelines.engine.models import JobRecord, JobStatus, validate_job_id
@@ -96,6 +98,8 @@ def find(app: App, query: Query, *, size: int, before: str | None = None, scan_l
         view = app.get(query.q)  # the whole id typed: one read, wherever the job is in the listing
         if view is not None and query.matches(view.record):
             found.rows.append(view.record)
+            # Other ids holding it are on the next pages, which the search goes on to (and which leave this one out).
+            found.next = _TOP
             return found
     cursor = before if before is not None else _start(query.until)
     if not query.narrows:  # the storage's listing is the answer: one read of one page
@@ -107,6 +111,7 @@ def find(app: App, query: Query, *, size: int, before: str | None = None, scan_l
 
 
 def _scan(app: App, query: Query, found: Found, *, size: int, cursor: str | None, budget: int) -> Found:
+    before_shown = cursor is not None and bool(query.q) and _exact(query.q)  # the first page showed that job
     while found.scanned < budget:
         asked = min(BATCH, budget - found.scanned)
         batch = app.storage.list_jobs(status=query.status, limit=asked, before=cursor)
@@ -116,7 +121,7 @@ def _scan(app: App, query: Query, found: Found, *, size: int, cursor: str | None
             if query.since is not None and r.updated_at < query.since:
                 found.next = None  # older than the range: nothing further down can match
                 return found
-            if query.matches(r):
+            if query.matches(r) and not (r.job_id == query.q and before_shown):
                 found.rows.append(r)
                 if len(found.rows) == size:
                     found.next = cursor
@@ -135,6 +140,9 @@ def _exact(q: str) -> bool:
     except InvalidInputError:
         return False
     return True
+
+
+_TOP: Final = f"{sys.float_info.max!r}/-"  # a cursor before every job: the whole listing after it
 
 
 def _start(until: float | None) -> str | None:

@@ -83,6 +83,16 @@ def test_search_by_id_substring_tag_pipeline_status_and_time_range(app: App, cli
     assert 'value="&#34;&gt;&lt;b&gt;x"' in page and "<b>x" not in page
 
 
+
+def test_a_whole_id_typed_comes_first_and_the_ids_holding_it_follow(app: App) -> None:
+    # "A substring of the job id": order-1 is read at once, and order-10..12 are not hidden behind it.
+    for n in range(1, 13):
+        put(app, f"order-{n}", at=T0 + n)
+    first = find.find(app, find.Query(q="order-1"), size=10)
+    assert [r.job_id for r in first.rows] == ["order-1"] and first.next is not None
+    rest = find.find(app, find.Query(q="order-1"), size=10, before=first.next)
+    assert [r.job_id for r in rest.rows] == ["order-12", "order-11", "order-10"]  # not order-1 a second time
+
 def test_a_search_reads_a_bounded_number_of_records_and_goes_on_from_where_it_stopped(app: App) -> None:
     for n in range(100):
         put(app, f"job-{n:03d}", at=T0 + n, tags=["rare"] if n in (3, 90) else [])
