@@ -60,7 +60,8 @@ def jobs_page(ui: UI, request: Request) -> Response:
     link = functools.partial(_link, args)
     prev = None
     if page > 1:
-        prev = link(page - 1, back[-1] if back and back[-1] != "-" else None, back[:-1]) if back else link(1)
+        # Past the cursors kept (BACK_LIMIT), the page before by its number: read down to once (_offset).
+        prev = link(page - 1, back[-1] if back[-1] != "-" else None, back[:-1]) if back else link(page - 1)
     nxt = link(page + 1, found.next, [*back, before or "-"]) if found.next else None
     return ui.render(request, "jobs.html", rows=rows(ui.app, found.rows), counts=counts, capped=capped,
                      split=split.counts, split_capped=split.capped, page=page, prev=prev, next=nxt,

@@ -124,6 +124,23 @@ def test_pages_go_by_cursor_forwards_and_back(app: App, client: TestClient) -> N
     assert ids_of(client.get("/?" + html.unescape(back.group(1))).text)[0] == "job-099"
 
 
+
+def test_previous_goes_back_one_page_past_the_cursors_a_link_keeps(app: App, client: TestClient) -> None:
+    from pipelines.web.jobs import BACK_LIMIT
+
+    pages = BACK_LIMIT + 4
+    for n in range(PAGE_SIZE * pages):
+        put(app, f"job-{n:04d}", at=T0 + n)
+    page, text, seen = 1, client.get("/").text, []
+    while (link := re.search(r'href="\?([^"]*)" id="next"', text)) is not None:
+        text, page = client.get("/?" + html.unescape(link.group(1))).text, page + 1
+    seen.append(ids_of(text)[0])
+    while (back := re.search(r'href="\?([^"]*)" id="prev"', text)) is not None:  # all the way back, one by one
+        text = client.get("/?" + html.unescape(back.group(1))).text
+        seen.append(ids_of(text)[0])
+    top = PAGE_SIZE * pages - 1
+    assert seen == [f"job-{top - PAGE_SIZE * k:04d}" for k in range(pages - 1, -1, -1)]
+
 def test_the_live_refresh_keeps_the_rows_in_place_and_counts_what_changed(app: App, client: TestClient,
                                                                          clock: VirtualClock) -> None:
     for n in range(5):
