@@ -3,23 +3,24 @@
 The first POST (CSRF-checked like every POST) changes nothing: it renders what
 the action will do, with its options, and a second form carrying
 ``confirmed=yes``. That one acts through the App (``app.fork`` / ``app.rerun``
-/ ``app.send``) and the page says what it did, with a link to the job it made
-or moved.
+/ ``app.send``) and redirects (303) to a page that says what it did, with a link
+to the job it made or moved: reloading that page does not send a message again.
 """
 
 from __future__ import annotations
 
 import secrets
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from pipelines.engine.models import validate_job_id
 from pipelines.errors import InvalidInputError, JobNotFoundError
 from pipelines.web.core import UI
 
-__all__ = ["ACTIONS", "act"]
+__all__ = ["ACTIONS", "act", "done"]
 
 ACTIONS = frozenset({"fork", "send"})
 MAX_MESSAGE_CHARS = 32_000
@@ -38,13 +39,30 @@ def act(ui: UI, request: Request, job_id: str, action: str) -> Response:
         handle = (ui.app.rerun(job_id, from_turn=plan["at_turn"], new_job_id=plan["new_job_id"], **plan["options"])
                   if plan["run"] else
                   ui.app.fork(job_id, at_turn=plan["at_turn"], new_job_id=plan["new_job_id"], **plan["options"]))
-        target = handle.job_id
-        did = (f"forked {job_id} after turn {plan['at_turn']} into {target}, "
-               + ("running now" if plan["run"] else "paused (resume it from its page)"))
+        said = {"did": "rerun" if plan["run"] else "fork", "at": str(plan["at_turn"]), "into": handle.job_id}
     else:
         ui.app.send(job_id, [plan["text"]])
-        target = job_id
-        did = f"{'continued' if view.finished else 'sent a message to'} {job_id}"
+        said = {"did": "continued" if view.finished else "sent"}
+    root = request.scope.get("root_path", "")
+    return RedirectResponse(f"{root}/jobs/{job_id}/done?{urlencode(said)}", status_code=303)
+
+
+def done(ui: UI, request: Request) -> Response:
+    """What a confirmed action did (the page its POST redirected to), from the redirect's query."""
+    job_id, params = request.path_params["job_id"], request.query_params
+    validate_job_id(job_id)
+    kind, target = params.get("did", ""), params.get("into") or job_id
+    validate_job_id(target)
+    if kind in ("fork", "rerun"):
+        at = params.get("at", "")
+        if not at.isdigit() or len(at) > 9:
+            raise InvalidInputError(f"at must be a whole number >= 0, got {at[:40]!r}")
+        did = (f"forked {job_id} after turn {at} into {target}, "
+               + ("running now" if kind == "rerun" else "paused (resume it from its page)"))
+    elif kind in ("continued", "sent"):
+        did = f"{'continued' if kind == 'continued' else 'sent a message to'} {job_id}"
+    else:
+        raise InvalidInputError(f"unknown action {kind[:40]!r}")
     return ui.render(request, "done.html", did=did, target=target)
 
 

@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 from pipelines.app import App
 from pipelines.errors import ConfigurationError, InvalidInputError
 from pipelines.web import job_page
-from pipelines.web.acts import ACTIONS, act
+from pipelines.web.acts import ACTIONS, act, done
 from pipelines.web.auth import guarded, login, login_form, logout, refusal
 from pipelines.web.bulk import bulk
 from pipelines.web.core import CSP, HERE, LOOPBACK_NAMES, UI, Headers
@@ -79,6 +79,7 @@ def ui_app(app: App, *, token: str | None = None, read_only: bool = False) -> St
         Route("/jobs/{job_id}/live", page(_job_live)),
         Route("/jobs/{job_id}/turns/{n}", page(turn_page)),
         Route("/jobs/{job_id}/stream", _stream_endpoint(ui)),
+        Route("/jobs/{job_id}/done", page(done)),
         Route("/jobs/{job_id}/{action}", page(_act), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -58,10 +58,17 @@ def test_send_continues_a_finished_conversation_after_confirming(app: App) -> No
         ask = c.post("/jobs/c1/send", data={"csrf": csrf_of(page), "text": "and more\u202e"})
         assert "Continue c1" in ask.text and "&lt;U+202E&gt;" in ask.text
         assert len(app.messages("c1")) == 2  # nothing sent yet
-        done = c.post("/jobs/c1/send", data={"csrf": csrf_of(ask.text), "text": "and more", "confirmed": "yes"})
-        assert "continued c1" in done.text
+        done = c.post("/jobs/c1/send", data={"csrf": csrf_of(ask.text), "text": "and more", "confirmed": "yes"},
+                      follow_redirects=False)
+        # Said on a page of its own, after a redirect: reloading what the browser shows sends nothing again.
+        assert done.status_code == 303 and done.headers["location"] == "/jobs/c1/done?did=continued"
+        shown = c.get(done.headers["location"])
+        assert "continued c1" in shown.text and 'href="/jobs/c1" id="open-target"' in shown.text
+        assert "continued c1" in c.get(done.headers["location"]).text  # the reload
         app.drain()
         assert app.messages("c1")[-1]["content"] == "you said: and more"
+        assert [m["content"] for m in app.messages("c1") if m["role"] == "user"].count("and more") == 1
+        assert c.get("/jobs/c1/done?did=deleted").status_code == 400
         empty = c.post("/jobs/c1/send", data={"csrf": csrf_of(ask.text), "text": "  ", "confirmed": "yes"})
         assert empty.status_code == 400
         bad = c.post("/jobs/c1/fork", data={"csrf": csrf_of(ask.text), "at_turn": "-1"})
