@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from starlette.requests import Request
@@ -58,7 +60,12 @@ def context(ui: UI, request: Request, *, live: bool = False) -> dict[str, Any]:
     total = rec.transcript_len
     if live:  # only what the page does not show yet
         shown = _number(request, "from")
-        reset = shown is not None and shown > total
+        # Cut back and grown again meanwhile (a retry from the start, by another operator): the page's last
+        # message is no longer the transcript's at that place, and what follows it would be another run's.
+        tail = request.query_params.get("tail") or None
+        moved = shown is not None and 0 < shown <= total and tail is not None and tail != _tail(
+            ui.app.messages(job_id, shown - 1, shown))
+        reset = shown is not None and (shown > total or moved)
         start, stop = (total if shown is None or reset else shown), total
         window_start = _number(request, "first") or 0  # the first message the page shows
     else:
@@ -84,6 +91,7 @@ def context(ui: UI, request: Request, *, live: bool = False) -> dict[str, Any]:
     return {"job": row(rec, place), "rec": rec, "view": view, "place": place or "",
             "messages": _conversation(messages, start), "start": start, "stop": stop, "total": total,
             "reset": reset, "follows": stop == total, "page_size": MESSAGES_PAGE, "window_start": window_start,
+            "tail": _tail(messages[-1:]) if messages else request.query_params.get("tail", ""),
             "events": events, "older_events": events[-1].id if len(events) == EVENTS_PAGE else None,
             "events_paged": events_before is not None,
             "logs": logs[::-1], "logs_skip": logs_skip, "logs_total": logs_total, "logs_page": LOGS_PAGE,
@@ -140,3 +148,8 @@ def _actions(rec: JobRecord) -> list[str]:
     return [a for a, ok in (("pause", s is JobStatus.RUNNING), ("resume", s is JobStatus.PAUSED),
                             ("cancel", s in (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)),
                             ("retry", s in (JobStatus.ERROR, JobStatus.CANCELLED))) if ok]
+
+
+def _tail(last: list[Any]) -> str:
+    """A short digest of the page's last message (``[]``: none), which a later refresh checks is still there."""
+    return hashlib.sha256(json.dumps(last[-1], sort_keys=True).encode()).hexdigest()[:16] if last else ""

@@ -116,6 +116,31 @@ def test_the_live_refresh_sends_only_the_messages_committed_since_those_shown(ap
     assert 'data-reset="yes"' in cut
 
 
+def test_a_page_whose_transcript_was_cut_back_and_grew_again_reloads(app: App, client: TestClient) -> None:
+    # Another operator retried the job from the start meanwhile: the page's "from" is in range again, but what it
+    # shows up to there is not what the transcript now holds, so appending would mix two runs.
+    app.run_agent("desk", job_id="chat", user="hello")
+    app.drain()
+    page = client.get("/jobs/chat").text
+    tail = re.search(r'id="messages" data-first="0" data-len="2" data-tail="([0-9a-f]{16})"', page)
+    assert tail is not None
+    same = client.get("/jobs/chat/live", params={"from": 2, "tail": tail.group(1)}).text
+    assert 'data-reset="no"' in same and f'data-tail="{tail.group(1)}"' in same
+    app.storage.commit(_cut_back_and_grown(app.storage.get_job("chat"), app))
+    moved = client.get("/jobs/chat/live", params={"from": 2, "tail": tail.group(1)}).text
+    assert 'data-reset="yes"' in moved
+
+
+def _cut_back_and_grown(rec: Any, app: App) -> Any:
+    """The commit of a full retry's first turn, in one: the transcript cut back to the user's message and another
+    reply after it, as long as before."""
+    from pipelines.engine.models import Commit
+
+    new = rec.model_copy(update={"version": rec.version + 1})
+    return Commit(job_id=rec.job_id, expected_version=rec.version, token="retried", record=new,
+                  truncate_messages_to=1, append_messages=[{"role": "assistant", "content": "another run's reply"}])
+
+
 def test_the_live_refresh_sends_only_the_log_lines_and_events_after_those_shown(app: App,
                                                                                client: TestClient) -> None:
     app.run_agent("desk", job_id="chat", user="hello")

@@ -57,6 +57,7 @@
     q.delete("upto");
     if (box && box.getAttribute("data-follow") === "yes") {
       q.set("from", box.getAttribute("data-len") || "0");
+      q.set("tail", box.getAttribute("data-tail") || "");
       q.set("first", box.getAttribute("data-first") || "0");
     }
     var logLines = document.getElementById("log-lines");
@@ -86,6 +87,7 @@
             if (!m.id || !document.getElementById(m.id)) { box.appendChild(m); }
           }
           box.setAttribute("data-len", added.getAttribute("data-len") || box.getAttribute("data-len"));
+          box.setAttribute("data-tail", added.getAttribute("data-tail") || box.getAttribute("data-tail"));
           var count = document.getElementById("transcript-count");
           var n = parseInt(box.getAttribute("data-len") || "0", 10);
           if (count) { count.textContent = n + (n === 1 ? " message" : " messages"); }
@@ -223,6 +225,8 @@
   if (jobBox && !finished()) { startStream(); }
   // A worker that dies sends nothing: while the job runs, the page looks again every 5 s (the look sends no
   // message already shown), so a lost worker is said within seconds of its lease running out.
-  if (jobBox) { window.setInterval(function () { if (!finished() && !document.hidden) { refresh(); } }, 5000); }
+  // A finished job is looked at too, every 30 s: another operator may run it again.
+  var looks = 0;
+  if (jobBox) { window.setInterval(function () { looks += 1; if (!document.hidden && (!finished() || looks % 6 === 0)) { refresh(); } }, 5000); }
   if (rows) { window.setInterval(refreshRows, 3000); }
 }());
