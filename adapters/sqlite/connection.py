@@ -119,13 +119,35 @@ def _writer_lock(path: str) -> threading.RLock:
         return found
 
 
+def _hold_writers() -> None:
+    """Before a fork: wait for this process's write transactions to end, and start none until it is done.
+
+    SQLite keeps the locks a process holds on a file in that process's memory. A child forked while a
+    thread of the parent held the write lock inherits a note saying so, which no thread of the child will
+    ever clear: every later transaction of the child's is refused "database is locked".
+    """
+    with _writers_lock:
+        held = list(_writers.values())
+    for lock in held:
+        lock.acquire()
+    _held_at_fork[:] = held
+
+
+def _release_writers() -> None:
+    held, _held_at_fork[:] = list(_held_at_fork), []
+    for lock in reversed(held):
+        lock.release()
+
+
 def _forget_writer_locks() -> None:
     global _writers_lock
     _writers_lock = threading.Lock()
     _writers.clear()
+    _held_at_fork.clear()  # the child's locks are new ones: none is held
 
 
-os.register_at_fork(after_in_child=_forget_writer_locks)
+_held_at_fork: list[threading.RLock] = []
+os.register_at_fork(before=_hold_writers, after_in_parent=_release_writers, after_in_child=_forget_writer_locks)
 
 
 class Database:
@@ -179,6 +201,10 @@ class Database:
         return conn
 
     def _open(self) -> sqlite3.Connection:
+        with self._writing:  # opening writes (the schema check, the process's row): not across a fork either
+            return self._open_held()
+
+    def _open_held(self) -> sqlite3.Connection:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: no transaction opens behind our back; every one is BEGIN'd here.
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)

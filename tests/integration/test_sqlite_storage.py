@@ -448,3 +448,35 @@ def test_a_process_whose_first_write_met_a_busy_file_is_registered_all_the_same(
     assert os.getpid() in pids
     blocker.close()
     storage.close()
+
+
+def test_a_child_forked_while_another_thread_writes_can_write_to_the_file(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLite notes the locks a process holds in its memory: a child forked while a thread of the parent held
+    # the write lock inherited that note and was refused "database is locked" for good. The fork now waits for
+    # the write to end.
+    monkeypatch.setattr(connection, "RETRY_SECONDS", 2.0)  # a locked-out child fails in seconds, not minutes
+    storage = SQLiteStorage(str(tmp_path / "fork.db"), busy_timeout=1)
+    storage.create_job(JobRecord(job_id="warm", status=JobStatus.RUNNING, version=1))
+    inside = threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE jobs SET updated_at = 1 WHERE job_id = 'warm'")
+        inside.set()
+        time.sleep(0.5)
+
+    writer = threading.Thread(target=lambda: storage._db.write(slow, "a slow commit"))
+    writer.start()
+    assert inside.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: one write, its result as the exit code
+        try:
+            storage.create_job(JobRecord(job_id="child", status=JobStatus.RUNNING, version=1))
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - any failure is the test's
+            os._exit(3)
+    writer.join(10)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert storage.get_job("child") is not None
+    storage.close()
