@@ -73,18 +73,41 @@ class _Request:
 
 
 class _Requests:
-    """Advance requests of this process: delayed ones by due time, due ones by priority, then due time."""
+    """Advance requests of this process: delayed ones by due time, due ones by priority, then due time.
+
+    At most :attr:`limit` are kept: a process that runs none of them (no workers, an App that only starts
+    jobs, the others claiming them from the storage) would otherwise keep every one it ever made. They are
+    only hints (the storage says what is due), so past the limit the latest-due half is let go.
+    """
+
+    limit = 100_000
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self._delayed: list[_Request] = []
         self._ready: list[tuple[int, float, int, str]] = []
         self._seq = itertools.count()
+        self._warned = False
 
     def add(self, job_id: str, due: float, rank: int) -> None:
         with self.cond:
             heapq.heappush(self._delayed, _Request(due, rank, next(self._seq), job_id))
+            if len(self) > self.limit:
+                self._shed()
             self.cond.notify()
+
+    def _shed(self) -> None:
+        """Keep the earliest-due half of the requests (under ``cond``)."""
+        keep = self.limit // 2
+        ready = heapq.nsmallest(min(keep, len(self._ready)), self._ready)
+        delayed = heapq.nsmallest(keep - len(ready), self._delayed)
+        dropped = len(self) - len(ready) - len(delayed)
+        self._ready, self._delayed = ready, delayed  # sorted lists are heaps
+        if not self._warned:
+            self._warned = True
+            logger.warning("LocalScheduler: more than %d advance requests held and none run here (no workers?): "
+                           "%d of the latest-due let go; the storage's claims and the sweep find their jobs",
+                           self.limit, dropped)
 
     def _promote(self, now: float) -> None:
         while self._delayed and self._delayed[0].due <= now:

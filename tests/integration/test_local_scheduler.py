@@ -103,6 +103,27 @@ def test_a_new_process_picks_up_the_jobs_a_stopped_one_left(tmp_path: Path) -> N
     assert first.runs == {} and second.runs == {(j, p): 1 for j in ids for p in "abc"}
 
 
+
+def test_a_process_that_runs_none_of_its_requests_keeps_a_bounded_number(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # An App that only starts runs (a web process) while worker processes claim them from the file: its
+    # requests are never taken here. They are hints, so past the limit the latest-due are let go, and the
+    # workers still run every job.
+    import adapters.local
+
+    monkeypatch.setattr(adapters.local._Requests, "limit", 10)
+    path = tmp_path / "b.db"
+    web = make_app(path, Counting(), workers=0)
+    ids = [f"b{n}" for n in range(25)]
+    for job_id in ids:
+        web.run_pipeline("p", job_id=job_id)
+    assert web.scheduler.pending() <= 10  # type: ignore[attr-defined]
+    second = Counting()
+    worker = make_app(path, second, workers=2)
+    with worker.scheduler:  # type: ignore[attr-defined]
+        wait_for(worker, ids)
+    assert second.runs == {(j, p): 1 for j in ids for p in "abc"}
+
 def test_two_schedulers_on_one_file_share_the_work_and_run_each_turn_once(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     counting = Counting()
