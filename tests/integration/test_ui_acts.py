@@ -149,3 +149,24 @@ def test_bulk_actions_refuse_bad_input_whole_and_read_only(app: App) -> None:
         refused = _post(c, [("csrf", csrf_of(page)), ("action", "cancel"), ("id", "w1"),
                                         ("confirmed", "yes")])
     assert refused.status_code == 403 and app.get("w1").status is JobStatus.WAITING  # type: ignore[union-attr]
+
+
+def test_a_continued_conversations_turns_are_numbered_over_its_life_on_the_page(app: App) -> None:
+    # Each run of a conversation counts its own turns from 1; what a turn is on the page (its row, its call, the
+    # turn a fork goes on from) is the job's: turn 3 is the third run's first turn, not the first run's.
+    import re
+
+    _chat(app)
+    for text in ("second question", "third question"):
+        app.send("c1", [text])
+        app.drain()
+    assert [e.turn for e in app.events("c1") if e.type == "turn_committed"] == [1, 2, 3]
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        page = c.get("/jobs/c1").text
+        assert re.findall(r'<tr class="turn" id="turn-(\d+)"', page) == ["1", "2", "3"]
+        call = c.get("/jobs/c1/turns/3").text
+        assert "you said: third question" in call and "you said: hello" not in call
+        done = c.post("/jobs/c1/fork", data={"csrf": csrf_of(page), "at_turn": "3", "confirmed": "yes",
+                                             "new_job_id": "c1-3", "run": "no"})
+    assert "forked c1 after turn 3 into c1-3" in done.text
+    assert app.messages("c1-3") == app.messages("c1")

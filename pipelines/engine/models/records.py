@@ -64,6 +64,9 @@ class Event(BaseModel):
 
     ``id`` is assigned by storage when the event is committed and works as a
     cursor: ``storage.events(job_id, after=id)`` returns what came later.
+    ``turn`` (an agent turn's events): the job's turn over its whole life, its
+    phases done before it plus one (what ``App.fork(at_turn=...)`` and the web
+    page go by), not the run's count, which restarts with each run.
     Types: job_started, job_retried, job_continued, turn_started,
     model_response, tool_call, tool_result, approval_requested, job_waiting,
     retry_scheduled, job_finished, job_failed, job_cancelled, job_paused,

@@ -103,8 +103,12 @@ class PhaseContext(Generic[S]):
         inbox: int = 0,
         migrating: versions.Migrating | None = None,
         env: RunEnv | None = None,
+        phases_done: int = 0,
     ) -> None:
         self.job_id = job_id
+        #: Phases the job completed before this one, over its whole life (its record's ``phases_done``):
+        #: the turn an event says it belongs to is this plus one, the number forks and the page go by.
+        self.phases_done = phases_done
         #: What the App hands every phase it runs: child runs, flow limits, callbacks, clock
         #: (:class:`~pipelines.engine.env.RunEnv`). Explicit, so the phase sees it on any thread.
         self.env = env if env is not None else EMPTY_ENV

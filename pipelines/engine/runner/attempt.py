@@ -55,7 +55,7 @@ def _context(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: s
     return PhaseContext(job_id=record.job_id, checkpoint=cp, storage=storage, owner=owner, clock=scheduler.now,
                         saver=saver, attempt=cp.attempt, usage=record.total_usage, version=record.version,
                         transcript_len=record.transcript_len, options=record.options, inbox=record.inbox,
-                        migrating=migrating, env=env)
+                        migrating=migrating, env=env, phases_done=record.phases_done)
 
 
 def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> transitions.Outcome:
