@@ -14,7 +14,9 @@ from pipelines.web.core import COOKIE, LOOPBACK_NAMES, UI, Endpoint
 
 __all__ = ["MAX_FORM_BYTES", "guarded", "login", "login_form", "logout", "refusal"]
 
-MAX_FORM_BYTES = 64 * 1024  # a reason to reject a call is the longest thing a form carries
+# The longest thing a form carries is a message (MAX_MESSAGE_CHARS characters): each may take 4 bytes of
+# UTF-8, sent as 12 (%XX each), so a message of the promised length in any script fits.
+MAX_FORM_BYTES = 512 * 1024
 MAX_FORM_FIELDS = 64  # a bulk action's job ids (one page of the jobs table) and a few fields
 _STATUS_CODE = {JobNotFoundError: 404, JobConflictError: 409, InvalidInputError: 400}
 

@@ -170,3 +170,19 @@ def test_a_continued_conversations_turns_are_numbered_over_its_life_on_the_page(
                                              "new_job_id": "c1-3", "run": "no"})
     assert "forked c1 after turn 3 into c1-3" in done.text
     assert app.messages("c1-3") == app.messages("c1")
+
+
+def test_a_message_as_long_as_promised_is_taken_in_any_script(app: App) -> None:
+    from pipelines.web.acts import MAX_MESSAGE_CHARS
+    from pipelines.web.auth import MAX_FORM_BYTES
+
+    _chat(app)
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        token = csrf_of(c.get("/jobs/c1").text)
+        for text in ("é" * MAX_MESSAGE_CHARS, "😀" * MAX_MESSAGE_CHARS):  # 2 and 4 bytes of UTF-8 each
+            ask = c.post("/jobs/c1/send", data={"csrf": token, "text": text})
+            assert ask.status_code == 200 and "Continue c1" in ask.text
+        longer = c.post("/jobs/c1/send", data={"csrf": token, "text": "é" * (MAX_MESSAGE_CHARS + 1)})
+        assert longer.status_code == 400 and f"at most {MAX_MESSAGE_CHARS} characters" in longer.text
+        huge = c.post("/jobs/c1/send", data={"csrf": token, "text": "x" * (MAX_FORM_BYTES + 1)})
+        assert huge.status_code == 413
