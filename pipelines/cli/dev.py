@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
@@ -38,6 +39,7 @@ def _serve(app: App, args: argparse.Namespace, out: TextIO) -> None:
 
     asgi = ui_app(app, token=ui_token(args))
     host = f"[{args.host}]" if ":" in args.host else args.host
+    _check_free(args.host, args.port)  # before any worker starts or "serving" is said
     scheduler = app.scheduler
     scheduler.start()  # type: ignore[attr-defined]
     try:
@@ -120,8 +122,19 @@ def cmd_ui(args: argparse.Namespace, out: TextIO) -> int:
     check_bind(args.host, token)  # before loading anything: an unsafe address is refused at once
     asgi = ui_app(loading.load(args.app), token=token, read_only=args.read_only)
     host = f"[{args.host}]" if ":" in args.host else args.host
+    _check_free(args.host, args.port)  # not "serving" on a port another process holds
     print(f"serving the web page on http://{host}:{args.port}/{' (read-only)' if args.read_only else ''}",
           file=out, flush=True)
     uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning")
     return 0
 
+
+def _check_free(host: str, port: int) -> None:
+    """:class:`ConfigurationError` naming the address when another process listens there (a test bind)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: TIME_WAIT is no bar
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigurationError(f"cannot serve the web page on {host}:{port}: {exc.strerror or exc}") from None

@@ -328,6 +328,19 @@ def test_bind_rules_and_bad_arguments(app: App) -> None:
         ui_app(object())  # type: ignore[arg-type]
 
 
+def test_cli_says_a_port_another_process_holds_before_it_says_serving() -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["ui", "--app", "tests.apps.approval_app:app", "--port", str(port)], out=out, err=err)
+    assert code == 1 and f"cannot serve the web page on 127.0.0.1:{port}" in err.getvalue()
+    assert "serving" not in out.getvalue()
+
+
 def test_cli_refuses_a_public_address_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PIPELINES_UI_TOKEN", raising=False)
     err = io.StringIO()
