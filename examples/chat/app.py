@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from adapters.memory import MemoryScheduler, MemoryStorage
 from pipelines import Agent, App, tool
-from pipelines.engine.errors import InvalidInputError, JobConflictError, PipelineError
+from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
 from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web import sse_response
@@ -116,13 +116,25 @@ def _format(request: Request) -> Any:
     return fmt
 
 
+_starting = threading.Lock()  # one run started at a time in this process: each POST streams its own
+
+
 def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None]:
     """Start or continue the run a ``POST /chat`` asks for: (job id, the cursor its stream starts after)."""
     if answers := _approval_answers(body):
         return body["id"], _decide(app, body["id"], answers)
     job_id, text = _chat_input(body)
-    app.run_agent(agent, job_id=job_id, user=text)
-    return job_id, None
+    with _starting:
+        # The stream's last part before this run starts: the stream this POST answers with begins after it,
+        # so it shows this run, not the latest when it is served (another POST may have continued the
+        # conversation by then). Across several web processes a race remains: stream a run by its id there.
+        try:
+            parts = list(app.stream(job_id, follow=False))
+        except JobNotFoundError:
+            parts = []
+        before = parts[-1].id if parts else None
+        app.run_agent(agent, job_id=job_id, user=text)
+    return job_id, before
 
 
 def _approval_answers(body: Any) -> list[dict[str, Any]]:

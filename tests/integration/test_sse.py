@@ -167,6 +167,25 @@ def test_an_ai_sdk_follower_of_a_job_deleted_meanwhile_is_told_so(monkeypatch: p
                                                                      "the job no longer exists"}
     assert json.loads(chunks[-2]) == {"type": "finish", "finishReason": "error"}
 
+
+def test_the_chat_examples_post_streams_the_run_it_started_not_the_latest() -> None:
+    # Two POSTs on one conversation: the first one's stream, served after the second continued it, is its run.
+    from examples.chat.app import _begin, offline_app
+
+    app = offline_app()
+    assert _begin(app, "chat", {"id": "c", "text": "one"}) == ("c", None)
+    app.drain()
+    _, before = _begin(app, "chat", {"id": "c", "text": "two"})
+    app.drain()
+    _begin(app, "chat", {"id": "c", "text": "three"})  # another client's POST, before the stream is served
+    app.drain()
+    assert before is not None
+    with serve(routes(app)) as base, httpx.stream("GET", f"{base}/jobs/c/stream?format=ai-sdk",
+                                                 headers={"Last-Event-ID": before}, timeout=30) as r:
+        chunks = [json.loads(data) for event_id, data in read_events(r) if event_id is not None]
+    said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert said.startswith("You said: two.") and "three" not in said
+
 def test_a_follower_receives_the_text_live_and_the_response_ends_with_the_job(app: App) -> None:
     app.run_agent("a", job_id="r2", messages=["where is A-1?"])
     worker = threading.Thread(target=run_to_the_end, args=(app, "r2"))
