@@ -189,6 +189,8 @@ class LocalScheduler:
         # lock; its size is how many are busy, and the workers page lists it.
         self._running: dict[str, tuple[str, float]] = {}
         self.scheduled = 0  # schedule_advance calls, for tests
+        self._failing_since: float | None = None  # when claiming due work began to fail (None: it works)
+        self._failure_said = 0.0
 
     # --- the port ------------------------------------------------------------------------
     def attach(self, advance: Callable[[str], object]) -> None:
@@ -355,9 +357,21 @@ class LocalScheduler:
             return
         try:
             claimed = claims.claim_due(self.now() - grace, limit=room, hold=self.hold)
-        except Exception:  # the storage is down for a moment: the next look tries again
-            logger.exception("local scheduler: claiming due work failed")
+        except Exception as exc:  # the storage is down for a moment: the next look tries again
+            # Said once an outage, with its traceback; then a line every minute, not one a look (~2 a second).
+            now = time.monotonic()
+            if self._failing_since is None:
+                logger.exception("local scheduler: claiming due work failed; trying again every %gs", self.poll)
+                self._failing_since = self._failure_said = now
+            elif now - self._failure_said >= 60.0:
+                self._failure_said = now
+                logger.error("local scheduler: claiming due work still fails, for %.0fs now: %s",
+                             now - self._failing_since, exc)
             return
+        if self._failing_since is not None:
+            logger.warning("local scheduler: claiming due work again, after %.0fs",
+                           time.monotonic() - self._failing_since)
+            self._failing_since = None
         for job_id in claimed:
             self.requeue(job_id)
 

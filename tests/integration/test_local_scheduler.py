@@ -190,3 +190,27 @@ def test_bad_requests_are_refused_and_an_unattached_scheduler_says_so() -> None:
     scheduler.schedule_advance("j", 0)
     with pytest.raises(ConfigurationError, match="not attached"):
         scheduler.drain()
+
+
+def test_a_storage_outage_is_said_once_not_at_every_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from pipelines.engine.errors import StorageUnavailableError
+
+    app = make_app(tmp_path / "o.db", Counting(), workers=1)
+    storage, scheduler = app.storage, app.scheduler
+    real = storage.claim_due  # type: ignore[attr-defined]
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise StorageUnavailableError("the SQLite file failed claiming due jobs: database or disk is full")
+
+    monkeypatch.setattr(storage, "claim_due", full)
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
+        for _ in range(20):  # ten seconds of looks
+            scheduler._look(grace=0.0)  # type: ignore[attr-defined]
+        monkeypatch.setattr(storage, "claim_due", real)
+        scheduler._look(grace=0.0)  # type: ignore[attr-defined]
+    said = [r.getMessage() for r in caplog.records if "claiming due work" in r.getMessage()]
+    assert len(said) == 2 and "failed" in said[0] and "claiming due work again" in said[1]
+    assert caplog.records[0].exc_info is not None  # the first one with its traceback
