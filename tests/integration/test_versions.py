@@ -167,3 +167,40 @@ def test_the_cli_lists_what_runs_on_which_version(storage: Any, monkeypatch: pyt
     out = io.StringIO()
     assert main(["jobs", "--app", "x:app", "--version"], out=out, err=io.StringIO()) == 0
     assert out.getvalue().splitlines() == ["p\t1\t1\tcomplete=1", "p\t2\t1\trunning=1"]
+
+
+def test_a_fork_retried_from_the_start_restarts_as_its_source_with_the_source_runs_version(storage: Any) -> None:
+    # The fork's runs start as its source's (its initial state, v1's): a full retry makes it v1's job again,
+    # so the next turn migrates it, as the source's own full retry would.
+    clock = VirtualClock(start=1_000_000.0)
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id="j", initial_state={"n": 0})
+    sched(old).run_next()
+    sched(old).drop_all()
+    new = app_of(storage, "2", clock, migrations={"1": rename})
+    new.advance("j")  # migrated to v2
+    sched(new).drop_all()
+    new.fork("j", at_turn=2, new_job_id="f")
+    new.cancel("f")
+    new.retry("f", mode="full")
+    assert storage.get_job("f").code_version == "1"
+    sched(new).drain()
+    fork = storage.get_job("f")
+    assert fork.status is JobStatus.COMPLETE and fork.result == 4, fork.error
+
+
+def test_a_run_started_by_a_message_in_the_last_turn_is_the_version_that_ran_it(storage: Any) -> None:
+    # done_and_continued starts the next run in the last turn's commit: a full retry of that run goes back to
+    # a start written by that commit's version, not the first run's.
+    from pipelines.engine import transitions
+
+    clock = VirtualClock(start=1_000_000.0)
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id="k", initial_state={"n": 0})
+    rec = storage.get_job("k")
+    assert rec.run_code_version == "1"
+    new_rec = rec.model_copy(update={"code_version": "2"})  # v2 ran the last turn (migrated already)
+    outcome = Done(result=1)
+    commit = transitions.done_and_continued(new_rec, outcome, transitions.PhaseOutput(),
+                                            [{"role": "user", "content": "more"}], owner="w", now=clock())
+    assert commit.record.run_code_version == "2"

@@ -125,8 +125,10 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
         initial_state=src.initial_state if src.initial_phase is not None else mark.state, options=options,
         phases_done=mark.phases_done, created_at=now, updated_at=now,
         history=[m for m in src.history if m.phases_done <= mark.phases_done], forked_from=src.job_id,
-        # The version that wrote that turn: a newer worker migrates the fork as it did the original.
-        at_turn=mark.phases_done, code_version=mark.code_version or src.code_version, fork_request=request)
+        # The version that wrote that turn: a newer worker migrates the fork as it did the original. Its runs
+        # start as the source's do (initial state above), written by the version that started the source's.
+        at_turn=mark.phases_done, code_version=mark.code_version or src.code_version, fork_request=request,
+        run_code_version=src.run_code_version if src.initial_phase is not None else None)
     why = f"job forked from {src.job_id!r} at turn {mark.phases_done}"
     return Commit(job_id=new_job_id, expected_version=0, token=token, record=record, append_messages=messages,
                   logs=[_log(now, phase, why)],

@@ -98,9 +98,11 @@ def done_and_continued(rec: JobRecord, outcome: Done, out: PhaseOutput, messages
         return done.model_copy(update={"ends_run": False})
     more = continue_conversation(done.record, first=rec.initial_phase, state=rec.initial_state, messages=messages,
                                  pipeline=rec.pipeline, options=rec.options, now=now)
+    # The next run starts with this run's code: a full retry goes back to its start as this version wrote it.
+    started = {"run_code_version": rec.code_version} if rec.code_version is not None else {}
     return more.model_copy(update={
         "expected_version": rec.version, "owner": owner,
-        "record": more.record.model_copy(update={"version": rec.version + 1}),
+        "record": more.record.model_copy(update={"version": rec.version + 1, **started}),
         "append_messages": [*done.append_messages, *more.append_messages],
         "logs": [*done.logs, *more.logs], "events": [*done.events, *more.events],
         "take_inbox": out.take_inbox + len(messages)})
