@@ -27,7 +27,7 @@ from typing import Any, Final, NamedTuple
 
 from pipelines.engine.contain import contained, describe
 from pipelines.engine.errors import InvalidInputError
-from pipelines.engine.models import JobRecord, to_json_value
+from pipelines.engine.models import JobRecord, dump_json, to_json_value
 
 __all__ = [
     "MAX_DEFER_SECONDS",
@@ -196,7 +196,11 @@ def _migrate(state: Any, stored: str | None, migrations: Mapping[str, Migration]
     """``state`` through every migration from ``stored`` up (all of them for a job from before versions)."""
     for old, fn in pending(migrations, stored):
         try:
-            state = to_json_value(fn(state), what=f"the state returned by the migration from {old!r}")
+            what = f"the state returned by the migration from {old!r}"
+            state = to_json_value(fn(state), what=what)
+            # Too large to store is this migration's failure too: the job fails with its stored state kept,
+            # rather than every attempt's commit being refused (the failure's as well) and the job due forever.
+            dump_json(state, what)
         except BaseException as exc:  # user code: any failure fails the job, with its reason (I9)
             if not contained(exc):  # the process is going down: not the job's fault
                 raise

@@ -115,6 +115,22 @@ def test_a_failing_migration_fails_the_job_with_the_stored_state_kept(storage: A
     assert storage.get_job("j").result == 4
 
 
+
+def test_a_migration_whose_state_is_too_large_to_store_fails_the_job(storage: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not due forever with every attempt's commit refused (the failure's too): the migration's own failure.
+    import pipelines.engine.models as models
+
+    clock = VirtualClock(start=1_000_000.0)
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id="big", initial_state={"n": 0})
+    monkeypatch.setattr(models, "MAX_VALUE_BYTES", 100_000)
+    bloated = app_of(storage, "2", clock, migrations={"1": lambda state: {"count": 0, "pad": "x" * 200_000}})
+    assert bloated.advance("big") is AdvanceResult.FAILED
+    rec = storage.get_job("big")
+    assert rec.status is JobStatus.ERROR and "ValueTooLargeError" in (rec.error or "")
+    assert rec.code_version == "1" and rec.checkpoint.state == {"n": 0}
+
 def test_versions_default_from_the_app_and_go_with_forks(storage: Any) -> None:
     clock = VirtualClock(start=1_000_000.0)
     app = App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False, version="3.1",
