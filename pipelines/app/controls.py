@@ -166,14 +166,17 @@ class Controls:
         ids = self._finished_before(before, scan=scan, limit=limit)
         removed = []
         for job_id in ids:
-            rec = self.storage.get_job(job_id)
-            # Judged again on the record: the index entry may be older than a restart.
-            expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
-            if expired and rec is not None and children.awaited_by(rec, self.storage) is not None:
-                continue  # its parent has not read its outcome yet: a later sweep deletes it
-            if expired and rec is not None and self._delete_at(rec):
-                self.env.callbacks.forget(job_id)
-                removed.append(job_id)
+            try:
+                rec = self.storage.get_job(job_id)
+                # Judged again on the record: the index entry may be older than a restart.
+                expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
+                if expired and rec is not None and children.awaited_by(rec, self.storage) is not None:
+                    continue  # its parent has not read its outcome yet: a later sweep deletes it
+                if expired and rec is not None and self._delete_at(rec):
+                    self.env.callbacks.forget(job_id)
+                    removed.append(job_id)
+            except PipelineError as exc:  # one job that cannot be deleted now never stops the others'
+                logger.error("retention: job %s not deleted: %s", job_id, exc)
         return removed
 
     def _finished_before(self, before: float, *, scan: bool, limit: int) -> list[str]:

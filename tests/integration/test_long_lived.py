@@ -288,6 +288,30 @@ def test_gc_removes_only_finished_jobs_older_than_the_cutoff(storage: Any) -> No
         app.gc()
 
 
+
+def test_gc_goes_on_past_a_job_it_cannot_delete_now(storage: Any, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    # One job's delete failing (its blob store down, say) never keeps the others from being deleted.
+    from pipelines.engine.errors import StorageUnavailableError
+
+    clock = VirtualClock(start=1_000_000.0)
+    app, _ = make_app(storage, clock)
+    for job_id in ("a", "b", "c"):
+        finished(app, job_id)
+    clock.advance(500)
+    real = storage.delete_job
+
+    def failing(job_id: str, **kwargs: Any) -> Any:
+        if job_id == "b":
+            raise StorageUnavailableError("the blob store is down")
+        return real(job_id, **kwargs)
+
+    monkeypatch.setattr(storage, "delete_job", failing)
+    assert sorted(app.gc(older_than=400)) == ["a", "c"]
+    assert app.get("b") is not None and "job b not deleted: the blob store is down" in caplog.text
+    monkeypatch.setattr(storage, "delete_job", real)
+    assert app.gc(older_than=400) == ["b"]  # a later sweep deletes it
+
 def test_a_restarted_job_leaves_the_finished_index(storage: Any) -> None:
     clock = VirtualClock(start=1_000_000.0)
     app, _ = make_app(storage, clock)
