@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
+import pipelines.engine.models as _models  # the MAX_VALUE_BYTES setting, read where it is checked
 from pipelines.engine.errors import CorruptRecordError, InvalidInputError, StateNotSerializableError, ValueTooLargeError
 from pipelines.engine.models import JSONValue, check_messages, to_json_value, validate_job_id
 
@@ -114,6 +115,10 @@ class Offloader:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInputError(f"{name} must be an int >= 1 (bytes), got {value!r}")
+        limit = _models.MAX_VALUE_BYTES
+        if self.threshold > limit:  # a value between the two would stay inline and be refused there
+            raise InvalidInputError(f"threshold must be at most the inline limit, {limit} bytes "
+                                    f"(pipelines.engine.models.MAX_VALUE_BYTES), got {self.threshold}")
 
     # --- writing ---------------------------------------------------------------------------
     def encode(self, job_id: str, value: Any, what: str) -> tuple[JSONValue, bytes | None]:

@@ -159,6 +159,8 @@ def test_bad_messages_are_refused_with_nothing_written(backend: tuple[Any, Any],
 def test_settings_are_checked() -> None:
     with pytest.raises(InvalidInputError, match="threshold"):
         OffloadingStorage(MemoryStorage(), MemoryBlobStore(), threshold=0)
+    with pytest.raises(InvalidInputError, match="at most the inline limit"):  # between the two: refused inline
+        OffloadingStorage(MemoryStorage(), MemoryBlobStore(), threshold=16 * 1024 * 1024)
     with pytest.raises(InvalidInputError, match="BlobStore"):
         OffloadingStorage(MemoryStorage(), object())  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="Storage"):
