@@ -109,14 +109,13 @@ class Runs:
         existing = self.storage.get_job(new_job_id)
         if existing is not None:
             return RunHandle(self.app, _landed_fork(existing, new_job_id, request))
-        messages = self.storage.messages(job_id, 0, mark.transcript_len)
+        try:
+            messages = self.storage.messages(job_id, 0, mark.transcript_len)
+        except CorruptRecordError:  # a blob it refers to gone: deleted meanwhile, or damaged
+            self._still_there(src)
+            raise
         if len(messages) != mark.transcript_len:
-            # Deleted or cut back meanwhile (retention, a full retry): say that, not corruption.
-            now = self.storage.get_job(job_id)
-            if now is None:
-                raise JobNotFoundError(f"job {job_id!r} was deleted while it was being forked")
-            if now.version != src.version:
-                raise JobConflictError(f"job {job_id!r} changed while it was being forked; try again")
+            self._still_there(src)  # deleted or cut back meanwhile (retention, a full retry): say that
             raise CorruptRecordError(f"job {job_id!r} holds {len(messages)} messages, fewer than the "
                                      f"{mark.transcript_len} its turn {at_turn} committed")
         commit = transitions.fork(src, mark, new_job_id=new_job_id, messages=messages, request=request,
@@ -128,6 +127,14 @@ class Runs:
             # other create wrote, never changed after, says whether it is this very fork.
             return RunHandle(self.app, _landed_fork(self.storage.get_job(new_job_id), new_job_id, request))
         return RunHandle(self.app, new_job_id)
+
+    def _still_there(self, src: JobRecord) -> None:
+        """Raise what happened to ``src`` since it was read (deleted, or moved on); return if it is as read."""
+        now = self.storage.get_job(src.job_id)
+        if now is None:
+            raise JobNotFoundError(f"job {src.job_id!r} was deleted while it was being forked")
+        if now.version != src.version:
+            raise JobConflictError(f"job {src.job_id!r} changed while it was being forked; try again")
 
     def rerun(self, job_id: str, *, from_turn: int, new_job_id: str, **options: Any) -> RunHandle:
         """Fork ``job_id`` after turn ``from_turn`` and run the fork at once, with ``options`` overriding

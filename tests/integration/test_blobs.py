@@ -294,3 +294,24 @@ def test_a_blob_put_while_its_job_is_deleted_is_not_left_behind_unnamed(
     assert blobs.get("j", late) is None and list(blobs.job_ids()) == []
     assert [k for k in storage.client.scan_iter(match="race:*")] == []
     storage.client.close()
+
+
+def test_a_fork_whose_source_is_deleted_while_its_blobs_are_read_says_so(tmp_path: Path) -> None:
+    # The references were read, then retention deleted the job and its blobs: not found, not "corrupt".
+    from pipelines.engine.errors import JobNotFoundError
+
+    hook: list[Any] = []
+
+    class Racing(MemoryStorage):
+        def messages(self, job_id: str, start: int = 0, stop: int | None = None) -> Any:
+            found = super().messages(job_id, start, stop)
+            while hook:
+                hook.pop()()
+            return found
+
+    app, _, _ = make_app(Racing(), DirectoryBlobStore(tmp_path / "blobs"))
+    app.run_agent("bot", job_id="src", messages=["q " + "x" * (BIG + 10)])
+    app.drain()
+    hook.append(lambda: app.delete("src"))
+    with pytest.raises(JobNotFoundError, match="deleted while it was being forked"):
+        app.fork("src", at_turn=1, new_job_id="f")
