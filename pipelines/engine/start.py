@@ -135,6 +135,7 @@ def start_job(
             commit = transitions.retry_resume(existing, now=now)
         else:
             commit = transitions.retry_full(existing, first=first, state=state, now=now)
+            fresh = state is not None  # a start state given by this code: this version's, as a new run's
     if commit.expected_version == 0 or fresh:
         # A new job or a new run's fresh state is this code's: marked with its version, so an older
         # worker leaves it alone (a retry keeps the stored mark: its state may await a migration).

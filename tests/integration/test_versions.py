@@ -220,3 +220,21 @@ def test_a_run_started_by_a_message_in_the_last_turn_is_the_version_that_ran_it(
     commit = transitions.done_and_continued(new_rec, outcome, transitions.PhaseOutput(),
                                             [{"role": "user", "content": "more"}], owner="w", now=clock())
     assert commit.record.run_code_version == "2"
+
+
+def test_a_full_retry_given_a_start_state_runs_it_as_the_retrying_codes_version(storage: Any) -> None:
+    # The state was made by the code that retries (v2-shaped): no v1 -> v2 migration runs on it, and it is
+    # the run's start from now on.
+    clock = VirtualClock(start=1_000_000.0)
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id="g", initial_state={"n": 0})
+    sched(old).run_next()
+    sched(old).drop_all()
+    old.cancel("g")
+    migrated.clear()
+    new = app_of(storage, "2", clock, migrations={"1": rename})
+    new.run_pipeline("p", job_id="g", initial_state={"count": 0}, retry_mode="full")
+    rec = storage.get_job("g")
+    assert rec.code_version == "2" and rec.run_code_version == "2" and rec.initial_state == {"count": 0}
+    sched(new).drain()
+    assert storage.get_job("g").result == 4 and migrated == []

@@ -81,8 +81,11 @@ def retry_full(rec: JobRecord, *, first: str, state: JSONValue, now: float) -> C
     # The transcript and state go back to the run's start, as the version that started it wrote them
     # (or that wrote the last turn kept): a newer worker migrates them again, view included.
     version = rec.run_code_version or (history[-1].code_version if history else None) or rec.code_version
+    # A start state given (by the caller's code) is the run's start from now on: a later full retry
+    # without one goes back to it.
+    given = {} if state is None else {"initial_state": state}
     new = _moved(rec, token, now, _fresh(first, restart_state, now), **_running(), result=None,
-                 transcript_len=base, history=history, code_version=version)
+                 transcript_len=base, history=history, code_version=version, **given)
     return _commit(rec, new, token, truncate_to=base, keep_journal=False, clear_control=True,
                    logs=[_log(now, first, "job retried (full)")],
                    events=[make_event("job_retried", now, phase=first, mode="full")])
