@@ -165,14 +165,17 @@ def _backoff(job_id: str) -> float:
 def admit(record: JobRecord, version: str | None, migrations: Mapping[str, Migration]) -> Admission:
     """Whether a worker of ``version`` may run ``record``'s turn, and with which state (see the module doc)."""
     stored = record.code_version
-    if version is None or stored == version:
+    if stored == version or (version is None and stored is None):
         return Admission(record)
-    if stored is not None and version_key(stored) > version_key(version):
+    # A worker without a version is older than every versioned one (as a job without one is): it leaves a
+    # versioned job alone, rather than running its code on a state a newer one wrote or migrated.
+    if stored is not None and (version is None or version_key(stored) > version_key(version)):
         delay = _backoff(record.job_id)
         logger.warning("job %s was written by version %s, newer than this worker's %s: not touched, asked for "
                        "again in %.0fs (run a worker of version %s or newer)", record.job_id, stored, version, delay,
                        stored)
         return Admission(record, delay=delay)
+    assert version is not None  # a worker without one ran the job above, or left it
     with _lock:
         _deferrals.pop(record.job_id, None)
     cp = record.checkpoint

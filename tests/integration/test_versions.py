@@ -238,3 +238,19 @@ def test_a_full_retry_given_a_start_state_runs_it_as_the_retrying_codes_version(
     assert rec.code_version == "2" and rec.run_code_version == "2" and rec.initial_state == {"count": 0}
     sched(new).drain()
     assert storage.get_job("g").result == 4 and migrated == []
+
+
+def test_a_worker_without_a_version_leaves_a_versioned_job_alone(storage: Any) -> None:
+    # It is older than every versioned worker, as a job without a version is older than every versioned job:
+    # its code would run on a state a newer version wrote (and commit it under that version's label).
+    clock = VirtualClock(start=1_000_000.0)
+    new = app_of(storage, "2", clock, migrations={"1": rename})
+    new.run_pipeline("p", job_id="u", initial_state={"count": 0})
+    sched(new).drop_all()
+    before = storage.get_job("u")
+    unversioned = App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False,
+                      pipelines={"p": Pipeline([Phase("step", step_v1)])})
+    assert unversioned.advance("u") is AdvanceResult.DEFERRED
+    after = storage.get_job("u")
+    assert after.version == before.version and after.checkpoint.state == {"count": 0} and after.error is None
+    assert new.advance("u") is AdvanceResult.ADVANCED
