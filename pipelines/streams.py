@@ -31,13 +31,13 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final, TypeVar
+from typing import TypeVar
 
 from adapters.base import AsyncLiveStore, Storage
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.control import load_job
 from pipelines.engine.events import check_cursor
-from pipelines.engine.models import FINISHED_STATUSES, Event
+from pipelines.engine.models import FINISHED_STATUSES, RUN_STARTS, Event
 
 __all__ = ["FINISHED", "afollow", "follow", "turn_texts"]
 
@@ -206,16 +206,13 @@ async def _threaded(storage: Storage, job_id: str, after: str | None, follow: bo
             yield part
 
 
-_RUN_STARTS: Final = frozenset({"job_started", "job_continued", "job_retried"})  # pipelines.web.aisdk.RUN_STARTS
-
-
 def turn_texts(parts: Iterator[Event] | list[Event]) -> dict[int, str]:
     """Each turn's text as a client assembles it: the deltas of the turn's latest attempt, in order."""
     attempts: dict[int, str] = {}
     texts: dict[int, str] = {}
     done = 0  # the run's last committed turn: later text for it or before comes from a fenced-off worker
     for part in parts:
-        if part.type in _RUN_STARTS:
+        if part.type in RUN_STARTS:
             done = 0
         if part.turn is None:
             continue

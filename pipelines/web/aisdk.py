@@ -35,13 +35,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from pipelines.engine.models import Event, Message
+from pipelines.engine.models import RUN_STARTS, Event, Message
 
 __all__ = ["ENDS", "RUN_STARTS", "UIMessageEncoder", "run_start"]
 
 Chunk = dict[str, Any]
 
-RUN_STARTS = frozenset({"job_started", "job_continued", "job_retried"})
 # Events that end the run's UI message, with the finish reason the AI SDK knows.
 ENDS = {"job_finished": "stop", "job_failed": "error", "job_cancelled": "other", "job_waiting": "other",
         "approval_requested": "other", "job_paused": "other"}

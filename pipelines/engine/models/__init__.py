@@ -27,6 +27,7 @@ from pipelines.engine.models.records import (
     Usage,
 )
 from pipelines.engine.models.records import NO_USAGE as NO_USAGE
+from pipelines.engine.models.records import RUN_STARTS as RUN_STARTS
 from pipelines.engine.models.stored import (
     as_stored,
     changed_fields,

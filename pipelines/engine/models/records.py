@@ -16,6 +16,7 @@ from pipelines.engine.models.values import JSONValue
 __all__ = [
     "FINISHED_STATUSES",
     "NO_USAGE",
+    "RUN_STARTS",
     "Checkpoint",
     "Event",
     "JobRecord",
@@ -81,6 +82,11 @@ class Event(BaseModel):
     turn: int | None = None
     phase: str | None = None
     data: dict[str, JSONValue] = Field(default_factory=dict)
+
+
+RUN_STARTS: Final = frozenset({"job_started", "job_continued", "job_retried"})
+"""The event types that start a run of a job (created, a conversation continued, retried): a reader of its
+stream starts a run's message, or its count of turns, at each."""
 
 
 
