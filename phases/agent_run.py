@@ -167,7 +167,7 @@ def first_turn(ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message]) ->
         suppress=cfg.suppress_system_prompt_conflict_warning, dropped=dropped if isinstance(dropped, int) else 0)
     for text in warnings:
         ctx.log(text, "warn")
-        ctx.emit("agent_warning", turn=ctx.phases_done + 1, message=text)
+        ctx.emit("agent_warning", turn=ctx.job_turn, message=text)
     if not quiet(ctx, cfg):
         fire(ctx, callbacks_of(cfg), "on_start", turn=1, context=context_of(ctx))
 

@@ -186,7 +186,7 @@ class AgentTurn:
         ctx.add_usage(response.usage, key=journal.COMPACTION)
         note = marker(str(response.message.get("content") or ""), int(raw["cut"]))
         ctx.append_messages([note])
-        ctx.emit("compacted", turn=ctx.phases_done + 1, upto=int(raw["cut"]))
+        ctx.emit("compacted", turn=ctx.job_turn, upto=int(raw["cut"]))
         return [*past, note]
 
     def answer(self, ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message], turn: int,
@@ -199,7 +199,7 @@ class AgentTurn:
         arrives (a replayed answer is sent whole): see :mod:`phases.streaming`.
         """
         # Events and live parts number a turn over the job's life (forks, the page): not ``turn``, the run's.
-        sink = DeltaSink(ctx, ctx.phases_done + 1, retries=cfg.stream_retries) if cfg.stream else None
+        sink = DeltaSink(ctx, ctx.job_turn, retries=cfg.stream_retries) if cfg.stream else None
         ctx.on_delta = sink
         # Call ids must be unique in the whole transcript (idempotency keys, child jobs), not only in the
         # model's view, which compaction shortens: the id check sees every earlier message.
@@ -212,7 +212,7 @@ class AgentTurn:
                 # Kept with every field (the journal leaves the defaults out): what the page shows of it.
                 whole = ModelResponse.model_validate(answer)
                 ctx.count_dropped(whole.usage, answer=_kept_answer(whole.model_dump(mode="json")),
-                                  turn=ctx.phases_done + 1)
+                                  turn=ctx.job_turn)
 
         try:
             # The answer's last text goes out with its journal write (one round trip, see phases.streaming).
@@ -249,7 +249,7 @@ class AgentTurn:
         message = response.message
         results = agent_run.run_turn_calls(ctx, cfg, response, state.turn)
         new_messages = [message, *results]
-        _emit_turn_events(ctx, ctx.phases_done + 1, response, results)
+        _emit_turn_events(ctx, ctx.job_turn, response, results)
         info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=response.tool_calls, tool_results=results,
                         state=state, usage=response.usage)
         truncated = response.finish_reason == "length"
@@ -266,7 +266,7 @@ class AgentTurn:
         ctx.append_messages(new_messages)
         if not isinstance(outcome, Fail):
             # Closes the turn for a live-stream client: no text of it follows; these messages are its truth.
-            ctx.emit("turn_committed", turn=ctx.phases_done + 1,
+            ctx.emit("turn_committed", turn=ctx.job_turn,
                      messages=[ctx.transcript_len, ctx.transcript_len + len(new_messages)])
         if isinstance(outcome, Done) and cfg.title_agent is not None:
             start_title(ctx, cfg.title_agent, [*past, *new_messages])

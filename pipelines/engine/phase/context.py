@@ -161,6 +161,11 @@ class PhaseContext(Generic[S]):
         return self.checkpoint.state
 
     @property
+    def job_turn(self) -> int:
+        """The turn this phase runs, counted over the job's life: what its events say (forks and the page go by it)."""
+        return self.phases_done + 1
+
+    @property
     def version(self) -> int:
         """The job's version this phase runs at (journal writes are fenced on it)."""
         return self._version
