@@ -185,14 +185,20 @@ def test_the_cli_lists_what_runs_on_which_version(storage: Any, monkeypatch: pyt
     assert out.getvalue().splitlines() == ["p\t1\t1\tcomplete=1", "p\t2\t1\trunning=1"]
 
 
+def _one_v1_turn(storage: Any, job_id: str, clock: VirtualClock) -> App:
+    """A job of version 1 that ran one turn (its next one not asked for); the v1 App."""
+    old = app_of(storage, "1", clock)
+    old.run_pipeline("p", job_id=job_id, initial_state={"n": 0})
+    sched(old).run_next()
+    sched(old).drop_all()
+    return old
+
+
 def test_a_fork_retried_from_the_start_restarts_as_its_source_with_the_source_runs_version(storage: Any) -> None:
     # The fork's runs start as its source's (its initial state, v1's): a full retry makes it v1's job again,
     # so the next turn migrates it, as the source's own full retry would.
     clock = VirtualClock(start=1_000_000.0)
-    old = app_of(storage, "1", clock)
-    old.run_pipeline("p", job_id="j", initial_state={"n": 0})
-    sched(old).run_next()
-    sched(old).drop_all()
+    _one_v1_turn(storage, "j", clock)
     new = app_of(storage, "2", clock, migrations={"1": rename})
     new.advance("j")  # migrated to v2
     sched(new).drop_all()
@@ -226,11 +232,7 @@ def test_a_full_retry_given_a_start_state_runs_it_as_the_retrying_codes_version(
     # The state was made by the code that retries (v2-shaped): no v1 -> v2 migration runs on it, and it is
     # the run's start from now on.
     clock = VirtualClock(start=1_000_000.0)
-    old = app_of(storage, "1", clock)
-    old.run_pipeline("p", job_id="g", initial_state={"n": 0})
-    sched(old).run_next()
-    sched(old).drop_all()
-    old.cancel("g")
+    _one_v1_turn(storage, "g", clock).cancel("g")
     migrated.clear()
     new = app_of(storage, "2", clock, migrations={"1": rename})
     new.run_pipeline("p", job_id="g", initial_state={"count": 0}, retry_mode="full")
