@@ -56,3 +56,22 @@ def test_the_delta_holds_the_fields_set_since_the_base_and_reads_back_as_the_rec
     assert json.loads(text)["title"] is None  # at its default, so written: the base may hold another
     whole = base.model_dump_json(exclude_defaults=True, exclude={"history"})
     assert JobRecord.model_validate_json(merged(whole, text)) == new
+
+
+def test_a_delta_checks_the_fields_it_names_and_refuses_a_name_that_is_not_stored() -> None:
+    import math
+
+    import pytest
+
+    from pipelines.engine.errors import StateNotSerializableError
+    from pipelines.engine.models import dump_fields
+
+    base = _record()
+    bad = base.model_copy(update={"version": 4, "checkpoint": base.checkpoint.model_copy(  # type: ignore[union-attr]
+        update={"state": {"turn": math.nan}})})
+    with pytest.raises(StateNotSerializableError, match=r"the record: checkpoint\.state"):
+        delta_json(bad, {"version", "checkpoint"}, "the record")
+    # A field the delta does not name is not written, so not looked at: the stored base holds what it held.
+    assert json.loads(dump_fields(bad, {"version"}, "the record")) == {"version": 4}
+    with pytest.raises(ValueError, match=r"not stored fields of a record: \['history'\]"):
+        dump_fields(base, {"version", "history"}, "the record")

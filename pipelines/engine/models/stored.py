@@ -61,13 +61,15 @@ _EXCLUDED: dict[type[BaseModel], frozenset[str]] = {}
 
 
 def _scan(model: BaseModel, also: frozenset[str] = frozenset()) -> None:
+    skip = _excluded(type(model))
+    _scan_items(model.__dict__.items(), skip | also if also else skip)
+
+
+def _scan_items(items: Iterable[tuple[str, Any]], skip: frozenset[str]) -> None:
     # Most fields are short ASCII strings, ints, floats or None: settled inline here, since a
     # call per field would cost more than the dump itself. The path of a refused value is built
     # only on the way out of a failure (exc.args[1:], innermost first), never on the hot path.
-    skip = _excluded(type(model))
-    if also:
-        skip = skip | also
-    for name, value in model.__dict__.items():
+    for name, value in items:
         t = type(value)
         if t is str:
             ok = value.isascii()
@@ -166,6 +168,7 @@ def check_record_fields(record: JobRecord, what: str, skip: frozenset[str] = fro
 
 
 _HISTORY: Final = frozenset({"history"})
+_NONE: Final[frozenset[str]] = frozenset()
 _NO_HISTORY: Final[set[str]] = {"history"}
 
 # The fields a record's JSON holds (without its history, which a storage keeps apart).
@@ -212,7 +215,15 @@ def detached(record: JobRecord) -> JobRecord:
 
 def dump_fields(record: JobRecord, fields: set[str], what: str) -> str:
     """The JSON object of ``record``'s ``fields`` (defaults left out), checked like :func:`dump_record` does them."""
-    check_record_fields(record, what, _STORED_SET.difference(fields))
+    unknown = fields - _STORED_SET
+    if unknown:
+        raise ValueError(f"not stored fields of a record: {sorted(unknown)}")
+    # Only the named fields are looked at (a delta is a few of the record's ~40): not a walk of all of them.
+    stored = record.__dict__
+    try:
+        _scan_items([(name, stored[name]) for name in fields], _NONE)
+    except _RefusedError as exc:
+        raise StateNotSerializableError(f"{what}: {''.join(reversed(exc.args[1:]))} {exc.args[0]}") from None
     try:
         text = record.model_dump_json(include=fields, exclude_defaults=True)
     except (ValueError, RecursionError) as exc:  # a safety net: the check should have said why
