@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from phases.tool_calls import check_tool_calls
-from pipelines.engine.models import Message, Usage
+from pipelines.engine.models import NO_USAGE, Message, Usage
 
 __all__ = ["Model", "ModelRequest", "ModelResponse", "ReadOnlyMessages", "is_secret_param"]
 
@@ -65,7 +65,7 @@ class ModelResponse(BaseModel):
 
     message: Message
     finish_reason: str | None = None
-    usage: Usage = Field(default_factory=Usage)
+    usage: Usage = NO_USAGE  # shared: Usage is frozen (and a dump that leaves defaults out makes none)
     model: str | None = None
     # The tools offered for this call when a prepare_turn hook narrowed them
     # (None: all of the agent's tools); journaled so a replay runs the same set.

@@ -216,7 +216,7 @@ class JobRecord(BaseModel):
     base_transcript_len: int = 0
     initial_phase: str | None = None
     initial_state: JSONValue = None
-    usage: Usage = Field(default_factory=Usage)
+    usage: Usage = NO_USAGE  # shared: Usage is frozen (and a dump that leaves defaults out makes none)
     # Why the last run ended: "done", "max_turns", "stop_when", "truncated", "budget", ...
     stop_reason: str | None = None
     # Set while status is "waiting": why, and which tool call (if any) needs a person.
@@ -238,7 +238,7 @@ class JobRecord(BaseModel):
     inbox: int = Field(default=0, exclude=True)
     # Usage of attempts fenced off after paying for a model call (they never commit): kept beside the
     # record like ``control``, so budgets count every paid call (see ``total_usage``).
-    dropped: Usage = Field(default_factory=Usage, exclude=True)
+    dropped: Usage = Field(default=NO_USAGE, exclude=True)
 
     @property
     def total_usage(self) -> Usage:
