@@ -1,20 +1,23 @@
-"""Reading a job's live stream on Redis: the turn in flight, and what the stream no longer holds.
+"""Reading a job's live stream on Redis: the run in flight, and what the stream no longer holds.
 
 The live stream (``<prefix>:{<job>}:live``) mirrors every durable event under
 the durable event's own id, with the worker's ephemeral parts
-(``attempt_started``, ``text_delta``) between them. It keeps the turn in
-flight, not the job's whole life: every commit trims the parts older than the
-previous commit's last event (``COMMIT`` in :mod:`adapters.redis.scripts`),
-so a running conversation holds about one turn of parts however long it gets,
-and a finished job's stream (its last turn) expires ``live_ttl`` after it
-finished.
+(``attempt_started``, ``text_delta``) between them. It keeps the run in
+flight, not the job's whole life: the commit that starts a run (a
+conversation continued, a retry) trims the parts before it (``COMMIT`` in
+:mod:`adapters.redis.scripts`), so a conversation holds one run of parts
+however many runs it has had, and a finished job's stream (its last run)
+expires ``live_ttl`` after it finished. A run's every part stays while it goes
+on because a client resuming the run's message from a cursor
+(:mod:`pipelines.web.sse`) is rebuilt from all of them (the stream's ``MAXLEN``
+of ~10,000 entries still bounds it).
 
 A reader whose cursor is older than the stream's first entry gets the durable
 events it would have missed (from the event stream or its archive, see
 :meth:`~adapters.redis.RedisStorage.events`), then the live parts: every
 committed event exactly once, in id order, from any cursor. The text deltas
-of turns committed before the last are gone; their transcript messages are
-the truth, and each turn's ``turn_committed`` names them.
+of earlier runs are gone; their transcript messages are the truth, and each
+turn's ``turn_committed`` names them.
 
 ``aread_live`` reads the same way from ``async`` code; its wait is one
 ``XREAD BLOCK`` per event loop shared by every follower in it (see

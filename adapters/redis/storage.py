@@ -71,7 +71,7 @@ class RedisStorage:
     outlast the retries raise :class:`StorageUnavailableError`, other Redis errors :class:`StorageError`, and a
     stored record that does not parse :class:`CorruptRecordError`.
 
-    ``live_ttl``: how long a finished job's live stream (its last turn: the stream keeps only the turn in flight,
+    ``live_ttl``: how long a finished job's live stream (its last run: the stream keeps only the run in flight,
     see :mod:`adapters.redis.live`) stays after the job finished; readers then get its durable events.
 
     ``buckets``: how many hash-tagged buckets the indexes are split into (:mod:`adapters.redis.keys`). ``None``
@@ -185,7 +185,7 @@ class RedisStorage:
 
     @property
     def live_ttl(self) -> float:
-        """How long a finished job's live stream (its last turn) is kept; its durable events stay with the job."""
+        """How long a finished job's live stream (its last run) is kept; its durable events stay with the job."""
         return self.writes.live_ttl
 
     @property

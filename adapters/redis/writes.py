@@ -58,6 +58,7 @@ from pipelines.engine.models import (
     dump_json,
     dump_logs,
     dump_record,
+    first_run_start,
 )
 
 __all__ = ["RecordWrites"]
@@ -140,7 +141,7 @@ class RecordWrites:
             "" if commit.record.status in _LIVE_KEPT else _ttl_ms(self.live_ttl),
             _finished_at(commit.record), str(int(commit.take_inbox)), *_listed(commit.record),
             base, str(drop), "\n".join(marks[kept:]), "1" if commit.ends_run else "0", mode, place,
-            "1" if archive else "0", *(sent or msgs), *lines, *event_lines,
+            "1" if archive else "0", _place(first_run_start(commit.events)), *(sent or msgs), *lines, *event_lines,
         ]
         layout = redis_scripts.COMMIT_ARGS
         at, first = layout.history, layout.fixed
@@ -371,3 +372,8 @@ def _commit_reply(raw: Any) -> tuple[str, tuple[Any, Any] | None]:
                                "the archive and the event stream's entries)")
         return _text(raw[0]), (raw[1], raw[2])
     return _text(raw), None
+
+
+def _place(index: int | None) -> str:
+    """ARGV for a 0-based place in a list: the Lua side's 1-based one ('' = none)."""
+    return "" if index is None else str(index + 1)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from adapters.base import INBOX_OPEN
 from pipelines.engine.errors import InboxNotEmptyError, JobConflictError, StaleVersionError
-from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
+from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus, first_run_start
 
 __all__ = ["JOB_TABLES", "Texts", "append", "apply_commit", "apply_create", "claim_due", "delete", "fence",
            "index_columns", "record_step", "send"]
@@ -118,7 +118,7 @@ def fence(row: Sequence[object] | None, job_id: str, *, version: int, owner: str
 # What a commit reads before it writes, in one statement: the fence (version, token, lease), the control
 # request, the inbox's length, the live-stream cut, and where the transcript and the live stream end.
 _COMMIT_READ = ("SELECT version, token, lease_owner, lease_expires, control, "
-                "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id), live_cut, "
+                "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id), "
                 "(SELECT max(pos) FROM messages WHERE messages.job_id = jobs.job_id), "
                 "(SELECT max(seq) FROM parts WHERE parts.job_id = jobs.job_id) FROM jobs WHERE job_id = ?")
 
@@ -137,21 +137,21 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
         raise InboxNotEmptyError(
             f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its inbox; "
             "the run does not end past them", waiting=waiting)
-    top = row[7]
+    top = row[6]
     if commit.truncate_messages_to is not None:
         conn.execute("DELETE FROM messages WHERE job_id = ? AND pos >= ?", (job_id, commit.truncate_messages_to))
         top = _top(conn, "messages", job_id)  # rare (a rewind): read again rather than work it out
     _insert(conn, "messages", job_id, texts.messages, top)
     append(conn, "logs", job_id, texts.logs)
-    cut = _commit_events(conn, job_id, texts.events, row[8], row[6])
+    _commit_events(conn, job_id, texts.events, row[7], first_run_start(commit.events))
     status, updated, due, finished = index_columns(commit.record)
     release = commit.release_lease and commit.owner is not None
     conn.execute(
         "UPDATE jobs SET record = ?, version = ?, token = ?, status = ?, updated_at = ?, due_at = ?, finished_at = ?, "
-        "claim_until = 0, journal_version = ?, live_cut = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
+        "claim_until = 0, journal_version = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
         "control = CASE WHEN ? THEN NULL ELSE control END WHERE job_id = ?",
         (texts.record, commit.record.version, commit.token, status, updated, due, finished, commit.record.version,
-         cut, release, commit.clear_control, job_id))
+         release, commit.clear_control, job_id))
     if not commit.keep_journal:
         conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
     if commit.take_inbox > 0:
@@ -161,20 +161,21 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
     return CommitReply(None if commit.clear_control else row[4], max(0, waiting - commit.take_inbox))
 
 
-def _commit_events(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], top: int | None, cut: int) -> int:
-    """Append a commit's events after part ``top``; the live stream then drops the parts published before the
-    previous commit (its ``cut``). The new cut (the last event's number, or the old cut without events).
+def _commit_events(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], top: int | None,
+                   run_start: int | None) -> None:
+    """Append a commit's events after part ``top``; one that starts a run (the ``run_start``-th, 0-based) first
+    drops the live parts published before it.
 
-    The live stream keeps the turn in flight, not the job's whole life: a
-    reader behind that point reads the committed events there instead (the
-    transcript holds the text those parts carried).
+    The live stream keeps the run in flight, not the job's whole life: a client resuming the run's
+    message from a cursor is sent what it misses after rebuilding what it holds from every part of the
+    run before the cursor (``pipelines.web.sse``). A reader behind the cut reads the committed events
+    there instead (the transcript holds the text those parts carried).
     """
     if not lines:
-        return cut
-    last = _insert_parts(conn, job_id, lines, top, durable=True)
-    if cut:
-        conn.execute("DELETE FROM parts WHERE job_id = ? AND durable = 0 AND seq <= ?", (job_id, cut))
-    return last
+        return
+    first = _insert_parts(conn, job_id, lines, top, durable=True) - len(lines) + 1
+    if run_start is not None:
+        conn.execute("DELETE FROM parts WHERE job_id = ? AND durable = 0 AND seq < ?", (job_id, first + run_start))
 
 
 def record_step(conn: sqlite3.Connection, job_id: str, *, version: int, owner: str | None, key: str, text: str,

@@ -12,11 +12,15 @@ import dataclasses
 import json
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from adapters.base import Storage
 from adapters.memory import MemoryScheduler, MemoryStorage
+from adapters.redis import RedisStorage
+from adapters.sqlite import SQLiteStorage
 from examples.chat.app import build_app
 from phases.model import ModelRequest, ModelResponse
 from pipelines import Agent, App, tool
@@ -99,9 +103,20 @@ def test_a_finished_run_cut_after_any_chunk_and_resumed_by_last_event_id_assembl
     assert wrong == [], f"{len(wrong)} of {result['events']} cut points assembled something else"
 
 
-def test_a_live_run_dropped_after_any_chunk_and_resumed_by_abstract_chat_holds_the_transcript() -> None:
-    app = chat_app(SlowModel(lambda msgs: TEXT if msgs[-1]["role"] == "tool" else reply(
-        "Checking the order.", call("lookup", order="A-1"))))
+@pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_live_run_dropped_after_any_chunk_and_resumed_by_abstract_chat_holds_the_transcript(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # Resumed ~200 ms after the drop (the client notices it late), when later turns have committed: Redis and
+    # SQLite keep the run's every part until the next run starts, so the client's cursor is rebuilt there too.
+    storage: Storage = MemoryStorage()
+    if kind == "sqlite":
+        storage = SQLiteStorage(str(tmp_path / "chat.db"))
+        request.addfinalizer(storage.close)
+    elif kind == "redis":
+        storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="chatcuts")
+    model = SlowModel(lambda msgs: TEXT if msgs[-1]["role"] == "tool" else reply(
+        "Checking the order.", call("lookup", order="A-1")))
+    app = App(storage=storage, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=model, tools=[lookup])])
     with serve(build_app(app, agent="a")) as base:
         results = node("chat", base + "/chat", "live", "where is A-1?")
     assert len(results) >= 13 and not results[-1]["dropped"] and all(r["dropped"] for r in results[:-1])

@@ -1,9 +1,11 @@
-"""The live stream keeps the turn in flight; readers get what it no longer holds from the durable events.
+"""The live stream keeps the run in flight; readers get what it no longer holds from the durable events.
 
-On a real redis-server: a running job's live stream stays about one turn long
-however many turns it runs, every event has one id in both streams, and a
-reader from any cursor (the start, a trimmed text delta, a part the stream
-still holds) gets every committed event once, in order.
+On a real redis-server: a running job's live stream holds every part of its
+run (a client resuming the run's message from a cursor is rebuilt from them)
+and the commit that starts the next run drops the earlier ones, every event
+has one id in both streams, and a reader from any cursor (the start, a
+trimmed text delta, a part the stream still holds) gets every committed event
+once, in order.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import redis
 
 from adapters.redis import RedisStorage
 from adapters.redis.archive import entry_key
+from adapters.redis.values import _text
 from adapters.rq import RQScheduler
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError
@@ -73,7 +76,13 @@ def _follow_whole_run(app: App, job_id: str) -> list[Event]:
     return parts
 
 
-def test_a_running_jobs_live_stream_holds_about_one_turn_whatever_its_length(app: App, r: redis.Redis) -> None:
+def _next_run(app: App, job_id: str) -> None:
+    """Continue the finished conversation (a commit that starts a run: job_continued) and run it to its end."""
+    app.run_agent("a", job_id=job_id, user="and the next ones?")
+    run_to_the_end(app, job_id)
+
+
+def test_a_running_jobs_live_stream_holds_its_run_until_the_next_run_starts(app: App, r: redis.Redis) -> None:
     app.run_agent("a", job_id="t1", messages=["check the orders"])
     live = _storage(app).keys("t1").live
     lengths = []
@@ -81,10 +90,16 @@ def test_a_running_jobs_live_stream_holds_about_one_turn_whatever_its_length(app
         app.advance("t1")
         lengths.append(r.xlen(live))
     assert app.get("t1").status.value == "running"
-    # About 7 parts a turn (attempt_started, a text delta or two: a slow machine may flush once more, 5 events),
-    # and the previous commit's last event: without the cut it would grow by one turn a turn (~36 by the end).
-    assert max(lengths) <= min(lengths) + 3 and lengths[-1] < 2 * lengths[0]
-    assert r.hget(_storage(app).keys("t1").record, "lcut") == r.xrevrange(live, count=1)[0][0]
+    # About 7 parts a turn (attempt_started, a text delta or two, 5 events): the run's turns all stay.
+    assert lengths == sorted(lengths) and lengths[-1] >= lengths[0] + 5 * (TURNS - 2)
+    first = turn_texts(_storage(app).read_live("t1"))
+    assert sorted(first) == list(range(1, TURNS)) and first[1] == committed_texts(app, "t1")[1]
+    run_to_the_end(app, "t1")
+    app.run_agent("a", job_id="t1", user="and the next ones?")  # the continue's commit starts a run
+    kept = r.xrange(live)
+    job_continued = _storage(app).events("t1")[-1]
+    assert job_continued.type == "job_continued" and [_text(i) for i, _ in kept] == [job_continued.id]
+    assert r.hget(_storage(app).keys("t1").record, "lcut") == kept[-1][0]  # the stream shares the events' ids
 
 
 def test_every_event_has_the_same_id_in_the_durable_and_the_live_stream(app: App) -> None:
@@ -106,16 +121,24 @@ def test_a_replay_from_the_start_gets_each_committed_event_once_and_the_last_tur
     replay = list(app.stream("t3"))
     assert [p for p in replay if p.type not in EPHEMERAL] == _storage(app).events("t3")
     assert _ids(replay) == sorted(_ids(replay), key=entry_key)
-    # Deltas of the turns committed before the last are gone; the transcript holds their text.
-    assert turn_texts(replay) == {TURNS: committed_texts(app, "t3")[TURNS]}
+    # Every turn's text: the run is the job's only one.
+    assert turn_texts(replay) == committed_texts(app, "t3")
+    # A second run: the first one's deltas are gone (the transcript holds their text), its own are there.
+    _next_run(app, "t3")
+    again = list(app.stream("t3"))
+    assert [p for p in again if p.type not in EPHEMERAL] == _storage(app).events("t3")
+    texts, committed = turn_texts(again), committed_texts(app, "t3")
+    assert min(texts) > TURNS and texts == {t: committed[t] for t in texts}
 
 
 def test_resuming_from_any_cursor_a_follower_was_given_misses_no_event_and_repeats_none(app: App) -> None:
     app.run_agent("a", job_id="t4", messages=["check the orders"])
     followed = _follow_whole_run(app, "t4")
+    _next_run(app, "t4")  # the first run's parts leave the live stream
     durable = _storage(app).events("t4")
-    trimmed = [p for p in followed if p.type == "text_delta" and p.turn is not None and p.turn < TURNS]
-    assert trimmed, "the run streamed text in its early turns"
+    trimmed = [p for p in followed if p.type == "text_delta"]
+    assert trimmed, "the run streamed text"
+    assert not {p.id for p in trimmed} & {p.id for p in _storage(app).read_live("t4")}
     for part in followed:
         rest = list(app.stream("t4", after=part.id))
         after = entry_key(part.id)
@@ -180,6 +203,7 @@ def test_a_turn_whose_parts_overflow_the_streams_bound_still_replays_its_job_fro
 def test_a_blocking_read_from_a_trimmed_cursor_gets_what_a_plain_read_gets(app: App) -> None:
     app.run_agent("a", job_id="t8", messages=["check the orders"])
     followed = _follow_whole_run(app, "t8")
+    _next_run(app, "t8")  # the first run's parts leave the live stream
     early = next(p for p in followed if p.type == "text_delta" and p.turn == 1)
     storage = _storage(app)
     waited = storage.read_live("t8", after=early.id, block=1.0)
@@ -232,7 +256,6 @@ def test_a_live_stream_written_before_ids_were_shared_replays_each_event_once_af
     old = [p for p in storage.read_live("t12") if p.type not in EPHEMERAL]
     assert [p.type for p in old] == [e.type for e in storage.events("t12")]
     assert not {p.id for p in old} & {e.id for e in storage.events("t12")}  # no id shared
-    app.advance("t12")  # the first commit of this version: nothing to cut yet
-    app.advance("t12")  # cuts what the one before wrote and everything older
+    app.advance("t12")  # the first commit of this version cuts what the one before wrote
     replay = [p for p in storage.read_live("t12") if p.type not in EPHEMERAL]
     assert replay == storage.events("t12")

@@ -276,20 +276,31 @@ def test_a_follower_sees_what_another_process_publishes(tmp_path: Path) -> None:
     assert [p.data["text"] for p in got] == ["far"]
 
 
-def test_the_live_stream_keeps_the_turn_in_flight_and_every_event(tmp_path: Path) -> None:
+def test_the_live_stream_keeps_the_run_in_flight_and_every_event(tmp_path: Path) -> None:
     storage = SQLiteStorage(str(tmp_path / "trim.db"))
     rec = record()
     storage.create_job(rec, events=[Event(timestamp=1.0, type="job_started")])
-    for turn in range(1, 4):
+
+    def commit(turn: int, *events: Event) -> None:
+        nonlocal rec
         storage.publish("j", [part(f"t{turn}")])
         new = rec.model_copy(update={"version": rec.version + 1})
         storage.commit(Commit(job_id="j", expected_version=rec.version, token=f"c{turn}", record=new,
-                              events=[Event(timestamp=1.0, type="turn_committed", turn=turn)]))
+                              events=[Event(timestamp=1.0, type="turn_committed", turn=turn), *events]))
         rec = new
+
+    for turn in range(1, 4):
+        commit(turn)
     live = storage.read_live("j")
-    # Parts published before the previous commit are gone; committed events stay, with the same ids.
+    # The run's parts all stay (a client resuming its message is rebuilt from them), with the committed events.
     assert [(p.type, p.data.get("text")) for p in live] == [
-        ("job_started", None), ("turn_committed", None), ("turn_committed", None), ("text_delta", "t3"),
+        ("job_started", None), *[x for t in (1, 2, 3) for x in (("text_delta", f"t{t}"), ("turn_committed", None))]]
+    # A commit that starts a run (a conversation continued) drops the parts before it; committed events stay.
+    commit(4, Event(timestamp=1.0, type="job_continued"))
+    commit(5)
+    live = storage.read_live("j")
+    assert [(p.type, p.data.get("text")) for p in live] == [
+        ("job_started", None), *[("turn_committed", None)] * 4, ("job_continued", None), ("text_delta", "t5"),
         ("turn_committed", None)]
     assert [e.id for e in storage.events("j")] == [p.id for p in live if p.type != "text_delta"]
 

@@ -29,8 +29,9 @@ version the journal was written under; absent until the first commit),
 ``held`` (the owner of the last lease taken and not let go: see
 :mod:`adapters.redis.scripts.lease`), ``dropped`` and ``fenced`` (the usage,
 and the answers, of attempts fenced off after their model call: see
-:mod:`adapters.redis.scripts.record`), ``lcut`` (the id of the last event the last commit wrote: where the next
-commit cuts the live stream; absent on records written before it) and
+:mod:`adapters.redis.scripts.record`), ``lcut`` (the id of the last event the last write of events added: it
+says the live stream shares the durable stream's ids; absent on records written before that, whose live
+stream's own copies of the events the next commit cuts; the live stream is cut where a run starts) and
 ``hist`` (the record's turn history, one mark's JSON per line, oldest first;
 ``data`` then has no ``history``). A record written before ``hist`` existed
 keeps its history inside ``data`` and has no ``hist`` until its next commit.

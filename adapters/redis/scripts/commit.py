@@ -30,7 +30,8 @@ set_history('', 0, ARGV[11])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 12, 11 + n)
 push(KEYS[3], 12 + n, 11 + n + nl)
-cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 12 + n + nl))
+local last = add_events(KEYS[6], KEYS[9], 12 + n + nl)
+cut_live(KEYS[9], nil, last, nil)  -- a new stream: only 'lcut' to write
 redis.call('SADD', KEYS[8], ARGV[1])
 index_job(ARGV[1], tonumber(ARGV[9]), ARGV[10])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end
@@ -94,7 +95,8 @@ end
 #       'd' names the history base token), the status index place the job is in ('': not known, and
 #       KEYS end with every listing index; else with three: every job's, that status's, the new status's),
 #       archive ('1': the commit finishes the job and the adapter archives its events: the reply carries
-#       what the archive reads),
+#       what the archive reads), the place among the events of the one that starts a run ('' = none: the
+#       live stream keeps the run in flight, cut where a run starts),
 #       then the messages (each JSON text or a reference into the journal), the log lines, the events.
 # Reply: 'ok:<pending request>:<inbox count>' / 'applied:...' (a re-sent commit); with archive '1',
 # {'ok:...', the archive field ('' = none), the event stream's entries} (adapters.redis.events);
@@ -155,7 +157,7 @@ if string.sub(mode, 1, 2) == 'd:'
   return 'rebase'
 end
 local n, nl = tonumber(ARGV[12]), tonumber(ARGV[13])
-local messages = resolve(KEYS[4], 27, 26 + n)
+local messages = resolve(KEYS[4], 28, 27 + n)
 if not messages then return 'rebase' end
 -- Every check passed; from here on nothing can fail (inputs were validated
 -- by the adapter, key types above), so the commit lands whole.
@@ -175,8 +177,9 @@ if ARGV[8] ~= '' then
   if n == 0 then redis.call('DEL', KEYS[2]) else redis.call('LTRIM', KEYS[2], 0, n - 1) end
 end
 push_all(KEYS[2], messages)
-push(KEYS[3], 27 + n, 26 + n + nl)
-cut_live(KEYS[9], add_events(KEYS[6], KEYS[9], 27 + n + nl))
+push(KEYS[3], 28 + n, 27 + n + nl)
+local last, first, start = add_events(KEYS[6], KEYS[9], 28 + n + nl, tonumber(ARGV[27]))
+cut_live(KEYS[9], first, last, start)
 -- The listing indexes move with the status, in the same commit (one status index at a time).
 index_job(ARGV[1], tonumber(ARGV[18]), ARGV[19], was)
 -- Messages sent to the job that this commit's turn took into the transcript leave the inbox.

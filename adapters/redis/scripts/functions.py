@@ -111,9 +111,11 @@ end
 -- adapters.redis.live). The live stream's ids are drawn first: it holds every
 -- durable event's id and more, so its next id is above the durable stream's
 -- last too, unless it was made anew (expired or deleted) at or below that;
--- then the durable stream's next id serves both. Returns the last id ('' = none).
-local function add_events(key, live, from)
-  local id = ''
+-- then the durable stream's next id serves both. Returns the last id ('' = none),
+-- the first (nil = none) and that of the event at place 'mark' among them
+-- (1-based; nil without one).
+local function add_events(key, live, from, mark)
+  local id, first, marked = '', nil, nil
   for i = from, #ARGV do
     id = redis.call('XADD', live, 'MAXLEN', '~', '10000', '*', 'e', ARGV[i])
     local done = redis.pcall('XADD', key, id, 'e', ARGV[i])
@@ -122,16 +124,23 @@ local function add_events(key, live, from)
       id = redis.call('XADD', key, '*', 'e', ARGV[i])
       redis.call('XADD', live, 'MAXLEN', '~', '10000', id, 'e', ARGV[i])
     end
+    if i == from then first = id end
+    if i - from + 1 == mark then marked = id end
   end
-  return id
+  return id, first, marked
 end
--- The live stream keeps the turn in flight, not the job's whole life: each
--- commit drops the parts older than the previous commit's last event (their
--- durable events stay; a reader behind that point reads those instead). 'lcut'
--- beside the record is where the next commit cuts.
-local function cut_live(live, last)
-  local cut = redis.call('HGET', KEYS[1], 'lcut')
-  if cut and cut ~= '' then redis.call('XTRIM', live, 'MINID', cut) end
+-- The live stream keeps the run in flight, not the job's whole life: a commit
+-- that starts a run (its event at 'start', a job_continued or job_retried)
+-- drops the parts before it (their durable events stay; a reader behind that
+-- point reads those instead). Not a turn's: a client that resumes the run's
+-- message from a cursor is sent what it misses after rebuilding what it holds,
+-- from every part of the run up to the cursor (pipelines.web.sse). 'lcut'
+-- beside the record (the last event's id) says the stream shares the durable
+-- stream's ids; one written before that, without it, loses its own copies of
+-- the events at the first commit after (from its 'first' event on it does).
+local function cut_live(live, first, last, start)
+  if redis.call('HEXISTS', KEYS[1], 'lcut') == 0 then start = first end
+  if start then redis.call('XTRIM', live, 'MINID', start) end
   if last ~= '' then redis.call('HSET', KEYS[1], 'lcut', last) end
 end
 """

@@ -14,7 +14,7 @@ class ArgLayout(NamedTuple):
     """Where CREATE's and COMMIT's ARGV keep their parts (0-based, as the adapter builds the list).
 
     ``fixed`` arguments come first (the turn history's from ``history`` on, then COMMIT's ``record_mode``, status
-    place and whether to hand back the archive's read); then
+    place, whether to hand back the archive's read and which event starts a run); then
     ``ARGV[n_messages]`` messages, ``ARGV[n_logs]`` log lines and the events up to the end. The
     bench's byte breakdown reads the same numbers.
     """
@@ -28,7 +28,7 @@ class ArgLayout(NamedTuple):
 
 
 CREATE_ARGS = ArgLayout(data=2, n_messages=5, n_logs=6, history=10, fixed=11)
-COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=26, record_mode=23)
+COMMIT_ARGS = ArgLayout(data=2, n_messages=11, n_logs=12, history=19, fixed=27, record_mode=23)
 
 INDEX_ROLES = ("updated", *(f"status_{s.value}" for s in JobStatus))
 """The roles of the listing indexes, in the order they end ``KEYS`` (after every other key): every job by

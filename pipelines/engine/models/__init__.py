@@ -28,6 +28,7 @@ from pipelines.engine.models.records import (
 )
 from pipelines.engine.models.records import NO_USAGE as NO_USAGE
 from pipelines.engine.models.records import RUN_STARTS as RUN_STARTS
+from pipelines.engine.models.records import first_run_start as first_run_start
 from pipelines.engine.models.stored import (
     as_stored,
     changed_fields,

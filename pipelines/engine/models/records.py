@@ -6,6 +6,7 @@ the queue. Fields added later must carry defaults so old records still load.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Final, Generic, Literal, TypeVar
 
@@ -17,6 +18,7 @@ __all__ = [
     "FINISHED_STATUSES",
     "NO_USAGE",
     "RUN_STARTS",
+    "first_run_start",
     "Checkpoint",
     "Event",
     "JobRecord",
@@ -87,6 +89,15 @@ class Event(BaseModel):
 RUN_STARTS: Final = frozenset({"job_started", "job_continued", "job_retried"})
 """The event types that start a run of a job (created, a conversation continued, retried): a reader of its
 stream starts a run's message, or its count of turns, at each."""
+
+
+def first_run_start(events: Sequence[Event]) -> int | None:
+    """The place in ``events`` of the first that starts a run (:data:`RUN_STARTS`), or ``None``.
+
+    Where a storage's live stream is cut: it keeps the run in flight, whose every part a client resuming
+    the run's message from a cursor needs (``pipelines.web.sse``).
+    """
+    return next((i for i, e in enumerate(events) if e.type in RUN_STARTS), None)
 
 
 
