@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from pipelines.engine.errors import ConfigurationError, CorruptRecordError, StorageUnavailableError
+from pipelines.engine.errors import ConfigurationError, CorruptRecordError, InvalidInputError, StorageUnavailableError
 
 __all__ = ["RETRY_SECONDS", "SYNCHRONOUS", "Database", "check_sqlite_version", "wal_defect"]
 
@@ -313,6 +313,13 @@ class Database:
         while True:
             try:
                 return fn()
+            except UnicodeEncodeError as exc:
+                # A string bound to a statement (a job id, an owner, ...) that UTF-8 cannot carry: bad input,
+                # said as such (values are checked before they get here; the transaction was rolled back).
+                bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
+                said = what.encode("utf-8", "backslashreplace").decode()  # the message itself must be writable
+                raise InvalidInputError(f"{said}: a string given holds {bad!r}, a lone surrogate UTF-8 cannot "
+                                        "carry (nothing written)") from None
             except sqlite3.Error as exc:
                 if not _busy(exc) or time.monotonic() > deadline:
                     raise _unavailable(self.path, exc, what) from exc

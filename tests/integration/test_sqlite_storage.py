@@ -491,3 +491,17 @@ def test_a_child_forked_while_another_thread_writes_can_write_to_the_file(tmp_pa
     assert os.waitstatus_to_exitcode(status) == 0
     assert storage.get_job("child") is not None
     storage.close()
+
+
+def test_a_string_utf8_cannot_carry_is_refused_as_bad_input_naming_it(tmp_path: Path) -> None:
+    from pipelines.engine.errors import InvalidInputError
+
+    storage = SQLiteStorage(str(tmp_path / "surrogate.db"))
+    storage.create_job(record())
+    lone = "x\ud83dy"  # half of a surrogate pair: UTF-8 (and so SQLite) cannot hold it
+    for call_it in (lambda: storage.get_job(lone), lambda: storage.messages(lone),
+                    lambda: storage.acquire_lease("j", lone, 30), lambda: storage.request_control("j", lone)):
+        with pytest.raises(InvalidInputError, match=r"holds '\\ud83d', a lone surrogate") as caught:
+            call_it()
+        str(caught.value).encode()  # the message itself can be written anywhere (a log file, a page)
+    assert storage.lease_owner("j") is None and storage.get_job("j").control is None  # type: ignore[union-attr]
