@@ -95,6 +95,8 @@ def _json_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
         return json.dumps(repr(value), ensure_ascii=False)
+    except RecursionError:  # nested deeper than anything can write (repr too): say so, for the model to fix
+        return json.dumps("(arguments nested too deeply to write)")
 
 
 def call_ids(messages: Iterable[Message]) -> set[str]:

@@ -186,7 +186,7 @@ class Tool:
         elif isinstance(arguments, str):
             try:
                 data = json.loads(arguments)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # not JSON, or an int longer than the interpreter reads (4300 digits)
                 raise ToolArgumentsError(f"arguments for tool {self.name!r} are not valid JSON: {exc}") from exc
             except RecursionError:  # the model's to correct, as any malformed arguments, not the job's end
                 raise ToolArgumentsError(f"arguments for tool {self.name!r} nest lists/objects too deeply "
@@ -378,7 +378,10 @@ def tool_map(tools: Iterable[Tool] | Mapping[str, Tool] | None) -> dict[str, Too
 
 def result_content(value: Any) -> str:
     """The tool message content for a tool's return value: strings as they are, anything else as JSON."""
-    if isinstance(value, str):
+    if type(value) is str and value.isascii():
         return value
+    # A str too: one holding a lone surrogate (a model's "\ud800" echoed back) cannot be stored.
     data: JSONValue = to_json_value(value, what="tool result")
+    if isinstance(data, str):
+        return data
     return _RESULT_JSON.encode(data)

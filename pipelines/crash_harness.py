@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from adapters.base import Scheduler, Storage
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from phases.observe import observe_calls
+from phases.tool_runner.invoke import never_called
 from pipelines.engine.children import ready_parents, waits_for_children
 from pipelines.engine.models import Commit, CommitReply, Event, JobRecord, JobStatus, JSONValue, LogEntry, Message
 
@@ -236,7 +237,8 @@ def transcript_problems(messages: Sequence[Message]) -> list[str]:
     return problems
 
 
-def _expected_status(point: CrashPoint, clean: str, policies: dict[str, str], call_tools: dict[str, str]) -> str:
+def _expected_status(point: CrashPoint, clean: str, policies: dict[str, str], call_tools: dict[str, str],
+                     not_called: frozenset[str] = frozenset()) -> str:
     """The documented end state of a run that crashed at ``point``."""
     if point.operation == "create_job" and point.when == "before":
         return "missing"  # the caller got the crash; nothing was written
@@ -249,6 +251,8 @@ def _expected_status(point: CrashPoint, clean: str, policies: dict[str, str], ca
     elif point.when == "after" and point.operation == "record_step:tools:started":
         interrupted = point.calls
     for call_id in interrupted:
+        if call_id in not_called:
+            continue  # never reaches its tool (its arguments do not parse, say): it runs again, whatever the policy
         policy = policies.get(call_tools.get(call_id, ""), "retry")
         if policy in ("fail", "ask"):
             return {"fail": "error", "ask": "waiting"}[policy]
@@ -269,6 +273,8 @@ def crash_test(start: StartFn, *, job_id: str, policies: dict[str, str] | None =
     clean_msgs = clean.storage.messages(job_id)
     call_tools = {c["id"]: (c.get("function") or {}).get("name", "") for m in clean_msgs
                   for c in m.get("tool_calls") or []}
+    not_called = frozenset(str(m.get("tool_call_id")) for m in clean_msgs
+                           if m.get("role") == "tool" and never_called(m.get("content")))
     results = []
     first_create = next((p.index for p in clean.injector.points if p.operation == "create_job"), -1)
     for point in clean.injector.points:
@@ -276,7 +282,7 @@ def crash_test(start: StartFn, *, job_id: str, policies: dict[str, str] | None =
         rec = run.storage.get_job(job_id)
         status = rec.status.value if rec is not None else "missing"
         res = CrashResult(point, status)
-        expected = _expected_status(point, clean_rec.status.value, policies or {}, call_tools)
+        expected = _expected_status(point, clean_rec.status.value, policies or {}, call_tools, not_called)
         if expected == "missing" and point.index != first_create:
             expected = clean_rec.status.value  # a child job's creation (the job itself exists by then)
         if run.injector.crashed is None:

@@ -9,11 +9,12 @@ import os
 from typing import Any
 
 from phases import journal
-from phases.tool_runner.calls import _is_async, _policy, tool_message
+from phases.tool_runner.calls import _function, _is_async, _policy, tool_message
 from phases.tool_runner.gates import _apply_interrupt_policies, _check_approvals, _refuse_extra_children
 from phases.tool_runner.invoke import _cancelling, _invoke_async, _invoke_sync
 from phases.tools import Tool, check_timeout
 from pipelines.engine._aio import run_sync
+from pipelines.engine.errors import ValueTooLargeError
 from pipelines.engine.models import Message
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
@@ -72,8 +73,12 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
     if len(calls) == 1 and not _is_async(tmap, calls[0]):
         # The common case runs inline: no event loop, no thread hop. Its write is the turn's last before
         # the commit when the caller says so (several calls run at once, each journaled as it ends).
-        ctx.record(journal.tool_key(calls[0]['id']), _invoke_sync(ctx, tmap, calls[0], turn, default_timeout),
-                   before_commit=before_commit)
+        try:
+            content = _invoke_sync(ctx, tmap, calls[0], turn, default_timeout)
+        except _SIGNALS:
+            _ended_without_result(ctx, calls)
+            raise
+        _journal_result(ctx, calls[0], content, before_commit)
         return
     tasks: list[asyncio.Task[Any]] = []
     try:
@@ -86,8 +91,41 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
     failures = [o for o in outcomes if o is not None]
     if failures:
         # A dying process outranks a control signal from another call.
-        fatal = [f for f in failures if not isinstance(f, FailJob | RetryLater | WaitForInput)]
+        fatal = [f for f in failures if not isinstance(f, _SIGNALS)]
+        if not fatal:
+            _ended_without_result(ctx, [c for c, o in zip(calls, outcomes, strict=True) if isinstance(o, _SIGNALS)])
         raise fatal[0] if fatal else _waits_merged(failures)
+
+
+_SIGNALS = (FailJob, RetryLater, WaitForInput)
+
+
+def _ended_without_result(ctx: PhaseContext[Any], calls: list[dict[str, Any]]) -> None:
+    """Calls that ended by raising a signal (retry later, wait, fail the job) were not interrupted mid-call.
+
+    Their ids leave the turn's ``tools:started`` mark, so the attempt that runs them again (the retry,
+    the wake-up, a retry of the failed job) runs them as the tool asked, not by its ``on_interrupted``
+    policy ("fail" would end the job: whether the call took effect is known).
+    """
+    ids = {c["id"] for c in calls}
+    seen, started = ctx.recorded(journal.TOOLS_STARTED)
+    if seen and isinstance(started, list) and ids.intersection(started):
+        ctx.record(journal.TOOLS_STARTED, [i for i in started if i not in ids])
+
+
+def _journal_result(ctx: PhaseContext[Any], call: dict[str, Any], content: str, before_commit: bool = False) -> None:
+    """Journal a call's result; one storage cannot keep (too large) becomes an error the model reads instead.
+
+    The tool ran: failing the job here would leave a retry to run it again. Its result is lost, the
+    model is told so, and the turn goes on.
+    """
+    key = journal.tool_key(call["id"])
+    try:
+        ctx.record(key, content, before_commit=before_commit)
+    except ValueTooLargeError as exc:
+        name = _function(call).get("name")
+        ctx.record(key, f"Error: tool {name!r} ran, but its result could not be kept: {exc}. Ask for less.",
+                   before_commit=before_commit)
 
 
 def _waits_merged(failures: list[BaseException]) -> BaseException:
@@ -132,7 +170,7 @@ async def _one(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: dict[str, An
             # In this task's context (the turn's span, when tracing), not the pool thread's empty one.
             content = await loop.run_in_executor(_POOL, contextvars.copy_context().run, _invoke_sync, ctx, tmap,
                                                  call, turn, default_timeout)
-        await loop.run_in_executor(_POOL, ctx.record, journal.tool_key(call['id']), content)
+        await loop.run_in_executor(_POOL, _journal_result, ctx, call, content)
     except BaseException as exc:  # returned, not raised: see below
         # A KeyboardInterrupt or SystemExit raised out of a task escapes the
         # event loop and strands the other calls' tasks on it; as a value it

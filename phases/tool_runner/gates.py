@@ -38,7 +38,12 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
             args = t.parse(fn.get("arguments"))
         except ToolArgumentsError:
             continue  # never runs: the model gets the argument error instead
-        if not t.requires_approval(args):
+        try:
+            asks = t.requires_approval(args)
+        except Exception as exc:  # the app's hook, not the model's arguments: the job says whose it is
+            raise FailJob(f"needs_approval of tool {t.name!r} raised {type(exc).__name__} for call {call['id']}: "
+                          f"{_said(exc)}") from exc
+        if not asks:
             continue
         found, decision = ctx.recorded(journal.approval_key(call['id']))
         if not found or decision.get("digest") != arguments_digest(call):
@@ -52,6 +57,13 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
                            details={"kind": "approval", "calls": waiting})
 
 
+def _said(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose message cannot be read
+        return "(its message could not be read)"
+
+
 def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]],
                               turn: int) -> None:
     for call in calls:
@@ -59,6 +71,10 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
         t = _tool_of(tmap, call)
         if t is None or t.on_interrupted == "retry":
             continue  # runs again below
+        try:
+            args = t.parse(_function(call).get("arguments"))
+        except ToolArgumentsError:
+            continue  # never called (its arguments do not parse): runs again below, which tells the model so
         what = f"tool {name!r} call {call['id']} was interrupted mid-call; whether it took effect is unknown"
         if t.on_interrupted == "fail":
             raise FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
@@ -66,7 +82,6 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
             raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=call["id"],
                                details={"kind": "outcome", "tool": name})
         assert t.reconcile is not None
-        args = t.parse(_function(call).get("arguments"))
         tctx = tool_context(ctx, call["id"], name, turn)
         found = resolve(t.reconcile(args, tctx))
         if found is not None:

@@ -23,7 +23,7 @@ from pipelines.engine._aio import resolve
 from pipelines.engine.errors import StateNotSerializableError
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
-__all__: list[str] = []
+__all__ = ["never_called"]
 
 _SIGNALS = (FailJob, RetryLater, WaitForInput, KeyboardInterrupt)
 # What a tool may raise without taking the worker down with it. Other
@@ -55,21 +55,32 @@ def _cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+_MALFORMED = "Error: this tool call is malformed: "
+_UNKNOWN = "Error: unknown tool "
+_FIX = ". Fix the arguments and call the tool again."
+
+
+def never_called(content: object) -> bool:
+    """Whether a call's result says it never reached its tool (malformed, an unknown tool, bad arguments)."""
+    return isinstance(content, str) and (content.startswith((_MALFORMED, _UNKNOWN))
+                                         or (content.startswith("Error: ") and content.endswith(_FIX)))
+
+
 def _prepare(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any],
              turn: int) -> tuple[Tool, BaseModel, ToolContext] | str:
     fn = _function(call)
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         known = ", ".join(sorted(tmap)) or "none"
-        return f"Error: this tool call is malformed: it names no tool; available tools: {known}"
+        return f"{_MALFORMED}it names no tool; available tools: {known}"
     t = tmap.get(name)
     if t is None:
         known = ", ".join(sorted(tmap)) or "none"
-        return f"Error: unknown tool {name!r}; available tools: {known}"
+        return f"{_UNKNOWN}{name!r}; available tools: {known}"
     try:
         args = t.parse(fn.get("arguments"))
     except ToolArgumentsError as exc:
-        return f"Error: {exc}. Fix the arguments and call the tool again."
+        return f"Error: {exc}{_FIX}"
     return t, args, tool_context(ctx, call["id"], name, turn)
 
 
@@ -209,7 +220,11 @@ def _reconciled(t: Tool, found: Any, timeout: float) -> str:
 
 
 def _raised(t: Tool, exc: BaseException) -> str:
-    return f"Error: tool {t.name!r} raised {type(exc).__name__}: {exc}"
+    try:
+        said = str(exc)
+    except Exception as inner:  # noqa: BLE001 - the tool's exception cannot say what it is: say that instead
+        said = f"(its message could not be read: {type(inner).__name__})"
+    return f"Error: tool {t.name!r} raised {type(exc).__name__}: {said}"
 
 
 def _content(t: Tool, value: Any) -> str:

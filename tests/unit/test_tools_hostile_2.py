@@ -1,0 +1,152 @@
+"""More hostile tool calls: what a tool raises or returns, what a model sends, and the ledger after a signal.
+
+Each case once failed the whole job (or the next attempt) where the tool runner's promise is an error
+message the model reads and a transcript that answers every call once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from adapters.memory import MemoryStorage
+from pipelines import Agent, JobStatus, Tool, tool
+from pipelines.engine import models
+from pipelines.engine.phase import RetryLater
+from pipelines.testing import ScriptedModel, call, crash_test, reply, transcript_problems
+from tests.unit.helpers import memory
+
+
+def run(script: list[Any], tools: list[Tool], job_id: str = "j") -> MemoryStorage:
+    storage, scheduler, _ = memory()
+    Agent(model=ScriptedModel(script), tools=tools).run(job_id=job_id, messages=["go"], storage=storage,
+                                                        scheduler=scheduler)
+    scheduler.drain()
+    return storage
+
+
+def result(storage: MemoryStorage, job_id: str = "j") -> str:
+    """The one tool result of the job, after checking it completed with a transcript that answers every call."""
+    rec = storage.get_job(job_id)
+    assert rec is not None and rec.status is JobStatus.COMPLETE, rec and rec.error
+    msgs = storage.messages(job_id)
+    assert transcript_problems(msgs) == []
+    [content] = [m["content"] for m in msgs if m["role"] == "tool"]
+    return str(content)
+
+
+class Unspeakable(Exception):  # noqa: N818 - named for what it does
+    def __str__(self) -> str:
+        raise RuntimeError("no words")
+
+
+@tool
+def mute(x: int) -> str:
+    """Raises an exception whose message cannot be read."""
+    raise Unspeakable
+
+
+def test_an_exception_whose_message_cannot_be_read_is_still_the_models_error_message() -> None:
+    got = result(run([reply(None, call("mute", x=1)), "done"], [mute]))
+    assert got == "Error: tool 'mute' raised Unspeakable: (its message could not be read: RuntimeError)"
+
+
+@tool
+def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+def test_a_result_holding_a_lone_surrogate_is_an_error_message_not_the_jobs_end() -> None:
+    got = result(run([reply(None, call("echo", '{"text": "a\\ud800b"}')), "done"], [echo]))
+    assert got.startswith("Error: tool 'echo' returned a value that is not JSON") and "lone surrogate" in got
+
+
+def test_an_int_too_long_to_read_in_the_arguments_is_the_models_to_fix() -> None:
+    got = result(run([reply(None, call("echo", '{"text": "a", "n": 1' + "0" * 5000 + "}")), "done"], [echo]))
+    assert got.startswith("Error: arguments for tool 'echo' are not valid JSON: Exceeds the limit")
+    assert got.endswith("Fix the arguments and call the tool again.")
+
+
+def test_arguments_a_model_adapter_nested_too_deeply_to_write_are_the_models_to_fix() -> None:
+    deep: Any = 1
+    for _ in range(100_000):
+        deep = {"a": deep}
+    answer = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": deep}}]}
+    got = result(run([answer, "done"], [echo]))
+    assert got.startswith("Error: arguments for tool 'echo'")
+
+
+@tool
+def huge(x: int) -> str:
+    """A result larger than storage keeps."""
+    return "x" * (models.MAX_VALUE_BYTES + 10)
+
+
+def test_a_result_too_large_to_keep_tells_the_model_instead_of_failing_the_job_that_ran_it() -> None:
+    got = result(run([reply(None, call("huge", x=1)), "done"], [huge]))
+    assert got.startswith("Error: tool 'huge' ran, but its result could not be kept: ")
+    assert "MiB limit" in got and got.endswith("Ask for less.")
+
+
+def _refuses(args: Any) -> bool:
+    return 1 / 0 > 0
+
+
+@tool(needs_approval=_refuses)
+def pay(amount: int) -> str:
+    """Pay."""
+    return "paid"
+
+
+def test_a_needs_approval_hook_that_raises_fails_the_job_naming_the_tool_and_the_hook() -> None:
+    storage = run([reply(None, {**call("pay", amount=5), "id": "c1"}), "done"], [pay])
+    rec = storage.get_job("j")
+    assert rec is not None and rec.status is JobStatus.ERROR
+    assert rec.error == "needs_approval of tool 'pay' raised ZeroDivisionError for call c1: division by zero"
+
+
+charges: list[int] = []
+
+
+@tool(idempotent=False)
+def charge(x: int) -> str:
+    """Charges; the payment API asks to be called later the first time."""
+    charges.append(x)
+    if len(charges) == 1:
+        raise RetryLater(1.0, "rate limited")
+    return "charged"
+
+
+def test_a_tool_that_asks_to_run_later_runs_again_and_is_not_taken_for_interrupted() -> None:
+    # Its on_interrupted policy is "fail" (not idempotent): a call left "started" would end the job as unknown.
+    charges.clear()
+    got = result(run([reply(None, call("charge", x=1)), "done"], [charge]))
+    assert got == "charged" and charges == [1, 1]
+
+
+@tool(idempotent=False)
+def ship(x: int) -> str:
+    """Ships."""
+    return f"shipped {x}"
+
+
+def test_a_crash_around_a_call_whose_arguments_never_parsed_runs_it_again_whatever_its_policy() -> None:
+    def script(msgs: list[dict[str, Any]]) -> Any:
+        if any(m["role"] == "tool" for m in msgs):
+            return "done"
+        return reply(None, {**call("ship", '{"x": "zz"}'), "id": "s"}, {**call("echo", text="a"), "id": "e"})
+
+    def start(storage: Any, scheduler: Any) -> None:
+        Agent(model=ScriptedModel(script), tools=[ship, echo]).run(job_id="t", messages=["hi"], storage=storage,
+                                                                   scheduler=scheduler)
+
+    report = crash_test(start, job_id="t", policies={"ship": "fail"})
+    assert report.clean_status == "complete"
+    assert [(r.point.operation, r.problems) for r in report.results if r.problems] == []
+    # Between "started" and its result the call never reached its tool: it runs again (the model reads why).
+    interrupted = [r for r in report.results if r.point.operation == "record_step:tool:s" and r.point.when == "before"]
+    assert interrupted and all(r.status == "complete" for r in interrupted)
+    shipped = next(m for m in report.clean_transcript if m.get("tool_call_id") == "s")
+    assert json.dumps(shipped).count("Fix the arguments") == 1
