@@ -24,8 +24,9 @@ def committed_texts(app: App, job_id: str) -> dict[int, str]:
 def followed_texts_match(app: App, job_id: str, parts: Sequence[Event]) -> bool:
     """A follower's texts agree with the transcript: every turn it has text for, and the last turn at least.
 
-    On Redis and SQLite the live stream keeps the run in flight, so a follower that fell behind into an
-    earlier run gets that run's events but not its text (the transcript holds it); on memory it gets every turn.
+    On Redis and SQLite the live stream keeps the run in flight and the one before, so a follower that fell
+    behind into an older run gets that run's events but not its text (the transcript holds it); on memory it
+    gets every turn.
     """
     texts, committed = turn_texts(list(parts)), committed_texts(app, job_id)
     return bool(texts) and max(texts) == max(committed) and all(committed.get(t) == text for t, text in texts.items())

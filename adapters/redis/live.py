@@ -3,20 +3,20 @@
 The live stream (``<prefix>:{<job>}:live``) mirrors every durable event under
 the durable event's own id, with the worker's ephemeral parts
 (``attempt_started``, ``text_delta``) between them. It keeps the run in
-flight, not the job's whole life: the commit that starts a run (a
-conversation continued, a retry) trims the parts before it (``COMMIT`` in
-:mod:`adapters.redis.scripts`), so a conversation holds one run of parts
-however many runs it has had, and a finished job's stream (its last run)
-expires ``live_ttl`` after it finished. A run's every part stays while it goes
-on because a client resuming the run's message from a cursor
-(:mod:`pipelines.web.sse`) is rebuilt from all of them (the stream's ``MAXLEN``
-of ~10,000 entries still bounds it).
+flight and the one before, not the job's whole life: the commit that starts a
+run (a conversation continued, a retry) trims the parts before the previous
+run's start (``COMMIT`` in :mod:`adapters.redis.scripts`), so a conversation
+holds two runs of parts however many it has had, and a finished job's stream
+expires ``live_ttl`` after it finished. A run's every part stays because a
+client resuming the run's message from a cursor (:mod:`pipelines.web.sse`) is
+rebuilt from all of them, and the run before for a client still resuming it
+when the next starts (the stream's ``MAXLEN`` of ~10,000 entries bounds both).
 
 A reader whose cursor is older than the stream's first entry gets the durable
 events it would have missed (from the event stream or its archive, see
 :meth:`~adapters.redis.RedisStorage.events`), then the live parts: every
 committed event exactly once, in id order, from any cursor. The text deltas
-of earlier runs are gone; their transcript messages are the truth, and each
+of older runs are gone; their transcript messages are the truth, and each
 turn's ``turn_committed`` names them.
 
 ``aread_live`` reads the same way from ``async`` code; its wait is one

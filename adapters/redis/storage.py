@@ -71,8 +71,9 @@ class RedisStorage:
     outlast the retries raise :class:`StorageUnavailableError`, other Redis errors :class:`StorageError`, and a
     stored record that does not parse :class:`CorruptRecordError`.
 
-    ``live_ttl``: how long a finished job's live stream (its last run: the stream keeps only the run in flight,
-    see :mod:`adapters.redis.live`) stays after the job finished; readers then get its durable events.
+    ``live_ttl``: how long a finished job's live stream (its last two runs: the stream keeps only the run in flight
+    and the one before, see :mod:`adapters.redis.live`) stays after the job finished; readers then get its durable
+    events.
 
     ``buckets``: how many hash-tagged buckets the indexes are split into (:mod:`adapters.redis.keys`). ``None``
     means 0 (one global index, the layout of every earlier version) on a plain client and :data:`CLUSTER_BUCKETS` on
@@ -185,7 +186,7 @@ class RedisStorage:
 
     @property
     def live_ttl(self) -> float:
-        """How long a finished job's live stream (its last run) is kept; its durable events stay with the job."""
+        """How long a finished job's live stream (its last two runs) is kept; its durable events stay with the job."""
         return self.writes.live_ttl
 
     @property

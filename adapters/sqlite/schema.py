@@ -31,9 +31,9 @@ from pipelines.engine.errors import ConfigurationError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "check_version", "migrate"]
 
-# ``jobs.live_cut`` is no longer read or written: the live stream used to keep the turn in flight, cut at
-# each commit from there; it keeps the run in flight now, cut by the commit that starts a run
-# (adapters.sqlite.writes). The column stays: files of schema version 1 have it.
+# ``jobs.live_cut``: where the job's run in flight starts in its live stream (``parts``); the commit that
+# starts the next run drops the live parts before it (adapters.sqlite.writes). Until 2026-12-05 it was
+# the last event of the last commit, where the next one cut: the live stream kept only a turn.
 _V1 = [
     """CREATE TABLE jobs (
         job_id TEXT PRIMARY KEY NOT NULL,

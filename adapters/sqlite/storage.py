@@ -17,6 +17,7 @@ for its tables and version.
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import time
@@ -50,6 +51,8 @@ from pipelines.engine.models import (
 
 __all__ = ["SQLiteStorage"]
 
+_EXPIRE_BATCH = 200  # finished jobs whose live parts one sweep drops: a short write, whatever the file holds
+
 _TAKE_LEASE = ("UPDATE jobs SET lease_owner = ?, lease_expires = ?, lease_proc = ? WHERE job_id = ? "
                f"AND (lease_owner IS NULL OR lease_expires <= ? OR lease_owner = ?) RETURNING {RECORD_COLUMNS}")
 
@@ -61,7 +64,10 @@ class SQLiteStorage(SQLiteReads):
     cut) or ``"NORMAL"`` (survives a process crash, may lose the last commits
     on power loss). ``busy_timeout``: seconds a write waits for another's
     transaction before the adapter retries it. ``clock``: the lease clock
-    (wall time, shared by every process on the file).
+    (wall time, shared by every process on the file). ``live_ttl``: how long
+    a finished job keeps the live parts of its last runs (text deltas; its
+    events stay with the job), as on Redis: dropped by the local scheduler's
+    sweep (:meth:`reap_dead_processes`), a batch at a time.
     """
 
     #: What it can do beyond the port, declared once (the contract suite checks it against the methods).
@@ -70,7 +76,11 @@ class SQLiteStorage(SQLiteReads):
         Feature.RECENT, Feature.SCHEMA, Feature.CLAIMS, Feature.LEASE_HISTORY, Feature.FENCED_ANSWERS})
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, live_ttl: float = 3600.0) -> None:
+        if isinstance(live_ttl, bool) or not isinstance(live_ttl, int | float) or not 0 < live_ttl < math.inf:
+            raise ConfigurationError(f"live_ttl must be a finite number of seconds > 0, got {live_ttl!r}")
+        self.live_ttl = float(live_ttl)
+        self._expired: tuple[float, str] = (0.0, "")  # where the next expiry of finished jobs' live parts starts
         self._clock = clock or time.time
         self._db = Database(path, synchronous=synchronous, busy_timeout=busy_timeout, on_connect=self._checked,
                             on_write=lambda conn: schema.check_version(conn, self.path))
@@ -247,8 +257,17 @@ class SQLiteStorage(SQLiteReads):
         return claimed
 
     def reap_dead_processes(self) -> int:
-        """Release the leases and claims of this machine's processes that are gone; how many processes live."""
+        """Release the leases and claims of this machine's processes that are gone; how many processes live.
+
+        The local scheduler's sweep calls it every few seconds: it also drops the live parts of up to
+        ``_EXPIRE_BATCH`` jobs that finished more than ``live_ttl`` ago.
+        """
         live: int = self._write(processes.reap, "releasing the leases of dead processes", durable=False)
+        upto = self._clock() - self.live_ttl
+        if upto > self._expired[0]:
+            self._expired = self._write(lambda c: writes.expire_live(c, after=self._expired, upto=upto,
+                                                                     limit=_EXPIRE_BATCH),
+                                        "dropping the live parts of finished jobs", durable=False)
         return live
 
     def next_due(self) -> float | None:

@@ -16,8 +16,8 @@ from adapters.base import INBOX_OPEN
 from pipelines.engine.errors import InboxNotEmptyError, JobConflictError, StaleVersionError
 from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus, first_run_start
 
-__all__ = ["JOB_TABLES", "Texts", "append", "apply_commit", "apply_create", "claim_due", "delete", "fence",
-           "index_columns", "record_step", "send"]
+__all__ = ["JOB_TABLES", "Texts", "append", "apply_commit", "apply_create", "claim_due", "delete", "expire_live",
+           "fence", "index_columns", "record_step", "send"]
 
 JOB_TABLES = ("messages", "logs", "inbox", "journal", "parts", "fenced")
 """The tables whose rows a job owns beside its row in ``jobs``: they live and die with it."""
@@ -118,7 +118,7 @@ def fence(row: Sequence[object] | None, job_id: str, *, version: int, owner: str
 # What a commit reads before it writes, in one statement: the fence (version, token, lease), the control
 # request, the inbox's length, the live-stream cut, and where the transcript and the live stream end.
 _COMMIT_READ = ("SELECT version, token, lease_owner, lease_expires, control, "
-                "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id), "
+                "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id), live_cut, "
                 "(SELECT max(pos) FROM messages WHERE messages.job_id = jobs.job_id), "
                 "(SELECT max(seq) FROM parts WHERE parts.job_id = jobs.job_id) FROM jobs WHERE job_id = ?")
 
@@ -137,21 +137,21 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
         raise InboxNotEmptyError(
             f"job {job_id!r}: {waiting - commit.take_inbox} message(s) sent to it wait in its inbox; "
             "the run does not end past them", waiting=waiting)
-    top = row[6]
+    top = row[7]
     if commit.truncate_messages_to is not None:
         conn.execute("DELETE FROM messages WHERE job_id = ? AND pos >= ?", (job_id, commit.truncate_messages_to))
         top = _top(conn, "messages", job_id)  # rare (a rewind): read again rather than work it out
     _insert(conn, "messages", job_id, texts.messages, top)
     append(conn, "logs", job_id, texts.logs)
-    _commit_events(conn, job_id, texts.events, row[7], first_run_start(commit.events))
+    cut = _commit_events(conn, job_id, texts.events, row[8], first_run_start(commit.events), row[6])
     status, updated, due, finished = index_columns(commit.record)
     release = commit.release_lease and commit.owner is not None
     conn.execute(
         "UPDATE jobs SET record = ?, version = ?, token = ?, status = ?, updated_at = ?, due_at = ?, finished_at = ?, "
-        "claim_until = 0, journal_version = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
+        "claim_until = 0, journal_version = ?, live_cut = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
         "control = CASE WHEN ? THEN NULL ELSE control END WHERE job_id = ?",
         (texts.record, commit.record.version, commit.token, status, updated, due, finished, commit.record.version,
-         release, commit.clear_control, job_id))
+         cut, release, commit.clear_control, job_id))
     if not commit.keep_journal:
         conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
     if commit.take_inbox > 0:
@@ -162,20 +162,40 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
 
 
 def _commit_events(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], top: int | None,
-                   run_start: int | None) -> None:
-    """Append a commit's events after part ``top``; one that starts a run (the ``run_start``-th, 0-based) first
-    drops the live parts published before it.
+                   run_start: int | None, cut: int) -> int:
+    """Append a commit's events after part ``top``; where the run in flight starts, as the commit leaves it.
 
-    The live stream keeps the run in flight, not the job's whole life: a client resuming the run's
-    message from a cursor is sent what it misses after rebuilding what it holds from every part of the
-    run before the cursor (``pipelines.web.sse``). A reader behind the cut reads the committed events
-    there instead (the transcript holds the text those parts carried).
+    The live stream keeps the run in flight and the one before, not the job's whole life: a commit
+    that starts a run (its ``run_start``-th event, 0-based) drops the live parts before the previous
+    run's start (``cut``). A client resuming a run's message from a cursor is sent what it misses
+    after rebuilding what it holds from every part of that run before the cursor
+    (``pipelines.web.sse``); the run before stays for a client still resuming it when the next one
+    starts. A reader behind the cut reads the committed events there instead (the transcript holds
+    the text those parts carried); a finished job's are dropped after ``live_ttl``
+    (:func:`expire_live`).
     """
     if not lines:
-        return
+        return cut
     first = _insert_parts(conn, job_id, lines, top, durable=True) - len(lines) + 1
-    if run_start is not None:
-        conn.execute("DELETE FROM parts WHERE job_id = ? AND durable = 0 AND seq < ?", (job_id, first + run_start))
+    if run_start is None:
+        return cut
+    if cut:
+        conn.execute("DELETE FROM parts WHERE job_id = ? AND durable = 0 AND seq < ?", (job_id, cut))
+    return first + run_start
+
+
+def expire_live(conn: sqlite3.Connection, *, after: tuple[float, str], upto: float,
+                limit: int) -> tuple[float, str]:
+    """Drop the live parts (not the events) of up to ``limit`` jobs finished after ``after`` (a finish time and a
+    job id, in the finished index's order) and by ``upto``, oldest first.
+
+    What Redis's ``live_ttl`` does for a finished job's stream. Returns where the next call starts
+    (``after`` itself when no job was left).
+    """
+    rows = conn.execute("SELECT finished_at, job_id FROM jobs WHERE (finished_at, job_id) > (?, ?) "
+                        "AND finished_at <= ? ORDER BY finished_at, job_id LIMIT ?", (*after, upto, limit)).fetchall()
+    conn.executemany("DELETE FROM parts WHERE job_id = ? AND durable = 0", [(job_id,) for _, job_id in rows])
+    return (float(rows[-1][0]), str(rows[-1][1])) if rows else after
 
 
 def record_step(conn: sqlite3.Connection, job_id: str, *, version: int, owner: str | None, key: str, text: str,

@@ -305,7 +305,7 @@ class _AiSdkEmitter(_Emitter):
         upto = 0 if cursor is None else sum(1 for _ in _before(backlog, cursor))
         if cursor is None or self.compacted or not upto or (chunk is not None and backlog[upto - 1].id != cursor):
             # No cursor, or what the client holds cannot be rebuilt (its part is gone: a Redis stream keeps
-            # one run, the newest; a bare id older than every part stored, "0" say; or it came from a replay of
+            # two runs, the newest; a bare id older than every part stored, "0" say; or it came from a replay of
             # latest attempts): it gets the whole run's message, under an id of its own when it holds one,
             # which the AI SDK's readers reset on.
             self.encoder.again = cursor is not None

@@ -103,17 +103,26 @@ def test_a_finished_run_cut_after_any_chunk_and_resumed_by_last_event_id_assembl
     assert wrong == [], f"{len(wrong)} of {result['events']} cut points assembled something else"
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+KINDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+
+
+def storage_of(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    if kind == "sqlite":
+        sqlite = SQLiteStorage(str(tmp_path / "chat.db"))
+        request.addfinalizer(sqlite.close)
+        return sqlite
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        return RedisStorage.from_url(url, prefix=f"chatcuts-{request.node.originalname}")
+    return MemoryStorage()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_live_run_dropped_after_any_chunk_and_resumed_by_abstract_chat_holds_the_transcript(
         kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     # Resumed ~200 ms after the drop (the client notices it late), when later turns have committed: Redis and
     # SQLite keep the run's every part until the next run starts, so the client's cursor is rebuilt there too.
-    storage: Storage = MemoryStorage()
-    if kind == "sqlite":
-        storage = SQLiteStorage(str(tmp_path / "chat.db"))
-        request.addfinalizer(storage.close)
-    elif kind == "redis":
-        storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="chatcuts")
+    storage = storage_of(kind, request, tmp_path)
     model = SlowModel(lambda msgs: TEXT if msgs[-1]["role"] == "tool" else reply(
         "Checking the order.", call("lookup", order="A-1")))
     app = App(storage=storage, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=model, tools=[lookup])])
@@ -129,6 +138,41 @@ def test_a_live_run_dropped_after_any_chunk_and_resumed_by_abstract_chat_holds_t
             wrong.append((r["cut"], r["after"], r["errors"], r["messages"]))
     assert all("network error" in r["errors"][0] for r in results if r["dropped"])
     assert wrong == [], f"{len(wrong)} of {len(results)} cut points ended wrong: {wrong[:3]}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_run_dropped_and_resumed_after_a_message_sent_during_its_last_turn_started_the_next(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # The message ends the run and starts the next in one commit (done_and_continued): the live stream keeps the
+    # run before the one in flight, so the chat still resumes the first run's message where it dropped.
+    sent: set[str] = set()
+    holder: dict[str, App] = {}
+
+    def answer(msgs: list[Message]) -> Any:
+        if msgs[-1]["role"] == "user" and msgs[-1].get("content") == "one more":
+            return "Anything else?"
+        if msgs[-1]["role"] == "tool":
+            app = holder["app"]
+            job = next(j for j in (f"dc-{k}" for k in range(1, 100)) if j not in sent
+                       and app.storage.get_job(j) is not None and app.messages(j)[-1]["role"] == "tool")
+            sent.add(job)
+            app.send(job, ["one more"])  # another tab, while this final answer is being written
+            return TEXT
+        return reply("Checking the order.", call("lookup", order="A-1"))
+
+    app = holder["app"] = App(storage=storage_of(kind, request, tmp_path), scheduler=MemoryScheduler(),
+                              agents=[Agent(name="a", model=SlowModel(answer), tools=[lookup])])
+    with serve(build_app(app, agent="a")) as base:
+        results = node("chat", base + "/chat", "dc", "where is A-1?")
+    wrong = []
+    for r in results:
+        msgs = app.messages(f"dc-{r['cut']}")
+        first_run = msgs[1:next(i for i, m in enumerate(msgs) if m.get("content") == "one more")]
+        want = [{"role": "user", "parts": [{"type": "text", "text": "where is A-1?"}]},
+                {"role": "assistant", "parts": expected_parts(first_run)}]
+        if r["status"] != "ready" or r["messages"] != want:
+            wrong.append((r["cut"], r["after"], [m["role"] for m in r["messages"]]))
+    assert len(results) >= 13 and wrong == [], f"{len(wrong)} of {len(results)} cut points ended wrong: {wrong[:4]}"
 
 
 # --- a call waiting for approval --------------------------------------------------------------------

@@ -76,13 +76,17 @@ def _follow_whole_run(app: App, job_id: str) -> list[Event]:
     return parts
 
 
-def _next_run(app: App, job_id: str) -> None:
-    """Continue the finished conversation (a commit that starts a run: job_continued) and run it to its end."""
-    app.run_agent("a", job_id=job_id, user="and the next ones?")
-    run_to_the_end(app, job_id)
+def _next_runs(app: App, job_id: str) -> None:
+    """Continue the finished conversation twice (commits that start a run: job_continued), each to its end.
+
+    The live stream keeps the run in flight and the one before: the first run's parts are gone after.
+    """
+    for text in ("and the next ones?", "and the last ones?"):
+        app.run_agent("a", job_id=job_id, user=text)
+        run_to_the_end(app, job_id)
 
 
-def test_a_running_jobs_live_stream_holds_its_run_until_the_next_run_starts(app: App, r: redis.Redis) -> None:
+def test_a_jobs_live_stream_holds_its_run_and_the_one_before(app: App, r: redis.Redis) -> None:
     app.run_agent("a", job_id="t1", messages=["check the orders"])
     live = _storage(app).keys("t1").live
     lengths = []
@@ -95,11 +99,17 @@ def test_a_running_jobs_live_stream_holds_its_run_until_the_next_run_starts(app:
     first = turn_texts(_storage(app).read_live("t1"))
     assert sorted(first) == list(range(1, TURNS)) and first[1] == committed_texts(app, "t1")[1]
     run_to_the_end(app, "t1")
-    app.run_agent("a", job_id="t1", user="and the next ones?")  # the continue's commit starts a run
-    kept = r.xrange(live)
-    job_continued = _storage(app).events("t1")[-1]
-    assert job_continued.type == "job_continued" and [_text(i) for i, _ in kept] == [job_continued.id]
-    assert r.hget(_storage(app).keys("t1").record, "lcut") == kept[-1][0]  # the stream shares the events' ids
+    whole = r.xlen(live)
+    # The continue's commit starts a run: the run before stays (a client may still be resuming its message).
+    app.run_agent("a", job_id="t1", user="and the next ones?")
+    assert r.xlen(live) == whole + 1 and _text(r.xrange(live, count=1)[0][0]) == _storage(app).events("t1")[0].id
+    run_to_the_end(app, "t1")
+    app.run_agent("a", job_id="t1", user="and the last ones?")  # a third run: the first one's parts go
+    kept = [_text(i) for i, _ in r.xrange(live)]
+    second, third = [e.id for e in _storage(app).events("t1") if e.type == "job_continued"]
+    assert kept[0] == second and kept[-1] == third
+    assert r.hget(_storage(app).keys("t1").record, "lrun") == kept[-1].encode()  # where the next cut goes
+    assert r.hget(_storage(app).keys("t1").record, "lcut") == kept[-1].encode()  # the stream shares the events' ids
 
 
 def test_every_event_has_the_same_id_in_the_durable_and_the_live_stream(app: App) -> None:
@@ -123,8 +133,8 @@ def test_a_replay_from_the_start_gets_each_committed_event_once_and_the_last_tur
     assert _ids(replay) == sorted(_ids(replay), key=entry_key)
     # Every turn's text: the run is the job's only one.
     assert turn_texts(replay) == committed_texts(app, "t3")
-    # A second run: the first one's deltas are gone (the transcript holds their text), its own are there.
-    _next_run(app, "t3")
+    # Two more runs: the first one's deltas are gone (the transcript holds their text), the later ones' are there.
+    _next_runs(app, "t3")
     again = list(app.stream("t3"))
     assert [p for p in again if p.type not in EPHEMERAL] == _storage(app).events("t3")
     texts, committed = turn_texts(again), committed_texts(app, "t3")
@@ -134,7 +144,7 @@ def test_a_replay_from_the_start_gets_each_committed_event_once_and_the_last_tur
 def test_resuming_from_any_cursor_a_follower_was_given_misses_no_event_and_repeats_none(app: App) -> None:
     app.run_agent("a", job_id="t4", messages=["check the orders"])
     followed = _follow_whole_run(app, "t4")
-    _next_run(app, "t4")  # the first run's parts leave the live stream
+    _next_runs(app, "t4")  # the first run's parts leave the live stream
     durable = _storage(app).events("t4")
     trimmed = [p for p in followed if p.type == "text_delta"]
     assert trimmed, "the run streamed text"
@@ -203,7 +213,7 @@ def test_a_turn_whose_parts_overflow_the_streams_bound_still_replays_its_job_fro
 def test_a_blocking_read_from_a_trimmed_cursor_gets_what_a_plain_read_gets(app: App) -> None:
     app.run_agent("a", job_id="t8", messages=["check the orders"])
     followed = _follow_whole_run(app, "t8")
-    _next_run(app, "t8")  # the first run's parts leave the live stream
+    _next_runs(app, "t8")  # the first run's parts leave the live stream
     early = next(p for p in followed if p.type == "text_delta" and p.turn == 1)
     storage = _storage(app)
     waited = storage.read_live("t8", after=early.id, block=1.0)

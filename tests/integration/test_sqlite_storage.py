@@ -276,7 +276,7 @@ def test_a_follower_sees_what_another_process_publishes(tmp_path: Path) -> None:
     assert [p.data["text"] for p in got] == ["far"]
 
 
-def test_the_live_stream_keeps_the_run_in_flight_and_every_event(tmp_path: Path) -> None:
+def test_the_live_stream_keeps_the_run_in_flight_and_the_one_before_and_every_event(tmp_path: Path) -> None:
     storage = SQLiteStorage(str(tmp_path / "trim.db"))
     rec = record()
     storage.create_job(rec, events=[Event(timestamp=1.0, type="job_started")])
@@ -289,20 +289,48 @@ def test_the_live_stream_keeps_the_run_in_flight_and_every_event(tmp_path: Path)
                               events=[Event(timestamp=1.0, type="turn_committed", turn=turn), *events]))
         rec = new
 
+    def live() -> list[tuple[str, Any]]:
+        return [(p.type, p.data.get("text")) for p in storage.read_live("j")]
+
     for turn in range(1, 4):
         commit(turn)
-    live = storage.read_live("j")
     # The run's parts all stay (a client resuming its message is rebuilt from them), with the committed events.
-    assert [(p.type, p.data.get("text")) for p in live] == [
-        ("job_started", None), *[x for t in (1, 2, 3) for x in (("text_delta", f"t{t}"), ("turn_committed", None))]]
-    # A commit that starts a run (a conversation continued) drops the parts before it; committed events stay.
+    first_run = [("job_started", None), *[x for t in (1, 2, 3) for x in (("text_delta", f"t{t}"),
+                                                                          ("turn_committed", None))]]
+    assert live() == first_run
+    # A commit that starts a run (a conversation continued) keeps the run before it: a client may still resume it.
     commit(4, Event(timestamp=1.0, type="job_continued"))
     commit(5)
-    live = storage.read_live("j")
-    assert [(p.type, p.data.get("text")) for p in live] == [
-        ("job_started", None), *[("turn_committed", None)] * 4, ("job_continued", None), ("text_delta", "t5"),
-        ("turn_committed", None)]
-    assert [e.id for e in storage.events("j")] == [p.id for p in live if p.type != "text_delta"]
+    second_run = [("job_continued", None), ("text_delta", "t5"), ("turn_committed", None)]
+    assert live() == [*first_run, ("text_delta", "t4"), ("turn_committed", None), *second_run]
+    # The next run start drops the parts before the previous one's start; committed events stay.
+    commit(6, Event(timestamp=1.0, type="job_continued"))
+    assert live() == [("job_started", None), *[("turn_committed", None)] * 4, *second_run,
+                      ("text_delta", "t6"), ("turn_committed", None), ("job_continued", None)]
+    assert [e.id for e in storage.events("j")] == [p.id for p in storage.read_live("j") if p.type != "text_delta"]
+
+
+def test_a_finished_jobs_live_parts_go_after_live_ttl_its_events_stay(tmp_path: Path) -> None:
+    now = [1000.0]
+    storage = SQLiteStorage(str(tmp_path / "ttl.db"), clock=lambda: now[0], live_ttl=60)
+    for job_id, status in (("done", JobStatus.COMPLETE), ("running", JobStatus.RUNNING)):
+        rec = record(job_id)
+        storage.create_job(rec, events=[Event(timestamp=1.0, type="job_started")])
+        storage.publish(job_id, [part("hello")])
+        storage.commit(Commit(job_id=job_id, expected_version=rec.version, token="c1",
+                              record=rec.model_copy(update={"version": 2, "status": status, "updated_at": now[0]}),
+                              events=[Event(timestamp=1.0, type="turn_committed", turn=1)]))
+    texts = {j: [p.data.get("text") for p in storage.read_live(j) if p.type == "text_delta"]
+             for j in ("done", "running")}
+    assert texts == {"done": ["hello"], "running": ["hello"]}
+    storage.reap_dead_processes()  # within live_ttl: kept
+    assert [p.type for p in storage.read_live("done")] == ["job_started", "text_delta", "turn_committed"]
+    now[0] += 61
+    storage.reap_dead_processes()
+    assert [p.type for p in storage.read_live("done")] == ["job_started", "turn_committed"]
+    assert [p.type for p in storage.read_live("running")] == ["job_started", "text_delta", "turn_committed"]
+    with pytest.raises(ConfigurationError, match="live_ttl must be a finite number of seconds > 0"):
+        SQLiteStorage(str(tmp_path / "ttl.db"), live_ttl=0)
 
 
 # --- a busy file, and no transaction across a call -------------------------------------------------------

@@ -31,7 +31,9 @@ version the journal was written under; absent until the first commit),
 and the answers, of attempts fenced off after their model call: see
 :mod:`adapters.redis.scripts.record`), ``lcut`` (the id of the last event the last write of events added: it
 says the live stream shares the durable stream's ids; absent on records written before that, whose live
-stream's own copies of the events the next commit cuts; the live stream is cut where a run starts) and
+stream's own copies of the events the next commit cuts), ``lrun`` (the live id of the event that started
+the run in flight: the commit that starts the next run cuts the live stream there, keeping one run
+before its own; absent on records written before 2026-12-05) and
 ``hist`` (the record's turn history, one mark's JSON per line, oldest first;
 ``data`` then has no ``history``). A record written before ``hist`` existed
 keeps its history inside ``data`` and has no ``hist`` until its next commit.

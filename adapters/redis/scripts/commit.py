@@ -30,8 +30,8 @@ set_history('', 0, ARGV[11])
 local n, nl = tonumber(ARGV[6]), tonumber(ARGV[7])
 push(KEYS[2], 12, 11 + n)
 push(KEYS[3], 12 + n, 11 + n + nl)
-local last = add_events(KEYS[6], KEYS[9], 12 + n + nl)
-cut_live(KEYS[9], nil, last, nil)  -- a new stream: only 'lcut' to write
+local last, first = add_events(KEYS[6], KEYS[9], 12 + n + nl)
+cut_live(KEYS[9], nil, last, first)  -- a new stream: its first run starts with its first event
 redis.call('SADD', KEYS[8], ARGV[1])
 index_job(ARGV[1], tonumber(ARGV[9]), ARGV[10])
 if ARGV[5] ~= '' then redis.call('ZADD', KEYS[7], ARGV[5], ARGV[1]) end

@@ -129,18 +129,26 @@ local function add_events(key, live, from, mark)
   end
   return id, first, marked
 end
--- The live stream keeps the run in flight, not the job's whole life: a commit
--- that starts a run (its event at 'start', a job_continued or job_retried)
--- drops the parts before it (their durable events stay; a reader behind that
--- point reads those instead). Not a turn's: a client that resumes the run's
--- message from a cursor is sent what it misses after rebuilding what it holds,
--- from every part of the run up to the cursor (pipelines.web.sse). 'lcut'
--- beside the record (the last event's id) says the stream shares the durable
--- stream's ids; one written before that, without it, loses its own copies of
--- the events at the first commit after (from its 'first' event on it does).
+-- The live stream keeps the run in flight and the one before it, not the
+-- job's whole life: a write that starts a run (its event at 'start': the
+-- create's job_started, a job_continued or job_retried) drops the parts before
+-- the previous run's start ('lrun' beside the record), their durable events
+-- staying (a reader behind that point reads those instead). Not a turn's: a
+-- client that resumes a run's message from a cursor is sent what it misses
+-- after rebuilding what it holds, from every part of that run up to the
+-- cursor (pipelines.web.sse); and the run before, for a client still resuming
+-- it when the next one starts (a message sent during its last turn ends it and
+-- starts the next in one commit). 'lcut' (the last event's id) says the stream
+-- shares the durable stream's ids; one written before that, without it, loses
+-- its own copies of the events at the first commit after (from its 'first'
+-- event on it does).
 local function cut_live(live, first, last, start)
-  if redis.call('HEXISTS', KEYS[1], 'lcut') == 0 then start = first end
-  if start then redis.call('XTRIM', live, 'MINID', start) end
+  if first and redis.call('HEXISTS', KEYS[1], 'lcut') == 0 then redis.call('XTRIM', live, 'MINID', first) end
+  if start then
+    local previous = redis.call('HGET', KEYS[1], 'lrun')
+    if previous then redis.call('XTRIM', live, 'MINID', previous) end
+    redis.call('HSET', KEYS[1], 'lrun', start)
+  end
   if last ~= '' then redis.call('HSET', KEYS[1], 'lcut', last) end
 end
 """
