@@ -329,6 +329,21 @@ ALIVE_TTL_RANGE = (1.0, 3600.0)
 worker would look alive for that long."""
 
 
+def listened_queues(app_queues: list[str], queue: str | None) -> list[str]:
+    """The RQ queues a worker listens on, highest priority first: ``--queue`` (``queue``) read as the app's.
+
+    The app's scheduler sends background runs to ``<queue>-background``: naming its queue (``--queue
+    agents``, as the docs show) serves both, as no ``--queue`` does. A priority queue named on its own
+    (``agents-background``) or another app's queue is listened on alone, with its background queue for
+    the latter.
+    """
+    if queue is None or queue == app_queues[0]:
+        return list(app_queues)
+    if queue in app_queues:
+        return [queue]  # a worker kept for one priority
+    return [queue, f"{queue}-background"]
+
+
 def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst: bool = False,
                   simple: bool = False, name: str | None = None, sweep_interval: float = 2.0,
                   sweep_grace: float = 5.0, log_level: str = "INFO", background_every: int = 5,
@@ -351,7 +366,7 @@ def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst
     scheduler = rq_scheduler(app)
     use_app(app, path=path)
     # Interactive first, then background (a share of takes keeps it from starving: adapters.rq.priority).
-    names = [queue] if queue else scheduler.queue_names
+    names = listened_queues(scheduler.queue_names, queue)
     queues = [Queue(q, connection=scheduler.connection, serializer=JSONSerializer) for q in names]
     worker_class = PrioritySimpleWorker if simple else PriorityWorker
     # The worker runs its entry point and nothing else a message names (see the module docstring).

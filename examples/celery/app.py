@@ -2,7 +2,7 @@
 
     export REDIS_URL=redis://127.0.0.1:6379/0
     export SUPPORT_MODEL=openai/gpt-4o-mini OPENAI_API_KEY=...    # omit both for the offline scripted model
-    celery -A examples.celery.app:celery worker -Q agents -c 4    # as many as you like, on any machines
+    celery -A examples.celery.app:celery worker -Q agents,agents-background -c 4    # as many as you like
     celery -A examples.celery.app:celery beat                     # one per deployment: the sweep, every minute
     python -c "from examples.celery.app import app; app.run_agent('support', job_id='chat-1', messages=['Hi'])"
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import redis
 
+from adapters.redis import RedisStorage
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,9 +28,17 @@ def test_the_production_example_runs_a_conversation_through_a_real_worker(redis_
     client = redis.Redis.from_url(redis_url)
     assert client.exists("support:{support-t1}:record")  # written by the web call, before any worker ran
 
+    # A background run goes to agents-background: a worker given --queue agents (as the docs show) takes it too.
+    background = run(["-c", "from examples.production.app import app; app.run_agent('support', job_id='support-bg', "
+                            "messages=['Where is my order A-1001?'], priority='background')"], env)
+    assert background.returncode == 0, background.stderr
     worker = run(["-m", "pipelines", "worker", "--app", "examples.production.app:app", "--queue", "agents",
                   "--burst", "--simple"], env)
     assert worker.returncode == 0, worker.stdout + worker.stderr
+    storage = RedisStorage.from_url(redis_url, prefix="support")
+    for job in ("support-t1", "support-bg"):
+        record = storage.get_job(job)
+        assert record is not None and record.status.value == "complete", (job, record and record.status)
     # The cron sweep finds nothing left to do; status shows the finished job.
     cron = run(["-m", "pipelines", "advance", "--app", "examples.production.app:app", "--due"], env)
     assert cron.returncode == 0, cron.stderr
