@@ -192,7 +192,29 @@ def as_messages(messages: Any, *, name: str = "messages") -> list[Message]:
         if isinstance(m, str):
             out.append({"role": "user", "content": m})
         elif isinstance(m, dict) and isinstance(m.get("role"), str):
-            out.append(dict(m))
+            out.append(_checked_message(dict(m)))
         else:
             raise InvalidInputError(f"a message must be a string or a dict with a 'role', got {m!r:.80}")
     return out
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""The roles a message given to a run may have (the OpenAI chat format's, which litellm takes for every provider)."""
+
+
+def _checked_message(m: Message) -> Message:
+    """``m`` if a model could read it: a known role, and what that role needs; else InvalidInputError saying what."""
+    role = m["role"]
+    if role not in _ROLES:
+        raise InvalidInputError(f"a message's role must be one of {', '.join(_ROLES)}, got {role!r} (in {m!r:.80})")
+    content = m.get("content")
+    if role == "assistant":
+        if content is None and not m.get("tool_calls"):
+            raise InvalidInputError(f"an assistant message needs a 'content' or 'tool_calls', got {m!r:.80}")
+    elif not isinstance(content, str | list):
+        # A list is content parts (text, images): the provider checks their shape.
+        raise InvalidInputError(f"a {role} message needs a 'content' (a string or a list of content parts), "
+                                f"got {m!r:.80}")
+    if role == "tool" and (not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]):
+        raise InvalidInputError(f"a tool message needs the 'tool_call_id' of the call it answers, got {m!r:.80}")
+    return m

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from adapters.base import Scheduler, Storage
 from pipelines.engine import telemetry, transitions, versions, writer
@@ -60,9 +60,30 @@ def _initial_state(job_id: str, model: type[BaseModel] | None, state: Any) -> JS
     if model is not None and isinstance(state, BaseModel) and not isinstance(state, model):
         raise InvalidInputError(f"initial_state of job {job_id!r} must be a {model.__name__}, "
                                 f"got {type(state).__name__}")
+    if model is not None and state is not None and not isinstance(state, model):
+        try:  # checked now, as the first phase will read it: not a job that fails at its first turn
+            model.model_validate(state)
+        except ValidationError as exc:
+            raise InvalidInputError(f"initial_state of job {job_id!r} does not validate against {model.__name__}: "
+                                    f"{_errors(exc)}") from None
     # The engine's own copy: a record a storage keeps as it is (a retry's, a continued run's) must not
     # change when the caller changes the dict it passed.
     return owned_json_value(state, what=f"initial_state of job {job_id!r}")
+
+
+def _fresh_state(job_id: str, model: type[BaseModel] | None, state: JSONValue) -> JSONValue:
+    """A new job's start state: ``state``, or the state model's defaults when none was given."""
+    if state is not None or model is None:
+        return state
+    try:
+        return owned_json_value(model(), what=f"initial_state of job {job_id!r}")
+    except ValidationError as exc:
+        raise InvalidInputError(f"job {job_id!r} needs an initial_state: the first phase reads a {model.__name__}, "
+                                f"which has required fields ({_errors(exc)})") from None
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()[:5])
 
 
 def _continued(storage: Storage, rec: JobRecord, *, first: str, state: JSONValue, messages: list[Message],
@@ -120,9 +141,14 @@ def start_job(
     if existing is None:
         if retry_mode == "resume":
             raise JobNotFoundError(f"job {job_id!r} does not exist; nothing to resume")
+        state = _fresh_state(job_id, pipeline.state_model_of(pipeline.by_name[first]), state)
         commit = transitions.create(job_id, pipeline=name, first=first, state=state, messages=new_messages,
                                     options=opts, now=now, trace=telemetry.run_context(job_id, name))
     elif existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
+        if not new_messages and not existing.inbox:
+            # Nothing new to answer: a new run would only ask the model again what it has answered.
+            raise JobConflictError(f"job {job_id!r} is complete: continue the conversation with new messages "
+                                   "(user=... or messages=[...]), or run it again with retry_mode='full'")
         commit = _continued(storage, existing, first=first, state=state, messages=new_messages, pipeline=name,
                             options=opts, now=now)
         fresh = True

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from adapters.memory import MemoryScheduler, MemoryStorage
 from phases.approvals import record_tool_result
 from pipelines import (
+    Agent,
     App,
     Done,
     JobStatus,
@@ -616,10 +617,12 @@ def test_resume_of_a_job_that_does_not_exist_is_not_found() -> None:
         pytest.param([{"role": 1, "content": "x"}], InvalidInputError, "with a 'role'", id="role-not-str"),
         pytest.param([42], InvalidInputError, "got 42", id="int"),
         pytest.param([None], InvalidInputError, "got None", id="none"),
-        pytest.param([{"role": "user", "content": math.nan}], StateNotSerializableError,
-                     "initial messages of job 'chat-1'", id="nan-content"),
-        pytest.param([{"role": "user", "content": {1, 2}}], StateNotSerializableError,
-                     "initial messages of job 'chat-1'", id="set-content"),
+        pytest.param([{"role": "user", "content": math.nan}], InvalidInputError,
+                     "a user message needs a 'content' \\(a string or a list of content parts\\)", id="nan-content"),
+        pytest.param([{"role": "user", "content": {1, 2}}], InvalidInputError,
+                     "a user message needs a 'content' \\(a string or a list of content parts\\)", id="set-content"),
+        pytest.param([{"role": "user", "content": ["x", math.nan]}], StateNotSerializableError,
+                     "initial messages of job 'chat-1'", id="nan-in-parts"),
     ],
 )
 def test_bad_initial_messages_are_named_and_nothing_is_written(messages: Any, error: type[Exception],
@@ -829,3 +832,72 @@ def test_a_commit_refuses_a_negative_cut_or_take_and_a_record_of_another_job() -
         Commit(job_id="k", expected_version=1, token="t", record=record)
     ok = Commit(job_id="j", expected_version=1, token="t", record=record, truncate_messages_to=0)
     assert ok.truncate_messages_to == 0 and ok.take_inbox == 0
+
+
+class _Needs(BaseModel):
+    n: int
+
+
+class _Defaults(BaseModel):
+    rows: list[int] = []
+
+
+def _reads_n(ctx: Any) -> Done:
+    return Done(result=ctx.state.n)
+
+
+def _reads_rows(ctx: Any) -> Done:
+    return Done(result=len(ctx.state.rows))
+
+
+def test_an_initial_state_the_first_phase_cannot_read_is_refused_before_anything_is_written() -> None:
+    storage, scheduler = MemoryStorage(), MemoryScheduler()
+    with pytest.raises(InvalidInputError, match=r"job 'a' needs an initial_state: the first phase reads a _Needs, "
+                                                 r"which has required fields \(n: Field required\)"):
+        run_pipeline(job_id="a", phases=[Phase("p", _reads_n)], state_model=_Needs, storage=storage,
+                     scheduler=scheduler)
+    with pytest.raises(InvalidInputError, match=r"initial_state of job 'b' does not validate against _Needs: n: "):
+        run_pipeline(job_id="b", phases=[Phase("p", _reads_n)], state_model=_Needs, storage=storage,
+                     scheduler=scheduler, initial_state={"n": "many"})
+    assert storage.list_jobs() == [] and scheduler.pending() == 0
+    # A state model whose fields all have defaults: no initial_state starts from them.
+    run_pipeline(job_id="c", phases=[Phase("p", _reads_rows)], state_model=_Defaults, storage=storage,
+                 scheduler=scheduler)
+    scheduler.drain()
+    rec = storage.get_job("c")
+    assert rec is not None and rec.status is JobStatus.COMPLETE and rec.result == 0
+
+
+def test_a_complete_conversation_started_again_with_nothing_new_is_refused_not_asked_again() -> None:
+    model = ScriptedModel(["one", "two", "three"])
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), agents=[Agent(name="a", model=model)])
+    app.run_agent("a", job_id="d", messages=["hi"]).wait()
+    with pytest.raises(JobConflictError, match=r"job 'd' is complete: continue the conversation with new messages"):
+        app.run_agent("a", job_id="d")
+    assert [m["role"] for m in app.messages("d")] == ["user", "assistant"] and len(model.calls) == 1
+    assert app.run_agent("a", job_id="d", user="more").wait().status is JobStatus.COMPLETE  # new messages: goes on
+
+
+@pytest.mark.parametrize(("message", "says"), [
+    ({"role": "bogus", "content": "x"}, "a message's role must be one of system, developer, user, assistant, tool"),
+    ({"role": "user"}, "a user message needs a 'content'"),
+    ({"role": "system", "content": None}, "a system message needs a 'content'"),
+    ({"role": "tool", "content": "42"}, "a tool message needs the 'tool_call_id' of the call it answers"),
+    ({"role": "assistant"}, "an assistant message needs a 'content' or 'tool_calls'"),
+])
+def test_a_message_no_model_could_read_is_refused_when_the_run_starts(message: dict[str, Any], says: str) -> None:
+    storage, scheduler = MemoryStorage(), MemoryScheduler()
+    with pytest.raises(InvalidInputError, match=says):
+        run_agent(job_id="m", model=ScriptedModel(["x"]), messages=["hi", message], storage=storage,
+                  scheduler=scheduler)
+    assert storage.get_job("m") is None
+
+
+def test_messages_a_model_reads_are_taken_as_they_are() -> None:
+    storage, scheduler = MemoryStorage(), MemoryScheduler()
+    given = [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "ok"}, {"role": "user", "content": "and?"}]
+    run_agent(job_id="m", model=ScriptedModel(["x"]), messages=given, storage=storage, scheduler=scheduler)
+    assert storage.messages("m") == given
