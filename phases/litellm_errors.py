@@ -64,11 +64,20 @@ def _translate(exc: Exception, model: str, params: Mapping[str, Any]) -> ModelEr
     for cls, code, what in permanent:
         if isinstance(exc, cls) or (code is not None and status == code):
             return PermanentModelError(f"{what}: {detail}")
+    if any(sign in text.lower() for sign in _NO_KEY):
+        # The OpenAI SDK finds no key before sending anything; litellm files that under InternalServerError, which
+        # would be retried (the turn again and again, the job looking stuck) for what only a person can fix.
+        return PermanentModelError(f"no API key for model {model}: set the provider's key in the environment "
+                                   f"(OPENAI_API_KEY, ...) or pass api_key: {detail}")
     transient = (lm.RateLimitError, lm.Timeout, lm.InternalServerError, lm.BadGatewayError,
                  lm.ServiceUnavailableError, lm.APIConnectionError)
     if isinstance(exc, transient) or (isinstance(status, int) and (status in (408, 409, 429, 529) or status >= 500)):
         return _RetryableError(f"model {model} is unavailable for now: {detail}", retry_after=_retry_after(exc))
     return PermanentModelError(f"model call to {model} failed: {detail}")
+
+
+_NO_KEY = ("missing credentials", "api_key client option must be set")
+"""How a provider SDK says it has no key (lower case): no request was sent, and none will succeed."""
 
 
 def _retry_after(exc: Exception) -> float | None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import threading
 import warnings
@@ -54,6 +53,7 @@ import tenacity
 
 # The error translation and the streamed call live in their own modules; the names tests and benches
 # import from here stay importable from here.
+from phases.litellm_answer import plain_message, raw_response, usage_of
 from phases.litellm_errors import _is_loopback_url, _RetryableError, _translate, _without_secrets
 from phases.litellm_errors import _redact as _redact
 from phases.litellm_errors import _retry_after as _retry_after
@@ -61,7 +61,7 @@ from phases.litellm_stream import _complete_streamed
 from phases.litellm_warm import warm_http
 from phases.model import ModelRequest, ModelResponse, ReadOnlyMessages, is_secret_param
 from pipelines.engine.errors import PermanentModelError, TransientModelError
-from pipelines.engine.models import Message, Usage
+from pipelines.engine.models import Usage
 
 logger = logging.getLogger("pipelines")
 
@@ -293,9 +293,12 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
+        backoff = float(self._backoff(state))
         if isinstance(exc, TransientModelError) and exc.retry_after is not None:
-            return exc.retry_after
-        return float(self._backoff(state))
+            # The server's hint, but never less than our own backoff: "Retry-After: 0" (or a date gone by)
+            # would otherwise have every attempt of the budget sent at once.
+            return max(exc.retry_after, backoff)
+        return backoff
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         """Tell the operator: each retry is a warning naming the model, the (redacted) error and the wait."""
@@ -335,7 +338,7 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
         if message is None:
             raise TransientModelError(f"model {self.model} returned an empty response (no choices)")
         return ModelResponse(
-            message=_plain_message(message),
+            message=plain_message(message),
             finish_reason=getattr(choices[0], "finish_reason", None),
             usage=self._usage(response),
             model=getattr(response, "model", None) or self.model,
@@ -343,58 +346,4 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
         )
 
     def _usage(self, response: Any) -> Usage:
-        usage = getattr(response, "usage", None)
-        try:
-            cost = float(_litellm().completion_cost(completion_response=response) or 0.0)
-            known = math.isfinite(cost)
-        except Exception:  # noqa: BLE001 - completion_cost raises for any model missing from its price list
-            cost, known = 0.0, False
-        return Usage(
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            cost_usd=cost if known else 0.0,
-            model_calls=1,
-            unknown_cost_calls=0 if known else 1,
-        )
-
-
-RAW_LIMIT = 4096
-"""Characters of a provider's response (without the message) kept for the model-call view; past it, its keys."""
-
-
-def raw_response(response: Any) -> dict[str, Any] | None:
-    """The provider's response without the message (kept apart as the answer): JSON, at most :data:`RAW_LIMIT`.
-
-    litellm's ``model_dump`` holds what the provider sent back (private fields such as the request's
-    address are not in it); ``None`` and empty values are dropped, and a response too large to keep (a provider's
-    own fields can be anything) is kept as the list of its keys.
-    """
-    if not hasattr(response, "model_dump"):
-        return None
-    try:
-        data = response.model_dump(mode="json", exclude_none=True, warnings=False)
-    except Exception:  # noqa: BLE001 - the view's extra: never fail a turn over it
-        return None
-    if not isinstance(data, dict):
-        return None
-    data = {k: v for k, v in data.items() if v not in ({}, [])}  # litellm's empty placeholders say nothing
-    data["choices"] = [{k: v for k, v in c.items() if k != "message" and v not in ({}, [])}
-                       for c in data.get("choices") or [] if isinstance(c, dict)]
-    text = json.dumps(data, default=str)
-    if len(text) > RAW_LIMIT:
-        return {"truncated": f"{len(text)} characters, more than the {RAW_LIMIT} kept", "keys": sorted(map(str, data))}
-    plain: dict[str, Any] = json.loads(text)
-    return plain
-
-
-def _plain_message(message: Any) -> Message:
-    """The assistant message as plain JSON, provider fields kept, ``None`` values dropped."""
-    if hasattr(message, "model_dump"):
-        # warnings=False: litellm's models trip pydantic serializer warnings on
-        # some provider shapes, and the suite turns warnings into errors.
-        data = message.model_dump(mode="json", exclude_none=True, warnings=False)
-    else:
-        data = {k: v for k, v in dict(message).items() if v is not None}
-    data.setdefault("role", "assistant")
-    plain: Message = json.loads(json.dumps(data, default=str))
-    return plain
+        return usage_of(response)

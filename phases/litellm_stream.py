@@ -84,10 +84,15 @@ def _complete_streamed(model: LiteLLMModel, request: ModelRequest, kwargs: dict[
             dropped += exc.usage
             broken = exc
             continue
+        except ModelError as exc:  # the call fails for good: what the broken attempts before it cost goes with it
+            exc.usage = dropped + exc.usage if isinstance(exc.usage, Usage) else dropped
+            raise
         response = model._to_response(_litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]))
         return response.model_copy(update={"usage": response.usage + dropped})
-    raise TransientModelError(f"{broken} (the stream broke {request.stream_retries + 1} time(s); "
-                              f"the turn is run again later)")
+    error = TransientModelError(f"{broken} (the stream broke {request.stream_retries + 1} time(s); "
+                                f"the turn is run again later)")
+    error.usage = dropped
+    raise error
 
 
 def _stream_once(model: LiteLLMModel, kwargs: dict[str, Any], params: dict[str, Any],
@@ -128,13 +133,14 @@ def _broken(model: LiteLLMModel, error: ModelError, chunks: list[Any], kwargs: d
     """A mid-stream failure as an error to raise: a permanent one as is, else a broken stream with its usage."""
     from phases.litellm_model import _litellm
 
-    if not isinstance(error, TransientModelError):
-        return error
     usage = Usage(model_calls=1, unknown_cost_calls=1)
     with contextlib.suppress(Exception):  # an estimate only: litellm counts the partial answer's tokens
         partial = _litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]) if chunks else None
         if partial is not None:
             usage = model._usage(partial)
+    if not isinstance(error, TransientModelError):
+        error.usage = usage  # a permanent failure mid-stream: paid for all the same
+        return error
     return _BrokenStreamError(str(error), usage=usage)
 
 

@@ -27,8 +27,14 @@ from phases.streaming import DeltaSink
 from phases.titles import start_title
 from phases.tool_calls import call_ids
 from phases.view_migration import ViewMigration, migrate_view
-from pipelines.engine.errors import InvalidInputError, PermanentModelError, StaleVersionError, TransientModelError
-from pipelines.engine.models import Message
+from pipelines.engine.errors import (
+    InvalidInputError,
+    ModelError,
+    PermanentModelError,
+    StaleVersionError,
+    TransientModelError,
+)
+from pipelines.engine.models import Message, Usage
 from pipelines.engine.phase import INBOX_STEP, Done, Fail, Next, Phase, PhaseContext, RetryLater, ToolScope
 
 __all__ = ["AgentTurn", "build_agent_phase"]
@@ -226,6 +232,7 @@ class AgentTurn:
             dropped(exc.unrecorded)
             raise
         except TransientModelError as exc:
+            _count_paid(ctx, exc)
             if ctx.attempt + 1 >= cfg.max_model_attempts:
                 return Fail(f"model call failed {ctx.attempt + 1} times, last: {exc}")
             delay = exc.retry_after if exc.retry_after is not None else min(300.0, 2.0 * 2**ctx.attempt)
@@ -233,6 +240,7 @@ class AgentTurn:
             logger.warning("job %s: model %s failed: %s; the turn runs again in %.1fs", ctx.job_id, name, exc, delay)
             raise RetryLater(delay, f"model: {exc}") from exc
         except PermanentModelError as exc:
+            _count_paid(ctx, exc)
             return Fail(f"model error: {exc}")
         finally:
             ctx.on_delta = None
@@ -278,6 +286,13 @@ class AgentTurn:
         else:
             self.history.forget(ctx.job_id)
         return outcome
+
+
+def _count_paid(ctx: PhaseContext[Any], exc: ModelError) -> None:
+    """A failed model call's paid attempts (``ModelError.usage``) count for the job: committed with the retry or
+    the failure, so budgets see them (the answer they paid for was never journaled)."""
+    if isinstance(exc.usage, Usage) and exc.usage.model_calls:
+        ctx.add_usage(exc.usage)
 
 
 def _final_and_quiet(ctx: PhaseContext[Any], cfg: AgentConfig) -> Any:

@@ -33,6 +33,8 @@ Control signals that phases and tools raise on purpose (``RetryLater``,
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ConfigurationError",
     "CorruptRecordError",
@@ -145,7 +147,15 @@ class StorageUnavailableError(StorageError):
 
 
 class ModelError(PipelineError):
-    """A model call failed."""
+    """A model call failed.
+
+    ``usage``: what the failed call's attempts were paid for (a
+    :class:`~pipelines.engine.models.Usage`; ``None``: nothing known), for
+    example a stream that broke after it started, then a retry that failed:
+    the agent turn counts it for the job, so budgets see every paid call.
+    """
+
+    usage: Any = None
 
 
 MAX_RETRY_AFTER_SECONDS = 3600.0

@@ -101,7 +101,7 @@ def test_text_answer(fake_openai: FakeOpenAI) -> None:
 def test_a_provider_response_too_large_to_keep_is_kept_as_its_keys() -> None:
     from litellm import ModelResponse as LiteLLMResponse
 
-    from phases.litellm_model import RAW_LIMIT, raw_response
+    from phases.litellm_answer import RAW_LIMIT, raw_response
 
     big = LiteLLMResponse(id="r1", model="m", choices=[{"index": 0, "message": {"role": "assistant", "content": "x"},
                                                        "finish_reason": "stop"}])
@@ -236,6 +236,17 @@ def test_unauthorized_is_permanent(fake_openai: FakeOpenAI) -> None:
     with pytest.raises(PermanentModelError, match="authentication failed"):
         ask(model_for(fake_openai))
     assert len(fake_openai.requests) == 1
+
+
+def test_a_missing_api_key_is_permanent_and_says_what_to_set(fake_openai: FakeOpenAI,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The OpenAI SDK refuses before sending; litellm calls it an InternalServerError, which would be retried.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    model = LiteLLMModel("openai/fake-model", params={"api_base": fake_openai.url}, max_retry_seconds=5.0)
+    started = time.monotonic()
+    with pytest.raises(PermanentModelError, match=r"no API key for model openai/fake-model: set the provider's key"):
+        ask(model)
+    assert fake_openai.requests == [] and time.monotonic() - started < 2.0  # not retried
 
 
 def test_context_window_is_permanent_and_says_so(fake_openai: FakeOpenAI) -> None:

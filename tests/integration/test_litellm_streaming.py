@@ -220,3 +220,51 @@ def test_an_agent_with_stream_retries_commits_a_clean_transcript_and_counts_the_
     assert sum(p.type == "attempt_started" for p in parts) == 2
     assert any("DROPPED" in str(p.data.get("text")) for p in parts if p.type == "text_delta")
     assert record.usage.model_calls == 2 and len(fake_openai.requests) == 2
+
+
+# --- what a failed call was paid for, and a provider's odd numbers ------------------------------------------------
+def test_a_call_that_fails_after_broken_streams_carries_what_they_were_paid_for(fake_openai: FakeOpenAI) -> None:
+    # Two attempts broke mid-stream (paid), then the provider refuses the key: the error says what the call cost.
+    fake_openai.script(broken_stream(text_reply("x" * 40)), broken_stream(text_reply("y" * 40)), unauthorized())
+    with pytest.raises(PermanentModelError, match="authentication failed") as err:
+        model_for(fake_openai).complete(Recorder().request(retries=3))
+    assert err.value.usage is not None and err.value.usage.model_calls == 2
+    fake_openai.script(broken_stream(text_reply("x" * 40)), broken_stream(text_reply("y" * 40)))
+    with pytest.raises(TransientModelError, match="broke 2 time") as past:
+        model_for(fake_openai).complete(Recorder().request(retries=1))
+    assert past.value.usage is not None and past.value.usage.model_calls == 2
+
+
+def test_an_agent_counts_the_paid_attempts_of_a_model_call_that_failed(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(broken_stream(text_reply("x" * 400)), unauthorized())
+    app = memory_app(fake_openai, stream_retries=2)
+    app.run_agent("adder", job_id="paid", messages=["turns=1: just finish"])
+    app.drain(max_advances=20)
+    record = app.get("paid")
+    assert record is not None and record.status.value == "error" and "authentication failed" in str(record.error)
+    assert record.usage.model_calls == 1 and record.usage.prompt_tokens > 0  # the broken attempt's cost
+
+
+def test_a_retry_after_of_zero_still_backs_off(fake_openai: FakeOpenAI) -> None:
+    # "Retry-After: 0" taken at its word sent every attempt of the budget at once (~1,000 a minute).
+    fake_openai.script(*[rate_limited(retry_after=0)] * 200)
+    model = LiteLLMModel("openai/fake-model", params={"api_base": fake_openai.url, "api_key": SECRET},
+                         backoff_initial=0.1, backoff_max=0.2, max_retry_seconds=1.0)
+    with pytest.raises(TransientModelError):
+        model.complete(Recorder().request())
+    assert 3 <= len(fake_openai.requests) <= 12
+
+
+def test_negative_token_counts_from_a_provider_count_as_zero(fake_openai: FakeOpenAI) -> None:
+    from phases.litellm_answer import usage_of
+
+    class Odd:
+        prompt_tokens = -1_000_000_000
+        completion_tokens = "many"
+
+    class Response:  # not a litellm response: no price either
+        usage = Odd()
+
+    usage = usage_of(Response())
+    assert usage.prompt_tokens == 0 and usage.completion_tokens == 0 and usage.model_calls == 1
+

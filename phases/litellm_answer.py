@@ -1,0 +1,88 @@
+"""What LiteLLMModel keeps of a provider's answer: the message as plain JSON, the usage and cost, the response.
+
+Kept apart from :mod:`phases.litellm_model` (the call and its retries). Token counts are the provider's,
+made whole numbers >= 0: a negative one would undo a job's budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pipelines.engine.models import Message, Usage
+
+__all__ = ["RAW_LIMIT", "plain_message", "raw_response", "usage_of"]
+
+
+def _litellm() -> Any:
+    from phases.litellm_model import _litellm as configured  # the one configured import of litellm
+
+    return configured()
+
+
+def usage_of(response: Any) -> Usage:
+    """One paid call's :class:`Usage` from a whole response, priced by litellm (unknown price: counted as such)."""
+    usage = getattr(response, "usage", None)
+    try:
+        cost = float(_litellm().completion_cost(completion_response=response) or 0.0)
+        known = math.isfinite(cost)
+    except Exception:  # noqa: BLE001 - completion_cost raises for any model missing from its price list
+        cost, known = 0.0, False
+    return Usage(
+        prompt_tokens=_count(getattr(usage, "prompt_tokens", 0)),
+        completion_tokens=_count(getattr(usage, "completion_tokens", 0)),
+        cost_usd=max(cost, 0.0) if known else 0.0,
+        model_calls=1,
+        unknown_cost_calls=0 if known else 1,
+    )
+
+
+def _count(value: Any) -> int:
+    """A token count as a provider reported it: a whole number >= 0 (a negative or odd one would undo budgets)."""
+    try:
+        return max(int(value or 0), 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+RAW_LIMIT = 4096
+"""Characters of a provider's response (without the message) kept for the model-call view; past it, its keys."""
+
+
+def raw_response(response: Any) -> dict[str, Any] | None:
+    """The provider's response without the message (kept apart as the answer): JSON, at most :data:`RAW_LIMIT`.
+
+    litellm's ``model_dump`` holds what the provider sent back (private fields such as the request's
+    address are not in it); ``None`` and empty values are dropped, and a response too large to keep (a provider's
+    own fields can be anything) is kept as the list of its keys.
+    """
+    if not hasattr(response, "model_dump"):
+        return None
+    try:
+        data = response.model_dump(mode="json", exclude_none=True, warnings=False)
+    except Exception:  # noqa: BLE001 - the view's extra: never fail a turn over it
+        return None
+    if not isinstance(data, dict):
+        return None
+    data = {k: v for k, v in data.items() if v not in ({}, [])}  # litellm's empty placeholders say nothing
+    data["choices"] = [{k: v for k, v in c.items() if k != "message" and v not in ({}, [])}
+                       for c in data.get("choices") or [] if isinstance(c, dict)]
+    text = json.dumps(data, default=str)
+    if len(text) > RAW_LIMIT:
+        return {"truncated": f"{len(text)} characters, more than the {RAW_LIMIT} kept", "keys": sorted(map(str, data))}
+    plain: dict[str, Any] = json.loads(text)
+    return plain
+
+
+def plain_message(message: Any) -> Message:
+    """The assistant message as plain JSON, provider fields kept, ``None`` values dropped."""
+    if hasattr(message, "model_dump"):
+        # warnings=False: litellm's models trip pydantic serializer warnings on
+        # some provider shapes, and the suite turns warnings into errors.
+        data = message.model_dump(mode="json", exclude_none=True, warnings=False)
+    else:
+        data = {k: v for k, v in dict(message).items() if v is not None}
+    data.setdefault("role", "assistant")
+    plain: Message = json.loads(json.dumps(data, default=str))
+    return plain
