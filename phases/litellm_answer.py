@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from pipelines.engine.models import Message, Usage
@@ -50,7 +51,7 @@ RAW_LIMIT = 4096
 """Characters of a provider's response (without the message) kept for the model-call view; past it, its keys."""
 
 
-def raw_response(response: Any) -> dict[str, Any] | None:
+def raw_response(response: Any, redact: Callable[[str], str] = str) -> dict[str, Any] | None:
     """The provider's response without the message (kept apart as the answer): JSON, at most :data:`RAW_LIMIT`.
 
     litellm's ``model_dump`` holds what the provider sent back (private fields such as the request's
@@ -68,10 +69,14 @@ def raw_response(response: Any) -> dict[str, Any] | None:
     data = {k: v for k, v in data.items() if v not in ({}, [])}  # litellm's empty placeholders say nothing
     data["choices"] = [{k: v for k, v in c.items() if k != "message" and v not in ({}, [])}
                        for c in data.get("choices") or [] if isinstance(c, dict)]
-    text = json.dumps(data, default=str)
+    # A provider may echo what it was sent (a key, a header) in a field of its own: masked as in error messages.
+    text = redact(json.dumps(data, default=str))
     if len(text) > RAW_LIMIT:
         return {"truncated": f"{len(text)} characters, more than the {RAW_LIMIT} kept", "keys": sorted(map(str, data))}
-    plain: dict[str, Any] = json.loads(text)
+    try:
+        plain: dict[str, Any] = json.loads(text)
+    except ValueError:  # a mask cut through an escape in a value: kept as its keys, as a response too large
+        return {"truncated": "not kept: masking a secret in it left no JSON", "keys": sorted(map(str, data))}
     return plain
 
 

@@ -17,9 +17,9 @@ import time
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from phases.model import is_secret_param
+from phases.model import is_secret_param, looks_secret, shown_address
 from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError, bound_retry_after
 
 __all__: list[str] = []  # private helpers of phases.litellm_model, which re-exports what tests and benches use
@@ -31,7 +31,8 @@ _SECRET_SHAPES = (
     (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
     (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
-    (re.compile(r"(?i)([?&](?:api[_-]?)?key=)[^&\s'\"]+"), r"\1***"),  # ?key=... (Gemini and others)
+    # ?key=, ?access_token=, ?sig=, ?code=... in an address (Gemini, gateways, signed URLs)
+    (re.compile(r"(?i)([?&][\w.-]*(?:key|token|sig|secret|code|auth|pass|credential)[\w.-]*=)[^&\s'\"#]+"), r"\1***"),
 )
 # Shorter values are not masked: replacing every "ab" in a message helps nobody.
 _MIN_SECRET_LEN = 4
@@ -110,6 +111,8 @@ def _without_secrets(value: Any) -> Any:
         return {k: _without_secrets(v) for k, v in value.items() if not is_secret_param(str(k))}
     if isinstance(value, list | tuple):
         return [_without_secrets(v) for v in value]
+    if isinstance(value, str):  # a credential's shape, or a gateway token in an address's query string or user part
+        return "[hidden]" if looks_secret(value) else shown_address(value)
     return value
 
 
@@ -133,10 +136,24 @@ def _secret_values(params: Mapping[str, Any]) -> set[str]:
             _collect_strings(value, found)
         elif isinstance(value, Mapping):
             found |= _secret_values(value)
+        elif isinstance(value, str) and "://" in value:
+            found |= _address_secrets(value)
     found = {s for s in found if len(s) >= _MIN_SECRET_LEN}
     # Environment values get a higher bar: flags like "true" are not secrets.
     found.update(v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8)
     return found
+
+
+def _address_secrets(address: str) -> set[str]:
+    """The values of an address's query string and its password: whatever the name, a provider may echo them."""
+    try:
+        parts = urlsplit(address)
+        values = {v for _, v in parse_qsl(parts.query, keep_blank_values=False)}
+        if parts.password:
+            values.add(parts.password)
+    except ValueError:
+        return set()
+    return values
 
 
 def _redact(text: str, params: Mapping[str, Any]) -> str:

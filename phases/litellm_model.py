@@ -248,7 +248,7 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
         if request.on_delta is not None and params.get("stream") is not False and streamable:
             return self._complete_streamed(request, kwargs, params)
         response = self._retrying()(self._call_once, kwargs, params)
-        return self._to_response(response)
+        return self._to_response(response, params)
 
     def _kwargs(self, request: ModelRequest, params: dict[str, Any]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -332,7 +332,7 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
 
     # --- the answer ----------------------------------------------------------
 
-    def _to_response(self, response: Any) -> ModelResponse:
+    def _to_response(self, response: Any, params: Mapping[str, Any]) -> ModelResponse:
         choices = getattr(response, "choices", None) or []
         message = getattr(choices[0], "message", None) if choices else None
         if message is None:
@@ -342,7 +342,7 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
             finish_reason=getattr(choices[0], "finish_reason", None),
             usage=self._usage(response),
             model=getattr(response, "model", None) or self.model,
-            raw=raw_response(response),
+            raw=raw_response(response, lambda text: _redact(text, params)),
         )
 
     def _usage(self, response: Any) -> Usage:

@@ -87,7 +87,7 @@ def _complete_streamed(model: LiteLLMModel, request: ModelRequest, kwargs: dict[
         except ModelError as exc:  # the call fails for good: what the broken attempts before it cost goes with it
             exc.usage = dropped + exc.usage if isinstance(exc.usage, Usage) else dropped
             raise
-        response = model._to_response(_litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]))
+        response = model._to_response(_litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]), params)
         return response.model_copy(update={"usage": response.usage + dropped})
     error = TransientModelError(f"{broken} (the stream broke {request.stream_retries + 1} time(s); "
                                 f"the turn is run again later)")

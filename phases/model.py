@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from phases.tool_calls import check_tool_calls
 from pipelines.engine.models import NO_USAGE, Message, Usage
 
-__all__ = ["Model", "ModelRequest", "ModelResponse", "ReadOnlyMessages", "is_secret_param"]
+__all__ = ["Model", "ModelRequest", "ModelResponse", "ReadOnlyMessages", "is_secret_param", "looks_secret",
+           "shown_address"]
 
 # Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
 # friends visible while catching access_token, id_token and the like.
@@ -34,6 +35,31 @@ def is_secret_param(name: str) -> bool:
     ``safe_params``, the request a turn keeps in short.
     """
     return name.lower() in _HEADER_PARAMS or bool(_SECRET_NAME.search(name))
+
+
+_SECRET_VALUE = re.compile(r"\s*(bearer|basic|token)\s|\s*sk[-_]", re.IGNORECASE)  # an auth header's or a key's shape
+
+
+def looks_secret(value: str) -> bool:
+    """Whether a parameter's value has the shape of a credential (``Bearer ...``, ``sk-...``), whatever its name."""
+    return bool(_SECRET_VALUE.match(value))
+
+
+def shown_address(text: str) -> str:
+    """``text`` without the user, password, query string and fragment of an address in it (else as it is).
+
+    How every place that shows or logs a model's parameters shows an address (``api_base``): a gateway's
+    token can sit in its query string (``?key=``, ``?access_token=``, ``?sig=``) or its user part.
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    host, slash, path = rest.partition("/")
+    host = host.rsplit("@", 1)[-1]
+    path, query, _ = path.partition("?")
+    if not query and "#" in path:
+        path = path.split("#", 1)[0]
+    return f"{scheme}://{host}{slash}{path}" + ("?[hidden]" if query else "")
 
 
 @dataclass(frozen=True)

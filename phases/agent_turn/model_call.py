@@ -4,14 +4,21 @@ and the structured-output follow-up when the final answer does not fit the schem
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from phases import flow_limits, journal
-from phases.model import Model, ModelRequest, ModelResponse, ReadOnlyMessages, is_secret_param
+from phases.model import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ReadOnlyMessages,
+    is_secret_param,
+    looks_secret,
+    shown_address,
+)
 from phases.observe import notify
 from phases.tool_calls import normalise_tool_calls
 from pipelines.engine import telemetry
@@ -140,10 +147,10 @@ def request_summary(messages: list[Message], schemas: list[dict[str, Any]], para
     """
     shown: dict[str, Any] = {}
     for name, value in sorted(params.items()):
-        if is_secret_param(str(name)) or (isinstance(value, str) and _SECRET_VALUE.match(value)):
+        if is_secret_param(str(name)) or (isinstance(value, str) and looks_secret(value)):
             shown[str(name)] = "[hidden]"
         elif isinstance(value, str):
-            shown[str(name)] = _address_shown(value)[:200]
+            shown[str(name)] = shown_address(value)[:200]
         elif value is None or isinstance(value, bool | int | float):
             shown[str(name)] = value
         else:
@@ -152,17 +159,3 @@ def request_summary(messages: list[Message], schemas: list[dict[str, Any]], para
     return {"messages": len(messages), "tools": tools, **({"params": shown} if shown else {})}
 
 
-_SECRET_VALUE = re.compile(r"\s*(bearer|basic|token)\s|\s*sk[-_]", re.IGNORECASE)  # an auth header's or a key's shape
-
-
-def _address_shown(text: str) -> str:
-    """``text`` without the user, password, query string and fragment of an address in it (else as it is)."""
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        return text
-    host, slash, path = rest.partition("/")
-    host = host.rsplit("@", 1)[-1]
-    path, query, _ = path.partition("?")
-    if not query and "#" in path:
-        path = path.split("#", 1)[0]
-    return f"{scheme}://{host}{slash}{path}" + ("?[hidden]" if query else "")

@@ -280,6 +280,37 @@ def test_secrets_never_appear_in_errors_or_repr(fake_openai: FakeOpenAI) -> None
     assert model.safe_params() == {"api_base": fake_openai.url, "temperature": 0}
 
 
+def test_a_gateway_token_in_the_address_is_masked_whatever_its_name(fake_openai: FakeOpenAI) -> None:
+    # A provider's 400 echoes the address it was sent: ?access_token=, ?sig=, ?code= as well as ?key=.
+    for name in ("access_token", "sig", "code", "token", "key"):
+        fake_openai.script(bad_request(f"No route for POST /v1/?{name}=GW-{SENTINEL}"))
+        model = LiteLLMModel("openai/fake-model", params={"api_base": f"{fake_openai.url}?{name}=GW-{SENTINEL}",
+                                                          "api_key": "k" * 12})
+        with pytest.raises(PermanentModelError) as caught:
+            ask(model)
+        assert_no_secret(caught.value, SENTINEL)
+        assert model.safe_params()["api_base"] == f"{fake_openai.url}?[hidden]"
+
+
+def test_safe_params_hide_credential_shaped_values_and_an_addresss_user_part() -> None:
+    model = LiteLLMModel("openai/x", params={"base_url": f"https://user:{SENTINEL}@gw/v1", "user": f"Bearer {SENTINEL}",
+                                             "extra_body": {"x": "sk-abcdefgh12345678"}, "temperature": 0})
+    assert model.safe_params() == {"base_url": "https://gw/v1", "user": "[hidden]", "extra_body": {"x": "[hidden]"},
+                                   "temperature": 0}
+
+
+def test_what_a_provider_echoes_in_its_own_fields_is_masked_in_the_kept_response() -> None:
+    from litellm import ModelResponse as LiteLLMResponse
+
+    answer = LiteLLMResponse(id="r1", model="m", choices=[
+        {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}])
+    setattr(answer, "debug", {"authorization": f"Bearer {SENTINEL}",  # noqa: B010 - a provider's own field
+                              "upstream": f"https://api.example/v1?key={SENTINEL}"})
+    params = {"api_key": SENTINEL}
+    response = LiteLLMModel("openai/fake-model", params=params)._to_response(answer, params)
+    assert response.raw is not None and "debug" in response.raw and SENTINEL not in json.dumps(response.raw)
+
+
 def test_credential_shapes_are_masked_even_when_not_in_params() -> None:
     text = ("Bearer abc.def.ghi failed for https://bob:hunter2@proxy.local/v1?key=AIzaXYZ&x=1 "
             "with sk-proj-ABCDEFGH12345 and api_key=sk-test-SENTINEL")
