@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 from pipelines.engine.models import Message, Usage
 
-__all__ = ["RAW_LIMIT", "plain_message", "raw_response", "usage_of"]
+__all__ = ["RAW_LIMIT", "mended", "plain_message", "raw_response", "usage_of"]
 
 
 def _litellm() -> Any:
@@ -80,6 +81,21 @@ def raw_response(response: Any, redact: Callable[[str], str] = str) -> dict[str,
     return plain
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def mended(value: Any) -> Any:
+    """``value`` (plain JSON) with every lone surrogate in its strings made U+FFFD: a provider's ``"\\ud83d"`` is
+    no text UTF-8 (or storage) can hold, and the answer around it is worth keeping."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value) if not value.isascii() else value
+    if isinstance(value, dict):
+        return {mended(k): mended(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mended(v) for v in value]
+    return value
+
+
 def plain_message(message: Any) -> Message:
     """The assistant message as plain JSON, provider fields kept, ``None`` values dropped."""
     if hasattr(message, "model_dump"):
@@ -89,5 +105,5 @@ def plain_message(message: Any) -> Message:
     else:
         data = {k: v for k, v in dict(message).items() if v is not None}
     data.setdefault("role", "assistant")
-    plain: Message = json.loads(json.dumps(data, default=str))
+    plain: Message = mended(json.loads(json.dumps(data, default=str)))
     return plain

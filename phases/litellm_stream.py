@@ -35,6 +35,7 @@ import datetime
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from phases.litellm_answer import mended
 from phases.litellm_errors import _translate
 from phases.model import ModelRequest, ModelResponse
 from pipelines.engine.errors import ModelError, TransientModelError
@@ -70,8 +71,12 @@ def _complete_streamed(model: LiteLLMModel, request: ModelRequest, kwargs: dict[
 
     options = {**(params.get("stream_options") or {}), "include_usage": True}
     kwargs = {**kwargs, "stream": True, "stream_options": options}
-    on_delta = request.on_delta
-    assert on_delta is not None
+    assert request.on_delta is not None
+    sink = request.on_delta
+
+    def on_delta(text: str) -> None:
+        sink(mended(text))  # as the answer's message will be (phases.litellm_answer.plain_message)
+
     _warm_stream()
     dropped = Usage()
     broken: _BrokenStreamError | None = None
@@ -145,9 +150,12 @@ def _broken(model: LiteLLMModel, error: ModelError, chunks: list[Any], kwargs: d
 
 
 def _delta_text(chunk: Any) -> str | None:
-    """The text a stream chunk adds to the answer (None for role, tool call, finish and usage chunks)."""
+    """The text a stream chunk adds to the answer (None for role, tool call, finish and usage chunks, and for the
+    chunks of choices after the first: with ``n`` > 1 the answer is the first choice)."""
     choices = getattr(chunk, "choices", None) or []
-    delta = getattr(choices[0], "delta", None) if choices else None
+    if not isinstance(choices, list) or not choices or getattr(choices[0], "index", 0) not in (0, None):
+        return None
+    delta = getattr(choices[0], "delta", None)
     text = getattr(delta, "content", None)
     return text if isinstance(text, str) else None
 
@@ -266,7 +274,10 @@ class _Merger:
 
     def add(self, chunk: Any) -> str | None:
         """Take one SDK chunk; the text it adds to the answer."""
-        kind, piece, text = _run_kind(chunk)
+        try:
+            kind, piece, text = _run_kind(chunk)
+        except (AttributeError, TypeError, KeyError, IndexError):
+            kind = piece = text = None  # a chunk of no shape we know: passed on whole, litellm's wrapper judges it
         if text is not None and len(text) > 2 and text == self._piece:
             self._repeats += 1
             self.looping = self._repeats > self._limit
@@ -318,11 +329,13 @@ class _Merger:
 def _run_kind(chunk: Any) -> tuple[object, str | None, str | None]:
     """(what run the chunk can be in: "text", a tool call's index or None; its piece; its text)."""
     choices = chunk.choices
-    if not choices:
+    if not choices or not isinstance(choices, list):  # a provider's odd shape: litellm's wrapper says what is wrong
         return None, None, None
     choice = choices[0]
-    delta = choice.delta
-    text = delta.content if delta is not None else None
+    if getattr(choice, "index", 0) not in (0, None):
+        return None, None, None  # another choice's (n > 1): the answer, and its text, is the first choice's
+    delta = getattr(choice, "delta", None)
+    text = getattr(delta, "content", None)
     if not isinstance(text, str):
         text = None
     if (len(choices) != 1 or delta is None or chunk.usage is not None or chunk.model_extra

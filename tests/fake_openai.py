@@ -95,6 +95,7 @@ class Reply:
     chunk_delay: float = 0.0
     break_after: int | None = None
     error_after: int | None = None
+    raw_chunks: list[Any] | None = None  # streamed as they are (then [DONE]): a provider's odd shapes
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -471,7 +472,7 @@ def _make_handler(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
 
         def _stream(self, body: dict[str, Any], reply: Reply) -> None:
-            chunks = stream_chunks(body, reply, len(fake.requests))
+            chunks = stream_chunks(body, reply, len(fake.requests)) if reply.raw_chunks is None else reply.raw_chunks
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")

@@ -268,3 +268,41 @@ def test_negative_token_counts_from_a_provider_count_as_zero(fake_openai: FakeOp
     usage = usage_of(Response())
     assert usage.prompt_tokens == 0 and usage.completion_tokens == 0 and usage.model_calls == 1
 
+
+
+def _chunk(choices: Any, **more: Any) -> dict[str, Any]:
+    return {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake-model", "choices": choices,
+            **more}
+
+
+def _choice(index: int, content: str | None = None, finish: str | None = None) -> dict[str, Any]:
+    delta = {} if content is None else {"content": content}
+    return {"index": index, "delta": delta, "finish_reason": finish}
+
+
+def test_with_several_choices_the_live_text_is_the_first_choices(fake_openai: FakeOpenAI) -> None:
+    pieces = ["Hel", "lo ", "there."]
+    chunks = [_chunk([_choice(0, "")])]
+    chunks += [c for p in pieces for c in (_chunk([_choice(0, p)]), _chunk([_choice(1, "ZZ")]))]
+    chunks += [_chunk([_choice(0, None, "stop")]), _chunk([_choice(1, None, "stop")])]
+    fake_openai.script(Reply(message={"role": "assistant", "content": ""}, raw_chunks=chunks))
+    rec = Recorder()
+    response = model_for(fake_openai).complete(rec.request())
+    assert response.message["content"] == "Hello there." and "".join(rec.deltas) == "Hello there."
+
+
+def test_a_lone_surrogate_in_a_providers_text_becomes_a_replacement_character(fake_openai: FakeOpenAI) -> None:
+    chunks = [_chunk([_choice(0, "")]), _chunk([_choice(0, "ok \ud83d here")]), _chunk([_choice(0, None, "stop")])]
+    fake_openai.script(Reply(message={"role": "assistant", "content": ""}, raw_chunks=chunks))
+    rec = Recorder()
+    response = model_for(fake_openai).complete(rec.request())
+    assert response.message["content"] == "ok \ufffd here" and "".join(rec.deltas) == "ok \ufffd here"
+
+
+def test_a_chunk_of_a_shape_no_provider_sends_is_a_model_error_not_a_crash(fake_openai: FakeOpenAI) -> None:
+    chunks = [_chunk([_choice(0, "")]), _chunk({"0": _choice(0, "x")})]
+    fake_openai.script(*[Reply(message={"role": "assistant", "content": ""}, raw_chunks=chunks)] * 20)
+    model = LiteLLMModel("openai/fake-model", params={"api_base": fake_openai.url, "api_key": SECRET},
+                         backoff_initial=0.01, backoff_max=0.02, max_retry_seconds=0.2)
+    with pytest.raises(TransientModelError, match="unavailable for now"):
+        model.complete(Recorder().request())
