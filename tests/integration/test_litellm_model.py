@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import traceback
 import urllib.parse
 import urllib.request
@@ -196,21 +195,19 @@ def test_timeout_is_retried_then_reported_transient(fake_openai: FakeOpenAI) -> 
 
 def test_retry_after_beyond_budget_raises_at_once(fake_openai: FakeOpenAI) -> None:
     fake_openai.script(rate_limited(retry_after=30))
-    started = time.monotonic()
     with pytest.raises(TransientModelError) as caught:
         ask(model_for(fake_openai, max_retry_seconds=5))
-    assert time.monotonic() - started < 1.0
     assert caught.value.retry_after == 30
-    assert len(fake_openai.requests) == 1
+    assert len(fake_openai.requests) == 1  # raised at once: no second attempt waited for
 
 
 def test_exhausted_budget_raises_transient(fake_openai: FakeOpenAI) -> None:
     fake_openai.script(lambda body: server_error(500))
-    started = time.monotonic()
     with pytest.raises(TransientModelError, match="retry budget") as caught:
         ask(model_for(fake_openai, max_retry_seconds=0.3, backoff_initial=0.05, backoff_max=0.1))
-    assert time.monotonic() - started < 1.5
-    assert len(fake_openai.requests) >= 2
+    # Within the 0.3 s budget at 0.05-0.1 s a wait: a few attempts, not the default budget's (counted, not timed:
+    # litellm's first import in a process takes seconds).
+    assert 2 <= len(fake_openai.requests) <= 8
     assert caught.value.retry_after is not None
 
 
