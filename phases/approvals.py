@@ -162,3 +162,9 @@ def _check_recordable(record: JobRecord, call_id: str) -> None:
         raise JobConflictError(f"call {call_id!r} of job {job_id!r} already has a result; it is not replaced")
     if any(c.get("call_id") == call_id for c in pending_calls_of(record)):
         raise JobConflictError(f"call {call_id!r} of job {job_id!r} awaits an approval: approve or reject it")
+    started = _entries(record).get(journal.TOOLS_STARTED)
+    if not isinstance(started, list) or call_id not in started:
+        # Never started (another call's wait stopped the turn first): it runs when the job goes on, and what a
+        # person says of it would stand in for a real run.
+        raise JobConflictError(f"call {call_id!r} of job {job_id!r} was not interrupted: it never started, and runs "
+                               "when the job goes on (only the outcome of a call cut off mid-call is recorded)")

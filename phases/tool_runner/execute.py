@@ -75,8 +75,9 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
         # the commit when the caller says so (several calls run at once, each journaled as it ends).
         try:
             content = _invoke_sync(ctx, tmap, calls[0], turn, default_timeout)
-        except _SIGNALS:
-            _ended_without_result(ctx, calls)
+        except _SIGNALS as signal:
+            if not getattr(signal, "unknown_outcome", False):
+                _ended_without_result(ctx, calls)
             raise
         _journal_result(ctx, calls[0], content, before_commit)
         return
@@ -93,7 +94,8 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
         # A dying process outranks a control signal from another call.
         fatal = [f for f in failures if not isinstance(f, _SIGNALS)]
         if not fatal:
-            _ended_without_result(ctx, [c for c, o in zip(calls, outcomes, strict=True) if isinstance(o, _SIGNALS)])
+            _ended_without_result(ctx, [c for c, o in zip(calls, outcomes, strict=True)
+                                        if isinstance(o, _SIGNALS) and not getattr(o, "unknown_outcome", False)])
         raise fatal[0] if fatal else _waits_merged(failures)
 
 
@@ -101,7 +103,10 @@ _SIGNALS = (FailJob, RetryLater, WaitForInput)
 
 
 def _ended_without_result(ctx: PhaseContext[Any], calls: list[dict[str, Any]]) -> None:
-    """Calls that ended by raising a signal (retry later, wait, fail the job) were not interrupted mid-call.
+    """Calls whose tool ended by raising a signal (retry later, wait, fail the job) were not interrupted mid-call.
+
+    Not a call the runner abandoned past its timeout (``unknown_outcome`` on the signal): whether that one
+    took effect is unknown, and its policy applies when the job runs it again.
 
     Their ids leave the turn's ``tools:started`` mark, so the attempt that runs them again (the retry,
     the wake-up, a retry of the failed job) runs them as the tool asked, not by its ``on_interrupted``

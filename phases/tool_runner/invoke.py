@@ -199,12 +199,17 @@ def _timed_out(t: Tool, tctx: ToolContext, timeout: float) -> str | None:
         return f"Error: tool {t.name!r} timed out after {timeout:g} s"
     what = (f"tool {t.name!r} call {tctx.call_id} timed out after {timeout:g} s and was abandoned; "
             "whether it took effect is unknown")
+    signal: FailJob | WaitForInput
     if t.on_interrupted == "fail":
-        raise FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
-    if t.on_interrupted == "ask":
-        raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=tctx.call_id,
-                           details={"kind": "outcome", "tool": t.name})
-    return None
+        signal = FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
+    elif t.on_interrupted == "ask":
+        signal = WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=tctx.call_id,
+                              details={"kind": "outcome", "tool": t.name})
+    else:
+        return None
+    # The call stays "started" (see execute._ended_without_result): whether it took effect is what is unknown.
+    setattr(signal, "unknown_outcome", True)  # noqa: B010 - a mark on the exception, read with getattr
+    raise signal
 
 
 def _reconcile(t: Tool, args: BaseModel, tctx: ToolContext) -> Any:

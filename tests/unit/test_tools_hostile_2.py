@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from adapters.memory import MemoryStorage
 from pipelines import Agent, JobStatus, Tool, tool
 from pipelines.engine import models
+from pipelines.engine.errors import JobConflictError
 from pipelines.engine.phase import RetryLater
 from pipelines.testing import ScriptedModel, call, crash_test, reply, transcript_problems
 from tests.unit.helpers import memory
@@ -150,3 +153,68 @@ def test_a_crash_around_a_call_whose_arguments_never_parsed_runs_it_again_whatev
     assert interrupted and all(r.status == "complete" for r in interrupted)
     shipped = next(m for m in report.clean_transcript if m.get("tool_call_id") == "s")
     assert json.dumps(shipped).count("Fix the arguments") == 1
+
+
+def test_a_call_abandoned_past_its_timeout_stays_unknown_until_a_person_records_it() -> None:
+    import threading
+
+    from phases.approvals import record_tool_result
+    from pipelines.lowlevel import run_agent
+
+    release, runs = threading.Event(), []
+
+    @tool(idempotent=False, timeout=0.05)
+    def wire(amount: int) -> str:
+        """Wires money; hangs past its timeout."""
+        runs.append(amount)
+        release.wait(5)
+        return "wired"
+
+    storage, scheduler, _ = memory()
+    model = ScriptedModel([reply(None, {**call("wire", amount=5), "id": "c1"}), "done"])
+    run_agent(job_id="w", model=model, tools=[wire], messages=["go"], storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    try:
+        rec = storage.get_job("w")
+        assert rec is not None and rec.status is JobStatus.ERROR
+        assert "whether it took effect is unknown" in str(rec.error)
+        # A resume without the outcome must not run it again: its policy ("fail") applies to it as interrupted.
+        run_agent(job_id="w", model=model, tools=[wire], storage=storage, scheduler=scheduler, retry_mode="resume")
+        scheduler.drain()
+        rec = storage.get_job("w")
+        assert rec is not None and rec.status is JobStatus.ERROR and runs == [5]
+        record_tool_result("w", "c1", "wired, says the bank", storage=storage, scheduler=scheduler)
+        run_agent(job_id="w", model=model, tools=[wire], storage=storage, scheduler=scheduler, retry_mode="resume")
+        scheduler.drain()
+        assert result(storage, "w") == "wired, says the bank" and runs == [5]
+    finally:
+        release.set()
+
+
+@tool(needs_approval=True)
+def refund(amount: int) -> str:
+    """Refunds."""
+    return "refunded"
+
+
+def test_a_result_is_recorded_only_for_a_call_cut_off_mid_call_not_one_that_never_started() -> None:
+    from phases.approvals import approve, record_tool_result
+
+    storage, scheduler, _ = memory()
+    charged: list[int] = []
+
+    @tool(idempotent=False)
+    def bill(amount: int) -> str:
+        """Bills."""
+        charged.append(amount)
+        return "billed"
+
+    Agent(model=ScriptedModel([reply(None, {**call("refund", amount=5), "id": "c1"},
+                                     {**call("bill", amount=7), "id": "c2"}), "done"]),
+          tools=[refund, bill]).run(job_id="r", messages=["go"], storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    with pytest.raises(JobConflictError, match="call 'c2' of job 'r' was not interrupted: it never started"):
+        record_tool_result("r", "c2", "I say it was billed", storage=storage, scheduler=scheduler)
+    approve("r", "c1", storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    assert charged == [7]  # it ran, as the job went on
