@@ -12,6 +12,18 @@ def memory() -> tuple[MemoryStorage, MemoryScheduler, VirtualClock]:
     return MemoryStorage(clock=clock), MemoryScheduler(clock=clock), clock
 
 
+def run_scripted(script: list[Any], tools: list[Any], job_id: str = "j") -> MemoryStorage:
+    """An agent job of ``tools`` whose model answers ``script``, run to its end on the memory adapters."""
+    from pipelines import Agent
+    from pipelines.testing import ScriptedModel
+
+    storage, scheduler, _ = memory()
+    Agent(model=ScriptedModel(script), tools=tools).run(job_id=job_id, messages=["go"], storage=storage,
+                                                        scheduler=scheduler)
+    scheduler.drain()
+    return storage
+
+
 class Crash(BaseException):
     """Stands for the process dying: not an Exception, so nothing inside catches it."""
 

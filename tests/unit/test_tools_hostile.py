@@ -21,7 +21,7 @@ from pipelines import Agent, JobStatus, Tool, ToolContext, run_pipeline, tool
 from pipelines.engine.errors import InvalidInputError, PermanentModelError
 from pipelines.engine.phase import Done, Phase, PhaseContext
 from pipelines.testing import ScriptedModel, SimulatedCrash, call, reply, transcript_problems
-from tests.unit.helpers import Crash, memory
+from tests.unit.helpers import Crash, memory, run_scripted
 
 seen_keys: list[str] = []
 
@@ -44,12 +44,7 @@ def with_id(c: dict[str, Any], cid: Any) -> dict[str, Any]:
     return {**c, "id": cid}
 
 
-def run(script: list[Any], tools: list[Tool], job_id: str = "j") -> MemoryStorage:
-    storage, scheduler, _ = memory()
-    Agent(model=ScriptedModel(script), tools=tools).run(job_id=job_id, messages=["go"], storage=storage,
-                                                        scheduler=scheduler)
-    scheduler.drain()
-    return storage
+run = run_scripted
 
 
 def answers(storage: MemoryStorage, job_id: str = "j") -> dict[str, str]:

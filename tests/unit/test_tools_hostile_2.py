@@ -12,20 +12,13 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryStorage
-from pipelines import Agent, JobStatus, Tool, tool
+from pipelines import Agent, JobStatus, tool
 from pipelines.engine import models
 from pipelines.engine.errors import JobConflictError
 from pipelines.engine.phase import RetryLater
 from pipelines.testing import ScriptedModel, call, crash_test, reply, transcript_problems
 from tests.unit.helpers import memory
-
-
-def run(script: list[Any], tools: list[Tool], job_id: str = "j") -> MemoryStorage:
-    storage, scheduler, _ = memory()
-    Agent(model=ScriptedModel(script), tools=tools).run(job_id=job_id, messages=["go"], storage=storage,
-                                                        scheduler=scheduler)
-    scheduler.drain()
-    return storage
+from tests.unit.helpers import run_scripted as run
 
 
 def result(storage: MemoryStorage, job_id: str = "j") -> str:
