@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, get_args, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
@@ -327,8 +327,14 @@ def _fields_of(f: Callable[..., Any], tool_name: str) -> tuple[dict[str, Any], s
         if pname not in hints:
             raise InvalidInputError(f"tool {tool_name!r}: parameter {pname!r} needs a type annotation")
         if hints[pname] is ToolContext:
+            if ctx_param is not None:  # only one is passed: the other would be a required argument never given
+                raise InvalidInputError(f"tool {tool_name!r}: parameters {ctx_param!r} and {pname!r} both ask for the "
+                                        "ToolContext; keep one")
             ctx_param = pname
             continue
+        if ToolContext in get_args(hints[pname]):
+            raise InvalidInputError(f"tool {tool_name!r}: parameter {pname!r} is {hints[pname]}; ask for the context "
+                                    f"as '{pname}: ToolContext' (it is always given)")
         _check_field_name(tool_name, pname)
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (hints[pname], default)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryStorage
-from pipelines import Agent, JobStatus, tool
+from pipelines import Agent, JobStatus, ToolContext, tool
 from pipelines.engine import models
 from pipelines.engine.errors import JobConflictError
 from pipelines.engine.phase import RetryLater
@@ -211,3 +211,20 @@ def test_a_result_is_recorded_only_for_a_call_cut_off_mid_call_not_one_that_neve
     approve("r", "c1", storage=storage, scheduler=scheduler)
     scheduler.drain()
     assert charged == [7]  # it ran, as the job went on
+
+
+def test_a_tool_that_asks_for_the_context_twice_or_maybe_is_refused_when_defined() -> None:
+    from pipelines.engine.errors import InvalidInputError
+
+    def twice(x: int, first: ToolContext, second: ToolContext) -> str:
+        """Two contexts: the second would be a required argument nobody gives."""
+        return "x"
+
+    def maybe(x: int, ctx: ToolContext | None = None) -> str:
+        """An optional context: pydantic would make a field of it."""
+        return "x"
+
+    with pytest.raises(InvalidInputError, match="parameters 'first' and 'second' both ask for the ToolContext"):
+        tool(twice)
+    with pytest.raises(InvalidInputError, match="ask for the context as 'ctx: ToolContext'"):
+        tool(maybe)
