@@ -334,3 +334,35 @@ def test_status_and_jobs_show_parent_and_children(monkeypatch: pytest.MonkeyPatc
     assert "parent:      fam (call c0)" in run("status", kid)
     rows = {line.split("\t")[0]: line.split("\t") for line in run("jobs").splitlines()}
     assert rows["fam"][-1] == "children=1" and rows[kid][-1] == "parent=fam"
+
+
+def test_the_turn_woken_by_its_children_reuses_its_journal_and_runs_no_finished_sibling_again(storage: Any) -> None:
+    # A child call beside a non-idempotent tool in one answer: the turn waits for the child, then wakes in the
+    # same worker. The woken turn ran on a record without its open journal: the model was asked again, and the
+    # sibling ran twice (with a provider's fresh call ids, a new child started at every wake).
+    from pipelines import tool
+
+    shipped: list[int] = []
+
+    @tool(idempotent=False)
+    def ship(x: int) -> str:
+        """Ships a parcel."""
+        shipped.append(x)
+        return f"shipped {x}"
+
+    asked: list[str] = []
+
+    def script(messages: list[Message]) -> Any:
+        asked.append(_last(messages)["role"])
+        if _last(messages)["role"] == "user":
+            return reply(None, {**call("researcher", input="q"), "id": "c0"}, {**call("ship", x=1), "id": "s1"})
+        return "parent heard: " + " | ".join(m["content"] for m in messages if m["role"] == "tool")
+
+    child = child_agent()
+    boss = Agent(name="boss", model=ScriptedModel(script), tools=[child.as_tool(description="r"), ship])
+    app = _app(storage, boss, child)
+    app.run_agent("boss", job_id="p", user="go")
+    app.drain()
+    rec = app.get("p")
+    assert rec.status is JobStatus.COMPLETE and rec.result == "parent heard: child says: q | shipped 1"
+    assert shipped == [1] and asked == ["user", "tool"]

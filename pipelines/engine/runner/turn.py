@@ -101,8 +101,14 @@ class _LeasedJob:
         if commit.record.status is not JobStatus.RUNNING:
             self.released = True
             return AdvanceResult.FAILED
-        # The lease is kept: the woken turn runs now, on exactly what storage holds.
-        return commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
+        # The lease is kept: the woken turn runs now, on exactly what storage holds, its open journal
+        # included (the commit kept it; the record it returns, as every record a commit builds, holds none):
+        # without it the turn asked its model again and ran the children's finished siblings a second time.
+        woken = commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
+        if woken.checkpoint is not None and record.checkpoint is not None and record.checkpoint.journal:
+            woken = woken.model_copy(update={"checkpoint": woken.checkpoint.model_copy(
+                update={"journal": record.checkpoint.journal})})
+        return woken
 
     def parent_cancelled(self, record: JobRecord) -> bool:
         """Whether ``record``'s parent job is cancelled (a cancelled job runs no turn, so starts no child)."""
