@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,10 +22,13 @@ from pipelines.testing import ScriptedModel, call, crash_test, reply
 
 
 @pytest.fixture(params=["memory", "redis"])
-def storage(request: pytest.FixtureRequest) -> Any:
+def storage(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "memory":
-        return MemoryStorage()
-    return RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"kids{id(request)}")
+        yield MemoryStorage()
+        return
+    redis_storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"kids{id(request)}")
+    yield redis_storage
+    redis_storage.client.close()  # an unclosed socket is a ResourceWarning: an error in whichever test collects it
 
 
 def _last(messages: list[Message]) -> Message:
