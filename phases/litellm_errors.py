@@ -27,12 +27,18 @@ __all__: list[str] = []  # private helpers of phases.litellm_model, which re-exp
 # Environment variables whose values litellm may read as credentials.
 _SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
 # Shapes of credentials that redaction masks even when they came from elsewhere.
+_CREDENTIAL_WORDS = ("(?:api[_-]?key|key|access[_-]?token|token|sig|signature|secret|code|auth|password|passwd"
+                     "|credential)")
+"""A query parameter holds a credential when one of these is a whole part of its name (split at ``_ . -``)."""
+_CREDENTIAL_NAME = re.compile(rf"(?i)^(?:[\w.-]*[_.-])?{_CREDENTIAL_WORDS}(?:[_.-][\w.-]*)?$")
+
 _SECRET_SHAPES = (
     (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
     (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
-    # ?key=, ?access_token=, ?sig=, ?code=... in an address (Gemini, gateways, signed URLs)
-    (re.compile(r"(?i)([?&][\w.-]*(?:key|token|sig|secret|code|auth|pass|credential)[\w.-]*=)[^&\s'\"#]+"), r"\1***"),
+    # ?key=, ?access_token=, ?X-Amz-Signature=, ?code=... in an address (Gemini, gateways, signed URLs): a
+    # credential word as a whole part of the name (not ?max_tokens=, ?author=, ?api-version=)
+    (re.compile(rf"(?i)([?&](?:[\w.-]*[_.-])?{_CREDENTIAL_WORDS}(?:[_.-][\w.-]*)?=)[^&\s'\"#]+"), r"\1***"),
 )
 # Shorter values are not masked: replacing every "ab" in a message helps nobody.
 _MIN_SECRET_LEN = 4
@@ -145,10 +151,11 @@ def _secret_values(params: Mapping[str, Any]) -> set[str]:
 
 
 def _address_secrets(address: str) -> set[str]:
-    """The values of an address's query string and its password: whatever the name, a provider may echo them."""
+    """An address's password and the values of its query parameters named as credentials (``_CREDENTIAL_NAME``):
+    a provider may echo them anywhere in its text (``?api-version=2024-10-21`` is no secret to mask)."""
     try:
         parts = urlsplit(address)
-        values = {v for _, v in parse_qsl(parts.query, keep_blank_values=False)}
+        values = {v for name, v in parse_qsl(parts.query, keep_blank_values=False) if _CREDENTIAL_NAME.match(name)}
         if parts.password:
             values.add(parts.password)
     except ValueError:

@@ -198,8 +198,9 @@ def as_messages(messages: Any, *, name: str = "messages") -> list[Message]:
     return out
 
 
-_ROLES = ("system", "developer", "user", "assistant", "tool")
-"""The roles a message given to a run may have (the OpenAI chat format's, which litellm takes for every provider)."""
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""The roles a message given to a run may have (the OpenAI chat format's, which litellm takes for every provider;
+``function`` is its older form of ``tool``)."""
 
 
 def _checked_message(m: Message) -> Message:
@@ -209,8 +210,11 @@ def _checked_message(m: Message) -> Message:
         raise InvalidInputError(f"a message's role must be one of {', '.join(_ROLES)}, got {role!r} (in {m!r:.80})")
     content = m.get("content")
     if role == "assistant":
-        if content is None and not m.get("tool_calls"):
+        # An answer as the agent keeps it: its text, its calls, a refusal, a legacy function call, audio.
+        if all(m.get(k) is None for k in ("content", "tool_calls", "refusal", "function_call", "audio")):
             raise InvalidInputError(f"an assistant message needs a 'content' or 'tool_calls', got {m!r:.80}")
+    elif role == "function":
+        pass  # the older form of a tool message: the provider says what it needs
     elif not isinstance(content, str | list):
         # A list is content parts (text, images): the provider checks their shape.
         raise InvalidInputError(f"a {role} message needs a 'content' (a string or a list of content parts), "

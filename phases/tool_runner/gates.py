@@ -9,7 +9,7 @@ from phases.tool_runner.calls import _function, _tool_of, arguments_digest, tool
 from phases.tools import Tool, ToolArgumentsError, result_content
 from pipelines.engine import children
 from pipelines.engine._aio import resolve
-from pipelines.engine.phase import FailJob, PhaseContext, WaitForInput
+from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
 __all__: list[str] = []
 
@@ -40,6 +40,8 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
             continue  # never runs: the model gets the argument error instead
         try:
             asks = t.requires_approval(args)
+        except (FailJob, RetryLater, WaitForInput):
+            raise  # the hook's own signal (ask again later, say): as any phase code's
         except Exception as exc:  # the app's hook, not the model's arguments: the job says whose it is
             raise FailJob(f"needs_approval of tool {t.name!r} raised {type(exc).__name__} for call {call['id']}: "
                           f"{_said(exc)}") from exc

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -60,10 +61,13 @@ _UNKNOWN = "Error: unknown tool "
 _FIX = ". Fix the arguments and call the tool again."
 
 
+_BAD_ARGUMENTS = ("Error: arguments for tool ", "Error: invalid arguments for tool ")  # ToolArgumentsError's words
+
+
 def never_called(content: object) -> bool:
     """Whether a call's result says it never reached its tool (malformed, an unknown tool, bad arguments)."""
     return isinstance(content, str) and (content.startswith((_MALFORMED, _UNKNOWN))
-                                         or (content.startswith("Error: ") and content.endswith(_FIX)))
+                                         or (content.startswith(_BAD_ARGUMENTS) and content.endswith(_FIX)))
 
 
 def _prepare(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Mapping[str, Any],
@@ -110,8 +114,9 @@ def _invoke_sync_in_span(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Ma
         else:
             value = _on_own_thread(lambda: resolve(t.call(args, tctx)), timeout)
     except _TimedOut as late:
-        content = _timed_out(t, tctx, late.seconds)
-        return content if content is not None else _reconciled(t, resolve(_reconcile(t, args, tctx)), late.seconds)
+        with _unknown_outcome():
+            content = _timed_out(t, tctx, late.seconds)
+            return content if content is not None else _reconciled(t, resolve(_reconcile(t, args, tctx)), late.seconds)
     except BaseException as exc:  # contained or re-raised, by _contained's rule
         if not _contained(exc):
             raise
@@ -136,11 +141,12 @@ async def _invoke_async_in_span(ctx: PhaseContext[Any], tmap: dict[str, Tool], c
     try:
         value = await _within(t.call(args, tctx), timeout)
     except _TimedOut as late:
-        content = _timed_out(t, tctx, late.seconds)
-        if content is not None:
-            return content
-        found = _reconcile(t, args, tctx)
-        return _reconciled(t, await found if inspect.isawaitable(found) else found, late.seconds)
+        with _unknown_outcome():
+            content = _timed_out(t, tctx, late.seconds)
+            if content is not None:
+                return content
+            found = _reconcile(t, args, tctx)
+            return _reconciled(t, await found if inspect.isawaitable(found) else found, late.seconds)
     except BaseException as exc:  # contained or re-raised, by _contained's rule
         if not _contained(exc) or _cancelling():
             raise
@@ -199,17 +205,26 @@ def _timed_out(t: Tool, tctx: ToolContext, timeout: float) -> str | None:
         return f"Error: tool {t.name!r} timed out after {timeout:g} s"
     what = (f"tool {t.name!r} call {tctx.call_id} timed out after {timeout:g} s and was abandoned; "
             "whether it took effect is unknown")
-    signal: FailJob | WaitForInput
     if t.on_interrupted == "fail":
-        signal = FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
-    elif t.on_interrupted == "ask":
-        signal = WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=tctx.call_id,
-                              details={"kind": "outcome", "tool": t.name})
-    else:
-        return None
-    # The call stays "started" (see execute._ended_without_result): whether it took effect is what is unknown.
-    setattr(signal, "unknown_outcome", True)  # noqa: B010 - a mark on the exception, read with getattr
-    raise signal
+        raise FailJob(f"{what} (on_interrupted='fail'); record its outcome with record_tool_result, then retry")
+    if t.on_interrupted == "ask":
+        raise WaitForInput(f"{what}; record its outcome with record_tool_result to continue", call_id=tctx.call_id,
+                           details={"kind": "outcome", "tool": t.name})
+    return None
+
+
+@contextlib.contextmanager
+def _unknown_outcome() -> Iterator[None]:
+    """A signal raised for a call abandoned past its timeout (its policy's, or its ``reconcile``'s) is marked so.
+
+    The call stays "started" (see ``execute._ended_without_result``): whether it took effect is what is
+    unknown, so the attempt that runs it again applies its policy, never the call itself blindly.
+    """
+    try:
+        yield
+    except (FailJob, RetryLater, WaitForInput) as signal:
+        setattr(signal, "unknown_outcome", True)  # noqa: B010 - a mark on the exception, read with getattr
+        raise
 
 
 def _reconcile(t: Tool, args: BaseModel, tctx: ToolContext) -> Any:

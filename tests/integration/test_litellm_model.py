@@ -293,6 +293,17 @@ def test_a_gateway_token_in_the_address_is_masked_whatever_its_name(fake_openai:
         assert model.safe_params()["api_base"] == f"{fake_openai.url}?[hidden]"
 
 
+def test_query_parameters_that_are_no_credentials_stay_readable_in_errors() -> None:
+    params = {"api_base": "https://gw/v1?api-version=2024-10-21&tier=2024&region=gpt-4o&access_token=GW-" + SENTINEL}
+    text = ("api-version 2024-10-21 does not support this; POST https://gw/v1/chat?max_tokens=512&format=json&"
+            f"author=alice&zipcode=12345&X-Amz-Signature=abc123&access_token=GW-{SENTINEL} (model gpt-4o, 2024)")
+    masked = _redact(text, params)
+    assert SENTINEL not in masked and "X-Amz-Signature=***" in masked
+    for kept in ("api-version 2024-10-21", "max_tokens=512", "format=json", "author=alice", "zipcode=12345",
+                 "model gpt-4o, 2024"):
+        assert kept in masked, kept
+
+
 def test_safe_params_hide_credential_shaped_values_and_an_addresss_user_part() -> None:
     model = LiteLLMModel("openai/x", params={"base_url": f"https://user:{SENTINEL}@gw/v1", "user": f"Bearer {SENTINEL}",
                                              "extra_body": {"x": "sk-abcdefgh12345678"}, "temperature": 0})

@@ -898,6 +898,9 @@ def test_messages_a_model_reads_are_taken_as_they_are() -> None:
     given = [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
              {"role": "assistant", "content": None, "tool_calls": [
                  {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-             {"role": "tool", "tool_call_id": "c1", "content": "ok"}, {"role": "user", "content": "and?"}]
+             {"role": "tool", "tool_call_id": "c1", "content": "ok"}, {"role": "user", "content": "and?"},
+             {"role": "assistant", "refusal": "I can't help with that."},  # as the agent keeps a refusal
+             {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+             {"role": "function", "name": "f", "content": "ok"}, {"role": "user", "content": "go on"}]
     run_agent(job_id="m", model=ScriptedModel(["x"]), messages=given, storage=storage, scheduler=scheduler)
     assert storage.messages("m") == given

@@ -228,3 +228,66 @@ def test_a_tool_that_asks_for_the_context_twice_or_maybe_is_refused_when_defined
         tool(twice)
     with pytest.raises(InvalidInputError, match="ask for the context as 'ctx: ToolContext'"):
         tool(maybe)
+
+
+def test_a_reconcile_that_asks_to_be_called_later_reconciles_again_and_never_reruns_the_abandoned_call() -> None:
+    import threading
+
+    from pipelines.engine.phase import RetryLater as Later
+
+    release, runs, checks = threading.Event(), [], []
+
+    def reconcile(args: Any, ctx: Any) -> str:
+        checks.append(1)
+        if len(checks) == 1:
+            raise Later(1.0, "the bank's API is busy")
+        return "the bank says: wired once"
+
+    @tool(idempotent=False, on_interrupted="reconcile", reconcile=reconcile, timeout=0.05)
+    def wire(amount: int) -> str:
+        """Wires money; hangs past its timeout."""
+        runs.append(amount)
+        release.wait(5)
+        return "wired"
+
+    try:
+        got = result(run([reply(None, {**call("wire", amount=5), "id": "c1"}), "done"], [wire]))
+    finally:
+        release.set()
+    assert got == "the bank says: wired once" and runs == [5] and len(checks) == 2
+
+
+def test_a_needs_approval_hook_that_asks_to_be_called_later_is_asked_again() -> None:
+    from pipelines.engine.phase import RetryLater as Later
+
+    asked: list[int] = []
+
+    def busy_once(args: Any) -> bool:
+        asked.append(1)
+        if len(asked) == 1:
+            raise Later(1.0, "the policy service is busy")
+        return False
+
+    @tool(needs_approval=busy_once)
+    def pay2(amount: int) -> str:
+        """Pays."""
+        return "paid"
+
+    assert result(run([reply(None, call("pay2", amount=5)), "done"], [pay2])) == "paid" and len(asked) == 2
+
+
+def test_crash_test_tells_a_tools_own_error_text_from_the_runners_argument_error() -> None:
+    @tool(idempotent=False)
+    def pay3(amount: int) -> str:
+        """Its own refusal reads like the runner's argument error."""
+        return "Error: amount over the limit. Fix the arguments and call the tool again."
+
+    def script(msgs: list[dict[str, Any]]) -> Any:
+        return "done" if any(m["role"] == "tool" for m in msgs) else reply(None, {**call("pay3", amount=5), "id": "p"})
+
+    def start(storage: Any, scheduler: Any) -> None:
+        Agent(model=ScriptedModel(script), tools=[pay3]).run(job_id="t", messages=["hi"], storage=storage,
+                                                             scheduler=scheduler)
+
+    report = crash_test(start, job_id="t", policies={"pay3": "fail"})
+    assert [(r.point.operation, r.problems) for r in report.results if r.problems] == []
