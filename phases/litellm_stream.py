@@ -200,6 +200,7 @@ def _read_ahead(stream: Any, source: Any, on_delta: Callable[[str], None]) -> No
     merger = _Merger(int(_litellm().REPEATED_STREAMING_CHUNK_LIMIT))
     error: BaseException | None = None
     first = True
+    answered = False  # a chunk of a choice came: the stream is one of an answer
     try:
         while not merger.looping:
             try:
@@ -212,12 +213,17 @@ def _read_ahead(stream: Any, source: Any, on_delta: Callable[[str], None]) -> No
             if first:
                 first = False
                 _note_first_chunk(stream)
+            answered = answered or bool(isinstance(getattr(chunk, "choices", None), list) and chunk.choices)
             text = merger.add(chunk)
             if text:
                 on_delta(text)
     except BaseException:
         source.close()  # the sink failed: nothing reads the rest of the answer
         raise
+    if error is None and not answered:
+        # A 200 that was no stream of an answer (an empty body, only [DONE], a usage chunk alone): litellm would
+        # make an empty answer of it, committed as the turn's. A failed attempt instead, retried as one is.
+        error = ConnectionError("the provider's stream held no answer (no chunk of a choice)")
     stream.completion_stream = _Replay(merger.finish(), error, source)
 
 

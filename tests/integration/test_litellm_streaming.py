@@ -306,3 +306,14 @@ def test_a_chunk_of_a_shape_no_provider_sends_is_a_model_error_not_a_crash(fake_
                          backoff_initial=0.01, backoff_max=0.02, max_retry_seconds=0.2)
     with pytest.raises(TransientModelError, match="unavailable for now"):
         model.complete(Recorder().request())
+
+
+def test_a_stream_that_holds_no_answer_is_a_failed_attempt_not_an_empty_answer(fake_openai: FakeOpenAI) -> None:
+    # A gateway's 200 with only [DONE] (or only a usage chunk): committed as an empty answer, the job ended with none.
+    usage_only = [_chunk([], usage={"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3})]
+    for chunks in ([], usage_only):
+        fake_openai.script(*[Reply(message={"role": "assistant", "content": ""}, raw_chunks=chunks)] * 50)
+        model = LiteLLMModel("openai/fake-model", params={"api_base": fake_openai.url, "api_key": SECRET},
+                             backoff_initial=0.01, backoff_max=0.02, max_retry_seconds=0.2)
+        with pytest.raises(TransientModelError, match="held no answer"):
+            model.complete(Recorder().request())
