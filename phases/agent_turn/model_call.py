@@ -132,7 +132,10 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     # in the transcript, every call well-formed) before the answer is journaled,
     # so a re-run replays the same ids and the model sees each call answered.
     # ``taken``: the ids of the whole transcript (the turn's answer); without it, those of ``messages``.
-    message = normalise_tool_calls(message, turn, messages if taken is None else (), taken=taken)
+    # Ids it makes for calls that came without one are numbered by the job's turn over its whole life, not the
+    # run's (the same in a first run): a full retry cuts the transcript back, and an id made again would make a
+    # call's idempotency key (``<job>/<call id>``) that of a call before the retry.
+    message = normalise_tool_calls(message, ctx.job_turn - 1, messages if taken is None else (), taken=taken)
     sent = request_summary(messages, schemas, params)
     return response.model_copy(update={"message": message, "request": sent})
 

@@ -291,3 +291,38 @@ def test_crash_test_tells_a_tools_own_error_text_from_the_runners_argument_error
 
     report = crash_test(start, job_id="t", policies={"pay3": "fail"})
     assert [(r.point.operation, r.problems) for r in report.results if r.problems] == []
+
+
+def test_a_call_made_again_after_a_full_retry_gets_an_idempotency_key_of_its_own() -> None:
+    # A provider that gives its calls no ids: the ids made for them were numbered by the run's turn, so after a
+    # full retry (the transcript cut back) the new call got an old call's id, and its idempotency key: an API
+    # deduplicating on it would have skipped the second charge.
+    from phases.model import ModelRequest, ModelResponse
+    from pipelines.app import App
+
+    keys: list[tuple[str, int]] = []
+
+    @tool(idempotent=False)
+    def charge(amount: int, ctx: ToolContext) -> str:
+        """Charges."""
+        keys.append((ctx.idempotency_key, amount))
+        return "charged"
+
+    amounts = iter([50, 7000])
+
+    class NoIds:
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            if request.messages[-1]["role"] == "tool":
+                return ModelResponse(message={"role": "assistant", "content": "done"})
+            call_without_id = {"type": "function", "function": {"name": "charge",
+                                                                "arguments": f'{{"amount": {next(amounts)}}}'}}
+            return ModelResponse(message={"role": "assistant", "content": None, "tool_calls": [call_without_id]})
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=NoIds(), tools=[charge])])
+    app.run_agent("a", job_id="k", user="pay")
+    scheduler.drain()
+    app.retry("k", mode="full")
+    scheduler.drain()
+    assert [amount for _, amount in keys] == [50, 7000]
+    assert keys[0][0] != keys[1][0], keys
