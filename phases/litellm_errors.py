@@ -10,6 +10,7 @@ count as secret also decide what :meth:`LiteLLMModel.safe_params` shows.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -98,12 +99,14 @@ def _retry_after(exc: Exception) -> float | None:
     if not headers:
         return None
     lower = {str(k).lower(): str(v) for k, v in dict(headers).items()}
-    try:
-        if "retry-after-ms" in lower:
+    if "retry-after-ms" in lower:
+        with contextlib.suppress(ValueError, TypeError, OverflowError):
             return bound_retry_after(float(lower["retry-after-ms"]) / 1000)
-        value = lower.get("retry-after")
-        if value is None:
-            return None
+        # One that does not parse says nothing: the plain Retry-After beside it may.
+    value = lower.get("retry-after")
+    if value is None:
+        return None
+    try:
         try:
             return bound_retry_after(float(value))
         except ValueError:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from phases.litellm_model import LiteLLMModel, _redact
+from phases.litellm_model import LiteLLMModel, _redact, _retry_after
 from phases.model import ModelRequest
 from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError
 from tests.fake_openai import (
@@ -430,3 +430,14 @@ def test_warm_imports_litellm_and_runs_one_offline_completion(monkeypatch: pytes
     through = [c for c in calls if "client" in c]
     assert [bool(c.get("stream")) for c in through] == [True, False]
     assert all(isinstance(c["client"]._client._transport, httpx.MockTransport) for c in through)
+
+
+def test_an_unreadable_retry_after_ms_leaves_the_plain_retry_after_its_say() -> None:
+    class LimitedError(Exception):
+        def __init__(self, headers: dict[str, str]) -> None:
+            super().__init__("rate limited")
+            self.litellm_response_headers = headers
+
+    assert _retry_after(LimitedError({"Retry-After-Ms": "soon", "Retry-After": "7"})) == 7.0
+    assert _retry_after(LimitedError({"retry-after-ms": "2500", "retry-after": "7"})) == 2.5  # the finer one first
+    assert _retry_after(LimitedError({"retry-after-ms": "soon"})) is None
