@@ -9,6 +9,7 @@ from phases.tool_runner.calls import _function, _tool_of, arguments_digest, tool
 from phases.tools import Tool, ToolArgumentsError, result_content
 from pipelines.engine import children
 from pipelines.engine._aio import resolve
+from pipelines.engine.contain import message_of
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
 __all__: list[str] = []
@@ -44,7 +45,7 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
             raise  # the hook's own signal (ask again later, say): as any phase code's
         except Exception as exc:  # the app's hook, not the model's arguments: the job says whose it is
             raise FailJob(f"needs_approval of tool {t.name!r} raised {type(exc).__name__} for call {call['id']}: "
-                          f"{_said(exc)}") from exc
+                          f"{message_of(exc)}") from exc
         if not asks:
             continue
         found, decision = ctx.recorded(journal.approval_key(call['id']))
@@ -57,13 +58,6 @@ def _check_approvals(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[
         names = ", ".join(f"{w['tool']} ({w['call_id']})" for w in waiting)
         raise WaitForInput(f"approval needed for {names}", call_id=waiting[0]["call_id"],
                            details={"kind": "approval", "calls": waiting})
-
-
-def _said(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - an exception whose message cannot be read
-        return "(its message could not be read)"
 
 
 def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]],

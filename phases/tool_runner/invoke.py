@@ -21,6 +21,7 @@ from phases.tool_runner.calls import _function, tool_context
 from phases.tools import Tool, ToolArgumentsError, ToolContext, result_content
 from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
+from pipelines.engine.contain import message_of
 from pipelines.engine.errors import StateNotSerializableError
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
@@ -240,11 +241,7 @@ def _reconciled(t: Tool, found: Any, timeout: float) -> str:
 
 
 def _raised(t: Tool, exc: BaseException) -> str:
-    try:
-        said = str(exc)
-    except Exception as inner:  # noqa: BLE001 - the tool's exception cannot say what it is: say that instead
-        said = f"(its message could not be read: {type(inner).__name__})"
-    return f"Error: tool {t.name!r} raised {type(exc).__name__}: {said}"
+    return f"Error: tool {t.name!r} raised {type(exc).__name__}: {message_of(exc)}"
 
 
 def _content(t: Tool, value: Any) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
-__all__ = ["contained", "describe"]
+__all__ = ["contained", "describe", "message_of"]
 
 _CONTAINED = (Exception, SystemExit, GeneratorExit, asyncio.CancelledError)
 
@@ -29,7 +29,15 @@ def contained(exc: BaseException) -> bool:
     return isinstance(exc, _CONTAINED)
 
 
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a note that it could not be read: user code's exception may raise from ``__str__``."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001 - whatever its __str__ raised, the job still says what failed
+        return f"(its message could not be read: {type(inner).__name__})"
+
+
 def describe(exc: BaseException) -> str:
     """``"<type>: <message>"``, or the type alone for an exception without one (``sys.exit()``)."""
-    text = str(exc)
+    text = message_of(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

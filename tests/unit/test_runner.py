@@ -686,3 +686,22 @@ def test_the_details_of_a_wait_are_the_engines_own_copy_and_checked_where_the_ph
     failed = storage.get_job("w2")
     assert failed is not None and failed.status is JobStatus.ERROR
     assert "details of the wait of phase 'only'" in (failed.error or "")
+
+
+class _Unspeakable(Exception):  # noqa: N818 - named for what it does
+    def __str__(self) -> str:
+        raise RuntimeError("no words")
+
+
+def test_a_phase_raising_an_exception_whose_message_cannot_be_read_fails_its_job_saying_so() -> None:
+    # describe() read str(exc) bare: the RuntimeError escaped the runner and the job stayed running for ever.
+    storage, scheduler, _ = memory()
+
+    def speechless(ctx: PhaseContext[Any]) -> Done:
+        raise _Unspeakable
+
+    start(storage, scheduler, [Phase("a", speechless)])
+    scheduler.drain()
+    job = storage.get_job("job-1")
+    assert job is not None and job.status is JobStatus.ERROR
+    assert job.error == "_Unspeakable: (its message could not be read: RuntimeError)"
