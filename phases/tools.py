@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 from pydantic.errors import PydanticInvalidForJsonSchema, PydanticSchemaGenerationError
 
 from pipelines.engine.env import EMPTY_ENV, RunEnv
-from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.errors import InvalidInputError, validation_summary
 from pipelines.engine.models import JSONValue, to_json_value
 
 __all__ = [
@@ -203,7 +203,7 @@ class Tool:
         try:
             return self.input_model.model_validate(data)
         except ValidationError as exc:
-            raise ToolArgumentsError(f"invalid arguments for tool {self.name!r}: {_short(exc)}") from exc
+            raise ToolArgumentsError(f"invalid arguments for tool {self.name!r}: {validation_summary(exc)}") from exc
 
     def requires_approval(self, args: BaseModel) -> bool:
         """Whether this call waits for a person (``needs_approval``, or its verdict on ``args``)."""
@@ -223,14 +223,6 @@ def check_timeout(value: Any, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise InvalidInputError(f"{what} must be a finite number of seconds > 0, or None; got {value!r}")
     return float(value)
-
-
-def _short(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        parts.append(f"{loc}: {err['msg']}")
-    return "; ".join(parts)
 
 
 def _positional_arity(fn: Callable[..., Any]) -> int:

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 __all__ = [
     "ConfigurationError",
     "CorruptRecordError",
@@ -58,6 +60,7 @@ __all__ = [
     "ValueTooLargeError",
     "WaitTimeoutError",
     "bound_retry_after",
+    "validation_summary",
 ]
 
 
@@ -189,3 +192,8 @@ class TransientModelError(ModelError):
 
 class PermanentModelError(ModelError):
     """Bad request, authentication, unknown model, context window: retrying will not help."""
+
+
+def validation_summary(exc: ValidationError) -> str:
+    """Pydantic's refusal in one line: ``"<field path>: <why>"`` for its first five errors, ``;``-separated."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()[:5])

@@ -19,6 +19,7 @@ from pipelines.engine.errors import (
     JobConflictError,
     JobNotFoundError,
     StaleVersionError,
+    validation_summary,
 )
 from pipelines.engine.models import (
     Commit,
@@ -65,7 +66,7 @@ def _initial_state(job_id: str, model: type[BaseModel] | None, state: Any) -> JS
             model.model_validate(state)
         except ValidationError as exc:
             raise InvalidInputError(f"initial_state of job {job_id!r} does not validate against {model.__name__}: "
-                                    f"{_errors(exc)}") from None
+                                    f"{validation_summary(exc)}") from None
     # The engine's own copy: a record a storage keeps as it is (a retry's, a continued run's) must not
     # change when the caller changes the dict it passed.
     return owned_json_value(state, what=f"initial_state of job {job_id!r}")
@@ -79,11 +80,7 @@ def _fresh_state(job_id: str, model: type[BaseModel] | None, state: JSONValue) -
         return owned_json_value(model(), what=f"initial_state of job {job_id!r}")
     except ValidationError as exc:
         raise InvalidInputError(f"job {job_id!r} needs an initial_state: the first phase reads a {model.__name__}, "
-                                f"which has required fields ({_errors(exc)})") from None
-
-
-def _errors(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()[:5])
+                                f"which has required fields ({validation_summary(exc)})") from None
 
 
 def _continued(storage: Storage, rec: JobRecord, *, first: str, state: JSONValue, messages: list[Message],
