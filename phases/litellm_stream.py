@@ -149,14 +149,19 @@ def _broken(model: LiteLLMModel, error: ModelError, chunks: list[Any], kwargs: d
     return _BrokenStreamError(str(error), usage=usage)
 
 
-def _delta_text(chunk: Any) -> str | None:
-    """The text a stream chunk adds to the answer (None for role, tool call, finish and usage chunks, and for the
-    chunks of choices after the first: with ``n`` > 1 the answer is the first choice)."""
-    choices = getattr(chunk, "choices", None) or []
-    if not isinstance(choices, list) or not choices or getattr(choices[0], "index", 0) not in (0, None):
+def _first_choice(chunk: Any) -> Any:
+    """The chunk's choice of the answer, or None: none in it, a provider's odd shape (``choices`` not a list; litellm's
+    wrapper says what is wrong), or another choice's chunk (with ``n`` > 1 the answer is the first choice)."""
+    choices = getattr(chunk, "choices", None)
+    if not choices or not isinstance(choices, list) or getattr(choices[0], "index", 0) not in (0, None):
         return None
-    delta = getattr(choices[0], "delta", None)
-    text = getattr(delta, "content", None)
+    return choices[0]
+
+
+def _delta_text(chunk: Any) -> str | None:
+    """The text a stream chunk adds to the answer (None for role, tool call, finish and usage chunks, and for
+    another choice's)."""
+    text = getattr(getattr(_first_choice(chunk), "delta", None), "content", None)
     return text if isinstance(text, str) else None
 
 
@@ -334,12 +339,10 @@ class _Merger:
 
 def _run_kind(chunk: Any) -> tuple[object, str | None, str | None]:
     """(what run the chunk can be in: "text", a tool call's index or None; its piece; its text)."""
-    choices = chunk.choices
-    if not choices or not isinstance(choices, list):  # a provider's odd shape: litellm's wrapper says what is wrong
+    choice = _first_choice(chunk)
+    if choice is None:
         return None, None, None
-    choice = choices[0]
-    if getattr(choice, "index", 0) not in (0, None):
-        return None, None, None  # another choice's (n > 1): the answer, and its text, is the first choice's
+    choices = chunk.choices
     delta = getattr(choice, "delta", None)
     text = getattr(delta, "content", None)
     if not isinstance(text, str):
