@@ -31,7 +31,8 @@ _SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNOR
 _CREDENTIAL_WORDS = ("(?:api[_-]?key|key|access[_-]?token|token|sig|signature|secret|code|auth|password|passwd"
                      "|credential)")
 """A query parameter holds a credential when one of these is a whole part of its name (split at ``_ . -``)."""
-_CREDENTIAL_NAME = re.compile(rf"(?i)^(?:[\w.-]*[_.-])?{_CREDENTIAL_WORDS}(?:[_.-][\w.-]*)?$")
+_CREDENTIAL_PARAM = rf"(?:[\w.-]*[_.-])?{_CREDENTIAL_WORDS}(?:[_.-][\w.-]*)?"
+_CREDENTIAL_NAME = re.compile(rf"(?i)^{_CREDENTIAL_PARAM}$")
 
 _SECRET_SHAPES = (
     (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
@@ -39,7 +40,7 @@ _SECRET_SHAPES = (
     (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
     # ?key=, ?access_token=, ?X-Amz-Signature=, ?code=... in an address (Gemini, gateways, signed URLs): a
     # credential word as a whole part of the name (not ?max_tokens=, ?author=, ?api-version=)
-    (re.compile(rf"(?i)([?&](?:[\w.-]*[_.-])?{_CREDENTIAL_WORDS}(?:[_.-][\w.-]*)?=)[^&\s'\"#]+"), r"\1***"),
+    (re.compile(rf"(?i)([?&]{_CREDENTIAL_PARAM}=)[^&\s'\"#]+"), r"\1***"),
 )
 # Shorter values are not masked: replacing every "ab" in a message helps nobody.
 _MIN_SECRET_LEN = 4
