@@ -17,6 +17,7 @@ from phases.callbacks import CALLBACKS, fire
 from phases.compaction import MARKER_KEY, compacted_view
 from phases.model import ModelResponse
 from phases.run_input import tool_context_of
+from phases.stop import CUT_WHY, cut_short
 from phases.tool_runner import run_tools, tool_message
 from phases.tools import Tool, tool_map
 from pipelines.engine.errors import InvalidInputError
@@ -175,10 +176,11 @@ def first_turn(ctx: PhaseContext[Any], cfg: AgentConfig, past: list[Message]) ->
 def run_turn_calls(ctx: PhaseContext[Any], cfg: AgentConfig, response: ModelResponse, turn: int) -> list[Message]:
     """The turn's tool calls run with ``cfg``'s tools (a provider's included), callbacks around them."""
     calls = response.tool_calls
-    if response.finish_reason == "length" and calls:
+    cut = cut_short(response.finish_reason)
+    if cut is not None and calls:
         # Arguments of a cut-off answer cannot be trusted: answer every
         # call without running it, so the transcript stays valid.
-        return [tool_message(c, "Error: not run, the model's answer was truncated") for c in calls]
+        return [tool_message(c, f"Error: not run, the model's answer was {CUT_WHY[cut]}") for c in calls]
     offered = cfg.tmap if response.tools_offered is None else {
         n: t for n, t in cfg.tmap.items() if n in response.tools_offered}
     if quiet(ctx, cfg):

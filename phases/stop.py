@@ -1,20 +1,38 @@
 """Stop conditions for the agent loop, combinable in a list (any one stops the agent).
 
 The default stop — the model answered without tool calls — always applies;
-``max_turns`` and a truncated answer (``finish_reason == "length"``) stop too.
+``max_turns`` and an answer cut short (``finish_reason`` ``"length"`` or ``"content_filter"``,
+see :func:`cut_short`) stop too.
 A stop condition is any callable ``fn(turn: TurnInfo) -> bool``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Message, Usage
 
-__all__ = ["StopCondition", "TurnInfo", "has_tool_call", "max_turns", "should_stop"]
+__all__ = ["CUT_REASON", "CUT_WHY", "StopCondition", "TurnInfo", "cut_short", "has_tool_call", "max_turns",
+           "should_stop"]
+
+CUT_REASON: Final[Mapping[str, str]] = {"length": "truncated", "content_filter": "content_filter"}
+"""A ``finish_reason`` that cut the model's answer short, and the run's ``stop_reason`` when it does."""
+
+CUT_WHY: Final[Mapping[str, str]] = {"length": "truncated",
+                                     "content_filter": "stopped by the provider's content filter"}
+"""The same, as the run's log and the calls' tool messages say it."""
+
+
+def cut_short(finish_reason: str | None) -> str | None:
+    """``finish_reason`` if it cut the answer short (its tool calls are not run, the run stops), else ``None``.
+
+    ``length``: the answer hit the token limit; ``content_filter``: the provider's filter stopped it. Either way
+    the text may end mid-sentence and the calls' arguments mid-value, so nothing of it is acted on.
+    """
+    return finish_reason if finish_reason in CUT_REASON else None
 
 
 @dataclass(frozen=True)

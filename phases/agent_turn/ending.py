@@ -8,19 +8,19 @@ from phases import journal
 from phases.agent_config import AgentConfig
 from phases.agent_turn.plan import TURN_PHASE
 from phases.model import ModelResponse
-from phases.stop import TurnInfo, should_stop
+from phases.stop import CUT_REASON, CUT_WHY, TurnInfo, should_stop
 from pipelines.engine.models import Message, Usage
 from pipelines.engine.phase import Done, Next, PhaseContext
 
 __all__: list[str] = []
 
 
-def _decide(ctx: PhaseContext[Any], cfg: AgentConfig, info: TurnInfo, truncated: bool, usage: Usage) -> Next | Done:
-    """Stop or go on, after a turn's tools ran."""
+def _decide(ctx: PhaseContext[Any], cfg: AgentConfig, info: TurnInfo, cut: str | None, usage: Usage) -> Next | Done:
+    """Stop or go on, after a turn's tools ran; ``cut``: why the answer was cut short (:func:`cut_short`)."""
     n = info.turn
-    if truncated:
-        ctx.log(f"model answer truncated (finish_reason=length) at turn {n}; stopping", "warn")
-        return Done(reason="truncated")
+    if cut is not None:
+        ctx.log(f"model answer {CUT_WHY[cut]} (finish_reason={cut}) at turn {n}; stopping", "warn")
+        return Done(reason=CUT_REASON[cut])
     if not info.tool_calls:
         return Done(reason="done")
     reason = should_stop(cfg.stop_when, info)

@@ -22,7 +22,7 @@ from phases.callbacks import fire
 from phases.compaction import estimate_tokens, find_cut, marker, summary_request
 from phases.history_cache import Held, HistoryCache, View
 from phases.model import Model, ModelResponse
-from phases.stop import TurnInfo
+from phases.stop import TurnInfo, cut_short
 from phases.streaming import DeltaSink
 from phases.titles import start_title
 from phases.tool_calls import call_ids
@@ -260,9 +260,8 @@ class AgentTurn:
         _emit_turn_events(ctx, ctx.job_turn, response, results)
         info = TurnInfo(turn=state.turn + 1, message=message, tool_calls=response.tool_calls, tool_results=results,
                         state=state, usage=response.usage)
-        truncated = response.finish_reason == "length"
         total = ctx.job_usage + response.usage
-        outcome: Next | Done | Fail = _decide(ctx, cfg, info, truncated, total)
+        outcome: Next | Done | Fail = _decide(ctx, cfg, info, cut_short(response.finish_reason), total)
         if isinstance(outcome, Done):
             outcome = Done(result=_result_of(message, results), reason=outcome.reason)
             if cfg.output_schema is not None:

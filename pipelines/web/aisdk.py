@@ -44,6 +44,8 @@ Chunk = dict[str, Any]
 # Events that end the run's UI message, with the finish reason the AI SDK knows.
 ENDS = {"job_finished": "stop", "job_failed": "error", "job_cancelled": "other", "job_waiting": "other",
         "approval_requested": "other", "job_paused": "other"}
+# A run that ended on an answer cut short (its record's stop_reason) finishes as the AI SDK names that.
+_STOPS = {"truncated": "length", "content_filter": "content-filter"}
 # Ends only when nothing follows yet: a run that goes on after them (resumed, approved) is one message in a replay.
 _WAITS = frozenset({"job_waiting", "approval_requested", "job_paused"})
 _TURN_PARTS = frozenset({"attempt_started", "text_delta", "turn_started", "turn_committed"})
@@ -111,7 +113,8 @@ class UIMessageEncoder:
             if kind in _WAITS and not final:
                 return out
             error = part.data.get("error") if kind == "job_failed" else None
-            return out + self._finish(ENDS[kind], None if error is None else str(error))
+            reason = _STOPS.get(str(part.data.get("reason")), "stop") if kind == "job_finished" else ENDS[kind]
+            return out + self._finish(reason, None if error is None else str(error))
         if kind == "call_rejected":
             self._denied.add(str(part.data.get("call_id")))
             return []

@@ -30,6 +30,7 @@ from tests.fake_openai import (
     rate_limited,
     server_error,
     slow,
+    streamed,
     text_reply,
     tool_reply,
     unauthorized,
@@ -95,6 +96,20 @@ def test_text_answer(fake_openai: FakeOpenAI) -> None:
     assert response.raw["object"] == "chat.completion" and response.raw["model"] == "fake-model"
     assert response.raw["choices"] == [{"finish_reason": "stop", "index": 0}]
     assert SENTINEL not in json.dumps(response.raw) and fake_openai.url not in json.dumps(response.raw)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_content_filtered_answer_keeps_its_finish_reason(fake_openai: FakeOpenAI, stream: bool) -> None:
+    # What the agent turn reads to stop the run saying so (stop_reason "content_filter"), not as a plain "done".
+    reply = text_reply("I can't help with th", finish_reason="content_filter")
+    fake_openai.script(streamed(reply) if stream else reply)
+    model = model_for(fake_openai)
+    pieces: list[str] = []
+    response = model.complete(ModelRequest(messages=[{"role": "user", "content": "hello"}],
+                                           on_delta=pieces.append if stream else None))
+    assert response.finish_reason == "content_filter"
+    assert response.message["content"] == "I can't help with th"
+    assert len(pieces) > 1 if stream else not pieces
 
 
 def test_a_provider_response_too_large_to_keep_is_kept_as_its_keys() -> None:

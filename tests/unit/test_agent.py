@@ -426,3 +426,28 @@ def test_the_history_cache_is_bounded_by_messages_and_drops_finished_jobs() -> N
 def test_an_agent_says_whether_workers_should_preload_litellm() -> None:
     assert Agent(model=ScriptedModel(["x"])).uses_litellm is False
     assert Agent(model="openai/gpt-4o-mini").uses_litellm is True
+
+
+def test_an_answer_stopped_by_the_content_filter_ends_the_run_saying_so_and_runs_none_of_its_calls() -> None:
+    ran: list[int] = []
+
+    @tool
+    def charge(amount: int) -> str:
+        """Charge the card."""
+        ran.append(amount)
+        return "charged"
+
+    model = ScriptedModel([{**reply("I will cha", call("charge", amount=5)), "finish_reason": "content_filter"}])
+    storage, _ = run(model, tools=[charge])
+    job = storage.get_job("chat-1")
+    assert job.status is JobStatus.COMPLETE and job.stop_reason == "content_filter" and job.result == "I will cha"
+    assert ran == []  # arguments of a filtered answer are not acted on
+    assert any("content filter" in e.message and e.level == "warn" for e in storage.logs("chat-1"))
+    msgs = storage.messages("chat-1")
+    assert msgs[-1]["role"] == "tool" and "content filter" in msgs[-1]["content"]
+    assert len(model.calls) == 1
+
+
+def test_a_filtered_answer_without_calls_is_no_plain_done() -> None:
+    storage, _ = run(ScriptedModel([{**reply("Sorry"), "finish_reason": "content_filter"}]))
+    assert storage.get_job("chat-1").stop_reason == "content_filter"

@@ -130,3 +130,14 @@ def test_text_of_a_fenced_off_worker_for_a_committed_turn_is_not_shown() -> None
     assert "STALE" not in json.dumps(chunks)
     assert turn_texts(run) == {1: "Hello there, friend.", 2: "Hello th"}
     assert [p.id for p in latest_attempts(run)] == ["1", "2", "3", "4", "5", "6", "8", "9", "10"]
+
+
+def test_a_run_stopped_on_an_answer_cut_short_finishes_as_the_ai_sdk_names_it() -> None:
+    def finish(**data: Any) -> dict[str, Any]:
+        chunks = encode([part(1, "job_started"), part(2, "turn_started", 1),
+                         part(3, "turn_committed", 1, messages=[1, 2]), part(4, "job_finished", **data)])
+        return chunks[-1]
+
+    assert finish(reason="truncated") == {"type": "finish", "finishReason": "length"}
+    assert finish(reason="content_filter") == {"type": "finish", "finishReason": "content-filter"}
+    assert finish(reason="done") == finish(reason="max_turns") == finish() == {"type": "finish", "finishReason": "stop"}

@@ -228,7 +228,7 @@ class JobRecord(BaseModel):
     initial_phase: str | None = None
     initial_state: JSONValue = None
     usage: Usage = NO_USAGE  # shared: Usage is frozen (and a dump that leaves defaults out makes none)
-    # Why the last run ended: "done", "max_turns", "stop_when", "truncated", "budget", ...
+    # Why the last run ended: "done", "max_turns", "stop_when", "truncated", "content_filter", "budget", ...
     stop_reason: str | None = None
     # Set while status is "waiting": why, and which tool call (if any) needs a person.
     waiting: dict[str, JSONValue] | None = None
