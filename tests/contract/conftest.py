@@ -40,7 +40,7 @@ def _redis_storages(request: pytest.FixtureRequest, url_fixture: str, **options:
             for node in storage.client.get_nodes():  # type: ignore[union-attr]
                 if node.redis_connection is not None:
                     node.redis_connection.connection_pool.disconnect()
-        storage.client.close()
+        storage.close()
 
 
 def _sqlite(request: pytest.FixtureRequest) -> Iterator[StorageFactory]:

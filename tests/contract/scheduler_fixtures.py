@@ -259,7 +259,7 @@ class RQHarness(Harness):
         from pipelines import worker
 
         worker.forget_apps()
-        self.storage.client.close()
+        self.storage.close()
 
 
 class CeleryHarness(Harness):
@@ -355,7 +355,7 @@ class CeleryHarness(Harness):
         from pipelines import worker
 
         worker.forget_apps()
-        self.storage.client.close()
+        self.storage.close()
 
 
 def _memory(request: pytest.FixtureRequest) -> Iterator[Harness]:

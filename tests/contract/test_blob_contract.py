@@ -33,7 +33,7 @@ def _redis_store(request: pytest.FixtureRequest, url_fixture: str, **options: An
     prefix = f"b{uuid.uuid4().hex[:10]}"  # a fresh namespace: job_ids scans only this store's keys
     storage = RedisStorage.from_url(request.getfixturevalue(url_fixture), prefix=prefix, **options)
     yield RedisBlobStore(storage.client, prefix=prefix)
-    storage.client.close()
+    storage.close()
 
 
 def _redis(request: pytest.FixtureRequest) -> Iterator[BlobStore]:

@@ -25,7 +25,7 @@ def storage(redis_url: str, request: pytest.FixtureRequest) -> Iterator[RedisSto
     """A RedisStorage under the test module's ``PREFIX`` (default ``"itest"``)."""
     s = RedisStorage.from_url(redis_url, prefix=getattr(request.module, "PREFIX", "itest"))
     yield s
-    s.client.close()
+    s.close()
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[App]:
         request.addfinalizer(queue_redis.close)
         scheduler = RQScheduler.for_storage(storage, queue="afollow-test", connection=queue_redis)
     yield make_app(storage, scheduler)
-    storage.client.close()
+    storage.close()
 
 
 def in_order(parts: list[Event]) -> bool:
@@ -189,7 +189,7 @@ def redis_app(redis_url: str) -> Iterator[App]:
     storage = RedisStorage.from_url(redis_url, prefix="aring")
     storage.max_block = 60.0
     yield make_app(storage, RQScheduler.for_storage(storage, queue="aring-test"))
-    storage.client.close()
+    storage.close()
 
 
 def delta(text: str) -> Event:

@@ -226,7 +226,7 @@ def deleting_phase(redis_url: str, where: str) -> Phase:
         other = RedisStorage.from_url(redis_url, prefix=PREFIX)  # another process, an operator
         assert other.lease_owner(ctx.job_id) is not None  # the worker holds the lease right now
         assert other.delete_job(ctx.job_id) is True
-        other.client.close()
+        other.close()
         if where == "step":
             ctx.step("work", lambda: {"done": True})
         elif where == "save_state":
@@ -263,7 +263,7 @@ def test_a_stale_worker_cannot_commit_into_a_recreated_job_on_redis(storage: Red
             other.delete_job(ctx.job_id)
             App(storage=other, scheduler=MemoryScheduler(), pipelines={"p": phases}).run_pipeline(
                 "p", job_id=ctx.job_id, initial_state={"gen": 2})
-            other.client.close()
+            other.close()
             ctx.append_messages([{"role": "assistant", "content": "from the deleted run"}])
             return Next("b", state={"gen": "stale"})
         return Next("b")
@@ -377,7 +377,7 @@ def cli_app(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
     from tests.apps import redis_app
 
     yield redis_app.app
-    redis_app.storage.client.close()
+    redis_app.storage.close()
 
 
 def cli(*argv: str) -> tuple[int, str, str]:

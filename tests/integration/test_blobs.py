@@ -53,7 +53,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[An
     else:
         s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=prefix)
     yield s, RedisBlobStore(s.client, prefix=prefix)
-    s.client.close()
+    s.close()
 
 
 def page(n: int) -> str:
@@ -293,7 +293,7 @@ def test_a_blob_put_while_its_job_is_deleted_is_not_left_behind_unnamed(
     assert blobs.delete_job("j") == 2 and calls == ["j", "j"]  # the first attempt was retried
     assert blobs.get("j", late) is None and list(blobs.job_ids()) == []
     assert [k for k in storage.client.scan_iter(match="race:*")] == []
-    storage.client.close()
+    storage.close()
 
 
 def test_a_fork_whose_source_is_deleted_while_its_blobs_are_read_says_so(tmp_path: Path) -> None:

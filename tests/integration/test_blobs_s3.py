@@ -138,7 +138,7 @@ def test_redis_storage_with_s3_blobs_end_to_end(s3_endpoint: str, s3_bucket: str
         assert app.gc(older_than=10) == ["keep"]
         assert raw_keys(s3_endpoint, s3_bucket) == []
     finally:
-        inner.client.close()
+        inner.close()
 
 
 def test_credentials_are_never_shown(s3_endpoint: str, s3_bucket: str, caplog: pytest.LogCaptureFixture) -> None:

@@ -126,7 +126,7 @@ def test_an_advance_applied_eagerly_in_a_process_that_is_no_worker_starts_no_key
         assert lifeline._lifeline is None
         assert lifeline.read_workers(client, "lifeline-eager") == []
     finally:
-        storage.client.close()
+        storage.close()
 
 
 def test_a_killed_process_drops_off_within_its_ttl(client: redis.Redis) -> None:
@@ -175,7 +175,7 @@ def test_the_workers_page_lists_celery_worker_processes_and_queue_depths(redis_u
     finally:
         busy.stop()
         idle.stop()
-        storage.client.close()
+        storage.close()
 
 
 def test_a_broker_that_is_not_redis_is_said_to_report_nothing(redis_url: str) -> None:
@@ -184,7 +184,7 @@ def test_a_broker_that_is_not_redis_is_said_to_report_nothing(redis_url: str) ->
     app = App(storage=storage, scheduler=CeleryScheduler.for_storage(celery, storage), provenance=False)
     report = queues.report(app)
     assert report.workers is None and "only with a Redis broker" in report.note
-    storage.client.close()
+    storage.close()
 
 
 def test_a_broker_that_does_not_answer_is_said_so_on_the_page(redis_url: str) -> None:
@@ -196,4 +196,4 @@ def test_a_broker_that_does_not_answer_is_said_so_on_the_page(redis_url: str) ->
     with TestClient(ui_app(app), base_url="http://127.0.0.1") as http:
         page = http.get("/workers")
     assert page.status_code == 200 and "broker did not answer" in page.text
-    storage.client.close()
+    storage.close()

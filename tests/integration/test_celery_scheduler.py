@@ -174,4 +174,4 @@ def test_the_examples_beat_sweep_resends_a_job_whose_message_was_lost(redis_url:
     assert parse_celery_task_id(again["id"]) == ("support", "chat-7", view.record.version)
     assert body[:2] == [["chat-7", view.record.version], {"app": example.APP_PATH}]
     client.close()
-    example.storage.client.close()
+    example.storage.close()

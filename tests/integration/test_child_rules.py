@@ -32,7 +32,7 @@ def storage(request: pytest.FixtureRequest) -> Iterator[Any]:
         return
     s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"cr{uuid.uuid4().hex[:8]}")
     yield s
-    s.client.close()
+    s.close()
 
 
 def _app(storage: Any, *agents: Agent, **kw: Any) -> App:

@@ -28,7 +28,7 @@ def storage(request: pytest.FixtureRequest) -> Iterator[Any]:
         return
     redis_storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"kids{id(request)}")
     yield redis_storage
-    redis_storage.client.close()  # an unclosed socket is a ResourceWarning: an error in whichever test collects it
+    redis_storage.close()  # each thread's kept connection too: an unclosed socket is a ResourceWarning (an error)
 
 
 def _last(messages: list[Message]) -> Message:

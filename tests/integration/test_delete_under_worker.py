@@ -79,7 +79,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         return sorted(found)
 
     yield Backend(storage, RedisBlobStore(storage.client, prefix=prefix), redis_leftovers)
-    storage.client.close()
+    storage.close()
     r.close()
 
 

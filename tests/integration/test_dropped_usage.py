@@ -77,7 +77,7 @@ def app_and_steal(request: pytest.FixtureRequest) -> Iterator[tuple[App, StolenO
 
     model = StolenOnce(steal_redis)
     yield App(storage=store, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=model, stream=False)]), model
-    store.client.close()
+    store.close()
 
 
 def test_an_attempt_fenced_off_after_the_model_answered_still_counts_its_usage(

@@ -41,7 +41,7 @@ def storage(request: pytest.FixtureRequest) -> Iterator[RedisStorage]:
     url = request.getfixturevalue(request.param)
     s = RedisStorage.from_url(url, prefix="arch", cluster=request.param == "redis_cluster_url")
     yield s
-    s.client.close()
+    s.close()
 
 
 def _app(storage: RedisStorage) -> App:
@@ -121,7 +121,7 @@ def test_the_commit_that_finishes_a_job_reads_what_its_archive_needs(redis_url: 
     assert everything[0].type == "job_started" and everything[-1].type == "job_finished"
     plain = RedisStorage(storage.client, prefix="arch-one", archive_events=False)
     assert plain.events("j") == everything  # read back from the archive alone: every event, same ids
-    storage.client.close()
+    storage.close()
 
 
 def test_a_commit_reply_is_its_status_or_the_status_with_the_archives_read() -> None:

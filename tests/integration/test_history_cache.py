@@ -45,7 +45,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 
     yield handle
     for s in made:
-        s.client.close()
+        s.close()
 
 
 class Counting:

@@ -42,7 +42,7 @@ def app(request: pytest.FixtureRequest) -> Iterator[App]:
     store = RedisStorage.from_url(redis_url, prefix="inbox")
     yield App(storage=store, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=ScriptedModel(answer),
                                                                          tools=[lookup])])
-    store.client.close()
+    store.close()
 
 
 def roles_and_texts(app: App, job_id: str) -> list[tuple[str, Any]]:
@@ -153,7 +153,7 @@ def test_a_send_or_publish_re_sent_after_a_lost_reply_applies_once(redis_url: st
     publish(keys=[k.record, k.live], args=["p-1", line])
     publish(keys=[k.record, k.live], args=["p-1", line])
     assert store.client.xlen(k.live) == before + 1
-    store.client.close()
+    store.close()
 
 
 def test_a_re_sent_send_is_recognised_even_after_another_caller_sent_in_between(redis_url: str) -> None:
@@ -169,7 +169,7 @@ def test_a_re_sent_send_is_recognised_even_after_another_caller_sent_in_between(
     send(keys=[k.record, k.inbox], args=["tok-b", '{"role": "user", "content": "from B"}'])
     send(keys=[k.record, k.inbox], args=["tok-a", '{"role": "user", "content": "from A"}'])  # A's retry
     assert [m["content"] for m in store.inbox("r", 10)] == ["from A", "from B"]
-    store.client.close()
+    store.close()
 
 
 def test_a_step_journaled_with_parts_re_sent_after_a_lost_reply_publishes_them_once(redis_url: str) -> None:
@@ -194,7 +194,7 @@ def test_a_step_journaled_with_parts_re_sent_after_a_lost_reply_publishes_them_o
     # Another value under the key is not a re-send: it is journaled and its parts go out.
     step(keys=[k.record, k.journal, k.lease, k.live], args=[version, "1", "w1", "model", '{"a":2}', line])
     assert store.client.xlen(k.live) == before + 2 and store.client.hget(k.journal, "model") == b'{"a":2}'
-    store.client.close()
+    store.close()
 
 
 # --- issue 30: an invariant between two records is checked in the same atomic step that writes ---------
@@ -240,7 +240,7 @@ def test_a_redis_record_from_before_the_status_field_is_judged_by_its_data(redis
     with pytest.raises(JobConflictError, match="complete"):
         store.send("j", [{"role": "user", "content": "late"}])
     assert store.inbox("j", 10) == []
-    store.client.close()
+    store.close()
 
 
 def test_a_crash_right_after_the_last_turn_commits_loses_no_message_sent_during_it(

@@ -30,7 +30,7 @@ def record(job_id: str, when: float, status: JobStatus = JobStatus.RUNNING, vers
 def storage(redis_url: str) -> Iterator[RedisStorage]:
     s = RedisStorage.from_url(redis_url, prefix=f"li{uuid.uuid4().hex[:6]}")
     yield s
-    s.client.close()
+    s.close()
 
 
 def ids(storage: RedisStorage, **kw: Any) -> list[str]:

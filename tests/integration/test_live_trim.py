@@ -53,7 +53,7 @@ def app(redis_url: str) -> Iterator[App]:
     # A queue nothing consumes: each test advances the job itself.
     yield App(storage=storage, scheduler=RQScheduler.for_storage(storage, queue="trim-test"),
               agents=[Agent(name="a", model=ScriptedModel(_answer), tools=[lookup], max_turns=TURNS + 1)])
-    storage.client.close()
+    storage.close()
 
 
 def _storage(app: App) -> RedisStorage:

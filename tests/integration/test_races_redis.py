@@ -96,7 +96,7 @@ def app(redis_url: str) -> Iterator[App]:
     charged.clear()
     armed.clear()
     yield App(storage=storage, scheduler=scheduler, agents=agents)
-    storage.client.close()
+    storage.close()
 
 
 def race(first: Callable[[], Any], second: Callable[[], Any]) -> list[Any]:

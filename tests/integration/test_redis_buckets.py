@@ -27,7 +27,7 @@ pytestmark = pytest.mark.redis
 def storage(redis_url: str) -> Iterator[RedisStorage]:
     s = RedisStorage.from_url(redis_url, prefix="bk", buckets=8)
     yield s
-    s.client.close()
+    s.close()
 
 
 def test_every_key_a_script_touches_shares_the_jobs_slot(storage: RedisStorage) -> None:
@@ -68,15 +68,15 @@ def test_a_storage_with_another_layout_refuses_to_write_the_same_prefix(redis_ur
             other.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
         with pytest.raises(ConfigurationError, match="every process on one prefix must use the same buckets"):
             other.acquire_lease("a", "w", 30)
-        other.client.close()
+        other.close()
     assert storage.get_job("b") is None  # nothing half written
     # The same count on the same prefix is fine; so is another prefix with its own layout.
     same = RedisStorage.from_url(redis_url, prefix="bk", buckets=8)
     same.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
     flat = RedisStorage.from_url(redis_url, prefix="flat")
     flat.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
-    same.client.close()
-    flat.client.close()
+    same.close()
+    flat.close()
 
 
 def test_the_global_index_names_are_refused_on_a_bucketed_storage(storage: RedisStorage) -> None:
@@ -111,7 +111,7 @@ def test_a_reader_with_another_layout_is_refused_not_shown_empty_indexes(redis_u
                  lambda: other.finished_jobs(1e12)):
         with pytest.raises(ConfigurationError, match="written with buckets=8 records=3, this storage uses buckets=0"):
             read()
-    other.client.close()
+    other.close()
     assert [r.job_id for r in storage.list_jobs()] == ["a"]  # the right layout reads them
 
 
@@ -125,8 +125,8 @@ def test_a_bucketed_layout_is_not_recorded_over_jobs_written_without_buckets(red
         bucketed.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
     assert bucketed.client.get(layout_key("old")) is None and flat.get_job("b") is None
     assert flat.get_job("a") is not None
-    flat.client.close()
-    bucketed.client.close()
+    flat.close()
+    bucketed.close()
 
 
 def test_the_layout_checked_before_any_write_is_recorded_and_another_refused(redis_url: str) -> None:
@@ -140,5 +140,5 @@ def test_the_layout_checked_before_any_write_is_recorded_and_another_refused(red
     with pytest.raises(ConfigurationError, match="every process on one prefix must use the same buckets"):
         other.create_job(JobRecord(job_id="b", status=JobStatus.IDLE))
     assert fresh.get_job("b") is None
-    fresh.client.close()
-    other.client.close()
+    fresh.close()
+    other.close()

@@ -70,7 +70,7 @@ def test_a_format_2_prefix_moves_to_format_3_in_two_steps_with_both_writers_on_o
     assert all(_plain(e) for e in _raw_events(step1, "j"))  # what the earlier version's readers parse
     admin = RedisStorage.from_url(redis_url, prefix="m23")
     assert upgrade_record_format(admin) is True and upgrade_record_format(admin) is False
-    admin.client.close()
+    admin.close()
     assert client.get(layout_key("m23")) == b"buckets=0 records=3"
     step2 = _app(redis_url, "m23", clock)  # started after the upgrade: format 3
     for turn in range(TURNS + 2):

@@ -27,7 +27,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[RedisFlowStore]:
     else:
         storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="fl")
     yield storage.flow_store()
-    storage.client.close()
+    storage.close()
 
 
 def test_the_rate_bucket_grants_its_burst_then_says_how_long_to_wait(store: RedisFlowStore) -> None:
@@ -88,7 +88,7 @@ def test_an_app_on_redis_defers_a_turn_over_its_concurrency_limit(redis_url: str
     store.release_slot("t-1", "elsewhere")
     assert app.advance("j") is AdvanceResult.COMPLETED
     assert store.slots("t-1", 0.0) == []
-    storage.client.close()
+    storage.close()
 
 
 # --- issue 30: every outside number bounded; a slot lives with its lease -------------------------------
@@ -150,7 +150,7 @@ def test_a_tool_longer_than_the_slot_keeps_a_second_job_of_its_key_out_on_redis(
     assert app.advance("a") is AdvanceResult.ADVANCED
     assert seen == [AdvanceResult.DEFERRED]  # the lease keeper renewed a's slot with its lease
     assert storage.flow_store().slots("k", 0.0) == []
-    storage.client.close()
+    storage.close()
 
 
 def test_a_lost_lease_gives_its_slot_back_on_redis(redis_url: str) -> None:
@@ -171,4 +171,4 @@ def test_a_lost_lease_gives_its_slot_back_on_redis(redis_url: str) -> None:
     app.run_agent("long", job_id="a", user="go", concurrency_key="k")
     assert app.advance("a") is AdvanceResult.STALE
     assert held == [[]]
-    storage.client.close()
+    storage.close()

@@ -44,7 +44,7 @@ def _agent() -> Agent:
 def app(redis_url: str) -> Iterator[App]:
     storage = RedisStorage.from_url(redis_url, prefix="fmt")
     yield App(storage=storage, scheduler=MemoryScheduler(), agents=[_agent()])
-    storage.client.close()
+    storage.close()
 
 
 def _advance(app: App, job_id: str, turns: int) -> None:

@@ -53,7 +53,7 @@ def test_a_script_sent_two_keys_names_every_other_as_the_adapter_does(client: re
             if order == "commit":
                 assert client.eval(naming_only, 13, *every[:13]) == every[:13]
     finally:
-        storage.client.close()
+        storage.close()
 
 
 @pytest.mark.parametrize("prefix", ["p", "a.b:c-d_e", "x:"])
@@ -75,7 +75,7 @@ def test_a_script_sent_two_keys_reads_the_jobs_id_from_them_and_the_storage_send
         with pytest.raises(ValueError, match="due index"):
             naming.naming_fn(naming.STEP_KEYS, job_arg=1)
     finally:
-        storage.client.close()
+        storage.close()
 
 
 def test_the_job_ids_a_storage_does_not_send_are_the_ones_its_scripts_index_and_clean_up(
@@ -106,7 +106,7 @@ def test_the_job_ids_a_storage_does_not_send_are_the_ones_its_scripts_index_and_
         assert set(client.zrange(storage.finished_key, 0, -1)) == set(IDS) - {gone, deleted}
         assert {r.job_id for r in storage.list_jobs()} == set(IDS) - {gone, deleted}
     finally:
-        storage.client.close()
+        storage.close()
 
 
 def test_commit_keys_end_with_every_listing_index_as_the_scripts_count_them(redis_url: str) -> None:
@@ -116,7 +116,7 @@ def test_commit_keys_end_with_every_listing_index_as_the_scripts_count_them(redi
         assert every[0] == "o:{j}:record" and every[6] == "o:due"
         assert every[-len(JobStatus) - 1:] == ["o:updated", *(f"o:status:{s.value}" for s in JobStatus)]
     finally:
-        storage.client.close()
+        storage.close()
 
 
 def test_a_job_without_buckets_sends_two_key_names_a_script_at_most(redis_url: str,
@@ -151,4 +151,4 @@ def test_a_job_without_buckets_sends_two_key_names_a_script_at_most(redis_url: s
             if name != "other":
                 assert keys == (one if name == "step" else two), (name, keys)
     finally:
-        storage.client.close()
+        storage.close()

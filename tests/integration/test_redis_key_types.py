@@ -178,7 +178,7 @@ def storage(redis_url: str) -> Iterator[RedisStorage]:
     s = RedisStorage.from_url(redis_url, prefix=PREFIX)
     yield s
     COMMITS.pop(s, None)
-    s.client.close()
+    s.close()
 
 
 @pytest.mark.parametrize(("script", "role", "wrong"), CASES)

@@ -52,7 +52,7 @@ def apps(redis_url: str) -> Iterator[list[App]]:
     made: list[App] = []
     yield made
     for app in made:
-        _storage(app).client.close()
+        _storage(app).close()
 
 
 def _storage(app: App) -> RedisStorage:
@@ -109,7 +109,7 @@ def test_a_fresh_prefix_writes_a_base_and_then_only_the_fields_a_commit_changed(
     other = RedisStorage.from_url(redis_url, prefix="rf2")
     got = other.get_job("j")
     assert got == _storage(app).get_job("j") and got is not None and got.version == delta["version"]
-    other.client.close()
+    other.close()
     _finish(app, "j")
     # The same workload written whole (a prefix of the versions before format 2) reads the same.
     old = _app(redis_url, "rf1")
@@ -147,7 +147,7 @@ def test_an_earlier_versions_prefix_moves_to_the_newest_format_in_two_steps_with
     admin = RedisStorage.from_url(redis_url, prefix="mix")
     assert upgrade_record_format(admin) is True
     assert upgrade_record_format(admin) is False  # there already: nothing to do
-    admin.client.close()
+    admin.close()
     assert client.get(layout_key("mix")) == b"buckets=0 records=3"
     step2 = _app(redis_url, "mix", clock)
     apps.append(step2)
@@ -192,7 +192,7 @@ def test_versions_before_the_newest_format_are_refused_by_its_prefix_not_left_to
     with pytest.raises(ConfigurationError, match="nothing was upgraded"):
         upgrade_record_format(other)
     assert _storage(app).client.get(layout_key("guard")) == b"buckets=0 records=3"
-    other.client.close()
+    other.close()
 
 
 def _commit(storage: RedisStorage, rec: JobRecord, owner: str, **update: Any) -> JobRecord:
@@ -231,8 +231,8 @@ def test_a_field_back_at_its_default_is_written_in_the_delta_and_a_changed_base_
     assert fresh.get_job("d") == storage.get_job("d")
     stored = stored_text(held.get("data"), held.get("base"), held.get("dx"))
     assert stored is not None and json.loads(stored)["version"] == rec.version
-    storage.client.close()
-    fresh.client.close()
+    storage.close()
+    fresh.close()
 
 
 def test_a_commit_sent_again_after_its_reply_was_lost_leaves_the_next_delta_right(redis_url: str) -> None:
@@ -263,7 +263,7 @@ def test_a_commit_sent_again_after_its_reply_was_lost_leaves_the_next_delta_righ
     assert got is not None
     assert (got.title, got.stop_reason, got.error, got.version) == ("t2", "s2", "e3", last.version)
     assert storage.get_job("d") == got
-    storage.client.close()
+    storage.close()
 
 
 def test_the_cli_moves_the_apps_prefix_once_and_refuses_a_storage_without_formats(
@@ -352,7 +352,7 @@ def test_a_commit_on_a_cluster_names_the_status_indexes_it_moves_the_job_between
     try:
         sent = _commit_keys_sent(app)
     finally:
-        _storage(app).client.close()
+        _storage(app).close()
     # Every turn but the last keeps the job running: the all-jobs index and the running one; the last
     # moves it to complete: the two status indexes. (19 keys: every index, as for a job not held.)
     assert sent == [13] * (TURNS - 1) + [14]
@@ -386,7 +386,7 @@ def test_on_a_redis_cluster_a_prefix_moves_to_the_newest_format_in_two_steps_too
     assert _record(later).status is JobStatus.COMPLETE and _record(first) == _record(later)
     assert len(later.messages("j")) == 2 * TURNS
     for app in (first, later):
-        _storage(app).client.close()
+        _storage(app).close()
 
 
 def test_a_record_a_worker_is_not_sent_again_is_the_one_a_cold_load_parses(

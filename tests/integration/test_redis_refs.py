@@ -73,7 +73,7 @@ class Commits:
 def storage(redis_url: str) -> Iterator[RedisStorage]:
     s = RedisStorage.from_url(redis_url, prefix="refs")
     yield s
-    s.client.close()
+    s.close()
 
 
 def _transcript(r: redis.Redis, storage: RedisStorage, job_id: str) -> list[bytes]:
@@ -88,7 +88,7 @@ def _expected(redis_url: str, job_id: str, app_of: Any = None, agent: str = "a",
     app.run_agent(agent, job_id=job_id, messages=[ask])
     app.scheduler.drain()  # type: ignore[attr-defined]
     out = list(other.client.lrange(other.keys(job_id).messages, 0, -1))
-    other.client.close()
+    other.close()
     return out
 
 
@@ -160,7 +160,7 @@ def test_a_recovered_turn_sends_the_answer_it_loaded_from_the_journal_by_referen
     while app2.get("j3").status.value == "running":
         app2.advance("j3")
     assert _transcript(r, fresh, "j3") == _expected(redis_url, "j3")
-    fresh.client.close()
+    fresh.close()
 
 
 def test_live_parts_sent_with_a_journal_write_are_stored_as_they_were_built(

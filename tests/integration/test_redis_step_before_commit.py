@@ -62,7 +62,7 @@ def _eventually(read: Any) -> Any:
 def storage(redis_url: str) -> Any:
     store = RedisStorage.from_url(redis_url, prefix=f"d{uuid.uuid4().hex[:8]}")
     yield store
-    store.client.close()
+    store.close()
 
 
 @pytest.fixture(params=["kept", "pool"])
@@ -167,7 +167,7 @@ def test_a_worker_killed_right_after_the_call_returns_has_journaled_it(redis_url
     proc = subprocess.run([sys.executable, "-c", child], timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert _eventually(lambda: _journal(redis_url, storage).get("tool:c1")) == {"paid": True}
-    storage.client.close()
+    storage.close()
 
 
 @pytest.fixture
@@ -211,7 +211,7 @@ def test_a_server_that_is_down_is_reported_as_for_any_write(redis_url: str) -> N
     with pytest.raises(StorageUnavailableError):
         down.record_step_before_commit("j1", version=1, owner="w1", key="tool:c1", value=1)
     assert not down.conn._deferred.waiting()
-    down.client.close()
+    down.close()
 
 
 class _Intruder:
@@ -435,7 +435,7 @@ def test_no_health_check_goes_between_the_write_and_the_commit_behind_it(redis_u
         assert loaded.checkpoint.journal == {**MODEL, "tool:c1": {"sum": 4}}
         assert sent == [storage.scripts.step.name, storage.scripts.load.name], "each sent once, read in order"
     finally:
-        storage.client.close()
+        storage.close()
 
 
 def test_a_storage_closed_by_another_thread_has_the_pending_write_run_again(

@@ -139,7 +139,7 @@ def test_a_commit_whose_reply_was_lost_is_resent_by_redis_py_and_recognised(redi
         storage.commit(c)  # and once more by hand: still a no-op
         assert len(storage.messages("job-1")) == 3
     finally:
-        storage.client.close()
+        storage.close()
         proxy.close()
 
 
@@ -154,7 +154,7 @@ def test_a_create_whose_reply_was_lost_is_not_a_conflict(redis_url: str) -> None
         assert proxy.dropped == 1
         assert storage.messages("job-1") == [{"role": "user", "content": "hi"}]
     finally:
-        storage.client.close()
+        storage.close()
         proxy.close()
 
 
@@ -448,7 +448,7 @@ def test_storage_reports_an_outage_and_recovers_when_redis_is_back(own_server: R
     assert storage.get_job("job-1") is None
     storage.create_job(record())
     assert storage.get_job("job-1") is not None
-    storage.client.close()
+    storage.close()
 
 
 def test_the_test_server_moves_off_a_port_taken_before_it_starts_but_a_restart_never_moves() -> None:

@@ -206,7 +206,7 @@ def test_for_storage_takes_the_client_and_the_prefix_from_the_storage(redis_url:
     assert sched.queue.get_job_ids() == [rq_job_id("j", 2, "app.one:x")]
     with pytest.raises(ConfigurationError, match="from the storage"):
         RQScheduler.for_storage(storage, namespace="other")
-    storage.client.close()
+    storage.close()
 
 
 @pytest.mark.parametrize("namespace", ["", "a b", "{tag}", "a/b"])

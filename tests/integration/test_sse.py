@@ -116,7 +116,7 @@ def app(request: pytest.FixtureRequest) -> Iterator[App]:
     # A queue nothing consumes: the tests advance the jobs themselves.
     yield App(storage=storage, scheduler=RQScheduler.for_storage(storage, queue="sse-test"),
               agents=[Agent(name="a", model=model(), tools=[lookup])])
-    storage.client.close()
+    storage.close()
 
 
 def test_resuming_from_last_event_id_or_cursor_misses_nothing_and_repeats_nothing(app: App) -> None:
@@ -365,7 +365,7 @@ def test_the_ai_packages_own_reader_assembles_a_finished_redis_conversation_whos
             assert not any(p.type == "text_delta" for p in app.stream("chat-r", follow=False))
             run_node(base + "/chat", "chat-r", run_messages(app, "chat-r"))
     finally:
-        storage.client.close()
+        storage.close()
 
 
 @pytest.mark.parametrize("abandoned", ["I think the answer is probably something like " * 6, TEXT + " And more."],

@@ -28,7 +28,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
 
         store = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"own{id(request)}")
         yield store
-        store.client.close()
+        store.close()
     else:
         from adapters.sqlite import SQLiteStorage
 

@@ -48,7 +48,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="rough")
     # Deleting the key is exactly what PX expiry does, without waiting for it.
     yield Backend(storage, lambda: storage.client.delete(storage.keys(JOB).lease))
-    storage.client.close()
+    storage.close()
 
 
 def test_a_late_commit_says_the_lease_expired_when_nobody_holds_it(backend: Backend) -> None:
@@ -101,7 +101,7 @@ def test_loading_a_record_deleted_by_hand_drops_it_from_the_indexes(redis_url: s
     assert storage.due_jobs(1e12) == ["job-2"]
     assert r.smembers(storage.jobs_key) == {b"job-2"}
     assert [j.job_id for j in storage.list_jobs()] == ["job-2"]
-    storage.client.close()
+    storage.close()
     r.close()
 
 
@@ -154,7 +154,7 @@ def test_a_job_whose_record_is_gone_loses_its_other_keys_too_said_once(
     # The other job kept everything.
     assert _job_keys(r, "job-2") == other_keys and storage.due_jobs(1e12) == ["job-2"]
     assert storage.count_jobs() == 1 and storage.count_jobs(JobStatus.RUNNING) == 1
-    storage.client.close()
+    storage.close()
     r.close()
 
 
@@ -169,7 +169,7 @@ def test_a_finished_job_whose_record_is_gone_leaves_the_finished_index(redis_url
     r.delete(storage.keys(JOB).record)
     assert storage.get_job(JOB) is None
     assert storage.finished_jobs(1e12) == [] and _job_keys(r, JOB) == [] and _named_by_an_index(r, JOB) == []
-    storage.client.close()
+    storage.close()
     r.close()
 
 
@@ -192,5 +192,5 @@ def test_a_job_created_again_meanwhile_is_not_taken_for_leftovers(redis_url: str
     rec = storage.get_job(JOB)
     assert rec is not None and storage.messages(JOB) == [{"role": "user", "content": "new"}]
     assert storage.due_jobs(1e12) == [JOB]
-    storage.client.close()
+    storage.close()
     r.close()

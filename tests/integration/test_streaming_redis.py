@@ -35,7 +35,7 @@ def app(redis_url: str) -> Iterator[App]:
     # A queue nothing consumes: the test advances the job itself, from another thread.
     yield App(storage=storage, scheduler=RQScheduler.for_storage(storage, queue="stream-test"),
               agents=[Agent(name="a", model=model, tools=[lookup])])
-    storage.client.close()
+    storage.close()
 
 
 def test_a_follower_blocked_on_redis_receives_every_part_and_the_texts_match_the_transcript(app: App) -> None:

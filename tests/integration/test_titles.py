@@ -35,7 +35,7 @@ def adapters(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
         return
     store = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="titles")
     yield store, MemoryScheduler()
-    store.client.close()
+    store.close()
 
 
 def test_a_new_conversation_is_named_once_and_follow_ups_keep_the_title(adapters: tuple[Any, Any]) -> None:

@@ -25,7 +25,7 @@ def storage(request: pytest.FixtureRequest) -> Iterator[Any]:
         return
     s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"vm{uuid.uuid4().hex[:8]}")
     yield s
-    s.client.close()
+    s.close()
 
 
 @tool

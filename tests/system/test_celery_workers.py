@@ -67,7 +67,7 @@ def test_thirty_jobs_of_five_turns_complete_on_two_celery_workers(redis_url: str
     assert (effects.missing, effects.repeated) == (0, 0)
     # Each turn's model call happened once: no delivery of a message ran a turn twice.
     assert w1.repeated_for(job_ids) == 0
-    app.storage.client.close()  # type: ignore[attr-defined]
+    app.storage.close()  # type: ignore[attr-defined]
 
 
 def _sweep_until_done(app: App, job_id: str, cluster: Cluster, timeout: float) -> None:

@@ -92,7 +92,7 @@ def test_rq_is_refused_a_cluster_connection_by_name(redis_cluster_url: str) -> N
         RQScheduler.for_storage(storage)
     with pytest.raises(ConfigurationError, match="buckets >= 1"):
         RedisStorage(storage.client, buckets=0)
-    storage.client.close()
+    storage.close()
 
 
 def test_no_job_is_lost_or_committed_twice_when_a_master_fails_over(

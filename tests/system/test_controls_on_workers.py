@@ -35,7 +35,7 @@ def test_app(redis_url: str) -> Iterator[App]:
     """The test's own handle on the app the workers run (same Redis, same queue)."""
     a = build_app(redis_url)
     yield a
-    a.storage.client.close()  # type: ignore[attr-defined]
+    a.storage.close()  # type: ignore[attr-defined]
 
 
 def committed_turns(app: App, job_id: str) -> int:

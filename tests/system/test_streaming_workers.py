@@ -58,7 +58,7 @@ def stream_app(cluster: Cluster, fake_openai: FakeOpenAI, redis_url: str) -> Ite
     cluster.env.update({"FAKE_OPENAI_BASE": fake_openai.url, "PIPELINES_LEASE": "3"})
     app = make_app(redis_url, fake_openai.url, lease=3)
     yield app
-    app.storage.client.close()  # type: ignore[attr-defined]
+    app.storage.close()  # type: ignore[attr-defined]
 
 
 def worker(cluster: Cluster, name: str, *extra: str) -> Any:
