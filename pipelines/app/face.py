@@ -213,8 +213,8 @@ class App:
         A running, waiting or paused job keeps them in its inbox until its next
         turn (also after a crash: the turn that takes them commits their
         removal); messages that arrive while its last turn runs start the next
-        run in the commit that ends it. A complete job is continued as with
-        ``run_agent``, also one whose run ends while this call runs. Only what a
+        run in the commit that ends it. A complete job is continued as with ``run_agent``
+        (the last run's options kept), also one whose run ends while this call runs. Only what a
         person writes is sent (strings, ``user`` and plain ``assistant``
         messages): anything else is :class:`InvalidInputError`, nothing sent.
         An agent with ``on_new_message="reject"`` refuses them while it runs.

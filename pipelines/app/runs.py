@@ -166,7 +166,9 @@ class Runs:
         msgs = inbox.person_messages(as_message_list(messages))
         inbox.send(self.storage, record, msgs, agent=source.name,
                    takes_while_running=source.takes_messages_while_running,
-                   continue_run=lambda: self.run_agent(source, job_id=job_id, messages=msgs))
+                   # The last run's options (concurrency key, priority, model, ...): what a message sent during its
+                   # last turn keeps too; a caller who wants others runs the conversation on with run_agent.
+                   continue_run=lambda done: self.run_agent(source, job_id=job_id, messages=msgs, **done.options))
         return self.app.read.view(control.load_job(self.storage, job_id))
 
 

@@ -62,11 +62,12 @@ def person_messages(messages: Sequence[Any]) -> list[Message]:
 
 
 def send(storage: Storage, record: JobRecord, messages: list[Message], *, agent: str, takes_while_running: bool,
-         continue_run: Callable[[], object]) -> None:
+         continue_run: Callable[[JobRecord], object]) -> None:
     """Put ``messages`` in the inbox of ``record``'s job, or continue it with them if it is complete.
 
-    ``continue_run()`` starts the next run of a complete conversation with
-    ``messages`` (``app.run_agent``). Raises :class:`JobConflictError` for a
+    ``continue_run(record)`` starts the next run of the complete conversation ``record`` with
+    ``messages`` (``app.run_agent``), with the per-run options of its last run, as a message sent during
+    the last turn does (``done_and_continued``). Raises :class:`JobConflictError` for a
     job that takes no messages (failed, cancelled, or an agent with
     ``on_new_message="reject"`` while it runs).
     """
@@ -87,11 +88,12 @@ def _check_open(record: JobRecord, agent: str, takes_while_running: bool) -> Non
                                "(on_new_message='reject'); wait for it to complete")
 
 
-def _sent(storage: Storage, record: JobRecord, messages: list[Message], continue_run: Callable[[], object]) -> bool:
+def _sent(storage: Storage, record: JobRecord, messages: list[Message],
+          continue_run: Callable[[JobRecord], object]) -> bool:
     """One attempt on the record as read; ``False`` when the write found the job's status moved (nothing written)."""
     try:
         if record.status is JobStatus.COMPLETE:
-            continue_run()  # fenced on the version read: another run started meanwhile is a conflict
+            continue_run(record)  # fenced on the version read: another run started meanwhile is a conflict
         elif writer.send(storage, record.job_id, messages) is None:
             raise JobNotFoundError(f"job {record.job_id!r} not found")
     except JobConflictError:

@@ -86,6 +86,22 @@ def test_a_message_sent_during_the_last_turn_starts_the_next_run_at_once(app: Ap
     assert roles_and_texts(app, "k")[-2:] == [("user", "one more thing"), ("assistant", "answered: one more thing")]
 
 
+def test_a_message_sent_to_a_finished_conversation_runs_on_with_the_last_runs_options(app: App) -> None:
+    # As a message sent during the last turn does: the concurrency limit, priority and limits still apply.
+    app.run_agent("a", job_id="o", messages=["where is A-1?"], concurrency_key="shop-7", priority="background",
+                  max_turns=7)
+    app.drain()
+    first = app.get("o").record
+    assert first.status is JobStatus.COMPLETE and first.options["concurrency_key"] == "shop-7"
+    app.send("o", ["and A-2?"])
+    running = app.get("o").record
+    assert running.options == first.options and running.status is not JobStatus.COMPLETE
+    app.drain()
+    done = app.get("o").record
+    assert done.status is JobStatus.COMPLETE and done.options == first.options
+    assert roles_and_texts(app, "o")[-1] == ("assistant", "answered: and A-2?")
+
+
 def test_bad_sends_are_clear_errors(app: App) -> None:
     with pytest.raises(JobNotFoundError):
         app.send("nope", ["hi"])
