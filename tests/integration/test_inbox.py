@@ -102,6 +102,27 @@ def test_a_message_sent_to_a_finished_conversation_runs_on_with_the_last_runs_op
     assert roles_and_texts(app, "o")[-1] == ("assistant", "answered: and A-2?")
 
 
+def test_messages_each_under_the_limit_but_over_it_together_join_over_several_turns(
+        app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A turn journals what it takes from the inbox as one step, which has the limit of one stored value:
+    # taking all at once failed the job for good (each retry took them all again).
+    import pipelines.engine.models as models
+
+    monkeypatch.setattr(models, "MAX_VALUE_BYTES", 64 * 1024)
+    app.run_agent("a", job_id="big", messages=["where is A-1?"])
+    app.scheduler.run_next()  # type: ignore[attr-defined]  # turn 1: the lookup
+    sent = [f"{i}:" + "q" * 10_000 for i in range(12)]  # ~120 KB in all, 10 KB each
+    for text in sent:
+        app.send("big", [text])
+    app.drain()
+    view = app.get("big")
+    assert view.status is JobStatus.COMPLETE and view.record.inbox == 0, view.error
+    users = [t for r, t in roles_and_texts(app, "big") if r == "user"]
+    assert users == ["where is A-1?", *sent]  # each once, in order
+    answers = [t for r, t in roles_and_texts(app, "big") if r == "assistant" and t]
+    assert len(answers) >= 2  # taken in more than one turn: at most ~6 fit in one
+
+
 def test_bad_sends_are_clear_errors(app: App) -> None:
     with pytest.raises(JobNotFoundError):
         app.send("nope", ["hi"])

@@ -34,6 +34,7 @@ __all__ = [
     "check_size",
     "dump_json",
     "encode_plain",
+    "fitting_start",
     "fresh_json",
     "json_data",
     "owned_json_value",
@@ -109,6 +110,19 @@ def encode_plain(plain: Any) -> str:
     # pydantic-core's encoder: several times json.dumps on plain data, the same compact text
     # except that non-ASCII stays UTF-8 instead of \u escapes (it reads back the same).
     return _to_json(plain).decode()
+
+
+def fitting_start(values: list[Any]) -> list[Any]:
+    """The longest start of ``values`` (plain JSON) whose list fits in one stored value; at least the first.
+
+    For what one write takes from a queue of values each checked on its own (a job's inbox, journaled whole).
+    """
+    room, used = _models.MAX_VALUE_BYTES - 4096, 0  # 4 KiB: the envelope the list is stored in
+    for i, value in enumerate(values):
+        used += len(encode_plain(value).encode()) + 1
+        if used > room and i:
+            return values[:i]
+    return values
 
 
 def check_messages(messages: Sequence[Any], what: str) -> list[Message]:

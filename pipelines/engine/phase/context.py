@@ -26,6 +26,7 @@ from pipelines.engine.models import (
     Message,
     Usage,
     check_messages,
+    fitting_start,
     fresh_json,
     json_data,
     to_json_value,
@@ -224,11 +225,12 @@ class PhaseContext(Generic[S]):
 
         Journaled, so a re-run after a crash takes exactly the same ones; the
         phase's commit (moving on, or completing) removes them from the inbox,
-        so each joins the transcript once.
+        so each joins the transcript once. As many as fit in one journal step are
+        taken (``MAX_VALUE_BYTES``); the rest wait for the next turn (or run).
         """
         found, taken = self.recorded(INBOX_STEP)
         if not found:
-            taken = self._storage.inbox(self.job_id, self.inbox) if self.inbox > 0 else []
+            taken = fitting_start(self._storage.inbox(self.job_id, self.inbox)) if self.inbox > 0 else []
             if taken:
                 self.record(INBOX_STEP, taken)
         messages: list[Message] = list(taken or [])
