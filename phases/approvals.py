@@ -110,7 +110,8 @@ def _decide(job_id: str, call_id: str, decision: dict[str, Any], storage: Storag
         now = scheduler.now()
         event = make_event(f"call_{decision['decision']}", now, phase=_phase(record), call_id=call_id,
                            tool=(call.get("function") or {}).get("name"), **({"reason": decision["reason"]}
-                                                                            if "reason" in decision else {}))
+                                                                            if "reason" in decision else {}),
+                           pending=len(left))  # calls still waiting: a stream reader ends its message here if any
         # The job goes on once every call it waits on is decided.
         commit = transitions.supply_inputs(record, {journal.approval_key(call_id): entry}, resume=not left,
                                            now=now, why=f"call {call_id} {decision['decision']}", event=event)

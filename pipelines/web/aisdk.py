@@ -46,6 +46,7 @@ ENDS = {"job_finished": "stop", "job_failed": "error", "job_cancelled": "other",
         "approval_requested": "other", "job_paused": "other"}
 # A run that ended on an answer cut short (its record's stop_reason) finishes as the AI SDK names that.
 _STOPS = {"truncated": "length", "content_filter": "content-filter"}
+_DECIDED = frozenset({"call_approved", "call_rejected"})
 # Ends only when nothing follows yet: a run that goes on after them (resumed, approved) is one message in a replay.
 _WAITS = frozenset({"job_waiting", "approval_requested", "job_paused"})
 _TURN_PARTS = frozenset({"attempt_started", "text_delta", "turn_started", "turn_committed"})
@@ -115,9 +116,8 @@ class UIMessageEncoder:
             error = part.data.get("error") if kind == "job_failed" else None
             reason = _STOPS.get(str(part.data.get("reason")), "stop") if kind == "job_finished" else ENDS[kind]
             return out + self._finish(reason, None if error is None else str(error))
-        if kind == "call_rejected":
-            self._denied.add(str(part.data.get("call_id")))
-            return []
+        if kind in _DECIDED:
+            return self._decided(part, final)
         if part.turn is None or kind not in _TURN_PARTS or (part.turn <= self._done_turn and kind != "turn_committed"):
             return []  # not a turn's part, or a fenced-off worker's late text for a turn already committed
         out = [] if self.message_id is not None else self._start(f"{self.job_id}-{part.id}")
@@ -151,6 +151,15 @@ class UIMessageEncoder:
     def _emit(self, *chunks: Chunk) -> list[Chunk]:
         self._log.extend(chunks)
         return list(chunks)
+
+    def _decided(self, part: Event, final: bool) -> list[Chunk]:
+        """A call's approval decided (``call_approved`` / ``call_rejected``)."""
+        if part.type == "call_rejected":
+            self._denied.add(str(part.data.get("call_id")))
+        # A decision that leaves the job waiting on others ends the message as the wait did, when nothing
+        # follows it yet: the run goes on only once they are decided (then in a message of its own).
+        pending = part.data.get("pending")
+        return self._finish("other") if final and type(pending) is int and pending > 0 else []
 
     def _open_step(self, turn: int) -> list[Chunk]:
         out = self._close_step()

@@ -221,6 +221,27 @@ def test_a_call_waiting_for_approval_is_answered_through_abstract_chat_and_the_r
     assert ("not this one" in result) is not approved  # a rejection's reason reached the model
 
 
+def test_calls_waiting_for_approval_answered_one_at_a_time_each_end_their_send() -> None:
+    # A decision that left the job waiting on the other call kept the send's stream open for ever.
+    def paying(msgs: list[Message]) -> Any:
+        if msgs[-1]["role"] == "tool":
+            return "Both refunded."
+        return reply("Refunding both.", call("refund", order="A-1"), call("refund", order="A-2"))
+
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(paying), tools=[refund])])
+    with serve(build_app(app, agent="a")) as base:
+        got = node("approve-each", base + "/chat", "two", "refund both")
+    assert got["errors"] == []
+    assert [s["status"] for s in got["steps"]] == ["ready", "ready"]
+    first = [p for p in got["steps"][0]["parts"] if p["type"] == "tool-refund"]
+    assert [p["state"] for p in first] == ["approval-responded", "approval-requested"]  # still waits on A-2
+    assert app.get("two").status.value == "complete"
+    assert got["after"][-1]["parts"][-1] == {"type": "text", "text": "Both refunded.", "state": "done"}
+    outputs = [p.get("output") for p in got["after"][-1]["parts"] if p["type"] == "tool-refund"]
+    assert outputs == ["refunded A-1", "refunded A-2"]
+
+
 # --- a retried attempt that says something else ----------------------------------------------------
 class SaysSomethingElse:
     """A provider stream that breaks once, after some text; the retry says something else."""

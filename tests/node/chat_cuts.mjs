@@ -19,6 +19,8 @@
 //     AbstractChat sends <text>; the answer ends waiting for approval; addToolApprovalResponse and a
 //     sendMessage() send the response (as useChat does with sendAutomaticallyWhen); prints the
 //     chat's messages after each answer.
+//   node chat_cuts.mjs approve-each <api> <chat id> <text>
+//     the same for an answer with several calls waiting, each approved and sent on its own.
 import { AbstractChat, DefaultChatTransport, readUIMessageStream } from "ai";
 
 const [mode, api, ...rest] = process.argv.slice(2);
@@ -187,6 +189,23 @@ async function approve(chatId, text, verdict, reason) {
   return { asked, responded, after: summary(c.messages), errors };
 }
 
+// Each call waiting for approval answered on its own, with a sendMessage() after each (as useChat's
+// sendAutomaticallyWhen does only once all are answered; a client may send sooner): each send must end.
+async function approveEach(chatId, text) {
+  const errors = [];
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  await c.sendMessage({ text });
+  const steps = [];
+  for (;;) {
+    const pending = c.lastMessage.parts.find((p) => p.state === "approval-requested");
+    if (!pending) break;
+    await c.addToolApprovalResponse({ id: pending.approval.id, approved: true });
+    await c.sendMessage();
+    steps.push({ status: c.status, parts: parts(c.lastMessage) });
+  }
+  return { steps, after: summary(c.messages), errors };
+}
+
 async function send(chatId, text) {
   const errors = [];
   const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
@@ -200,5 +219,6 @@ else if (mode === "reader") result = await reader(rest[0]);
 else if (mode === "chat") result = await chat(rest[0], rest[1]);
 else if (mode === "replay") result = await chat(rest[0], rest[1], true, Number(rest[2]));
 else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
+else if (mode === "approve-each") result = await approveEach(rest[0], rest[1]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));

@@ -141,3 +141,28 @@ def test_a_run_stopped_on_an_answer_cut_short_finishes_as_the_ai_sdk_names_it() 
     assert finish(reason="truncated") == {"type": "finish", "finishReason": "length"}
     assert finish(reason="content_filter") == {"type": "finish", "finishReason": "content-filter"}
     assert finish(reason="done") == finish(reason="max_turns") == finish() == {"type": "finish", "finishReason": "stop"}
+
+
+def test_a_decision_that_leaves_the_job_waiting_on_another_call_ends_the_message_when_nothing_follows() -> None:
+    # Two calls wait for approval and one is decided: the run goes on only once the other is, so a follower
+    # that got the decision last (a POST that approved one, a resume) must not stay open for ever.
+    asked = part(3, "approval_requested", 1, calls=[{"call_id": "c1", "tool": "pay", "arguments": "{}"},
+                                                     {"call_id": "c2", "tool": "pay", "arguments": "{}"}])
+    start = [part(1, "job_started"), part(2, "turn_started", 1), asked]
+    for decided in (part(4, "call_approved", call_id="c1", pending=1),
+                    part(4, "call_rejected", call_id="c1", reason="no", pending=1)):
+        encoder = UIMessageEncoder("j", lambda a, b: [])
+        for p in start:
+            encoder.feed(p, final=False)
+        assert encoder.feed(decided) == [{"type": "finish-step"}, {"type": "finish", "finishReason": "other"}]
+        assert encoder.ended
+    # The last call decided: the run goes on, in this message when its parts follow.
+    last = UIMessageEncoder("j", lambda a, b: [])
+    for p in start:
+        last.feed(p, final=False)
+    assert last.feed(part(4, "call_approved", call_id="c1", pending=0)) == [] and not last.ended
+    # In a replay, parts that follow the decision (the other call decided, the run going on) keep it open.
+    replay = UIMessageEncoder("j", lambda a, b: [])
+    for p in start:
+        replay.feed(p, final=False)
+    assert replay.feed(part(4, "call_approved", call_id="c1", pending=1), final=False) == [] and not replay.ended
