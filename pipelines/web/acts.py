@@ -18,7 +18,7 @@ from starlette.responses import RedirectResponse, Response
 
 from pipelines.engine.models import validate_job_id
 from pipelines.errors import InvalidInputError, JobNotFoundError
-from pipelines.web.core import UI
+from pipelines.web.core import UI, is_count
 
 __all__ = ["ACTIONS", "act", "done"]
 
@@ -55,7 +55,7 @@ def done(ui: UI, request: Request) -> Response:
     validate_job_id(target)
     if kind in ("fork", "rerun"):
         at = params.get("at", "")
-        if not at.isdigit() or len(at) > 9:
+        if not is_count(at):
             raise InvalidInputError(f"at must be a whole number >= 0, got {at[:40]!r}")
         did = (f"forked {job_id} after turn {at} into {target}, "
                + ("running now" if kind == "rerun" else "paused (resume it from its page)"))
@@ -68,7 +68,7 @@ def done(ui: UI, request: Request) -> Response:
 
 def _fork_plan(job_id: str, form: dict[str, str]) -> dict[str, Any]:
     raw = form.get("at_turn", "")
-    if not raw.isdigit() or len(raw) > 9:
+    if not is_count(raw):
         raise InvalidInputError(f"at_turn must be a whole number >= 0, got {raw[:40]!r}")
     at_turn = int(raw)
     new_id = form.get("new_job_id", "").strip() or f"{job_id[:80]}-fork{at_turn}-{secrets.token_hex(3)}"
@@ -76,7 +76,7 @@ def _fork_plan(job_id: str, form: dict[str, str]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     max_turns = form.get("max_turns", "").strip()
     if max_turns:
-        if not max_turns.isdigit() or not 1 <= int(max_turns) <= 10_000:
+        if not is_count(max_turns) or not 1 <= int(max_turns) <= 10_000:
             raise InvalidInputError(f"max_turns must be a whole number from 1 to 10000, got {max_turns[:40]!r}")
         options["max_turns"] = int(max_turns)
     return {"at_turn": at_turn, "new_job_id": new_id, "run": form.get("run") == "yes", "options": options,

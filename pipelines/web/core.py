@@ -21,7 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pipelines.app import App
 from pipelines.web.text import visible
 
-__all__ = ["COOKIE", "CSP", "LOOPBACK_NAMES", "MAX_SESSIONS", "SESSION_SECONDS", "UI", "Endpoint", "Headers"]
+__all__ = ["COOKIE", "CSP", "LOOPBACK_NAMES", "MAX_SESSIONS", "SESSION_SECONDS", "UI", "Endpoint", "Headers",
+           "is_count"]
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -131,6 +132,14 @@ class Headers:
             await send(message)
 
         await self.inner(scope, receive, with_headers)
+
+
+def is_count(raw: str) -> bool:
+    """Whether ``raw`` is a whole number >= 0 of at most 9 ASCII digits, as the page's numbers are written.
+
+    ``str.isdigit`` alone takes ``"²"``, which ``int()`` refuses (a bare 500).
+    """
+    return raw.isascii() and raw.isdigit() and len(raw) <= 9
 
 
 def pretty_json(value: Any) -> str:

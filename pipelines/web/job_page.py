@@ -28,7 +28,7 @@ from pipelines.app.open_turn import pending_reply, tool_ledger
 from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry
 from pipelines.errors import InvalidInputError, JobNotFoundError
 from pipelines.web import work
-from pipelines.web.core import UI, pretty_json
+from pipelines.web.core import UI, is_count, pretty_json
 from pipelines.web.jobs import row
 from pipelines.web.timeline import timeline
 
@@ -45,7 +45,7 @@ def _number(request: Request, name: str) -> int | None:
     raw = request.query_params.get(name, "")
     if not raw:
         return None
-    if not raw.isdigit() or len(raw) > 9:
+    if not is_count(raw):
         raise InvalidInputError(f"{name} must be a whole number >= 0, got {raw[:40]!r}")
     return int(raw)
 

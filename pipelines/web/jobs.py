@@ -14,7 +14,7 @@ from pipelines.app import App, tags_of
 from pipelines.engine.models import JobRecord, JobStatus
 from pipelines.errors import InvalidInputError
 from pipelines.web import find, work
-from pipelines.web.core import UI
+from pipelines.web.core import UI, is_count
 
 __all__ = ["COUNT_LIMIT", "PAGE_SIZE", "jobs_page", "row", "rows"]
 
@@ -26,7 +26,7 @@ BACK_LIMIT = 8  # cursors of earlier pages a link carries, so "previous" reads o
 
 def query_int(request: Request, name: str, default: int) -> int:
     raw = request.query_params.get(name) or str(default)
-    if not raw.isdigit() or int(raw) < 1 or len(raw) > 9:
+    if not is_count(raw) or int(raw) < 1:
         raise InvalidInputError(f"{name} must be a whole number >= 1, got {raw[:40]!r}")
     return int(raw)
 

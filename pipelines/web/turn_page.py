@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from pipelines.engine.models import Event
 from pipelines.errors import InvalidInputError, JobNotFoundError
-from pipelines.web.core import UI
+from pipelines.web.core import UI, is_count
 from pipelines.web.timeline import timeline
 
 __all__ = ["MAX_EVENTS_READ", "turn_page"]
@@ -31,7 +31,7 @@ MAX_EVENTS_READ = 50_000
 def turn_page(ui: UI, request: Request) -> Response:
     """The page of turn ``n`` of job ``job_id`` (``/jobs/<job_id>/turns/<n>``)."""
     job_id, raw = request.path_params["job_id"], request.path_params["n"]
-    if not raw.isdigit() or len(raw) > 9:
+    if not is_count(raw):
         raise InvalidInputError(f"a turn is a whole number >= 1, got {raw[:40]!r}")
     n = int(raw)
     view = ui.app.get(job_id)

@@ -226,7 +226,11 @@ def test_bad_input_gets_a_clear_error(app: App, client: TestClient) -> None:
              (client.get("/", params={"since": "yesterday"}), 400, "since must be a date and time"),
              (client.get("/jobs/nope"), 404, "job &#39;nope&#39; not found"),
              (client.post("/jobs/w1/explode", data={"csrf": token}), 400, "unknown action &#39;explode&#39;"),
-             (client.post("/jobs/w1/approve", data={"csrf": token, "call_id": "zz"}), 400, "call &#39;zz&#39;")]
+             (client.post("/jobs/w1/approve", data={"csrf": token, "call_id": "zz"}), 400, "call &#39;zz&#39;"),
+             (client.post("/jobs/w1/fork", data={"csrf": token, "at_turn": "\u00b2"}), 400, "at_turn must be a whole"),
+             (client.post("/jobs/w1/fork", data={"csrf": token, "at_turn": "0", "max_turns": "\u00b9"}), 400,
+              "max_turns must be a whole number"),
+             (client.get("/jobs/w1/done", params={"did": "fork", "at": "\u00b2"}), 400, "at must be a whole")]
     for response, code, text in cases:
         assert response.status_code == code, response.text
         assert text in response.text

@@ -173,6 +173,11 @@ def test_bad_paging_input_is_a_400_naming_it(app: App, client: TestClient) -> No
              ("/jobs/long/live", {"from": "1e9"}, "from must be a whole number"),
              ("/jobs/long/live", {"events_seen": "1; DROP"}, "cursor"),
              ("/jobs/long/live", {"logs_seen": "x"}, "logs_seen must be a whole number"),
+             # Digits str.isdigit() takes and int() refuses: a bare 500 before.
+             ("/jobs/long", {"logs_skip": "\u00b2"}, "logs_skip must be a whole number"),
+             ("/jobs/long/live", {"from": "1\u00b2"}, "from must be a whole number"),
+             ("/", {"page": "\u00b2"}, "page must be a whole number"),
+             ("/jobs/long/turns/\u00b2", {}, "a turn is a whole number"),
              ("/", {"partial": "1", "ids": "a b"}, "invalid job id"),
              ("/", {"partial": "1", "ids": "a", "loaded": "soon"}, "loaded must be a time"),
              ("/", {"before": "1.0/ok", "back": "nonsense", "page": "2"}, None)]
