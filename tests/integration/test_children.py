@@ -247,6 +247,29 @@ def test_a_child_its_parents_cancel_could_not_reach_is_cancelled_at_its_next_tur
     assert app.advance(kid).value == "cancelled"
     assert storage.get_job(kid).status is JobStatus.CANCELLED and storage.get_job(kid).result is None
 
+
+def test_a_child_whose_parent_was_deleted_stops_at_its_next_turn(storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As above, and the operator then deleted the cancelled parent: nothing will read the child's outcome, so
+    # it must not run on (it did, to its end, paying for every model call).
+    import phases.children
+
+    app = _app(storage, parent_agent(child_agent()))
+    real = phases.children.start_child
+
+    def start_then_force_cancel(*args: Any, **kwargs: Any) -> Any:
+        child_id = real(*args, **kwargs)
+        app.cancel("p11", force=True)
+        return child_id
+
+    monkeypatch.setattr(phases.children, "start_child", start_then_force_cancel)
+    app.run_agent("boss", job_id="p11", user="go")
+    assert app.advance("p11").value == "stale"
+    app.delete("p11")
+    kid = child_job_id("p11", "c0")
+    assert storage.get_job("p11") is None and storage.get_job(kid).status is JobStatus.RUNNING
+    assert app.advance(kid).value == "cancelled"
+    assert storage.get_job(kid).status is JobStatus.CANCELLED and storage.get_job(kid).result is None
+
 class Topic(BaseModel):
     topic: str
 

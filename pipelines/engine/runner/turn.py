@@ -59,7 +59,8 @@ class _LeasedJob:
                 return self.apply_control(record)
             if record.parent_job is not None and self.parent_cancelled(record):
                 # A child its parent's cancel could not reach: started by a turn whose wait never committed
-                # (a crash, a forced cancel), so the parent does not list it. It follows its parent here.
+                # (a crash, a forced cancel), so the parent does not list it; or whose parent was deleted since
+                # (nothing waits for its outcome). It follows its parent here.
                 return self.apply_control(record.model_copy(update={"control": "cancel"}))
             now = self.scheduler.now()
             # Queues deliver delayed messages with some imprecision (RQ: ~1 s);
@@ -111,14 +112,14 @@ class _LeasedJob:
         return woken
 
     def parent_cancelled(self, record: JobRecord) -> bool:
-        """Whether ``record``'s parent job is cancelled (a cancelled job runs no turn, so starts no child)."""
+        """Whether ``record``'s parent job is cancelled or gone (deleted: nothing reads the child's outcome)."""
         assert record.parent_job is not None
         try:
             parent = self.storage.get_job(record.parent_job)
         except PipelineError as exc:
             logger.error("job %s: cannot read its parent %s: %s", record.job_id, record.parent_job, exc)
             return False
-        return parent is not None and parent.status is JobStatus.CANCELLED
+        return parent is None or parent.status is JobStatus.CANCELLED
 
     def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
         """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""
