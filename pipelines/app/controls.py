@@ -30,7 +30,7 @@ from pipelines.handle import JobView
 if TYPE_CHECKING:
     from pipelines.app.face import App
 
-__all__ = ["Controls", "check_retention"]
+__all__ = ["Controls", "check_retention", "check_seconds"]
 
 logger = logging.getLogger("pipelines")
 
@@ -48,12 +48,15 @@ class Controls:
     # --- steering ------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:
         """Cancel at the turn boundary, keeping the checkpoint (see :func:`pipelines.engine.control.cancel_job`)."""
-        return self.app.read.view(control.cancel_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait,
-                                            force=force))
+        if not isinstance(force, bool):
+            raise InvalidInputError(f"force must be True or False, got {force!r}")
+        return self.app.read.view(control.cancel_job(job_id, storage=self.storage, scheduler=self.scheduler,
+                                                     wait=check_seconds(wait, "wait"), force=force))
 
     def pause(self, job_id: str, *, wait: float = 30.0) -> JobView:
         """Pause at the turn boundary (see :func:`pipelines.engine.control.pause_job`)."""
-        return self.app.read.view(control.pause_job(job_id, storage=self.storage, scheduler=self.scheduler, wait=wait))
+        return self.app.read.view(control.pause_job(job_id, storage=self.storage, scheduler=self.scheduler,
+                                                    wait=check_seconds(wait, "wait")))
 
     def resume(self, job_id: str) -> JobView:
         """Resume a paused job from its checkpoint."""
@@ -227,8 +230,14 @@ class Controls:
 
 
 def check_retention(value: object, name: str = "retention") -> float | None:
+    """``value`` as seconds (:func:`check_seconds`); ``None`` too for ``retention`` (keep jobs for ever)."""
     if value is None and name == "retention":
         return None
+    return check_seconds(value, name)
+
+
+def check_seconds(value: object, name: str) -> float:
+    """``value`` as a finite number of seconds >= 0, else :class:`InvalidInputError` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
         raise InvalidInputError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)

@@ -51,8 +51,8 @@ def pause_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: floa
     """Pause a running job at its turn boundary; returns the record (``control == "pause"`` while pending).
 
     A turn in flight finishes and commits first, and the next does not start.
-    This call waits up to ``wait`` seconds for that; after it, the request stays
-    stored and is applied when the turn commits. Raises
+    This call waits up to ``wait`` seconds for that (for the job and its family
+    together); after it, the request stays stored and is applied when the turn commits. Raises
     :class:`JobConflictError` if the job is not running (or stopped running first).
     A job waiting for child jobs stays waiting and its family pauses: every
     running job below it, down through the children that wait in turn.
@@ -62,11 +62,13 @@ def pause_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: floa
         assert owner is not None
         return transitions.pause(record, owner=owner, now=scheduler.now())
 
+    deadline = time.monotonic() + max(0.0, wait)  # for the whole family: each job waits what is left of it
+
     def one(job: str) -> JobRecord:
         record = load_job(storage, job)
         if children.waits_for_children(record):
             return record  # no turn of its own to stop: the children it waits for pause
-        return _at_boundary(job, storage, scheduler, "pause", build, wait)
+        return _at_boundary(job, storage, scheduler, "pause", build, deadline - time.monotonic())
 
     done = one(job_id)
     if children.waits_for_children(done):
@@ -85,6 +87,8 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
     cancelled at once. A cancelled job is never advanced again except by an
     explicit retry, which resumes from the kept checkpoint.
     """
+    deadline = time.monotonic() + max(0.0, wait)  # for the whole family: each job waits what is left of it
+
     def one(job: str) -> JobRecord:
         record = load_job(storage, job)
         if force or record.status is not JobStatus.RUNNING:
@@ -95,7 +99,7 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
         def build(rec: JobRecord, owner: str | None) -> Commit:
             return transitions.cancel(rec, owner=owner, now=scheduler.now())
 
-        return _at_boundary(job, storage, scheduler, "cancel", build, wait)
+        return _at_boundary(job, storage, scheduler, "cancel", build, deadline - time.monotonic())
 
     done = one(job_id)
     # A parent's cancel reaches the child jobs it started, theirs, and so on down the family.

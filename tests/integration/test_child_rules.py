@@ -425,3 +425,42 @@ def test_an_agent_phase_past_the_depth_limit_fails_its_job(storage: Any, monkeyp
     assert rec.children == []
     with pytest.raises(InvalidInputError, match="may not start a child run"):
         start_child(app, parent_job="f", call_id="x", target=echo_agent(), run={"user": "q"})
+
+
+def test_a_cancel_waits_at_most_its_wait_for_the_whole_family(storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each child in a turn waited the whole ``wait`` one after the other: 64 children, 32 minutes by default.
+    import pipelines.engine.control as control
+
+    def fan_out(messages: list[Message]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, *({**call("researcher", input=f"q{i}"), "id": f"c{i}"} for i in range(4)))
+        return "done"
+
+    app = _app(storage, Agent(name="boss", model=ScriptedModel(fan_out),
+                              tools=[echo_agent().as_tool(description="Research.")]))
+    app.run_agent("boss", job_id="fam", user="go")
+    app.advance("fam")
+    kids = [child_job_id("fam", f"c{i}") for i in range(4)]
+    assert storage.get_job("fam").status is JobStatus.WAITING
+    for kid in kids:  # each child's turn is in flight on some worker: its lease is held
+        assert storage.acquire_lease(kid, "busy-worker", 60.0) is not None
+    now = [0.0]
+    monkeypatch.setattr(control.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(control.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    view = app.cancel("fam", wait=1.0)
+    assert now[0] <= 1.0 + 2 * control._POLL  # one wait for the family, not one a child (4 s)
+    assert view.status is JobStatus.CANCELLED
+    assert all(storage.get_job(k).control == "cancel" for k in kids)  # each applies it when its turn commits
+
+
+@pytest.mark.parametrize(("wait", "force"), [("5", False), (float("nan"), False), (float("inf"), False),
+                                             (-1, False), (True, False), (1.0, "yes")])
+def test_cancel_and_pause_refuse_a_wait_or_force_that_means_nothing(storage: Any, wait: Any, force: Any) -> None:
+    app = finished_bot(storage)
+    app.run_agent("bot", job_id="r", user="count")
+    with pytest.raises(InvalidInputError, match=r"wait must be a finite number|force must be True or False"):
+        app.cancel("r", wait=wait, force=force)
+    if force is False:
+        with pytest.raises(InvalidInputError, match="wait must be a finite number"):
+            app.pause("r", wait=wait)
+    assert storage.get_job("r").status is JobStatus.RUNNING and storage.get_job("r").control is None
