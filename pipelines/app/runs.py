@@ -23,7 +23,7 @@ from pipelines.engine.errors import (
     JobConflictError,
     JobNotFoundError,
 )
-from pipelines.engine.models import JobRecord, Message, to_json_value, validate_job_id
+from pipelines.engine.models import JobRecord, Message, TurnMark, to_json_value, validate_job_id
 from pipelines.engine.start import RetryMode, check_retry_mode, start_job
 from pipelines.handle import JobView, RunHandle
 from pipelines.provenance import with_provenance
@@ -118,6 +118,7 @@ class Runs:
             self._still_there(src)  # deleted or cut back meanwhile (retention, a full retry): say that
             raise CorruptRecordError(f"job {job_id!r} holds {len(messages)} messages, fewer than the "
                                      f"{mark.transcript_len} its turn {at_turn} committed")
+        self._turn_kept(src, mark)
         commit = transitions.fork(src, mark, new_job_id=new_job_id, messages=messages, request=request,
                                   options={**src.options, **overrides}, run=run, now=self.scheduler.now())
         try:
@@ -135,6 +136,19 @@ class Runs:
             raise JobNotFoundError(f"job {src.job_id!r} was deleted while it was being forked")
         if now.version != src.version:
             raise JobConflictError(f"job {src.job_id!r} changed while it was being forked; try again")
+
+    def _turn_kept(self, src: JobRecord, mark: TurnMark) -> None:
+        """Raise unless the source still holds the turn ``mark`` after its messages were read.
+
+        A full retry cuts the transcript back and the new run writes it again: read between the two, the
+        messages are the new run's, as many as the turn's, and the turn's state the old run's.
+        """
+        now = self.storage.get_job(src.job_id)
+        if now is None:
+            raise JobNotFoundError(f"job {src.job_id!r} was deleted while it was being forked")
+        if now.version != src.version and mark not in now.history:
+            raise JobConflictError(f"job {src.job_id!r} was cut back before turn {mark.phases_done} (a full retry) "
+                                   "while it was being forked; try again")
 
     def rerun(self, job_id: str, *, from_turn: int, new_job_id: str, **options: Any) -> RunHandle:
         """Fork ``job_id`` after turn ``from_turn`` and run the fork at once, with ``options`` overriding

@@ -464,3 +464,51 @@ def test_cancel_and_pause_refuse_a_wait_or_force_that_means_nothing(storage: Any
         with pytest.raises(InvalidInputError, match="wait must be a finite number"):
             app.pause("r", wait=wait)
     assert storage.get_job("r").status is JobStatus.RUNNING and storage.get_job("r").control is None
+
+
+def test_a_fork_racing_a_full_retry_of_its_source_is_refused_not_mixed(storage: Any) -> None:
+    # The fork read turn 3's state, then the messages after the retry cut them back and the new run wrote
+    # as many again: the fork landed with the new run's transcript under the old run's state and history.
+    runs = [0]
+
+    def counting_then_down(messages: list[Message]) -> Any:
+        k = sum(1 for m in messages if m["role"] == "assistant")
+        if k == 3 and runs[0] == 0:
+            raise ValueError("model down")  # the first run fails after its third turn
+        return reply(f"run {runs[0]} turn {k}", call("add", a=k, b=1)) if k < 3 else "done"
+
+    app = _app(storage, Agent(name="bot", model=ScriptedModel(counting_then_down), tools=[add], max_retries=0))
+    app.run_agent("bot", job_id="orig", user="count")
+    app.drain()
+    assert storage.get_job("orig").status is JobStatus.ERROR
+    real = storage.messages
+
+    def retried_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        storage.messages = real
+        runs[0] = 1
+        app.retry("orig", mode="full")
+        app.drain()
+        return real(*args, **kwargs)
+
+    storage.messages = retried_meanwhile
+    try:
+        with pytest.raises(JobConflictError, match=r"cut back before turn 3 \(a full retry\)"):
+            app.fork("orig", at_turn=3, new_job_id="f")
+    finally:
+        storage.messages = real
+    assert storage.get_job("f") is None
+    # Tried again: the new run's turns are numbered on from the old run's (a job's turns count its whole life).
+    again = next(m.phases_done for m in storage.get_job("orig").history if m.transcript_len == 7)
+    forked = app.fork("orig", at_turn=again, new_job_id="f")
+    said = [m["content"] for m in app.messages(forked.job_id) if m["role"] == "assistant"]
+    assert said == ["run 1 turn 0", "run 1 turn 1", "run 1 turn 2"]
+
+
+def test_a_fork_of_a_child_is_as_deep_in_its_family_as_the_child(storage: Any) -> None:
+    app = _app(storage, boss_of(echo_agent()))
+    app.run_agent("boss", job_id="p", user="go")
+    app.drain()
+    kid = storage.get_job(child_job_id("p", "c0"))
+    assert kid.depth == 1
+    app.fork(kid.job_id, at_turn=0, new_job_id="kid-fork")
+    assert storage.get_job("kid-fork").depth == 1  # was 0: a fork of a deep child could grow the family again

@@ -131,7 +131,9 @@ def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Mess
         # The version that wrote that turn: a newer worker migrates the fork as it did the original. Its runs
         # start as the source's do (initial state above), written by the version that started the source's.
         at_turn=mark.phases_done, code_version=mark.code_version or src.code_version, fork_request=request,
-        run_code_version=src.run_code_version if src.initial_phase is not None else None)
+        run_code_version=src.run_code_version if src.initial_phase is not None else None,
+        # As deep in its family as the source: a fork of a child starts no deeper chain than the child could.
+        depth=src.depth)
     why = f"job forked from {src.job_id!r} at turn {mark.phases_done}"
     return Commit(job_id=new_job_id, expected_version=0, token=token, record=record, append_messages=messages,
                   logs=[_log(now, phase, why)],
