@@ -37,7 +37,7 @@ from typing import Any
 
 from pipelines.engine.models import RUN_STARTS, Event, Message
 
-__all__ = ["ENDS", "RUN_STARTS", "UIMessageEncoder", "run_start"]
+__all__ = ["ENDS", "RUN_STARTS", "UIMessageEncoder", "latest_attempts", "run_start"]
 
 Chunk = dict[str, Any]
 
@@ -339,3 +339,39 @@ def _arguments(raw: Any) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw
+
+
+def latest_attempts(run: list[Event]) -> list[Event]:
+    """``run``'s parts without the text of attempts that a later attempt of the same turn contradicts.
+
+    Per turn, the latest attempt that sent text decides: an earlier attempt whose text it repeats or
+    goes on from (an attempt that reuses a journaled answer, after an approval or a crash, says the
+    same again) stays, and the encoder sends only what goes further; one that said something else
+    is dropped, so the replay never has to take text back. While the turn runs, an earlier attempt
+    that said more than the latest has so far stays too (the latest may say it all again); once the
+    turn committed, its latest attempt said all it will, and one that said more is dropped.
+    """
+    said: dict[tuple[int, str], list[str]] = {}
+    latest: dict[int, str] = {}
+    committed: set[int] = set()
+    late: set[int] = set()  # parts of a fenced-off worker, for a turn already committed (the encoder skips them)
+    for i, part in enumerate(run):
+        if part.type == "text_delta" and part.turn is not None:
+            if part.turn <= max(committed, default=0):
+                late.add(i)
+                continue
+            attempt = str(part.data.get("attempt"))
+            said.setdefault((part.turn, attempt), []).append(str(part.data.get("text", "")))
+            latest[part.turn] = attempt
+        elif part.type == "turn_committed" and part.turn is not None:
+            committed.add(part.turn)
+    final = {turn: "".join(said[(turn, attempt)]) for turn, attempt in latest.items()}
+    dropped = set()
+    for (turn, attempt), pieces in said.items():
+        text = "".join(pieces)
+        if not (final[turn].startswith(text) or (turn not in committed and text.startswith(final[turn]))):
+            dropped.add((turn, attempt))
+    if not dropped and not late:
+        return run
+    return [p for i, p in enumerate(run) if i not in late and (
+        p.type != "text_delta" or p.turn is None or (p.turn, str(p.data.get("attempt"))) not in dropped)]

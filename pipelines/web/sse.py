@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from pipelines.app import App
 from pipelines.engine.models import Event
 from pipelines.errors import InvalidInputError, JobNotFoundError
-from pipelines.web.aisdk import UIMessageEncoder, run_start
+from pipelines.web.aisdk import RUN_STARTS, UIMessageEncoder, latest_attempts, run_start
 
 __all__ = ["HEARTBEAT_SECONDS", "JobStreamResponse", "StreamFormat", "sse_response"]
 
@@ -39,7 +39,7 @@ _AI_SDK_HEADERS = {**_HEADERS, "x-vercel-ai-ui-message-stream": "v1"}
 
 def sse_response(app: App, job_id: str, request: Request, *, format: StreamFormat = "parts",
                  after: str | None = None, heartbeat: float = HEARTBEAT_SECONDS,
-                 hold_text: bool = False) -> JobStreamResponse:
+                 hold_text: bool = False, start_at: str | None = None) -> JobStreamResponse:
     """The stream of ``job_id`` as a ``text/event-stream`` response.
 
     The starting cursor is the ``Last-Event-ID`` header, else the ``cursor``
@@ -54,15 +54,19 @@ def sse_response(app: App, job_id: str, request: Request, *, format: StreamForma
     (``ai-sdk``): each turn's text comes whole once the turn committed, for a
     reader that cannot take text back (``useChat``'s send path; see
     :mod:`pipelines.web.aisdk`); its event ids end ``:h``, and a resume from
-    one holds the text too, whatever ``hold_text`` says.
+    one holds the text too, whatever ``hold_text`` says. ``start_at`` (the
+    server's choice, instead of ``after``): the id of the part the stream starts
+    at, that part included, for a client that holds nothing of it yet: the run
+    a request just started (its first part, say), whatever runs follow it by the
+    time the response is served. A part the stream no longer holds is a 400.
     """
     if format not in ("parts", "ai-sdk"):
         raise InvalidInputError(f"format must be 'parts' or 'ai-sdk', got {format!r}")
     if not heartbeat > 0:
         raise InvalidInputError(f"heartbeat must be a positive number of seconds, got {heartbeat!r}")
-    cursor = request.headers.get("last-event-id") or request.query_params.get("cursor") or after
-    return JobStreamResponse(app, job_id, request, cursor=cursor, format=format, heartbeat=heartbeat,
-                             hold_text=hold_text)
+    cursor = request.headers.get("last-event-id") or request.query_params.get("cursor")
+    return JobStreamResponse(app, job_id, request, cursor=cursor or after, format=format, heartbeat=heartbeat,
+                             hold_text=hold_text, start_at=None if cursor else start_at)
 
 
 def _split(cursor: str | None) -> tuple[str | None, int | None, str]:
@@ -90,8 +94,9 @@ class JobStreamResponse(StreamingResponse):
     """The response :func:`sse_response` returns: checks the job and cursor when served, then streams."""
 
     def __init__(self, app: App, job_id: str, request: Request, *, cursor: str | None, format: StreamFormat,
-                 heartbeat: float, hold_text: bool = False) -> None:
+                 heartbeat: float, hold_text: bool = False, start_at: str | None = None) -> None:
         self.app, self.job_id, self.request = app, job_id, request
+        self.start_at = start_at  # a part the stream starts at (sse_response), when no cursor is given
         self.cursor, self.format, self.heartbeat = cursor, format, heartbeat
         self.chunk: int | None = None  # ai-sdk: the last chunk of the cursor's part the client has (None: all)
         self.hold_text = hold_text
@@ -123,10 +128,23 @@ class JobStreamResponse(StreamingResponse):
             async for _ in self.app.astream(self.job_id, after=self.cursor, follow=False, timeout=0):
                 pass  # read to its end: that checks the cursor
         parts = [part async for part in self.app.astream(self.job_id, follow=False)]
+        if self.start_at is not None:
+            return self._from(parts, self.start_at)
         if self.cursor is not None and (not parts or not _comparable(self.cursor, parts[-1].id)
                                         or _key(self.cursor) > _key(parts[-1].id)):
             raise InvalidInputError(f"cursor {self.cursor!r:.60} is not a part id of job {self.job_id!r}'s stream")
         return parts
+
+    def _from(self, parts: list[Event], start: str) -> list[Event]:
+        """The stream from part ``start`` on: ``parts`` from it, as a client that holds nothing of them reads it."""
+        first = next((i for i, p in enumerate(parts) if p.id == start), None)
+        if first is None:
+            raise InvalidInputError(f"part {start!r:.60} is not in job {self.job_id!r}'s stream (any more)")
+        self.cursor = None  # what comes before the part is not this stream's: the client holds none of it
+        if self.format == "ai-sdk":  # the message of the run the part is in: it ends where the next run starts
+            end = next((i for i in range(first + 1, len(parts)) if parts[i].type in RUN_STARTS), len(parts))
+            return parts[first:end]
+        return parts[first:]
 
     async def _events(self, backlog: list[Event]) -> AsyncIterator[str]:
         emit: _Emitter
@@ -352,42 +370,6 @@ class _AiSdkEmitter(_Emitter):
         # followed. Said so, not ended as if the run had finished.
         error = self.encoder.abort("the job's stream ended before its run did: the job no longer exists")
         return [*(_event(c) for c in error), "data: [DONE]\n\n"]
-
-
-def latest_attempts(run: list[Event]) -> list[Event]:
-    """``run``'s parts without the text of attempts that a later attempt of the same turn contradicts.
-
-    Per turn, the latest attempt that sent text decides: an earlier attempt whose text it repeats or
-    goes on from (an attempt that reuses a journaled answer, after an approval or a crash, says the
-    same again) stays, and the encoder sends only what goes further; one that said something else
-    is dropped, so the replay never has to take text back. While the turn runs, an earlier attempt
-    that said more than the latest has so far stays too (the latest may say it all again); once the
-    turn committed, its latest attempt said all it will, and one that said more is dropped.
-    """
-    said: dict[tuple[int, str], list[str]] = {}
-    latest: dict[int, str] = {}
-    committed: set[int] = set()
-    late: set[int] = set()  # parts of a fenced-off worker, for a turn already committed (the encoder skips them)
-    for i, part in enumerate(run):
-        if part.type == "text_delta" and part.turn is not None:
-            if part.turn <= max(committed, default=0):
-                late.add(i)
-                continue
-            attempt = str(part.data.get("attempt"))
-            said.setdefault((part.turn, attempt), []).append(str(part.data.get("text", "")))
-            latest[part.turn] = attempt
-        elif part.type == "turn_committed" and part.turn is not None:
-            committed.add(part.turn)
-    final = {turn: "".join(said[(turn, attempt)]) for turn, attempt in latest.items()}
-    dropped = set()
-    for (turn, attempt), pieces in said.items():
-        text = "".join(pieces)
-        if not (final[turn].startswith(text) or (turn not in committed and text.startswith(final[turn]))):
-            dropped.add((turn, attempt))
-    if not dropped and not late:
-        return run
-    return [p for i, p in enumerate(run) if i not in late and (
-        p.type != "text_delta" or p.turn is None or (p.turn, str(p.data.get("attempt"))) not in dropped)]
 
 
 def _after(parts: list[Event], cursor: str | None) -> list[Event]:

@@ -69,7 +69,8 @@ def test_a_failed_run_ends_with_an_error_and_a_waiting_one_only_when_nothing_fol
 
 
 def test_a_replay_keeps_only_the_attempts_the_latest_one_does_not_contradict() -> None:
-    from pipelines.web.sse import _split, latest_attempts
+    from pipelines.web.aisdk import latest_attempts
+    from pipelines.web.sse import _split
 
     run = [part(1, "job_started"), part(2, "attempt_started", 1, attempt="a"),
            part(3, "text_delta", 1, attempt="a", text="Goodbye"),
@@ -106,7 +107,7 @@ def test_a_committed_turn_ends_with_its_text_even_after_an_attempt_that_said_mor
            part(5, "text_delta", 1, attempt="b", text="Hello there, friend."),
            part(6, "turn_committed", 1, messages=[1, 2]), part(7, "job_finished")]
     assert texts_after_last_start(encode(run)) == "Hello there, friend."
-    from pipelines.web.sse import latest_attempts
+    from pipelines.web.aisdk import latest_attempts
 
     assert [p.id for p in latest_attempts(run)] == ["1", "2", "4", "5", "6", "7"]  # committed: "a" said more
     assert [p.id for p in latest_attempts(run[:5])] == ["1", "2", "3", "4", "5"]  # running: "b" may say it all
@@ -115,7 +116,7 @@ def test_a_committed_turn_ends_with_its_text_even_after_an_attempt_that_said_mor
 def test_text_of_a_fenced_off_worker_for_a_committed_turn_is_not_shown() -> None:
     # A worker that stalled past its lease publishes turn 1's text after another committed turn 1 and began turn 2.
     from pipelines.streams import turn_texts
-    from pipelines.web.sse import latest_attempts
+    from pipelines.web.aisdk import latest_attempts
 
     run = [part(1, "job_started"), part(2, "attempt_started", 1, attempt="new"),
            part(3, "text_delta", 1, attempt="new", text="Hello there, friend."),
