@@ -11,8 +11,10 @@ Routes:
   (its last assistant message holds the answered parts) approves or rejects the calls
   (``app.approve`` / ``app.reject``, the reason kept) and streams the run going on, the same message.
   The text of each turn comes once the turn committed (see ``hold_text`` in :mod:`pipelines.web.sse`).
+  Only a JSON body is taken, and not from another site's page (``Origin``): a form there could approve calls.
+  Anything it refuses (a bad body, format or a cursor) is refused before a run starts.
 - ``GET /chat/{id}/stream`` resumes it (``Last-Event-ID`` or ``?cursor=``; ``useChat``'s resume
-  replays the latest answer).
+  replays the latest answer; 204 for a chat with no run yet, as the AI SDK's reconnect expects).
 - ``GET /`` a page that renders tokens as they arrive and reconnects with ``Last-Event-ID``.
 
 With Redis + RQ, build the same Starlette app over your production ``App`` (``build_app(app)``) and
@@ -78,12 +80,13 @@ def build_app(app: App, *, agent: str = "chat") -> Starlette:
             app.run_in_process()
 
     async def chat(request: Request) -> Response:
+        body = await _json_body(request)
+        if isinstance(body, Response):
+            return body
         try:
-            body = await request.json()
-        except ValueError:
-            return JSONResponse({"error": "the body must be JSON"}, status_code=400)
-        try:
-            job_id, after = _begin(app, agent, body)
+            fmt = _format(request)
+            _check_cursor(request)
+            job_id, after, start = _begin(app, agent, body)
         except JobConflictError as exc:
             return JSONResponse({"error": str(exc)}, status_code=409)
         except PipelineError as exc:
@@ -94,19 +97,45 @@ def build_app(app: App, *, agent: str = "chat") -> Starlette:
         # After approvals the client holds the message up to the wait: it gets what follows, in that message.
         # useChat's send path appends whatever text it gets, so each turn's text comes once committed
         # (a retried attempt that says something else is never shown); GET .../stream streams it live.
-        return sse_response(app, job_id, request, format=_format(request), after=after, hold_text=True)
+        return sse_response(app, job_id, request, format=fmt, after=after, start_at=start, hold_text=True)
 
     async def stream(request: Request) -> Response:
-        try:
-            return sse_response(app, request.path_params["id"], request, format=_format(request))
-        except PipelineError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+        return _resume(app, request)
 
     async def page(request: Request) -> Response:
         return FileResponse(PAGE, media_type="text/html")
 
     return Starlette(routes=[Route("/", page), Route("/chat", chat, methods=["POST"]),
                              Route("/chat/{id}/stream", stream)])
+
+
+def _resume(app: App, request: Request) -> Response:
+    """``GET /chat/{id}/stream``: the conversation's stream from the client's cursor (the latest answer without)."""
+    try:
+        if app.get(request.path_params["id"]) is None:
+            return Response(status_code=204)  # nothing to resume yet: what the AI SDK's reconnect expects
+        return sse_response(app, request.path_params["id"], request, format=_format(request))
+    except PipelineError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+
+async def _json_body(request: Request) -> Any:
+    """The POST's JSON body, or the response refusing it: not JSON, or sent by another site's page.
+
+    The AI SDK sends JSON, which a page of another origin can send only after the browser asked this server
+    (a CORS preflight it does not answer); a form (it could approve calls) cannot. An ``Origin`` that is not
+    this server is refused too.
+    """
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        return JSONResponse({"error": "POST /chat takes a JSON body (Content-Type: application/json)"},
+                            status_code=415)
+    origin = request.headers.get("origin")
+    if origin is not None and origin.split("://", 1)[-1] != request.headers.get("host"):
+        return JSONResponse({"error": "cross-site request refused"}, status_code=403)
+    try:
+        return await request.json()
+    except (ValueError, RecursionError):
+        return JSONResponse({"error": "the body must be JSON"}, status_code=400)
 
 
 def _format(request: Request) -> Any:
@@ -119,10 +148,17 @@ def _format(request: Request) -> Any:
 _starting = threading.Lock()  # one run started at a time in this process: each POST streams its own
 
 
-def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None]:
-    """Start or continue the run a ``POST /chat`` asks for: (job id, the cursor its stream starts after)."""
+def _check_cursor(request: Request) -> None:
+    """Refuse a client's cursor on a POST before anything is sent: its stream is the run the POST starts."""
+    if request.headers.get("last-event-id") or request.query_params.get("cursor"):
+        raise InvalidInputError("POST /chat streams the run it starts; resume a stream with GET /chat/{id}/stream")
+
+
+def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None, str | None]:
+    """Start or continue the run a ``POST /chat`` asks for: (job id, the cursor its stream starts after, or the
+    part it starts at)."""
     if answers := _approval_answers(body):
-        return body["id"], _decide(app, body["id"], answers)
+        return body["id"], _decide(app, body["id"], answers), None
     job_id, text = _chat_input(body)
     with _starting:
         # The stream's last part before this run starts: the stream this POST answers with begins after it,
@@ -134,7 +170,10 @@ def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None]:
             parts = []
         before = parts[-1].id if parts else None
         app.run_agent(agent, job_id=job_id, user=text)
-    return job_id, before
+        # A new conversation's stream starts at its first part, not "the latest run": another POST may have
+        # continued it by the time this response is served.
+        first = None if before is not None else next(iter(app.stream(job_id, follow=False))).id
+    return job_id, before, first
 
 
 def _approval_answers(body: Any) -> list[dict[str, Any]]:
@@ -143,8 +182,10 @@ def _approval_answers(body: Any) -> list[dict[str, Any]]:
     last = messages[-1] if isinstance(messages, list) and messages else None
     if not isinstance(last, dict) or last.get("role") != "assistant":
         return []
-    return [p for p in last.get("parts") or [] if isinstance(p, dict) and p.get("state") == "approval-responded"
-            and isinstance(p.get("toolCallId"), str) and isinstance(p.get("approval"), dict)]
+    parts = last.get("parts")
+    return [p for p in parts if isinstance(p, dict) and p.get("state") == "approval-responded"
+            and isinstance(p.get("toolCallId"), str) and isinstance(p.get("approval"), dict)
+            ] if isinstance(parts, list) else []
 
 
 def _decide(app: App, job_id: str, answers: list[dict[str, Any]]) -> str | None:
@@ -169,9 +210,13 @@ def _chat_input(body: Any) -> tuple[str, str]:
         raise InvalidInputError('the body needs a conversation "id" (a string)')
     text = body.get("text")
     if text is None:
-        users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
-        parts = users[-1].get("parts") or [] if users else []
-        text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == "text")
+        messages = body.get("messages")
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"
+                 ] if isinstance(messages, list) else []
+        parts = users[-1].get("parts") if users else None
+        texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "text"
+                 ] if isinstance(parts, list) else []
+        text = "".join(t for t in texts if isinstance(t, str)) if all(isinstance(t, str) for t in texts) else None
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError('the body needs the user\'s "text" (or useChat "messages" ending with one)')
     return body["id"], text

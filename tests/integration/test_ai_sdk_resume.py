@@ -242,6 +242,45 @@ def test_calls_waiting_for_approval_answered_one_at_a_time_each_end_their_send()
     assert outputs == ["refunded A-1", "refunded A-2"]
 
 
+def test_use_chats_resume_of_a_chat_with_no_run_yet_is_nothing_to_resume() -> None:
+    # The stream route answered 404 (the job is unknown): the AI SDK's reconnect takes 204 as "nothing to resume"
+    # and anything else as an error, so useChat({resume: true}) on a new chat ended in an error.
+    app = chat_app()
+    with serve(build_app(app, agent="a")) as base:
+        got = node("resume-new", base + "/chat", "brand-new")
+    assert got == {"status": "ready", "messages": 0, "errors": []}
+    assert app.get("brand-new") is None
+
+
+def test_the_chat_examples_post_refuses_what_it_cannot_take_before_anything_starts() -> None:
+    import httpx
+
+    app = chat_app()
+    deep: str = '{"id": "d", "text": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    cases: list[tuple[dict[str, Any], int, str]] = [
+        # Another site's page: a form cannot send JSON; an Origin other than this server is refused.
+        ({"content": '{"id": "x1", "text": "hi"}', "headers": {"content-type": "text/plain"}}, 415, "JSON body"),
+        ({"json": {"id": "x2", "text": "hi"}, "headers": {"origin": "https://evil.example"}}, 403, "cross-site"),
+        ({"json": {"id": "x3", "messages": 5}}, 400, "needs the user's"),
+        ({"json": {"id": "x4", "messages": [{"role": "user", "parts": 5}]}}, 400, "needs the user's"),
+        ({"json": {"id": "x5", "messages": [{"role": "user", "parts": [{"type": "text", "text": {"a": 1}}]}]}},
+         400, "needs the user's"),
+        ({"json": {"id": "x6", "messages": [{"role": "assistant", "parts": 7}]}}, 400, "needs the user's"),
+        ({"content": deep, "headers": {"content-type": "application/json"}}, 400, "must be JSON"),
+        # Refused before the run starts: a client that retries the POST would send its message twice.
+        ({"json": {"id": "x7", "text": "hi"}, "params": {"format": "bogus"}}, 400, "format must be"),
+        ({"json": {"id": "x8", "text": "hi"}, "params": {"cursor": "garbage"}}, 400, "streams the run it starts"),
+    ]
+    with serve(build_app(app, agent="a")) as base:
+        for kwargs, status, text in cases:
+            response = httpx.post(base + "/chat", timeout=30, **kwargs)
+            assert (response.status_code, text in response.text) == (status, True), (kwargs, response.text)
+        same_site = httpx.post(base + "/chat", json={"id": "ok", "text": "hi", "stream": False}, timeout=30,
+                               headers={"origin": base})
+        assert same_site.status_code == 202
+    assert [r.job_id for r in app.storage.list_jobs(limit=100)] == ["ok"]  # nothing else was started
+
+
 # --- a retried attempt that says something else ----------------------------------------------------
 class SaysSomethingElse:
     """A provider stream that breaks once, after some text; the retry says something else."""

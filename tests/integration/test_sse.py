@@ -173,9 +173,10 @@ def test_the_chat_examples_post_streams_the_run_it_started_not_the_latest() -> N
     from examples.chat.app import _begin, offline_app
 
     app = offline_app()
-    assert _begin(app, "chat", {"id": "c", "text": "one"}) == ("c", None)
+    _, none, first = _begin(app, "chat", {"id": "c", "text": "one"})
+    assert none is None and first == next(iter(app.stream("c", follow=False))).id
     app.drain()
-    _, before = _begin(app, "chat", {"id": "c", "text": "two"})
+    _, before, _ = _begin(app, "chat", {"id": "c", "text": "two"})
     app.drain()
     _begin(app, "chat", {"id": "c", "text": "three"})  # another client's POST, before the stream is served
     app.drain()
@@ -185,6 +186,17 @@ def test_the_chat_examples_post_streams_the_run_it_started_not_the_latest() -> N
         chunks = [json.loads(data) for event_id, data in read_events(r) if event_id is not None]
     said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
     assert said.startswith("You said: two.") and "three" not in said
+    # The first POST of a new conversation, served after the others: its stream starts at the job's first part
+    # (no cursor meant "the latest run": the first message was answered with another's reply).
+    async def from_first(request: Request) -> Any:
+        return sse_response(app, "c", request, format="ai-sdk", start_at=first, hold_text=True)
+
+    with serve(Starlette(routes=[Route("/first", from_first)])) as base, \
+            httpx.stream("GET", f"{base}/first", timeout=30) as r:
+        chunks = [json.loads(data) for event_id, data in read_events(r) if event_id is not None]
+    said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+    assert said.startswith("You said: one.") and "two" not in said and "three" not in said
+    assert [c["type"] for c in chunks].count("start") == 1 and chunks[-1]["type"] == "finish"
 
 def test_a_follower_receives_the_text_live_and_the_response_ends_with_the_job(app: App) -> None:
     app.run_agent("a", job_id="r2", messages=["where is A-1?"])

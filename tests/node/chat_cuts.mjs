@@ -21,6 +21,8 @@
 //     chat's messages after each answer.
 //   node chat_cuts.mjs approve-each <api> <chat id> <text>
 //     the same for an answer with several calls waiting, each approved and sent on its own.
+//   node chat_cuts.mjs resume-new <api> <chat id>
+//     useChat's resume (resumeStream()) of a chat that has no run yet.
 import { AbstractChat, DefaultChatTransport, readUIMessageStream } from "ai";
 
 const [mode, api, ...rest] = process.argv.slice(2);
@@ -206,6 +208,14 @@ async function approveEach(chatId, text) {
   return { steps, after: summary(c.messages), errors };
 }
 
+// useChat({ resume: true }) on a chat that has no run yet: nothing to resume, no error.
+async function resumeNew(chatId) {
+  const errors = [];
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  await c.resumeStream();
+  return { status: c.status, messages: c.messages.length, errors };
+}
+
 async function send(chatId, text) {
   const errors = [];
   const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
@@ -220,5 +230,6 @@ else if (mode === "chat") result = await chat(rest[0], rest[1]);
 else if (mode === "replay") result = await chat(rest[0], rest[1], true, Number(rest[2]));
 else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
 else if (mode === "approve-each") result = await approveEach(rest[0], rest[1]);
+else if (mode === "resume-new") result = await resumeNew(rest[0]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
