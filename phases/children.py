@@ -81,18 +81,25 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
     :data:`~pipelines.engine.children.MAX_DEPTH` is refused with
     :class:`InvalidInputError` (see :mod:`pipelines.engine.children`).
     """
+    parent = app.storage.get_job(parent_job)
+    epoch = parent.checkpoint.transcript_epoch if parent is not None and parent.checkpoint is not None else ""
     child_id = child_job_id(parent_job, call_id)
     existing = app.storage.get_job(child_id)
+    if existing is not None and children_rules.of_another_run(existing, epoch):
+        # The child of a call with this id in an earlier run or life of the parent (a full retry, the job deleted
+        # and made again, a model that repeats its call ids): not this call's. This call's gets an id of its own.
+        child_id = child_job_id(parent_job, f"{call_id}@{epoch}")
+        existing = app.storage.get_job(child_id)
     if existing is not None:
         return _adopted(existing, parent_job, call_id)  # a re-run of the call: the child it started is the one
-    depth = _depth_below(app, parent_job)
+    depth = _depth_below(parent_job, parent)
     name, first, version, start = _child_start(app, child_id, target, dict(run))
     commit = transitions.create_child(
         child_id, parent_job=parent_job, parent_call=call_id, pipeline=name, first=first,
         state=to_json_value(start.get("initial_state"), what=f"initial state of child job {child_id!r}"),
         messages=check_messages(start.get("messages", []), f"messages of child job {child_id!r}"),
         options=to_json_value(start.get("options", {}), what=f"options of child job {child_id!r}"),
-        now=app.scheduler.now(), depth=depth)
+        now=app.scheduler.now(), depth=depth, parent_epoch=epoch or None)
     commit = commit.model_copy(update={"record": versions.stamp(commit.record, version, new=True)})
     try:
         writer.apply(app.storage, app.scheduler, commit)
@@ -121,9 +128,9 @@ def _adopted(found: Any, parent_job: str, call_id: str) -> str:
     return str(found.job_id)
 
 
-def _depth_below(app: App, parent_job: str) -> int:
-    """The depth of ``parent_job``'s next child, or :class:`InvalidInputError` past ``MAX_DEPTH``."""
-    parent = app.storage.get_job(parent_job)
+def _depth_below(parent_job: str, parent: Any) -> int:
+    """The depth of ``parent_job``'s next child (``parent``: its record), or :class:`InvalidInputError` past
+    ``MAX_DEPTH``."""
     depth = (parent.depth if parent is not None else 0) + 1
     if depth > children_rules.MAX_DEPTH:
         raise InvalidInputError(

@@ -69,6 +69,7 @@ __all__ = [
     "child_key",
     "content_of",
     "fan_out_refused",
+    "of_another_run",
     "owned",
     "ready_parents",
     "waits_for_children",
@@ -134,6 +135,15 @@ def content_of(child: JobRecord) -> str:
 def owned(child: JobRecord, parent_job: str, call_id: str | None = None) -> bool:
     """Whether ``child`` is the child run of ``parent_job`` (and of its call ``call_id``, when given)."""
     return child.parent_job == parent_job and (call_id is None or child.parent_call == call_id)
+
+
+def of_another_run(child: JobRecord, epoch: str) -> bool:
+    """Whether ``child`` was started in another run or life of its parent than the one at ``epoch``.
+
+    ``epoch``: the parent's ``Checkpoint.transcript_epoch`` now. Unknown on either side (a record from before
+    epochs were kept, a child from before they were stamped): not known to be, as before.
+    """
+    return bool(epoch) and bool(child.parent_epoch) and child.parent_epoch != epoch
 
 
 def awaited_by(child: JobRecord, storage: Storage) -> str | None:

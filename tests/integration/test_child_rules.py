@@ -512,3 +512,91 @@ def test_a_fork_of_a_child_is_as_deep_in_its_family_as_the_child(storage: Any) -
     assert kid.depth == 1
     app.fork(kid.job_id, at_turn=0, new_job_id="kid-fork")
     assert storage.get_job("kid-fork").depth == 1  # was 0: a fork of a deep child could grow the family again
+
+
+# --- a call id repeated in another run or life of the parent is another call --------------------------
+def test_a_full_retry_runs_its_child_calls_again_not_the_old_runs_children(storage: Any) -> None:
+    # The model repeats its call ids (ScriptedModel, some providers): the old run's child was adopted, so the
+    # retried parent failed again with the old child's error although the child's model was fixed.
+    version = ["v1"]
+
+    def researcher(messages: list[Message]) -> Any:
+        if version[0] == "v1":
+            raise ValueError("child model down")
+        return f"fresh answer ({version[0]})"
+
+    child = Agent(name="researcher", model=ScriptedModel(researcher), max_retries=0)
+
+    def boss(messages: list[Message]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, {**call("researcher", input="q"), "id": "c0"})
+        return "boss: " + messages[-1]["content"]
+
+    app = _app(storage, Agent(name="boss", model=ScriptedModel(boss),
+                              tools=[child.as_tool(description="R.", on_child_error="fail")]))
+    app.run_agent("boss", job_id="p", user="go")
+    app.drain()
+    old = child_job_id("p", "c0")
+    assert storage.get_job("p").status is JobStatus.ERROR and storage.get_job(old).status is JobStatus.ERROR
+    version[0] = "v2"
+    app.retry("p", mode="full")
+    app.drain()
+    parent = storage.get_job("p")
+    assert (parent.status, parent.result) == (JobStatus.COMPLETE, "boss: fresh answer (v2)")
+    new = [c for c in parent.children if c != old]
+    assert len(new) == 1 and storage.get_job(new[0]).parent_call == "c0"
+    assert storage.get_job(old).status is JobStatus.ERROR  # the old run's child is left as it was
+
+
+def test_a_job_made_again_under_a_deleted_ones_id_never_adopts_its_children(storage: Any) -> None:
+    # One conversation read another's answer: the deleted job's child, found under the same parent and call id.
+    asked: list[str] = []
+
+    def researcher(messages: list[Message]) -> Any:
+        asked.append(str(messages[-1]["content"]))
+        return f"answer for: {messages[-1]['content']}"
+
+    child = Agent(name="researcher", model=ScriptedModel(researcher))
+
+    def boss(messages: list[Message]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, {**call("researcher", input=messages[-1]["content"]), "id": "c0"})
+        return "boss: " + messages[-1]["content"]
+
+    app = _app(storage, Agent(name="boss", model=ScriptedModel(boss), tools=[child.as_tool(description="R.")]))
+    app.run_agent("boss", job_id="chat-1", user="alice's question")
+    app.drain()
+    app.delete("chat-1")
+    assert storage.get_job(child_job_id("chat-1", "c0")) is not None  # a child outlives its deleted parent
+    app.run_agent("boss", job_id="chat-1", user="bob's question")
+    app.drain()
+    assert storage.get_job("chat-1").result == "boss: answer for: bob's question"
+    assert asked == ["alice's question", "bob's question"]
+
+
+def test_a_child_whose_parent_started_another_run_stops_at_its_next_turn(
+        storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A child the cancel missed (its parent's wait never committed), then the parent retried from the start:
+    # its new run starts a child of its own; the old run's must not run on to an end nobody reads.
+    import phases.children
+
+    app = _app(storage, boss_of(echo_agent()))
+    real = phases.children.start_child
+
+    def start_then_force_cancel(*args: Any, **kwargs: Any) -> Any:
+        child_id = real(*args, **kwargs)
+        app.cancel("p", force=True)
+        return child_id
+
+    monkeypatch.setattr(phases.children, "start_child", start_then_force_cancel)
+    app.run_agent("boss", job_id="p", user="go")
+    assert app.advance("p").value == "stale"
+    monkeypatch.setattr(phases.children, "start_child", real)
+    kid = child_job_id("p", "c0")
+    assert storage.get_job(kid).status is JobStatus.RUNNING and storage.get_job("p").children == []
+    app.retry("p", mode="full")
+    assert storage.get_job("p").status is JobStatus.RUNNING
+    assert app.advance(kid).value == "cancelled"
+    assert storage.get_job(kid).result is None
+    app.drain()
+    assert storage.get_job("p").result == "boss heard: researcher: q"

@@ -274,6 +274,9 @@ class JobRecord(BaseModel):
     # its parent job and the tool call it answers; a parent lists the children it started.
     parent_job: str | None = None
     parent_call: str | None = None
+    # The parent's transcript epoch when the call started the child (Checkpoint.transcript_epoch: drawn anew by
+    # each life, full retry and run of the parent): a call id repeated in another run or life is another call.
+    parent_epoch: str | None = None
     children: list[str] = Field(default_factory=list)
     # How many parents up the family's root is (0: not a child); bounded by children.MAX_DEPTH.
     depth: int = 0

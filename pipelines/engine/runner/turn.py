@@ -112,14 +112,17 @@ class _LeasedJob:
         return woken
 
     def parent_cancelled(self, record: JobRecord) -> bool:
-        """Whether ``record``'s parent job is cancelled or gone (deleted: nothing reads the child's outcome)."""
+        """Whether ``record``'s parent job is cancelled, gone (deleted) or in another run than the one that started
+        ``record`` (a full retry, the job made again): nothing will read the child's outcome."""
         assert record.parent_job is not None
         try:
             parent = self.storage.get_job(record.parent_job)
         except PipelineError as exc:
             logger.error("job %s: cannot read its parent %s: %s", record.job_id, record.parent_job, exc)
             return False
-        return parent is None or parent.status is JobStatus.CANCELLED
+        if parent is None or parent.status is JobStatus.CANCELLED:
+            return True
+        return parent.checkpoint is not None and children.of_another_run(record, parent.checkpoint.transcript_epoch)
 
     def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
         """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""

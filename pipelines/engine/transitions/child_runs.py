@@ -14,11 +14,14 @@ __all__ = ["child_failed", "children_done", "create_child"]
 
 
 def create_child(job_id: str, *, parent_job: str, parent_call: str, pipeline: str, first: str, state: JSONValue,
-                 messages: list[Message], options: dict[str, JSONValue], now: float, depth: int = 1) -> Commit:
+                 messages: list[Message], options: dict[str, JSONValue], now: float, depth: int = 1,
+                 parent_epoch: str | None = None) -> Commit:
     """A new job started by the call ``parent_call`` of ``parent_job``, ``depth`` parents below its family's
-    root; its record names both (the ownership ``start_child`` checks when it finds the job again)."""
+    root, in the parent's run ``parent_epoch``; its record names them (the ownership ``start_child`` checks when
+    it finds the job again)."""
     commit = create(job_id, pipeline=pipeline, first=first, state=state, messages=messages, options=options, now=now)
-    record = commit.record.model_copy(update={"parent_job": parent_job, "parent_call": parent_call, "depth": depth})
+    record = commit.record.model_copy(update={"parent_job": parent_job, "parent_call": parent_call, "depth": depth,
+                                              "parent_epoch": parent_epoch})
     event = make_event("job_started", now, phase=first, pipeline=pipeline, parent_job=parent_job,
                        parent_call=parent_call)
     return commit.model_copy(update={"record": record, "events": [event]})
