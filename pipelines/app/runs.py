@@ -175,6 +175,7 @@ class Runs:
         record = control.load_job(self.storage, job_id)
         source = self.registry.agents.get(record.pipeline)
         if source is None:
+            self.registry.pipeline(record.pipeline)  # not registered here at all: say so, naming what is
             raise InvalidInputError(f"job {job_id!r} runs pipeline {record.pipeline!r}, not an agent: "
                                     "only conversations take messages")
         msgs = inbox.person_messages(as_message_list(messages))

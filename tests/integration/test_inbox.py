@@ -12,7 +12,7 @@ from adapters.memory import MemoryScheduler, MemoryStorage
 from adapters.redis import RedisStorage
 from adapters.redis.keys import layout_key
 from pipelines import Agent, App, JobStatus, Phase, tool
-from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError
+from pipelines.engine.errors import InvalidInputError, InvalidPipelineError, JobConflictError, JobNotFoundError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import Crash, memory
 
@@ -134,6 +134,11 @@ def test_bad_sends_are_clear_errors(app: App) -> None:
     app.run_agent("strict", job_id="s", messages=["hi"])
     with pytest.raises(JobConflictError, match="on_new_message='reject'"):
         app.send("s", ["more"])
+    # An App that does not register the job's agent says so (it said "not an agent").
+    app.run_agent("a", job_id="j0", messages=["x"])
+    other = App(storage=app.storage, scheduler=app.scheduler, agents=[Agent(name="b", model=ScriptedModel(["x"]))])
+    with pytest.raises(InvalidPipelineError, match=r"unknown pipeline 'a'.*b"):
+        other.send("j0", ["hi"])
 
 
 def test_a_crash_after_the_inbox_was_taken_takes_the_same_messages_once() -> None:
