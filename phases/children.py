@@ -70,7 +70,8 @@ def check_child_error(on_child_error: object) -> OnChildError:
 
 
 # --- starting a child -----------------------------------------------------------------------
-def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Mapping[str, Any]) -> str:
+def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Mapping[str, Any],
+                per_run: bool = True) -> str:
     """Start the child job of ``parent_job``'s call ``call_id`` unless it exists; returns its id.
 
     ``target`` is an agent (``run`` holds ``user``/``messages`` and per-run
@@ -80,9 +81,12 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
     parent and call (else :class:`JobConflictError`); a new child deeper than
     :data:`~pipelines.engine.children.MAX_DEPTH` is refused with
     :class:`InvalidInputError` (see :mod:`pipelines.engine.children`).
+    ``per_run``: the child belongs to the parent's run that started it (a tool call's); ``False``: to the
+    parent's whole life, found again by every run (a conversation's title).
     """
     parent = app.storage.get_job(parent_job)
-    epoch = parent.checkpoint.transcript_epoch if parent is not None and parent.checkpoint is not None else ""
+    cp = parent.checkpoint if per_run and parent is not None else None
+    epoch = cp.transcript_epoch if cp is not None else ""
     child_id = child_job_id(parent_job, call_id)
     existing = app.storage.get_job(child_id)
     if existing is not None and children_rules.of_another_run(existing, epoch):

@@ -32,7 +32,7 @@ def start_title(ctx: PhaseContext[Any], namer: Any, messages: list[Message]) -> 
         first = next((m.get("content") for m in messages if m.get("role") == "user"), "")
         answer = next((m.get("content") for m in reversed(messages) if m.get("role") == "assistant"), "")
         start_child(ctx.env.child_runs(), parent_job=ctx.job_id, call_id=TITLE_CALL, target=namer,
-                    run={"user": f"{_PROMPT}\n\nUser: {first}\nAssistant: {answer}"})
+                    run={"user": f"{_PROMPT}\n\nUser: {first}\nAssistant: {answer}"}, per_run=False)
     except Exception as exc:  # noqa: BLE001 - best effort: a title never costs the conversation anything
         ctx.log(f"could not start the title job: {type(exc).__name__}: {exc}", "warn")
 

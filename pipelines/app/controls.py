@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import CountingIndex, InProcessScheduler, RetentionStore, VersionedSchema
-from phases import approvals
+from phases import approvals, titles
 from pipelines.engine import children, control, transitions, writer
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.errors import (
@@ -154,6 +154,7 @@ class Controls:
                                        "delete it once the parent has woken, or cancel the parent first")
             if self._delete_at(rec) is not None:
                 self.env.callbacks.forget(job_id)
+                self._delete_title_of(job_id)
                 return
         raise JobConflictError(f"job {job_id!r} kept changing while it was being deleted; try again")
 
@@ -190,6 +191,16 @@ class Controls:
                      if r.status in transitions.FINISHED and r.updated_at <= before]
             ids = list(dict.fromkeys([*ids, *found]))
         return ids[: max(0, limit)]
+
+    def _delete_title_of(self, job_id: str) -> None:
+        """A deleted conversation's finished title job goes with it: a job made again under its id would take
+        its title (one running stops at its next turn, its parent gone). Best effort: logged, never raised."""
+        try:
+            title = self.storage.get_job(titles.title_job_id(job_id))
+            if title is not None and children.owned(title, job_id) and title.status in transitions.FINAL:
+                self._delete_at(title)
+        except PipelineError as exc:
+            logger.warning("job %s: its title job was not deleted: %s", job_id, exc)
 
     def _delete_at(self, rec: JobRecord) -> bool | None:
         """Delete ``rec``'s job if it is still at ``rec.version``; ``None`` when it moved on meanwhile."""

@@ -52,6 +52,30 @@ def test_a_new_conversation_is_named_once_and_follow_ups_keep_the_title(adapters
     assert len(namer_model.calls) == 1 and app.get("t1").title == "Where my parcel is"  # named once
 
 
+def test_a_follow_up_run_before_the_title_job_ran_keeps_it(adapters: tuple[Any, Any]) -> None:
+    # The title job belongs to the conversation, not to the run that started it: a run started before it ran
+    # neither stops it nor starts a second one.
+    namer_model = ScriptedModel(lambda msgs: '{"title": "Where my parcel is"}')
+    app = build(*adapters, namer_model)
+    app.run_agent("chat", job_id="t5", messages=["where is my parcel?"])
+    assert app.advance("t5").value == "completed"  # its one turn: the title job is started, not run yet
+    app.run_agent("chat", job_id="t5", messages=["and when?"])
+    app.drain()
+    assert app.get("t5").title == "Where my parcel is" and len(namer_model.calls) == 1
+
+
+def test_a_conversation_made_again_under_a_deleted_ones_id_gets_its_own_title(adapters: tuple[Any, Any]) -> None:
+    said = iter(['{"title": "Alice asks about her diagnosis"}', '{"title": "Bob orders a pizza"}'])
+    app = build(*adapters, ScriptedModel(lambda msgs: next(said)))
+    app.run_agent("chat", job_id="t6", messages=["my diagnosis?"])
+    app.drain()
+    assert app.get("t6").title == "Alice asks about her diagnosis"
+    app.delete("t6")
+    app.run_agent("chat", job_id="t6", messages=["a pizza please"])
+    app.drain()
+    assert app.get("t6").title == "Bob orders a pizza"  # not the deleted conversation's
+
+
 def test_a_failing_title_agent_never_fails_the_conversation(adapters: tuple[Any, Any]) -> None:
     def broken(messages: list[Any]) -> Any:
         raise RuntimeError("namer down")
