@@ -77,6 +77,10 @@ def test_a_pause_past_its_wait_stays_requested_and_lands_when_the_turn_commits()
         pending = pause_job("j", storage=storage, scheduler=scheduler, wait=0.1)
         assert pending.status is JobStatus.RUNNING and pending.control == "pause"
         assert storage.get_job("j").version == pending.version  # the turn in flight is not fenced off
+        # Resumed before the pause landed: the error says a pause is asked, and when to resume.
+        with pytest.raises(JobConflictError, match=r"running with a pause asked \(applied when its turn commits\); "
+                                                   r"only a paused job can be resumed; resume it once it is paused"):
+            resume_job("j", storage=storage, scheduler=scheduler)
     finally:
         release.set()
         worker.join(5)

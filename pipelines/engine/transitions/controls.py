@@ -25,7 +25,9 @@ def pause(rec: JobRecord, *, owner: str, now: float) -> Commit:
 def resume(rec: JobRecord, *, now: float) -> Commit:
     """A paused job runs again from its checkpoint, due now (no turn can be in flight: no lease needed)."""
     if rec.status is not JobStatus.PAUSED:
-        raise JobConflictError(f"job {rec.job_id!r} is {rec.status.value}; only a paused job can be resumed")
+        pending = " with a pause asked (applied when its turn commits)" if rec.control == "pause" else ""
+        raise JobConflictError(f"job {rec.job_id!r} is {rec.status.value}{pending}; only a paused job can be "
+                               f"resumed{'; resume it once it is paused' if pending else ''}")
     token = new_token()
     cp = rec.checkpoint.model_copy(update={"due_at": now}) if rec.checkpoint is not None else None
     new = _moved(rec, token, now, cp, status=JobStatus.RUNNING)
