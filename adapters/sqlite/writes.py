@@ -9,6 +9,7 @@ errors; the transaction is rolled back by the caller when they do.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,6 +63,11 @@ def append(conn: sqlite3.Connection, table: str, job_id: str, lines: Sequence[st
         _insert(conn, table, job_id, lines, _top(conn, table, job_id))
 
 
+def _first_part_id() -> int:
+    """The id of a job's first part: the wall clock in microseconds (above what a job deleted before gave out)."""
+    return time.time_ns() // 1000
+
+
 def add_parts(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], *, durable: bool) -> int:
     """Append parts to the job's live stream (``durable``: committed events); the last one's number (0: none)."""
     if not lines:
@@ -72,7 +78,10 @@ def add_parts(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], *, du
 
 def _insert_parts(conn: sqlite3.Connection, job_id: str, lines: Sequence[str], top: int | None, *,
                   durable: bool) -> int:
-    first = 1 if top is None else int(top) + 1
+    # A job's first part is numbered by the clock (microseconds), not 1: a job made again under a deleted one's
+    # id goes on above every id the deleted one gave out, so a reader's cursor from it skips nothing new (Redis
+    # stream ids are times too). Later parts count on from it.
+    first = _first_part_id() if top is None else int(top) + 1
     conn.executemany("INSERT INTO parts (job_id, seq, durable, body) VALUES (?, ?, ?, ?)",
                      [(job_id, first + i, int(durable), line) for i, line in enumerate(lines)])
     return first + len(lines) - 1

@@ -533,3 +533,23 @@ def test_a_string_utf8_cannot_carry_is_refused_as_bad_input_naming_it(tmp_path: 
             call_it()
         str(caught.value).encode()  # the message itself can be written anywhere (a log file, a page)
     assert storage.lease_owner("j") is None and storage.get_job("j").control is None  # type: ignore[union-attr]
+
+
+def test_a_job_made_again_under_a_deleted_ones_id_numbers_its_parts_above_every_old_cursor(tmp_path: Path) -> None:
+    # Parts were numbered from 1 for each job: a follower's cursor from the deleted job (an SSE Last-Event-ID)
+    # skipped as many of the new job's events and parts.
+    storage = SQLiteStorage(str(tmp_path / "jobs.db"))
+    app = App(storage=storage, scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(lambda msgs: f"said {msgs[-1]['content']}"))])
+    app.run_agent("a", job_id="chat", messages=["first life"])
+    app.drain()
+    old_event = app.events("chat")[-1].id
+    old_part = list(app.stream("chat", follow=False))[-1].id
+    app.delete("chat")
+    app.run_agent("a", job_id="chat", messages=["second life"])
+    app.drain()
+    assert [e.type for e in app.events("chat", after=old_event)] == [e.type for e in app.events("chat")]
+    again = list(app.stream("chat", after=old_part, follow=False))
+    assert again and [p.id for p in again] == [p.id for p in app.stream("chat", follow=False)]
+    assert app.messages("chat")[-1]["content"] == "said second life"
+    storage.close()
