@@ -23,6 +23,7 @@ from pipelines.engine.children import child_job_id
 from pipelines.engine.errors import InvalidInputError, JobConflictError
 from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
+from tests.unit.helpers import child_the_cancel_misses
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -578,22 +579,8 @@ def test_a_child_whose_parent_started_another_run_stops_at_its_next_turn(
         storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A child the cancel missed (its parent's wait never committed), then the parent retried from the start:
     # its new run starts a child of its own; the old run's must not run on to an end nobody reads.
-    import phases.children
-
     app = _app(storage, boss_of(echo_agent()))
-    real = phases.children.start_child
-
-    def start_then_force_cancel(*args: Any, **kwargs: Any) -> Any:
-        child_id = real(*args, **kwargs)
-        app.cancel("p", force=True)
-        return child_id
-
-    monkeypatch.setattr(phases.children, "start_child", start_then_force_cancel)
-    app.run_agent("boss", job_id="p", user="go")
-    assert app.advance("p").value == "stale"
-    monkeypatch.setattr(phases.children, "start_child", real)
-    kid = child_job_id("p", "c0")
-    assert storage.get_job(kid).status is JobStatus.RUNNING and storage.get_job("p").children == []
+    kid = child_the_cancel_misses(app, monkeypatch, "p", user="go")
     app.retry("p", mode="full")
     assert storage.get_job("p").status is JobStatus.RUNNING
     assert app.advance(kid).value == "cancelled"

@@ -19,6 +19,7 @@ from pipelines.engine.children import child_job_id
 from pipelines.engine.models import JOB_ID_PATTERN, Message
 from pipelines.engine.phase import Done, Phase, PhaseContext
 from pipelines.testing import ScriptedModel, call, crash_test, reply
+from tests.unit.helpers import child_the_cancel_misses
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -229,21 +230,8 @@ def test_a_child_its_parents_cancel_could_not_reach_is_cancelled_at_its_next_tur
         storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # The parent's turn started the child and was forced off before its wait committed: the parent does not
     # list the child, so the cancel's walk cannot reach it. The child sees its parent cancelled and stops.
-    import phases.children
-
     app = _app(storage, parent_agent(child_agent()))
-    real = phases.children.start_child
-
-    def start_then_force_cancel(*args: Any, **kwargs: Any) -> Any:
-        child_id = real(*args, **kwargs)
-        app.cancel("p10", force=True)  # an operator's forced cancel lands while the turn is in flight
-        return child_id
-
-    monkeypatch.setattr(phases.children, "start_child", start_then_force_cancel)
-    app.run_agent("boss", job_id="p10", user="go")
-    assert app.advance("p10").value == "stale"
-    kid = child_job_id("p10", "c0")
-    assert storage.get_job("p10").children == [] and storage.get_job(kid).status is JobStatus.RUNNING
+    kid = child_the_cancel_misses(app, monkeypatch, "p10", user="go")
     assert app.advance(kid).value == "cancelled"
     assert storage.get_job(kid).status is JobStatus.CANCELLED and storage.get_job(kid).result is None
 
@@ -251,24 +239,13 @@ def test_a_child_its_parents_cancel_could_not_reach_is_cancelled_at_its_next_tur
 def test_a_child_whose_parent_was_deleted_stops_at_its_next_turn(storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # As above, and the operator then deleted the cancelled parent: nothing will read the child's outcome, so
     # it must not run on (it did, to its end, paying for every model call).
-    import phases.children
-
     app = _app(storage, parent_agent(child_agent()))
-    real = phases.children.start_child
-
-    def start_then_force_cancel(*args: Any, **kwargs: Any) -> Any:
-        child_id = real(*args, **kwargs)
-        app.cancel("p11", force=True)
-        return child_id
-
-    monkeypatch.setattr(phases.children, "start_child", start_then_force_cancel)
-    app.run_agent("boss", job_id="p11", user="go")
-    assert app.advance("p11").value == "stale"
+    kid = child_the_cancel_misses(app, monkeypatch, "p11", user="go")
     app.delete("p11")
-    kid = child_job_id("p11", "c0")
-    assert storage.get_job("p11") is None and storage.get_job(kid).status is JobStatus.RUNNING
+    assert storage.get_job("p11") is None
     assert app.advance(kid).value == "cancelled"
     assert storage.get_job(kid).status is JobStatus.CANCELLED and storage.get_job(kid).result is None
+
 
 class Topic(BaseModel):
     topic: str
