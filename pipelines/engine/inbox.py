@@ -57,6 +57,10 @@ def person_messages(messages: Sequence[Any]) -> list[Message]:
         if msg.get("tool_calls") or msg.get("function_call"):
             raise InvalidInputError(f"message {i} sent is a {role!r} message with tool_calls: a tool call and its "
                                     "result belong to a turn, not to what a person sends")
+        if not isinstance(msg.get("content"), str | list):
+            # Joined to the transcript, a message no model reads would fail every later turn of the conversation.
+            raise InvalidInputError(f"message {i} sent needs a 'content': a string, or a list of content parts "
+                                    f"(text, images); got {msg.get('content')!r:.60}")
         out.append(dict(msg))
     return out
 
