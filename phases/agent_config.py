@@ -36,16 +36,19 @@ class RunOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str | None = Field(default=None, min_length=1, description="a litellm model string")
-    max_turns: int | None = Field(default=None, gt=0)
-    max_tokens: int | None = Field(default=None, gt=0)
+    # Strict (True is no count) and bounded, as every number from outside is: far past any real run.
+    max_turns: int | None = Field(default=None, gt=0, le=1_000_000, strict=True)
+    max_tokens: int | None = Field(default=None, gt=0, le=10**12, strict=True)
     max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     output_schema: str | None = Field(default=None, description="the name of a schema registered on the App")
     tool_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     stream: bool | None = Field(default=None, description="publish the answer's text as it arrives")
-    stream_retries: int | None = Field(default=None, ge=0, description="retries of a stream broken mid-way")
+    stream_retries: int | None = Field(default=None, ge=0, le=100, strict=True,
+                                       description="retries of a stream broken mid-way")
     system_prompt_conflict: Literal["keep", "use-current"] | None = None
     suppress_system_prompt_conflict_warning: bool | None = None
-    max_retries: int | None = Field(default=None, ge=0, description="model call retries; 0 = no retry")
+    max_retries: int | None = Field(default=None, ge=0, le=100, strict=True,
+                                    description="model call retries; 0 = no retry")
     context: JSONValue = Field(default=None, description="JSON data for tools and hooks; never sent to the model")
     tools_context: dict[str, JSONValue] | None = Field(default=None, description="tool name -> that tool's entry")
     tags: list[str] | None = None

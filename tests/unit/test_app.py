@@ -108,6 +108,12 @@ def test_a_per_run_output_schema_is_stored_by_name_and_the_result_comes_back_typ
     ({"model_params": {"api_key": "sk-secret"}}, "unknown per-run option"),
     ({"tools": []}, "unknown per-run option"),
     ({"max_turns": 0}, "max_turns"),
+    # Counts are ints within bounds: True is no count, and every number from outside is bounded.
+    ({"max_turns": True}, "max_turns: Input should be a valid integer"),
+    ({"max_turns": 10**30}, "max_turns: Input should be less than or equal to 1000000"),
+    ({"max_tokens": 10**13}, "max_tokens: Input should be less than or equal to"),
+    ({"max_retries": True}, "max_retries: Input should be a valid integer"),
+    ({"stream_retries": 1000}, "stream_retries: Input should be less than or equal to 100"),
     ({"output_schema": Counter}, "not registered on the App"),
 ])
 def test_per_run_options_that_cannot_travel_are_refused_and_nothing_is_written(options: dict[str, Any],
