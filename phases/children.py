@@ -31,7 +31,7 @@ from pipelines.engine import children as children_rules
 from pipelines.engine import transitions, versions, writer
 from pipelines.engine.children import KIND, child_job_id, child_key, owned
 from pipelines.engine.env import ChildRuns
-from pipelines.engine.errors import InvalidInputError, JobConflictError
+from pipelines.engine.errors import InvalidInputError, JobConflictError, StaleVersionError
 from pipelines.engine.models import check_messages, to_json_value
 from pipelines.engine.phase import Done, Fail, Next, Phase, PhaseContext, WaitForInput
 
@@ -71,7 +71,7 @@ def check_child_error(on_child_error: object) -> OnChildError:
 
 # --- starting a child -----------------------------------------------------------------------
 def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Mapping[str, Any],
-                per_run: bool = True) -> str:
+                per_run: bool = True, parent_run: str = "") -> str:
     """Start the child job of ``parent_job``'s call ``call_id`` unless it exists; returns its id.
 
     ``target`` is an agent (``run`` holds ``user``/``messages`` and per-run
@@ -82,11 +82,16 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
     :data:`~pipelines.engine.children.MAX_DEPTH` is refused with
     :class:`InvalidInputError` (see :mod:`pipelines.engine.children`).
     ``per_run``: the child belongs to the parent's run that started it (a tool call's); ``False``: to the
-    parent's whole life, found again by every run (a conversation's title).
+    parent's whole life, found again by every run (a conversation's title). ``parent_run``: the run of the
+    turn that starts it (``ToolContext.run``); a turn of a run its job has left (fenced off by a forced
+    cancel, then a full retry) starts nothing: :class:`StaleVersionError`.
     """
     parent = app.storage.get_job(parent_job)
     cp = parent.checkpoint if per_run and parent is not None else None
     epoch = cp.transcript_epoch if cp is not None else ""
+    if per_run and parent_run and epoch and parent_run != epoch:
+        raise StaleVersionError(f"job {parent_job!r} went on to another run while call {call_id} ran; "
+                                "its turn was fenced off and starts no child run")
     child_id = child_job_id(parent_job, call_id)
     existing = app.storage.get_job(child_id)
     if existing is not None and children_rules.of_another_run(existing, epoch):
@@ -179,7 +184,7 @@ def _child_tool(target: Any, *, name: str, description: str, input_model: type[B
     def execute(args: BaseModel, ctx: ToolContext) -> Any:
         # Reached only while the call has no result: the wake-up puts the child's into the journal.
         child_id = start_child(ctx.env.child_runs(), parent_job=ctx.job_id, call_id=ctx.call_id, target=target,
-                               run=mapper(args))
+                               run=mapper(args), parent_run=ctx.run)
         raise _wait(ctx.call_id, child_id, policy, f"tool {name}")
 
     built = Tool(name=name, description=description, input_model=input_model or AgentToolInput, execute=execute)
@@ -243,7 +248,8 @@ class _AgentPhase:
         found, outcome = ctx.recorded(child_key(call_id))
         if not found:
             child_id = start_child(ctx.env.child_runs(), parent_job=ctx.job_id, call_id=call_id,
-                                   target=self.child_agent, run=self.map_run(ctx.state))
+                                   target=self.child_agent, run=self.map_run(ctx.state),
+                                   parent_run=ctx.checkpoint.transcript_epoch)
             raise _wait(call_id, child_id, "error_result", f"phase {self.name}")
         if outcome.get("status") != "complete":
             error = f"child job {outcome.get('job_id')!r} ended {outcome.get('status')}: {outcome.get('error')}"

@@ -55,7 +55,9 @@ class ToolContext:
     instance of the tool's ``context_model`` when it declares one), or ``None``.
     ``env``: the App's :class:`~pipelines.engine.env.RunEnv` (child runs, flow
     limits, clock). All three are handed over by the turn that runs the tool,
-    so a tool sees them on whichever thread it runs.
+    so a tool sees them on whichever thread it runs. ``run``: the run of the
+    job the call is in (its checkpoint's ``transcript_epoch``; ``""`` unknown),
+    what a child run started by the call is stamped with.
     """
 
     job_id: str
@@ -65,6 +67,7 @@ class ToolContext:
     context: JSONValue = None
     tool_context: Any = None
     env: RunEnv = EMPTY_ENV
+    run: str = ""
 
     @property
     def idempotency_key(self) -> str:

@@ -28,11 +28,11 @@ def arguments_digest(call: Mapping[str, Any]) -> str:
 
 def tool_context(ctx: PhaseContext[Any], call_id: str, name: str, turn: int) -> ToolContext:
     """What the tool ``name`` is handed for call ``call_id``: its run's context and the App's environment."""
-    scope = ctx.tool_scope
+    scope, run = ctx.tool_scope, ctx.checkpoint.transcript_epoch
     if scope is None:
-        return ToolContext(job_id=ctx.job_id, call_id=call_id, tool_name=name, turn=turn, env=ctx.env)
+        return ToolContext(job_id=ctx.job_id, call_id=call_id, tool_name=name, turn=turn, env=ctx.env, run=run)
     return ToolContext(job_id=ctx.job_id, call_id=call_id, tool_name=name, turn=turn, context=scope.context,
-                       tool_context=scope.tool_contexts.get(name), env=ctx.env)
+                       tool_context=scope.tool_contexts.get(name), env=ctx.env, run=run)
 
 
 def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -178,6 +178,7 @@ class Controls:
                     continue  # its parent has not read its outcome yet: a later sweep deletes it
                 if expired and rec is not None and self._delete_at(rec):
                     self.env.callbacks.forget(job_id)
+                    self._delete_title_of(job_id)
                     removed.append(job_id)
             except PipelineError as exc:  # one job that cannot be deleted now never stops the others'
                 logger.error("retention: job %s not deleted: %s", job_id, exc)
@@ -193,12 +194,16 @@ class Controls:
         return ids[: max(0, limit)]
 
     def _delete_title_of(self, job_id: str) -> None:
-        """A deleted conversation's finished title job goes with it: a job made again under its id would take
-        its title (one running stops at its next turn, its parent gone). Best effort: logged, never raised."""
+        """A deleted conversation's title job goes with it, whatever its state: a job made again under its id would
+        take its title (and the first message it was asked about). Best effort: logged, never raised."""
         try:
             title = self.storage.get_job(titles.title_job_id(job_id))
-            if title is not None and children.owned(title, job_id) and title.status in transitions.FINAL:
-                self._delete_at(title)
+            if title is None or not children.owned(title, job_id):
+                return
+            if title.status not in transitions.FINISHED:  # queued or running: stopped first (a turn in flight fenced)
+                title = control.cancel_job(title.job_id, storage=self.storage, scheduler=self.scheduler, wait=0,
+                                           force=True)
+            self._delete_at(title)
         except PipelineError as exc:
             logger.warning("job %s: its title job was not deleted: %s", job_id, exc)
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from phases.agent_config import RUN_OPTIONS
 from phases.callbacks import CALLBACKS, check_callbacks
 from pipelines.engine import control, flow, inbox, transitions, writer
 from pipelines.engine.capabilities import Feature, has
@@ -137,6 +138,14 @@ class Runs:
         if now.version != src.version:
             raise JobConflictError(f"job {src.job_id!r} changed while it was being forked; try again")
 
+    def _options_kept(self, done: JobRecord) -> dict[str, Any]:
+        """The options a caller gave ``done``'s last run, for the next one: not the ones the run keeps for itself
+        (the system messages it dropped), and its ``version:`` / ``commit:`` tags drawn anew by this App."""
+        kept = {k: v for k, v in done.options.items() if k in RUN_OPTIONS}
+        if self.app.provenance and isinstance(kept.get("tags"), list):
+            kept["tags"] = [t for t in kept["tags"] if not str(t).startswith(("version:", "commit:"))]
+        return kept
+
     def _turn_kept(self, src: JobRecord, mark: TurnMark) -> None:
         """Raise unless the source still holds the turn ``mark`` after its messages were read.
 
@@ -146,7 +155,11 @@ class Runs:
         now = self.storage.get_job(src.job_id)
         if now is None:
             raise JobNotFoundError(f"job {src.job_id!r} was deleted while it was being forked")
-        if now.version != src.version and mark not in now.history:
+        # A cut draws a new transcript epoch; a turn that only went on keeps it (and may have dropped the mark from
+        # the bounded history: that is no cut).
+        same_run = (src.checkpoint is not None and now.checkpoint is not None
+                    and src.checkpoint.transcript_epoch == now.checkpoint.transcript_epoch != "")
+        if now.version != src.version and not same_run and mark not in now.history:
             raise JobConflictError(f"job {src.job_id!r} was cut back before turn {mark.phases_done} (a full retry) "
                                    "while it was being forked; try again")
 
@@ -183,7 +196,8 @@ class Runs:
                    takes_while_running=source.takes_messages_while_running,
                    # The last run's options (concurrency key, priority, model, ...): what a message sent during its
                    # last turn keeps too; a caller who wants others runs the conversation on with run_agent.
-                   continue_run=lambda done: self.run_agent(source, job_id=job_id, messages=msgs, **done.options))
+                   continue_run=lambda done: self.run_agent(source, job_id=job_id, messages=msgs,
+                                                            **self._options_kept(done)))
         return self.app.read.view(control.load_job(self.storage, job_id))
 
 

@@ -158,6 +158,8 @@ def awaited_by(child: JobRecord, storage: Storage) -> str | None:
     parent = storage.get_job(child.parent_job)
     if parent is None or parent.status not in _UNFINISHED:
         return None
+    if parent.checkpoint is not None and of_another_run(child, parent.checkpoint.transcript_epoch):
+        return None  # a child of a run the parent left (a full retry): nothing reads its outcome
     if waits_for_children(parent) and any(str(c["child"]) == child.job_id for c in _calls(parent)):
         return parent.job_id
     return parent.job_id if child.job_id not in parent.children else None

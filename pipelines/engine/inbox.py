@@ -26,11 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pipelines.engine.models as models  # MAX_VALUE_BYTES is a setting, read at each check
 from adapters.base import INBOX_OPEN, Storage
 from pipelines.engine import writer
 from pipelines.engine.control import load_job
-from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError
-from pipelines.engine.models import JobRecord, JobStatus, Message
+from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError, ValueTooLargeError
+from pipelines.engine.models import STEP_ENVELOPE, JobRecord, JobStatus, Message, dump_json
 
 __all__ = ["PERSON_ROLES", "SEND_TRIES", "person_messages", "send"]
 
@@ -61,8 +62,18 @@ def person_messages(messages: Sequence[Any]) -> list[Message]:
             # Joined to the transcript, a message no model reads would fail every later turn of the conversation.
             raise InvalidInputError(f"message {i} sent needs a 'content': a string, or a list of content parts "
                                     f"(text, images); got {msg.get('content')!r:.60}")
+        _check_fits_a_turn(msg, i)
         out.append(dict(msg))
     return out
+
+
+def _check_fits_a_turn(message: Mapping[str, Any], i: int) -> None:
+    """Refuse a message the turn that takes it could not journal (the inbox step holds it with some room around)."""
+    size = len(dump_json(dict(message), f"message {i} sent").encode())
+    limit = models.MAX_VALUE_BYTES - STEP_ENVELOPE
+    if size > limit:
+        raise ValueTooLargeError(f"message {i} sent is {size:,} bytes of JSON, above the {limit:,} a turn takes "
+                                 "at once (pipelines.engine.models.MAX_VALUE_BYTES less STEP_ENVELOPE)")
 
 
 def send(storage: Storage, record: JobRecord, messages: list[Message], *, agent: str, takes_while_running: bool,

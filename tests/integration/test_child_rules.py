@@ -16,7 +16,7 @@ import pytest
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.redis import RedisStorage
 from phases.children import agent_phase, start_child
-from pipelines import Agent, App, Done, JobStatus, Phase, PhaseContext, tool
+from pipelines import Agent, App, Done, JobStatus, Next, Phase, PhaseContext, tool
 from pipelines.crash_harness import SimulatedCrash
 from pipelines.engine import children
 from pipelines.engine.children import child_job_id
@@ -585,5 +585,68 @@ def test_a_child_whose_parent_started_another_run_stops_at_its_next_turn(
     assert storage.get_job("p").status is JobStatus.RUNNING
     assert app.advance(kid).value == "cancelled"
     assert storage.get_job(kid).result is None
+    app.delete(kid)  # nothing waits for it: the parent's new run has a child of its own
     app.drain()
     assert storage.get_job("p").result == "boss heard: researcher: q"
+
+
+def test_a_turn_fenced_off_by_a_full_retry_starts_no_child(storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its tool ran on after a forced cancel and a full retry: the child it started was stamped with the new run
+    # (read from storage), and the new run, repeating the call id, took the old turn's question's answer.
+    import phases.children
+
+    asked = ["v1"]
+
+    def boss(messages: list[Message]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, {**call("researcher", input=f"question of {asked[0]}"), "id": "c0"})
+        return "boss heard: " + next(m["content"] for m in messages if m["role"] == "tool")
+
+    app = _app(storage, Agent(name="boss", model=ScriptedModel(boss), tools=[echo_agent().as_tool(description="R.")]))
+    real = phases.children.start_child
+
+    def operator_retries_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        app.cancel("p", force=True)
+        asked[0] = "v2"
+        app.retry("p", mode="full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(phases.children, "start_child", operator_retries_meanwhile)
+    app.run_agent("boss", job_id="p", user="go")
+    assert app.advance("p").value == "stale"
+    monkeypatch.setattr(phases.children, "start_child", real)
+    assert storage.get_job(child_job_id("p", "c0")) is None
+    app.drain()
+    assert storage.get_job("p").result == "boss heard: researcher: question of v2"
+
+
+def test_a_fork_racing_a_turn_that_drops_its_mark_from_the_bounded_history_lands(storage: Any) -> None:
+    # Only a cut (a full retry) may refuse it: the history also drops marks by its bounds as a job goes on.
+    from pipelines.engine.transitions import HISTORY_BYTES
+
+    big = "x" * (HISTORY_BYTES // 2 + 1000)  # a state this large: the history keeps only the newest turn
+
+    def step(ctx: PhaseContext[Any]) -> Any:
+        n = ctx.state["n"] + 1
+        ctx.append_messages([{"role": "user", "content": f"m{n}"}])
+        return Next("step", state={"n": n, "blob": big}) if n < 5 else Done(result=n)
+
+    app = _app(storage)
+    app.add_pipeline("steps", [Phase("step", step)])
+    app.run_pipeline("steps", job_id="src", initial_state={"n": 0, "blob": ""})
+    app.advance("src")
+    app.advance("src")
+    at = storage.get_job("src").history[-1].phases_done
+    real = storage.messages
+
+    def one_more_turn_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        storage.messages = real
+        app.advance("src")  # the source commits its next turn: its history drops the mark, nothing is cut
+        return real(*args, **kwargs)
+
+    storage.messages = one_more_turn_meanwhile
+    try:
+        forked = app.fork("src", at_turn=at, new_job_id="f")
+    finally:
+        storage.messages = real
+    assert [m["content"] for m in app.messages(forked.job_id)] == ["m1", "m2"]

@@ -100,6 +100,14 @@ def test_a_message_sent_to_a_finished_conversation_runs_on_with_the_last_runs_op
     done = app.get("o").record
     assert done.status is JobStatus.COMPLETE and done.options == first.options
     assert roles_and_texts(app, "o")[-1] == ("assistant", "answered: and A-2?")
+    # What the run kept for itself is not a caller's option: a run given a system message was sent no more.
+    app.run_agent("a", job_id="s", messages=[{"role": "system", "content": "be a pirate"}, "where is A-1?"])
+    app.drain()
+    assert "_dropped_system" in app.get("s").record.options
+    app.send("s", ["and A-2?"])
+    app.drain()
+    assert roles_and_texts(app, "s")[-1] == ("assistant", "answered: and A-2?")
+    assert "_dropped_system" not in app.get("s").record.options
 
 
 def test_messages_each_under_the_limit_but_over_it_together_join_over_several_turns(
@@ -119,6 +127,12 @@ def test_messages_each_under_the_limit_but_over_it_together_join_over_several_tu
     assert view.status is JobStatus.COMPLETE and view.record.inbox == 0, view.error
     users = [t for r, t in roles_and_texts(app, "big") if r == "user"]
     assert users == ["where is A-1?", *sent]  # each once, in order
+    # One message the turn could not journal with room around it is refused when sent, not failed at the turn.
+    from pipelines.engine.errors import ValueTooLargeError
+
+    with pytest.raises(ValueTooLargeError, match=r"message 0 sent is 64,564 bytes of JSON, above the 61,440 a turn"):
+        app.send("big", ["q" * (64 * 1024 - 1000)])
+    assert app.get("big").record.inbox == 0
     answers = [t for r, t in roles_and_texts(app, "big") if r == "assistant" and t]
     assert len(answers) >= 2  # taken in more than one turn: at most ~6 fit in one
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
+from phases.titles import title_job_id
 from pipelines import Agent, App, JobStatus
 from pipelines.testing import ScriptedModel
 from tests.unit.helpers import memory
@@ -74,6 +75,34 @@ def test_a_conversation_made_again_under_a_deleted_ones_id_gets_its_own_title(ad
     app.run_agent("chat", job_id="t6", messages=["a pizza please"])
     app.drain()
     assert app.get("t6").title == "Bob orders a pizza"  # not the deleted conversation's
+
+
+@pytest.mark.parametrize("title_job", ["queued", "failed"])
+def test_a_conversations_title_job_goes_with_it_whatever_its_state(adapters: tuple[Any, Any], title_job: str) -> None:
+    # Only a finished one was deleted: one not run yet named the next conversation made under the id with the
+    # deleted one's first message; a failed one was adopted and the new conversation never got a title.
+    asked: list[str] = []
+
+    def namer(messages: list[Any]) -> Any:
+        asked.append(messages[-1]["content"])
+        if "diagnosis" in messages[-1]["content"] and title_job == "failed":
+            raise RuntimeError("namer down")
+        return '{"title": "%s"}' % ("Alice asks about her diagnosis" if "diagnosis" in messages[-1]["content"]
+                                    else "Bob orders a pizza")
+
+    app = build(*adapters, ScriptedModel(namer))
+    app.run_agent("chat", job_id="t8", messages=["my diagnosis?"])
+    assert app.advance("t8").value == "completed"  # the title job is started, not run
+    if title_job == "failed":
+        app.drain()
+        failed = app.get(title_job_id("t8"))
+        assert failed is not None and failed.status is JobStatus.ERROR
+    app.delete("t8")
+    assert app.get(title_job_id("t8")) is None
+    app.run_agent("chat", job_id="t8", messages=["a pizza please"])
+    app.drain()
+    assert app.get("t8").title == "Bob orders a pizza"
+    assert "pizza" in asked[-1] and sum("diagnosis" in a for a in asked) == (title_job == "failed")
 
 
 def test_a_failing_title_agent_never_fails_the_conversation(adapters: tuple[Any, Any]) -> None:

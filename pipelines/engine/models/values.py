@@ -28,6 +28,7 @@ __all__ = [
     "MAX_INT_DIGITS",
     "MAX_JSON_DEPTH",
     "MAX_VALUE_DEPTH",
+    "STEP_ENVELOPE",
     "JSONValue",
     "Message",
     "check_messages",
@@ -112,12 +113,16 @@ def encode_plain(plain: Any) -> str:
     return _to_json(plain).decode()
 
 
+STEP_ENVELOPE: Final = 4096  # bytes kept free around a value stored in a journal step (an inbox taken as a list)
+
+
 def fitting_start(values: list[Any]) -> list[Any]:
     """The longest start of ``values`` (plain JSON) whose list fits in one stored value; at least the first.
 
-    For what one write takes from a queue of values each checked on its own (a job's inbox, journaled whole).
+    For what one write takes from a queue of values each checked on its own (a job's inbox, journaled whole):
+    each must be under ``MAX_VALUE_BYTES - STEP_ENVELOPE`` (``app.send`` refuses a larger message).
     """
-    room, used = _models.MAX_VALUE_BYTES - 4096, 0  # 4 KiB: the envelope the list is stored in
+    room, used = _models.MAX_VALUE_BYTES - STEP_ENVELOPE, 0
     for i, value in enumerate(values):
         used += len(encode_plain(value).encode()) + 1
         if used > room and i:
