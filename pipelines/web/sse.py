@@ -65,8 +65,11 @@ def sse_response(app: App, job_id: str, request: Request, *, format: StreamForma
     if not heartbeat > 0:
         raise InvalidInputError(f"heartbeat must be a positive number of seconds, got {heartbeat!r}")
     cursor = request.headers.get("last-event-id") or request.query_params.get("cursor")
+    if not cursor and start_at is not None:  # the server's start: its ``after`` plays no part
+        return JobStreamResponse(app, job_id, request, cursor=None, format=format, heartbeat=heartbeat,
+                                 hold_text=hold_text, start_at=start_at)
     return JobStreamResponse(app, job_id, request, cursor=cursor or after, format=format, heartbeat=heartbeat,
-                             hold_text=hold_text, start_at=None if cursor else start_at)
+                             hold_text=hold_text)
 
 
 def _split(cursor: str | None) -> tuple[str | None, int | None, str]:
