@@ -251,7 +251,7 @@ class LocalScheduler:
                 if job_id is None and due is None:
                     return ran
                 if job_id is None and due is not None:
-                    self._requests.cond.wait(max(0.0, due - self.now()))
+                    self._requests.cond.wait(_bounded(due - self.now()))
                     continue
             assert job_id is not None
             self._run(job_id)
@@ -323,7 +323,7 @@ class LocalScheduler:
                     self._running[threading.current_thread().name] = (job_id, time.time())
                     return job_id
                 due = self._requests.next_due()
-                self._requests.cond.wait(None if due is None else max(0.0, due - self.now()))
+                self._requests.cond.wait(None if due is None else _bounded(due - self.now()))
         return None
 
     def _work(self) -> None:
@@ -385,3 +385,9 @@ class LocalScheduler:
                 self._sweep()
         except Exception:
             logger.exception("local scheduler: sweep failed")
+
+
+def _bounded(seconds: float) -> float:
+    """A wait a thread can take: ``Condition.wait`` refuses more than ~292 years (OverflowError), which killed
+    the worker thread; one an hour long wakes to look again."""
+    return min(max(0.0, seconds), 3600.0)

@@ -88,6 +88,19 @@ def test_a_delayed_turn_runs_when_it_is_due_not_before(tmp_path: Path) -> None:
     assert counting.runs[("late", "b")] == 1
 
 
+def test_a_request_due_centuries_ahead_keeps_every_worker_thread_alive(tmp_path: Path) -> None:
+    # A wait past what Condition.wait takes (~292 years) raised OverflowError in each idle thread: the process
+    # then ran no job at all. Phases may not ask for so long (MAX_DELAY); the scheduler's own wait is bounded too.
+    counting = Counting()
+    app = make_app(tmp_path / "far.db", counting, workers=2)
+    with app.scheduler:  # type: ignore[attr-defined]
+        app.scheduler.schedule_advance("far-away", 1e10)  # type: ignore[attr-defined]
+        time.sleep(0.2)  # each idle thread waits for it
+        app.run_pipeline("p", job_id="now")
+        wait_for(app, ["now"])
+    assert counting.runs[("now", "c")] == 1
+
+
 def test_a_new_process_picks_up_the_jobs_a_stopped_one_left(tmp_path: Path) -> None:
     path = tmp_path / "r.db"
     first = Counting()

@@ -10,7 +10,12 @@ from typing import Any
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import NO_USAGE, Event, LogEntry, Message, Usage
 
-__all__ = ["Done", "Fail", "FailJob", "Next", "Outcome", "PhaseOutput", "RetryLater", "WaitForInput"]
+__all__ = ["MAX_DELAY", "Done", "Fail", "FailJob", "Next", "Outcome", "PhaseOutput", "RetryLater", "WaitForInput"]
+
+MAX_DELAY = 10 * 365 * 86400.0
+"""The longest a phase may ask to wait before it runs again (``Next.delay``, ``RetryLater``): ten years. Every
+scheduler takes it (a thread's wait stops at ~292 years, a queue's datetime at year 9999); wait longer with
+``WaitForInput`` and a person or a cron that wakes the job."""
 
 
 @dataclass(frozen=True)
@@ -26,9 +31,10 @@ class Next:
 
     def __post_init__(self) -> None:
         if not isinstance(self.delay, int | float) or isinstance(self.delay, bool) or not (
-            0 <= self.delay < math.inf
+            0 <= self.delay <= MAX_DELAY
         ):
-            raise InvalidInputError(f"Next.delay must be a finite number of seconds >= 0, got {self.delay!r}")
+            raise InvalidInputError(f"Next.delay must be a number of seconds from 0 to {MAX_DELAY:.0f} (ten years, "
+                                    f"pipelines.engine.phase.outcomes.MAX_DELAY), got {self.delay!r}")
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,9 @@ class RetryLater(Exception):  # noqa: N818 - a control signal, not an error
     """
 
     def __init__(self, delay: float, reason: str = "") -> None:
-        if not isinstance(delay, int | float) or not math.isfinite(delay):
-            raise InvalidInputError(f"RetryLater needs a finite delay in seconds, got {delay!r}")
+        if not isinstance(delay, int | float) or not math.isfinite(delay) or delay > MAX_DELAY:
+            raise InvalidInputError(f"RetryLater needs a delay in seconds of at most {MAX_DELAY:.0f} (ten years, "
+                                    f"pipelines.engine.phase.outcomes.MAX_DELAY), got {delay!r}")
         super().__init__(reason or f"retry in {delay:.1f}s")
         self.delay = max(0.0, float(delay))
         self.reason = reason
