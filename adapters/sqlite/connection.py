@@ -153,13 +153,15 @@ os.register_at_fork(before=_hold_writers, after_in_parent=_release_writers, afte
 class Database:
     """One SQLite file: a connection per thread (per process), transactions, retries.
 
-    ``on_connect(conn)`` runs once on every new connection (the schema check);
-    ``on_write(conn)`` at the start of every write transaction (the version check).
+    ``on_open(conn)`` runs on every new connection before anything is written (a refusal of a file that is not
+    ours leaves it untouched, journal mode included); ``on_connect(conn)`` once on every new connection after
+    (the schema check); ``on_write(conn)`` at the start of every write transaction (the version check).
     """
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
                  on_connect: Callable[[sqlite3.Connection], None] | None = None,
-                 on_write: Callable[[sqlite3.Connection], None] | None = None) -> None:
+                 on_write: Callable[[sqlite3.Connection], None] | None = None,
+                 on_open: Callable[[sqlite3.Connection], None] | None = None) -> None:
         check_sqlite_version()
         if synchronous not in SYNCHRONOUS:
             raise ConfigurationError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
@@ -173,6 +175,7 @@ class Database:
         self.busy_timeout = float(busy_timeout)
         self._on_connect = on_connect
         self._on_write = on_write
+        self._on_open = on_open
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
@@ -209,6 +212,8 @@ class Database:
         # isolation_level=None: no transaction opens behind our back; every one is BEGIN'd here.
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
+            if self._on_open is not None:
+                self._on_open(conn)
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise ConfigurationError(

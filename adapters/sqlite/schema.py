@@ -29,7 +29,7 @@ import sqlite3
 
 from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "check_version", "migrate"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "check_version", "migrate", "refuse_foreign"]
 
 # ``jobs.live_cut``: where the job's run in flight starts in its live stream (``parts``); the commit that
 # starts the next run drops the live parts before it (adapters.sqlite.writes). Until 2026-12-05 it was
@@ -96,27 +96,34 @@ def _foreign_tables(conn: sqlite3.Connection) -> bool:
     return int(conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]) > 0
 
 
+def refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a file this library must not touch (another program's database, a newer schema), reading only."""
+    found = _user_version(conn)
+    if found == 0 and _foreign_tables(conn):
+        raise ConfigurationError(f"{path} holds tables but no phaserunner schema: it is another program's "
+                                 "database; give SQLiteStorage a file of its own")
+    if found > SCHEMA_VERSION:
+        raise ConfigurationError(
+            f"{path} has schema version {found}, written by a newer phaserunner; this one reads version "
+            f"{SCHEMA_VERSION}. Upgrade phaserunner (pip install -U phaserunner); nothing was changed")
+
+
 def check_schema(conn: sqlite3.Connection, path: str) -> None:
     """Make sure ``conn``'s file holds this library's schema: create it in an empty file, refuse any other."""
     found = _user_version(conn)
     if found == 0:
         conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file: one creates, the other sees it
         try:
+            refuse_foreign(conn, path)  # again, under the lock: another process may have written meanwhile
             found = _user_version(conn)
             if found == 0:
-                if _foreign_tables(conn):
-                    raise ConfigurationError(f"{path} holds tables but no phaserunner schema: it is another "
-                                             "program's database; give SQLiteStorage a file of its own")
                 _apply(conn, 0, SCHEMA_VERSION)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-    if found > SCHEMA_VERSION:
-        raise ConfigurationError(
-            f"{path} has schema version {found}, written by a newer phaserunner; this one reads version "
-            f"{SCHEMA_VERSION}. Upgrade phaserunner (pip install -U phaserunner); nothing was changed")
+    refuse_foreign(conn, path)
     if 0 < found < SCHEMA_VERSION:
         raise ConfigurationError(
             f"{path} has schema version {found}; this phaserunner needs version {SCHEMA_VERSION}. Run "

@@ -83,7 +83,8 @@ class SQLiteStorage(SQLiteReads):
         self._expired: tuple[float, str] = (0.0, "")  # where the next expiry of finished jobs' live parts starts
         self._clock = clock or time.time
         self._db = Database(path, synchronous=synchronous, busy_timeout=busy_timeout, on_connect=self._checked,
-                            on_write=lambda conn: schema.check_version(conn, self.path))
+                            on_write=lambda conn: schema.check_version(conn, self.path),
+                            on_open=lambda conn: schema.refuse_foreign(conn, self.path))
         self.path = self._db.path
         self._wakeup = wakeup_for(self.path)
         self._kept = Histories()  # the records this process committed lately, their history apart

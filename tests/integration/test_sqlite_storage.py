@@ -108,14 +108,17 @@ def test_an_sqlite_without_returning_is_refused() -> None:
 # --- schema version ---------------------------------------------------------------------------------
 def test_a_newer_schema_is_refused_and_left_alone(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
-    SQLiteStorage(str(path)).create_job(record())
+    first = SQLiteStorage(str(path))
+    first.create_job(record())
+    first.close()
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA user_version = 99")
+        conn.execute("PRAGMA journal_mode = DELETE")  # as a newer version might leave it
     with pytest.raises(ConfigurationError, match="schema version 99, written by a newer phaserunner"):
         SQLiteStorage(str(path)).get_job("j")
     with pytest.raises(ConfigurationError, match="newer than this phaserunner"):
         SQLiteStorage(str(path)).migrate()
-    assert pragma(path, "user_version") == 99
+    assert pragma(path, "user_version") == 99 and pragma(path, "journal_mode") == "delete"
 
 
 def test_an_older_schema_is_refused_until_migrate_upgrades_it(tmp_path: Path,
@@ -166,6 +169,7 @@ def test_another_programs_database_is_refused(tmp_path: Path) -> None:
         SQLiteStorage(str(path)).get_job("j")
     with sqlite3.connect(path) as conn:
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["customers"]
+    assert pragma(path, "journal_mode") == "delete"  # untouched: it was switched to WAL before the refusal
 
 
 # --- processes -------------------------------------------------------------------------------------
