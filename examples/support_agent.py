@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -156,7 +157,8 @@ def _start_or_resume(app: App, question: str) -> str:
         print(f"resuming job {view.job_id} where it stopped: {len(app.messages(view.job_id))} messages committed "
               f"before the stop, status {view.status.value} (a stopped or killed run loses nothing it committed)\n")
         return view.job_id
-    job_id = f"support-{len(app.jobs()) + 1}"
+    # A name no job had: counting the jobs would give a deleted one's number to a job that still exists.
+    job_id = f"support-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     app.run_agent("support", job_id=job_id, messages=[question])
     print(f"job {job_id} started; running turns:\n")
     return job_id

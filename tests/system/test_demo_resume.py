@@ -34,16 +34,19 @@ def test_a_stopped_demo_resumes_its_job_where_it_stopped(tmp_path: Path, stop: s
     assert "status:" not in rest, "".join(seen) + rest  # it did not get to finish
     if stop is signal.SIGINT:
         assert first.returncode == 130 and "run it again and the job resumes where it stopped" in rest
-    done = SQLiteStorage(str(db)).messages("support-1")
+    started = next(line for line in seen if line.startswith("job ") and line.rstrip().endswith("running turns:"))
+    job_id = started.split()[1]  # a name no job had (counting jobs gave a deleted one's number to a live one)
+    assert job_id.startswith("support-")
+    done = SQLiteStorage(str(db)).messages(job_id)
     assert 4 <= len(done) < 11  # system, user, the first turn's call and result, and less than the whole run
 
     second = subprocess.run([*demo, "--pace", "0"], cwd=ROOT, env=ENV, capture_output=True, text=True,
                             timeout=120, check=False)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert f"resuming job support-1 where it stopped: {len(done)} messages committed before the stop" in second.stdout
+    assert f"resuming job {job_id} where it stopped: {len(done)} messages committed before the stop" in second.stdout
     assert "structured result: SupportAnswer(order_id='A-1001', order_status='shipped', refund_issued=True" \
         in second.stdout
-    messages = SQLiteStorage(str(db)).messages("support-1")
+    messages = SQLiteStorage(str(db)).messages(job_id)
     assert messages[:len(done)] == done  # what was committed stays as it was
     calls = [c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     results = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
