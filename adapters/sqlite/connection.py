@@ -96,7 +96,9 @@ def _busy(exc: sqlite3.Error) -> bool:
 def _unavailable(path: str, exc: sqlite3.Error, what: str) -> Exception:
     if isinstance(exc, sqlite3.DatabaseError) and "malformed" in str(exc):
         return CorruptRecordError(f"the SQLite file {path} is damaged ({what}): {exc}")
-    return StorageUnavailableError(f"the SQLite file {path} failed {what}: {type(exc).__name__}: {exc}")
+    return StorageUnavailableError(f"the SQLite file {path} failed {what}: {type(exc).__name__}: {exc}",
+                                   fix="can this process read and write the file and its folder (SQLite writes -wal "
+                                       "and -shm files beside it), on a local disk with room?")
 
 
 _writers: dict[str, threading.RLock] = {}

@@ -24,8 +24,8 @@ def _fix(exc: BaseException, app: str) -> str:
     if isinstance(exc, JobNotFoundError):
         return f"`pipelines jobs{app}` lists the jobs this app's storage holds"
     if isinstance(exc, StorageUnavailableError) or _is_backend_connection_error(exc):
-        return (f"is the storage server running where the app's storage points? "
-                f"`pipelines health{app}` checks it")
+        asked = getattr(exc, "fix", None) or "is the storage server running where the app's storage points?"
+        return f"{asked} `pipelines health{app}` checks it"
     if isinstance(exc, WaitTimeoutError):
         return (f"the job goes on; is a worker running for this app (`pipelines worker{app}`)? "
                 f"`pipelines status{app} JOB` shows where it is")

@@ -146,7 +146,14 @@ class CorruptRecordError(StorageError):
 
 
 class StorageUnavailableError(StorageError):
-    """The storage backend could not be reached, even after retries."""
+    """The storage backend could not be reached, even after retries.
+
+    ``fix``: what to check, when the storage knows better than "is its server running" (a file's storage).
+    """
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class ModelError(PipelineError):

@@ -121,6 +121,29 @@ def test_a_redis_that_is_down_is_one_line_naming_the_health_check(
     assert err.endswith(f"`pipelines health --app {app}` checks it\n")
 
 
+def test_an_unusable_sqlite_file_is_one_line_naming_what_to_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It asked "is the storage server running?": an SQLite file has no server.
+    db = tmp_path / "garbage.db"
+    db.write_bytes(b"not a database, " * 512)
+    monkeypatch.setenv("OPS_DB", str(db))
+    app = write_app(tmp_path, monkeypatch, "ops_sqlite_app", """
+        import os
+        from adapters.memory import MemoryScheduler
+        from adapters.sqlite import SQLiteStorage
+        from pipelines import Agent, App
+        from pipelines.testing import ScriptedModel
+
+        app = App(storage=SQLiteStorage(os.environ["OPS_DB"]), scheduler=MemoryScheduler(),
+                  agents=[Agent(name="support", model=ScriptedModel(["hi"]))])
+        """)
+    code, out, err = run("status", "J", "--app", app)
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1 and err.startswith(f"error: the SQLite file {db} failed")
+    assert "can this process read and write the file and its folder" in err and "storage server" not in err
+    assert err.endswith(f"`pipelines health --app {app}` checks it\n")
+
+
 def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
     (tmp_path / "ops_pipe_app.py").write_text(textwrap.dedent(MEMORY_APP))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
