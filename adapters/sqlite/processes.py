@@ -79,7 +79,9 @@ def reap(conn: sqlite3.Connection) -> int:
     dead = [p for p in pids if p != os.getpid() and not _alive(p)]
     for pid in dead:
         proc = f"{machine}/{pid}"
-        conn.execute("UPDATE jobs SET lease_owner = NULL, lease_proc = NULL WHERE lease_proc = ?", (proc,))
+        # Expired, not let go: a reader still sees that a worker held the job and was lost mid-turn
+        # (LeaseState.lapsed: `pipelines status` says so); every taker treats it as free.
+        conn.execute("UPDATE jobs SET lease_expires = 0, lease_proc = NULL WHERE lease_proc = ?", (proc,))
         conn.execute("UPDATE jobs SET claim_until = 0, claim_proc = NULL WHERE claim_proc = ?", (proc,))
         conn.execute("DELETE FROM processes WHERE machine = ? AND pid = ?", (machine, pid))
         logger.info("sqlite: process %d is gone; its leases and claims are released", pid)

@@ -194,6 +194,8 @@ def test_the_leases_and_claims_of_a_dead_process_are_released_by_the_next_proces
     assert storage.claim_due(10.0, limit=5, hold=60) == []  # j leased, k claimed by the dead process
     assert storage.reap_dead_processes() == 1  # only this process is left
     assert storage.lease_owner("j") is None
+    # Expired, not released: `pipelines status` still says a worker was lost mid-turn (it said nothing).
+    assert storage.lease_state("j").lapsed
     assert storage.claim_due(10.0, limit=5, hold=60) == ["j", "k"]  # both free again, at once
     # A live process's lease is never taken: this one's own.
     assert storage.acquire_lease("k", "me", 600) is not None
