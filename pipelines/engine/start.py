@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+import pipelines.engine.models as models  # MAX_VALUE_BYTES is a setting, read at each check
 from adapters.base import Scheduler, Storage
 from pipelines.engine import telemetry, transitions, versions, writer
 from pipelines.engine.errors import (
@@ -19,6 +20,7 @@ from pipelines.engine.errors import (
     JobConflictError,
     JobNotFoundError,
     StaleVersionError,
+    ValueTooLargeError,
     validation_summary,
 )
 from pipelines.engine.models import (
@@ -28,6 +30,7 @@ from pipelines.engine.models import (
     JSONValue,
     Message,
     check_messages,
+    dump_json,
     owned_json_value,
     validate_job_id,
 )
@@ -69,7 +72,20 @@ def _initial_state(job_id: str, model: type[BaseModel] | None, state: Any) -> JS
                                     f"{validation_summary(exc)}") from None
     # The engine's own copy: a record a storage keeps as it is (a retry's, a continued run's) must not
     # change when the caller changes the dict it passed.
-    return owned_json_value(state, what=f"initial_state of job {job_id!r}")
+    owned = owned_json_value(state, what=f"initial_state of job {job_id!r}")
+    # The record keeps it twice (where a full retry goes back to, and the state now): said as the caller's value,
+    # not as "the record is 13 MiB" for a state of 7.
+    text, limit = dump_json(owned, f"initial_state of job {job_id!r}"), models.MAX_VALUE_BYTES
+    if len(text) * 8 > limit and (size := len(text.encode())) * 2 > limit:
+        raise ValueTooLargeError(
+            f"initial_state of job {job_id!r} is {_size(size)} of JSON; its record keeps it twice (where a full "
+            f"retry starts, and the state now), above the {_size(limit)} limit: at most {_size(limit // 2)} "
+            "(pipelines.engine.models.MAX_VALUE_BYTES); keep large data outside the state")
+    return owned
+
+
+def _size(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB" if n >= 1048576 else f"{n / 1024:.0f} KiB"
 
 
 def _fresh_state(job_id: str, model: type[BaseModel] | None, state: JSONValue) -> JSONValue:

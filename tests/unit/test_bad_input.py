@@ -906,3 +906,22 @@ def test_messages_a_model_reads_are_taken_as_they_are() -> None:
              {"role": "function", "name": "f", "content": "ok"}, {"role": "user", "content": "go on"}]
     run_agent(job_id="m", model=ScriptedModel(["x"]), messages=given, storage=storage, scheduler=scheduler)
     assert storage.messages("m") == given
+
+
+def test_an_initial_state_over_half_the_limit_is_refused_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The record keeps it twice (a full retry's start, the state now): the error spoke of "the record",
+    # twice the size the caller gave, and nothing said why.
+    import pipelines.engine.models as models
+    from pipelines.engine.errors import ValueTooLargeError
+
+    monkeypatch.setattr(models, "MAX_VALUE_BYTES", 64 * 1024)
+    storage, scheduler, _ = memory()
+    with pytest.raises(ValueTooLargeError, match=r"initial_state of job 'j' is 39 KiB of JSON; its record keeps it "
+                                                 r"twice .* above the 64 KiB limit: at most 32 KiB"):
+        run_pipeline(job_id="j", phases=[Phase("a", done_phase)], storage=storage, scheduler=scheduler,
+                     initial_state={"blob": "x" * 40_000})
+    assert storage.get_job("j") is None
+    run_pipeline(job_id="k", phases=[Phase("a", done_phase)], storage=storage, scheduler=scheduler,
+                 initial_state={"blob": "x" * 30_000})
+    scheduler.drain()
+    assert storage.get_job("k").status is JobStatus.COMPLETE  # type: ignore[union-attr]
