@@ -7,7 +7,6 @@ here only :func:`driver_info` and :func:`settle_driver_info`.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,16 +48,16 @@ def _mapped(what: str) -> Iterator[None]:
 
 
 def _redact(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        # Unparsable: mask whatever sits between "://" and "@".
-        return re.sub(r"://[^/@]*@", "://***@", url)
-    if password is None:
+    """``url`` with everything before its host masked when it holds an ``@`` (a user, a password), parsed or not.
+
+    Cut at the last ``@``, not parsed: a password holding an unescaped ``/`` or ``#``, or a URL missing its
+    ``//``, does not parse, and showing it as given printed the password (cron mail, CI logs).
+    """
+    if "@" not in url:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    head, _, host = url.rpartition("@")
+    scheme = head.split("://", 1)[0] + "://" if "://" in head else ""
+    return f"{scheme}***@{host}"
 
 
 def _check_url(url: object) -> str:
@@ -69,7 +68,10 @@ def _check_url(url: object) -> str:
         parts = urlsplit(url)
         port = parts.port  # parses it: non-numeric or out of range raises ValueError
     except ValueError as exc:
-        raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from None
+        # The parser's words may quote the password (a port "could not be cast ... 's3cr'"): not shown then.
+        why = str(exc) if "@" not in url else ("its host and port do not parse (percent-encode a password's "
+                                               "'/', '#', '?' and '@')")
+        raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {why}") from None
     shown = _redact(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ConfigurationError(f"bad Redis URL {shown!r}: scheme must be redis://, rediss:// or unix://")

@@ -98,6 +98,21 @@ def test_a_bad_redis_url_is_a_configuration_error_naming_it(url: str, why: str) 
     assert f"bad Redis URL {url!r}" in str(info.value) and why in str(info.value)
 
 
+@pytest.mark.parametrize("url", [
+    "redis//:s3cretPW@127.0.0.1:6481/0", "redis:/:s3cretPW@127.0.0.1:6481/0", ":s3cretPW@127.0.0.1:6481",
+    "redis://:s3cr/etPW@127.0.0.1:6481/0", "redis://:s3cretPW@127.0.0.1:6481/0?db=x", "redis://:s3cretPW@/0",
+    "redis://user:s3cretPW@127.0.0.1:0/0", "redis://:s3cret#PW@127.0.0.1:6481/x", "redis://:s3cr?etPW@127.0.0.1/0",
+])
+def test_a_bad_redis_url_never_shows_its_password(url: str) -> None:
+    # Masked only when the URL parsed: a password with '/' or '#', or a URL missing its '//', was printed whole
+    # (cron mail, CI logs), or quoted in part by the parser's own words ("could not be cast ... 's3cr'").
+    with pytest.raises(ConfigurationError) as info:
+        RedisStorage.from_url(url)
+    shown = str(info.value)
+    assert "bad Redis URL" in shown and "***@" in shown
+    assert not any(piece in shown for piece in ("s3cr", "etPW", "PW@", "user"))
+
+
 @pytest.mark.parametrize("url", [None, 123, ""], ids=repr)
 def test_a_redis_url_that_is_not_a_string_names_what_it_got(url: Any) -> None:
     with pytest.raises(ConfigurationError, match=f"a Redis URL must be a non-empty string, got {url!r}"):
