@@ -243,7 +243,7 @@ class RecordReads:
         """The live owner and the record's ``held`` in one script: ``held`` without a live lease is a lapsed one."""
         k = self.conn.keys(job_id)
         reply = self.conn.run(self.conn.scripts.lease_state, [k.lease, k.record], [],
-                              f"reading the lease of job {job_id!r}")
+                              f"reading the lease of job {job_id!r}", write=False)
         self.conn.check_types(job_id, reply, f"reading the lease of job {job_id!r}")
         owner, held = (_text(v) for v in reply)
         return LeaseState(owner or None, not owner and bool(held))

@@ -34,7 +34,7 @@ from pipelines.engine.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from pipelines.engine.models import Commit
+from pipelines.engine.models import Commit, JobRecord
 from pipelines.engine.runner import AdvanceResult, try_advance
 from pipelines.testing import ScriptedModel
 from tests.redis_server import free_port
@@ -478,3 +478,16 @@ def test_values_up_to_the_limit_round_trip_and_larger_ones_are_refused_on_redis(
         # (the record holds the state twice: as initial_state and in the checkpoint)
         agent_like.run_pipeline("p", job_id="huge", initial_state={"blob": "z" * (5 * 1024 * 1024)})
     assert dump(r) == before  # nothing written
+
+
+def test_reads_never_wait_for_replicas_that_are_not_there(storage: RedisStorage, redis_url: str) -> None:
+    # replicas=1 waits for a copy after each write (fail closed); the lease read went the write path, so
+    # `pipelines status` and the job page failed for every job while no replica was connected.
+    storage.create_job(JobRecord(job_id="j", status=JobStatus.RUNNING))
+    waiting = RedisStorage.from_url(redis_url, prefix=storage.key_prefix(), replicas=1)
+    try:
+        view = waiting.get_job("j")
+        assert view is not None and view.status is JobStatus.RUNNING
+        assert waiting.lease_state("j") == (None, False)
+    finally:
+        waiting.close()
