@@ -378,7 +378,9 @@ def connect_url(url: str, *, retries: int, backoff_base: float, backoff_cap: flo
                                           socket_connect_timeout=connect_timeout)
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {exc}") from exc
-    except redis.exceptions.RedisError as exc:  # a cluster client reads the slot map when it is made
+    # A cluster client reads the slot map when it is made; no seed node answering is a RedisClusterException,
+    # which is no RedisError (redis-py 8): it was reported as an app that failed to import.
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise StorageUnavailableError(f"Redis Cluster at {_redact(url)!r} is unreachable: {exc}") from exc
     return client
 

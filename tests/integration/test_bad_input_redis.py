@@ -491,3 +491,12 @@ def test_reads_never_wait_for_replicas_that_are_not_there(storage: RedisStorage,
         assert waiting.lease_state("j") == (None, False)
     finally:
         waiting.close()
+
+
+def test_a_cluster_whose_seed_node_does_not_answer_is_storage_unavailable() -> None:
+    # redis-py's RedisClusterException is no RedisError: it escaped, and the CLI said the app failed to import.
+    url = f"redis://:s3cretPW@127.0.0.1:{free_port()}"
+    with pytest.raises(StorageUnavailableError, match=r"Redis Cluster at 'redis://\*\*\*@127\.0\.0\.1:\d+' is "
+                                                      r"unreachable") as info:
+        RedisStorage.from_url(url, cluster=True)
+    assert "s3cretPW" not in str(info.value)
