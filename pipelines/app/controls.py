@@ -106,14 +106,14 @@ class Controls:
             try:
                 done.append((job_id, self.advance(job_id)))
             except PipelineError as exc:
-                done.append((job_id, AdvanceResult.UNKNOWN))
+                done.append((job_id, AdvanceResult.UNREACHED))
                 logger.error("sweep: job %s: %s", job_id, exc)
         for parent in children.ready_parents(self.storage, limit=limit):
             # A parent whose children finished but whose wake-up was lost (pipelines.engine.children).
             try:
                 done.append((parent.job_id, self.advance(parent.job_id)))
             except PipelineError as exc:
-                done.append((parent.job_id, AdvanceResult.UNKNOWN))
+                done.append((parent.job_id, AdvanceResult.UNREACHED))
                 logger.error("sweep: parent %s: %s", parent.job_id, exc)
         self._sweep_retention()
         return done

@@ -338,7 +338,7 @@ class App:
         """Advance every running job due for at least ``grace`` seconds and not leased: the sweep (I7).
 
         One bad job (an unknown pipeline, a corrupt record) is logged and
-        reported ``unknown``; it never stops the sweep.
+        reported ``unreached``; it never stops the sweep.
         """
         return self.controls.advance_due(grace=grace, limit=limit)
 

@@ -25,9 +25,11 @@ def cmd_advance(args: argparse.Namespace, out: TextIO) -> int:
     if args.due == bool(args.job):
         raise ConfigurationError("give either --due or one JOB id")
     if args.due:
-        for job_id, result in app.advance_due(grace=args.grace, limit=args.limit):
+        results = app.advance_due(grace=args.grace, limit=args.limit)
+        for job_id, result in results:
             print(f"{job_id} {result.value}", file=out)
-        return 0
+        # A job it could not advance (why is logged) fails the run: a cron's monitor must see it.
+        return 1 if any(result is AdvanceResult.UNREACHED for _, result in results) else 0
     result = app.advance(validate_job_id(args.job))
     if result is AdvanceResult.UNKNOWN:
         raise JobNotFoundError(f"job {args.job!r} not found")

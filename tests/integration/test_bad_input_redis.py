@@ -442,7 +442,7 @@ def test_the_cli_sweep_skips_a_corrupt_record_and_advances_the_others(storage: R
                                                                      r: redis.Redis) -> None:
     app = _sweep_setup(storage, r)
     done = dict(app.advance_due())
-    assert done == {"a-bad": AdvanceResult.UNKNOWN, "b-good": AdvanceResult.ADVANCED}
+    assert done == {"a-bad": AdvanceResult.UNREACHED, "b-good": AdvanceResult.ADVANCED}
 
 
 def test_app_advance_due_skips_a_corrupt_record_and_advances_the_others(storage: RedisStorage,

@@ -144,6 +144,27 @@ def test_an_unusable_sqlite_file_is_one_line_naming_what_to_check(
     assert err.endswith(f"`pipelines health --app {app}` checks it\n")
 
 
+def test_a_sweep_that_could_not_advance_a_job_says_so_and_exits_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It printed "unknown" (no such job) and exited 0: a cron's monitor saw success.
+    app = write_app(tmp_path, monkeypatch, "ops_sweep_app", """
+        from adapters.memory import MemoryScheduler, MemoryStorage
+        from pipelines import App, Done, Phase
+        from pipelines.testing import ScriptedModel
+
+        storage = MemoryStorage()
+        older = App(storage=storage, scheduler=MemoryScheduler(), pipelines={{"etl": [Phase("a", lambda ctx: Done())]}})
+        older.run_pipeline("etl", job_id="a-etl")
+        older.run_pipeline("etl", job_id="b-etl")
+        # This deployment lost the "etl" pipeline, and one job runs a pipeline it still has.
+        app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={{"p": [Phase("a", lambda ctx: Done())]}})
+        app.run_pipeline("p", job_id="c-ok")
+        """)
+    code, out, _ = run("advance", "--due", "--app", app)
+    assert code == 1
+    assert out.splitlines() == ["a-etl unreached", "b-etl unreached", "c-ok completed"]
+
+
 def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
     (tmp_path / "ops_pipe_app.py").write_text(textwrap.dedent(MEMORY_APP))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}

@@ -245,7 +245,7 @@ def test_one_unreadable_due_record_never_stops_the_sweep_for_the_others() -> Non
     clock.advance(60)
     assert app.requeue_overdue(grace=1.0) == ["b-good"]
     results = dict(app.advance_due(grace=1.0))
-    assert results["b-good"].value == "advanced" and results["a-bad"].value == "unknown"
+    assert results["b-good"].value == "advanced" and results["a-bad"].value == "unreached"
 
 
 # --- an App does not outlive what refers to it ----------------------------------------------------

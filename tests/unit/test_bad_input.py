@@ -191,7 +191,7 @@ def test_app_try_advance_of_a_record_naming_an_unregistered_pipeline_changes_not
     assert storage.inspect("j") == before  # same record, no lease taken, still due
     assert scheduler.pending() == pending
     # The sweep reports it and goes on instead of crashing.
-    assert other.advance_due() == [("j", AdvanceResult.UNKNOWN)]
+    assert other.advance_due() == [("j", AdvanceResult.UNREACHED)]  # not "unknown": that is no such job
     assert storage.inspect("j") == before
 
 

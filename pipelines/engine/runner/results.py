@@ -25,6 +25,7 @@ class AdvanceResult(StrEnum):
     PAUSED = "paused"  # a pause requested during the last turn was applied
     CANCELLED = "cancelled"  # a cancel requested during the last turn was applied
     DEFERRED = "deferred"  # flow control (a rate limit, a concurrency key) moved the turn later; nothing committed
+    UNREACHED = "unreached"  # the sweep could not advance it (an error, logged): not "unknown", which is no such job
 
 
 _RESULTS: dict[type, AdvanceResult] = {
