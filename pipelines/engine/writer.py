@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from adapters.base import FencedAnswers, RetentionStore, StepBeforeCommit, StepPublisher
 from pipelines.engine.capabilities import Feature, as_feature
+from pipelines.engine.errors import StorageUnavailableError
 from pipelines.engine.events import notify
 from pipelines.engine.models import FINISHED_STATUSES, Commit, CommitReply, JobRecord, JobStatus, Usage
 
@@ -70,7 +71,13 @@ def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: b
         # The priority is named only when it is not the default, so a scheduler written before
         # priorities existed keeps working for every run that does not ask for one.
         extra = {"priority": priority} if (priority := flow.priority_of(new)) != flow.PRIORITIES[0] else {}
-        scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version, **extra)
+        try:
+            scheduler.schedule_advance(commit.job_id, delay, pipeline=new.pipeline, version=new.version, **extra)
+        except StorageUnavailableError as exc:
+            # Written already: said so, or a caller starts the job again (refused: it exists) or under a new id.
+            raise StorageUnavailableError(
+                f"{exc}; the job's commit is written: it runs when a sweep finds it due (a worker's, or "
+                "`pipelines advance --due`); do not start it again", fix=exc.fix) from exc
     if schedule:
         _wake_family(storage, scheduler, new)
     return reply

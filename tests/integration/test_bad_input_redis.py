@@ -157,7 +157,8 @@ def test_storage_up_but_the_queue_down_leaves_a_durable_job_the_sweep_recovers(s
     # due in storage, so `pipelines advance --due` (or a worker's sweep) runs it.
     dead = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
     app = App(storage=storage, scheduler=RQScheduler(dead, queue="bi"), pipelines={"p": two_phases()})
-    with pytest.raises(StorageUnavailableError, match="scheduling job 'j'"):
+    with pytest.raises(StorageUnavailableError, match=r"scheduling job 'j'.*; the job's commit is written: it runs "
+                                                      r"when a sweep finds it due .* do not start it again"):
         app.run_pipeline("p", job_id="j", initial_state={"n": 0})
     rec = storage.get_job("j")
     assert rec is not None and rec.status is JobStatus.RUNNING
