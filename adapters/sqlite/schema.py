@@ -98,11 +98,14 @@ def _foreign_tables(conn: sqlite3.Connection) -> bool:
 
 def refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
     """Refuse a file this library must not touch (another program's database, a newer schema), reading only."""
-    found = _user_version(conn)
-    if found == 0 and _foreign_tables(conn):
+    # One statement, so one snapshot: read apart (outside a transaction), a process creating the schema
+    # between the two reads showed its tables without its version: "another program's database".
+    found, tables = conn.execute("SELECT (SELECT user_version FROM pragma_user_version), "
+                                 "(SELECT count(*) FROM sqlite_master WHERE type = 'table')").fetchone()
+    if int(found) == 0 and int(tables) > 0:
         raise ConfigurationError(f"{path} holds tables but no phaserunner schema: it is another program's "
                                  "database; give SQLiteStorage a file of its own")
-    if found > SCHEMA_VERSION:
+    if int(found) > SCHEMA_VERSION:
         raise ConfigurationError(
             f"{path} has schema version {found}, written by a newer phaserunner; this one reads version "
             f"{SCHEMA_VERSION}. Upgrade phaserunner (pip install -U phaserunner); nothing was changed")

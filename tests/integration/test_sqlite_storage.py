@@ -172,6 +172,30 @@ def test_another_programs_database_is_refused(tmp_path: Path) -> None:
     assert pragma(path, "journal_mode") == "delete"  # untouched: it was switched to WAL before the refusal
 
 
+def test_a_schema_created_by_another_process_while_a_new_file_is_opened_is_not_taken_for_a_foreign_one() -> None:
+    # Read in two statements, outside a transaction, another process creating the schema between them showed its
+    # tables without its version: "another program's database" (6 of 80 rounds of 8 processes on a new file).
+    class SchemaAppearsMeanwhile:
+        """A connection to a new file whose schema another process commits right after this one's first read."""
+
+        def __init__(self) -> None:
+            self.version, self.tables = 0, 0
+
+        def execute(self, sql: str) -> Any:
+            snapshot = (self.version, self.tables)
+            self.version, self.tables = schema.SCHEMA_VERSION, 11  # the other process committed
+
+            class Row:
+                @staticmethod
+                def fetchone() -> tuple[int, ...]:
+                    if "pragma_user_version" in sql:
+                        return snapshot
+                    return (snapshot[0],) if "user_version" in sql else (snapshot[1],)
+            return Row()
+
+    schema.refuse_foreign(SchemaAppearsMeanwhile(), "new.db")  # type: ignore[arg-type]  # one snapshot: no refusal
+
+
 # --- processes -------------------------------------------------------------------------------------
 _TAKE_LEASE_AND_DIE = """
 import os, sys
