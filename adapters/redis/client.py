@@ -45,6 +45,10 @@ def _mapped(what: str) -> Iterator[None]:
         raise StorageError(f"Redis failed while {what}: {exc}") from exc
     except redis.exceptions.RedisError as exc:
         raise StorageError(f"Redis failed while {what}: {exc}") from exc
+    except redis.exceptions.RedisClusterException as exc:
+        # No RedisError (redis-py 8): a Cluster none of whose nodes answers while its slot map is read again
+        # (a failover, a restart). Unavailable, so the caller's failover loop retries it to its deadline.
+        raise StorageUnavailableError(f"Redis Cluster is unreachable while {what}: {exc}") from exc
 
 
 def _redact(url: str) -> str:

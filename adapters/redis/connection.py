@@ -381,6 +381,9 @@ def connect_url(url: str, *, retries: int, backoff_base: float, backoff_cap: flo
     # A cluster client reads the slot map when it is made; no seed node answering is a RedisClusterException,
     # which is no RedisError (redis-py 8): it was reported as an app that failed to import.
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        if "cluster mode is not enabled" in str(exc).lower():  # a plain Redis that answers: a setting, not an outage
+            raise ConfigurationError(f"Redis at {_redact(url)!r} is not a Cluster (cluster mode is not enabled); "
+                                     "use cluster=False for it") from exc
         raise StorageUnavailableError(f"Redis Cluster at {_redact(url)!r} is unreachable: {exc}") from exc
     return client
 

@@ -501,3 +501,44 @@ def test_a_cluster_whose_seed_node_does_not_answer_is_storage_unavailable() -> N
                                                       r"unreachable") as info:
         RedisStorage.from_url(url, cluster=True)
     assert "s3cretPW" not in str(info.value)
+
+
+def test_a_cluster_that_answers_no_node_for_a_moment_is_retried_not_raised_raw(
+        redis_cluster_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reading the slot map again while no node answered raised redis-py's RedisClusterException (no RedisError):
+    # past the failover loop, not a StorageUnavailableError, so nothing that catches one saw it.
+    storage = RedisStorage.from_url(redis_cluster_url, prefix=f"blip{uuid.uuid4().hex[:6]}", cluster=True)
+    try:
+        conn = storage.conn
+        real_run, real_init = conn._run_on_node, conn.client.nodes_manager.initialize
+        failures = {"run": 1, "init": 2}
+
+        def run_once_down(*args: Any, **kwargs: Any) -> Any:
+            if failures["run"]:
+                failures["run"] -= 1
+                raise redis.exceptions.ConnectionError("the master went away")
+            return real_run(*args, **kwargs)
+
+        def no_node_answers(*args: Any, **kwargs: Any) -> Any:
+            if failures["init"]:
+                failures["init"] -= 1
+                raise redis.exceptions.RedisClusterException("Redis Cluster cannot be connected")
+            return real_init(*args, **kwargs)
+
+        monkeypatch.setattr(conn, "_run_on_node", run_once_down)
+        monkeypatch.setattr(conn.client.nodes_manager, "initialize", no_node_answers)
+        assert storage.lease_state("nope") == (None, False)  # retried through the blip, within failover_timeout
+        assert failures == {"run": 0, "init": 1}
+        # No node for longer than the failover timeout: retried to it, then phaserunner's error, not redis-py's.
+        failures["run"], failures["init"], conn.failover_timeout = 1000, 1000, 0.3
+        with pytest.raises(StorageUnavailableError, match="unreachable while reading the lease of job 'nope'"):
+            storage.lease_state("nope")
+        assert 1000 - failures["init"] >= 2  # the slot map was asked for again: retried, not raised at once
+    finally:
+        storage.close()
+
+
+def test_cluster_true_on_a_plain_redis_is_a_setting_not_an_outage(redis_url: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"is not a Cluster \(cluster mode is not enabled\); use "
+                                                 r"cluster=False"):
+        RedisStorage.from_url(redis_url, cluster=True)
