@@ -7,6 +7,7 @@ here only :func:`driver_info` and :func:`settle_driver_info`.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -57,11 +58,16 @@ def _redact(url: str) -> str:
     Cut at the last ``@``, not parsed: a password holding an unescaped ``/`` or ``#``, or a URL missing its
     ``//``, does not parse, and showing it as given printed the password (cron mail, CI logs).
     """
+    # A password given as a query argument (redis-py takes ``?password=``; unix:// URLs give it so) too.
+    url = _QUERY_SECRET.sub(r"\1***", url)
     if "@" not in url:
         return url
     head, _, host = url.rpartition("@")
     scheme = head.split("://", 1)[0] + "://" if "://" in head else ""
     return f"{scheme}***@{host}"
+
+
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|username)=)[^&#]*")
 
 
 def _check_url(url: object) -> str:
