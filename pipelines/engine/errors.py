@@ -151,6 +151,8 @@ class StorageUnavailableError(StorageError):
     ``fix``: what to check, when the storage knows better than "is its server running" (a file's storage).
     """
 
+    fix: str | None = None  # also for a subclass whose own __init__ does not call this one
+
     def __init__(self, message: str, *, fix: str | None = None) -> None:
         super().__init__(message)
         self.fix = fix

@@ -77,7 +77,7 @@ def apply(storage: Storage, scheduler: Scheduler, commit: Commit, *, schedule: b
             # Written already: said so, or a caller starts the job again (refused: it exists) or under a new id.
             raise StorageUnavailableError(
                 f"{exc}; the job's commit is written: it runs when a sweep finds it due (a worker's, or "
-                "`pipelines advance --due`); do not start it again", fix=exc.fix) from exc
+                "`pipelines advance --due`); do not start it again", fix=getattr(exc, "fix", None)) from exc
     if schedule:
         _wake_family(storage, scheduler, new)
     return reply

@@ -925,3 +925,22 @@ def test_an_initial_state_over_half_the_limit_is_refused_as_itself(monkeypatch: 
                  initial_state={"blob": "x" * 30_000})
     scheduler.drain()
     assert storage.get_job("k").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+
+
+def test_a_schedulers_own_unavailable_error_keeps_its_message_when_the_commit_is_written() -> None:
+    # A subclass written before ``fix`` existed, whose __init__ does not call the base one: reading its ``fix``
+    # raised AttributeError and lost the message (the job written all the same).
+    from pipelines.engine.errors import StorageUnavailableError
+
+    class BrokerDownError(StorageUnavailableError):
+        def __init__(self, broker: str) -> None:
+            Exception.__init__(self, f"broker {broker} unreachable")
+
+    class DownScheduler(MemoryScheduler):
+        def schedule_advance(self, job_id: str, delay: float = 0.0, **kw: Any) -> None:
+            raise BrokerDownError("amqp://mq")
+
+    storage = MemoryStorage()
+    with pytest.raises(StorageUnavailableError, match=r"broker amqp://mq unreachable; the job's commit is written"):
+        run_pipeline(job_id="j", phases=[Phase("a", done_phase)], storage=storage, scheduler=DownScheduler())
+    assert storage.get_job("j") is not None
