@@ -76,11 +76,12 @@ def _initial_state(job_id: str, model: type[BaseModel] | None, state: Any) -> JS
     # The record keeps it twice (where a full retry goes back to, and the state now): said as the caller's value,
     # not as "the record is 13 MiB" for a state of 7.
     text, limit = dump_json(owned, f"initial_state of job {job_id!r}"), models.MAX_VALUE_BYTES
-    if len(text) * 8 > limit and (size := len(text.encode())) * 2 > limit:
+    room = (limit - models.STEP_ENVELOPE) // 2  # the record's other fields take some room too
+    if len(text) * 4 > room and (size := len(text.encode())) > room:
         raise ValueTooLargeError(
-            f"initial_state of job {job_id!r} is {_size(size)} of JSON; its record keeps it twice (where a full "
-            f"retry starts, and the state now), above the {_size(limit)} limit: at most {_size(limit // 2)} "
-            "(pipelines.engine.models.MAX_VALUE_BYTES); keep large data outside the state")
+            f"initial_state of job {job_id!r} is {size:,} bytes of JSON; its record keeps it twice (where a full "
+            f"retry starts, and the state now) with its other fields within the {_size(limit)} limit: at most "
+            f"{room:,} bytes (pipelines.engine.models.MAX_VALUE_BYTES); keep large data outside the state")
     return owned
 
 

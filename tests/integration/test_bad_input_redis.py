@@ -476,8 +476,8 @@ def test_values_up_to_the_limit_round_trip_and_larger_ones_are_refused_on_redis(
     assert storage.messages("big")[0]["content"] == big
     assert r.hstrlen(storage.keys("big").record, "data") < 10_000  # the blob is in the transcript, not the record
     before = dump(r)
-    with pytest.raises(ValueTooLargeError, match=r"initial_state of job 'huge' is 5\.0 MiB of JSON; its record keeps "
-                                                 r"it twice"):
+    with pytest.raises(ValueTooLargeError, match=r"initial_state of job 'huge' is 5,242,891 bytes of JSON; its record "
+                                                 r"keeps it twice"):
         # (the record holds the state twice: as initial_state and in the checkpoint)
         agent_like.run_pipeline("p", job_id="huge", initial_state={"blob": "z" * (5 * 1024 * 1024)})
     assert dump(r) == before  # nothing written

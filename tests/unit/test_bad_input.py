@@ -916,13 +916,15 @@ def test_an_initial_state_over_half_the_limit_is_refused_as_itself(monkeypatch: 
 
     monkeypatch.setattr(models, "MAX_VALUE_BYTES", 64 * 1024)
     storage, scheduler, _ = memory()
-    with pytest.raises(ValueTooLargeError, match=r"initial_state of job 'j' is 39 KiB of JSON; its record keeps it "
-                                                 r"twice .* above the 64 KiB limit: at most 32 KiB"):
-        run_pipeline(job_id="j", phases=[Phase("a", done_phase)], storage=storage, scheduler=scheduler,
-                     initial_state={"blob": "x" * 40_000})
+    room = (64 * 1024 - 4096) // 2
+    for size in (40_000, room - 11 + 1):  # far over, and one byte over what fits with the record's other fields
+        with pytest.raises(ValueTooLargeError, match=rf"initial_state of job 'j' is {size + 11:,} bytes of JSON; its "
+                                                     rf"record keeps it twice .* at most {room:,} bytes"):
+            run_pipeline(job_id="j", phases=[Phase("a", done_phase)], storage=storage, scheduler=scheduler,
+                         initial_state={"blob": "x" * size})
     assert storage.get_job("j") is None
     run_pipeline(job_id="k", phases=[Phase("a", done_phase)], storage=storage, scheduler=scheduler,
-                 initial_state={"blob": "x" * 30_000})
+                 initial_state={"blob": "x" * (room - 11)})  # {"blob":"..."} is 11 bytes around the text
     scheduler.drain()
     assert storage.get_job("k").status is JobStatus.COMPLETE  # type: ignore[union-attr]
 
