@@ -96,9 +96,15 @@ def _busy(exc: sqlite3.Error) -> bool:
 def _unavailable(path: str, exc: sqlite3.Error, what: str) -> Exception:
     if isinstance(exc, sqlite3.DatabaseError) and "malformed" in str(exc):
         return CorruptRecordError(f"the SQLite file {path} is damaged ({what}): {exc}")
-    return StorageUnavailableError(f"the SQLite file {path} failed {what}: {type(exc).__name__}: {exc}",
-                                   fix="can this process read and write the file and its folder (SQLite writes -wal "
-                                       "and -shm files beside it), on a local disk with room?")
+    text = str(exc)
+    if _busy(exc):
+        fix = "another process held the file's write lock longer than busy_timeout: which one, and why so long?"
+    elif "not a database" in text:
+        fix = "is that path the app's SQLite file? Another file there is refused, not changed"
+    else:
+        fix = ("can this process read and write the file and its folder (SQLite writes -wal and -shm files beside "
+               "it), on a local disk with room?")
+    return StorageUnavailableError(f"the SQLite file {path} failed {what}: {type(exc).__name__}: {text}", fix=fix)
 
 
 _writers: dict[str, threading.RLock] = {}

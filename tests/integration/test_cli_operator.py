@@ -140,7 +140,7 @@ def test_an_unusable_sqlite_file_is_one_line_naming_what_to_check(
     code, out, err = run("status", "J", "--app", app)
     assert (code, out) == (1, "")
     assert err.count("\n") == 1 and err.startswith(f"error: the SQLite file {db} failed")
-    assert "can this process read and write the file and its folder" in err and "storage server" not in err
+    assert "is that path the app's SQLite file?" in err and "storage server" not in err
     assert err.endswith(f"`pipelines health --app {app}` checks it\n")
 
 

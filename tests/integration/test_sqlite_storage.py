@@ -583,3 +583,18 @@ def test_a_job_made_again_under_a_deleted_ones_id_numbers_its_parts_above_every_
     assert again and [p.id for p in again] == [p.id for p in app.stream("chat", follow=False)]
     assert app.messages("chat")[-1]["content"] == "said second life"
     storage.close()
+
+
+@pytest.mark.parametrize(("error", "fix"), [
+    (sqlite3.OperationalError("database is locked"), "another process held the file's write lock"),
+    (sqlite3.DatabaseError("file is not a database"), "is that path the app's SQLite file?"),
+    (sqlite3.OperationalError("attempt to write a readonly database"), "can this process read and write the file"),
+])
+def test_an_unusable_file_says_what_to_check_for_its_own_failure(error: sqlite3.Error, fix: str) -> None:
+    # One hint ("read and write access, a disk with room") was given for a held write lock and a file that is
+    # not SQLite too.
+    from adapters.sqlite.connection import _unavailable
+
+    unavailable = _unavailable("/data/app.db", error, "writing")
+    assert str(unavailable).startswith("the SQLite file /data/app.db failed writing")
+    assert getattr(unavailable, "fix", "").startswith(fix)
