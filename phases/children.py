@@ -87,8 +87,7 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
     cancel, then a full retry) starts nothing: :class:`StaleVersionError`.
     """
     parent = app.storage.get_job(parent_job)
-    cp = parent.checkpoint if per_run and parent is not None else None
-    epoch = cp.transcript_epoch if cp is not None else ""
+    epoch = children_rules.run_of(parent) if per_run and parent is not None else ""
     if per_run and parent_run and epoch and parent_run != epoch:
         raise StaleVersionError(f"job {parent_job!r} went on to another run while call {call_id} ran; "
                                 "its turn was fenced off and starts no child run")

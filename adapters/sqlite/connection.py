@@ -169,7 +169,7 @@ class Database:
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 30.0,
                  on_connect: Callable[[sqlite3.Connection], None] | None = None,
                  on_write: Callable[[sqlite3.Connection], None] | None = None,
-                 on_open: Callable[[sqlite3.Connection], None] | None = None) -> None:
+                 on_open: Callable[[sqlite3.Connection], object] | None = None) -> None:
         check_sqlite_version()
         if synchronous not in SYNCHRONOUS:
             raise ConfigurationError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")

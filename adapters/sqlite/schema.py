@@ -96,8 +96,9 @@ def _foreign_tables(conn: sqlite3.Connection) -> bool:
     return int(conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]) > 0
 
 
-def refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
-    """Refuse a file this library must not touch (another program's database, a newer schema), reading only."""
+def refuse_foreign(conn: sqlite3.Connection, path: str) -> int:
+    """The file's schema version (0: none yet), reading only; refused if this library must not touch the file
+    (another program's database, a newer schema)."""
     # One statement, so one snapshot: read apart (outside a transaction), a process creating the schema
     # between the two reads showed its tables without its version: "another program's database".
     found, tables = conn.execute("SELECT (SELECT user_version FROM pragma_user_version), "
@@ -109,16 +110,16 @@ def refuse_foreign(conn: sqlite3.Connection, path: str) -> None:
         raise ConfigurationError(
             f"{path} has schema version {found}, written by a newer phaserunner; this one reads version "
             f"{SCHEMA_VERSION}. Upgrade phaserunner (pip install -U phaserunner); nothing was changed")
+    return int(found)
 
 
 def check_schema(conn: sqlite3.Connection, path: str) -> None:
     """Make sure ``conn``'s file holds this library's schema: create it in an empty file, refuse any other."""
-    found = _user_version(conn)
+    found = refuse_foreign(conn, path)
     if found == 0:
         conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file: one creates, the other sees it
         try:
-            refuse_foreign(conn, path)  # again, under the lock: another process may have written meanwhile
-            found = _user_version(conn)
+            found = refuse_foreign(conn, path)  # again, under the lock: another process may have written meanwhile
             if found == 0:
                 _apply(conn, 0, SCHEMA_VERSION)
             conn.execute("COMMIT")
@@ -126,7 +127,6 @@ def check_schema(conn: sqlite3.Connection, path: str) -> None:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-    refuse_foreign(conn, path)
     if 0 < found < SCHEMA_VERSION:
         raise ConfigurationError(
             f"{path} has schema version {found}; this phaserunner needs version {SCHEMA_VERSION}. Run "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from phases.agent_config import RUN_OPTIONS
 from phases.callbacks import CALLBACKS, check_callbacks
-from pipelines.engine import control, flow, inbox, transitions, writer
+from pipelines.engine import children, control, flow, inbox, transitions, writer
 from pipelines.engine.capabilities import Feature, has
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -157,8 +157,7 @@ class Runs:
             raise JobNotFoundError(f"job {src.job_id!r} was deleted while it was being forked")
         # A cut draws a new transcript epoch; a turn that only went on keeps it (and may have dropped the mark from
         # the bounded history: that is no cut).
-        same_run = (src.checkpoint is not None and now.checkpoint is not None
-                    and src.checkpoint.transcript_epoch == now.checkpoint.transcript_epoch != "")
+        same_run = children.run_of(src) == children.run_of(now) != ""
         if now.version != src.version and not same_run and mark not in now.history:
             raise JobConflictError(f"job {src.job_id!r} was cut back before turn {mark.phases_done} (a full retry) "
                                    "while it was being forked; try again")

@@ -72,6 +72,7 @@ __all__ = [
     "of_another_run",
     "owned",
     "ready_parents",
+    "run_of",
     "waits_for_children",
     "wake",
 ]
@@ -137,11 +138,16 @@ def owned(child: JobRecord, parent_job: str, call_id: str | None = None) -> bool
     return child.parent_job == parent_job and (call_id is None or child.parent_call == call_id)
 
 
+def run_of(record: JobRecord) -> str:
+    """The run ``record`` is in: its checkpoint's ``transcript_epoch`` ("": unknown, or no run in flight)."""
+    return record.checkpoint.transcript_epoch if record.checkpoint is not None else ""
+
+
 def of_another_run(child: JobRecord, epoch: str) -> bool:
     """Whether ``child`` was started in another run or life of its parent than the one at ``epoch``.
 
-    ``epoch``: the parent's ``Checkpoint.transcript_epoch`` now. Unknown on either side (a record from before
-    epochs were kept, a child from before they were stamped): not known to be, as before.
+    ``epoch``: the parent's run now (:func:`run_of`). Unknown on either side (a record from before epochs were
+    kept, a child from before they were stamped, a parent with no run in flight): not known to be, as before.
     """
     return bool(epoch) and bool(child.parent_epoch) and child.parent_epoch != epoch
 
@@ -158,7 +164,7 @@ def awaited_by(child: JobRecord, storage: Storage) -> str | None:
     parent = storage.get_job(child.parent_job)
     if parent is None or parent.status not in _UNFINISHED:
         return None
-    if parent.checkpoint is not None and of_another_run(child, parent.checkpoint.transcript_epoch):
+    if of_another_run(child, run_of(parent)):
         return None  # a child of a run the parent left (a full retry): nothing reads its outcome
     if waits_for_children(parent) and any(str(c["child"]) == child.job_id for c in _calls(parent)):
         return parent.job_id

@@ -28,6 +28,7 @@ from pipelines.app import App
 from pipelines.engine.models import Event
 from pipelines.errors import InvalidInputError, JobNotFoundError
 from pipelines.web.aisdk import RUN_STARTS, UIMessageEncoder, latest_attempts, run_start
+from pipelines.web.core import is_count
 
 __all__ = ["HEARTBEAT_SECONDS", "JobStreamResponse", "StreamFormat", "sse_response"]
 
@@ -85,7 +86,7 @@ def _split(cursor: str | None) -> tuple[str | None, int | None, str]:
     if tail in _FLAGS:
         cursor, flags = head, tail
     part, _, k = cursor.rpartition(":")
-    if not (part and k.isascii() and k.isdigit() and len(k) <= 9):
+    if not (part and is_count(k)):
         raise InvalidInputError(f"cursor {cursor!r:.60} is not an event id: expected <part id>:<chunk number>")
     return part, int(k), flags
 

@@ -122,7 +122,7 @@ class _LeasedJob:
             return False
         if parent is None or parent.status is JobStatus.CANCELLED:
             return True
-        return parent.checkpoint is not None and children.of_another_run(record, parent.checkpoint.transcript_epoch)
+        return children.of_another_run(record, children.run_of(parent))
 
     def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
         """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""
