@@ -62,7 +62,12 @@ class FlowStore(Protocol):
         ...
 
     def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
-        """Hold one of ``limit`` slots of ``key`` for ``ttl`` seconds: 0 when held, else seconds to wait."""
+        """Hold one of ``limit`` slots of ``key`` for ``ttl`` seconds: 0 when held, else seconds to wait.
+
+        ``member``: ``"<job id>"`` or ``"<job id> <owner>"``. Slots go to jobs in the order they asked: a
+        refused job waits in the key's line (for ``LINE_SECONDS`` from its last ask), and a free slot
+        goes to a job only if fewer jobs wait ahead of it than slots are free (see
+        :func:`adapters.memory.flow.take_in_line`, the rules every store follows)."""
         ...
 
     def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:

@@ -10,9 +10,16 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from pipelines.engine.flow import bucket_sizes, check_block_seconds, check_slot_ttl
+from pipelines.engine.flow import (
+    FRONT_RETRY_SECONDS,
+    LINE_SECONDS,
+    bucket_sizes,
+    check_block_seconds,
+    check_slot_member,
+    check_slot_ttl,
+)
 
-__all__ = ["MemoryFlowStore", "take_from_bucket"]
+__all__ = ["MemoryFlowStore", "line_of", "take_from_bucket", "take_in_line"]
 
 
 @dataclass
@@ -52,6 +59,54 @@ def take_from_bucket(b: Bucket, *, rpm: float | None, tpm: float | None, burst: 
     return 0.0
 
 
+def take_in_line(members: dict[str, float], member: str, *, limit: int, ttl: float, now: float) -> float:
+    """Take a slot of one key for ``member``, in line; 0 when taken, else seconds to wait. Changes ``members``.
+
+    ``members``: the key's entries, each with when it runs out: the slots held (``"<job id>[ <owner>]"``)
+    and the line of jobs refused (``"?<when it first asked> <job id>"``; a job id holds no space or
+    ``?``). A free slot goes to a job only if fewer jobs wait ahead of it than slots are free: every
+    waiting job is ahead of one not in line (a job that just gave its slot back asks again at the back).
+    A refused job keeps its place for :data:`LINE_SECONDS` from each ask. The Redis script
+    (``adapters.redis.flow.TAKE_SLOT``) is this function in Lua; change both together.
+    """
+    for other, expiry in list(members.items()):
+        if expiry <= now:  # a killed worker's slot (its lease ran out), or a job that stopped asking
+            del members[other]
+    if member in members:
+        members[member] = now + ttl
+        return 0.0
+    job = member.split(" ", 1)[0]
+    held: list[float] = []
+    line: list[tuple[float, str, str]] = []
+    for m, expiry in members.items():
+        if m.startswith("?"):
+            asked, _, waiting = m[1:].partition(" ")
+            line.append((float(asked), waiting, m))
+        else:
+            held.append(expiry)
+    line.sort()
+    place = next((i for i, (_, waiting, _) in enumerate(line) if waiting == job), None)
+    ahead = len(line) if place is None else place
+    if ahead < limit - len(held):
+        members[member] = now + ttl
+        if place is not None:
+            del members[line[place][2]]
+        return 0.0
+    # A place is stamped with when the job first asked, after every place given before it (clocks and
+    # ties: two jobs asking in the same microsecond still keep the order they came in).
+    stamp = max(now, line[-1][0] + 1e-6) if line else now
+    members[f"?{stamp:.6f} {job}" if place is None else line[place][2]] = now + LINE_SECONDS
+    soonest = max(1e-3, min(held) - now) if held else FRONT_RETRY_SECONDS  # when the first slot runs out
+    return min(soonest, FRONT_RETRY_SECONDS) if ahead < limit else soonest  # next for a slot: asks again soon
+
+
+def line_of(members: dict[str, float], now: float) -> list[str]:
+    """The jobs waiting in a key's line, first first (tests, inspection)."""
+    line = sorted((float(m[1:].partition(" ")[0]), m[1:].partition(" ")[2]) for m, expiry in members.items()
+                  if m.startswith("?") and expiry > now)
+    return [job for _, job in line]
+
+
 class MemoryFlowStore:
     """Rate buckets and concurrency slots in this process (see the module docstring)."""
 
@@ -80,21 +135,15 @@ class MemoryFlowStore:
 
     def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
         check_slot_ttl(ttl)
+        check_slot_member(member)
         with self._lock:
-            held = self._slots.setdefault(key, {})
-            for other, expiry in list(held.items()):
-                if expiry <= now:  # a killed worker's slot: its lease ran out
-                    del held[other]
-            if member in held or len(held) < limit:
-                held[member] = now + ttl
-                return 0.0
-            return max(1e-3, min(held.values()) - now)
+            return take_in_line(self._slots.setdefault(key, {}), member, limit=limit, ttl=ttl, now=now)
 
     def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
         check_slot_ttl(ttl)
         with self._lock:
             held = self._slots.get(key, {})
-            if held.get(member, now) <= now:  # released, or run out: taking it again is take_slot's choice
+            if member.startswith("?") or held.get(member, now) <= now:  # released, or run out: take_slot's choice
                 return False
             held[member] = now + ttl
             return True
@@ -106,4 +155,9 @@ class MemoryFlowStore:
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection)."""
         with self._lock:
-            return sorted(m for m, expiry in self._slots.get(key, {}).items() if expiry > now)
+            return sorted(m for m, expiry in self._slots.get(key, {}).items() if expiry > now and m[:1] != "?")
+
+    def line(self, key: str, now: float) -> list[str]:
+        """The jobs waiting for a slot of ``key``, first first (tests, inspection)."""
+        with self._lock:
+            return line_of(self._slots.get(key, {}), now)

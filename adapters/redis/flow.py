@@ -6,8 +6,10 @@ Keys (beside the storage's, under its prefix):
   left), ``t`` (tokens left, may be negative: debt after a correction),
   ``ts`` (when they were computed), ``b`` (blocked until, after a 429).
 * ``<prefix>:flow:slots:<key>``: a sorted set, the concurrency slots held:
-  member = "<job id> <lease owner>", score = when its lease expires. Expired members are
-  removed by the take itself, so a killed worker's slot comes back.
+  member = "<job id> <lease owner>", score = when its lease expires; and the key's line,
+  the jobs refused a slot: member = "?<when it first asked> <job id>", score = when it gives
+  up its place (it did not ask again). Expired members are removed by the take itself, so a
+  killed worker's slot comes back.
 
 Unlike the storage scripts these read Redis's clock (``TIME``): buckets and
 slot leases are shared by workers on many machines, and one clock makes
@@ -25,10 +27,18 @@ from typing import Any
 
 import redis
 
+from adapters.memory.flow import line_of
 from adapters.redis.client import _mapped
 from adapters.redis.keys import check_prefix
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, CorruptRecordError, InvalidInputError
-from pipelines.engine.flow import MAX_SLOT_SECONDS, check_block_seconds, check_slot_ttl
+from pipelines.engine.flow import (
+    FRONT_RETRY_SECONDS,
+    LINE_SECONDS,
+    MAX_SLOT_SECONDS,
+    check_block_seconds,
+    check_slot_member,
+    check_slot_ttl,
+)
 
 __all__ = ["ADJUST_RATE", "BLOCK_RATE", "RELEASE_SLOT", "RENEW_SLOT", "TAKE_RATE", "TAKE_SLOT", "RedisFlowStore"]
 
@@ -50,6 +60,8 @@ end
 
 _MAX_BLOCK = repr(MAX_RETRY_AFTER_SECONDS)
 _MAX_SLOT = repr(MAX_SLOT_SECONDS)
+_LINE = repr(LINE_SECONDS)
+_FRONT = repr(FRONT_RETRY_SECONDS)
 
 # KEYS[1] the bucket; ARGV rpm, tpm (0 = no such limit), burst seconds, tokens. Reply: seconds to wait ('0': taken).
 TAKE_RATE = _PRELUDE + "local MAX_BLOCK = " + _MAX_BLOCK + """
@@ -112,21 +124,65 @@ end
 return 'ok'
 """
 
-# KEYS[1] the slots; ARGV member, limit, ttl seconds. Reply: seconds until the first slot expires ('0': held).
-TAKE_SLOT = _PRELUDE + "local MAX_SLOT = " + _MAX_SLOT + """
+# KEYS[1] the slots; ARGV member, limit, ttl seconds, job id. Reply: seconds to wait ('0': held).
+# adapters.memory.flow.take_in_line in Lua (its docstring says the rules): the zset holds the slots
+# ("<job> <owner>", score = when the lease runs out) and the key's line ("?<when it asked> <job>",
+# score = when the place is given up). Both are bounded by the jobs of one key; change both together.
+TAKE_SLOT = _PRELUDE + "local MAX_SLOT, LINE, FRONT = " + _MAX_SLOT + ", " + _LINE + ", " + _FRONT + """
 local bad = wrong_type(KEYS[1], 'slots', 'zset')
 if bad then return bad end
-local ttl = tonumber(ARGV[3])
+local ttl, limit, job = tonumber(ARGV[3]), tonumber(ARGV[2]), ARGV[4]
 if not seconds_in(ttl, MAX_SLOT) then return 'bad:slot ttl of ' .. tostring(ARGV[3]) .. ' seconds' end
 local now = clock()
+local function keep(seconds)
+  redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(seconds * 1000) + 1000))
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tostring(now))
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], tostring(now + ttl), ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(ttl * 1000) + 1000))
+  keep(ttl)
   return '0'
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return tostring(math.max(0.001, tonumber(first[2]) - now))
+local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local held, first, waiting = 0, nil, 0
+local mine, mine_at = nil, nil
+local line = {}
+for i = 1, #all, 2 do
+  local m = all[i]
+  if string.sub(m, 1, 1) == '?' then
+    local sp = string.find(m, ' ', 1, true)
+    local at, who = tonumber(string.sub(m, 2, sp - 1)), string.sub(m, sp + 1)
+    line[#line + 1] = {at, who}
+    if who == job then mine, mine_at = m, at end
+  else
+    held = held + 1
+    local expiry = tonumber(all[i + 1])
+    if not first or expiry < first then first = expiry end
+  end
+end
+local last = nil
+for _, w in ipairs(line) do if not last or w[1] > last then last = w[1] end end
+local ahead = #line
+if mine then
+  ahead = 0
+  for _, w in ipairs(line) do
+    if w[1] < mine_at or (w[1] == mine_at and w[2] < job) then ahead = ahead + 1 end
+  end
+end
+if ahead < limit - held then
+  redis.call('ZADD', KEYS[1], tostring(now + ttl), ARGV[1])
+  if mine then redis.call('ZREM', KEYS[1], mine) end
+  keep(ttl)
+  return '0'
+end
+local asked = now
+if last and last + 0.000001 > asked then asked = last + 0.000001 end  -- after every place given before it
+redis.call('ZADD', KEYS[1], tostring(now + LINE), mine or ('?' .. string.format('%.6f', asked) .. ' ' .. job))
+keep(LINE)
+local soonest = FRONT
+if first then soonest = math.max(0.001, first - now) end
+if ahead < limit then soonest = math.min(soonest, FRONT) end
+return tostring(soonest)
 """
 
 # KEYS[1] the slots; ARGV member, ttl seconds. Extends a live slot only (XX): a released or run-out one
@@ -138,7 +194,7 @@ local ttl = tonumber(ARGV[2])
 if not seconds_in(ttl, MAX_SLOT) then return 'bad:slot ttl of ' .. tostring(ARGV[2]) .. ' seconds' end
 local now = clock()
 local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-if not expiry or expiry <= now then return '0' end
+if not expiry or expiry <= now or string.sub(ARGV[1], 1, 1) == '?' then return '0' end
 redis.call('ZADD', KEYS[1], 'XX', tostring(now + ttl), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(ttl * 1000) + 1000))
 return '1'
@@ -200,7 +256,7 @@ class RedisFlowStore:
         self._run(self._block, self.rate_key(model), [repr(seconds)], f"blocking model {model!r}")
 
     def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
-        args = [member, str(int(limit)), repr(check_slot_ttl(ttl))]
+        args = [check_slot_member(member), str(int(limit)), repr(check_slot_ttl(ttl)), member.split(" ", 1)[0]]
         return float(self._run(self._take_slot, self.slots_key(key), args, f"taking a slot of {key!r}"))
 
     def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
@@ -216,4 +272,12 @@ class RedisFlowStore:
         with _mapped(f"reading the slots of {key!r}"):
             sec, usec = self.client.time()
             live = self.client.zrangebyscore(self.slots_key(key), f"({sec + usec / 1e6!r}", "+inf")
-        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in live)
+        return sorted(m for m in (m.decode() if isinstance(m, bytes) else str(m) for m in live) if m[:1] != "?")
+
+    def line(self, key: str, now: float) -> list[str]:
+        """The jobs waiting for a slot of ``key``, first first (tests, inspection); by Redis's clock."""
+        with _mapped(f"reading the line of {key!r}"):
+            sec, usec = self.client.time()
+            entries: Any = self.client.zrange(self.slots_key(key), 0, -1, withscores=True)
+        members = {(m.decode() if isinstance(m, bytes) else str(m)): float(e) for m, e in entries}
+        return line_of(members, sec + usec / 1e6)

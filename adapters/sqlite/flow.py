@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from adapters.memory.flow import Bucket, take_from_bucket
+from adapters.memory.flow import Bucket, line_of, take_from_bucket, take_in_line
 from adapters.sqlite.connection import Database
-from pipelines.engine.flow import check_block_seconds, check_slot_ttl
+from pipelines.engine.flow import check_block_seconds, check_slot_member, check_slot_ttl
 
 __all__ = ["SQLiteFlowStore"]
 
@@ -62,15 +62,19 @@ class SQLiteFlowStore:
 
     def take_slot(self, key: str, member: str, *, limit: int, ttl: float, now: float) -> float:
         check_slot_ttl(ttl)
+        check_slot_member(member)
 
         def take(conn: sqlite3.Connection) -> float:
-            conn.execute("DELETE FROM flow_slots WHERE key = ? AND expires <= ?", (key, now))  # killed workers' slots
-            held = dict(conn.execute("SELECT member, expires FROM flow_slots WHERE key = ?", (key,)).fetchall())
-            if member in held or len(held) < limit:
-                conn.execute("INSERT OR REPLACE INTO flow_slots (key, member, expires) VALUES (?, ?, ?)",
-                             (key, member, now + ttl))
-                return 0.0
-            return max(1e-3, float(min(held.values())) - now)
+            before = dict(conn.execute("SELECT member, expires FROM flow_slots WHERE key = ?", (key,)).fetchall())
+            after = dict(before)
+            wait = take_in_line(after, member, limit=limit, ttl=ttl, now=now)
+            gone = [(key, m) for m in before if m not in after]
+            if gone:  # killed workers' slots, jobs that stopped asking, a place in line given up for a slot
+                conn.executemany("DELETE FROM flow_slots WHERE key = ? AND member = ?", gone)
+            changed = [(key, m, e) for m, e in after.items() if before.get(m) != e]
+            if changed:
+                conn.executemany("INSERT OR REPLACE INTO flow_slots (key, member, expires) VALUES (?, ?, ?)", changed)
+            return wait
 
         wait: float = self._db.write(take, f"taking a slot of {key!r}")
         return wait
@@ -78,8 +82,9 @@ class SQLiteFlowStore:
     def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
         check_slot_ttl(ttl)
         renewed: bool = self._db.write(
-            lambda c: c.execute("UPDATE flow_slots SET expires = ? WHERE key = ? AND member = ? AND expires > ?",
-                                (now + ttl, key, member, now)).rowcount > 0, f"renewing a slot of {key!r}")
+            lambda c: member[:1] != "?" and c.execute(
+                "UPDATE flow_slots SET expires = ? WHERE key = ? AND member = ? AND expires > ?",
+                (now + ttl, key, member, now)).rowcount > 0, f"renewing a slot of {key!r}")
         return renewed
 
     def release_slot(self, key: str, member: str) -> None:
@@ -89,5 +94,12 @@ class SQLiteFlowStore:
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection)."""
         rows = self._db.read(lambda c: c.execute("SELECT member FROM flow_slots WHERE key = ? AND expires > ? "
-                                                 "ORDER BY member", (key, now)).fetchall(), f"reading slots of {key!r}")
+                                                 "AND member NOT LIKE '?%' ORDER BY member", (key, now)).fetchall(),
+                             f"reading slots of {key!r}")
         return [r[0] for r in rows]
+
+    def line(self, key: str, now: float) -> list[str]:
+        """The jobs waiting for a slot of ``key``, first first (tests, inspection)."""
+        rows = self._db.read(lambda c: c.execute("SELECT member, expires FROM flow_slots WHERE key = ?",
+                                                 (key,)).fetchall(), f"reading the line of {key!r}")
+        return line_of(dict(rows), now)

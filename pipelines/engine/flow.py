@@ -14,7 +14,11 @@ deferral, no commit, no sleep), so a worker always moves on to other work.
   of the run evaluated at start) and ``App(concurrency={prefix or "*": n})``
   allow at most ``n`` turns of jobs with that key at once. A turn holds a
   leased slot (member = job, expiry = now + 1.5 x lease), so a killed
-  worker's slot comes back when its lease expires.
+  worker's slot comes back when its lease expires. Slots go to jobs in the
+  order they asked: a refused job waits in the key's line, and a job that
+  just gave its slot back (its next turn queued at once, or kept by
+  ``continue_for``) goes to the back of it, so one busy conversation cannot
+  keep the others of its key waiting.
 * **Priorities**: ``priority="interactive" | "background"`` per run selects
   the queue its advances go to (see :mod:`adapters.rq.priority`).
 
@@ -50,6 +54,8 @@ if TYPE_CHECKING:
     from pipelines.engine.models import JobRecord
 
 __all__ = [
+    "FRONT_RETRY_SECONDS",
+    "LINE_SECONDS",
     "MAX_CALL_TOKENS",
     "MAX_CONCURRENCY",
     "MAX_RATE_PER_MINUTE",
@@ -69,6 +75,15 @@ PRIORITIES = ("interactive", "background")
 
 CONCURRENCY_RETRY_SECONDS = 1.0
 """Longest wait before a turn refused a concurrency slot tries again (slots usually free sooner than they expire)."""
+
+LINE_SECONDS = 5.0
+"""How long a job refused a concurrency slot keeps its place in the key's line without asking again.
+
+A refused job asks again within :data:`CONCURRENCY_RETRY_SECONDS` (plus its queue's delay); one that
+stopped asking (deleted, cancelled) holds free slots back from the jobs behind it at most this long."""
+
+FRONT_RETRY_SECONDS = 0.5
+"""When a job among the first ``limit`` of the line asks again: a freed slot waits at most this long for it."""
 
 MAX_RATE_PER_MINUTE = 1e9
 """The largest ``rpm`` / ``tpm`` a :class:`RateLimit` takes (beyond any provider's; larger is a typo)."""
@@ -141,6 +156,14 @@ def check_slot_ttl(ttl: object) -> float:
         raise InvalidInputError(f"a concurrency slot's ttl must be seconds in (0, {MAX_SLOT_SECONDS:g}], "
                                 f"got {ttl!r}; nothing was written")
     return float(ttl)  # type: ignore[arg-type]
+
+
+def check_slot_member(member: object) -> str:
+    """A slot's holder (a store's ``take_slot``): ``"<job id>"`` or ``"<job id> <owner>"``, never a line entry."""
+    if not isinstance(member, str) or not member or member[0] in "? ":
+        raise InvalidInputError(f"a concurrency slot's member must be '<job id>[ <owner>]', got {member!r:.80}; "
+                                "nothing was written")
+    return member
 
 
 def bounded_wait(value: float) -> float:

@@ -34,6 +34,9 @@ def flow(storage: Any) -> FlowStore:
     return capable.flow_store()
 
 
+now = time.time
+
+
 def take(fs: FlowStore, model: str, *, rpm: float | None = None, tpm: float | None = None, burst: float = 1.0,
          tokens: int = 0) -> float:
     return fs.take_rate(model, rpm=rpm, tpm=tpm, burst=burst, tokens=tokens, now=time.time())
@@ -100,7 +103,6 @@ def test_a_block_refuses_every_take_until_it_ends_and_is_never_shortened(storage
 @covers("FlowStore.take_slot", "FlowStore.release_slot", "FlowStore.renew_slot")
 def test_slots_are_held_up_to_the_limit_renewed_by_their_holder_and_released(storage: Any) -> None:
     fs = flow(storage)
-    now = time.time
     assert fs.take_slot("k", "a", limit=2, ttl=30, now=now()) == 0
     assert fs.take_slot("k", "b", limit=2, ttl=30, now=now()) == 0
     wait = fs.take_slot("k", "c", limit=2, ttl=30, now=now())
@@ -136,3 +138,45 @@ def test_a_block_ends_and_a_slot_whose_holder_stopped_renewing_comes_back(storag
     assert take(fs, "short", rpm=600, burst=10) == 0
     assert fs.renew_slot("k", "dead", ttl=30, now=time.time()) is False  # run out: not taken back past the limit
     assert fs.take_slot("k", "next", limit=1, ttl=30, now=time.time()) == 0
+
+
+@covers("FlowStore.take_slot", "FlowStore.release_slot")
+def test_slots_go_to_jobs_in_the_order_they_asked(storage: Any) -> None:
+    fs = flow(storage)
+    assert fs.take_slot("k", "a w1", limit=1, ttl=30, now=now()) == 0
+    assert fs.take_slot("k", "b w2", limit=1, ttl=30, now=now()) > 0  # b waits in the key's line
+    fs.release_slot("k", "a w1")
+    # a's next turn asks at once, before b's retry comes: it goes behind b, not past it.
+    assert fs.take_slot("k", "a w3", limit=1, ttl=30, now=now()) > 0
+    assert fs.take_slot("k", "c w4", limit=1, ttl=30, now=now()) > 0  # and c behind a
+    assert fs.take_slot("k", "b w5", limit=1, ttl=30, now=now()) == 0  # b's retry: its place is first
+    fs.release_slot("k", "b w5")
+    assert fs.take_slot("k", "c w6", limit=1, ttl=30, now=now()) > 0  # a asked before c
+    assert fs.take_slot("k", "a w7", limit=1, ttl=30, now=now()) == 0
+    fs.release_slot("k", "a w7")
+    assert fs.take_slot("k", "c w8", limit=1, ttl=30, now=now()) == 0  # the line is empty again
+    fs.release_slot("k", "c w8")
+    assert fs.take_slot("k", "d w9", limit=1, ttl=30, now=now()) == 0  # a job not in line takes a free slot
+
+
+@covers("FlowStore.take_slot")
+def test_a_job_not_in_line_takes_a_free_slot_only_if_the_waiting_jobs_leave_one(storage: Any) -> None:
+    fs = flow(storage)
+    for member in ("a", "b", "c"):
+        assert fs.take_slot("k", member, limit=3, ttl=30, now=now()) == 0
+    assert fs.take_slot("k", "w1", limit=3, ttl=30, now=now()) > 0
+    fs.release_slot("k", "a")
+    fs.release_slot("k", "b")
+    assert fs.take_slot("k", "x", limit=3, ttl=30, now=now()) == 0  # two free, one waiting: one is left for x
+    assert fs.take_slot("k", "y", limit=3, ttl=30, now=now()) > 0  # one free, one waiting: it is w1's
+    assert fs.take_slot("k", "w1", limit=3, ttl=30, now=now()) == 0
+    assert fs.take_slot("k", "w1", limit=3, ttl=30, now=now()) == 0  # its holder takes it again (renewal)
+
+
+@covers("FlowStore.take_slot")
+def test_a_slot_member_that_is_not_a_job_is_refused(storage: Any) -> None:
+    fs = flow(storage)
+    for bad in ("", "?1.0 a", " a", None, 7):
+        with pytest.raises(InvalidInputError, match="member"):
+            fs.take_slot("k", bad, limit=1, ttl=30, now=now())  # type: ignore[arg-type]
+    assert fs.take_slot("k", "a", limit=1, ttl=30, now=now()) == 0  # the refused takes wrote nothing

@@ -113,7 +113,10 @@ def test_a_slot_is_renewed_only_while_it_is_held(store: RedisFlowStore) -> None:
     assert store.take_slot("k", "a", limit=1, ttl=0.3, now=0.0) == 0.0
     assert store.renew_slot("k", "a", ttl=30.0, now=0.0) is True
     time.sleep(0.35)  # past the slot's first expiry: renewed, it is still a's
-    assert store.take_slot("k", "b", limit=1, ttl=30.0, now=0.0) > 1.0
+    assert store.take_slot("k", "b", limit=1, ttl=30.0, now=0.0) > 0  # b waits in the key's line
+    assert store.slots("k", 0.0) == ["a"] and store.line("k", 0.0) == ["b"]
+    a_expiry = store.client.zscore(store.slots_key("k"), "a")
+    assert a_expiry is not None and a_expiry - time.time() > 29  # the renewal's 30 s, not the first 0.3 s
     assert store.client.pttl(store.slots_key("k")) > 29_000  # the key lives as long as its longest slot
     store.release_slot("k", "a")
     assert store.renew_slot("k", "a", ttl=30.0, now=0.0) is False  # a renewal after the release brings nothing back
@@ -172,3 +175,16 @@ def test_a_lost_lease_gives_its_slot_back_on_redis(redis_url: str) -> None:
     assert app.advance("a") is AdvanceResult.STALE
     assert held == [[]]
     storage.close()
+
+
+def test_a_place_in_the_line_whose_job_stopped_asking_lapses_on_redis(store: RedisFlowStore) -> None:
+    assert store.take_slot("k", "a", limit=1, ttl=30.0, now=0.0) == 0.0
+    store.release_slot("k", "a")
+    # A job that asked and was then deleted: its place runs out like a dead worker's slot.
+    store.client.zadd(store.slots_key("k"), {"?1.000000 gone": store.client.time()[0] + 1.5})
+    assert store.line("k", 0.0) == ["gone"]
+    assert 0 < store.take_slot("k", "c", limit=1, ttl=30.0, now=0.0) <= 0.5  # behind it: asks again soon
+    assert store.line("k", 0.0) == ["gone", "c"]
+    time.sleep(1.6)
+    assert store.take_slot("k", "c", limit=1, ttl=30.0, now=0.0) == 0.0
+    assert store.line("k", 0.0) == [] and store.slots("k", 0.0) == ["c"]

@@ -11,7 +11,7 @@ from adapters.memory.flow import MemoryFlowStore
 from phases.model import ModelRequest, ModelResponse
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError, TransientModelError
-from pipelines.engine.flow import RateLimit
+from pipelines.engine.flow import LINE_SECONDS, RateLimit
 from pipelines.engine.models import JobStatus
 from pipelines.engine.runner import AdvanceResult
 from pipelines.testing import ScriptedModel, call, reply
@@ -141,6 +141,40 @@ def test_a_dead_workers_slot_comes_back_when_its_lease_expires() -> None:
     app.drain()  # deferred until the dead slot's lease ran out, then run
     record = app.storage.get_job("e")
     assert record is not None and record.status is JobStatus.COMPLETE and record.updated_at >= 1015.0
+
+
+def test_a_busy_job_of_a_key_takes_turns_with_the_job_waiting_for_its_slot() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock, turns=3)
+    app = make_app(model, clock, concurrency={"k": 1})
+    seen: list[AdvanceResult] = []
+    original = model.answer
+
+    def answer(messages: list[Any]) -> Any:
+        if not seen:  # a's first turn holds the key's one slot: another worker takes b's advance now
+            seen.append(app.advance("b"))
+        return original(messages)
+
+    model._script = answer
+    app.run_agent("w", job_id="a", user="go", concurrency_key="k")
+    app.run_agent("w", job_id="b", user="go", concurrency_key="k")
+    assert app.advance("a") is AdvanceResult.ADVANCED
+    assert seen == [AdvanceResult.DEFERRED]
+    # a's next turn is due at once, b's retry a moment later: a must not run all its turns first.
+    app.drain()
+    assert model.jobs == ["a", "b", "a", "b", "a", "b"]
+    assert all(app.get(j).status is JobStatus.COMPLETE for j in "ab")  # type: ignore[union-attr]
+
+
+def test_a_job_that_stops_asking_gives_up_its_place_in_the_line() -> None:
+    store = MemoryFlowStore()
+    assert store.take_slot("k", "a", limit=1, ttl=30.0, now=0.0) == 0.0
+    assert store.take_slot("k", "gone", limit=1, ttl=30.0, now=1.0) > 0  # then deleted: it never asks again
+    store.release_slot("k", "a")
+    assert store.take_slot("k", "c", limit=1, ttl=30.0, now=2.0) > 0  # "gone" is ahead, for now
+    assert store.line("k", 2.0) == ["gone", "c"]
+    assert store.take_slot("k", "c", limit=1, ttl=30.0, now=1.0 + LINE_SECONDS) == 0.0  # its place lapsed
+    assert store.line("k", 1.0 + LINE_SECONDS) == []
 
 
 def test_concurrency_key_may_be_a_function_of_the_run() -> None:
