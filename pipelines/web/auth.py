@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 from pipelines.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
 from pipelines.web.core import COOKIE, LOOPBACK_NAMES, UI, Endpoint
 
-__all__ = ["MAX_FORM_BYTES", "guarded", "login", "login_form", "logout", "refusal"]
+__all__ = ["MAX_FORM_BYTES", "guarded", "login", "login_form", "logout", "refusal", "too_many_guesses"]
 
 # The longest thing a form carries is a message (MAX_MESSAGE_CHARS characters): each may take 4 bytes of
 # UTF-8, sent as 12 (%XX each), so a message of the promised length in any script fits.
@@ -51,6 +51,12 @@ def refusal(ui: UI, request: Request, *, login: bool) -> Response | None:
         # Without a token, a page reached under another name may be a DNS-rebinding attack.
         return ui.render(request, "error.html", 403, message="this page has no token, so it only answers "
                          "on 127.0.0.1 / localhost; start it with a token (PIPELINES_UI_TOKEN) to serve other names")
+    if ui.token is not None and request.headers.get("authorization", "").startswith("Bearer "):
+        refused = too_many_guesses(ui, request)
+        if refused is not None:
+            return refused
+        if not ui.bearer(request):
+            ui.guesses.wrong(_address(request))
     if login or ui.logged_in(request):
         return None
     if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
@@ -98,14 +104,33 @@ def login_form(ui: UI, request: Request) -> Response:
 
 
 def login(ui: UI, request: Request) -> Response:
+    refused = too_many_guesses(ui, request)
+    if refused is not None:
+        return refused  # right or wrong, the token is not looked at: a guesser learns nothing
     sent = request.state.form.get("token", "")
     if ui.token is None or not hmac.compare_digest(sent.encode(), ui.token.encode()):
+        ui.guesses.wrong(_address(request))
         return ui.render(request, "login.html", 401, failed=True)
     ui.sessions.close(request.cookies.get(COOKIE, ""))  # a new login never keeps an old id alive
     response = RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
     response.set_cookie(COOKIE, ui.sessions.open(), httponly=True, samesite="strict", path="/",
                         secure=request.url.scheme == "https")
     return response
+
+
+def too_many_guesses(ui: UI, request: Request) -> Response | None:
+    """429 with ``Retry-After`` when the client's address sent too many wrong tokens (see pipelines.web.guesses)."""
+    wait = ui.guesses.wait(_address(request))
+    if not wait:
+        return None
+    response = ui.render(request, "error.html", 429, message=f"too many wrong tokens from this address: "
+                         f"try again in {wait} s")
+    response.headers["retry-after"] = str(wait)
+    return response
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client is not None else ""
 
 
 def logout(ui: UI, request: Request) -> Response:

@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipelines.app import App
+from pipelines.web.guesses import Guesses
 from pipelines.web.text import visible
 
 __all__ = ["COOKIE", "CSP", "LOOPBACK_NAMES", "MAX_SESSIONS", "SESSION_SECONDS", "UI", "Endpoint", "Headers",
@@ -81,6 +82,7 @@ class UI:
         self.app, self.token, self.read_only = app, token, read_only
         self.key = secrets.token_bytes(32)  # signs CSRF tokens; sessions are ids this process holds
         self.sessions = Sessions()
+        self.guesses = Guesses()  # wrong tokens per client address: a token is not guessed at server speed
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
         self.env.filters["pretty"] = pretty_json

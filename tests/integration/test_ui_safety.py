@@ -19,6 +19,7 @@ from pipelines import Agent, App, tool
 from pipelines.cli import main
 from pipelines.engine.models import JobStatus
 from pipelines.testing import ScriptedModel, reply
+from pipelines.web.guesses import GUESS_BURST, GUESS_REFILL_SECONDS, Guesses
 from pipelines.web.text import hidden_chars, visible
 from pipelines.web.ui import ui_app
 from tests.integration.test_ui import LOCAL, csrf_of
@@ -136,3 +137,41 @@ def test_token_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     args.token_file = str(tmp_path / "missing")
     with pytest.raises(ConfigurationError, match="cannot read"):
         ui_token(args)  # type: ignore[arg-type]
+
+
+def test_wrong_tokens_from_one_address_are_slowed_to_a_few_a_minute(app: App) -> None:
+    asgi = ui_app(app, token="correct-horse")
+    with TestClient(asgi, base_url=LOCAL) as c:
+        form = csrf_of(c.get("/login").text)
+        codes = [c.post("/login", data={"csrf": form, "token": f"guess-{i}"}).status_code for i in range(GUESS_BURST)]
+        assert codes == [401] * GUESS_BURST  # a person's typos pass
+        refused = c.post("/login", data={"csrf": form, "token": "correct-horse"}, follow_redirects=False)
+        # Spent: even the right token is not looked at, so a guesser cannot tell it was right.
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert "pipelines_ui" not in c.cookies
+        # Bearer guesses count against the same budget, and are refused the same way.
+        assert c.get("/", headers={"authorization": "Bearer correct-horse"}).status_code == 429
+    with TestClient(asgi, base_url=LOCAL, client=("10.0.0.9", 50000)) as other:  # another address: its own budget
+        ok = other.post("/login", data={"csrf": csrf_of(other.get("/login").text), "token": "correct-horse"},
+                        follow_redirects=False)
+        assert ok.status_code == 303
+
+
+def test_a_spent_budget_of_wrong_tokens_comes_back_with_time() -> None:
+    now = [0.0]
+    guesses = Guesses(clock=lambda: now[0])
+    for _ in range(GUESS_BURST):
+        assert guesses.wait("a") == 0
+        guesses.wrong("a")
+    assert guesses.wait("a") == GUESS_REFILL_SECONDS and guesses.wait("b") == 0
+    now[0] += GUESS_REFILL_SECONDS
+    assert guesses.wait("a") == 0  # one wrong token came back
+    guesses.wrong("a")
+    assert guesses.wait("a") > 0
+
+
+def test_a_wrong_bearer_token_counts_as_a_guess(app: App) -> None:
+    with TestClient(ui_app(app, token="correct-horse"), base_url=LOCAL) as c:
+        codes = [c.get("/", headers={"authorization": f"Bearer guess-{i}"}).status_code for i in range(GUESS_BURST)]
+        assert codes == [401] * GUESS_BURST
+        assert c.get("/", headers={"authorization": "Bearer correct-horse"}).status_code == 429
