@@ -683,6 +683,12 @@ def test_a_bad_next_delay_is_rejected_and_a_phase_returning_it_fails_the_job(bad
     assert job.checkpoint is not None and job.checkpoint.state == {"n": 1} and storage.messages("j") == []
 
 
+@pytest.mark.parametrize("bad", [True, False, math.nan, "5", None], ids=repr)
+def test_a_bad_retry_later_delay_is_an_invalid_input_error(bad: Any) -> None:
+    with pytest.raises(InvalidInputError, match="RetryLater needs a delay in seconds"):
+        RetryLater(bad)
+
+
 def test_a_bad_next_delay_is_an_invalid_input_error() -> None:
     with pytest.raises(InvalidInputError, match="-1"):
         Next("b", delay=-1)

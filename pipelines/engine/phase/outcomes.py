@@ -66,7 +66,8 @@ class RetryLater(Exception):  # noqa: N818 - a control signal, not an error
     """
 
     def __init__(self, delay: float, reason: str = "") -> None:
-        if not isinstance(delay, int | float) or not math.isfinite(delay) or delay > MAX_DELAY:
+        if (not isinstance(delay, int | float) or isinstance(delay, bool) or not math.isfinite(delay)
+                or delay > MAX_DELAY):  # a bool is a mistake (RetryLater(True) is not "retry in 1 s")
             raise InvalidInputError(f"RetryLater needs a delay in seconds of at most {MAX_DELAY:.0f} (ten years, "
                                     f"pipelines.engine.phase.outcomes.MAX_DELAY), got {delay!r}")
         super().__init__(reason or f"retry in {delay:.1f}s")
