@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 
 from pipelines.engine.flow import (
+    CONCURRENCY_RETRY_SECONDS,
     FRONT_RETRY_SECONDS,
     LINE_SECONDS,
     bucket_sizes,
@@ -19,7 +20,8 @@ from pipelines.engine.flow import (
     check_slot_ttl,
 )
 
-__all__ = ["MemoryFlowStore", "line_of", "take_from_bucket", "take_in_line"]
+__all__ = ["DEADLINE_BASE", "PLACE_BASE", "MemoryFlowStore", "held_slots", "line_of", "take_from_bucket",
+           "take_in_line"]
 
 
 @dataclass
@@ -59,52 +61,60 @@ def take_from_bucket(b: Bucket, *, rpm: float | None, tpm: float | None, burst: 
     return 0.0
 
 
+PLACE_BASE = 1e11
+"""A key's line in its slots' set (one set, so a Redis Cluster keeps it in one slot): ``"?<job id>"``
+scored ``PLACE_BASE + when it asked`` (the order), ``"!<job id>"`` scored ``DEADLINE_BASE + when it gives
+up its place``. Slots are scored by when they run out, always below ``PLACE_BASE``: a store written by
+an older version, which knows no line, still counts and expires its slots right (it sees more held)."""
+DEADLINE_BASE = 3e11
+
+
 def take_in_line(members: dict[str, float], member: str, *, limit: int, ttl: float, now: float) -> float:
     """Take a slot of one key for ``member``, in line; 0 when taken, else seconds to wait. Changes ``members``.
 
-    ``members``: the key's entries, each with when it runs out: the slots held (``"<job id>[ <owner>]"``)
-    and the line of jobs refused (``"?<when it first asked> <job id>"``; a job id holds no space or
-    ``?``). A free slot goes to a job only if fewer jobs wait ahead of it than slots are free: every
-    waiting job is ahead of one not in line (a job that just gave its slot back asks again at the back).
-    A refused job keeps its place for :data:`LINE_SECONDS` from each ask. The Redis script
-    (``adapters.redis.flow.TAKE_SLOT``) is this function in Lua; change both together.
+    ``members``: the key's entries and their scores (see :data:`PLACE_BASE`): the slots held
+    (``"<job id>[ <owner>]"``) and the line of jobs refused. A free slot goes to a job only if fewer
+    jobs wait ahead of it than slots are free: every waiting job is ahead of one not in line (a job
+    that just gave its slot back asks again at the back). A refused job keeps its place for
+    :data:`LINE_SECONDS` from each ask. The Redis script (``adapters.redis.flow.TAKE_SLOT``) is this
+    function in Lua; change both together.
     """
-    for other, expiry in list(members.items()):
-        if expiry <= now:  # a killed worker's slot (its lease ran out), or a job that stopped asking
-            del members[other]
+    for other, score in list(members.items()):
+        if score <= now or DEADLINE_BASE <= score <= DEADLINE_BASE + now:
+            del members[other]  # a killed worker's slot (its lease ran out), or a job that stopped asking
+    for other in [m for m in members if m[0] == "?" and "!" + m[1:] not in members]:
+        del members[other]  # its deadline went above
     if member in members:
         members[member] = now + ttl
         return 0.0
     job = member.split(" ", 1)[0]
-    held: list[float] = []
-    line: list[tuple[float, str, str]] = []
-    for m, expiry in members.items():
-        if m.startswith("?"):
-            asked, _, waiting = m[1:].partition(" ")
-            line.append((float(asked), waiting, m))
-        else:
-            held.append(expiry)
-    line.sort()
-    place = next((i for i, (_, waiting, _) in enumerate(line) if waiting == job), None)
-    ahead = len(line) if place is None else place
+    held = [score for score in members.values() if score < PLACE_BASE]
+    places = [score for score in members.values() if PLACE_BASE <= score < DEADLINE_BASE]
+    mine = members.get("?" + job)
+    ahead = len(places) if mine is None else sum(1 for place in places if place < mine)
     if ahead < limit - len(held):
         members[member] = now + ttl
-        if place is not None:
-            del members[line[place][2]]
+        members.pop("?" + job, None)
+        members.pop("!" + job, None)
         return 0.0
-    # A place is stamped with when the job first asked, after every place given before it (clocks and
-    # ties: two jobs asking in the same microsecond still keep the order they came in).
-    stamp = max(now, line[-1][0] + 1e-6) if line else now
-    members[f"?{stamp:.6f} {job}" if place is None else line[place][2]] = now + LINE_SECONDS
+    if mine is None:  # at the back, after every place given before it (a clock that stepped back, a tie)
+        members["?" + job] = max(PLACE_BASE + now, max(places, default=0.0) + 1e-3)
+    members["!" + job] = DEADLINE_BASE + now + LINE_SECONDS
     soonest = max(1e-3, min(held) - now) if held else FRONT_RETRY_SECONDS  # when the first slot runs out
-    return min(soonest, FRONT_RETRY_SECONDS) if ahead < limit else soonest  # next for a slot: asks again soon
+    # Next for a slot as one frees: asks again soon. Further back: often enough to keep its place.
+    return min(soonest, FRONT_RETRY_SECONDS if ahead < limit else CONCURRENCY_RETRY_SECONDS)
 
 
 def line_of(members: dict[str, float], now: float) -> list[str]:
     """The jobs waiting in a key's line, first first (tests, inspection)."""
-    line = sorted((float(m[1:].partition(" ")[0]), m[1:].partition(" ")[2]) for m, expiry in members.items()
-                  if m.startswith("?") and expiry > now)
-    return [job for _, job in line]
+    waiting = [(score, m[1:]) for m, score in members.items()
+               if m[0] == "?" and members.get("!" + m[1:], 0.0) > DEADLINE_BASE + now]
+    return [job for _, job in sorted(waiting)]
+
+
+def held_slots(members: dict[str, float], now: float) -> list[str]:
+    """The members holding a live slot (tests, inspection)."""
+    return sorted(m for m, score in members.items() if now < score < PLACE_BASE)
 
 
 class MemoryFlowStore:
@@ -143,7 +153,7 @@ class MemoryFlowStore:
         check_slot_ttl(ttl)
         with self._lock:
             held = self._slots.get(key, {})
-            if member.startswith("?") or held.get(member, now) <= now:  # released, or run out: take_slot's choice
+            if not now < held.get(member, PLACE_BASE) < PLACE_BASE:  # released, run out, or not a slot at all
                 return False
             held[member] = now + ttl
             return True
@@ -155,7 +165,7 @@ class MemoryFlowStore:
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection)."""
         with self._lock:
-            return sorted(m for m, expiry in self._slots.get(key, {}).items() if expiry > now and m[:1] != "?")
+            return held_slots(self._slots.get(key, {}), now)
 
     def line(self, key: str, now: float) -> list[str]:
         """The jobs waiting for a slot of ``key``, first first (tests, inspection)."""

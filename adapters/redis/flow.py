@@ -6,10 +6,11 @@ Keys (beside the storage's, under its prefix):
   left), ``t`` (tokens left, may be negative: debt after a correction),
   ``ts`` (when they were computed), ``b`` (blocked until, after a 429).
 * ``<prefix>:flow:slots:<key>``: a sorted set, the concurrency slots held:
-  member = "<job id> <lease owner>", score = when its lease expires; and the key's line,
-  the jobs refused a slot: member = "?<when it first asked> <job id>", score = when it gives
-  up its place (it did not ask again). Expired members are removed by the take itself, so a
-  killed worker's slot comes back.
+  member = "<job id> <lease owner>", score = when its lease expires; and the key's line, the
+  jobs refused a slot: ``?<job id>`` scored by when it asked and ``!<job id>`` by when it gives
+  up its place, each in a score range above every slot's (see
+  :data:`adapters.memory.flow.PLACE_BASE`). Expired members are removed by the take itself, so
+  a killed worker's slot comes back.
 
 Unlike the storage scripts these read Redis's clock (``TIME``): buckets and
 slot leases are shared by workers on many machines, and one clock makes
@@ -27,11 +28,12 @@ from typing import Any
 
 import redis
 
-from adapters.memory.flow import line_of
+from adapters.memory.flow import DEADLINE_BASE, PLACE_BASE, held_slots, line_of
 from adapters.redis.client import _mapped
 from adapters.redis.keys import check_prefix
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, CorruptRecordError, InvalidInputError
 from pipelines.engine.flow import (
+    CONCURRENCY_RETRY_SECONDS,
     FRONT_RETRY_SECONDS,
     LINE_SECONDS,
     MAX_SLOT_SECONDS,
@@ -62,6 +64,9 @@ _MAX_BLOCK = repr(MAX_RETRY_AFTER_SECONDS)
 _MAX_SLOT = repr(MAX_SLOT_SECONDS)
 _LINE = repr(LINE_SECONDS)
 _FRONT = repr(FRONT_RETRY_SECONDS)
+_BACK = repr(CONCURRENCY_RETRY_SECONDS)
+_PLACE = repr(PLACE_BASE)
+_DEADLINE = repr(DEADLINE_BASE)
 
 # KEYS[1] the bucket; ARGV rpm, tpm (0 = no such limit), burst seconds, tokens. Reply: seconds to wait ('0': taken).
 TAKE_RATE = _PRELUDE + "local MAX_BLOCK = " + _MAX_BLOCK + """
@@ -125,76 +130,70 @@ return 'ok'
 """
 
 # KEYS[1] the slots; ARGV member, limit, ttl seconds, job id. Reply: seconds to wait ('0': held).
-# adapters.memory.flow.take_in_line in Lua (its docstring says the rules): the zset holds the slots
-# ("<job> <owner>", score = when the lease runs out) and the key's line ("?<when it asked> <job>",
-# score = when the place is given up). Both are bounded by the jobs of one key; change both together.
-TAKE_SLOT = _PRELUDE + "local MAX_SLOT, LINE, FRONT = " + _MAX_SLOT + ", " + _LINE + ", " + _FRONT + """
+# adapters.memory.flow.take_in_line in Lua (its docstring says the rules, PLACE_BASE the scores): every
+# step is a lookup or a count by score, so a line of thousands costs each take O(log n).
+# Scores are written with %.17g: tostring's 14 digits would round PLACE_BASE + now to 10 ms.
+TAKE_SLOT = _PRELUDE + "local MAX_SLOT, LINE, FRONT, BACK = " + _MAX_SLOT + ", " + _LINE + ", " + _FRONT + ", " \
+    + _BACK + "\nlocal PLACE, DEADLINE = " + _PLACE + ", " + _DEADLINE + """
 local bad = wrong_type(KEYS[1], 'slots', 'zset')
 if bad then return bad end
 local ttl, limit, job = tonumber(ARGV[3]), tonumber(ARGV[2]), ARGV[4]
 if not seconds_in(ttl, MAX_SLOT) then return 'bad:slot ttl of ' .. tostring(ARGV[3]) .. ' seconds' end
 local now = clock()
+local function score(x) return string.format('%.17g', x) end
 local function keep(seconds)
   redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(seconds * 1000) + 1000))
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tostring(now))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', score(now))  -- slots run out (killed workers')
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], score(DEADLINE), score(DEADLINE + now), 'LIMIT', 0, 1000)
+for _, m in ipairs(gone) do  -- places given up: jobs that stopped asking
+  redis.call('ZREM', KEYS[1], m, '?' .. string.sub(m, 2))
+end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], tostring(now + ttl), ARGV[1])
+  redis.call('ZADD', KEYS[1], score(now + ttl), ARGV[1])
   keep(ttl)
   return '0'
 end
-local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-local held, first, waiting = 0, nil, 0
-local mine, mine_at = nil, nil
-local line = {}
-for i = 1, #all, 2 do
-  local m = all[i]
-  if string.sub(m, 1, 1) == '?' then
-    local sp = string.find(m, ' ', 1, true)
-    local at, who = tonumber(string.sub(m, 2, sp - 1)), string.sub(m, sp + 1)
-    line[#line + 1] = {at, who}
-    if who == job then mine, mine_at = m, at end
-  else
-    held = held + 1
-    local expiry = tonumber(all[i + 1])
-    if not first or expiry < first then first = expiry end
-  end
-end
-local last = nil
-for _, w in ipairs(line) do if not last or w[1] > last then last = w[1] end end
-local ahead = #line
+local held = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. score(PLACE))
+local mine = redis.call('ZSCORE', KEYS[1], '?' .. job)
+local ahead
 if mine then
-  ahead = 0
-  for _, w in ipairs(line) do
-    if w[1] < mine_at or (w[1] == mine_at and w[2] < job) then ahead = ahead + 1 end
-  end
+  ahead = redis.call('ZCOUNT', KEYS[1], score(PLACE), '(' .. mine)
+else
+  ahead = redis.call('ZCOUNT', KEYS[1], score(PLACE), '(' .. score(DEADLINE))
 end
 if ahead < limit - held then
-  redis.call('ZADD', KEYS[1], tostring(now + ttl), ARGV[1])
-  if mine then redis.call('ZREM', KEYS[1], mine) end
+  redis.call('ZADD', KEYS[1], score(now + ttl), ARGV[1])
+  redis.call('ZREM', KEYS[1], '?' .. job, '!' .. job)
   keep(ttl)
   return '0'
 end
-local asked = now
-if last and last + 0.000001 > asked then asked = last + 0.000001 end  -- after every place given before it
-redis.call('ZADD', KEYS[1], tostring(now + LINE), mine or ('?' .. string.format('%.6f', asked) .. ' ' .. job))
-keep(LINE)
+if not mine then  -- at the back, after every place given before it
+  local stamp = PLACE + now
+  local last = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. score(DEADLINE), score(PLACE), 'WITHSCORES',
+                          'LIMIT', 0, 1)
+  if last[2] and tonumber(last[2]) + 0.001 > stamp then stamp = tonumber(last[2]) + 0.001 end
+  redis.call('ZADD', KEYS[1], score(stamp), '?' .. job)
+end
+redis.call('ZADD', KEYS[1], score(DEADLINE + now + LINE), '!' .. job)
+keep(math.max(LINE, ttl))
 local soonest = FRONT
-if first then soonest = math.max(0.001, first - now) end
-if ahead < limit then soonest = math.min(soonest, FRONT) end
-return tostring(soonest)
+local first = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. score(PLACE), 'WITHSCORES', 'LIMIT', 0, 1)
+if first[2] then soonest = math.max(0.001, tonumber(first[2]) - now) end
+if ahead < limit then return tostring(math.min(soonest, FRONT)) end
+return tostring(math.min(soonest, BACK))
 """
 
 # KEYS[1] the slots; ARGV member, ttl seconds. Extends a live slot only (XX): a released or run-out one
 # stays gone, so a renewal that races the release never brings a slot back. Reply: '1' renewed, '0' not held.
-RENEW_SLOT = _PRELUDE + "local MAX_SLOT = " + _MAX_SLOT + """
+RENEW_SLOT = _PRELUDE + "local MAX_SLOT, PLACE = " + _MAX_SLOT + ", " + _PLACE + """
 local bad = wrong_type(KEYS[1], 'slots', 'zset')
 if bad then return bad end
 local ttl = tonumber(ARGV[2])
 if not seconds_in(ttl, MAX_SLOT) then return 'bad:slot ttl of ' .. tostring(ARGV[2]) .. ' seconds' end
 local now = clock()
 local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-if not expiry or expiry <= now or string.sub(ARGV[1], 1, 1) == '?' then return '0' end
+if not expiry or expiry <= now or expiry >= PLACE then return '0' end  -- a place in line is no slot
 redis.call('ZADD', KEYS[1], 'XX', tostring(now + ttl), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(ttl * 1000) + 1000))
 return '1'
@@ -269,15 +268,16 @@ class RedisFlowStore:
 
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection); by Redis's clock."""
-        with _mapped(f"reading the slots of {key!r}"):
-            sec, usec = self.client.time()
-            live = self.client.zrangebyscore(self.slots_key(key), f"({sec + usec / 1e6!r}", "+inf")
-        return sorted(m for m in (m.decode() if isinstance(m, bytes) else str(m) for m in live) if m[:1] != "?")
+        members, at = self._members(key, "reading the slots of")
+        return held_slots(members, at)
 
     def line(self, key: str, now: float) -> list[str]:
         """The jobs waiting for a slot of ``key``, first first (tests, inspection); by Redis's clock."""
-        with _mapped(f"reading the line of {key!r}"):
+        members, at = self._members(key, "reading the line of")
+        return line_of(members, at)
+
+    def _members(self, key: str, what: str) -> tuple[dict[str, float], float]:
+        with _mapped(f"{what} {key!r}"):
             sec, usec = self.client.time()
             entries: Any = self.client.zrange(self.slots_key(key), 0, -1, withscores=True)
-        members = {(m.decode() if isinstance(m, bytes) else str(m)): float(e) for m, e in entries}
-        return line_of(members, sec + usec / 1e6)
+        return {(m.decode() if isinstance(m, bytes) else str(m)): float(e) for m, e in entries}, sec + usec / 1e6

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from adapters.memory.flow import Bucket, line_of, take_from_bucket, take_in_line
+from adapters.memory.flow import PLACE_BASE, Bucket, line_of, take_from_bucket, take_in_line
 from adapters.sqlite.connection import Database
 from pipelines.engine.flow import check_block_seconds, check_slot_member, check_slot_ttl
 
@@ -82,9 +82,9 @@ class SQLiteFlowStore:
     def renew_slot(self, key: str, member: str, *, ttl: float, now: float) -> bool:
         check_slot_ttl(ttl)
         renewed: bool = self._db.write(
-            lambda c: member[:1] != "?" and c.execute(
-                "UPDATE flow_slots SET expires = ? WHERE key = ? AND member = ? AND expires > ?",
-                (now + ttl, key, member, now)).rowcount > 0, f"renewing a slot of {key!r}")
+            lambda c: c.execute(
+                "UPDATE flow_slots SET expires = ? WHERE key = ? AND member = ? AND expires > ? AND expires < ?",
+                (now + ttl, key, member, now, PLACE_BASE)).rowcount > 0, f"renewing a slot of {key!r}")
         return renewed
 
     def release_slot(self, key: str, member: str) -> None:
@@ -94,7 +94,7 @@ class SQLiteFlowStore:
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection)."""
         rows = self._db.read(lambda c: c.execute("SELECT member FROM flow_slots WHERE key = ? AND expires > ? "
-                                                 "AND member NOT LIKE '?%' ORDER BY member", (key, now)).fetchall(),
+                                                 "AND expires < ? ORDER BY member", (key, now, PLACE_BASE)).fetchall(),
                              f"reading slots of {key!r}")
         return [r[0] for r in rows]
 

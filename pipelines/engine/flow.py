@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from pipelines.engine.models import JobRecord
 
 __all__ = [
+    "CONCURRENCY_RETRY_SECONDS",
     "FRONT_RETRY_SECONDS",
     "LINE_SECONDS",
     "MAX_CALL_TOKENS",
@@ -73,8 +74,10 @@ __all__ = [
 PRIORITIES = ("interactive", "background")
 """Run priorities, highest first. ``interactive`` is the default."""
 
-CONCURRENCY_RETRY_SECONDS = 1.0
-"""Longest wait before a turn refused a concurrency slot tries again (slots usually free sooner than they expire)."""
+CONCURRENCY_RETRY_SECONDS = 2.0
+"""Longest wait before a turn refused a concurrency slot tries again (slots usually free sooner than they
+expire): how often a job far back in the key's line asks, often enough to keep its place
+(:data:`LINE_SECONDS`) through a queue's delay, rarely enough that a long line costs its store little."""
 
 LINE_SECONDS = 5.0
 """How long a job refused a concurrency slot keeps its place in the key's line without asking again.
@@ -160,7 +163,7 @@ def check_slot_ttl(ttl: object) -> float:
 
 def check_slot_member(member: object) -> str:
     """A slot's holder (a store's ``take_slot``): ``"<job id>"`` or ``"<job id> <owner>"``, never a line entry."""
-    if not isinstance(member, str) or not member or member[0] in "? ":
+    if not isinstance(member, str) or not member or member[0] in "?! ":
         raise InvalidInputError(f"a concurrency slot's member must be '<job id>[ <owner>]', got {member!r:.80}; "
                                 "nothing was written")
     return member

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from adapters.memory.flow import DEADLINE_BASE, PLACE_BASE
 from adapters.redis import RedisStorage
 from adapters.redis.flow import RedisFlowStore
 from pipelines import Agent, App, JobStatus, tool
@@ -181,7 +182,8 @@ def test_a_place_in_the_line_whose_job_stopped_asking_lapses_on_redis(store: Red
     assert store.take_slot("k", "a", limit=1, ttl=30.0, now=0.0) == 0.0
     store.release_slot("k", "a")
     # A job that asked and was then deleted: its place runs out like a dead worker's slot.
-    store.client.zadd(store.slots_key("k"), {"?1.000000 gone": store.client.time()[0] + 1.5})
+    sec = store.client.time()[0]
+    store.client.zadd(store.slots_key("k"), {"?gone": PLACE_BASE + sec, "!gone": DEADLINE_BASE + sec + 1.5})
     assert store.line("k", 0.0) == ["gone"]
     assert 0 < store.take_slot("k", "c", limit=1, ttl=30.0, now=0.0) <= 0.5  # behind it: asks again soon
     assert store.line("k", 0.0) == ["gone", "c"]
