@@ -137,6 +137,10 @@ class OffloadingStorage:
         """Passed through."""
         return self.inner.request_control(job_id, request)
 
+    def postpone(self, job_id: str, *, version: int, due_at: float) -> bool:
+        """Passed through."""
+        return self.inner.postpone(job_id, version=version, due_at=due_at)
+
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
         """Delete the job, then its blobs (a crash between the two leaves orphans: :meth:`collect_orphans`)."""
         if if_version is None:

@@ -62,7 +62,18 @@ class JobStore(Protocol):
     def request_control(self, job_id: str, request: str | None) -> bool:
         """Store (or clear, with ``None``) a pause/cancel request beside the record; ``False`` for an unknown job.
 
-        Never touches the record or its version, so a turn in flight still commits.
+        Never touches the record or its version, so a turn in flight still commits. A pause never
+        replaces a stored cancel (the cancel stays, ``True`` is returned): two callers, one cancelling
+        and one pausing, end cancelled whichever stored its request last.
+        """
+        ...
+
+    def postpone(self, job_id: str, *, version: int, due_at: float) -> bool:
+        """Move a running job later in the due index, to ``due_at``, if it is still at ``version``.
+
+        A turn deferred by flow control commits nothing: without this the sweep would find it overdue
+        and send it again at every pass, each send starting one more chain of deferrals. Never moves
+        it earlier; ``False`` (nothing written) when the job moved on, is not due, or is gone.
         """
         ...
 

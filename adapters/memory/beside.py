@@ -1,5 +1,6 @@
 """What :class:`~adapters.memory.MemoryStorage` keeps beside a job's record, outside its version fence: a
-pause or cancel request, the usage of attempts fenced off after paying, and what their model answered.
+pause or cancel request, the usage of attempts fenced off after paying, and what their model answered;
+and a deferred turn's later place in the due index.
 
 A base class of the storage, sharing its jobs and its lock; none of these writes touches the record or its
 version, so a turn in flight still commits.
@@ -22,6 +23,7 @@ class BesideRecord:
 
     _jobs: dict[str, Job]
     _lock: threading.RLock
+    _due: dict[str, float]  # running job id -> due_at (the storage's due index)
 
     def add_dropped_usage(self, job_id: str, usage: Usage, *, token: str) -> None:
         with self._lock:
@@ -48,7 +50,17 @@ class BesideRecord:
             job = self._jobs.get(job_id)
             if job is None:
                 return False
-            job.control = request
+            if not (request == "pause" and job.control == "cancel"):  # a pause never replaces a cancel
+                job.control = request
+            return True
+
+    def postpone(self, job_id: str, *, version: int, due_at: float) -> bool:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            due = self._due.get(job_id)
+            if job is None or job.version != version or due is None or due_at <= due:
+                return False
+            self._due[job_id] = due_at
             return True
 
 

@@ -54,6 +54,7 @@ class Scripts:
         self.lease_state = client.register_script(scripts.STATE)
         self.delete = client.register_script(scripts.DELETE)
         self.control = client.register_script(scripts.CONTROL)
+        self.postpone = client.register_script(scripts.POSTPONE)
         self.publish = client.register_script(scripts.PUBLISH)
         self.send = client.register_script(scripts.SEND)
         self.dropped = client.register_script(scripts.DROPPED)

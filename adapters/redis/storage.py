@@ -359,6 +359,9 @@ class RedisStorage:
         """Store (or clear) a pause/cancel request in the record hash, outside the version fence."""
         return self.writes.request_control(job_id, request)
 
+    def postpone(self, job_id: str, *, version: int, due_at: float) -> bool:
+        return self.writes.postpone(job_id, version=version, due_at=due_at)
+
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal one step result under ``version``; fenced like ``commit``."""
         self.writes.record_step(job_id, version=version, owner=owner, key=key, value=value)
@@ -381,10 +384,7 @@ class RedisStorage:
         self.writes.release_lease(job_id, owner)
 
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
-        """Remove the job's keys and index entries in one script; ``False`` if it did not exist.
-
-        ``if_version``: delete only if the job is still at that version, else :class:`StaleVersionError`.
-        """
+        """Remove the job's keys and indexes in one script (``False``: none); ``if_version``: or StaleVersionError."""
         return self.writes.delete_job(job_id, if_version=if_version)
 
     def flow_store(self) -> Any:

@@ -230,6 +230,14 @@ class RecordWrites:
         self.conn.check_types(job_id, reply, f"requesting control of job {job_id!r}")
         return bool(reply)
 
+    def postpone(self, job_id: str, *, version: int, due_at: float) -> bool:
+        """Move a running job later in its due index if it is still at ``version`` (one script)."""
+        keys = self.conn.ordered_keys(job_id, ("record", "due"))
+        reply = self.conn.run(self.conn.scripts.postpone, keys, [str(version), repr(float(due_at)), job_id],
+                              f"postponing job {job_id!r}")
+        self.conn.check_types(job_id, reply, f"postponing job {job_id!r}")
+        return bool(reply)
+
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         """Journal one step result under ``version``; fenced like ``commit``."""
         self.record_step_and_publish(job_id, version=version, owner=owner, key=key, value=value, parts=())

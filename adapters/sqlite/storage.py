@@ -190,10 +190,16 @@ class SQLiteStorage(SQLiteReads):
         self._write(add, f"keeping a fenced-off answer of job {job_id!r}")
 
     def request_control(self, job_id: str, request: str | None) -> bool:
-        found: bool = self._write(lambda c: c.execute("UPDATE jobs SET control = ? WHERE job_id = ?",
-                                                      (request, job_id)).rowcount > 0,
-                                  f"requesting {request} of job {job_id!r}")
+        found: bool = self._write(lambda c: c.execute(  # a pause never replaces a stored cancel
+            "UPDATE jobs SET control = CASE WHEN ? = 'pause' AND control = 'cancel' THEN control ELSE ? END "
+            "WHERE job_id = ?", (request, request, job_id)).rowcount > 0, f"requesting {request} of job {job_id!r}")
         return found
+
+    def postpone(self, job_id: str, *, version: int, due_at: float) -> bool:
+        moved: bool = self._write(lambda c: c.execute(
+            "UPDATE jobs SET due_at = ? WHERE job_id = ? AND version = ? AND due_at IS NOT NULL AND due_at < ?",
+            (due_at, job_id, version, due_at)).rowcount > 0, f"postponing job {job_id!r}", durable=False)
+        return moved
 
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
         """Remove the job and everything it owns; with ``if_version``, only if it is still at that version

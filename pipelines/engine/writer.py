@@ -39,6 +39,7 @@ __all__ = [
     "add_dropped_usage",
     "apply",
     "delete",
+    "postpone",
     "publish_live",
     "record_step",
     "request_control",
@@ -149,6 +150,11 @@ def add_dropped_usage(storage: Storage, job_id: str, usage: Usage, *, token: str
 def request_control(storage: Storage, job_id: str, request: str | None) -> bool:
     """Store (or, with ``None``, clear) a pause/cancel request for the turn in flight to apply at its commit."""
     return storage.request_control(job_id, request)
+
+
+def postpone(storage: Storage, record: JobRecord, due_at: float) -> bool:
+    """Move ``record``'s job later in the due index (a deferred turn, no commit) while it is at its version."""
+    return storage.postpone(record.job_id, version=record.version, due_at=due_at)
 
 
 def send(storage: Storage, job_id: str, messages: Sequence[Message]) -> int | None:

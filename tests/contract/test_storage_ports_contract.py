@@ -167,6 +167,37 @@ def test_a_control_request_waits_beside_the_record_until_a_commit_clears_it(stor
     assert storage.request_control("nobody", "cancel") is False and storage.get_job("nobody") is None
 
 
+@covers("JobStore.request_control")
+def test_a_pause_never_replaces_a_stored_cancel(storage: Storage) -> None:
+    storage.create_job(record())
+    assert storage.request_control("job-1", "cancel") is True
+    assert storage.request_control("job-1", "pause") is True  # the job exists; the cancel stays
+    assert loaded(storage).control == "cancel"
+    assert storage.request_control("job-1", None) is True  # clearing still clears
+    assert storage.request_control("job-1", "pause") is True and loaded(storage).control == "pause"
+    assert storage.request_control("job-1", "cancel") is True and loaded(storage).control == "cancel"
+
+
+# --- a deferred turn's place in the due index ----------------------------------------------------
+@covers("JobStore.postpone", "JobIndex.due_jobs")
+def test_a_postponed_job_leaves_the_due_index_until_its_new_time(storage: Storage) -> None:
+    storage.create_job(record())  # due at 100
+    assert storage.due_jobs(150.0) == ["job-1"]
+    assert storage.postpone("job-1", version=2, due_at=200.0) is False  # another version: nothing moves
+    assert storage.postpone("job-1", version=1, due_at=50.0) is False  # never earlier
+    assert storage.due_jobs(150.0) == ["job-1"]
+    assert storage.postpone("job-1", version=1, due_at=200.0) is True
+    assert storage.due_jobs(150.0) == [] and storage.due_jobs(200.0) == ["job-1"]
+    assert loaded(storage).version == 1  # outside the version fence: the record is untouched
+    # A commit sets the due time it carries, whatever a deferral said.
+    rec = loaded(storage)
+    storage.commit(commit(rec, moved(rec)))
+    assert storage.due_jobs(150.0) == ["job-1"]
+    storage.create_job(record("done", status=JobStatus.COMPLETE))
+    assert storage.postpone("done", version=1, due_at=300.0) is False  # not due: nothing to move
+    assert storage.postpone("nobody", version=1, due_at=300.0) is False
+
+
 # --- the inbox ---------------------------------------------------------------------------------
 @covers("InboxStore.send", "InboxStore.inbox", "JobStore.commit")
 def test_sent_messages_wait_in_order_until_a_commit_takes_them(storage: Storage) -> None:

@@ -12,7 +12,7 @@ import pytest
 from adapters.memory.flow import DEADLINE_BASE, PLACE_BASE
 from adapters.redis import RedisStorage
 from adapters.redis.flow import RedisFlowStore
-from pipelines import Agent, App, JobStatus, tool
+from pipelines import Agent, App, JobStatus, RateLimit, tool
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError
 from pipelines.engine.runner import AdvanceResult
 from pipelines.testing import ScriptedModel, call, reply
@@ -190,3 +190,34 @@ def test_a_place_in_the_line_whose_job_stopped_asking_lapses_on_redis(store: Red
     time.sleep(1.6)
     assert store.take_slot("k", "c", limit=1, ttl=30.0, now=0.0) == 0.0
     assert store.line("k", 0.0) == [] and store.slots("k", 0.0) == ["c"]
+
+
+def test_a_deferred_turn_is_not_sent_again_by_every_sweep(redis_url: str) -> None:
+    from adapters.rq import RQScheduler
+
+    class Limited(ScriptedModel):
+        model = "slow-model"
+
+    storage = RedisStorage.from_url(redis_url, prefix="dp")
+    scheduler = RQScheduler.for_storage(storage, queue="dpq", app="tests.nowhere:app")
+    app = App(storage=storage, scheduler=scheduler, provenance=False,
+              agents=[Agent(name="a", model=Limited(lambda m: "ok"), stream=False)],
+              rate_limits=[RateLimit(model="slow-model", rpm=1)])  # one call a minute
+
+    def work_queue() -> None:  # a worker: run what is queued now
+        while scheduler.queue.job_ids:
+            rq_id = scheduler.queue.job_ids[0]
+            scheduler.queue.remove(rq_id)
+            app.advance(scheduler.fetch(rq_id).args[0])
+
+    app.run_agent("a", job_id="first", user="hi")
+    app.run_agent("a", job_id="second", user="hi")
+    work_queue()
+    assert app.get("second").status is JobStatus.RUNNING  # type: ignore[union-attr]  # deferred ~60 s
+    for _ in range(10):  # ten sweeps, as a worker makes in 20 s: the deferred job is not overdue
+        app.requeue_overdue(grace=0)
+        work_queue()
+    waiting = [i for i in scheduler.queue.scheduled_job_registry.get_job_ids() if "second" in i]
+    assert len(waiting) == 1  # one retry, not one more chain of retries per sweep
+    assert storage.due_jobs(time.time() + 30) == []  # due when the budget is back, not now
+    storage.close()

@@ -66,9 +66,9 @@ from adapters.redis.scripts.layout import (
     index_position,
 )
 from adapters.redis.scripts.lease import LOAD, RELEASE, RENEW, STATE
-from adapters.redis.scripts.record import CONTROL, DROPPED
+from adapters.redis.scripts.record import CONTROL, DROPPED, POSTPONE
 from adapters.redis.scripts.streams import ARCHIVE, EVENTS, PUBLISH, READ_LIVE
 
 __all__ = ["ARCHIVE", "COMMIT", "COMMIT_ARGS", "CONTROL", "CREATE", "CREATE_ARGS", "DELETE", "DROPPED", "EVENTS",
-           "INDEX_ROLES", "LOAD", "PUBLISH", "READ_LIVE", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW", "SEND",
-           "STATE", "UPGRADE_RECORDS", "ArgLayout", "index_position"]
+           "INDEX_ROLES", "LOAD", "POSTPONE", "PUBLISH", "READ_LIVE", "RECORD_STEP", "REINDEX", "RELEASE", "RENEW",
+           "SEND", "STATE", "UPGRADE_RECORDS", "ArgLayout", "index_position"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from adapters.redis.scripts.functions import TOKENS_FN, TYPES_FN
 
-__all__ = ["CONTROL", "DROPPED"]
+__all__ = ["CONTROL", "DROPPED", "POSTPONE"]
 
 # KEYS: record; ARGV: request ('' = clear)
 # Reply: 1 stored, 0 unknown job. Only the 'control' field is written: the
@@ -17,7 +17,20 @@ CONTROL = TYPES_FN + """
 local bad = wrong_type({KEYS[1], 'record', 'hash'})
 if bad then return bad end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] == 'pause' and redis.call('HGET', KEYS[1], 'control') == 'cancel' then return 1 end  -- the cancel stays
 if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'control') else redis.call('HSET', KEYS[1], 'control', ARGV[1]) end
+return 1
+"""
+
+# KEYS: record, the due index of its bucket; ARGV: version, due_at, job_id. Reply: 1 moved, 0 not (the job
+# moved on, is not due, or is due later already). A deferred turn's later place in the due index.
+POSTPONE = TYPES_FN + """
+local bad = wrong_type({KEYS[1], 'record', 'hash', KEYS[2], 'due', 'zset'})
+if bad then return bad end
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then return 0 end
+local due = redis.call('ZSCORE', KEYS[2], ARGV[3])
+if not due or tonumber(due) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[3])
 return 1
 """
 

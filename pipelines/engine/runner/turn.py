@@ -180,11 +180,16 @@ class _LeasedJob:
     def defer(self, record: JobRecord, delay: float, why: str) -> AdvanceResult:
         """Run the same turn again after ``delay``, committing nothing (flow control: no attempt spent).
 
-        The due index still holds the job, so if this message is lost the
-        sweep finds it (I7). A fresh queue message (no version in its id):
-        the one running now carries this turn's version.
+        The job's place in the due index moves to when the retry is due: the sweep finds it
+        overdue only if this message is lost (I7), not at every pass while it waits (each of
+        its sends would start one more chain of deferrals). A fresh queue message (no version
+        in its id): the one running now carries this turn's version.
         """
         logger.info("job %s: deferred %.2fs (%s)", record.job_id, delay, why)
+        try:
+            writer.postpone(self.storage, record, self.scheduler.now() + delay)
+        except PipelineError as exc:  # the sweep may send it again meanwhile: extra advances, never a lost one
+            logger.warning("job %s: could not move it later in the due index: %s", record.job_id, exc)
         self.scheduler.schedule_advance(record.job_id, delay, pipeline=record.pipeline)
         return AdvanceResult.DEFERRED
 
