@@ -158,7 +158,7 @@ def _at_boundary(job_id: str, storage: Storage, scheduler: Scheduler, kind: str,
 def _apply_held(record: JobRecord, storage: Storage, scheduler: Scheduler, kind: str, build: Build, owner: str,
                 requested: bool) -> JobRecord:
     if record.status is not JobStatus.RUNNING:
-        if requested and record.control is not None:
+        if requested and record.control == kind:  # its own request (another caller's cancel stays)
             writer.request_control(storage, record.job_id, None)
         # The turn in flight ended otherwise (in a wait, say): the request applies as it would have to a
         # job found so from the start (pause_job / cancel_job), not refused for a race it did not lose.

@@ -90,6 +90,23 @@ def test_a_pause_past_its_wait_stays_requested_and_lands_when_the_turn_commits()
     assert [m["content"] for m in storage.messages("j")] == ["turn 0"]
 
 
+def test_a_pause_asked_after_a_pending_cancel_does_not_replace_it() -> None:
+    storage, scheduler, entered, release, ran = slow_job()
+    worker = in_flight(scheduler, entered)
+    try:
+        assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
+        # A second operator pauses meanwhile: the job still ends cancelled, never paused (and resumable).
+        assert pause_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
+    finally:
+        release.set()
+        worker.join(5)
+    scheduler.drain()
+    job = storage.get_job("j")
+    assert job.status is JobStatus.CANCELLED and ran == [0]
+    with pytest.raises(JobConflictError, match="only a paused job can be resumed"):
+        resume_job("j", storage=storage, scheduler=scheduler)
+
+
 def test_a_cancel_requested_during_continue_for_lands_at_the_next_boundary() -> None:
     from pipelines.app import App
 
