@@ -105,16 +105,16 @@ class Controls:
         for job_id in self.storage.due_jobs(self.scheduler.now() - grace, limit=limit):
             try:
                 done.append((job_id, self.advance(job_id)))
-            except PipelineError as exc:
+            except Exception as exc:  # one job that cannot be advanced never stops the sweep
                 done.append((job_id, AdvanceResult.UNREACHED))
-                logger.error("sweep: job %s: %s", job_id, exc)
+                logger.error("sweep: job %s: %s", job_id, exc, exc_info=not isinstance(exc, PipelineError))
         for parent in children.ready_parents(self.storage, limit=limit):
             # A parent whose children finished but whose wake-up was lost (pipelines.engine.children).
             try:
                 done.append((parent.job_id, self.advance(parent.job_id)))
-            except PipelineError as exc:
+            except Exception as exc:  # as above
                 done.append((parent.job_id, AdvanceResult.UNREACHED))
-                logger.error("sweep: parent %s: %s", parent.job_id, exc)
+                logger.error("sweep: parent %s: %s", parent.job_id, exc, exc_info=not isinstance(exc, PipelineError))
         self._sweep_retention()
         return done
 

@@ -22,6 +22,8 @@ from pipelines import (
     Agent,
     App,
     Done,
+    Fail,
+    FailJob,
     JobStatus,
     Next,
     Phase,
@@ -29,6 +31,7 @@ from pipelines import (
     RetryLater,
     Tool,
     ToolContext,
+    WaitForInput,
     run_agent,
     run_pipeline,
     tool,
@@ -683,6 +686,58 @@ def test_a_bad_next_delay_is_rejected_and_a_phase_returning_it_fails_the_job(bad
     assert job.checkpoint is not None and job.checkpoint.state == {"n": 1} and storage.messages("j") == []
 
 
+@pytest.mark.parametrize(
+    ("ending", "error"),
+    [
+        pytest.param(lambda: Fail(ValueError("upstream said no")), "ValueError: upstream said no", id="fail-exception"),
+        pytest.param(lambda: Fail(42), "Fail(error) takes a message (a string) or an exception, got int",
+                     id="fail-int"),
+        pytest.param(lambda: _raise(FailJob(RuntimeError("card declined"))), "RuntimeError: card declined",
+                     id="failjob-exception"),
+        pytest.param(lambda: _raise(WaitForInput("ok?", details=[1])), "WaitForInput(details=) must be a dict",
+                     id="wait-details-list"),
+        pytest.param(lambda: _raise(WaitForInput(None)), "WaitForInput(reason) must be a string", id="wait-reason"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_phase_ending_with_a_wrong_type_fails_its_job_once(ending: Any, error: str) -> None:
+    storage, scheduler, _ = memory()
+    effects: list[int] = []
+
+    def a(ctx: PhaseContext[Any]) -> Any:
+        effects.append(1)  # a side effect: it must not run again at every sweep
+        return ending()
+
+    run_pipeline(job_id="j", phases=[Phase("a", a)], storage=storage, scheduler=scheduler, initial_state={"n": 1})
+    scheduler.drain()
+    job = storage.get_job("j")
+    assert job is not None and job.status is JobStatus.ERROR and error in (job.error or "")
+    assert storage.due_jobs(math.inf) == [] and effects == [1]
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+def test_the_sweep_goes_on_past_a_job_it_cannot_advance(monkeypatch: pytest.MonkeyPatch) -> None:
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, provenance=False,
+              pipelines={"p": [Phase("a", done_phase)]})
+    for job in ("a-bad", "b-good", "c-good"):
+        app.run_pipeline("p", job_id=job, initial_state={})
+    scheduler.drop_all()  # the queue lost the messages: the sweep is the safety net (I7)
+    advance = app.controls.advance
+
+    def broken(job_id: str) -> Any:
+        if job_id == "a-bad":
+            raise TypeError("a bug no check caught")
+        return advance(job_id)
+
+    monkeypatch.setattr(app.controls, "advance", broken)
+    done = dict(app.advance_due())
+    assert done["a-bad"] is AdvanceResult.UNREACHED
+    assert done["b-good"] is AdvanceResult.COMPLETED and done["c-good"] is AdvanceResult.COMPLETED
+
+
 @pytest.mark.parametrize("bad", [True, False, math.nan, "5", None], ids=repr)
 def test_a_bad_retry_later_delay_is_an_invalid_input_error(bad: Any) -> None:
     with pytest.raises(InvalidInputError, match="RetryLater needs a delay in seconds"):
@@ -952,3 +1007,24 @@ def test_a_schedulers_own_unavailable_error_keeps_its_message_when_the_commit_is
     with pytest.raises(StorageUnavailableError, match=r"broker amqp://mq unreachable; the job's commit is written"):
         run_pipeline(job_id="j", phases=[Phase("a", done_phase)], storage=storage, scheduler=DownScheduler())
     assert storage.get_job("j") is not None
+
+
+def test_an_outcome_no_commit_can_be_built_of_fails_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.engine.runner import turn
+
+    storage, scheduler, _ = memory()
+    after_phase = turn.transitions.after_phase
+    calls: list[int] = []
+
+    def broken(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the phase's own outcome; the failure built next goes through
+            raise TypeError("unhashable type: 'list'")
+        return after_phase(*args, **kw)
+
+    monkeypatch.setattr(turn.transitions, "after_phase", broken)
+    run_pipeline(job_id="j", phases=ONE, storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    job = storage.get_job("j")
+    assert job is not None and job.status is JobStatus.ERROR
+    assert "could not be committed: no commit could be built of it: TypeError: unhashable type" in (job.error or "")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.engine.contain import describe
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import NO_USAGE, Event, LogEntry, Message, Usage
 
@@ -51,9 +52,15 @@ class Done:
 
 @dataclass(frozen=True)
 class Fail:
-    """The job ends in status ``error`` with ``error``; the last good checkpoint is kept."""
+    """The job ends in status ``error`` with ``error``; the last good checkpoint is kept.
+
+    ``error``: a message; an exception is taken as ``"<type>: <message>"``.
+    """
 
     error: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "error", _error_text(self.error, "Fail"))
 
 
 Outcome = Next | Done | Fail
@@ -83,6 +90,14 @@ class WaitForInput(Exception):  # noqa: N818 - a control signal, not an error
     """
 
     def __init__(self, reason: str, *, call_id: str | None = None, details: dict[str, Any] | None = None) -> None:
+        # Checked here, in the phase or tool that raises it: a wrong type caught only when the wait is
+        # committed would leave the job running and due, its side effects run again at every sweep (I9).
+        if not isinstance(reason, str):
+            raise InvalidInputError(f"WaitForInput(reason) must be a string, got {type(reason).__name__}")
+        if call_id is not None and not isinstance(call_id, str):
+            raise InvalidInputError(f"WaitForInput(call_id=) must be a string or None, got {type(call_id).__name__}")
+        if details is not None and not isinstance(details, dict):
+            raise InvalidInputError(f"WaitForInput(details=) must be a dict or None, got {type(details).__name__}")
         super().__init__(reason)
         self.reason = reason
         self.call_id = call_id
@@ -93,8 +108,18 @@ class FailJob(Exception):  # noqa: N818 - a control signal, not an error
     """Raised by a tool or step to fail the whole job on purpose with ``error``."""
 
     def __init__(self, error: str) -> None:
+        error = _error_text(error, "FailJob")
         super().__init__(error)
         self.error = error
+
+
+def _error_text(error: object, what: str) -> str:
+    """A failure's message: a string as it is, an exception as ``"<type>: <message>"``; else refused."""
+    if isinstance(error, str):
+        return error
+    if isinstance(error, BaseException):
+        return describe(error)
+    raise InvalidInputError(f"{what}(error) takes a message (a string) or an exception, got {type(error).__name__}")
 
 
 class PhaseOutput:

@@ -16,6 +16,7 @@ from typing import Any
 from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions, writer
 from pipelines.engine.capabilities import Feature, as_feature
+from pipelines.engine.contain import describe
 from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, PipelineError, StaleVersionError
 from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
@@ -255,11 +256,18 @@ class _LeasedJob:
         """
         out = ctx.take_output()
         now = self.scheduler.now()
-        commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now, keep_lease=keep_lease())
         try:
+            try:
+                commit = transitions.after_phase(rec, outcome, out, owner=self.owner, now=now,
+                                                 keep_lease=keep_lease())
+            except PipelineError:
+                raise
+            except Exception as exc:  # a value no check caught (a user's subclass, say): not a worker's crash
+                logger.warning("job %s: no commit could be built of its outcome", rec.job_id, exc_info=True)
+                raise InvalidInputError(f"no commit could be built of it: {describe(exc)}") from exc
             return self.apply_outcome(rec, commit, outcome, out, now)
         except InvalidInputError as exc:
-            # What the phase produced cannot be stored (too large, not JSON):
+            # What the phase produced cannot be stored (too large, not JSON), or no commit could be built of it:
             # the job ends in error saying so, rather than staying due forever
             # while every sweep runs the phase into the same wall (I9).
             failed = Fail(f"the outcome of phase {ctx.phase!r} could not be committed: {exc}")
