@@ -16,12 +16,18 @@ provider), spans (or metrics) cost one provider lookup: the API's no-op
 objects would record nothing, so they are not built. Configure the SDK
 (exporters, sampling) in your app module as usual, before or after the
 library's first turn; the library only uses the API.
+
+Telemetry never changes what a job does: whatever the SDK, a span processor
+or an exporter raises while a span starts, is annotated or ends is logged
+(once per kind of failure, per process) and swallowed; the turn goes on
+without that span.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -45,6 +51,18 @@ ENV = "PIPELINES_OTEL"
 
 _NAME = "phaserunner"
 
+logger = logging.getLogger(__name__)
+_REPORTED: set[str] = set()  # the kinds of telemetry failure logged already (each is logged once)
+
+
+def _broken(what: str, exc: Exception) -> None:
+    """The SDK or a span processor / exporter raised while ``what``: log it the first time, then swallow it."""
+    if what in _REPORTED:
+        return
+    _REPORTED.add(what)
+    logger.warning("telemetry: %s raised %s; the job goes on without it (logged once, not per turn)", what,
+                   type(exc).__name__, exc_info=exc)
+
 
 class _Otel:
     """The API modules and instruments, looked up once (or found absent once)."""
@@ -52,6 +70,7 @@ class _Otel:
     def __init__(self) -> None:
         self.trace: Any = None
         self.propagate: Any = None
+        self.context: Any = None
         self.metrics: Any = None
         self.instruments: dict[str, Any] = {}
         # Providers that record nothing: while the global one is one of these, spans (metrics) are skipped.
@@ -68,6 +87,7 @@ class _Otel:
         try:
             self.trace = importlib.import_module("opentelemetry.trace")
             self.propagate = importlib.import_module("opentelemetry.propagate")
+            self.context = importlib.import_module("opentelemetry.context")
             metrics = importlib.import_module("opentelemetry.metrics")
         except ImportError:
             self.trace = None
@@ -130,27 +150,77 @@ def run_context(job_id: str, pipeline: str) -> dict[str, str] | None:
     otel = _get()
     if otel.trace is None:
         return None
-    tracer = otel.trace.get_tracer(_NAME)
-    with tracer.start_as_current_span(f"run {pipeline}", kind=otel.trace.SpanKind.PRODUCER,
-                                      attributes={"phaserunner.job_id": job_id, "phaserunner.pipeline": pipeline}):
-        carrier: dict[str, str] = {}
-        otel.propagate.inject(carrier)
+    carrier: dict[str, str] = {}
+    run = _start(otel, f"run {pipeline}", {"phaserunner.job_id": job_id, "phaserunner.pipeline": pipeline}, None,
+                 "PRODUCER")
+    if run is None:
+        return carrier
+    try:
+        otel.propagate.inject(carrier, context=otel.trace.set_span_in_context(run))
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("storing the trace context", exc)
+    _end(run)
     return carrier
+
+
+def _start(otel: _Otel, name: str, attributes: Mapping[str, Any] | None, parent: Mapping[str, str] | None,
+           kind: str) -> Any:
+    """A started span, not yet current; ``None`` if the SDK or a span processor raised."""
+    try:
+        ctx = otel.propagate.extract(dict(parent)) if parent else None
+        return otel.trace.get_tracer(_NAME).start_span(name, context=ctx, kind=getattr(otel.trace.SpanKind, kind),
+                                                       attributes=dict(attributes or {}))
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("starting a span", exc)
+        return None
+
+
+def _end(current: Any) -> None:
+    try:
+        current.end()
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("ending a span", exc)
 
 
 @contextlib.contextmanager
 def span(name: str, attributes: Mapping[str, Any] | None = None, *, parent: Mapping[str, str] | None = None,
          kind: str = "INTERNAL") -> Iterator[Any]:
-    """A span (a child of ``parent``, a stored W3C context, when given); yields ``None`` when off."""
+    """A span (a child of ``parent``, a stored W3C context, when given); yields ``None`` when off.
+
+    An exception from the block marks the span failed (see :func:`record_error`) and propagates; one from
+    the SDK or a span processor is logged and swallowed (the block runs without the span, or it ends unended).
+    """
     otel = _get()
     if otel.trace is None or (not parent and not otel.tracing()):
         yield None
         return
-    ctx = otel.propagate.extract(dict(parent)) if parent else None
-    tracer = otel.trace.get_tracer(_NAME)
-    with tracer.start_as_current_span(name, context=ctx, kind=getattr(otel.trace.SpanKind, kind),
-                                      attributes=dict(attributes or {})) as current:
+    current = _start(otel, name, attributes, parent, kind)
+    if current is None:
+        yield None
+        return
+    token = None
+    try:
+        token = otel.context.attach(otel.trace.set_span_in_context(current))
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("making a span current", exc)
+    try:
         yield current
+    except Exception as exc:  # not a BaseException: a crash or an interrupt is not the operation's error
+        _failed(current, exc)
+        raise
+    finally:
+        if token is not None:
+            otel.context.detach(token)  # the API's detach logs and swallows its own failures
+        _end(current)
+
+
+def _failed(current: Any, exc: Exception) -> None:
+    """Mark ``current`` failed by ``exc``: an exception event and status ERROR."""
+    try:
+        current.record_exception(exc)
+        current.set_status(_get().trace.Status(_get().trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    except Exception as broken:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("marking a span failed", broken)
 
 
 def _idle(parent: Mapping[str, str] | None) -> bool:
@@ -196,19 +266,22 @@ def record_model(current: Any, *, model: str | None, input_tokens: int, output_t
     otel = _get()
     if otel.trace is None:
         return
-    if current is not None:
-        current.set_attribute("gen_ai.usage.input_tokens", input_tokens)
-        current.set_attribute("gen_ai.usage.output_tokens", output_tokens)
-        if finish_reason:
-            current.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
-    if not otel.metering():
-        return
-    attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""}
-    otel.instruments["model_time"].record(time.monotonic() - started, attrs)
-    otel.instruments["tokens"].record(input_tokens, {**attrs, "gen_ai.token.type": "input"})
-    otel.instruments["tokens"].record(output_tokens, {**attrs, "gen_ai.token.type": "output"})
-    if cost_usd:
-        otel.instruments["cost"].add(cost_usd, attrs)
+    try:
+        if current is not None:
+            current.set_attribute("gen_ai.usage.input_tokens", input_tokens)
+            current.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+            if finish_reason:
+                current.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+        if not otel.metering():
+            return
+        attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""}
+        otel.instruments["model_time"].record(time.monotonic() - started, attrs)
+        otel.instruments["tokens"].record(input_tokens, {**attrs, "gen_ai.token.type": "input"})
+        otel.instruments["tokens"].record(output_tokens, {**attrs, "gen_ai.token.type": "output"})
+        if cost_usd:
+            otel.instruments["cost"].add(cost_usd, attrs)
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("recording a model call", exc)
 
 
 def record_turn(current: Any, *, pipeline: str, result: str, seconds: float) -> None:
@@ -216,21 +289,27 @@ def record_turn(current: Any, *, pipeline: str, result: str, seconds: float) -> 
     otel = _get()
     if otel.trace is None:
         return
-    if current is not None:
-        current.set_attribute("phaserunner.result", result)
-    if not otel.metering():
-        return
-    attrs = {"phaserunner.pipeline": pipeline, "phaserunner.result": result}
-    otel.instruments["turns"].add(1, attrs)
-    otel.instruments["turn_time"].record(seconds, attrs)
-    if result == "failed":
-        otel.instruments["failures"].add(1, attrs)
-    elif result == "retry_later":
-        otel.instruments["retries"].add(1, attrs)
+    try:
+        if current is not None:
+            current.set_attribute("phaserunner.result", result)
+        if not otel.metering():
+            return
+        attrs = {"phaserunner.pipeline": pipeline, "phaserunner.result": result}
+        otel.instruments["turns"].add(1, attrs)
+        otel.instruments["turn_time"].record(seconds, attrs)
+        if result == "failed":
+            otel.instruments["failures"].add(1, attrs)
+        elif result == "retry_later":
+            otel.instruments["retries"].add(1, attrs)
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("recording a turn", exc)
 
 
 def record_backlog(due: int) -> None:
     """The number of jobs the sweep found due (and not advanced by the queue)."""
     otel = _get()
-    if otel.metering():
-        otel.instruments["backlog"].set(due)
+    try:
+        if otel.metering():
+            otel.instruments["backlog"].set(due)
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("recording the backlog", exc)

@@ -10,17 +10,34 @@ import pytest
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pipelines import Agent, App, tool
+from pipelines import Agent, App, Done, Phase, tool
 from pipelines.engine import telemetry
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 
 _EXPORTER = InMemorySpanExporter()
 _READER = InMemoryMetricReader()
+
+
+class _Breaking(SpanProcessor):
+    """A span processor that raises, as a broken exporter plug-in may, in ``on_start`` or ``on_end`` when told to."""
+
+    mode = ""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.mode == "start":
+            raise RuntimeError("exporter plug-in broke")
+
+    def on_end(self, span: Any) -> None:
+        if self.mode == "end":
+            raise RuntimeError("exporter plug-in broke")
+
+
+_BREAKING = _Breaking()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,6 +47,7 @@ def _providers() -> Iterator[None]:
     if not isinstance(provider, TracerProvider):
         provider = TracerProvider()
         trace.set_tracer_provider(provider)
+    provider.add_span_processor(_BREAKING)
     provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
     metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
     telemetry.reset()
@@ -92,6 +110,26 @@ def test_two_jobs_are_two_traces_and_the_metrics_count_turns_and_tokens() -> Non
     assert "gen_ai.client.operation.duration" in points and "phaserunner.turn.duration" in points
 
 
+@pytest.mark.parametrize("mode", ["start", "end"])
+def test_a_span_processor_that_raises_changes_nothing_a_job_does(mode: str, caplog: pytest.LogCaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "_REPORTED", set(), raising=False)  # what earlier tests logged is forgotten
+    _BREAKING.mode = mode  # broken from before the jobs start to after they end: every span of theirs meets it
+    try:
+        agent = run_agent_job(f"broken-{mode}")  # two turns, two model calls, two tool calls
+        storage, scheduler, _ = memory()
+        app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("x", lambda ctx: Done(result=1))]})
+        app.run_pipeline("p", job_id=f"broken-p-{mode}", initial_state={})
+        scheduler.drain()
+    finally:
+        _BREAKING.mode = ""
+    assert agent.get(f"broken-{mode}").record.status.value == "complete"
+    assert agent.get(f"broken-{mode}").record.error is None
+    assert app.get(f"broken-p-{mode}").record.status.value == "complete"
+    logged = [r for r in caplog.records if r.name == telemetry.__name__]
+    assert len(logged) == 1 and "logged once" in logged[0].getMessage(), logged  # once, not per span or turn
+
+
 def test_off_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(telemetry.ENV, "0")
     telemetry.reset()
@@ -109,7 +147,7 @@ _LATE_PROVIDER = r'''
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
