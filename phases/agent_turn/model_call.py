@@ -113,8 +113,9 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     notify("model", ctx.job_id, str(turn))
     started = time.monotonic()
     # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
-    with telemetry.model_span(None) as current, \
-            flow_limits.limited_call(ctx.env.active_flow(), model, messages) as settle:
+    # The span opens once the call is allowed: a call deferred by the rate limit never happened.
+    with flow_limits.limited_call(ctx.env.active_flow(), model, messages) as settle, \
+            telemetry.model_span(None) as current:
         response = resolve(model.complete(request))
         if not isinstance(response, ModelResponse):
             response = ModelResponse.model_validate(response)

@@ -13,8 +13,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
-from pipelines import Agent, App, Done, Phase, tool
+from pipelines import Agent, App, Done, Phase, RateLimit, tool
 from pipelines.engine import telemetry
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
@@ -128,6 +129,27 @@ def test_a_span_processor_that_raises_changes_nothing_a_job_does(mode: str, capl
     assert app.get(f"broken-p-{mode}").record.status.value == "complete"
     logged = [r for r in caplog.records if r.name == telemetry.__name__]
     assert len(logged) == 1 and "logged once" in logged[0].getMessage(), logged  # once, not per span or turn
+
+
+class _Named(ScriptedModel):
+    model = "scripted"  # a name a RateLimit can match
+
+
+def test_a_model_call_the_rate_limit_defers_makes_no_model_span() -> None:
+    storage, scheduler, _ = memory()
+    model = _Named(["one", "two"])
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=model)],
+              rate_limits=[RateLimit(model="scripted", rpm=1)])
+    app.run_agent("a", job_id="r1", messages=["hi"])
+    app.run_agent("a", job_id="r2", messages=["hi"])
+    scheduler.run_next()
+    scheduler.run_next()  # one request a minute: this turn is deferred before its model is called
+    assert len(model.calls) == 1
+    spans = _EXPORTER.get_finished_spans()
+    chats = [s for s in spans if s.name.startswith("chat")]
+    assert len(chats) == 1 and chats[0].status.status_code is StatusCode.UNSET, chats  # the call made, only
+    deferred = [s for s in spans if s.attributes.get("phaserunner.result") == "deferred"]
+    assert len(deferred) == 1 and deferred[0].status.status_code is StatusCode.UNSET
 
 
 def test_off_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
