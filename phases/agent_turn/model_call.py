@@ -114,19 +114,17 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     started = time.monotonic()
     # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
     # The span opens once the call is allowed: a call deferred by the rate limit never happened.
+    requested, provider = flow_limits.model_name(model), telemetry.provider_of(model)
     with flow_limits.limited_call(ctx.env.active_flow(), model, messages) as settle, \
-            telemetry.model_span(None) as current:
+            telemetry.model_span(requested, provider) as current:
         response = resolve(model.complete(request))
         if not isinstance(response, ModelResponse):
             response = ModelResponse.model_validate(response)
         settle(response.usage.total_tokens)
-        if current is not None and response.model:
-            current.update_name(f"chat {response.model}")
-            current.set_attribute("gen_ai.request.model", response.model)
         usage = response.usage
         telemetry.record_model(current, model=response.model, input_tokens=usage.prompt_tokens,
                                output_tokens=usage.completion_tokens, finish_reason=response.finish_reason,
-                               cost_usd=usage.cost_usd, started=started)
+                               cost_usd=usage.cost_usd, started=started, request_model=requested, provider=provider)
     message = dict(response.message)
     message.setdefault("role", "assistant")
     # Tool call ids key the journal and the idempotency key: fixed here (unique

@@ -3,10 +3,13 @@
 One trace per job, across workers: starting a job opens a ``run`` span and
 stores its W3C trace context on the record (``record.trace``); every turn,
 on whichever worker, is a span in that trace, and so are the model call
-(GenAI semantic conventions: ``chat <model>``, ``gen_ai.request.model``,
-``gen_ai.usage.input_tokens`` / ``output_tokens``,
-``gen_ai.response.finish_reasons``) and each tool call (``execute_tool
-<name>``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``). Metrics: turns,
+(GenAI semantic conventions: ``chat <model>``, ``gen_ai.request.model`` (the
+model asked for), ``gen_ai.response.model`` (the one the answer names),
+``gen_ai.provider.name`` (a litellm model's provider; left out for other
+models), ``gen_ai.usage.input_tokens`` / ``output_tokens``,
+``gen_ai.response.finish_reasons``; none for a call the rate limit defers)
+and each tool call (``execute_tool <name>``, ``gen_ai.tool.name``,
+``gen_ai.tool.call.id``). Metrics: turns,
 turn and model latency, tokens, cost, retries, failures, the due backlog.
 
 Without the package (or with ``PIPELINES_OTEL=0``) every function here is a
@@ -37,6 +40,7 @@ __all__ = [
     "ENV",
     "enabled",
     "model_span",
+    "provider_of",
     "record_backlog",
     "record_model",
     "record_turn",
@@ -244,12 +248,41 @@ def turn_span(job_id: str, pipeline: str, phase: str, *, trace: Mapping[str, str
     }, parent=trace, kind="CONSUMER")
 
 
-def model_span(model: str | None) -> contextlib.AbstractContextManager[Any]:
-    """A GenAI ``chat`` span around one model call (its attributes are completed by :func:`record_model`)."""
+def model_span(model: str | None, provider: str | None = None) -> contextlib.AbstractContextManager[Any]:
+    """A GenAI ``chat <model>`` span around one model call (its attributes are completed by :func:`record_model`).
+
+    ``model``: the model requested (``gen_ai.request.model``; unknown: the span is named ``chat`` until the
+    answer names its model); ``provider``: ``gen_ai.provider.name`` when known (:func:`provider_of`).
+    """
     if _idle(None):
         return _NO_SPAN
-    return span(f"chat {model or 'model'}", {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""},
-                kind="CLIENT")
+    attrs = {"gen_ai.operation.name": "chat"}
+    if model:
+        attrs["gen_ai.request.model"] = model
+    if provider:
+        attrs["gen_ai.provider.name"] = provider
+    return span(f"chat {model}" if model else "chat", attrs, kind="CLIENT")
+
+
+# litellm's provider prefixes whose GenAI convention name differs or is dotted; any other prefix is kept as it is.
+_PROVIDERS = {"bedrock": "aws.bedrock", "bedrock_converse": "aws.bedrock", "azure": "azure.ai.openai",
+              "azure_ai": "azure.ai.inference", "gemini": "gcp.gemini", "vertex_ai": "gcp.vertex_ai",
+              "vertex_ai_beta": "gcp.vertex_ai", "mistral": "mistral_ai", "xai": "x_ai", "watsonx": "ibm.watsonx.ai",
+              "moonshot": "moonshot_ai"}
+
+
+def provider_of(model: object) -> str | None:
+    """``gen_ai.provider.name`` for a model: that of a litellm model string's prefix (``"openai/gpt-4o"`` ->
+    ``"openai"``, ``"bedrock/..."`` -> ``"aws.bedrock"``); ``None`` for a string without one, or any other model
+    (the library does not guess which provider a custom model calls), and whenever telemetry is off."""
+    litellm = ("phases.litellm_model", "LiteLLMModel")
+    if _get().trace is None or not any((c.__module__, c.__name__) == litellm for c in type(model).__mro__):
+        return None
+    name = getattr(model, "model", None)
+    if not isinstance(name, str) or "/" not in name:
+        return None
+    prefix = name.split("/", 1)[0].strip().lower()
+    return _PROVIDERS.get(prefix, prefix) or None
 
 
 def tool_span(name: str, call_id: str) -> contextlib.AbstractContextManager[Any]:
@@ -261,20 +294,31 @@ def tool_span(name: str, call_id: str) -> contextlib.AbstractContextManager[Any]
 
 
 def record_model(current: Any, *, model: str | None, input_tokens: int, output_tokens: int,
-                 finish_reason: str | None, cost_usd: float, started: float) -> None:
-    """Finish a model span's attributes and record the model metrics."""
+                 finish_reason: str | None, cost_usd: float, started: float, request_model: str | None = None,
+                 provider: str | None = None) -> None:
+    """Finish a model span's attributes and record the model metrics.
+
+    ``model``: the model the answer names (``gen_ai.response.model``); ``request_model`` and ``provider``: as
+    given to :func:`model_span`. A span whose requested model was unknown is named after the answering one.
+    """
     otel = _get()
     if otel.trace is None:
         return
     try:
         if current is not None:
+            if model:
+                current.set_attribute("gen_ai.response.model", model)
+                if not request_model:
+                    current.update_name(f"chat {model}")
             current.set_attribute("gen_ai.usage.input_tokens", input_tokens)
             current.set_attribute("gen_ai.usage.output_tokens", output_tokens)
             if finish_reason:
                 current.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
         if not otel.metering():
             return
-        attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model or ""}
+        attrs = {key: value for key, value in (
+            ("gen_ai.operation.name", "chat"), ("gen_ai.request.model", request_model),
+            ("gen_ai.response.model", model), ("gen_ai.provider.name", provider)) if value}
         otel.instruments["model_time"].record(time.monotonic() - started, attrs)
         otel.instruments["tokens"].record(input_tokens, {**attrs, "gen_ai.token.type": "input"})
         otel.instruments["tokens"].record(output_tokens, {**attrs, "gen_ai.token.type": "output"})

@@ -15,8 +15,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from phases.litellm_model import LiteLLMModel
+from phases.model import ModelRequest, ModelResponse
 from pipelines import Agent, App, Done, Phase, RateLimit, tool
 from pipelines.engine import telemetry
+from pipelines.engine.errors import PermanentModelError
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 
@@ -89,7 +92,8 @@ def test_every_turn_model_call_and_tool_call_is_a_span_of_the_jobs_one_trace() -
     turns = {s.context.span_id for s in by_name["turn support"]}
     assert all(s.parent.span_id in turns for s in by_name["chat scripted"] + by_name["execute_tool lookup"])
     chat = by_name["chat scripted"][0].attributes
-    assert chat["gen_ai.operation.name"] == "chat" and chat["gen_ai.request.model"] == "scripted"
+    assert chat["gen_ai.operation.name"] == "chat" and chat["gen_ai.response.model"] == "scripted"
+    assert "gen_ai.request.model" not in chat and "gen_ai.provider.name" not in chat  # a ScriptedModel names neither
     assert chat["gen_ai.usage.input_tokens"] > 0 and chat["gen_ai.response.finish_reasons"] == ("tool_calls",)
     tool_attrs = by_name["execute_tool lookup"][0].attributes
     assert tool_attrs["gen_ai.tool.name"] == "lookup" and tool_attrs["gen_ai.tool.call.id"]
@@ -152,6 +156,48 @@ def test_a_model_call_the_rate_limit_defers_makes_no_model_span() -> None:
     assert len(deferred) == 1 and deferred[0].status.status_code is StatusCode.UNSET
 
 
+class _Refused(LiteLLMModel):
+    """A litellm model its provider refuses, as a bad request is refused (no network)."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        raise PermanentModelError(f"bad request to model {self.model}: nope")
+
+
+def test_a_failed_model_calls_span_names_the_model_requested_and_its_provider() -> None:
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="b", model=_Refused("openai/gpt-4o"))])
+    app.run_agent("b", job_id="refused", messages=["hi"])
+    scheduler.drain()
+    assert app.get("refused").record.status.value == "error"
+    (chat,) = [s for s in _EXPORTER.get_finished_spans() if s.name.startswith("chat")]
+    assert chat.name == "chat openai/gpt-4o" and chat.status.status_code is StatusCode.ERROR
+    assert chat.attributes["gen_ai.request.model"] == "openai/gpt-4o"
+    assert chat.attributes["gen_ai.provider.name"] == "openai"
+
+
+class _Acme(ScriptedModel):
+    model = "acme/large"  # a custom model: its provider is not guessed from the name
+
+
+def test_the_answering_model_is_gen_ai_response_model_beside_the_model_requested() -> None:
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=_Acme(["hi"]))])
+    app.run_agent("a", job_id="acme", messages=["hi"])
+    scheduler.drain()
+    (chat,) = [s for s in _EXPORTER.get_finished_spans() if s.name.startswith("chat")]
+    assert chat.name == "chat acme/large" and chat.attributes["gen_ai.request.model"] == "acme/large"
+    assert chat.attributes["gen_ai.response.model"] == "scripted"  # what the answer says answered
+    assert "gen_ai.provider.name" not in chat.attributes
+
+
+@pytest.mark.parametrize(("model", "provider"), [
+    (LiteLLMModel("openai/gpt-4o"), "openai"), (LiteLLMModel("bedrock/anthropic.claude-3"), "aws.bedrock"),
+    (LiteLLMModel("vertex_ai/gemini-pro"), "gcp.vertex_ai"), (LiteLLMModel("ollama/llama3"), "ollama"),
+    (LiteLLMModel("gpt-4o"), None), (_Acme(["hi"]), None)])
+def test_the_provider_is_that_of_a_litellm_model_strings_prefix(model: object, provider: str | None) -> None:
+    assert telemetry.provider_of(model) == provider
+
+
 def test_off_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(telemetry.ENV, "0")
     telemetry.reset()
@@ -173,7 +219,10 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from phases.litellm_model import LiteLLMModel
+from phases.model import ModelRequest, ModelResponse
 from pipelines.engine import telemetry
+from pipelines.engine.errors import PermanentModelError
 from tests.unit.test_telemetry import run_agent_job
 
 assert telemetry.enabled()  # the API is installed: only the providers are missing
