@@ -202,6 +202,7 @@ async def _captured(awaitable: Awaitable[Any]) -> tuple[bool, Any]:
 
 def _timed_out(t: Tool, tctx: ToolContext, timeout: float) -> str | None:
     """The message for a call past its timeout; raises for "fail" / "ask"; None: ask ``reconcile``."""
+    telemetry.record_error(None, "timeout")  # the call's execute_tool span
     if t.on_interrupted == "retry":
         return f"Error: tool {t.name!r} timed out after {timeout:g} s"
     what = (f"tool {t.name!r} call {tctx.call_id} timed out after {timeout:g} s and was abandoned; "
@@ -241,6 +242,7 @@ def _reconciled(t: Tool, found: Any, timeout: float) -> str:
 
 
 def _raised(t: Tool, exc: BaseException) -> str:
+    telemetry.record_error(None, exc)  # the call's execute_tool span
     return f"Error: tool {t.name!r} raised {type(exc).__name__}: {message_of(exc)}"
 
 

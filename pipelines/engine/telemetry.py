@@ -9,7 +9,9 @@ model asked for), ``gen_ai.response.model`` (the one the answer names),
 models), ``gen_ai.usage.input_tokens`` / ``output_tokens``,
 ``gen_ai.response.finish_reasons``; none for a call the rate limit defers)
 and each tool call (``execute_tool <name>``, ``gen_ai.tool.name``,
-``gen_ai.tool.call.id``). Metrics: turns,
+``gen_ai.tool.call.id``). A failed model call, tool call or turn ends with
+status ERROR and ``error.type`` (:func:`error_type`; ``timeout``, ``_OTHER``),
+never an error's message or a call's arguments. Metrics: turns,
 turn and model latency, tokens, cost, retries, failures, the due backlog.
 
 Without the package (or with ``PIPELINES_OTEL=0``) every function here is a
@@ -39,9 +41,11 @@ from typing import Any
 __all__ = [
     "ENV",
     "enabled",
+    "error_type",
     "model_span",
     "provider_of",
     "record_backlog",
+    "record_error",
     "record_model",
     "record_turn",
     "run_context",
@@ -219,12 +223,40 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, parent: Mapp
 
 
 def _failed(current: Any, exc: Exception) -> None:
-    """Mark ``current`` failed by ``exc``: an exception event and status ERROR."""
+    """``exc`` left the span's block: an exception event, and the span failed unless ``exc`` is a control signal
+    (a turn retried later, deferred or waiting for input has not failed)."""
+    from pipelines.engine.phase.outcomes import RetryLater, WaitForInput  # lazy: only when a block raised
+
     try:
         current.record_exception(exc)
-        current.set_status(_get().trace.Status(_get().trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
     except Exception as broken:  # noqa: BLE001 - telemetry never changes what a job does
         _broken("marking a span failed", broken)
+    if not isinstance(exc, RetryLater | WaitForInput):
+        record_error(current, exc)
+
+
+def error_type(error: BaseException | str) -> str:
+    """``error.type`` for ``error``: an exception's fully qualified class name (a builtin's bare name), or the text."""
+    if isinstance(error, str):
+        return error
+    kind = type(error)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def record_error(current: Any, error: BaseException | str) -> None:
+    """Mark a span failed: status ERROR and ``error.type`` (:func:`error_type`), never the error's message.
+
+    ``current``: the span, or ``None`` for the current one (a tool's contained exception, a phase's).
+    """
+    otel = _get()
+    if otel.trace is None:
+        return
+    try:
+        target = otel.trace.get_current_span() if current is None else current
+        target.set_attribute("error.type", error_type(error))
+        target.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR))
+    except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
+        _broken("marking a span failed", exc)
 
 
 def _idle(parent: Mapping[str, str] | None) -> bool:
@@ -336,6 +368,9 @@ def record_turn(current: Any, *, pipeline: str, result: str, seconds: float) -> 
     try:
         if current is not None:
             current.set_attribute("phaserunner.result", result)
+            if result == "failed":  # ERROR; error.type: that of the exception the phase raised, if it raised
+                known = getattr(current, "attributes", None) or {}
+                record_error(current, known.get("error.type") or "_OTHER")
         if not otel.metering():
             return
         attrs = {"phaserunner.pipeline": pipeline, "phaserunner.result": result}

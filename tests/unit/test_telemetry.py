@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from phases.model import ModelRequest, ModelResponse
 from pipelines import Agent, App, Done, Phase, RateLimit, tool
 from pipelines.engine import telemetry
 from pipelines.engine.errors import PermanentModelError
+from pipelines.engine.phase import WaitForInput
 from pipelines.testing import ScriptedModel, call, reply
 from tests.unit.helpers import memory
 
@@ -173,6 +175,63 @@ def test_a_failed_model_calls_span_names_the_model_requested_and_its_provider() 
     assert chat.name == "chat openai/gpt-4o" and chat.status.status_code is StatusCode.ERROR
     assert chat.attributes["gen_ai.request.model"] == "openai/gpt-4o"
     assert chat.attributes["gen_ai.provider.name"] == "openai"
+    assert chat.attributes["error.type"] == "pipelines.engine.errors.PermanentModelError"
+    (turn,) = [s for s in _EXPORTER.get_finished_spans() if s.name == "turn b"]
+    assert turn.status.status_code is StatusCode.ERROR and turn.attributes["error.type"] == "_OTHER"  # Fail, no raise
+
+
+def _spans_of(job_id: str, tools: list[Any], *script: Any) -> list[Any]:
+    """The execute_tool spans of an agent job run to its end (alone: the spans before it are dropped)."""
+    _EXPORTER.clear()
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=ScriptedModel(list(script)),
+                                                                  tools=tools)])
+    app.run_agent("a", job_id=job_id, messages=["hi"])
+    scheduler.drain()
+    return [s for s in _EXPORTER.get_finished_spans() if s.name.startswith("execute_tool")]
+
+
+def test_a_tool_that_raises_or_times_out_has_a_failed_span_with_its_error_type_and_never_its_arguments() -> None:
+    @tool
+    def find(order: str) -> str:
+        """Look an order up."""
+        raise KeyError(order)
+
+    @tool(timeout=0.05)
+    async def stuck() -> str:
+        """Awaits an event nobody sets."""
+        await asyncio.Event().wait()
+        return "never"
+
+    (raised,) = _spans_of("tool-raised", [find], reply(None, call("find", order="SECRET-ORDER")), "sorry")
+    (late,) = _spans_of("tool-late", [stuck], reply(None, call("stuck")), "sorry")
+    assert raised.status.status_code is StatusCode.ERROR and raised.attributes["error.type"] == "KeyError"
+    assert late.status.status_code is StatusCode.ERROR and late.attributes["error.type"] == "timeout"
+    shown = repr([dict(raised.attributes), raised.status.description, [dict(e.attributes) for e in raised.events]])
+    assert "SECRET-ORDER" not in shown  # the call's arguments (here in the exception's message) stay out
+
+
+def test_a_tool_that_asks_for_input_has_no_failed_span() -> None:
+    @tool
+    def approve() -> str:
+        """Asks a person."""
+        raise WaitForInput("a person decides")
+
+    (asked,) = _spans_of("tool-asks", [approve], reply(None, call("approve")), "done")
+    assert asked.status.status_code is StatusCode.UNSET and "error.type" not in asked.attributes
+
+
+def test_a_phase_that_raises_fails_its_turns_span_with_the_exceptions_type() -> None:
+    def boom(ctx: Any) -> Any:
+        raise RuntimeError("phase blew up")
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"boom": [Phase("x", boom)]})
+    app.run_pipeline("boom", job_id="boom", initial_state={})
+    scheduler.drain()
+    (turn,) = [s for s in _EXPORTER.get_finished_spans() if s.name == "turn boom"]
+    assert turn.status.status_code is StatusCode.ERROR and turn.attributes["error.type"] == "RuntimeError"
+    assert turn.attributes["phaserunner.result"] == "failed"
 
 
 class _Acme(ScriptedModel):
@@ -223,6 +282,7 @@ from phases.litellm_model import LiteLLMModel
 from phases.model import ModelRequest, ModelResponse
 from pipelines.engine import telemetry
 from pipelines.engine.errors import PermanentModelError
+from pipelines.engine.phase import WaitForInput
 from tests.unit.test_telemetry import run_agent_job
 
 assert telemetry.enabled()  # the API is installed: only the providers are missing

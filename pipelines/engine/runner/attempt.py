@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapters.base import Scheduler, Storage
-from pipelines.engine import transitions, versions, writer
+from pipelines.engine import telemetry, transitions, versions, writer
 from pipelines.engine._aio import resolve
 from pipelines.engine.contain import contained, describe
 from pipelines.engine.env import RunEnv
@@ -91,6 +91,7 @@ def _outcome(ctx: PhaseContext[Any], pipeline: Pipeline, record: JobRecord) -> t
         if not contained(exc):
             raise
         logger.info("job %s: phase %s raised", record.job_id, cp.next_phase, exc_info=True)
+        telemetry.record_error(None, exc)  # the turn's span (error.type: the exception's class)
         return Fail(describe(exc))
     if not isinstance(outcome, Next | Done | Fail | RetryLater | WaitForInput):
         return Fail(f"phase {phase.name!r} returned {type(outcome).__name__}; "
