@@ -63,11 +63,13 @@ class Controls:
         return self.app.read.view(control.resume_job(job_id, storage=self.storage, scheduler=self.scheduler))
 
     def retry(self, job_id: str, *, mode: RetryMode = "resume") -> JobView:
-        """Run a failed or cancelled job again: ``"resume"`` from its checkpoint, ``"full"`` from the start."""
+        """Run a failed or cancelled job again: ``"resume"`` from its checkpoint, ``"full"`` from the start of its
+        run (the phase and state it started with; a complete job too)."""
         record = control.load_job(self.storage, job_id)
         retry_mode = check_retry_mode(mode, optional=False, name="mode")
         start_job(job_id=job_id, pipeline=self.registry.pipeline(record.pipeline), name=record.pipeline,
-                  storage=self.storage, scheduler=self.scheduler, retry_mode=retry_mode)
+                  storage=self.storage, scheduler=self.scheduler, retry_mode=retry_mode,
+                  initial_phase=record.initial_phase if retry_mode == "full" else None)
         return self.app.read.view(control.load_job(self.storage, job_id))
 
     def approve(self, job_id: str, call_id: str, *, digest: str | None = None) -> JobView:

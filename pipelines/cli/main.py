@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("retry", runs.cmd_retry, "retry a failed or cancelled job (resume from its checkpoint)")
     p.add_argument("job")
-    p.add_argument("--full", action="store_true", help="restart from the first phase and the initial state")
+    p.add_argument("--full", action="store_true", help="restart the run from its start (the phase and state it "
+                   "started with; a complete job too)")
 
     p = add("cancel", runs.cmd_cancel, "cancel a job at its next turn boundary, keeping its checkpoint")
     p.add_argument("job")

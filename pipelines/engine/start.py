@@ -114,6 +114,29 @@ def _continued(storage: Storage, rec: JobRecord, *, first: str, state: JSONValue
     return commit.model_copy(update={"take_inbox": len(left)}) if left else commit
 
 
+def _refuse_start(existing: JobRecord, name: str, new_messages: list[Message], *, continue_completed: bool,
+                  retry_mode: RetryMode | None) -> None:
+    """Raise :class:`JobConflictError` for a start that may not land on ``existing`` (nothing written)."""
+    job_id = existing.job_id
+    if existing.pipeline != name:
+        # A job id names one pipeline or agent for its life: taking it over would cut another's transcript
+        # back and run it with phases it never had (or hand one agent's conversation to another).
+        raise JobConflictError(f"job {job_id!r} is a job of {existing.pipeline!r}, not {name!r}: a job id "
+                               "belongs to one pipeline or agent; use another id (or delete that job first)")
+    complete = existing.status is JobStatus.COMPLETE and retry_mode is None
+    if complete and continue_completed:
+        if not new_messages and not existing.inbox:
+            # Nothing new to answer: a new run would only ask the model again what it has answered.
+            raise JobConflictError(f"job {job_id!r} is complete: continue the conversation with new messages "
+                                   "(user=... or messages=[...]), or run it again with retry_mode='full'")
+    elif new_messages:
+        raise JobConflictError(
+            f"job {job_id!r} exists ({existing.status.value}); new messages only continue a complete job")
+    elif complete:
+        # A repeated start (a retried web request, say) must not run a finished job's effects again.
+        raise JobConflictError(f"job {job_id!r} is complete; run it again with retry_mode='full'")
+
+
 def start_job(
     *,
     job_id: str,
@@ -152,6 +175,8 @@ def start_job(
     now = scheduler.now()
     existing = storage.get_job(job_id)
     fresh = False
+    if existing is not None:
+        _refuse_start(existing, name, new_messages, continue_completed=continue_completed, retry_mode=retry_mode)
     if existing is None:
         if retry_mode == "resume":
             raise JobNotFoundError(f"job {job_id!r} does not exist; nothing to resume")
@@ -159,17 +184,10 @@ def start_job(
         commit = transitions.create(job_id, pipeline=name, first=first, state=state, messages=new_messages,
                                     options=opts, now=now, trace=telemetry.run_context(job_id, name))
     elif existing.status is JobStatus.COMPLETE and continue_completed and retry_mode is None:
-        if not new_messages and not existing.inbox:
-            # Nothing new to answer: a new run would only ask the model again what it has answered.
-            raise JobConflictError(f"job {job_id!r} is complete: continue the conversation with new messages "
-                                   "(user=... or messages=[...]), or run it again with retry_mode='full'")
         commit = _continued(storage, existing, first=first, state=state, messages=new_messages, pipeline=name,
                             options=opts, now=now)
         fresh = True
     else:
-        if new_messages:
-            raise JobConflictError(
-                f"job {job_id!r} exists ({existing.status.value}); new messages only continue a complete job")
         mode = retry_mode or ("resume" if existing.checkpoint is not None else "full")
         if mode == "resume":
             commit = transitions.retry_resume(existing, now=now)

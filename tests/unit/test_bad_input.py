@@ -1028,3 +1028,54 @@ def test_an_outcome_no_commit_can_be_built_of_fails_the_job(monkeypatch: pytest.
     job = storage.get_job("j")
     assert job is not None and job.status is JobStatus.ERROR
     assert "could not be committed: no commit could be built of it: TypeError: unhashable type" in (job.error or "")
+
+
+def test_a_job_id_belongs_to_one_pipeline_or_agent_for_its_life() -> None:
+    storage, scheduler, _ = memory()
+    agent = Agent(name="a", model=ScriptedModel(lambda m: "the answer"), stream=False)
+    other = Agent(name="b", model=ScriptedModel(lambda m: "another"), stream=False)
+    app = App(storage=storage, scheduler=scheduler, provenance=False, agents=[agent, other],
+              pipelines={"p": [Phase("x", done_phase)]})
+    app.run_agent("a", job_id="chat", user="hi")
+    app.run_pipeline("p", job_id="etl", initial_state={})
+    app.drain()
+    before = (storage.get_job("chat"), storage.messages("chat"))
+    with pytest.raises(JobConflictError, match="job 'chat' is a job of 'a', not 'p'"):
+        app.run_pipeline("p", job_id="chat", initial_state={})
+    with pytest.raises(JobConflictError, match="job 'chat' is a job of 'a', not 'b'"):
+        app.run_agent("b", job_id="chat", user="more")
+    with pytest.raises(JobConflictError, match="job 'etl' is a job of 'p', not 'a'"):
+        app.run_agent("a", job_id="etl", user="hi")
+    assert (storage.get_job("chat"), storage.messages("chat")) == before  # nothing written
+    # The same pipeline again on a complete job: refused, unless asked for in so many words.
+    with pytest.raises(JobConflictError, match="job 'etl' is complete; run it again with retry_mode='full'"):
+        app.run_pipeline("p", job_id="etl", initial_state={})
+    app.run_pipeline("p", job_id="etl", initial_state={}, retry_mode="full")
+    app.drain()
+    job = storage.get_job("etl")
+    assert job is not None and job.status is JobStatus.COMPLETE and job.version > 2
+
+
+def test_a_full_retry_restarts_the_run_where_it_began() -> None:
+    storage, scheduler, _ = memory()
+    ran: list[str] = []
+
+    def fetch(ctx: PhaseContext[Any]) -> Next:
+        ran.append("fetch")
+        return Next("report", state={"rows": []})
+
+    def report(ctx: PhaseContext[Any]) -> Done:
+        ran.append("report")
+        if len(ran) == 1:
+            raise RuntimeError("transient report failure")
+        return Done(result={"n": len(ctx.state["rows"])})
+
+    app = App(storage=storage, scheduler=scheduler, provenance=False,
+              pipelines={"etl": [Phase("fetch", fetch), Phase("report", report)]})
+    app.run_pipeline("etl", job_id="j", initial_state={"rows": [1, 2, 3]}, initial_phase="report")
+    app.drain()
+    assert app.get("j").status is JobStatus.ERROR  # type: ignore[union-attr]
+    app.retry("j", mode="full")
+    app.drain()
+    job = storage.get_job("j")
+    assert ran == ["report", "report"] and job is not None and job.result == {"n": 3}
