@@ -14,7 +14,7 @@ from typing import Any
 
 from pipelines.engine.models import Message, Usage
 
-__all__ = ["RAW_LIMIT", "mended", "plain_message", "raw_response", "usage_of"]
+__all__ = ["RAW_LIMIT", "mark_unnamed_calls", "mended", "plain_message", "raw_response", "unmarked", "usage_of"]
 
 
 def _litellm() -> Any:
@@ -107,3 +107,70 @@ def plain_message(message: Any) -> Message:
     data.setdefault("role", "assistant")
     plain: Message = mended(json.loads(json.dumps(data, default=str)))
     return plain
+
+
+# A tool call's id and name as placeholders while litellm builds the answer: a NUL no provider's id or name holds.
+_NO_ID = "\x00phaserunner:no-id"
+_NO_NAME = "\x00phaserunner:no-name"
+
+
+def mark_unnamed_calls(chunks: list[Any]) -> None:
+    """Give each streamed tool call that came without an id (or a name) a placeholder one, in place.
+
+    ``stream_chunk_builder`` leaves out any call none of whose chunks carried an id and a name: an
+    answer that asked for a tool (``finish_reason="tool_calls"``) became one with no call, the tool
+    never ran and the job ended with no result. The placeholders make it keep the call; :func:`unmarked`
+    takes them off again, so the call is the one a plain (unstreamed) answer gives: the agent turn then
+    gives it a fresh id (``phases.tool_calls``) and, nameless, answers it with a "names no tool" error.
+    """
+    first: dict[tuple[Any, Any], Any] = {}  # (choice, call index) -> the call's first chunk piece
+    named: set[tuple[Any, Any]] = set()
+    with_id: set[tuple[Any, Any]] = set()
+    for chunk in chunks:
+        for choice in getattr(chunk, "choices", None) or ():
+            for call in getattr(getattr(choice, "delta", None), "tool_calls", None) or ():
+                function = _field(call, "function")
+                if not call or function is None:
+                    continue  # litellm's builder skips it too
+                key = (getattr(choice, "index", 0), _field(call, "index", 0))  # litellm's key of a call
+                first.setdefault(key, call)
+                if _field(call, "id"):
+                    with_id.add(key)
+                if _field(function, "name"):
+                    named.add(key)
+    for key, call in first.items():
+        if key not in with_id:
+            _set_field(call, "id", _NO_ID)
+        if key not in named:
+            _set_field(_field(call, "function"), "name", _NO_NAME)
+
+
+def _field(item: Any, name: str, default: Any = None) -> Any:
+    """A field of a chunk's piece, which litellm gives as a dict or as an object."""
+    return item.get(name, default) if isinstance(item, dict) else getattr(item, name, default)
+
+
+def _set_field(item: Any, name: str, value: str) -> None:
+    if isinstance(item, dict):
+        item[name] = value
+    else:
+        setattr(item, name, value)
+
+
+def unmarked(message: Message) -> Message:
+    """The built message without the placeholders of :func:`mark_unnamed_calls`, and without an empty
+    ``tool_calls`` (a provider refuses an assistant message with ``"tool_calls": []``)."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    if not calls:
+        return {k: v for k, v in message.items() if k != "tool_calls"}
+    fixed = []
+    for call in calls:
+        if isinstance(call, dict) and call.get("id") == _NO_ID:
+            call = {k: v for k, v in call.items() if k != "id"}  # as a plain answer's call without one
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and function.get("name") == _NO_NAME:
+            call = {**call, "function": {**function, "name": ""}}
+        fixed.append(call)
+    return {**message, "tool_calls": fixed}

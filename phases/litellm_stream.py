@@ -35,7 +35,7 @@ import datetime
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from phases.litellm_answer import mended
+from phases.litellm_answer import mark_unnamed_calls, mended, unmarked
 from phases.litellm_errors import _translate
 from phases.model import ModelRequest, ModelResponse
 from pipelines.engine.errors import ModelError, TransientModelError
@@ -92,8 +92,10 @@ def _complete_streamed(model: LiteLLMModel, request: ModelRequest, kwargs: dict[
         except ModelError as exc:  # the call fails for good: what the broken attempts before it cost goes with it
             exc.usage = dropped + exc.usage if isinstance(exc.usage, Usage) else dropped
             raise
+        mark_unnamed_calls(chunks)
         response = model._to_response(_litellm().stream_chunk_builder(chunks, messages=kwargs["messages"]), params)
-        return response.model_copy(update={"usage": response.usage + dropped})
+        return response.model_copy(update={"usage": response.usage + dropped,
+                                           "message": unmarked(response.message)})
     error = TransientModelError(f"{broken} (the stream broke {request.stream_retries + 1} time(s); "
                                 f"the turn is run again later)")
     error.usage = dropped

@@ -15,6 +15,8 @@ already fixed answer.
 * ``arguments`` that are not a string become their JSON text (a dict is
   what the model meant and runs; ``123`` or a list gets an argument error),
   so the transcript stays valid for the provider on the next call.
+* An empty (or null) ``tool_calls`` is taken out of the message: providers
+  refuse ``"tool_calls": []`` in the transcript they are sent back.
 * A missing, non-string or repeated id (within the answer or anywhere earlier
   in the transcript) gets a new one, chosen deterministically and never equal
   to any id the answer or the transcript already holds.
@@ -53,12 +55,14 @@ def normalise_tool_calls(message: Message, turn: int, history: Iterable[Message]
     ``taken``: the ids ``history`` holds (``call_ids(history)``), when the
     caller keeps them; then ``history`` is not read. Deterministic: the same
     answer after the same history gives the same ids. A message without tool
-    calls is returned as it is; ``tool_calls`` that is not a list raises
+    calls is returned as it is (an empty or null ``tool_calls`` taken out); ``tool_calls`` that is not a list raises
     :class:`~pipelines.errors.PermanentModelError` (see :func:`check_tool_calls`).
     """
     items = check_tool_calls(message.get("tool_calls"))
     if not items:
-        return message
+        # ``"tool_calls": []`` (or null) is dropped: OpenAI refuses an assistant message with an empty list when
+        # the transcript is sent back on the next call.
+        return {k: v for k, v in message.items() if k != "tool_calls"} if "tool_calls" in message else message
     calls = [_well_formed(item) for item in items]
     ids = _unique_ids([item.get("id") if isinstance(item, Mapping) else None for item in items],
                       turn, call_ids(history) if taken is None else taken)

@@ -317,3 +317,47 @@ def test_a_stream_that_holds_no_answer_is_a_failed_attempt_not_an_empty_answer(f
                              backoff_initial=0.01, backoff_max=0.02, max_retry_seconds=0.2)
         with pytest.raises(TransientModelError, match="held no answer"):
             model.complete(Recorder().request())
+
+
+def _call_chunks(call_id: Any, name: str | None = "add") -> list[dict[str, Any]]:
+    """A streamed answer of one tool call whose id is ``call_id`` (its arguments in a second piece)."""
+    first = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": '{"a":'}}
+    rest = {"index": 0, "function": {"arguments": '1,"b":2}'}}
+    return [_chunk([_choice(0, "")]), _chunk([{"index": 0, "delta": {"tool_calls": [first]}, "finish_reason": None}]),
+            _chunk([{"index": 0, "delta": {"tool_calls": [rest]}, "finish_reason": None}]),
+            _chunk([_choice(0, None, "tool_calls")]),
+            _chunk([], usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8})]
+
+
+@pytest.mark.parametrize("sdk_path", [True, False], ids=["merged", "litellm-wrapper"])
+@pytest.mark.parametrize("call_id", ["", None], ids=["empty-id", "null-id"])
+def test_a_streamed_tool_call_without_an_id_is_kept(fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch,
+                                                    call_id: Any, sdk_path: bool) -> None:
+    # litellm's stream_chunk_builder leaves out a call with no id: the answer asked for a tool and held none.
+    import phases.litellm_stream
+
+    if not sdk_path:
+        monkeypatch.setattr(phases.litellm_stream, "_sdk_source", lambda stream, params: None)
+    fake_openai.script(Reply(message={"role": "assistant"}, raw_chunks=_call_chunks(call_id)),
+                       Reply(message={"role": "assistant"}, raw_chunks=_call_chunks("c9", name=None)))
+    response = model_for(fake_openai).complete(Recorder().request())
+    assert response.finish_reason == "tool_calls"
+    # As a plain answer's call without an id: the agent turn gives it one (phases.tool_calls).
+    assert response.tool_calls == [{"type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]
+    nameless = model_for(fake_openai).complete(Recorder().request())  # kept too, for a "names no tool" error
+    assert nameless.tool_calls == [{"id": "c9", "type": "function",
+                                    "function": {"name": "", "arguments": '{"a":1,"b":2}'}}]
+
+
+@pytest.mark.parametrize("call_id", ["", None], ids=["empty-id", "null-id"])
+def test_an_agents_streamed_call_without_an_id_runs_under_a_fresh_one(fake_openai: FakeOpenAI, call_id: Any) -> None:
+    fake_openai.script(Reply(message={"role": "assistant"}, raw_chunks=_call_chunks(call_id)), text_reply("three"))
+    app = memory_app(fake_openai)
+    app.run_agent("adder", job_id="noid", messages=["1+2?"])
+    app.drain(max_advances=20)
+    assert app.get("noid").status.value == "complete"  # type: ignore[union-attr]
+    calls = [m for m in app.messages("noid") if m.get("tool_calls")]
+    assert [c["id"] for c in calls[0]["tool_calls"]] == ["call_0_0"]
+    assert next(m for m in app.messages("noid") if m["role"] == "tool") == {
+        "role": "tool", "tool_call_id": "call_0_0", "content": json.dumps({"sum": 3})}
+    assert all(m.get("tool_calls") != [] for m in fake_openai.requests[-1]["messages"])

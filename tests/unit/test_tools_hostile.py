@@ -492,3 +492,14 @@ def test_a_tool_returning_a_value_that_is_not_json_says_so(value: Any) -> None:
     content = answers(storage)["c1"]
     assert content.startswith("Error: tool 'odd' returned a value that is not JSON: ")
     assert "raised" not in content
+
+
+@pytest.mark.parametrize("empty", [[], None], ids=["empty-list", "null"])
+def test_an_empty_tool_calls_field_is_taken_out_of_the_answer(empty: Any) -> None:
+    # OpenAI refuses an assistant message with "tool_calls": [] when the transcript is sent back.
+    from phases.tool_calls import normalise_tool_calls
+
+    answer = {"role": "assistant", "content": "hi", "tool_calls": empty}
+    assert normalise_tool_calls(answer, 0) == {"role": "assistant", "content": "hi"}
+    plain = {"role": "assistant", "content": "hi"}
+    assert normalise_tool_calls(plain, 0) is plain
