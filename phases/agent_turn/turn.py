@@ -134,7 +134,11 @@ class AgentTurn:
         if state.turn == 0:
             agent_run.first_turn(ctx, cfg, past)
         if cfg.compaction is not None:
-            past = self.compact(ctx, cfg, past, state.turn)
+            try:
+                past = self.compact(ctx, cfg, past, state.turn)
+            except (TransientModelError, PermanentModelError) as exc:  # as the turn's own model call
+                return agent_run.ended(ctx, cfg, _model_failed(ctx, cfg, exc, "the compaction call"), ctx.job_usage,
+                                       state.turn)
         # Messages sent to the running conversation (app.send) join it here, in order, before the
         # model's answer; a turn whose answer is already journaled takes none (the model never saw them).
         taken_before = ctx.recorded(INBOX_STEP)[0]
@@ -231,17 +235,8 @@ class AgentTurn:
         except StaleVersionError as exc:
             dropped(exc.unrecorded)
             raise
-        except TransientModelError as exc:
-            _count_paid(ctx, exc)
-            if ctx.attempt + 1 >= cfg.max_model_attempts:
-                return Fail(f"model call failed {ctx.attempt + 1} times, last: {exc}")
-            delay = exc.retry_after if exc.retry_after is not None else min(300.0, 2.0 * 2**ctx.attempt)
-            name = cfg.model if isinstance(cfg.model, str) else type(cfg.model).__name__
-            logger.warning("job %s: model %s failed: %s; the turn runs again in %.1fs", ctx.job_id, name, exc, delay)
-            raise RetryLater(delay, f"model: {exc}") from exc
-        except PermanentModelError as exc:
-            _count_paid(ctx, exc)
-            return Fail(f"model error: {exc}")
+        except (TransientModelError, PermanentModelError) as exc:
+            return _model_failed(ctx, cfg, exc)
         finally:
             ctx.on_delta = None
         response = ModelResponse.model_validate(raw)
@@ -266,8 +261,11 @@ class AgentTurn:
             outcome = Done(result=_result_of(message, results), reason=outcome.reason)
             if cfg.output_schema is not None:
                 model, params = self._model(cfg.model, cfg.model_params)
-                outcome = _structured(ctx, model, cfg.output_schema, agent_run.turn_messages(cfg, past),
-                                      new_messages, outcome, params, state.turn)
+                try:
+                    outcome = _structured(ctx, model, cfg.output_schema, agent_run.turn_messages(cfg, past),
+                                          new_messages, outcome, params, state.turn)
+                except (TransientModelError, PermanentModelError) as exc:  # as the turn's own model call
+                    outcome = _model_failed(ctx, cfg, exc, "the structured-output call")
         agent_run.turn_ended(ctx, cfg, response, state.turn)
         agent_run.ended(ctx, cfg, outcome, total, state.turn)
         ctx.append_messages(new_messages)
@@ -285,6 +283,22 @@ class AgentTurn:
         else:
             self.history.forget(ctx.job_id)
         return outcome
+
+
+def _model_failed(ctx: PhaseContext[Any], cfg: AgentConfig, exc: ModelError, call: str = "model call") -> Fail:
+    """The turn's outcome when one of its model calls (its answer, the structured follow-up, the compaction
+    summary) failed: a transient failure runs the turn again later (``RetryLater`` is raised; its journaled steps
+    are kept) until ``max_model_attempts``; a permanent one fails the job. The paid attempts count either way."""
+    _count_paid(ctx, exc)
+    if not isinstance(exc, TransientModelError):
+        return Fail(f"model error: {exc}")
+    if ctx.attempt + 1 >= cfg.max_model_attempts:
+        return Fail(f"{call} failed {ctx.attempt + 1} times, last: {exc}")
+    delay = exc.retry_after if exc.retry_after is not None else min(300.0, 2.0 * 2**ctx.attempt)
+    name = cfg.model if isinstance(cfg.model, str) else type(cfg.model).__name__
+    where = "" if call == "model call" else f" ({call})"
+    logger.warning("job %s: model %s failed%s: %s; the turn runs again in %.1fs", ctx.job_id, name, where, exc, delay)
+    raise RetryLater(delay, f"model: {exc}") from exc
 
 
 def _count_paid(ctx: PhaseContext[Any], exc: ModelError) -> None:

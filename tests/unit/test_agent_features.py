@@ -213,3 +213,52 @@ def test_a_run_whose_options_rebuild_the_config_does_not_rebuild_the_tool_schema
     assert job is not None and job.status is JobStatus.COMPLETE and job.phases_done == 4
     assert job.options.get("max_turns") == 8
     assert built == []  # the agent's schemas, built with it, served every one of the 4 turns
+
+
+def _failing_once(script: list[Any], fails: Any, error: Exception) -> Any:
+    """A model script that answers ``script`` in order, but raises ``error`` the first time ``fails(messages)``."""
+    answers = iter(script)
+    failed: list[bool] = []
+
+    def answer(messages: list[dict[str, Any]]) -> Any:
+        if fails(messages) and not failed:
+            failed.append(True)
+            raise error
+        return next(answers)
+    return answer
+
+
+def _is_follow_up(messages: list[dict[str, Any]]) -> bool:
+    return str(messages[-1].get("content")).startswith("Now reply with only a JSON object")
+
+
+@pytest.mark.parametrize("kind", ["transient", "permanent"])
+def test_a_failed_structured_follow_up_is_handled_as_the_turns_own_model_call(kind: str) -> None:
+    # A 429 / 5xx in the follow-up failed the job outright, where the turn's own call is run again later.
+    from pipelines.engine.errors import PermanentModelError, TransientModelError
+
+    error = (TransientModelError("unavailable for now: 503", retry_after=0.0) if kind == "transient"
+             else PermanentModelError("bad request: 400"))
+    model = ScriptedModel(_failing_once([reply(None, call("forecast", city="Oslo")), "It is 21.5 degrees.",
+                                         '{"city": "Oslo", "celsius": 21.5}'], _is_follow_up, error))
+    storage, job = go(Agent(model=model, tools=[forecast], output_schema=Weather, stream=False))
+    if kind == "permanent":
+        assert job.status is JobStatus.ERROR and job.error == "model error: bad request: 400"
+        return
+    assert job.status is JobStatus.COMPLETE and job.result == {"city": "Oslo", "celsius": 21.5}
+    assert len(model.calls) == 4  # the turn's answer and the tool's result were journaled: only the follow-up again
+    assert [m["role"] for m in storage.messages("w")] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert job.usage.model_calls == 3
+
+
+def test_a_structured_follow_up_failing_past_max_model_attempts_fails_the_job() -> None:
+    from pipelines.engine.errors import TransientModelError
+
+    def answer(messages: list[dict[str, Any]]) -> Any:
+        if _is_follow_up(messages):
+            raise TransientModelError("unavailable for now: 503", retry_after=0.0)
+        return "It is 21.5 degrees."
+
+    _, job = go(Agent(model=ScriptedModel(answer), output_schema=Weather, max_model_attempts=2, stream=False))
+    assert job.status is JobStatus.ERROR
+    assert job.error.startswith("the structured-output call failed 2 times, last: unavailable for now: 503")

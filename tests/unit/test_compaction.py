@@ -125,3 +125,30 @@ def test_call_ids_stay_unique_in_the_whole_transcript_when_the_provider_repeats_
     assert app.run_agent("c", job_id="ids", messages=["count to 30"]).wait(timeout=10).status is JobStatus.COMPLETE
     ids = [c["id"] for m in app.messages("ids") for c in m.get("tool_calls") or []]
     assert len(ids) == TURNS and len(set(ids)) == TURNS  # idempotency keys and child jobs never collide
+
+
+@pytest.mark.parametrize("kind", ["transient", "permanent"])
+def test_a_failed_compaction_call_is_handled_as_the_turns_own_model_call(kind: str) -> None:
+    # A 429 / 5xx in the summary call failed the job outright, where the turn's own call is run again later.
+    from pipelines.engine.errors import PermanentModelError, TransientModelError
+
+    error = (TransientModelError("unavailable for now: 503", retry_after=0.0) if kind == "transient"
+             else PermanentModelError("bad request: 400"))
+    failed: list[bool] = []
+
+    def flaky(messages: list[dict[str, Any]]) -> Any:
+        if not failed and messages[-1]["role"] == "user" and str(messages[-1]["content"]).startswith("Summarise"):
+            failed.append(True)
+            raise error
+        return script(messages, turns=8)
+
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[agent(ScriptedModel(flaky), turns=8, max_tokens=300)])
+    app.run_agent("c", job_id="f", messages=["count to 8"])
+    view = app.handle("f").wait(timeout=10)
+    assert failed
+    if kind == "permanent":
+        assert view.status is JobStatus.ERROR and view.record.error == "model error: bad request: 400"
+        return
+    assert view.status is JobStatus.COMPLETE and view.result == "done"
+    assert any(MARKER_KEY in m for m in app.messages("f"))
