@@ -57,12 +57,29 @@ def _structured(ctx: PhaseContext[Any], model: Model, schema: type[BaseModel], h
                                                 schema))
         follow = ModelResponse.model_validate(raw)
         ctx.add_usage(follow.usage, key=key)
-        new_messages += [nudge, follow.message]
-        text = follow.message.get("content")
+        message = _without_calls(ctx, follow.message)
+        new_messages += [nudge, message]
+        text = message.get("content")
         obj = _parse(schema, text)
         if obj is None:
             return Fail(f"the answer does not validate against {schema.__name__}; the model said: {str(text)[:1000]}")
     return Done(result=obj.model_dump(mode="json"), reason=done.reason)
+
+
+def _without_calls(ctx: PhaseContext[Any], message: Message) -> Message:
+    """The follow-up's answer without tool calls (none were offered), with a warning in the job's log.
+
+    Kept, a call would stay unanswered in the transcript, and providers refuse the whole conversation on its next
+    request; answered with an error, the transcript would end on a tool message instead of the answer the result
+    comes from. The answer's text is what was asked for: it is kept (none fails the job, as any invalid answer).
+    """
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    names = [str((c.get("function") or {}).get("name")) for c in calls if isinstance(c, dict)]
+    ctx.log(f"the structured-output answer called tools {names} though none were offered: the calls were dropped",
+            "warn")
+    return {k: v for k, v in message.items() if k != "tool_calls"}
 
 
 def _parse(schema: type[BaseModel], text: Any) -> BaseModel | None:

@@ -262,3 +262,24 @@ def test_a_structured_follow_up_failing_past_max_model_attempts_fails_the_job() 
     _, job = go(Agent(model=ScriptedModel(answer), output_schema=Weather, max_model_attempts=2, stream=False))
     assert job.status is JobStatus.ERROR
     assert job.error.startswith("the structured-output call failed 2 times, last: unavailable for now: 503")
+
+
+@pytest.mark.parametrize("content", ['{"city": "Oslo", "celsius": 21.5}', None], ids=["with-text", "calls-only"])
+def test_tool_calls_in_the_structured_follow_up_are_dropped_not_left_unanswered(content: str | None) -> None:
+    # No tools are offered to the follow-up: a call it makes anyway stayed in the transcript unanswered, and the
+    # provider refused every later request of the conversation.
+    from pipelines.testing import transcript_problems
+
+    model = ScriptedModel([reply(None, call("forecast", city="Oslo")), "It is 21.5 degrees.",
+                           reply(content, call("forecast", city="Rome"))])
+    storage, job = go(Agent(model=model, tools=[forecast], output_schema=Weather, stream=False))
+    messages = storage.messages("w")
+    assert transcript_problems(messages) == []
+    logs = [entry.message for entry in storage.logs("w") if entry.level == "warn"]
+    assert any("called tools ['forecast'] though none were offered" in line for line in logs), logs
+    if content is None:  # no text to validate: the job fails saying so (a failed turn appends none of its messages)
+        assert job.status is JobStatus.ERROR and "does not validate against Weather" in job.error
+        return
+    assert job.status is JobStatus.COMPLETE and job.result == {"city": "Oslo", "celsius": 21.5}
+    assert messages[-1] == {"role": "assistant", "content": content}
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
