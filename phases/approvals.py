@@ -19,6 +19,7 @@ from typing import Any
 from adapters.base import Scheduler, Storage
 from phases import journal
 from phases.tool_runner import arguments_digest
+from phases.tool_runner.calls import check_message_size
 from phases.tools import result_content
 from pipelines.engine import transitions, writer
 from pipelines.engine.control import load_job
@@ -134,10 +135,14 @@ def record_tool_result(job_id: str, call_id: str, result: Any, *, storage: Stora
     For tools whose ``on_interrupted`` is ``"ask"`` (the job is ``waiting``)
     the job goes on at once; for ``"fail"`` (the job is in ``error``) retry it
     afterwards with ``retry_mode="resume"``. ``result`` becomes the tool
-    message the model sees. A call that already has a result, or that waits
+    message the model sees (one too large to store raises
+    :class:`~pipelines.engine.errors.ValueTooLargeError`). A call that already has a result, or that waits
     for an approval, is refused: a recorded outcome never replaces a real one.
     """
     content = result_content(result)
+    # Refused here, naming the call: a result that fits the journal and not the transcript would fail the
+    # job's next commit, and every resume after it.
+    check_message_size({"id": call_id}, content)
     for _ in range(_TRIES):
         record = load_job(storage, job_id)
         _check_recordable(record, call_id)

@@ -7,16 +7,48 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from phases import journal
 from phases.tools import Tool, ToolContext
-from pipelines.engine.models import Message
+from pipelines.engine import models
+from pipelines.engine.errors import ValueTooLargeError
+from pipelines.engine.models import Message, dump_json
 from pipelines.engine.phase import PhaseContext
 
-__all__ = ["arguments_digest", "tool_context", "tool_message"]
+__all__ = ["arguments_digest", "check_message_size", "journal_result", "tool_context", "tool_message"]
 
 
 def tool_message(call: Mapping[str, Any], content: str) -> Message:
     """The tool message answering ``call``."""
     return {"role": "tool", "tool_call_id": call["id"], "content": content}
+
+
+def journal_result(ctx: PhaseContext[Any], call: Mapping[str, Any], content: str, before_commit: bool = False) -> None:
+    """Journal a call's result; one storage cannot keep (too large) becomes an error the model reads instead.
+
+    The tool ran: failing the job here would leave a retry to run it again. Its result is lost, the
+    model is told so, and the turn goes on.
+    """
+    key = journal.tool_key(call["id"])
+    try:
+        check_message_size(call, content)
+        ctx.record(key, content, before_commit=before_commit)
+    except ValueTooLargeError as exc:
+        name = _function(call).get("name")
+        ctx.record(key, f"Error: tool {name!r} ran, but its result could not be kept: {exc}. Ask for less.",
+                   before_commit=before_commit)
+
+
+def check_message_size(call: Mapping[str, Any], content: str) -> None:
+    """Raise :class:`ValueTooLargeError` if the tool message answering ``call`` is too large for the commit.
+
+    The journal step holds the bare result, the transcript its tool message (role, call id and all): a result
+    just under the limit fitted the step and not the message, so the turn's commit failed, and a resumed job
+    replayed the journaled result into the same failure, every time.
+    """
+    # JSON takes at most 6 bytes a character (a \u escape): a result far enough below the limit is not encoded.
+    if (len(content) + len(str(call["id"]))) * 6 + 256 <= models.MAX_VALUE_BYTES:
+        return
+    dump_json(tool_message(call, content), f"the tool message answering call {str(call['id'])[:80]!r}")
 
 
 def arguments_digest(call: Mapping[str, Any]) -> str:

@@ -9,12 +9,11 @@ import os
 from typing import Any
 
 from phases import journal
-from phases.tool_runner.calls import _function, _is_async, _policy, tool_message
+from phases.tool_runner.calls import _is_async, _policy, journal_result, tool_message
 from phases.tool_runner.gates import _apply_interrupt_policies, _check_approvals, _refuse_extra_children
 from phases.tool_runner.invoke import _cancelling, _invoke_async, _invoke_sync
 from phases.tools import Tool, check_timeout
 from pipelines.engine._aio import run_sync
-from pipelines.engine.errors import ValueTooLargeError
 from pipelines.engine.models import Message
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
@@ -79,7 +78,7 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
             if not getattr(signal, "unknown_outcome", False):
                 _ended_without_result(ctx, calls)
             raise
-        _journal_result(ctx, calls[0], content, before_commit)
+        journal_result(ctx, calls[0], content, before_commit)
         return
     tasks: list[asyncio.Task[Any]] = []
     try:
@@ -116,21 +115,6 @@ def _ended_without_result(ctx: PhaseContext[Any], calls: list[dict[str, Any]]) -
     seen, started = ctx.recorded(journal.TOOLS_STARTED)
     if seen and isinstance(started, list) and ids.intersection(started):
         ctx.record(journal.TOOLS_STARTED, [i for i in started if i not in ids])
-
-
-def _journal_result(ctx: PhaseContext[Any], call: dict[str, Any], content: str, before_commit: bool = False) -> None:
-    """Journal a call's result; one storage cannot keep (too large) becomes an error the model reads instead.
-
-    The tool ran: failing the job here would leave a retry to run it again. Its result is lost, the
-    model is told so, and the turn goes on.
-    """
-    key = journal.tool_key(call["id"])
-    try:
-        ctx.record(key, content, before_commit=before_commit)
-    except ValueTooLargeError as exc:
-        name = _function(call).get("name")
-        ctx.record(key, f"Error: tool {name!r} ran, but its result could not be kept: {exc}. Ask for less.",
-                   before_commit=before_commit)
 
 
 def _waits_merged(failures: list[BaseException]) -> BaseException:
@@ -175,7 +159,7 @@ async def _one(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: dict[str, An
             # In this task's context (the turn's span, when tracing), not the pool thread's empty one.
             content = await loop.run_in_executor(_POOL, contextvars.copy_context().run, _invoke_sync, ctx, tmap,
                                                  call, turn, default_timeout)
-        await loop.run_in_executor(_POOL, _journal_result, ctx, call, content)
+        await loop.run_in_executor(_POOL, journal_result, ctx, call, content)
     except BaseException as exc:  # returned, not raised: see below
         # A KeyboardInterrupt or SystemExit raised out of a task escapes the
         # event loop and strands the other calls' tasks on it; as a value it

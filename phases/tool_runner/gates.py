@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from phases import journal
-from phases.tool_runner.calls import _function, _tool_of, arguments_digest, tool_context
+from phases.tool_runner.calls import _function, _tool_of, arguments_digest, journal_result, tool_context
 from phases.tools import Tool, ToolArgumentsError, result_content
 from pipelines.engine import children
 from pipelines.engine._aio import resolve
@@ -81,6 +81,6 @@ def _apply_interrupt_policies(ctx: PhaseContext[Any], tmap: dict[str, Tool], cal
         tctx = tool_context(ctx, call["id"], name, turn)
         found = resolve(t.reconcile(args, tctx))
         if found is not None:
-            ctx.record(journal.tool_key(call['id']), result_content(found))
+            journal_result(ctx, call, result_content(found))  # too large for the transcript: an error
         ctx.log(f"reconciled interrupted call {call['id']} of {name!r}: "
                 f"{'effect found' if found is not None else 'no effect, running it again'}")

@@ -156,3 +156,36 @@ def test_ask_policy_waits_for_the_outcome_then_goes_on() -> None:
 def test_reconcile_policy_needs_a_reconcile_function() -> None:
     with pytest.raises(InvalidInputError, match="reconcile function"):
         tool(crash_once_inside([]), name="x", on_interrupted="reconcile")
+
+
+# --- a result that fits its journal step but not the transcript's tool message ---------------------------
+
+
+def test_a_reconciled_result_too_large_for_its_tool_message_tells_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.engine import models
+
+    monkeypatch.setattr(models, "MAX_VALUE_BYTES", 64 * 1024)
+    effects: list[str] = []
+    t = tool(crash_once_inside(effects), name="charge", idempotent=False, on_interrupted="reconcile",
+             reconcile=lambda a, c: "x" * (models.MAX_VALUE_BYTES - 10))
+    storage, scheduler, _ = start(t)
+    scheduler.drain()
+    assert storage.get_job("j").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    got = storage.messages("j")[2]["content"]
+    assert got.startswith("Error: tool 'charge' ran, but its result could not be kept: the tool message answering "
+                          "call 'c1' is ")
+
+
+def test_a_recorded_result_too_large_for_its_tool_message_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.engine import models
+    from pipelines.engine.errors import ValueTooLargeError
+
+    monkeypatch.setattr(models, "MAX_VALUE_BYTES", 64 * 1024)
+    effects: list[str] = []
+    storage, scheduler, _ = start(tool(crash_once_inside(effects), name="charge", idempotent=False,
+                                       on_interrupted="ask"))
+    scheduler.drain()
+    before = storage.inspect("j")
+    with pytest.raises(ValueTooLargeError, match=r"the tool message answering call 'c1' is .* MiB limit"):
+        record_tool_result("j", "c1", "x" * (models.MAX_VALUE_BYTES - 10), storage=storage, scheduler=scheduler)
+    assert storage.inspect("j") == before  # still waiting for an outcome that fits

@@ -326,3 +326,26 @@ def test_a_call_made_again_after_a_full_retry_gets_an_idempotency_key_of_its_own
     scheduler.drain()
     assert [amount for _, amount in keys] == [50, 7000]
     assert keys[0][0] != keys[1][0], keys
+
+
+@pytest.mark.parametrize("calls", [1, 2], ids=["inline", "concurrent"])
+def test_a_result_whose_tool_message_is_too_large_to_commit_tells_the_model(monkeypatch: pytest.MonkeyPatch,
+                                                                           calls: int) -> None:
+    # The bare result fitted its journal step, the tool message around it not the commit: the job failed, and a
+    # resume replayed the journaled result into the same failure for good.
+    monkeypatch.setattr(models, "MAX_VALUE_BYTES", 64 * 1024)
+
+    @tool
+    def near(x: int) -> str:
+        """A result just under the storage limit."""
+        return "x" * (models.MAX_VALUE_BYTES - 10)
+
+    ids = [f"call-{'i' * 60}-{n}" for n in range(calls)]
+    storage = run([reply(None, *[{**call("near", x=n), "id": i} for n, i in enumerate(ids)]), "done"], [near])
+    rec = storage.get_job("j")
+    assert rec is not None and rec.status is JobStatus.COMPLETE, rec and rec.error
+    msgs = storage.messages("j")
+    assert transcript_problems(msgs) == []
+    for m in (m for m in msgs if m["role"] == "tool"):
+        assert m["content"].startswith("Error: tool 'near' ran, but its result could not be kept: the tool message ")
+        assert "MiB limit" in m["content"] and m["content"].endswith("Ask for less.")
