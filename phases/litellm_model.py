@@ -60,7 +60,7 @@ from phases.litellm_errors import _retry_after as _retry_after
 from phases.litellm_stream import _complete_streamed
 from phases.litellm_warm import warm_http
 from phases.model import ModelRequest, ModelResponse, ReadOnlyMessages, is_secret_param
-from pipelines.engine.errors import PermanentModelError, TransientModelError
+from pipelines.engine.errors import InvalidInputError, PermanentModelError, TransientModelError
 from pipelines.engine.models import Usage
 
 logger = logging.getLogger("pipelines")
@@ -181,6 +181,31 @@ def _warm_stream() -> None:
         logger.debug("litellm stream warm-up failed", exc_info=True)
 
 
+# Parameters each call sets itself (see LiteLLMModel._kwargs), with what to use instead: passed in params, they
+# were overridden without a word, or (stream=True) failed every job at its first model call.
+_OWNED_PARAMS = {
+    "model": "the model string is LiteLLMModel's first argument (Agent(model=...))",
+    "messages": "each call sends the job's transcript",
+    "tools": "each call offers the agent's tools (Agent(tools=...))",
+    "max_retries": "retries are the library's own: LiteLLMModel(max_retry_seconds=...) within a call, "
+                   "Agent(max_retries=...) across turns",
+    "num_retries": "retries are the library's own: LiteLLMModel(max_retry_seconds=...) within a call, "
+                   "Agent(max_retries=...) across turns",
+}
+
+
+def _owned_param(params: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``params`` if one of them is a parameter each call sets itself, else None."""
+    stream = params.get("stream")
+    if stream is not None and stream is not False:
+        return (f"'stream' is set by each call: an agent streams by default; pass Agent(stream=False) "
+                f"(or 'stream': False, the one value taken here) for a plain call, got {stream!r}")
+    for name, why in _OWNED_PARAMS.items():
+        if name in params:
+            return f"{name!r} may not be passed: {why}"
+    return None
+
+
 class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see _kwargs)
     """A :class:`~phases.model.Model` that calls ``litellm.completion``.
 
@@ -205,6 +230,9 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
             raise ValueError("model must be a non-empty litellm model string, e.g. 'openai/gpt-4o-mini'")
         self.model = model
         self._params: dict[str, Any] = dict(params or {})
+        problem = _owned_param(self._params)
+        if problem is not None:  # refused here, when the agent is built, not at every job's first call
+            raise InvalidInputError(f"LiteLLMModel({model!r}) params: {problem}")
         self.max_retry_seconds = max_retry_seconds
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -316,8 +344,9 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
         )
 
     def _check_allowed(self, params: Mapping[str, Any]) -> None:
-        if params.get("stream"):
-            raise PermanentModelError(f"streaming is not supported by LiteLLMModel (model {self.model})")
+        problem = _owned_param(params)  # a request's own params (the model's were checked when it was built)
+        if problem is not None:
+            raise PermanentModelError(f"model {self.model}: {problem}")
         if os.environ.get(BLOCK_REMOTE_MODELS_ENV) != "1" or "mock_response" in params:
             return
         base = params.get("api_base") or params.get("base_url")

@@ -1079,3 +1079,31 @@ def test_a_full_retry_restarts_the_run_where_it_began() -> None:
     app.drain()
     job = storage.get_job("j")
     assert ran == ["report", "report"] and job is not None and job.result == {"n": 3}
+
+
+# --- 16. model parameters each call sets itself --------------------------------------------
+@pytest.mark.parametrize(("params", "named"), [
+    ({"stream": True}, "'stream' is set by each call"), ({"stream": 1}, "'stream' is set by each call"),
+    ({"messages": []}, "'messages' may not be passed"), ({"model": "openai/other"}, "'model' may not be passed"),
+    ({"tools": []}, "'tools' may not be passed"), ({"max_retries": 3}, "'max_retries' may not be passed"),
+    ({"num_retries": 3}, "'num_retries' may not be passed"),
+], ids=lambda v: str(v)[:20])
+def test_a_model_param_the_library_sets_itself_is_refused_when_the_agent_is_built(params: dict[str, Any],
+                                                                                  named: str) -> None:
+    # stream=True passed the Agent and failed every job at its first model call; the others were overridden unsaid.
+    from pipelines import Agent
+
+    with pytest.raises(InvalidInputError, match=named):
+        Agent(name="a", model="openai/gpt-4o-mini", model_params={"api_key": "sk-x", **params})
+    for plain in (False, None):  # the plain call, and a null from a config file: still taken
+        Agent(name="a", model="openai/gpt-4o-mini", model_params={"stream": plain})
+
+
+def test_a_requests_own_stream_param_is_a_permanent_error_naming_it() -> None:
+    from phases.litellm_model import LiteLLMModel
+    from phases.model import ModelRequest
+    from pipelines.engine.errors import PermanentModelError
+
+    with pytest.raises(PermanentModelError, match="model openai/gpt-4o-mini: 'stream' is set by each call"):
+        LiteLLMModel("openai/gpt-4o-mini").complete(ModelRequest(messages=[{"role": "user", "content": "hi"}],
+                                                                 params={"stream": True}))
