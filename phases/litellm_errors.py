@@ -78,11 +78,39 @@ def _translate(exc: Exception, model: str, params: Mapping[str, Any]) -> ModelEr
         # would be retried (the turn again and again, the job looking stuck) for what only a person can fix.
         return PermanentModelError(f"no API key for model {model}: set the provider's key in the environment "
                                    f"(OPENAI_API_KEY, ...) or pass api_key: {detail}")
+    if _UNREADABLE in text:
+        return _unreadable(model, detail)
     transient = (lm.RateLimitError, lm.Timeout, lm.InternalServerError, lm.BadGatewayError,
                  lm.ServiceUnavailableError, lm.APIConnectionError)
     if isinstance(exc, transient) or (isinstance(status, int) and (status in (408, 409, 429, 529) or status >= 500)):
         return _RetryableError(f"model {model} is unavailable for now: {detail}", retry_after=_retry_after(exc))
     return PermanentModelError(f"model call to {model} failed: {detail}")
+
+
+_UNREADABLE = "Invalid response object"
+"""How litellm says a provider's answer (an HTTP 200) is of a shape it cannot read; it files that under
+InternalServerError (status 500), which was retried as a transient failure."""
+
+_VALIDATION = re.compile(r"validation errors? for \w+\n(.+)\n\s+(.+?)(?: \[|$)", re.MULTILINE)
+
+
+def _unreadable(model: str, detail: str) -> PermanentModelError:
+    """A provider's answer litellm cannot read, as a permanent error that counts one paid call.
+
+    Permanent: the provider answered, and the same request gets an answer of the same shape (content as a list
+    of parts, a token count that is no whole number...), so retrying paid for answer after answer (5 turns of
+    a minute's retries: over a hundred calls) for the same failure. The call was answered, so it is paid for:
+    counted (tokens unknown) for the job's budgets.
+    """
+    from pipelines.engine.models import Usage
+
+    head = detail.split(" Traceback", 1)[0]  # litellm appends its whole traceback and the response object
+    why = _VALIDATION.search(detail)
+    reason = f" ({why.group(1).strip()}: {why.group(2).strip()[:300]})" if why else ""
+    error = PermanentModelError(f"model {model} answered with a response litellm cannot read, not retried: "
+                                f"{head}{reason}")
+    error.usage = Usage(model_calls=1, unknown_cost_calls=1)
+    return error
 
 
 _NO_KEY = ("missing credentials", "api_key client option must be set")

@@ -16,8 +16,11 @@ raises :class:`~pipelines.engine.errors.TransientModelError` at once with
 ``retry_after`` set: the agent turn then schedules the same turn for later
 instead of holding a worker asleep. Everything else (bad request, auth,
 permission, not found, context window) raises
-:class:`~pipelines.engine.errors.PermanentModelError`. An empty answer (no choices)
-raises ``TransientModelError`` without retrying here.
+:class:`~pipelines.engine.errors.PermanentModelError`, and so does an answer
+litellm cannot read (its "Invalid response object", filed as a 500): the
+same request gets the same shape again. An empty answer (no choices)
+raises ``TransientModelError`` without retrying here. Both were answered:
+the error's ``usage`` counts the paid call.
 
 Streaming: when the request has an ``on_delta`` (the agent turn streams by
 default), the call is made with ``stream=True`` and
@@ -365,7 +368,9 @@ class LiteLLMModel(ReadOnlyMessages):  # it sends litellm a copy of its own (see
         choices = getattr(response, "choices", None) or []
         message = getattr(choices[0], "message", None) if choices else None
         if message is None:
-            raise TransientModelError(f"model {self.model} returned an empty response (no choices)")
+            error = TransientModelError(f"model {self.model} returned an empty response (no choices)")
+            error.usage = self._usage(response)  # answered all the same: paid for, counted for the job's budgets
+            raise error
         return ModelResponse(
             message=plain_message(message),
             finish_reason=getattr(choices[0], "finish_reason", None),

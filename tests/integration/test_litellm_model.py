@@ -16,11 +16,15 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from adapters.memory import MemoryScheduler, MemoryStorage
 from phases.litellm_model import LiteLLMModel, _redact, _retry_after
 from phases.model import ModelRequest
+from pipelines import Agent, App
 from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError
+from pipelines.engine.models import Usage
 from tests.fake_openai import (
     FakeOpenAI,
+    Reply,
     bad_request,
     call,
     close_litellm_clients_of,
@@ -228,9 +232,34 @@ def test_exhausted_budget_raises_transient(fake_openai: FakeOpenAI) -> None:
 
 def test_empty_choices_is_transient_and_not_retried_here(fake_openai: FakeOpenAI) -> None:
     fake_openai.script(empty_choices())
-    with pytest.raises(TransientModelError, match="empty response"):
+    with pytest.raises(TransientModelError, match="empty response") as caught:
         ask(model_for(fake_openai))
     assert len(fake_openai.requests) == 1
+    # Answered all the same: the call is paid for and counts for the job (its tokens as the provider said).
+    usage = caught.value.usage
+    assert isinstance(usage, Usage) and usage.model_calls == 1 and usage.prompt_tokens > 0
+
+
+# As in production: the suite's warnings-as-errors would turn litellm's serializer warning on the odd content into
+# another error before it gets to "Invalid response object".
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+def test_an_answer_litellm_cannot_read_is_permanent_and_counted(fake_openai: FakeOpenAI) -> None:
+    # A 200 whose body litellm fails to parse is its InternalServerError "Invalid response object": it was retried
+    # as a 5xx for as long as the budget allowed (over a hundred paid calls a job), and none was counted.
+    parts = Reply(message={"role": "assistant", "content": [{"type": "text", "text": "3"}]}, finish_reason="stop")
+    fake_openai.script(*[parts] * 5)
+    with pytest.raises(PermanentModelError, match="answered with a response litellm cannot read") as caught:
+        ask(model_for(fake_openai))
+    assert len(fake_openai.requests) == 1
+    assert "(content: Input should be a valid string)" in str(caught.value)
+    assert caught.value.usage == Usage(model_calls=1, unknown_cost_calls=1)
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=model_for(fake_openai), stream=False)])
+    app.run_agent("a", job_id="j", messages=["hello"])
+    app.drain()
+    job = app.get("j")
+    assert job.status.value == "error" and "cannot read" in (job.record.error or "")
+    assert job.usage.model_calls == 1 and len(fake_openai.requests) == 2
 
 
 # --- permanent failures ----------------------------------------------------------
