@@ -14,7 +14,8 @@ from pipelines.engine.errors import ValueTooLargeError
 from pipelines.engine.models import Message, dump_json
 from pipelines.engine.phase import PhaseContext
 
-__all__ = ["arguments_digest", "check_message_size", "journal_result", "tool_context", "tool_message"]
+__all__ = ["arguments_digest", "check_message_size", "journal_result", "storable_result", "tool_context",
+           "tool_message"]
 
 
 def tool_message(call: Mapping[str, Any], content: str) -> Message:
@@ -29,13 +30,30 @@ def journal_result(ctx: PhaseContext[Any], call: Mapping[str, Any], content: str
     model is told so, and the turn goes on.
     """
     key = journal.tool_key(call["id"])
+    content = storable_result(call, content)
     try:
-        check_message_size(call, content)
         ctx.record(key, content, before_commit=before_commit)
     except ValueTooLargeError as exc:
-        name = _function(call).get("name")
-        ctx.record(key, f"Error: tool {name!r} ran, but its result could not be kept: {exc}. Ask for less.",
-                   before_commit=before_commit)
+        ctx.record(key, _unkept(call, exc), before_commit=before_commit)
+
+
+def storable_result(call: Mapping[str, Any], content: str) -> str:
+    """``content``, or the error the model reads instead when its tool message is too large to store.
+
+    Also applied to a result read back from the journal: one an earlier version journaled (it checked only the
+    step) would otherwise fail the turn's commit on every resume.
+    """
+    if not isinstance(content, str):  # not a result this runner journals (the journal's values are any JSON)
+        return content
+    try:
+        check_message_size(call, content)
+    except ValueTooLargeError as exc:
+        return _unkept(call, exc)
+    return content
+
+
+def _unkept(call: Mapping[str, Any], exc: ValueTooLargeError) -> str:
+    return f"Error: tool {_function(call).get('name')!r} ran, but its result could not be kept: {exc}. Ask for less."
 
 
 def check_message_size(call: Mapping[str, Any], content: str) -> None:

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from phases import journal
-from phases.tool_runner.calls import _is_async, _policy, journal_result, tool_message
+from phases.tool_runner.calls import _is_async, _policy, journal_result, storable_result, tool_message
 from phases.tool_runner.gates import _apply_interrupt_policies, _check_approvals, _refuse_extra_children
 from phases.tool_runner.invoke import _cancelling, _invoke_async, _invoke_sync
 from phases.tools import Tool, check_timeout
@@ -64,7 +64,7 @@ def run_tools(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[st
                 # recovery whether or not they started, so the write is saved.
                 ctx.record(journal.TOOLS_STARTED, [c["id"] for c in pending])
             _execute(ctx, tmap, pending, turn, default_timeout, before_commit)
-    return [tool_message(c, ctx.recorded(journal.tool_key(c['id']))[1]) for c in calls]
+    return [tool_message(c, storable_result(c, ctx.recorded(journal.tool_key(c['id']))[1])) for c in calls]
 
 
 def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,

@@ -349,3 +349,30 @@ def test_a_result_whose_tool_message_is_too_large_to_commit_tells_the_model(monk
     for m in (m for m in msgs if m["role"] == "tool"):
         assert m["content"].startswith("Error: tool 'near' ran, but its result could not be kept: the tool message ")
         assert "MiB limit" in m["content"] and m["content"].endswith("Ask for less.")
+
+
+def test_a_journaled_result_too_large_for_its_tool_message_no_longer_fails_every_resume(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A result an earlier version journaled (it checked only the step): the commit failed, and so did each resume.
+    import phases.tool_runner.calls as calls
+
+    monkeypatch.setattr(models, "MAX_VALUE_BYTES", 64 * 1024)
+
+    @tool
+    def near(x: int) -> str:
+        """A result just under the storage limit."""
+        return "x" * (models.MAX_VALUE_BYTES - 10)
+
+    storage, scheduler, _ = memory()
+    agent = Agent(model=ScriptedModel([reply(None, {**call("near", x=1), "id": "c1"}), "done"]), tools=[near])
+    with monkeypatch.context() as old:
+        old.setattr(calls, "storable_result", lambda call, content: content)  # as the version before the check
+        old.setattr("phases.tool_runner.execute.storable_result", lambda call, content: content)
+        agent.run(job_id="j", messages=["go"], storage=storage, scheduler=scheduler)
+        scheduler.drain()
+    rec = storage.get_job("j")
+    assert rec is not None and rec.status is JobStatus.ERROR and "could not be committed" in (rec.error or "")
+    agent.run(job_id="j", storage=storage, scheduler=scheduler, retry_mode="resume")
+    scheduler.drain()
+    got = result(storage)
+    assert got.startswith("Error: tool 'near' ran, but its result could not be kept: the tool message answering ")
