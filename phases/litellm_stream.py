@@ -16,7 +16,9 @@ error mapping (a connection lost mid-stream is its ``MidStreamFallbackError``,
 an error event or a stream ended without a finish reason too), its end of
 stream, then ``stream_chunk_builder`` (text, tool calls, usage, provider
 fields). The answer is the one litellm builds; only its per-chunk work is
-done once per run instead of once per token.
+done once per run instead of once per token. A tool call that came without an
+id (or a name), which the builder leaves out, is kept as a plain answer's is
+(:func:`phases.litellm_answer.mark_unnamed_calls`).
 
 A chunk with anything else (a finish reason, usage, logprobs, a refusal, a
 provider's extra field such as ``reasoning_content``, several choices, a new
