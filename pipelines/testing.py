@@ -72,6 +72,10 @@ class ScriptedModel(ReadOnlyMessages):
     """
 
     def __init__(self, script: Sequence[Reply] | Callable[[list[Message]], Reply]) -> None:
+        if isinstance(script, str | bytes | dict) or not (callable(script) or isinstance(script, Sequence)):
+            # A string is a Sequence too: it would answer one character a turn.
+            raise InvalidInputError(f"ScriptedModel takes a list of replies or a function of the messages, got "
+                                    f"{type(script).__name__}; one reply is ScriptedModel([{script!r:.40}])")
         self._script = script
         self._next = 0
         self._lock = threading.Lock()

@@ -191,6 +191,12 @@ class RQScheduler:
         """
         if "namespace" in options:
             raise ConfigurationError("for_storage takes the namespace from the storage")
+        from adapters.redis.storage import RedisStorage  # at run time only here: a scheduler built otherwise needs none
+
+        if not isinstance(storage, RedisStorage):
+            raise ConfigurationError(f"RQScheduler.for_storage needs a RedisStorage (its queues live on that Redis), "
+                                     f"got {type(storage).__name__}; for {type(storage).__name__} use its own "
+                                     "scheduler, or RQScheduler(redis.Redis(...), ...)")
         if connection is None and storage.cluster:
             raise ConfigurationError("the storage is on a Redis Cluster, which RQ does not support: pass "
                                      "connection=redis.Redis(...) for the queues")

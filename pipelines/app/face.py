@@ -23,7 +23,7 @@ from adapters.base import FlowCapable, HostedScheduler, InProcessScheduler, Sche
 from pipelines.app.controls import Controls, check_retention
 from pipelines.app.entry import WORKER_ENTRY
 from pipelines.app.read_model import ReadModel
-from pipelines.app.registry import PipelineSource, Registry
+from pipelines.app.registry import PipelineSource, Registry, named_pipelines
 from pipelines.app.runs import Runs
 from pipelines.engine import flow
 from pipelines.engine.capabilities import Feature, as_feature
@@ -122,7 +122,7 @@ class App:
         self.controls = Controls(self)
         for schema in schemas:
             self.add_schema(schema)
-        for name, phases in (pipelines or {}).items():
+        for name, phases in named_pipelines(pipelines):
             self.add_pipeline(name, phases)
         for agent in agents:
             self.add_agent(agent)

@@ -23,7 +23,17 @@ from pipelines.engine.runner import as_pipeline
 if TYPE_CHECKING:
     from pipelines.app.face import App
 
-__all__ = ["PipelineSource", "Registry", "TitledSource"]
+__all__ = ["PipelineSource", "Registry", "TitledSource", "named_pipelines"]
+
+
+def named_pipelines(pipelines: object) -> list[tuple[str, Any]]:
+    """``App(pipelines=...)`` as (name, phases) pairs; a list of phases or other non-mapping is refused."""
+    if pipelines is None:
+        return []
+    if not isinstance(pipelines, Mapping):
+        raise ConfigurationError(f"pipelines must map names to phases ({{'etl': [Phase(...), ...]}}), got "
+                                 f"{type(pipelines).__name__}")
+    return list(pipelines.items())
 
 
 @runtime_checkable

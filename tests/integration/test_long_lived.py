@@ -129,6 +129,16 @@ def test_bad_forks_are_refused_with_nothing_written(storage: Any) -> None:
     assert storage.get_job("x") is None
 
 
+def test_a_refused_fork_names_the_turns_kept_with_their_gaps(storage: Any) -> None:
+    app = App(storage=storage, scheduler=MemoryScheduler(), provenance=False,
+              agents=[Agent(name="a", model=ScriptedModel(lambda m: "ok"), stream=False)])
+    app.run_agent("a", job_id="c", user="hi").wait()
+    app.retry("c", mode="full")  # the run it cut takes its turn out of the history
+    app.drain()
+    with pytest.raises(InvalidInputError, match=r"keeps turns 0, 2 \(.*a full retry drops the turns of the run"):
+        app.fork("c", at_turn=1, new_job_id="c-f1")
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_crash_around_the_fork_write_leaves_no_half_fork(storage: Any, monkeypatch: pytest.MonkeyPatch,
                                                            when: str) -> None:

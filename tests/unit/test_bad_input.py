@@ -1107,3 +1107,19 @@ def test_a_requests_own_stream_param_is_a_permanent_error_naming_it() -> None:
     with pytest.raises(PermanentModelError, match="model openai/gpt-4o-mini: 'stream' is set by each call"):
         LiteLLMModel("openai/gpt-4o-mini").complete(ModelRequest(messages=[{"role": "user", "content": "hi"}],
                                                                  params={"stream": True}))
+
+
+@pytest.mark.parametrize("bad", ["It has shipped.", {"role": "assistant"}, 42, None], ids=repr)
+def test_a_scripted_model_takes_a_list_or_a_function(bad: Any) -> None:
+    with pytest.raises(InvalidInputError, match="ScriptedModel takes a list of replies or a function"):
+        ScriptedModel(bad)
+
+
+def test_odd_app_and_scheduler_arguments_get_errors_naming_them() -> None:
+    from adapters.rq import RQScheduler
+
+    storage, scheduler, _ = memory()
+    with pytest.raises(ConfigurationError, match=r"for_storage needs a RedisStorage .* got MemoryStorage"):
+        RQScheduler.for_storage(storage)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"pipelines must map names to phases .* got list"):
+        App(storage=storage, scheduler=scheduler, pipelines=[Phase("a", done_phase)])  # type: ignore[arg-type]

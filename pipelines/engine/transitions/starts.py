@@ -98,10 +98,22 @@ def turn_mark(rec: JobRecord, at_turn: object) -> TurnMark:
     for mark in rec.history:
         if mark.phases_done == at_turn:
             return mark
-    kept = f"turns {rec.history[0].phases_done}..{rec.history[-1].phases_done}" if rec.history else "no turns"
+    kept = f"turns {_spans([m.phases_done for m in rec.history])}" if rec.history else "no turns"
     raise InvalidInputError(
         f"job {rec.job_id!r} has no checkpoint for turn {at_turn}: its record keeps {kept} (at most "
-        f"{HISTORY_LIMIT} turns, pipelines.engine.transitions.HISTORY_LIMIT; older records kept none)")
+        f"{HISTORY_LIMIT} turns, pipelines.engine.transitions.HISTORY_LIMIT; a full retry drops the turns of "
+        "the run it cut; older records kept none)")
+
+
+def _spans(turns: list[int]) -> str:
+    """``[0, 2, 3, 4]`` as ``"0, 2..4"``: the turns a record keeps, with its gaps."""
+    spans: list[list[int]] = []
+    for t in turns:
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
 
 
 def fork(src: JobRecord, mark: TurnMark, *, new_job_id: str, messages: list[Message],
