@@ -53,6 +53,14 @@ class Runs:
 
         Documented on :meth:`pipelines.app.App.run_agent`.
         """
+        if (not isinstance(agent, str) and self.registry.agents.get(agent.name) is not agent
+                and not has(self.scheduler, Feature.IN_PROCESS)):
+            # Registered now, it would be known in this process only: every worker, which builds the App from
+            # its module, would refuse the job's turns ("unknown pipeline") and the job would wait for ever.
+            raise ConfigurationError(
+                f"agent {agent.name!r} is not registered with this App, so the workers of "
+                f"{type(self.scheduler).__name__} (which build the App from its module) would not know it: add it "
+                "to App(agents=[...]) where the App is built, and run it by name")
         source = self.registry.agent(agent)
         if user is not None:
             if not isinstance(user, str):

@@ -242,6 +242,15 @@ def test_per_call_callbacks_are_refused_on_a_queue_scheduler(storage: Any) -> No
     assert storage.get_job("c") is None
 
 
+def test_an_agent_the_app_does_not_register_is_refused_on_a_queue_scheduler(storage: Any) -> None:
+    known = Agent(name="a", model=ScriptedModel(["x"]))
+    app = App(storage=storage, scheduler=QueueLike(), agents=[known])
+    adhoc = Agent(name="adhoc", model=ScriptedModel(["x"]))
+    with pytest.raises(ConfigurationError, match="agent 'adhoc' is not registered with this App"):
+        app.run_agent(adhoc, job_id="c", user="hi")
+    assert storage.get_job("c") is None and "adhoc" not in app.registry.agents
+
+
 # --- crashes at every persistence boundary -------------------------------------------------------------
 def test_pinned_prompt_context_and_provider_survive_a_crash_at_every_boundary() -> None:
     def script(msgs: list[Any]) -> Any:
