@@ -334,14 +334,15 @@ def listened_queues(app_queues: list[str], queue: str | None) -> list[str]:
 
     The app's scheduler sends background runs to ``<queue>-background``: naming its queue (``--queue
     agents``, as the docs show) serves both, as no ``--queue`` does. A priority queue named on its own
-    (``agents-background``) or another app's queue is listened on alone, with its background queue for
-    the latter.
+    (``agents-background``) is listened on alone. Any other name is refused: the app sends nothing there
+    (its sweep re-sends overdue jobs to its own queues), so a typo would leave every job waiting.
     """
     if queue is None or queue == app_queues[0]:
         return list(app_queues)
     if queue in app_queues:
         return [queue]  # a worker kept for one priority
-    return [queue, f"{queue}-background"]
+    raise ConfigurationError(f"--queue {queue!r} is not a queue of this app: its scheduler sends to "
+                             f"{', '.join(app_queues)}; name one of them, or none for all")
 
 
 def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst: bool = False,
@@ -364,6 +365,14 @@ def run_rq_worker(app: App, *, path: str | None, queue: str | None = None, burst
     from adapters.rq.priority import PrioritySimpleWorker, PriorityWorker
 
     scheduler = rq_scheduler(app)
+    named = scheduler.app
+    if named is not None and named != path and not _names_loaded(named, app):
+        # Checked now, not per message: each would be refused, the sweep would send it again, and every job
+        # would wait at "running" with nothing in its log to say why.
+        raise ConfigurationError(f"the app's scheduler sends advances naming app {named!r}, but this worker "
+                                 f"runs {path or 'an app given as an object'!r} and would refuse every one: give "
+                                 f"the scheduler app={path!r} (the path the worker imports), or start the worker "
+                                 f"with --app {named}")
     use_app(app, path=path)
     # Interactive first, then background (a share of takes keeps it from starving: adapters.rq.priority).
     names = listened_queues(scheduler.queue_names, queue)

@@ -100,3 +100,33 @@ def test_use_app_takes_only_an_app() -> None:
     app = App(storage=MemoryStorage(), scheduler=MemoryScheduler())
     worker.use_app(app, path="some.module:app")
     assert advance_job("nope", None, "some.module:app") == "unknown"
+
+
+def _rq_app(named: str | None) -> App:
+    import redis
+
+    from adapters.redis import RedisStorage
+    from adapters.rq import RQScheduler
+
+    # Nothing here connects: a redis client connects at its first command, and the checks come first.
+    storage = RedisStorage(redis.Redis(port=1), prefix="w")
+    return App(storage=storage, scheduler=RQScheduler.for_storage(storage, queue="agents", app=named))
+
+
+def test_a_worker_whose_app_the_scheduler_does_not_name_refuses_to_start() -> None:
+    app = _rq_app("myapp.agents:app")  # the docs' path, the module saved as shop/agents.py
+    with pytest.raises(ConfigurationError, match=r"naming app 'myapp.agents:app', but this worker runs "
+                                                 r"'shop.agents:app' .* scheduler app='shop.agents:app'"):
+        worker.run_rq_worker(app, path="shop.agents:app", burst=True, sweep_interval=0)
+
+
+def test_a_queue_the_app_does_not_send_to_is_refused() -> None:
+    app_queues = ["agents", "agents-background"]
+    assert worker.listened_queues(app_queues, None) == app_queues
+    assert worker.listened_queues(app_queues, "agents") == app_queues
+    assert worker.listened_queues(app_queues, "agents-background") == ["agents-background"]
+    with pytest.raises(ConfigurationError, match=r"--queue 'agnets' is not a queue of this app: its scheduler "
+                                                 r"sends to agents, agents-background"):
+        worker.listened_queues(app_queues, "agnets")
+    with pytest.raises(ConfigurationError, match="--queue 'agnets' is not a queue"):
+        worker.run_rq_worker(_rq_app(None), path=None, queue="agnets", burst=True, sweep_interval=0)
