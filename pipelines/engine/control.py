@@ -108,7 +108,8 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
 
 
 def resume_job(job_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRecord:
-    """Set a paused job running again from its checkpoint, due now, and enqueue it.
+    """Set a paused job running again from its checkpoint, and enqueue it: due now, or when a delay its
+    phase asked for ends (a pause never shortens one).
 
     A paused job has no turn in flight, so this is a compare-and-set on the
     version; a stale queued message holding the lease for a moment does not

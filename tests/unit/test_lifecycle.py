@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pipelines import Done, JobStatus, Next, Phase, PhaseContext, run_pipeline
+from pipelines import Done, JobStatus, Next, Phase, PhaseContext, RetryLater, WaitForInput, run_pipeline
 from pipelines.engine.control import cancel_job, pause_job, resume_job
 from pipelines.engine.errors import JobConflictError, JobNotFoundError
 from tests.unit.helpers import memory
@@ -135,3 +135,77 @@ def test_wrong_statuses_and_unknown_jobs_are_clear_errors() -> None:
         cancel_job("j", storage=storage, scheduler=scheduler)
     with pytest.raises(JobNotFoundError):
         pause_job("nope", storage=storage, scheduler=scheduler)
+
+
+def _ending_job(ending: Any) -> tuple[Any, Any, threading.Event, threading.Event]:
+    """A job whose first turn blocks until released, then ends with ``ending()``; its next phase finishes it."""
+    storage, scheduler, _ = memory()
+    entered, release = threading.Event(), threading.Event()
+
+    def step(ctx: PhaseContext[Any]) -> Any:
+        if ctx.state == 0:
+            entered.set()
+            release.wait(5)
+            return ending()
+        return Done(result="ran")
+
+    run_pipeline(job_id="j", phases=[Phase("step", step)], storage=storage, scheduler=scheduler, initial_state=0)
+    return storage, scheduler, entered, release
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+@pytest.mark.parametrize("kind", ["pause", "cancel"])
+@pytest.mark.parametrize("ending", [lambda: Next("step", state=1, delay=3600),
+                                    lambda: _raise(RetryLater(3600, "upstream busy"))], ids=["next", "retry_later"])
+def test_a_request_pending_when_a_turn_ends_with_a_delay_lands_now_not_when_the_delay_ends(kind: str,
+                                                                                          ending: Any) -> None:
+    storage, scheduler, entered, release = _ending_job(ending)
+    worker = in_flight(scheduler, entered)
+    try:
+        control = pause_job if kind == "pause" else cancel_job
+        assert control("j", storage=storage, scheduler=scheduler, wait=0).control == kind
+    finally:
+        release.set()
+        worker.join(5)
+    scheduler.run_due()  # what is due now; the hour's delay has not passed
+    job = storage.get_job("j")
+    assert job.status is (JobStatus.PAUSED if kind == "pause" else JobStatus.CANCELLED) and job.control is None
+
+
+def test_a_cancel_pending_when_a_turn_ends_waiting_for_a_person_lands_at_once() -> None:
+    storage, scheduler, entered, release = _ending_job(lambda: _raise(WaitForInput("needs a manager's OK")))
+    worker = in_flight(scheduler, entered)
+    try:
+        assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
+    finally:
+        release.set()
+        worker.join(5)
+    job = storage.get_job("j")
+    assert job.status is JobStatus.CANCELLED and job.control is None
+
+
+def test_a_resumed_job_keeps_the_delay_its_phase_asked_for() -> None:
+    storage, scheduler, clock = memory()
+    ran: list[str] = []
+
+    def first(ctx: PhaseContext[Any]) -> Next:
+        ran.append("first")
+        return Next("second", delay=3600)
+
+    def second(ctx: PhaseContext[Any]) -> Done:
+        ran.append("second")
+        return Done(result="reminder sent")
+
+    run_pipeline(job_id="j", phases=[Phase("first", first), Phase("second", second)], storage=storage,
+                 scheduler=scheduler)
+    scheduler.run_due()
+    pause_job("j", storage=storage, scheduler=scheduler)
+    resume_job("j", storage=storage, scheduler=scheduler)
+    scheduler.run_due()
+    assert ran == ["first"]  # the reminder is not sent an hour early
+    clock.advance(3600)
+    scheduler.drain()
+    assert ran == ["first", "second"] and storage.get_job("j").status is JobStatus.COMPLETE

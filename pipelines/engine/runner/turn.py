@@ -80,11 +80,35 @@ class _LeasedJob:
                 keep()  # answered already, or the question lets its connection go
             if commit is None:
                 return result
-            self.released = commit.release_lease
-            if self.released:
+            if self.let_go(commit, reply):
                 return result
             # Exactly what storage now holds: go on without reloading.
             record = commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
+
+    def let_go(self, commit: Commit, reply: CommitReply) -> bool:
+        """Whether ``commit`` let the job go (released its lease); a pause or cancel asked meanwhile goes on then."""
+        self.released = commit.release_lease
+        if self.released and reply.control is not None:
+            self.control_left(commit.record, reply.control)
+        return self.released
+
+    def control_left(self, record: JobRecord, control: str) -> None:
+        """A pause or cancel asked during a turn whose commit let the job go: a delay, a retry later, a wait.
+
+        Applied now, not when the delay ends or a person acts (the request stayed stored and the job
+        said ``running`` for that long): a running job gets an advance at once, which applies it first
+        thing (due or not; an id of its own, since the commit's delayed message holds its version's); a
+        waiting one is cancelled here, as ``cancel_job`` cancels a waiting job (a pause waits for the
+        job to run again).
+        """
+        try:
+            if record.status is JobStatus.RUNNING:
+                self.scheduler.schedule_advance(record.job_id, 0.0, pipeline=record.pipeline)
+            elif record.status is JobStatus.WAITING and control == "cancel":
+                commit = transitions.cancel(record, owner=None, now=self.scheduler.now())
+                writer.apply(self.storage, self.scheduler, commit)
+        except PipelineError as exc:  # stored still: the next advance, or the caller, applies it
+            logger.warning("job %s: the %s asked during its turn waits: %s", record.job_id, control, exc)
 
     def wake(self, record: JobRecord) -> JobRecord | AdvanceResult:
         """A job waiting for child jobs runs again once all finished (see :mod:`pipelines.engine.children`).

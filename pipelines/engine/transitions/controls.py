@@ -23,13 +23,17 @@ def pause(rec: JobRecord, *, owner: str, now: float) -> Commit:
 
 
 def resume(rec: JobRecord, *, now: float) -> Commit:
-    """A paused job runs again from its checkpoint, due now (no turn can be in flight: no lease needed)."""
+    """A paused job runs again from its checkpoint (no turn can be in flight: no lease needed).
+
+    Due now, or when it was due if that is later: a delay a phase asked for (``Next(delay=...)``, a
+    ``RetryLater`` backoff) still holds; a pause never shortens it.
+    """
     if rec.status is not JobStatus.PAUSED:
         pending = " with a pause asked (applied when its turn commits)" if rec.control == "pause" else ""
         raise JobConflictError(f"job {rec.job_id!r} is {rec.status.value}{pending}; only a paused job can be "
                                f"resumed{'; resume it once it is paused' if pending else ''}")
     token = new_token()
-    cp = rec.checkpoint.model_copy(update={"due_at": now}) if rec.checkpoint is not None else None
+    cp = rec.checkpoint.model_copy(update={"due_at": max(now, rec.checkpoint.due_at)}) if rec.checkpoint else None
     new = _moved(rec, token, now, cp, status=JobStatus.RUNNING)
     phase = _phase_of(rec)
     return _commit(rec, new, token, clear_control=True, logs=[_log(now, phase, "job resumed")],
