@@ -63,20 +63,20 @@ T = TypeVar("T")
 
 
 def follow(storage: Storage, job_id: str, *, after: str | None = None, follow: bool = True,
-           timeout: float | None = None) -> Iterator[Event]:
+           timeout: float | None = None, idle: Callable[[], None] | None = None) -> Iterator[Event]:
     """Parts of ``job_id``'s stream after ``after`` (see the module docstring).
 
     ``follow=False`` returns what is there now. ``timeout`` (seconds) ends a
     followed stream that long after it started, even if the job goes on.
     Raises :class:`~pipelines.errors.JobNotFoundError` for an unknown job and
     :class:`~pipelines.errors.InvalidInputError` for a malformed cursor, before
-    anything is read.
+    anything is read. ``idle()`` is called after each blocking read that found nothing.
     """
-    return (part for part in _steps(storage, job_id, after, follow, timeout) if part is not None)
+    return (part for part in _steps(storage, job_id, after, follow, timeout, idle) if part is not None)
 
 
 def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
-           timeout: float | None) -> Iterator[Event | None]:
+           timeout: float | None, idle: Callable[[], None] | None = None) -> Iterator[Event | None]:
     """The parts, with ``None`` after every blocking read that found nothing (a point to stop at)."""
     cursor = check_cursor(after)
     load_job(storage, job_id)
@@ -98,6 +98,8 @@ def _steps(storage: Storage, job_id: str, after: str | None, follow: bool,
             drained, settled = _waited(parts)
             if not parts:
                 yield None  # a consumer that went away stops here, not after the next part
+                if idle is not None:
+                    idle()
                 continue
         else:
             drained = settled = False

@@ -11,10 +11,12 @@ runs and operations.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import (
+    Backlog,
     CountingIndex,
     FencedAnswers,
     LeaseHistory,
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     from pipelines.engine.phase import Pipeline
 
 __all__ = ["LeaseState", "ReadModel", "page_cursor", "parse_cursor", "tags_of"]
+
+logger = logging.getLogger("pipelines")
 
 # The listing's cursors (``updated_at/job_id`` of a page's last record), as the storage port defines them:
 # ``page_cursor(record)`` names where the next page starts, ``parse_cursor(text)`` checks one from outside.
@@ -169,7 +173,25 @@ class ReadModel:
     def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
                timeout: float | None = None) -> Iterator[Event]:
         """The job's parts from the cursor ``after``: events and text as it arrives (see :mod:`pipelines.streams`)."""
-        return streams.follow(self.storage, job_id, after=after, follow=follow, timeout=timeout)
+        return streams.follow(self.storage, job_id, after=after, follow=follow, timeout=timeout,
+                              idle=self._undrained(job_id))
+
+    def _undrained(self, job_id: str) -> Callable[[], None] | None:
+        """For a scheduler that runs turns only when drained (the memory one): a warning, once, when a stream
+        waits while advances wait too: nothing runs the job unless someone drains (a newcomer's stream hung)."""
+        backlog = as_feature(self.scheduler, Feature.BACKLOG, Backlog)  # type: ignore[type-abstract]
+        if backlog is None or not has(self.scheduler, Feature.IN_PROCESS) or has(self.scheduler, Feature.HOSTED):
+            return None
+        warned: list[bool] = []
+
+        def idle() -> None:
+            if not warned and backlog.work_waiting():
+                warned.append(True)
+                logger.warning("app.stream(%r) waits while advances wait on %s, which runs them only when drained: "
+                               "call app.drain() (in a thread, to watch the stream live) or run.wait()", job_id,
+                               type(self.scheduler).__name__)
+
+        return idle
 
     def astream(self, job_id: str, *, after: str | None = None, follow: bool = True,
                 timeout: float | None = None) -> AsyncIterator[Event]:

@@ -481,3 +481,21 @@ def test_pieces_appended_while_another_thread_sends_batches_all_go_out_once_and_
         flusher.join()
     sink.finish("".join(pieces))
     assert "".join(ctx.published) == "".join(pieces)
+
+
+def test_a_stream_nothing_drains_says_so_once_instead_of_waiting_in_silence(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import pipelines.streams as streams
+
+    monkeypatch.setattr(streams, "_WAIT", 0.05)  # one blocking read: 50 ms
+    app = start("hello")  # its first turn is scheduled; nothing drains the memory scheduler
+    with caplog.at_level("WARNING", logger="pipelines"):
+        parts = list(app.stream("j", timeout=0.5))
+    assert [p.type for p in parts] == ["job_started"]
+    warned = [r.getMessage() for r in caplog.records if "runs them only when drained" in r.getMessage()]
+    assert len(warned) == 1 and "app.drain()" in warned[0]
+    app.drain()  # drained, the same stream call reads to the end without a word
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipelines"):
+        assert [p.type for p in app.stream("j")][-1] == "job_finished"
+    assert not [r for r in caplog.records if "runs them only when drained" in r.getMessage()]
