@@ -37,10 +37,10 @@ if TYPE_CHECKING:
         RetryLater,
         WaitForInput,
     )
-    from pipelines.engine.runner import AdvanceResult, advance_phase
+    from pipelines.engine.runner import AdvanceResult
     from pipelines.engine.start import RetryMode
     from pipelines.handle import JobView, RunHandle
-    from pipelines.lowlevel import run_agent, run_pipeline
+    from pipelines.lowlevel import advance_phase, run_agent, run_pipeline
 
 __all__ = [
     "AdvanceResult",
@@ -83,7 +83,7 @@ __all__ = [
 
 # Where each public name lives; resolved on first access (PEP 562).
 _HOMES = {
-    **dict.fromkeys(["AdvanceResult", "advance_phase"], "pipelines.engine.runner"),
+    "AdvanceResult": "pipelines.engine.runner",
     **dict.fromkeys(["Event", "JobRecord", "JobStatus", "LogEntry", "Usage"], "pipelines.engine.models"),
     **dict.fromkeys(["Done", "Fail", "FailJob", "Next", "Phase", "PhaseContext", "Pipeline", "RetryLater",
                      "WaitForInput"], "pipelines.engine.phase"),
@@ -91,7 +91,7 @@ _HOMES = {
     "RateLimit": "pipelines.engine.flow",
     "Agent": "pipelines.agent", "App": "pipelines.app",
     "JobView": "pipelines.handle", "RunHandle": "pipelines.handle",
-    "run_agent": "pipelines.lowlevel", "run_pipeline": "pipelines.lowlevel",
+    "run_agent": "pipelines.lowlevel", "run_pipeline": "pipelines.lowlevel", "advance_phase": "pipelines.lowlevel",
     "Model": "phases.model", "PrepareTurn": "phases.agent_turn", "TurnPlan": "phases.agent_turn",
     "build_agent_phase": "phases.agent_turn",
     **dict.fromkeys(["StopCondition", "TurnInfo", "has_tool_call", "max_turns"], "phases.stop"),

@@ -24,11 +24,11 @@ from pipelines.app import App
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import Message
 from pipelines.engine.phase import Phase, Pipeline
-from pipelines.engine.runner import as_pipeline
+from pipelines.engine.runner import advance_under_lease, as_pipeline
 from pipelines.engine.start import RetryMode
 from pipelines.handle import RunHandle
 
-__all__ = ["run_agent", "run_pipeline"]
+__all__ = ["advance_phase", "run_agent", "run_pipeline"]
 
 _UNSET: Any = object()
 
@@ -89,3 +89,28 @@ def run_agent(
         messages = as_messages(initial_messages, name="initial_messages")
     agent = Agent(name=name, model=model, **options)
     return agent.run(job_id=job_id, messages=messages, storage=storage, scheduler=scheduler, retry_mode=retry_mode)
+
+
+def advance_phase(
+    *,
+    job_id: str,
+    phases: Sequence[Phase] | Pipeline,
+    storage: Storage,
+    scheduler: Scheduler,
+    lease_seconds: float | None = None,
+    state_model: type[BaseModel] | None = None,
+) -> None:
+    """Run the job's next phase once, if it is running, due and not leased (else a no-op).
+
+    Safe to call any number of times, from any number of processes (I6): what a cron runs. A
+    phase's exception never escapes: it is recorded on the job as status ``error`` (I9).
+    ``state_model`` (or a :class:`Pipeline` with ``state=``) makes the phases see the state as that
+    pydantic model. Through the App attached to the scheduler: its lease (``lease_seconds``, unless
+    given here), its flow control (rate limits, concurrency keys) and its environment (child runs,
+    callbacks) hold as for a worker's turn. (``pipelines.engine.runner.advance_phase`` is the
+    engine's own, with none of an App's settings.)
+    """
+    app = App.for_adapters(storage, scheduler)
+    pipeline = as_pipeline(phases, state_model)
+    advance_under_lease(job_id, lambda record: pipeline, storage=storage, scheduler=scheduler,
+                        lease_seconds=app.lease_seconds if lease_seconds is None else lease_seconds, env=app.env)

@@ -234,3 +234,21 @@ def test_workers_take_background_work_at_least_once_in_n_takes_under_sustained_i
         firsts.append(taken.name)
         order, streak = priority_order(queues, taken, streak, 5)
     assert firsts.count("q-background") == 4 and firsts[:5] == ["q", "q", "q", "q", "q-background"]
+
+
+def test_the_low_level_advance_phase_goes_through_the_apps_flow_control_and_lease() -> None:
+    from pipelines import advance_phase
+
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock)
+    app = make_app(model, clock, concurrency={"*": 1}, lease_seconds=120.0)
+    store = app.flow.store
+    assert isinstance(store, MemoryFlowStore)
+    store.take_slot("tenant-a", "other-job owner", limit=1, ttl=600.0, now=clock())  # the key is busy
+    app.run_agent("w", job_id="j", user="hi", concurrency_key="tenant-a")
+    advance_phase(job_id="j", phases=app.pipeline("w"), storage=app.storage, scheduler=app.scheduler)
+    assert model.jobs == [] and app.get("j").status is JobStatus.RUNNING  # type: ignore[union-attr]
+    store.release_slot("tenant-a", "other-job owner")
+    clock.advance(1.0)
+    advance_phase(job_id="j", phases=app.pipeline("w"), storage=app.storage, scheduler=app.scheduler)
+    assert model.jobs == ["j"]
