@@ -294,9 +294,14 @@ class RQScheduler:
             try:
                 self._enqueue(rq_id, job_id, version, delay, pipeline, unique=True, at_front=at_front, queue=q)
             except DuplicateJobError:
-                if self._still_pending(rq_id, q):
-                    return
-                self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False, at_front=at_front, queue=q)
+                if not self._still_pending(rq_id, q):
+                    self._enqueue(rq_id, job_id, version, delay, pipeline, unique=False, at_front=at_front, queue=q)
+                elif self._due_later(rq_id, q, delay):
+                    # The message waiting under this id is due later than this one (a job deleted and made
+                    # again under its id, whose old run had a turn waiting a day at this version): it must not
+                    # hold this one back. Sent under an id of its own (one: a sweep sends it once), and the
+                    # later one finds its turn done.
+                    self._send(f"{rq_id}-a", job_id, version, delay, pipeline, at_front=at_front, queue=q)
 
     # --- helpers -------------------------------------------------------------
     def _rq_id(self, job_id: str, version: int | None) -> str:
@@ -333,6 +338,11 @@ class RQScheduler:
                 pipe.execute()
                 self._listed[q.key] = now
         return job
+
+    def _due_later(self, rq_id: str, queue: Queue, delay: float) -> bool:
+        """Whether the pending message ``rq_id`` waits in RQ's scheduled registry past ``delay`` from now."""
+        at = self.connection.zscore(queue.scheduled_job_registry.key, rq_id)
+        return at is not None and float(at) > time.time() + delay + SCHEDULER_LATE
 
     def _still_pending(self, rq_id: str, queue: Queue | None = None) -> bool:
         q = queue or self.queue

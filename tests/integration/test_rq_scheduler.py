@@ -246,6 +246,19 @@ def test_a_delayed_advance_waits_in_the_scheduled_registry(scheduler: RQSchedule
     assert scheduler.precision == 1.0  # the runner accepts RQ's ~1 s early delivery
 
 
+def test_an_advance_due_now_is_not_held_back_by_one_under_its_id_due_later(scheduler: RQScheduler) -> None:
+    # A job deleted and made again under its id: its old run's turn at version 2 waits a day in RQ.
+    scheduler.schedule_advance("order-7", 86400, version=2)
+    scheduler.schedule_advance("order-7", 0, version=2)  # the new job's turn at version 2, due now
+    old = rq_job_id("order-7", 2, scheduler.namespace)
+    assert scheduler.queue.scheduled_job_registry.get_job_ids() == [old]  # kept: it finds its turn done
+    assert scheduler.queue.job_ids == [f"{old}-a"]  # not skipped as a duplicate of the later one
+    scheduler.schedule_advance("order-7", 0, version=2)  # a sweep sending it again: still one
+    assert scheduler.queue.job_ids == [f"{old}-a"]
+    scheduler.schedule_advance("order-7", 86400, version=2)  # a later one than waits: a duplicate, as before
+    assert scheduler.queue.scheduled_job_registry.get_job_ids() == [old]
+
+
 def test_bad_delays_are_rejected_before_anything_is_written(client: redis.Redis, scheduler: RQScheduler) -> None:
     for delay in (-1.0, float("nan")):
         with pytest.raises(InvalidInputError):
