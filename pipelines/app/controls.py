@@ -87,6 +87,11 @@ class Controls:
         return self.app.read.view(approvals.record_tool_result(job_id, call_id, result, storage=self.storage,
                                                       scheduler=self.scheduler))
 
+    def supply_input(self, job_id: str, key: str, value: Any) -> JobView:
+        """Give a job waiting in ``wait_for_input`` its input (see :func:`pipelines.engine.control.supply_input`)."""
+        return self.app.read.view(control.supply_input(job_id, key, value, storage=self.storage,
+                                                       scheduler=self.scheduler))
+
     # --- advancing ---------------------------------------------------------------------------
     def advance(self, job_id: str) -> AdvanceResult:
         """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""

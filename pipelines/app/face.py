@@ -328,6 +328,10 @@ class App:
         """Record what an interrupted call did, as a person found it (see :mod:`phases.approvals`)."""
         return self.controls.record_tool_result(job_id, call_id, result)
 
+    def supply_input(self, job_id: str, key: str, value: Any) -> JobView:
+        """Give a phase waiting in ``wait_for_input(ctx, key, ...)`` its input: the job runs on (JSON ``value``)."""
+        return self.controls.supply_input(job_id, key, value)
+
     def advance(self, job_id: str) -> AdvanceResult:
         """Advance ``job_id`` with the pipeline its record names (what a worker or cron does); idempotent."""
         return self.controls.advance(job_id)
@@ -335,11 +339,8 @@ class App:
     try_advance = advance
 
     def advance_due(self, *, grace: float = 0.0, limit: int = 1000) -> list[tuple[str, AdvanceResult]]:
-        """Advance every running job due for at least ``grace`` seconds and not leased: the sweep (I7).
-
-        One bad job (an unknown pipeline, a corrupt record) is logged and
-        reported ``unreached``; it never stops the sweep.
-        """
+        """Advance every running job due for ``grace`` seconds and not leased: the sweep (I7). One bad job (an
+        unknown pipeline, a corrupt record, a bug) is logged and reported ``unreached``: it never stops it."""
         return self.controls.advance_due(grace=grace, limit=limit)
 
     def requeue_overdue(self, *, grace: float, limit: int = 1000) -> list[str]:
@@ -357,12 +358,10 @@ class App:
     def delete(self, job_id: str) -> None:
         """Delete ``job_id`` and everything it stored (transcript, logs, events, live stream, index entries).
 
-        Atomic per job: the status is judged at a version and the delete
-        lands only if the job is still at it. A running or waiting job is
-        refused with :class:`JobConflictError` (cancel it first), and so is a
-        finished child run its parent still waits for (its outcome is not in
-        the parent yet); an unknown one raises
-        :class:`~pipelines.engine.errors.JobNotFoundError`.
+        Atomic per job: the status is judged at a version and the delete lands only if the job is still at
+        it. A running or waiting job is refused with :class:`JobConflictError` (cancel it first), and so is
+        a finished child run its parent still waits for (its outcome is not in the parent yet); an unknown
+        one raises :class:`~pipelines.engine.errors.JobNotFoundError`.
         """
         self.controls.delete(job_id)
 

@@ -17,14 +17,17 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from adapters.base import Scheduler, Storage
 from pipelines.engine import children, flow, transitions, writer
 from pipelines.engine.errors import JobConflictError, JobNotFoundError, PipelineError, StaleVersionError
-from pipelines.engine.models import Commit, JobRecord, JobStatus, detached, validate_job_id
+from pipelines.engine.events import make_event
+from pipelines.engine.models import Commit, JobRecord, JobStatus, detached, to_json_value, validate_job_id
+from pipelines.engine.phase.inputs import INPUT, check_input_key, input_key
 from pipelines.engine.tokens import new_token
 
-__all__ = ["cancel_job", "load_job", "pause_job", "requeue_overdue", "resume_job"]
+__all__ = ["cancel_job", "load_job", "pause_job", "requeue_overdue", "resume_job", "supply_input"]
 
 logger = logging.getLogger("pipelines")
 
@@ -126,6 +129,33 @@ def resume_job(job_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRec
     done = one(job_id)
     _each_descendant(done, storage, (JobStatus.PAUSED, JobStatus.WAITING), one)
     return done
+
+
+def supply_input(job_id: str, key: str, value: Any, *, storage: Storage, scheduler: Scheduler) -> JobRecord:
+    """Give a job waiting in :func:`~pipelines.engine.phase.wait_for_input` its input ``key``; it runs again.
+
+    ``value`` is stored as JSON (by the rules of every stored value). Refused with
+    :class:`JobConflictError` unless the job waits for exactly this input; of two people supplying it at
+    once, one lands and the other is refused (fenced on the version).
+    """
+    plain = to_json_value(value, what=f"input {check_input_key(key)!r}")
+    for _ in range(3):
+        record = load_job(storage, job_id)
+        waiting = record.waiting or {}
+        if record.status is not JobStatus.WAITING or waiting.get("kind") != INPUT or record.checkpoint is None:
+            raise JobConflictError(f"job {job_id!r} is {record.status.value} and waits for no input")
+        if waiting.get("key") != key:
+            raise JobConflictError(f"job {job_id!r} waits for input {waiting.get('key')!r}, not {key!r}")
+        now = scheduler.now()
+        event = make_event("input_supplied", now, phase=record.checkpoint.next_phase, key=key)
+        commit = transitions.supply_inputs(record, {input_key(key): plain}, resume=True, now=now,
+                                           why=f"input {key!r} supplied", event=event)
+        try:
+            writer.apply(storage, scheduler, commit)
+        except StaleVersionError:
+            continue
+        return detached(commit.record)
+    raise JobConflictError(f"job {job_id!r} kept changing while its input {key!r} was supplied; try again")
 
 
 Build = Callable[[JobRecord, "str | None"], Commit]

@@ -12,6 +12,7 @@ them) and :mod:`~pipelines.engine.phase.context` (what it sees and can do while 
 from __future__ import annotations
 
 from pipelines.engine.phase.context import INBOX_STEP, DeltaTarget, PhaseContext, ToolScope
+from pipelines.engine.phase.inputs import wait_for_input
 from pipelines.engine.phase.outcomes import (
     Done,
     Fail,
@@ -40,4 +41,5 @@ __all__ = [
     "ToolScope",
     "WaitForInput",
     "validate_state",
+    "wait_for_input",
 ]

@@ -30,8 +30,11 @@ def resume(rec: JobRecord, *, now: float) -> Commit:
     """
     if rec.status is not JobStatus.PAUSED:
         pending = " with a pause asked (applied when its turn commits)" if rec.control == "pause" else ""
+        wanted = (rec.waiting or {}).get("key") if (rec.waiting or {}).get("kind") == "input" else None
+        hint = ("; resume it once it is paused" if pending else
+                f"; it waits for input {wanted!r}: give it with app.supply_input" if wanted else "")
         raise JobConflictError(f"job {rec.job_id!r} is {rec.status.value}{pending}; only a paused job can be "
-                               f"resumed{'; resume it once it is paused' if pending else ''}")
+                               f"resumed{hint}")
     token = new_token()
     cp = rec.checkpoint.model_copy(update={"due_at": max(now, rec.checkpoint.due_at)}) if rec.checkpoint else None
     new = _moved(rec, token, now, cp, status=JobStatus.RUNNING)
