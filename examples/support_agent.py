@@ -15,6 +15,7 @@ The same `build_agent()` serves a Redis/RQ deployment (see examples/production/)
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import secrets
 import sys
@@ -212,6 +213,15 @@ def main(argv: list[str] | None = None) -> int:
             memory.run_next()  # one turn per advance; `app.drain()` runs them all
     else:
         Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+        # One demo a file: a second would "resume" the first one's live job as if it had stopped. The lock
+        # goes with this process (a kill -9 included), so a stopped demo never keeps the next one out.
+        lock = open(f"{args.db}.demo-lock", "w")  # noqa: SIM115 - held for the life of the process
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"another demo is running on {args.db}: stop it first, or give this one its own file with "
+                  "--db PATH", file=sys.stderr)
+            return 1
         local = LocalScheduler(workers=2)
         storage = SQLiteStorage(args.db)
         # The demo is the one process on its file, so it upgrades a file an earlier release wrote itself (a

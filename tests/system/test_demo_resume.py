@@ -60,3 +60,22 @@ def test_the_demo_still_runs_on_memory_adapters() -> None:
     assert out.returncode == 0, out.stderr
     assert "waiting for a person: issue_refund" in out.stdout and "status: complete" in out.stdout
     assert "SQLite" not in out.stdout
+
+
+def test_a_second_demo_on_the_same_file_does_not_take_the_running_ones_job(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    demo = [sys.executable, "-u", "examples/support_agent.py", "--db", str(db)]
+    first = subprocess.Popen([*demo, "--pace", "0.5"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:
+            if line.startswith("job ") and line.rstrip().endswith("running turns:"):
+                break
+        second = subprocess.run([*demo, "--pace", "0"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert second.returncode == 1 and "another demo is running on" in second.stderr
+        assert "resuming job" not in second.stdout
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
