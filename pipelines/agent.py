@@ -21,6 +21,7 @@ from phases.model import Model
 from phases.run_input import check_context, check_tools_context
 from phases.tools import Tool, tool_map
 from pipelines.engine import versions
+from pipelines.engine.capabilities import Feature, has
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
@@ -165,8 +166,13 @@ class Agent:
         from pipelines.app import App
 
         app = App.for_adapters(storage, scheduler)
-        app.add_agent(self, replace=True)
-        return app.run_agent(self, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
+        if has(scheduler, Feature.IN_PROCESS):
+            app.add_agent(self, replace=True)  # this process runs the turns: this very agent
+            return app.run_agent(self, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
+        # Workers build their App from its module: they run the agent registered there under this name (a
+        # run of an agent they do not know would wait for ever), and this process's App keeps its own.
+        return app.run_agent(self.name if self.name in app.registry.agents else self, job_id=job_id,
+                             messages=messages, retry_mode=retry_mode, **options)
 
     def result(self, job_id: str, *, storage: Storage) -> Any:
         """The job's result: an ``output_schema`` instance when the agent has one, else the final text.

@@ -191,9 +191,8 @@ class RQScheduler:
         """
         if "namespace" in options:
             raise ConfigurationError("for_storage takes the namespace from the storage")
-        from adapters.redis.storage import RedisStorage  # at run time only here: a scheduler built otherwise needs none
-
-        if not isinstance(storage, RedisStorage):
+        # A RedisStorage, or a wrapper that hands its attributes on (OffloadingStorage): what is read here.
+        if any(getattr(storage, name, None) is None for name in ("client", "prefix", "cluster")):
             raise ConfigurationError(f"RQScheduler.for_storage needs a RedisStorage (its queues live on that Redis), "
                                      f"got {type(storage).__name__}; for {type(storage).__name__} use its own "
                                      "scheduler, or RQScheduler(redis.Redis(...), ...)")

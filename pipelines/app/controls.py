@@ -67,9 +67,11 @@ class Controls:
         run (the phase and state it started with; a complete job too)."""
         record = control.load_job(self.storage, job_id)
         retry_mode = check_retry_mode(mode, optional=False, name="mode")
-        start_job(job_id=job_id, pipeline=self.registry.pipeline(record.pipeline), name=record.pipeline,
-                  storage=self.storage, scheduler=self.scheduler, retry_mode=retry_mode,
-                  initial_phase=record.initial_phase if retry_mode == "full" else None)
+        pipeline = self.registry.pipeline(record.pipeline)
+        # The run's own start, while the pipeline still has it (a deploy may have renamed it: then its first).
+        first = record.initial_phase if retry_mode == "full" and record.initial_phase in pipeline.by_name else None
+        start_job(job_id=job_id, pipeline=pipeline, name=record.pipeline, storage=self.storage,
+                  scheduler=self.scheduler, retry_mode=retry_mode, initial_phase=first)
         return self.app.read.view(control.load_job(self.storage, job_id))
 
     def approve(self, job_id: str, call_id: str, *, digest: str | None = None) -> JobView:

@@ -199,6 +199,9 @@ def _apply_held(record: JobRecord, storage: Storage, scheduler: Scheduler, kind:
             # No turn of its own: pause_job pauses the children it waits for. Its request was cleared above.
             return detached(record).model_copy(update={"control": None})
         return _settled(record, kind)
+    if kind == "pause" and record.control == "cancel":
+        # Another caller's cancel waits for this boundary: it lands, not this pause (which would clear it).
+        return _write(storage, scheduler, transitions.cancel(record, owner=owner, now=scheduler.now()), "cancel")
     return _write(storage, scheduler, build(record, owner), kind)
 
 

@@ -1079,6 +1079,16 @@ def test_a_full_retry_restarts_the_run_where_it_began() -> None:
     app.drain()
     job = storage.get_job("j")
     assert ran == ["report", "report"] and job is not None and job.result == {"n": 3}
+    # A deploy renamed the phase the run began at: a full retry starts at the pipeline's first one, as it did.
+    def download(ctx: PhaseContext[Any]) -> Next:
+        ran.append("download")
+        return Next("summary", state={"rows": [1]})
+
+    app.add_pipeline("etl", [Phase("download", download), Phase("summary", report)], replace=True)
+    app.retry("j", mode="full")
+    app.drain()
+    job = storage.get_job("j")
+    assert ran[2:] == ["download", "report"] and job is not None and job.result == {"n": 1}
 
 
 # --- 16. model parameters each call sets itself --------------------------------------------

@@ -209,3 +209,19 @@ def test_a_resumed_job_keeps_the_delay_its_phase_asked_for() -> None:
     clock.advance(3600)
     scheduler.drain()
     assert ran == ["first", "second"] and storage.get_job("j").status is JobStatus.COMPLETE
+
+
+def test_a_pause_that_gets_the_lease_after_a_pending_cancel_lands_the_cancel() -> None:
+    storage, scheduler, entered, release, ran = slow_job()
+    worker = in_flight(scheduler, entered)
+    threading.Timer(0.2, release.set).start()
+    try:
+        assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
+        # This pause waits for the turn, then holds the lease first: the cancel it finds lands, not a pause.
+        done = pause_job("j", storage=storage, scheduler=scheduler, wait=5)
+    finally:
+        release.set()
+        worker.join(5)
+    assert done.status is JobStatus.CANCELLED
+    scheduler.drain()
+    assert storage.get_job("j").status is JobStatus.CANCELLED and ran == [0]

@@ -13,6 +13,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,17 @@ def test_a_queue_the_app_does_not_send_to_is_refused() -> None:
         worker.listened_queues(app_queues, "agnets")
     with pytest.raises(ConfigurationError, match="--queue 'agnets' is not a queue"):
         worker.run_rq_worker(_rq_app(None), path=None, queue="agnets", burst=True, sweep_interval=0)
+
+
+def test_for_storage_takes_a_redis_storage_through_a_wrapper(tmp_path: Any) -> None:
+    import redis
+
+    from adapters.blobs import DirectoryBlobStore
+    from adapters.offload import OffloadingStorage
+    from adapters.redis import RedisStorage
+    from adapters.rq import RQScheduler
+
+    # Nothing here connects: a redis client connects at its first command.
+    wrapped = OffloadingStorage(RedisStorage(redis.Redis(port=1), prefix="pr"), DirectoryBlobStore(tmp_path))
+    scheduler = RQScheduler.for_storage(wrapped, queue="agents")  # type: ignore[arg-type]
+    assert scheduler.namespace == "pr" and scheduler.queue_names == ["agents", "agents-background"]
