@@ -169,10 +169,14 @@ class Agent:
         if has(scheduler, Feature.IN_PROCESS):
             app.add_agent(self, replace=True)  # this process runs the turns: this very agent
             return app.run_agent(self, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
-        # Workers build their App from its module: they run the agent registered there under this name (a
-        # run of an agent they do not know would wait for ever), and this process's App keeps its own.
-        return app.run_agent(self.name if self.name in app.registry.agents else self, job_id=job_id,
-                             messages=messages, retry_mode=retry_mode, **options)
+        # Workers build their App from its module: they run the agent registered there under this name, and
+        # this process's App keeps its own. An App that registers agents but not this one is the module's, and
+        # its workers would not know this one (refused); a bare App made for this call says nothing of them.
+        if self.name in app.registry.agents:
+            return app.run_agent(self.name, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
+        if not app.registry.agents and not app.registry.pipelines:
+            app.add_agent(self)
+        return app.run_agent(self, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
 
     def result(self, job_id: str, *, storage: Storage) -> Any:
         """The job's result: an ``output_schema`` instance when the agent has one, else the final text.

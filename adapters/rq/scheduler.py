@@ -191,15 +191,16 @@ class RQScheduler:
         """
         if "namespace" in options:
             raise ConfigurationError("for_storage takes the namespace from the storage")
-        # A RedisStorage, or a wrapper that hands its attributes on (OffloadingStorage): what is read here.
-        if any(getattr(storage, name, None) is None for name in ("client", "prefix", "cluster")):
+        try:  # a RedisStorage, or a wrapper that hands its attributes on (OffloadingStorage)
+            client, prefix, cluster = storage.client, storage.prefix, storage.cluster
+        except AttributeError:
             raise ConfigurationError(f"RQScheduler.for_storage needs a RedisStorage (its queues live on that Redis), "
                                      f"got {type(storage).__name__}; for {type(storage).__name__} use its own "
-                                     "scheduler, or RQScheduler(redis.Redis(...), ...)")
-        if connection is None and storage.cluster:
+                                     "scheduler, or RQScheduler(redis.Redis(...), ...)") from None
+        if connection is None and cluster:
             raise ConfigurationError("the storage is on a Redis Cluster, which RQ does not support: pass "
                                      "connection=redis.Redis(...) for the queues")
-        return cls(connection or storage.client, queue=queue, app=app, namespace=storage.prefix, **options)
+        return cls(connection or client, queue=queue, app=app, namespace=prefix, **options)
 
     # --- Scheduler -----------------------------------------------------------
     def now(self) -> float:
