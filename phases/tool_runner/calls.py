@@ -57,16 +57,23 @@ def _unkept(call: Mapping[str, Any], exc: ValueTooLargeError) -> str:
 
 
 def check_message_size(call: Mapping[str, Any], content: str) -> None:
-    """Raise :class:`ValueTooLargeError` if the tool message answering ``call`` is too large for the commit.
+    """Raise :class:`ValueTooLargeError` if the result fits a value and its tool message does not.
 
     The journal step holds the bare result, the transcript its tool message (role, call id and all): a result
     just under the limit fitted the step and not the message, so the turn's commit failed, and a resumed job
-    replayed the journaled result into the same failure, every time.
+    replayed the journaled result into the same failure, every time. A result over the limit on its own is
+    left to the storage: one that keeps large values elsewhere (``OffloadingStorage``) keeps its step and its
+    message alike, and any other refuses the step (the model is then told, see :func:`journal_result`).
     """
     # JSON takes at most 6 bytes a character (a \u escape): a result far enough below the limit is not encoded.
-    if (len(content) + len(str(call["id"]))) * 6 + 256 <= models.MAX_VALUE_BYTES:
+    limit = models.MAX_VALUE_BYTES
+    if (len(content) + len(str(call["id"]))) * 6 + 256 <= limit:
         return
-    dump_json(tool_message(call, content), f"the tool message answering call {str(call['id'])[:80]!r}")
+    what = f"the tool message answering call {str(call['id'])[:80]!r}"
+    if len(models.encode_plain(tool_message(call, content)).encode()) <= limit:
+        return
+    if len(models.encode_plain(content).encode()) <= limit:  # the step would take it, the commit would not
+        dump_json(tool_message(call, content), what)
 
 
 def arguments_digest(call: Mapping[str, Any]) -> str:

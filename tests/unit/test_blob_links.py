@@ -148,3 +148,30 @@ def test_one_undeletable_folder_does_not_stop_the_orphan_sweep(tmp_path: Path, v
     assert outside(victim) == before
     assert (blobs.root / "job-a-stuck" / NAME).exists()  # refused means nothing deleted, not half
     assert sorted(blobs.job_ids()) == ["a-stuck", "b-linked"]
+
+
+def test_a_tool_result_over_the_value_limit_is_kept_by_a_storage_that_offloads_it(tmp_path: Path) -> None:
+    from pipelines import tool
+    from pipelines.engine import models
+    from pipelines.testing import call, reply
+
+    big = "x" * (models.MAX_VALUE_BYTES + 1024)
+
+    @tool
+    def dump() -> str:
+        """Return a big report."""
+        return big
+
+    def model(messages: list[dict[str, Any]]) -> Any:
+        return reply(None, {**call("dump"), "id": "d0"}) if messages[-1]["role"] == "user" else "got it"
+
+    for storage, kept in ((OffloadingStorage(MemoryStorage(), DirectoryBlobStore(tmp_path)), True),
+                          (MemoryStorage(), False)):
+        app = App(storage=storage, scheduler=MemoryScheduler(), provenance=False,
+                  agents=[Agent(name="a", model=ScriptedModel(model), tools=[dump], stream=False)])
+        app.run_agent("a", job_id="j", user="go")
+        app.drain()
+        result = next(m["content"] for m in app.messages("j") if m["role"] == "tool")
+        assert app.get("j").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+        # Offloaded, the whole result; else the error the model reads in its place.
+        assert (result == big) if kept else result.startswith("Error: tool 'dump' ran, but its result could not")
