@@ -75,8 +75,9 @@ class FlowStore(Protocol):
         it holds none (released, or run out: a slot is never taken back past the limit here)."""
         ...
 
-    def release_slot(self, key: str, member: str) -> None:
-        """Give ``member``'s slot of ``key`` back (a no-op if it holds none)."""
+    def release_slot(self, key: str, member: str) -> str | None:
+        """Give ``member``'s slot of ``key`` back (a no-op if it holds none); the job first in the key's line
+        now, if any (the caller wakes it: a slot freed is taken at once, not when the job next asks)."""
         ...
 
 

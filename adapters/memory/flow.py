@@ -20,8 +20,8 @@ from pipelines.engine.flow import (
     check_slot_ttl,
 )
 
-__all__ = ["DEADLINE_BASE", "PLACE_BASE", "MemoryFlowStore", "held_slots", "line_of", "take_from_bucket",
-           "take_in_line"]
+__all__ = ["DEADLINE_BASE", "PLACE_BASE", "MemoryFlowStore", "first_in_line", "held_slots", "line_of",
+           "take_from_bucket", "take_in_line"]
 
 
 @dataclass
@@ -112,6 +112,12 @@ def line_of(members: dict[str, float], now: float) -> list[str]:
     return [job for _, job in sorted(waiting)]
 
 
+def first_in_line(members: dict[str, float]) -> str | None:
+    """The job first in a key's line (its place may have lapsed: waking it costs one advance), or ``None``."""
+    places = [(score, m[1:]) for m, score in members.items() if PLACE_BASE <= score < DEADLINE_BASE]
+    return min(places)[1] if places else None
+
+
 def held_slots(members: dict[str, float], now: float) -> list[str]:
     """The members holding a live slot (tests, inspection)."""
     return sorted(m for m, score in members.items() if now < score < PLACE_BASE)
@@ -158,9 +164,11 @@ class MemoryFlowStore:
             held[member] = now + ttl
             return True
 
-    def release_slot(self, key: str, member: str) -> None:
+    def release_slot(self, key: str, member: str) -> str | None:
         with self._lock:
-            self._slots.get(key, {}).pop(member, None)
+            members = self._slots.get(key, {})
+            members.pop(member, None)
+            return first_in_line(members)
 
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection)."""

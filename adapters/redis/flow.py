@@ -199,12 +199,15 @@ redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(t
 return '1'
 """
 
-# KEYS[1] the slots; ARGV member.
-RELEASE_SLOT = _PRELUDE + """
+# KEYS[1] the slots; ARGV member. Reply: 'ok:' and the job first in the key's line ('ok:' alone: none).
+RELEASE_SLOT = _PRELUDE + "local PLACE, DEADLINE = " + _PLACE + ", " + _DEADLINE + """
 local bad = wrong_type(KEYS[1], 'slots', 'zset')
 if bad then return bad end
 redis.call('ZREM', KEYS[1], ARGV[1])
-return 'ok'
+local first = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%.17g', PLACE),
+                         '(' .. string.format('%.17g', DEADLINE), 'LIMIT', 0, 1)
+if first[1] then return 'ok:' .. string.sub(first[1], 2) end
+return 'ok:'
 """
 
 
@@ -263,8 +266,9 @@ class RedisFlowStore:
         args = [member, repr(check_slot_ttl(ttl))]
         return self._run(self._renew_slot, self.slots_key(key), args, f"renewing a slot of {key!r}") == "1"
 
-    def release_slot(self, key: str, member: str) -> None:
-        self._run(self._release, self.slots_key(key), [member], f"releasing a slot of {key!r}")
+    def release_slot(self, key: str, member: str) -> str | None:
+        reply = self._run(self._release, self.slots_key(key), [member], f"releasing a slot of {key!r}")
+        return reply[3:] or None  # 'ok' from a script before the line: no one to wake
 
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection); by Redis's clock."""

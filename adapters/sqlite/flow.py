@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from adapters.memory.flow import PLACE_BASE, Bucket, line_of, take_from_bucket, take_in_line
+from adapters.memory.flow import DEADLINE_BASE, PLACE_BASE, Bucket, line_of, take_from_bucket, take_in_line
 from adapters.sqlite.connection import Database
 from pipelines.engine.flow import check_block_seconds, check_slot_member, check_slot_ttl
 
@@ -87,9 +87,15 @@ class SQLiteFlowStore:
                 (now + ttl, key, member, now, PLACE_BASE)).rowcount > 0, f"renewing a slot of {key!r}")
         return renewed
 
-    def release_slot(self, key: str, member: str) -> None:
-        self._db.write(lambda c: c.execute("DELETE FROM flow_slots WHERE key = ? AND member = ?", (key, member)),
-                       f"releasing a slot of {key!r}")
+    def release_slot(self, key: str, member: str) -> str | None:
+        def release(c: sqlite3.Connection) -> str | None:
+            c.execute("DELETE FROM flow_slots WHERE key = ? AND member = ?", (key, member))
+            row = c.execute("SELECT member FROM flow_slots WHERE key = ? AND expires >= ? AND expires < ? "
+                            "ORDER BY expires LIMIT 1", (key, PLACE_BASE, DEADLINE_BASE)).fetchone()
+            return str(row[0])[1:] if row else None
+
+        first: str | None = self._db.write(release, f"releasing a slot of {key!r}")
+        return first
 
     def slots(self, key: str, now: float) -> list[str]:
         """Members holding a live slot of ``key`` (tests, inspection)."""

@@ -190,6 +190,11 @@ class _Slot:
     def release(self) -> None:
         self.store.release_slot(self.key, self.member)
 
+    def give_back(self) -> str | None:
+        """Release the slot; the job first in the key's line, to wake (``None``: none, or a store of old)."""
+        first = self.store.release_slot(self.key, self.member)
+        return first if isinstance(first, str) and first else None
+
 
 def bucket_sizes(rpm: float | None, tpm: float | None, burst: float) -> tuple[float, float]:
     """Bucket sizes ``(requests, tokens)``: ``burst`` seconds of each rate (at least one request / token)."""
@@ -310,14 +315,19 @@ class FlowControl:
             LEASE_KEEPER.attach(lease, slot)
         return 0.0
 
-    def leave_turn(self, record: JobRecord, *, lease: int | None = None, owner: str | None = None) -> None:
-        """Give the slot back (a no-op for a run without a limited key); it no longer follows ``lease``."""
+    def leave_turn(self, record: JobRecord, *, lease: int | None = None, owner: str | None = None) -> str | None:
+        """Give the slot back (a no-op for a run without a limited key); it no longer follows ``lease``.
+
+        Returns the job first in the key's line, for the caller to wake: its own retry may be a second away
+        (a queue's delayed message), and the slot would stand idle that long.
+        """
         slot = self._slot_of(record, owner)
         if slot is None:
-            return
+            return None
         if lease is not None:
             LEASE_KEEPER.detach(lease, slot)  # before the release: a late renewal finds no slot to extend
-        slot.release()
+        first = slot.give_back()
+        return first if first != record.job_id else None
 
     def _slot_of(self, record: JobRecord, owner: str | None) -> _Slot | None:
         """The slot a turn of ``record`` holds under ``owner``'s lease, or ``None`` when its key has no limit.

@@ -159,6 +159,19 @@ def test_slots_go_to_jobs_in_the_order_they_asked(storage: Any) -> None:
     assert fs.take_slot("k", "d w9", limit=1, ttl=30, now=now()) == 0  # a job not in line takes a free slot
 
 
+@covers("FlowStore.release_slot")
+def test_a_released_slot_names_the_job_first_in_line_to_wake(storage: Any) -> None:
+    fs = flow(storage)
+    assert fs.take_slot("k", "a w1", limit=1, ttl=30, now=now()) == 0
+    assert fs.release_slot("k", "a w1") is None  # nobody waits
+    assert fs.take_slot("k", "a w2", limit=1, ttl=30, now=now()) == 0
+    assert fs.take_slot("k", "b w3", limit=1, ttl=30, now=now()) > 0
+    assert fs.take_slot("k", "c w4", limit=1, ttl=30, now=now()) > 0
+    assert fs.release_slot("k", "a w2") == "b"  # first in line: the caller wakes it
+    assert fs.take_slot("k", "b w5", limit=1, ttl=30, now=now()) == 0
+    assert fs.release_slot("k", "b w5") == "c"
+
+
 @covers("FlowStore.take_slot")
 def test_a_job_not_in_line_takes_a_free_slot_only_if_the_waiting_jobs_leave_one(storage: Any) -> None:
     fs = flow(storage)

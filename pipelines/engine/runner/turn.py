@@ -200,7 +200,16 @@ class _LeasedJob:
         try:
             return self.run_phase(record, pipeline, keep_lease)
         finally:
-            self.flow.leave_turn(record, lease=self.lease, owner=self.owner)
+            waiting = self.flow.leave_turn(record, lease=self.lease, owner=self.owner)
+            if waiting is not None:
+                self.wake_next(waiting)
+
+    def wake_next(self, job_id: str) -> None:
+        """Send the job first in a concurrency key's line an advance now: the slot this turn freed is its."""
+        try:
+            self.scheduler.schedule_advance(job_id, 0.0)
+        except PipelineError as exc:  # its own retry comes within FRONT_RETRY_SECONDS all the same
+            logger.warning("job %s: could not wake it for the slot it waits for: %s", job_id, exc)
 
     def defer(self, record: JobRecord, delay: float, why: str) -> AdvanceResult:
         """Run the same turn again after ``delay``, committing nothing (flow control: no attempt spent).
