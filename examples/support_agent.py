@@ -15,7 +15,6 @@ The same `build_agent()` serves a Redis/RQ deployment (see examples/production/)
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import secrets
 import sys
@@ -215,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.db).parent.mkdir(parents=True, exist_ok=True)
         # One demo a file: a second would "resume" the first one's live job as if it had stopped. The lock
         # goes with this process (a kill -9 included), so a stopped demo never keeps the next one out.
-        lock = open(f"{args.db}.demo-lock", "w")  # noqa: SIM115 - held for the life of the process
+        import fcntl  # Unix only, as the embedded default's process checks are; --memory needs none
+
+        lock = open(f"{Path(args.db).resolve()}.demo-lock", "w")  # noqa: SIM115 - held for the life of the process
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -21,7 +21,6 @@ from phases.model import Model
 from phases.run_input import check_context, check_tools_context
 from phases.tools import Tool, tool_map
 from pipelines.engine import versions
-from pipelines.engine.capabilities import Feature, has
 from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JobRecord, JobStatus, Message, validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
@@ -166,16 +165,7 @@ class Agent:
         from pipelines.app import App
 
         app = App.for_adapters(storage, scheduler)
-        if has(scheduler, Feature.IN_PROCESS):
-            app.add_agent(self, replace=True)  # this process runs the turns: this very agent
-            return app.run_agent(self, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
-        # Workers build their App from its module: they run the agent registered there under this name, and
-        # this process's App keeps its own. An App that registers agents but not this one is the module's, and
-        # its workers would not know this one (refused); a bare App made for this call says nothing of them.
-        if self.name in app.registry.agents:
-            return app.run_agent(self.name, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
-        if not app.registry.agents and not app.registry.pipelines:
-            app.add_agent(self)
+        app.add_agent(self, replace=True)
         return app.run_agent(self, job_id=job_id, messages=messages, retry_mode=retry_mode, **options)
 
     def result(self, job_id: str, *, storage: Storage) -> Any:

@@ -18,6 +18,7 @@ from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.errors import (
     ConfigurationError,
     InvalidInputError,
+    InvalidPipelineError,
     JobConflictError,
     PipelineError,
     StaleVersionError,
@@ -68,8 +69,13 @@ class Controls:
         record = control.load_job(self.storage, job_id)
         retry_mode = check_retry_mode(mode, optional=False, name="mode")
         pipeline = self.registry.pipeline(record.pipeline)
-        # The run's own start, while the pipeline still has it (a deploy may have renamed it: then its first).
-        first = record.initial_phase if retry_mode == "full" and record.initial_phase in pipeline.by_name else None
+        first = record.initial_phase if retry_mode == "full" else None
+        if first is not None and first not in pipeline.by_name:
+            # A deploy renamed the phase the run began at: which phase takes its state is the caller's call.
+            raise InvalidPipelineError(
+                f"job {job_id!r}'s run began at phase {first!r}, which pipeline {record.pipeline!r} no longer has "
+                f"(phases are {', '.join(pipeline.by_name)}); retry it with mode='resume', or start it again at a "
+                "phase you name: app.run_pipeline(..., retry_mode='full', initial_phase=...)")
         start_job(job_id=job_id, pipeline=pipeline, name=record.pipeline, storage=self.storage,
                   scheduler=self.scheduler, retry_mode=retry_mode, initial_phase=first)
         return self.app.read.view(control.load_job(self.storage, job_id))

@@ -319,15 +319,14 @@ class FlowControl:
         """Give the slot back (a no-op for a run without a limited key); it no longer follows ``lease``.
 
         Returns the job first in the key's line, for the caller to wake: its own retry may be a second away
-        (a queue's delayed message), and the slot would stand idle that long.
+        (a queue's delayed message), and the slot would stand idle that long; ``None`` when none waits.
         """
         slot = self._slot_of(record, owner)
         if slot is None:
             return None
         if lease is not None:
             LEASE_KEEPER.detach(lease, slot)  # before the release: a late renewal finds no slot to extend
-        first = slot.give_back()
-        return first if first != record.job_id else None
+        return slot.give_back()  # (this job's own, when a stalled turn's new owner waits for its slot)
 
     def _slot_of(self, record: JobRecord, owner: str | None) -> _Slot | None:
         """The slot a turn of ``record`` holds under ``owner``'s lease, or ``None`` when its key has no limit.

@@ -249,9 +249,6 @@ def test_an_agent_the_app_does_not_register_is_refused_on_a_queue_scheduler(stor
     with pytest.raises(ConfigurationError, match="agent 'adhoc' is not registered with this App"):
         app.run_agent(adhoc, job_id="c", user="hi")
     assert storage.get_job("c") is None and "adhoc" not in app.registry.agents
-    with pytest.raises(ConfigurationError, match="agent 'adhoc' is not registered with this App"):
-        adhoc.run(job_id="c", user="hi", storage=storage, scheduler=app.scheduler)  # the low-level form too
-    assert storage.get_job("c") is None and "adhoc" not in app.registry.agents
 
 
 # --- crashes at every persistence boundary -------------------------------------------------------------

@@ -1079,16 +1079,15 @@ def test_a_full_retry_restarts_the_run_where_it_began() -> None:
     app.drain()
     job = storage.get_job("j")
     assert ran == ["report", "report"] and job is not None and job.result == {"n": 3}
-    # A deploy renamed the phase the run began at: a full retry starts at the pipeline's first one, as it did.
-    def download(ctx: PhaseContext[Any]) -> Next:
-        ran.append("download")
-        return Next("summary", state={"rows": [1]})
-
-    app.add_pipeline("etl", [Phase("download", download), Phase("summary", report)], replace=True)
-    app.retry("j", mode="full")
+    # A deploy renamed the phase the run began at: which phase takes its state is the caller's call.
+    app.add_pipeline("etl", [Phase("download", fetch), Phase("summary", report)], replace=True)
+    with pytest.raises(InvalidPipelineError, match=r"run began at phase 'report', which pipeline 'etl' no longer "
+                                                   r"has .* initial_phase=\.\.\."):
+        app.retry("j", mode="full")
+    app.run_pipeline("etl", job_id="j", initial_state={"rows": [1]}, retry_mode="full", initial_phase="summary")
     app.drain()
     job = storage.get_job("j")
-    assert ran[2:] == ["download", "report"] and job is not None and job.result == {"n": 1}
+    assert ran[2:] == ["report"] and job is not None and job.result == {"n": 1}
 
 
 # --- 16. model parameters each call sets itself --------------------------------------------

@@ -254,3 +254,25 @@ def test_the_low_level_advance_phase_goes_through_the_apps_flow_control_and_leas
     clock.advance(1.0)
     advance_phase(job_id="j", phases=app.pipeline("w"), storage=app.storage, scheduler=app.scheduler)
     assert model.jobs == ["j"]
+
+
+def test_the_job_woken_for_a_freed_slot_goes_to_its_own_prioritys_queue() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock, turns=2)
+    app = make_app(model, clock, concurrency={"k": 1})
+    seen: list[AdvanceResult] = []
+    original = model.answer
+
+    def answer(messages: list[Any]) -> Any:
+        if not seen:  # the interactive job holds the slot: another worker takes the background job's advance
+            seen.append(app.advance("bg"))
+        return original(messages)
+
+    model._script = answer
+    app.run_agent("w", job_id="fg", user="go", concurrency_key="k")
+    app.run_agent("w", job_id="bg", user="go", concurrency_key="k", priority="background")
+    assert app.advance("fg") is AdvanceResult.ADVANCED and seen == [AdvanceResult.DEFERRED]
+    scheduler = app.scheduler
+    assert isinstance(scheduler, MemoryScheduler)
+    woken = [(priority, job) for due, priority, job in scheduler.advances() if job == "bg" and due <= clock()]
+    assert woken and all(priority == "background" for priority, _ in woken)  # not the interactive releaser's

@@ -205,9 +205,15 @@ class _LeasedJob:
                 self.wake_next(waiting)
 
     def wake_next(self, job_id: str) -> None:
-        """Send the job first in a concurrency key's line an advance now: the slot this turn freed is its."""
+        """Send the job first in a concurrency key's line an advance now: the slot this turn freed is its.
+
+        On its own priority's queue (this runner's scheduler sends with the priority of the job that ran).
+        """
         try:
-            self.scheduler.schedule_advance(job_id, 0.0)
+            waiting = self.storage.get_job(job_id)
+            if waiting is not None and waiting.status is JobStatus.RUNNING:
+                self.scheduler.schedule_advance(job_id, 0.0, pipeline=waiting.pipeline,
+                                                priority=flow.priority_of(waiting))
         except PipelineError as exc:  # its own retry comes within FRONT_RETRY_SECONDS all the same
             logger.warning("job %s: could not wake it for the slot it waits for: %s", job_id, exc)
 
