@@ -158,13 +158,11 @@ def _set_field(item: Any, name: str, value: str) -> None:
 
 
 def unmarked(message: Message) -> Message:
-    """The built message without the placeholders of :func:`mark_unnamed_calls`, and without an empty
-    ``tool_calls`` (a provider refuses an assistant message with ``"tool_calls": []``)."""
+    """The built message without the placeholders of :func:`mark_unnamed_calls` (an empty ``tool_calls`` is
+    taken out of every answer, streamed or not, by :func:`phases.tool_calls.normalise_tool_calls`)."""
     calls = message.get("tool_calls")
-    if not isinstance(calls, list):
+    if not isinstance(calls, list) or not calls:
         return message
-    if not calls:
-        return {k: v for k, v in message.items() if k != "tool_calls"}
     fixed = []
     for call in calls:
         if isinstance(call, dict) and call.get("id") == _NO_ID:

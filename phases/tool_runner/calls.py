@@ -11,7 +11,7 @@ from phases import journal
 from phases.tools import Tool, ToolContext
 from pipelines.engine import models
 from pipelines.engine.errors import ValueTooLargeError
-from pipelines.engine.models import Message, dump_json
+from pipelines.engine.models import Message
 from pipelines.engine.phase import PhaseContext
 
 __all__ = ["arguments_digest", "check_message_size", "journal_result", "storable_result", "tool_context",
@@ -69,11 +69,10 @@ def check_message_size(call: Mapping[str, Any], content: str) -> None:
     limit = models.MAX_VALUE_BYTES
     if (len(content) + len(str(call["id"]))) * 6 + 256 <= limit:
         return
-    what = f"the tool message answering call {str(call['id'])[:80]!r}"
-    if len(models.encode_plain(tool_message(call, content)).encode()) <= limit:
-        return
-    if len(models.encode_plain(content).encode()) <= limit:  # the step would take it, the commit would not
-        dump_json(tool_message(call, content), what)
+    message = models.encode_plain(tool_message(call, content))
+    if len(message.encode()) > limit and len(models.encode_plain(content).encode()) <= limit:
+        # The step would take it, the commit would not.
+        models.check_size(message, f"the tool message answering call {str(call['id'])[:80]!r}")
 
 
 def arguments_digest(call: Mapping[str, Any]) -> str:
