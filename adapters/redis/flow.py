@@ -58,6 +58,8 @@ end
 local function seconds_in(x, top)
   return x ~= nil and x == x and x > 0 and x <= top
 end
+-- A score as ZADD / ZCOUNT read it: tostring's 14 digits would round PLACE + now to 10 ms.
+local function score(x) return string.format('%.17g', x) end
 """
 
 _MAX_BLOCK = repr(MAX_RETRY_AFTER_SECONDS)
@@ -132,7 +134,6 @@ return 'ok'
 # KEYS[1] the slots; ARGV member, limit, ttl seconds, job id. Reply: seconds to wait ('0': held).
 # adapters.memory.flow.take_in_line in Lua (its docstring says the rules, PLACE_BASE the scores): every
 # step is a lookup or a count by score, so a line of thousands costs each take O(log n).
-# Scores are written with %.17g: tostring's 14 digits would round PLACE_BASE + now to 10 ms.
 TAKE_SLOT = _PRELUDE + "local MAX_SLOT, LINE, FRONT, BACK = " + _MAX_SLOT + ", " + _LINE + ", " + _FRONT + ", " \
     + _BACK + "\nlocal PLACE, DEADLINE = " + _PLACE + ", " + _DEADLINE + """
 local bad = wrong_type(KEYS[1], 'slots', 'zset')
@@ -140,7 +141,6 @@ if bad then return bad end
 local ttl, limit, job = tonumber(ARGV[3]), tonumber(ARGV[2]), ARGV[4]
 if not seconds_in(ttl, MAX_SLOT) then return 'bad:slot ttl of ' .. tostring(ARGV[3]) .. ' seconds' end
 local now = clock()
-local function score(x) return string.format('%.17g', x) end
 local function keep(seconds)
   redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), math.ceil(seconds * 1000) + 1000))
 end
@@ -204,8 +204,7 @@ RELEASE_SLOT = _PRELUDE + "local PLACE, DEADLINE = " + _PLACE + ", " + _DEADLINE
 local bad = wrong_type(KEYS[1], 'slots', 'zset')
 if bad then return bad end
 redis.call('ZREM', KEYS[1], ARGV[1])
-local first = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%.17g', PLACE),
-                         '(' .. string.format('%.17g', DEADLINE), 'LIMIT', 0, 1)
+local first = redis.call('ZRANGEBYSCORE', KEYS[1], score(PLACE), '(' .. score(DEADLINE), 'LIMIT', 0, 1)
 if first[1] then return 'ok:' .. string.sub(first[1], 2) end
 return 'ok:'
 """

@@ -188,7 +188,7 @@ class _Slot:
         return self.store.renew_slot(self.key, self.member, ttl=self.ttl, now=self.clock())
 
     def release(self) -> None:
-        self.store.release_slot(self.key, self.member)
+        self.give_back()
 
     def give_back(self) -> str | None:
         """Release the slot; the job first in the key's line, to wake (``None``: none, or a store of old)."""
