@@ -19,7 +19,7 @@ from phases.tool_calls import check_tool_calls
 from pipelines.engine.models import NO_USAGE, Message, Usage
 
 __all__ = ["Model", "ModelRequest", "ModelResponse", "ReadOnlyMessages", "is_secret_param", "looks_secret",
-           "shown_address"]
+           "provider_of", "shown_address"]
 
 # Parameter names whose values are secrets. "token(?!s)" keeps max_tokens and
 # friends visible while catching access_token, id_token and the like.
@@ -60,6 +60,28 @@ def shown_address(text: str) -> str:
     if not query and "#" in path:
         path = path.split("#", 1)[0]
     return f"{scheme}://{host}{slash}{path}" + ("?[hidden]" if query else "")
+
+
+# litellm's provider prefixes whose GenAI convention name differs or is dotted; any other prefix is kept as it is.
+_PROVIDERS = {"bedrock": "aws.bedrock", "bedrock_converse": "aws.bedrock", "azure": "azure.ai.openai",
+              "azure_ai": "azure.ai.inference", "gemini": "gcp.gemini", "vertex_ai": "gcp.vertex_ai",
+              "vertex_ai_beta": "gcp.vertex_ai", "mistral": "mistral_ai", "xai": "x_ai", "watsonx": "ibm.watsonx.ai",
+              "moonshot": "moonshot_ai"}
+
+
+def provider_of(model: object) -> str | None:
+    """``gen_ai.provider.name`` for a model (telemetry): that of a litellm model string's prefix
+    (``"openai/gpt-4o"`` -> ``"openai"``, ``"bedrock/..."`` -> ``"aws.bedrock"``); ``None`` for a string without
+    one, or any other model (the library does not guess which provider a custom model calls)."""
+    # Known by its class's name: importing phases.litellm_model here would load it for apps with no litellm model.
+    litellm = ("phases.litellm_model", "LiteLLMModel")
+    if not any((c.__module__, c.__name__) == litellm for c in type(model).__mro__):
+        return None
+    name = getattr(model, "model", None)
+    if not isinstance(name, str) or "/" not in name:
+        return None
+    prefix = name.split("/", 1)[0].strip().lower()
+    return _PROVIDERS.get(prefix, prefix) or None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from phases.model import (
     ReadOnlyMessages,
     is_secret_param,
     looks_secret,
+    provider_of,
     shown_address,
 )
 from phases.observe import notify
@@ -131,7 +132,7 @@ def _call_model(model: Model, ctx: PhaseContext[Any], messages: list[Message], s
     started = time.monotonic()
     # The App's shared rate limit, if any, is taken here (or the turn deferred) and settled with the real usage.
     # The span opens once the call is allowed: a call deferred by the rate limit never happened.
-    requested, provider = flow_limits.model_name(model), telemetry.provider_of(model)
+    requested, provider = flow_limits.model_name(model), provider_of(model) if telemetry.enabled() else None
     with flow_limits.limited_call(ctx.env.active_flow(), model, messages) as settle, \
             telemetry.model_span(requested, provider) as current:
         response = resolve(model.complete(request))

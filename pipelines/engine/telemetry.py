@@ -43,7 +43,6 @@ __all__ = [
     "enabled",
     "error_type",
     "model_span",
-    "provider_of",
     "record_backlog",
     "record_error",
     "record_model",
@@ -284,7 +283,7 @@ def model_span(model: str | None, provider: str | None = None) -> contextlib.Abs
     """A GenAI ``chat <model>`` span around one model call (its attributes are completed by :func:`record_model`).
 
     ``model``: the model requested (``gen_ai.request.model``; unknown: the span is named ``chat`` until the
-    answer names its model); ``provider``: ``gen_ai.provider.name`` when known (:func:`provider_of`).
+    answer names its model); ``provider``: ``gen_ai.provider.name`` when known (:func:`phases.model.provider_of`).
     """
     if _idle(None):
         return _NO_SPAN
@@ -294,27 +293,6 @@ def model_span(model: str | None, provider: str | None = None) -> contextlib.Abs
     if provider:
         attrs["gen_ai.provider.name"] = provider
     return span(f"chat {model}" if model else "chat", attrs, kind="CLIENT")
-
-
-# litellm's provider prefixes whose GenAI convention name differs or is dotted; any other prefix is kept as it is.
-_PROVIDERS = {"bedrock": "aws.bedrock", "bedrock_converse": "aws.bedrock", "azure": "azure.ai.openai",
-              "azure_ai": "azure.ai.inference", "gemini": "gcp.gemini", "vertex_ai": "gcp.vertex_ai",
-              "vertex_ai_beta": "gcp.vertex_ai", "mistral": "mistral_ai", "xai": "x_ai", "watsonx": "ibm.watsonx.ai",
-              "moonshot": "moonshot_ai"}
-
-
-def provider_of(model: object) -> str | None:
-    """``gen_ai.provider.name`` for a model: that of a litellm model string's prefix (``"openai/gpt-4o"`` ->
-    ``"openai"``, ``"bedrock/..."`` -> ``"aws.bedrock"``); ``None`` for a string without one, or any other model
-    (the library does not guess which provider a custom model calls), and whenever telemetry is off."""
-    litellm = ("phases.litellm_model", "LiteLLMModel")
-    if _get().trace is None or not any((c.__module__, c.__name__) == litellm for c in type(model).__mro__):
-        return None
-    name = getattr(model, "model", None)
-    if not isinstance(name, str) or "/" not in name:
-        return None
-    prefix = name.split("/", 1)[0].strip().lower()
-    return _PROVIDERS.get(prefix, prefix) or None
 
 
 def tool_span(name: str, call_id: str) -> contextlib.AbstractContextManager[Any]:

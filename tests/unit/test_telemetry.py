@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from phases.litellm_model import LiteLLMModel
-from phases.model import ModelRequest, ModelResponse
+from phases.model import ModelRequest, ModelResponse, provider_of
 from pipelines import Agent, App, Done, Phase, RateLimit, tool
 from pipelines.engine import telemetry
 from pipelines.engine.errors import PermanentModelError
@@ -254,7 +254,7 @@ def test_the_answering_model_is_gen_ai_response_model_beside_the_model_requested
     (LiteLLMModel("vertex_ai/gemini-pro"), "gcp.vertex_ai"), (LiteLLMModel("ollama/llama3"), "ollama"),
     (LiteLLMModel("gpt-4o"), None), (_Acme(["hi"]), None)])
 def test_the_provider_is_that_of_a_litellm_model_strings_prefix(model: object, provider: str | None) -> None:
-    assert telemetry.provider_of(model) == provider
+    assert provider_of(model) == provider
 
 
 def test_off_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
