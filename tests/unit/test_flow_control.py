@@ -143,19 +143,26 @@ def test_a_dead_workers_slot_comes_back_when_its_lease_expires() -> None:
     assert record is not None and record.status is JobStatus.COMPLETE and record.updated_at >= 1015.0
 
 
-def test_a_busy_job_of_a_key_takes_turns_with_the_job_waiting_for_its_slot() -> None:
-    clock = VirtualClock(1000.0)
-    model = NamedModel(clock, turns=3)
-    app = make_app(model, clock, concurrency={"k": 1})
+def advance_during_the_first_turn(app: App, model: NamedModel, job_id: str) -> list[AdvanceResult]:
+    """While the first model call runs (its job holds a slot), another worker takes ``job_id``'s advance: what
+    that advance returned is appended to the list returned."""
     seen: list[AdvanceResult] = []
     original = model.answer
 
     def answer(messages: list[Any]) -> Any:
-        if not seen:  # a's first turn holds the key's one slot: another worker takes b's advance now
-            seen.append(app.advance("b"))
+        if not seen:
+            seen.append(app.advance(job_id))
         return original(messages)
 
     model._script = answer
+    return seen
+
+
+def test_a_busy_job_of_a_key_takes_turns_with_the_job_waiting_for_its_slot() -> None:
+    clock = VirtualClock(1000.0)
+    model = NamedModel(clock, turns=3)
+    app = make_app(model, clock, concurrency={"k": 1})
+    seen = advance_during_the_first_turn(app, model, "b")  # a's first turn holds the key's one slot
     app.run_agent("w", job_id="a", user="go", concurrency_key="k")
     app.run_agent("w", job_id="b", user="go", concurrency_key="k")
     assert app.advance("a") is AdvanceResult.ADVANCED
@@ -260,15 +267,7 @@ def test_the_job_woken_for_a_freed_slot_goes_to_its_own_prioritys_queue() -> Non
     clock = VirtualClock(1000.0)
     model = NamedModel(clock, turns=2)
     app = make_app(model, clock, concurrency={"k": 1})
-    seen: list[AdvanceResult] = []
-    original = model.answer
-
-    def answer(messages: list[Any]) -> Any:
-        if not seen:  # the interactive job holds the slot: another worker takes the background job's advance
-            seen.append(app.advance("bg"))
-        return original(messages)
-
-    model._script = answer
+    seen = advance_during_the_first_turn(app, model, "bg")  # the interactive job holds the slot
     app.run_agent("w", job_id="fg", user="go", concurrency_key="k")
     app.run_agent("w", job_id="bg", user="go", concurrency_key="k", priority="background")
     assert app.advance("fg") is AdvanceResult.ADVANCED and seen == [AdvanceResult.DEFERRED]

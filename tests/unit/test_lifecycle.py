@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,6 +30,17 @@ def slow_job() -> tuple[Any, Any, threading.Event, threading.Event, list[int]]:
 
     run_pipeline(job_id="j", phases=[Phase("step", step)], storage=storage, scheduler=scheduler, initial_state=0)
     return storage, scheduler, entered, release, ran
+
+
+@contextlib.contextmanager
+def turn_in_flight(scheduler: Any, entered: threading.Event, release: threading.Event) -> Iterator[None]:
+    """The block runs while the job's first turn is in flight; the turn then finishes (released) and commits."""
+    worker = in_flight(scheduler, entered)
+    try:
+        yield
+    finally:
+        release.set()
+        worker.join(5)
 
 
 def in_flight(scheduler: Any, entered: threading.Event) -> threading.Thread:
@@ -72,8 +85,7 @@ def test_cancel_lets_the_turn_in_flight_commit_then_stops_for_good() -> None:
 
 def test_a_pause_past_its_wait_stays_requested_and_lands_when_the_turn_commits() -> None:
     storage, scheduler, entered, release, ran = slow_job()
-    worker = in_flight(scheduler, entered)
-    try:
+    with turn_in_flight(scheduler, entered, release):
         pending = pause_job("j", storage=storage, scheduler=scheduler, wait=0.1)
         assert pending.status is JobStatus.RUNNING and pending.control == "pause"
         assert storage.get_job("j").version == pending.version  # the turn in flight is not fenced off
@@ -81,9 +93,6 @@ def test_a_pause_past_its_wait_stays_requested_and_lands_when_the_turn_commits()
         with pytest.raises(JobConflictError, match=r"running with a pause asked \(applied when its turn commits\); "
                                                    r"only a paused job can be resumed; resume it once it is paused"):
             resume_job("j", storage=storage, scheduler=scheduler)
-    finally:
-        release.set()
-        worker.join(5)
     scheduler.drain()  # the next turn's message finds the request and applies it instead of running
     job = storage.get_job("j")
     assert ran == [0] and job.status is JobStatus.PAUSED and job.control is None
@@ -92,14 +101,10 @@ def test_a_pause_past_its_wait_stays_requested_and_lands_when_the_turn_commits()
 
 def test_a_pause_asked_after_a_pending_cancel_does_not_replace_it() -> None:
     storage, scheduler, entered, release, ran = slow_job()
-    worker = in_flight(scheduler, entered)
-    try:
+    with turn_in_flight(scheduler, entered, release):
         assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
         # A second operator pauses meanwhile: the job still ends cancelled, never paused (and resumable).
         assert pause_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
-    finally:
-        release.set()
-        worker.join(5)
     scheduler.drain()
     job = storage.get_job("j")
     assert job.status is JobStatus.CANCELLED and ran == [0]
@@ -113,12 +118,8 @@ def test_a_cancel_requested_during_continue_for_lands_at_the_next_boundary() -> 
     storage, scheduler, entered, release, ran = slow_job()
     app = App.for_adapters(storage, scheduler)
     app.continue_for = 60.0  # the worker would keep running the job's next turns itself
-    worker = in_flight(scheduler, entered)
-    try:
+    with turn_in_flight(scheduler, entered, release):
         assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0.05).control == "cancel"
-    finally:
-        release.set()
-        worker.join(5)
     job = storage.get_job("j")
     assert ran == [0] and job.status is JobStatus.CANCELLED and job.control is None
 
@@ -163,13 +164,9 @@ def _raise(exc: BaseException) -> Any:
 def test_a_request_pending_when_a_turn_ends_with_a_delay_lands_now_not_when_the_delay_ends(kind: str,
                                                                                           ending: Any) -> None:
     storage, scheduler, entered, release = _ending_job(ending)
-    worker = in_flight(scheduler, entered)
-    try:
+    with turn_in_flight(scheduler, entered, release):
         control = pause_job if kind == "pause" else cancel_job
         assert control("j", storage=storage, scheduler=scheduler, wait=0).control == kind
-    finally:
-        release.set()
-        worker.join(5)
     scheduler.run_due()  # what is due now; the hour's delay has not passed
     job = storage.get_job("j")
     assert job.status is (JobStatus.PAUSED if kind == "pause" else JobStatus.CANCELLED) and job.control is None
@@ -177,12 +174,8 @@ def test_a_request_pending_when_a_turn_ends_with_a_delay_lands_now_not_when_the_
 
 def test_a_cancel_pending_when_a_turn_ends_waiting_for_a_person_lands_at_once() -> None:
     storage, scheduler, entered, release = _ending_job(lambda: _raise(WaitForInput("needs a manager's OK")))
-    worker = in_flight(scheduler, entered)
-    try:
+    with turn_in_flight(scheduler, entered, release):
         assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
-    finally:
-        release.set()
-        worker.join(5)
     job = storage.get_job("j")
     assert job.status is JobStatus.CANCELLED and job.control is None
 
@@ -213,15 +206,11 @@ def test_a_resumed_job_keeps_the_delay_its_phase_asked_for() -> None:
 
 def test_a_pause_that_gets_the_lease_after_a_pending_cancel_lands_the_cancel() -> None:
     storage, scheduler, entered, release, ran = slow_job()
-    worker = in_flight(scheduler, entered)
-    threading.Timer(0.2, release.set).start()
-    try:
+    with turn_in_flight(scheduler, entered, release):
+        threading.Timer(0.2, release.set).start()
         assert cancel_job("j", storage=storage, scheduler=scheduler, wait=0).control == "cancel"
         # This pause waits for the turn, then holds the lease first: the cancel it finds lands, not a pause.
         done = pause_job("j", storage=storage, scheduler=scheduler, wait=5)
-    finally:
-        release.set()
-        worker.join(5)
     assert done.status is JobStatus.CANCELLED
     scheduler.drain()
     assert storage.get_job("j").status is JobStatus.CANCELLED and ran == [0]
