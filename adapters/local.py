@@ -183,6 +183,7 @@ class LocalScheduler:
         self._requests = _Requests()
         self._advance: Callable[[str], object] | None = None
         self._sweep: Callable[[], object] | None = None
+        self._names: Callable[[], list[str]] | None = None  # the pipelines the bound App runs (None: any)
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         # The worker threads running an advance now: thread name -> (job id, since). Changed under the requests'
@@ -203,6 +204,7 @@ class LocalScheduler:
             self.storage = host.storage
         sweep = host.requeue_overdue
         self._sweep = lambda: sweep(grace=max(self.grace, 10.0))
+        self._names = lambda: host.names  # read at each look: an App may register agents after it is built
 
     def schedule_advance(self, job_id: str, delay: float = 0.0, *, pipeline: str = "default",
                          version: int | None = None, priority: str | None = None) -> None:
@@ -356,7 +358,8 @@ class LocalScheduler:
         if room <= 0 or claims is None:
             return
         try:
-            claimed = claims.claim_due(self.now() - grace, limit=room, hold=self.hold)
+            names = None if self._names is None else self._names()
+            claimed = claims.claim_due(self.now() - grace, limit=room, hold=self.hold, pipelines=names)
         except Exception as exc:  # the storage is down for a moment: the next look tries again
             # Said once an outage, with its traceback; then a line every minute, not one a look (~2 a second).
             now = time.monotonic()

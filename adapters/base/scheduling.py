@@ -146,6 +146,11 @@ class SchedulerHost(Protocol):
         """The App's sweep: enqueue every job overdue by ``grace`` seconds."""
         ...
 
+    @property
+    def names(self) -> list[str]:
+        """The pipelines (agents included) the App runs: a local scheduler claims only their jobs."""
+        ...
+
 
 @runtime_checkable
 class HostedScheduler(Protocol):

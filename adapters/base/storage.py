@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol, runtime_checkable
 
 from adapters.base.read import LiveStore, ReadStore
@@ -99,8 +100,12 @@ class ClaimingStore(Protocol):
     What :class:`~adapters.local.LocalScheduler` reads due work from, so several processes on one file share it.
     """
 
-    def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]:
-        """Ids of up to ``limit`` running jobs due at or before ``cut``, kept off other claimers for ``hold`` s."""
+    def claim_due(self, cut: float, *, limit: int, hold: float, pipelines: Collection[str] | None = None) -> list[str]:
+        """Ids of up to ``limit`` running jobs due at or before ``cut``, kept off other claimers for ``hold`` s.
+
+        ``pipelines``: only jobs of these pipelines (``None``: any), so that a process claims only work it
+        can run and leaves the rest to the processes on the same file that can.
+        """
         ...
 
     def reap_dead_processes(self) -> int:

@@ -21,7 +21,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
@@ -256,10 +256,11 @@ class SQLiteStorage(SQLiteReads):
                                         (job_id, owner)), f"releasing the lease of job {job_id!r}", durable=False)
 
     # --- for the local scheduler and flow control ---------------------------------------------
-    def claim_due(self, cut: float, *, limit: int, hold: float) -> list[str]:
+    def claim_due(self, cut: float, *, limit: int, hold: float, pipelines: Collection[str] | None = None) -> list[str]:
         """Claim running jobs due at ``cut`` that no worker leases or claimed (see :func:`writes.claim_due`)."""
         claimed: list[str] = self._write(lambda c: writes.claim_due(c, cut=cut, now=self._clock(), hold=hold,
-                                                                    limit=limit, proc=processes.me()),
+                                                                    limit=limit, proc=processes.me(),
+                                                                    pipelines=pipelines),
                                          "claiming due jobs", durable=False)
         return claimed
 

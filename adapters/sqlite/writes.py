@@ -8,9 +8,10 @@ errors; the transaction is rolled back by the caller when they do.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from adapters.base import INBOX_OPEN
@@ -251,16 +252,21 @@ def delete(conn: sqlite3.Connection, job_id: str, if_version: int | None) -> boo
 
 
 def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, limit: int,
-              proc: str) -> list[str]:
+              proc: str, pipelines: Collection[str] | None = None) -> list[str]:
     """Claim up to ``limit`` running jobs due at ``cut``, not leased and not claimed: one ``UPDATE ... RETURNING``.
 
     A claim keeps other claimers (threads, processes) off the job for
     ``hold`` seconds; the job's next commit clears it, and the claim of a
     process ``proc`` that died is released by the next process that notices.
+    ``pipelines``: only jobs of these (``None``: any). Another App on the same
+    file may run pipelines this one does not: its jobs are left to it, not
+    held for ``hold`` seconds by a process that can only refuse them.
     """
+    only = "" if pipelines is None else "AND json_extract(record, '$.pipeline') IN (SELECT value FROM json_each(?)) "
+    names = () if pipelines is None else (json.dumps(sorted(pipelines)),)
     rows = conn.execute(
         "UPDATE jobs SET claim_until = ?, claim_proc = ? WHERE job_id IN (SELECT job_id FROM jobs "
         "WHERE due_at IS NOT NULL AND due_at <= ? AND claim_until <= ? AND (lease_owner IS NULL OR lease_expires <= ?) "
-        "ORDER BY due_at, job_id LIMIT ?) RETURNING job_id, due_at",
-        (now + hold, proc, cut, now, now, max(0, limit))).fetchall()
+        f"{only}ORDER BY due_at, job_id LIMIT ?) RETURNING job_id, due_at",
+        (now + hold, proc, cut, now, now, *names, max(0, min(limit, 1 << 31)))).fetchall()
     return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]

@@ -266,6 +266,11 @@ class Host:
         self.taken.add("requeue_overdue")
         return self.app.requeue_overdue
 
+    @property
+    def names(self) -> list[str]:
+        self.taken.add("names")
+        return self.app.names
+
 
 @covers("HostedScheduler.bind")
 def test_a_hosted_scheduler_runs_through_what_the_app_it_is_bound_to_names(harness: Harness) -> None:

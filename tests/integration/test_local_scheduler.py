@@ -227,3 +227,27 @@ def test_a_storage_outage_is_said_once_not_at_every_look(tmp_path: Path, monkeyp
     said = [r.getMessage() for r in caplog.records if "claiming due work" in r.getMessage()]
     assert len(said) == 2 and "failed" in said[0] and "claiming due work again" in said[1]
     assert caplog.records[0].exc_info is not None  # the first one with its traceback
+
+
+def test_a_scheduler_claims_no_job_its_app_cannot_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Two Apps on one file, each running its own pipelines: a job of one is never taken by the other's
+    # scheduler, which could only refuse it ("unknown pipeline") and kept it from its owner until a sweep.
+    import logging
+
+    path = tmp_path / "two.db"
+    other = App(storage=SQLiteStorage(str(path)), scheduler=LocalScheduler(workers=2, poll=0.05),
+                pipelines={"q": Counting().phases()}, provenance=False)
+    counting = Counting()
+    owner = make_app(path, counting, workers=2, poll=0.05)
+    web = make_app(path, Counting())  # a process that starts runs and runs none (its scheduler never starts)
+    ids = [f"j{i}" for i in range(3)]
+    with caplog.at_level(logging.ERROR), other.scheduler:
+        for job_id in ids:
+            web.run_pipeline("p", job_id=job_id)
+        time.sleep(0.5)  # ten looks of the other App's scheduler
+        with owner.scheduler:
+            wait_for(owner, ids, timeout=60.0)
+    assert all(counting.runs[(job_id, "c")] == 1 for job_id in ids)
+    refused = [r.getMessage() for r in caplog.records if "unknown pipeline" in r.getMessage()
+               or (r.exc_info and "unknown pipeline" in str(r.exc_info[1]))]
+    assert refused == []
