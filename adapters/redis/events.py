@@ -37,6 +37,7 @@ class EventReads:
         # Checked before the limit, so a bad cursor is refused whatever the limit.
         if check_cursor(after, "event cursor") == LAST_CURSOR or limit <= 0:
             return []  # nothing sorts after the largest id, and XRANGE refuses to start past it
+        limit = min(limit, 1 << 62)  # XRANGE takes a 64-bit COUNT; one of any size means "all" as in memory
         start = "-" if not after else f"({after}"  # "(" makes the start exclusive (Redis >= 6.2)
         k = self.conn.keys(job_id)
         what = f"reading the events of job {job_id!r}"

@@ -49,6 +49,7 @@ class IndexReads:
         """
         if limit <= 0:
             return []
+        limit = min(limit, 1 << 62)  # Redis takes a 64-bit count; one of any size means "all" as in memory
         self.conn.check_read_layout()
         with _mapped(what):
             if len(keys) == 1:

@@ -34,6 +34,7 @@ class RecentReads:
         cursor = check_cursor(before, "event cursor")
         if limit <= 0:
             return []
+        limit = min(limit, 1 << 62)  # XREVRANGE takes a 64-bit COUNT; one of any size means "all" as in memory
         k = self.conn.keys(job_id)
         top = "+" if cursor is None or cursor == LAST_CURSOR else f"({cursor}"
         with _mapped(f"reading the events of job {job_id!r}"):
@@ -52,7 +53,7 @@ class RecentReads:
 
     def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
         """The ``limit`` log entries before the last ``skip``, oldest first, and how many there are."""
-        skip, limit = max(0, skip), max(0, limit)
+        skip, limit = min(max(0, skip), 1 << 61), min(max(0, limit), 1 << 61)  # LRANGE takes 64-bit indexes
         k = self.conn.keys(job_id)
         with _mapped(f"reading the logs of job {job_id!r}"):
             pipe = self.conn.client.pipeline(transaction=False)

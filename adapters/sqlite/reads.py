@@ -32,6 +32,11 @@ logger = logging.getLogger("pipelines")
 _HEADS_CHUNK = 500  # job ids per query of the followers' watcher (SQLite's bound-parameter limit is far above)
 _SQL_INT_MAX = 2**63 - 1  # a cursor past it names a place after every part SQLite can number
 
+
+def _count(n: int) -> int:
+    """A count or position as SQLite can bind it: ``limit=10**20`` means "all" here as in memory (no OverflowError)."""
+    return min(max(0, n), _SQL_INT_MAX)
+
 RECORD_COLUMNS = ("job_id, record, journal_version = version AND EXISTS (SELECT 1 FROM journal "
                   "WHERE journal.job_id = jobs.job_id), control, dropped, "
                   "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id)")
@@ -142,7 +147,7 @@ class SQLiteReads:
                 n = conn.execute("SELECT count(*) FROM messages WHERE job_id = ?", (job_id,)).fetchone()[0]
                 lo, hi, _ = slice(start, stop).indices(n)
             return conn.execute("SELECT body FROM messages WHERE job_id = ? AND pos >= ? AND pos < ? ORDER BY pos",
-                                (job_id, lo, _SQL_INT_MAX if hi is None else hi)).fetchall()
+                                (job_id, _count(lo), _SQL_INT_MAX if hi is None else _count(hi))).fetchall()
 
         rows = self._db.read(read, f"reading the transcript of job {job_id!r}")
         return [_json(job_id, r[0], "transcript message") for r in rows]
@@ -160,7 +165,7 @@ class SQLiteReads:
         start = position(after, "event cursor")
         rows = self._db.read(lambda c: c.execute(
             "SELECT seq, body FROM parts WHERE job_id = ? AND durable = 1 AND seq > ? ORDER BY seq LIMIT ?",
-            (job_id, start, max(0, limit))).fetchall(), f"reading the events of job {job_id!r}")
+            (job_id, start, _count(limit))).fetchall(), f"reading the events of job {job_id!r}")
         return _events(job_id, rows)
 
     def recent_events(self, job_id: str, *, before: str | None = None, limit: int = 100) -> list[Event]:
@@ -168,7 +173,7 @@ class SQLiteReads:
         stop = position(before, "event cursor") if before is not None else _SQL_INT_MAX
         rows = self._db.read(lambda c: c.execute(
             "SELECT seq, body FROM parts WHERE job_id = ? AND durable = 1 AND seq < ? ORDER BY seq DESC LIMIT ?",
-            (job_id, stop, max(0, limit))).fetchall(), f"reading the events of job {job_id!r}")
+            (job_id, stop, _count(limit))).fetchall(), f"reading the events of job {job_id!r}")
         return _events(job_id, rows)
 
     def recent_logs(self, job_id: str, *, skip: int = 0, limit: int = 100) -> tuple[list[LogEntry], int]:
@@ -179,7 +184,7 @@ class SQLiteReads:
             total = 0 if top is None else int(top) + 1
             stop = max(0, total - max(0, skip))
             rows = conn.execute("SELECT body FROM logs WHERE job_id = ? AND pos >= ? AND pos < ? ORDER BY pos",
-                                (job_id, max(0, stop - max(0, limit)), stop)).fetchall()
+                                (job_id, max(0, stop - _count(limit)), stop)).fetchall()
             return rows, int(total)
 
         rows, total = self._db.read(read, f"reading the logs of job {job_id!r}")
@@ -244,7 +249,8 @@ class SQLiteReads:
         if count <= 0:
             return []
         rows = self._db.read(lambda c: c.execute("SELECT body FROM inbox WHERE job_id = ? ORDER BY pos LIMIT ?",
-                                                 (job_id, count)).fetchall(), f"reading the inbox of job {job_id!r}")
+                                                 (job_id, _count(count))).fetchall(),
+                             f"reading the inbox of job {job_id!r}")
         return [_json(job_id, r[0], "inbox message") for r in rows]
 
     # --- indexes ---------------------------------------------------------------------------
@@ -252,14 +258,14 @@ class SQLiteReads:
         """Ids of running jobs due at ``now``, earliest first (ties by id)."""
         rows = self._db.read(lambda c: c.execute(
             "SELECT job_id FROM jobs WHERE due_at IS NOT NULL AND due_at <= ? ORDER BY due_at, job_id LIMIT ?",
-            (now, max(0, limit))).fetchall(), "reading the due index")
+            (now, _count(limit))).fetchall(), "reading the due index")
         return [r[0] for r in rows]
 
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
         """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
         rows = self._db.read(lambda c: c.execute(
             "SELECT job_id FROM jobs WHERE finished_at IS NOT NULL AND finished_at <= ? "
-            "ORDER BY finished_at, job_id LIMIT ?", (before, max(0, limit))).fetchall(), "reading the finished index")
+            "ORDER BY finished_at, job_id LIMIT ?", (before, _count(limit))).fetchall(), "reading the finished index")
         return [r[0] for r in rows]
 
     def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000,
@@ -279,7 +285,7 @@ class SQLiteReads:
 
         def read(conn: sqlite3.Connection) -> list[JobRecord]:
             out = []
-            for row in conn.execute(sql, (*args, max(0, limit))).fetchall():
+            for row in conn.execute(sql, (*args, _count(limit))).fetchall():
                 try:
                     out.append(load_record(conn, row, None))
                 except CorruptRecordError as exc:  # one bad record never hides the others
@@ -302,7 +308,7 @@ class SQLiteReads:
 
 def _live_rows(conn: sqlite3.Connection, job_id: str, start: int, limit: int) -> tuple[list[Any], bool]:
     rows = conn.execute("SELECT seq, body FROM parts WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                        (job_id, start, max(0, limit))).fetchall()
+                        (job_id, start, _count(limit))).fetchall()
     if rows:
         return rows, True
     return rows, conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None

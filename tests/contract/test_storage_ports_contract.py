@@ -198,6 +198,23 @@ def test_a_postponed_job_leaves_the_due_index_until_its_new_time(storage: Storag
     assert storage.postpone("nobody", version=1, due_at=300.0) is False
 
 
+# --- counts past what a storage can number -----------------------------------------------------------
+@covers("JobStore.messages", "InboxStore.inbox", "RecordReads.list_jobs", "JobStore.due_jobs")
+def test_a_count_or_bound_of_any_size_reads_as_all(storage: Storage) -> None:
+    # What a caller passes to mean "everything" (10**20, sys.maxsize * 4) reads as in memory, not an OverflowError.
+    huge = 10**20
+    storage.create_job(record(), messages=[msg("a"), msg("b")])
+    storage.send("job-1", [msg("c")])
+    assert storage.messages("job-1", 0, huge) == [msg("a"), msg("b")]
+    assert storage.messages("job-1", huge) == [] and storage.messages("job-1", -huge, -huge) == []
+    assert storage.messages("job-1", -huge) == [msg("a"), msg("b")]
+    assert storage.inbox("job-1", huge) == [msg("c")]
+    assert [r.job_id for r in storage.list_jobs(limit=huge)] == ["job-1"]
+    assert storage.due_jobs(1e12, limit=huge) == ["job-1"] and storage.finished_jobs(1e12, limit=huge) == []
+    assert storage.events("job-1", limit=huge) == [] and storage.recent_events("job-1", limit=huge) == []
+    assert storage.recent_logs("job-1", limit=huge) == ([], 0) == storage.recent_logs("job-1", skip=huge, limit=huge)
+
+
 # --- the inbox ---------------------------------------------------------------------------------
 @covers("InboxStore.send", "InboxStore.inbox", "JobStore.commit")
 def test_sent_messages_wait_in_order_until_a_commit_takes_them(storage: Storage) -> None:
@@ -373,6 +390,17 @@ def test_due_work_is_claimed_by_one_claimer_until_its_hold_passes(storage: Stora
     assert claims.reap_dead_processes() >= 1  # this process lives: nothing it holds is released
     assert claims.claim_due(100.0, limit=10, hold=60) == []
     assert storage.lease_owner("a") == "w"
+
+
+@covers("ClaimingStore.claim_due")
+def test_a_claim_can_ask_for_the_jobs_of_some_pipelines_only(storage: Storage) -> None:
+    claims = feature(storage, Feature.CLAIMS, ClaimingStore)  # type: ignore[type-abstract]
+    for job_id, pipeline in (("a1", "a"), ("b1", "b"), ("a2", "a"), ("odd", "it's \"odd\"")):
+        storage.create_job(record(job_id, pipeline=pipeline))
+    assert claims.claim_due(100.0, limit=10, hold=60, pipelines=["c"]) == []  # another App's work: left alone
+    assert sorted(claims.claim_due(100.0, limit=10, hold=60, pipelines={"a"})) == ["a1", "a2"]
+    assert claims.claim_due(100.0, limit=10, hold=60, pipelines=["it's \"odd\"", "b"]) == ["b1", "odd"]
+    assert claims.claim_due(100.0, limit=10, hold=60, pipelines=[]) == []
 
 
 # --- the key prefix queue ids carry --------------------------------------------------------------------
