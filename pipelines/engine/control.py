@@ -93,11 +93,19 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
     deadline = time.monotonic() + max(0.0, wait)  # for the whole family: each job waits what is left of it
 
     def one(job: str) -> JobRecord:
-        record = load_job(storage, job)
-        if force or record.status is not JobStatus.RUNNING:
+        for tries_left in (2, 1, 0):
+            record = load_job(storage, job)
+            if not force and record.status is JobStatus.RUNNING:
+                break
             # No turn in flight (or one to discard): a compare-and-set on the version.
             commit = transitions.cancel(record, owner=None, now=scheduler.now(), forced=force)
-            return _write(storage, scheduler, commit, "cancel")
+            try:
+                return _write(storage, scheduler, commit, "cancel")
+            except JobConflictError:
+                # Another caller moved the job meanwhile (an approval or an input that set it running, a
+                # turn's commit): cancel it as it is now; only a job that keeps changing is the caller's.
+                if not tries_left:
+                    raise
 
         def build(rec: JobRecord, owner: str | None) -> Commit:
             return transitions.cancel(rec, owner=owner, now=scheduler.now())

@@ -159,3 +159,31 @@ def test_several_calls_needing_approval_wait_for_every_decision() -> None:
     reject("r", "y", reason="duplicate", storage=storage, scheduler=scheduler)
     scheduler.drain()
     assert storage.get_job("r").status is JobStatus.COMPLETE and refunds == [1]
+
+
+def test_a_cancel_that_an_approval_overtakes_still_cancels() -> None:
+    # The approval lands between the cancel's read and its write (two people on the page at once): the
+    # cancel reads the job again and cancels it as it is now, not "changed during the cancel; try again".
+    from adapters.memory import MemoryStorage
+    from pipelines.engine.control import cancel_job
+
+    storage, scheduler, _ = memory()
+    real = MemoryStorage.commit
+
+    def racing(self: MemoryStorage, commit: Any) -> Any:
+        if commit.record.status is JobStatus.CANCELLED and racing.pending:  # type: ignore[attr-defined]
+            racing.pending = False  # type: ignore[attr-defined]
+            approve("r", "c1", storage=storage, scheduler=scheduler)
+        return real(self, commit)
+
+    racing.pending = True  # type: ignore[attr-defined]
+    Agent(model=ScriptedModel([refund_call(), "done"]), tools=[refund]).run(
+        job_id="r", messages=["refund please"], storage=storage, scheduler=scheduler)
+    scheduler.drain()
+    assert storage.get_job("r").status is JobStatus.WAITING
+    storage.commit = racing.__get__(storage)  # type: ignore[method-assign]
+    done = cancel_job("r", storage=storage, scheduler=scheduler, wait=1.0)
+    assert not racing.pending  # type: ignore[attr-defined]  # the approval did overtake it
+    assert done.status is JobStatus.CANCELLED and storage.get_job("r").status is JobStatus.CANCELLED
+    scheduler.drain()
+    assert refunds == [] and storage.get_job("r").status is JobStatus.CANCELLED  # the approved call never ran
