@@ -73,6 +73,7 @@ __all__ = [
     "owned",
     "ready_parents",
     "run_of",
+    "stopped_above",
     "waits_for_children",
     "wake",
 ]
@@ -172,6 +173,31 @@ def awaited_by(child: JobRecord, storage: Storage) -> str | None:
 
 
 _UNFINISHED: Final = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
+_ANCESTORS_READ: Final = MAX_DEPTH  # a family within the depth limit is read up to its root
+
+
+def stopped_above(record: JobRecord, storage: Storage) -> bool:
+    """Whether a job above ``record`` means it must stop: nothing will read its outcome.
+
+    That is its parent cancelled, gone (deleted) or in another run than the one that started it (a full
+    retry, the job made again); and, while the parent has not ended itself (running, waiting, paused), the
+    same of the parent's own parent, and so on up. A cancel walks the family down in the canceller's memory
+    only: if that process dies after the root's commit, a middle job waiting for its children gets no turn
+    to notice, and this is how the jobs below it still stop, each at its next turn. One read a level, for
+    child jobs only; at most :data:`MAX_DEPTH` levels (a loop, not a recursion: a family older than the
+    limit is read that far, and its jobs further down stop once the ones above them have).
+    """
+    job = record
+    for _ in range(_ANCESTORS_READ):
+        if job.parent_job is None:
+            return False
+        parent = storage.get_job(job.parent_job)
+        if parent is None or parent.status is JobStatus.CANCELLED or of_another_run(job, run_of(parent)):
+            return True
+        if parent.status not in _UNFINISHED:
+            return False  # complete or failed: its outcome is settled and a retry of it may still read ours
+        job = parent
+    return False
 
 
 def _gone(child_id: str, why: str) -> JobRecord:

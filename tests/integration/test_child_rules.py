@@ -454,6 +454,63 @@ def test_a_cancel_waits_at_most_its_wait_for_the_whole_family(storage: Any, monk
     assert all(storage.get_job(k).control == "cancel" for k in kids)  # each applies it when its turn commits
 
 
+def three_generations(storage: Any, calls: list[str]) -> App:
+    """A chief whose two bosses each wait for a researcher; the researchers' tool records its calls."""
+
+    @tool
+    def look(q: str) -> str:
+        """Look it up."""
+        calls.append(q)
+        return f"found {q}"
+
+    def leaf(messages: list[Message]) -> Any:
+        return reply(None, {**call("look", q="x"), "id": "l0"}) if messages[-1]["role"] == "user" else "looked"
+
+    def chief(messages: list[Message]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, *({**call("boss", input=f"b{i}"), "id": f"t{i}"} for i in range(2)))
+        return "chief heard"
+
+    boss = boss_of(Agent(name="researcher", model=ScriptedModel(leaf), tools=[look]))
+    return _app(storage, Agent(name="chief", model=ScriptedModel(chief), tools=[boss.as_tool(description="Boss.")]))
+
+
+@pytest.mark.parametrize("writes", [1, 2, 3, 4])
+def test_a_cancel_whose_process_dies_midway_still_stops_the_whole_family(
+        storage: Any, monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    # The cancel walked the family in its caller's memory only: dead after the root's commit, it left the
+    # grandchildren running (their parents wait for them, and have no turn to notice) to their end, tools and all.
+    calls: list[str] = []
+    app = three_generations(storage, calls)
+    app.run_agent("chief", job_id="R", user="go")
+    app.advance("R")
+    bosses = [child_job_id("R", f"t{i}") for i in range(2)]
+    for boss in bosses:
+        app.advance(boss)
+    leaves = [child_job_id(b, "c0") for b in bosses]
+    family = ["R", *bosses, *leaves]
+    assert [storage.get_job(j).status for j in family] == [JobStatus.WAITING] * 3 + [JobStatus.RUNNING] * 2
+    from pipelines.engine import writer
+
+    real, done = writer.apply, []
+
+    def dies_after(*args: Any, **kwargs: Any) -> Any:
+        reply_ = real(*args, **kwargs)
+        done.append(args[2].job_id)
+        if len(done) == writes:
+            raise SimulatedCrash(f"the cancelling process dies after {done}")
+        return reply_
+
+    monkeypatch.setattr(writer, "apply", dies_after)
+    with pytest.raises(SimulatedCrash):
+        app.cancel("R")
+    monkeypatch.setattr(writer, "apply", real)
+    assert storage.get_job(leaves[-1]).status is JobStatus.RUNNING  # the walk never got that far
+    app.drain()
+    assert {j: storage.get_job(j).status for j in family} == dict.fromkeys(family, JobStatus.CANCELLED)
+    assert calls == []  # no researcher ran its tool (nor its turn) after the chief was cancelled
+
+
 @pytest.mark.parametrize(("wait", "force"), [("5", False), (float("nan"), False), (float("inf"), False),
                                              (-1, False), (True, False), (1.0, "yes")])
 def test_cancel_and_pause_refuse_a_wait_or_force_that_means_nothing(storage: Any, wait: Any, force: Any) -> None:

@@ -61,7 +61,8 @@ class _LeasedJob:
             if record.parent_job is not None and self.parent_cancelled(record):
                 # A child its parent's cancel could not reach: started by a turn whose wait never committed
                 # (a crash, a forced cancel), so the parent does not list it; or whose parent was deleted since
-                # (nothing waits for its outcome). It follows its parent here.
+                # (nothing waits for its outcome); or below a job cancelled by a cancel whose process died before
+                # its walk got this far down (the parent between waits for its children). It follows them here.
                 return self.apply_control(record.model_copy(update={"control": "cancel"}))
             now = self.scheduler.now()
             # Queues deliver delayed messages with some imprecision (RQ: ~1 s);
@@ -137,17 +138,12 @@ class _LeasedJob:
         return woken
 
     def parent_cancelled(self, record: JobRecord) -> bool:
-        """Whether ``record``'s parent job is cancelled, gone (deleted) or in another run than the one that started
-        ``record`` (a full retry, the job made again): nothing will read the child's outcome."""
-        assert record.parent_job is not None
+        """Whether a job above ``record`` stopped it (:func:`~pipelines.engine.children.stopped_above`)."""
         try:
-            parent = self.storage.get_job(record.parent_job)
+            return children.stopped_above(record, self.storage)
         except PipelineError as exc:
-            logger.error("job %s: cannot read its parent %s: %s", record.job_id, record.parent_job, exc)
+            logger.error("job %s: cannot read a job above it (parent %s): %s", record.job_id, record.parent_job, exc)
             return False
-        if parent is None or parent.status is JobStatus.CANCELLED:
-            return True
-        return children.of_another_run(record, children.run_of(parent))
 
     def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
         """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""
