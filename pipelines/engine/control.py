@@ -88,7 +88,9 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
     journal writes and commit expect the old version, so they are rejected
     and its work is discarded, I2). A waiting, paused or failed job is
     cancelled at once. A cancelled job is never advanced again except by an
-    explicit retry, which resumes from the kept checkpoint.
+    explicit retry, which resumes from the kept checkpoint. A cancelled job is
+    refused (:class:`JobConflictError`) unless a job of its family is still
+    active (a cancel that died midway): then this call finishes that cancel.
     """
     deadline = time.monotonic() + max(0.0, wait)  # for the whole family: each job waits what is left of it
 
@@ -112,10 +114,37 @@ def cancel_job(job_id: str, *, storage: Storage, scheduler: Scheduler, wait: flo
 
         return _at_boundary(job, storage, scheduler, "cancel", build, deadline - time.monotonic())
 
-    done = one(job_id)
+    try:
+        done = one(job_id)
+    except JobConflictError:
+        done = load_job(storage, job_id)
+        if done.status is not JobStatus.CANCELLED or not _finish_cascade(done, storage, one):
+            raise
+        return done
     # A parent's cancel reaches the child jobs it started, theirs, and so on down the family.
     _each_descendant(done, storage, transitions.ACTIVE, one)
     return done
+
+
+def _finish_cascade(root: JobRecord, storage: Storage, cancel: Callable[[str], JobRecord]) -> bool:
+    """Cancel what is still going in the family of the cancelled ``root``; whether there was any.
+
+    A cancel walks the family in its caller's memory only: a process that dies during the walk leaves
+    descendants going. The ones that run stop at their next turn (:func:`children.stopped_above`); the
+    ones with no turn coming (paused, waiting for a person) are cancelled by asking again, which goes
+    down through the cancelled jobs to finish the walk.
+    """
+    found: list[str] = []
+
+    def act(job: str) -> JobRecord:
+        record = load_job(storage, job)
+        if record.status is JobStatus.CANCELLED:
+            return record  # gone down through: a job below it may still be going
+        found.append(job)
+        return cancel(job)
+
+    _each_descendant(root, storage, (*transitions.ACTIVE, JobStatus.CANCELLED), act)
+    return bool(found)
 
 
 def resume_job(job_id: str, *, storage: Storage, scheduler: Scheduler) -> JobRecord:

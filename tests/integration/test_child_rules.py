@@ -454,8 +454,9 @@ def test_a_cancel_waits_at_most_its_wait_for_the_whole_family(storage: Any, monk
     assert all(storage.get_job(k).control == "cancel" for k in kids)  # each applies it when its turn commits
 
 
-def three_generations(storage: Any, calls: list[str]) -> App:
-    """A chief whose two bosses each wait for a researcher; the researchers' tool records its calls."""
+def three_generations(storage: Any, calls: list[str]) -> tuple[App, list[str]]:
+    """A chief "R" whose two bosses each wait for a researcher, running, whose tool records its calls; returns
+    the app and the family (the chief, the bosses, the researchers)."""
 
     @tool
     def look(q: str) -> str:
@@ -472,24 +473,17 @@ def three_generations(storage: Any, calls: list[str]) -> App:
         return "chief heard"
 
     boss = boss_of(Agent(name="researcher", model=ScriptedModel(leaf), tools=[look]))
-    return _app(storage, Agent(name="chief", model=ScriptedModel(chief), tools=[boss.as_tool(description="Boss.")]))
-
-
-@pytest.mark.parametrize("writes", [1, 2, 3, 4])
-def test_a_cancel_whose_process_dies_midway_still_stops_the_whole_family(
-        storage: Any, monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
-    # The cancel walked the family in its caller's memory only: dead after the root's commit, it left the
-    # grandchildren running (their parents wait for them, and have no turn to notice) to their end, tools and all.
-    calls: list[str] = []
-    app = three_generations(storage, calls)
+    app = _app(storage, Agent(name="chief", model=ScriptedModel(chief), tools=[boss.as_tool(description="Boss.")]))
     app.run_agent("chief", job_id="R", user="go")
     app.advance("R")
     bosses = [child_job_id("R", f"t{i}") for i in range(2)]
-    for boss in bosses:
-        app.advance(boss)
-    leaves = [child_job_id(b, "c0") for b in bosses]
-    family = ["R", *bosses, *leaves]
-    assert [storage.get_job(j).status for j in family] == [JobStatus.WAITING] * 3 + [JobStatus.RUNNING] * 2
+    for boss_id in bosses:
+        app.advance(boss_id)
+    return app, ["R", *bosses, *(child_job_id(b, "c0") for b in bosses)]
+
+
+def cancel_dying_after(app: App, monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    """``app.cancel("R")`` in a process that dies right after its ``writes``-th commit."""
     from pipelines.engine import writer
 
     real, done = writer.apply, []
@@ -505,10 +499,42 @@ def test_a_cancel_whose_process_dies_midway_still_stops_the_whole_family(
     with pytest.raises(SimulatedCrash):
         app.cancel("R")
     monkeypatch.setattr(writer, "apply", real)
+
+
+@pytest.mark.parametrize("writes", [1, 2, 3, 4])
+def test_a_cancel_whose_process_dies_midway_still_stops_the_whole_family(
+        storage: Any, monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    # The cancel walked the family in its caller's memory only: dead after the root's commit, it left the
+    # grandchildren running (their parents wait for them, and have no turn to notice) to their end, tools and all.
+    calls: list[str] = []
+    app, family = three_generations(storage, calls)
+    leaves = family[3:]
+    assert [storage.get_job(j).status for j in family] == [JobStatus.WAITING] * 3 + [JobStatus.RUNNING] * 2
+    cancel_dying_after(app, monkeypatch, writes)
     assert storage.get_job(leaves[-1]).status is JobStatus.RUNNING  # the walk never got that far
     app.drain()
     assert {j: storage.get_job(j).status for j in family} == dict.fromkeys(family, JobStatus.CANCELLED)
     assert calls == []  # no researcher ran its tool (nor its turn) after the chief was cancelled
+
+
+@pytest.mark.parametrize("writes", [1, 2, 3, 4])
+def test_cancelling_again_finishes_a_cancel_whose_process_died_midway(
+        storage: Any, monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    # Paused researchers have no turn coming to notice the chief's cancel; asking again was refused ("already
+    # cancelled") without a look at the family, so they and their bosses stayed paused and waiting for good.
+    calls: list[str] = []
+    app, family = three_generations(storage, calls)
+    leaves = family[3:]
+    app.pause("R")
+    assert [storage.get_job(j).status for j in leaves] == [JobStatus.PAUSED] * 2
+    cancel_dying_after(app, monkeypatch, writes)
+    app.drain()
+    assert storage.get_job(leaves[-1]).status is JobStatus.PAUSED  # no turn of its own: nothing else cancels it
+    assert app.cancel("R").status is JobStatus.CANCELLED
+    assert {j: storage.get_job(j).status for j in family} == dict.fromkeys(family, JobStatus.CANCELLED)
+    with pytest.raises(JobConflictError, match="already cancelled; nothing to cancel"):
+        app.cancel("R")  # the family is all stopped: asking once more is refused as before
+    assert calls == []
 
 
 @pytest.mark.parametrize(("wait", "force"), [("5", False), (float("nan"), False), (float("inf"), False),
