@@ -13,7 +13,9 @@ included). Only these propagate: the control signals ``FailJob``,
 ``RetryLater`` and ``WaitForInput``, ``KeyboardInterrupt``, and any other
 ``BaseException`` subclass from outside the standard library, which by
 convention means "the process is going down" (the crash harness's
-``SimulatedCrash`` is one). Either way the shared thread pool and this
+``SimulatedCrash`` is one). When several calls of one turn raise signals, one
+ends the turn: ``FailJob``, else ``RetryLater``, else a wait for a person, else
+the waits for child runs as one (``execute._signal_of_turn`` says why). Either way the shared thread pool and this
 thread's event loop are left with nothing of the turn still pending, so the
 next job run by the same thread starts clean.
 

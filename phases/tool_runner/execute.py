@@ -13,6 +13,7 @@ from phases.tool_runner.calls import _is_async, _policy, journal_result, storabl
 from phases.tool_runner.gates import _apply_interrupt_policies, _check_approvals, _refuse_extra_children
 from phases.tool_runner.invoke import _cancelling, _invoke_async, _invoke_sync
 from phases.tools import Tool, check_timeout
+from pipelines.engine import children
 from pipelines.engine._aio import run_sync
 from pipelines.engine.models import Message
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
@@ -95,7 +96,7 @@ def _execute(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str
         if not fatal:
             _ended_without_result(ctx, [c for c, o in zip(calls, outcomes, strict=True)
                                         if isinstance(o, _SIGNALS) and not getattr(o, "unknown_outcome", False)])
-        raise fatal[0] if fatal else _waits_merged(failures)
+        raise fatal[0] if fatal else _signal_of_turn(failures)
 
 
 _SIGNALS = (FailJob, RetryLater, WaitForInput)
@@ -117,14 +118,38 @@ def _ended_without_result(ctx: PhaseContext[Any], calls: list[dict[str, Any]]) -
         ctx.record(journal.TOOLS_STARTED, [i for i in started if i not in ids])
 
 
-def _waits_merged(failures: list[BaseException]) -> BaseException:
-    """Several calls waiting for child jobs wait as one (the job waits for them all); else the first signal."""
-    waits = [f for f in failures if isinstance(f, WaitForInput) and f.details.get("kind") == "children"]
-    if len(waits) < 2 or len(waits) != len(failures):
-        return failures[0]
-    calls = [c for w in waits for c in w.details.get("calls") or []]
-    return WaitForInput(f"waiting for {len(calls)} child jobs", call_id=waits[0].call_id,
-                        details={**waits[0].details, "calls": calls})
+def _signal_of_turn(failures: list[BaseException]) -> BaseException:
+    """The one signal that ends a turn in which several calls raised one: the precedence rule.
+
+    1. ``FailJob``: the job ends now. Any other signal would let the job run the
+       turn again (after a delay, a person or its children) and the failing call
+       with it, a second time: a tool that fails the job runs once.
+    2. ``RetryLater``: every wait is set up again when the retry runs its call
+       (a child run is found again by its id, never started twice; a question is
+       asked again), while a wait's end would run the retrying call before its delay.
+    3. ``WaitForInput`` for a person (an approval, an interrupted call's outcome,
+       a tool's own question): asked at once, the children run meanwhile, and the
+       turn run again after the answer finds them.
+    4. Waits for child jobs, as one wait for them all.
+
+    Within a rank, the first call's signal, in the answer's order.
+    """
+    for rank in (FailJob, RetryLater):
+        first = next((f for f in failures if isinstance(f, rank)), None)
+        if first is not None:
+            return first
+    person = [f for f in failures if not _waits_for_children(f)]
+    if person or len(failures) == 1:
+        return (person or failures)[0]
+    first_wait = failures[0]
+    assert isinstance(first_wait, WaitForInput)  # every one here waits for children
+    calls = [c for w in failures if isinstance(w, WaitForInput) for c in w.details.get("calls") or []]
+    return WaitForInput(f"waiting for {len(calls)} child jobs", call_id=first_wait.call_id,
+                        details={**first_wait.details, "calls": calls})
+
+
+def _waits_for_children(signal: BaseException) -> bool:
+    return isinstance(signal, WaitForInput) and signal.details.get("kind") == children.KIND
 
 
 async def _run_all(ctx: PhaseContext[Any], tmap: dict[str, Tool], calls: list[dict[str, Any]], turn: int,

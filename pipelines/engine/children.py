@@ -21,6 +21,11 @@ children's outcomes go into the open checkpoint's inputs (``tool:<call id>``
 is the tool result the model reads, ``child:<call id>`` the structured
 outcome a phase reads) and their usage into the parent's, exactly once.
 
+A child whose outcome nothing will read stops (cancelled) at its next turn:
+its parent is cancelled or deleted, went on to another run, or failed without
+ever waiting for it (another call of the turn that started it raised
+``FailJob``, which outranks the wait: ``phases.tool_runner``).
+
 Two rules hold every child run (issue 30):
 
 * **An invariant between two records is checked in the same atomic step that
@@ -179,8 +184,8 @@ _ANCESTORS_READ: Final = MAX_DEPTH  # a family within the depth limit is read up
 def stopped_above(record: JobRecord, storage: Storage) -> bool:
     """Whether a job above ``record`` means it must stop: nothing will read its outcome.
 
-    That is its parent cancelled, gone (deleted) or in another run than the one that started it (a full
-    retry, the job made again); and, while the parent has not ended itself (running, waiting, paused), the
+    That is its parent cancelled, gone (deleted), in another run than the one that started it (a full
+    retry, the job made again) or failed without ever waiting for it; and, while the parent has not ended itself (running, waiting, paused), the
     same of the parent's own parent, and so on up. A cancel walks the family down in the canceller's memory
     only: if that process dies after the root's commit, a middle job waiting for its children gets no turn
     to notice, and this is how the jobs below it still stop, each at its next turn. One read a level, for
@@ -193,6 +198,11 @@ def stopped_above(record: JobRecord, storage: Storage) -> bool:
             return False
         parent = storage.get_job(job.parent_job)
         if parent is None or parent.status is JobStatus.CANCELLED or of_another_run(job, run_of(parent)):
+            return True
+        if parent.status is JobStatus.ERROR and job.job_id not in parent.children:
+            # Failed by the turn that started ``job`` (another call of that turn raised FailJob), so its wait
+            # for it was never committed. A child it did wait for is listed, and keeps running when retried
+            # (retry the failed child, then the parent).
             return True
         if parent.status not in _UNFINISHED:
             return False  # complete or failed: its outcome is settled and a retry of it may still read ours
