@@ -164,9 +164,7 @@ class Controls:
             rec = control.load_job(self.storage, job_id)
             if rec.status in (JobStatus.RUNNING, JobStatus.WAITING):
                 raise JobConflictError(f"job {job_id!r} is {rec.status.value}; cancel it before deleting it")
-            if (parent := children.awaited_by(rec, self.storage)) is not None:
-                raise JobConflictError(f"job {job_id!r} is a child run its parent {parent!r} still waits for; "
-                                       "delete it once the parent has woken, or cancel the parent first")
+            children.check_not_awaited(rec, self.storage, act="delete it")
             if self._delete_at(rec) is not None:
                 self.env.callbacks.forget(job_id)
                 self._delete_title_of(job_id)

@@ -184,7 +184,8 @@ class App:
         """Write an agent run (its messages and per-run options) and enqueue its first turn; returns at once.
 
         On a ``complete`` job id the conversation goes on with the new
-        messages. Per-run ``options`` (``max_turns``, ``max_tokens``,
+        messages (not on a child run its parent still waits for, nor is one
+        retried: :class:`JobConflictError`, as :meth:`delete`). Per-run ``options`` (``max_turns``, ``max_tokens``,
         ``max_cost_usd``, ``output_schema``, ``model``, ``tool_timeout``,
         ``max_retries``, ``system_prompt_conflict``, ``context``,
         ``tools_context``, ...: :class:`~phases.agent_config.RunOptions`) are

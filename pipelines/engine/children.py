@@ -37,7 +37,8 @@ Two rules hold every child run (issue 30):
   why), also when another worker's create won the race; the wake-up and the
   family walks (cancel, resume) skip a job that does not name its parent. A
   child its parent still waits for is not deleted (``App.delete`` refuses,
-  retention skips it: :func:`awaited_by`), and a child that is gone all the
+  retention skips it: :func:`awaited_by`) nor run again (a continuation, a
+  message sent, a retry: refused, :func:`check_not_awaited`), and a child that is gone all the
   same is read as failed, never as still running.
 * **Nothing recursive over a depth a user or a model controls; every fan-out
   has a limit.** A family is at most :data:`MAX_DEPTH` (8) parents deep: a
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from adapters.base import page_cursor
 from pipelines.engine import transitions
+from pipelines.engine.errors import JobConflictError
 from pipelines.engine.models import JOB_ID_PATTERN, Commit, JobRecord, JobStatus, JSONValue, Usage
 
 if TYPE_CHECKING:
@@ -70,6 +72,7 @@ __all__ = [
     "MAX_CHILDREN_PER_TURN",
     "MAX_DEPTH",
     "awaited_by",
+    "check_not_awaited",
     "child_job_id",
     "child_key",
     "content_of",
@@ -208,6 +211,20 @@ def stopped_above(record: JobRecord, storage: Storage) -> bool:
             return False  # complete or failed: its outcome is settled and a retry of it may still read ours
         job = parent
     return False
+
+
+def check_not_awaited(child: JobRecord, storage: Storage, *, act: str) -> None:
+    """:class:`JobConflictError`, nothing written, if ``child``'s parent still waits for its outcome.
+
+    ``act``: what was asked, as the refusal says it ("delete it", "run it again"). Deleting the child,
+    or running it again (a continuation, a message sent to it, a retry), would hand the parent none of
+    its outcome, or another run's, instead of the one its call asked for. Once the parent has read the
+    outcome (:func:`awaited_by` is ``None``), the child is anyone's to act on.
+    """
+    parent = awaited_by(child, storage)
+    if parent is not None:
+        raise JobConflictError(f"job {child.job_id!r} is a child run its parent {parent!r} still waits for; "
+                               f"{act} once the parent has woken, or cancel the parent first")
 
 
 def _gone(child_id: str, why: str) -> JobRecord:

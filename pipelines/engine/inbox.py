@@ -28,7 +28,7 @@ from typing import Any
 
 import pipelines.engine.models as models  # MAX_VALUE_BYTES is a setting, read at each check
 from adapters.base import INBOX_OPEN, Storage
-from pipelines.engine import writer
+from pipelines.engine import children, writer
 from pipelines.engine.control import load_job
 from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError, ValueTooLargeError
 from pipelines.engine.models import STEP_ENVELOPE, JobRecord, JobStatus, Message, dump_json
@@ -89,6 +89,9 @@ def send(storage: Storage, record: JobRecord, messages: list[Message], *, agent:
     for _ in range(SEND_TRIES):
         if record.status is not JobStatus.COMPLETE:
             _check_open(record, agent, takes_while_running)
+        else:
+            # Said here: the same refusal from continue_run would read as the job moving meanwhile.
+            children.check_not_awaited(record, storage, act="run it again")
         if _sent(storage, record, messages, continue_run):
             return
         record = load_job(storage, record.job_id)  # it moved between the read and the write: judge it again

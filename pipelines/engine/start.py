@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 import pipelines.engine.models as models  # MAX_VALUE_BYTES is a setting, read at each check
 from adapters.base import Scheduler, Storage
-from pipelines.engine import telemetry, transitions, versions, writer
+from pipelines.engine import children, telemetry, transitions, versions, writer
 from pipelines.engine.errors import (
     InvalidInputError,
     InvalidPipelineError,
@@ -177,6 +177,8 @@ def start_job(
     fresh = False
     if existing is not None:
         _refuse_start(existing, name, new_messages, continue_completed=continue_completed, retry_mode=retry_mode)
+        if existing.status in transitions.FINISHED:  # an unfinished one is refused by its transition
+            children.check_not_awaited(existing, storage, act="run it again")
     if existing is None:
         if retry_mode == "resume":
             raise JobNotFoundError(f"job {job_id!r} does not exist; nothing to resume")
