@@ -188,12 +188,13 @@ def stopped_above(record: JobRecord, storage: Storage) -> bool:
     """Whether a job above ``record`` means it must stop: nothing will read its outcome.
 
     That is its parent cancelled, gone (deleted), in another run than the one that started it (a full
-    retry, the job made again) or failed without ever waiting for it; and, while the parent has not ended itself (running, waiting, paused), the
-    same of the parent's own parent, and so on up. A cancel walks the family down in the canceller's memory
-    only: if that process dies after the root's commit, a middle job waiting for its children gets no turn
-    to notice, and this is how the jobs below it still stop, each at its next turn. One read a level, for
-    child jobs only; at most :data:`MAX_DEPTH` levels (a loop, not a recursion: a family older than the
-    limit is read that far, and its jobs further down stop once the ones above them have).
+    retry, the job made again) or failed without ever waiting for it; and, while the parent has not ended
+    itself (running, waiting, paused), the same of the parent's own parent, and so on up. A cancel walks the
+    family down in the canceller's memory only: if that process dies after the root's commit, a middle job
+    waiting for its children gets no turn to notice, and this is how the jobs below it still stop, each at
+    its next turn. One read a level, for child jobs only; at most :data:`MAX_DEPTH` levels (a loop, not a
+    recursion: a family older than the limit is read that far, and its jobs further down stop once the
+    ones above them have).
     """
     job = record
     for _ in range(_ANCESTORS_READ):

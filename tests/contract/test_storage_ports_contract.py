@@ -199,7 +199,7 @@ def test_a_postponed_job_leaves_the_due_index_until_its_new_time(storage: Storag
 
 
 # --- counts past what a storage can number -----------------------------------------------------------
-@covers("JobStore.messages", "InboxStore.inbox", "RecordReads.list_jobs", "JobStore.due_jobs")
+@covers("HistoryStore.messages", "InboxStore.inbox", "JobIndex.list_jobs", "JobIndex.due_jobs")
 def test_a_count_or_bound_of_any_size_reads_as_all(storage: Storage) -> None:
     # What a caller passes to mean "everything" (10**20, sys.maxsize * 4) reads as in memory, not an OverflowError.
     huge = 10**20
