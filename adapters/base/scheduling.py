@@ -21,7 +21,9 @@ class Scheduler(Protocol):
     """Triggers an advance of a job, now or after a delay.
 
     ``precision``: how early (seconds) a delayed delivery may arrive; the
-    runner accepts a message that early instead of dropping it (RQ: ~1 s).
+    runner holds a message that early until its time instead of dropping it
+    (RQ: 1 s, for two machines' clocks; it sends delays for the whole second
+    at or after their end).
     """
 
     precision: float

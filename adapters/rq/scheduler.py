@@ -17,10 +17,12 @@ One RQ job id per turn (see :mod:`adapters.rq.ids`): a worker that enqueued its
 successor under its own id would re-run forever, and enqueuing an id that
 is still waiting is a harmless duplicate we skip.
 
-Delays use ``Queue.enqueue_in``: workers must run RQ's scheduler
-(``pipelines worker`` does; ``rq worker --with-scheduler`` otherwise). Its
-precision is about a second, declared as :attr:`RQScheduler.precision` so the
-runner accepts a message that arrives that much early. A delayed advance that
+Delays use ``Queue.enqueue_at``: workers must run RQ's scheduler
+(``pipelines worker`` does; ``rq worker --with-scheduler`` otherwise). RQ
+keeps the time in whole seconds, so a delay is sent for the second at or
+after its end: it arrives up to about a second late, never early. What still
+arrives early (the clocks of two machines disagree) within
+:attr:`RQScheduler.precision` is held by the runner until its time. A delayed advance that
 RQ's scheduler has not moved :data:`SCHEDULER_LATE` seconds after its time is
 taken as lost: the sweep's :meth:`RQScheduler.requeue` enqueues it again.
 
@@ -31,12 +33,13 @@ Redis errors are translated here, at the edge: connection problems become
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import redis
@@ -326,7 +329,11 @@ class RQScheduler:
             "unique": unique,
         }
         if delay > 0:
-            return q.enqueue_in(timedelta(seconds=delay), func, **options)
+            # RQ keeps a delayed job's time in whole seconds, cut down (and moves what is due by the whole
+            # second): the second at or after the due time, so that it never arrives early.
+            at = datetime.fromtimestamp(math.ceil(time.time() + delay), tz=UTC)
+            scheduled: Job = q.enqueue_at(at, func, **options)
+            return scheduled
         # RQ adds the queue to its set of queues (what `rq info` and Queue.all() list) before every enqueue,
         # in a round trip of its own unless given a pipeline. Given ours, that SADD waits in it: it goes with
         # RQ's own writes when they wait there too (an enqueue that is not unique), else (a unique enqueue runs

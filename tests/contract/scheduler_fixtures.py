@@ -44,6 +44,8 @@ class Harness:
     """A delay short enough for the suite, long enough for the scheduler's precision."""
     margin = 0.0
     """How long before the earliest allowed delivery the suite checks that nothing came yet."""
+    late = 0.0
+    """How long after its time a delayed delivery may come (a scheduler of whole seconds rounds up)."""
 
     def __init__(self, scheduler: Scheduler, app_factory: Callable[[Scheduler], App]) -> None:
         self.runs: Counter[tuple[str, str]] = Counter()  # (job id, phase) -> executions
@@ -185,6 +187,7 @@ class RQHarness(Harness):
     name = "rq"
     delay = 3.0  # RQ's scheduler has whole-second resolution (precision 1.0)
     margin = 1.0  # a worker's start-up under load must not reach the scheduled second
+    late = 1.0  # sent for the whole second at or after its time, never before it
 
     def __init__(self, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
         from adapters.redis import RedisStorage

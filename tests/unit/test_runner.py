@@ -324,6 +324,35 @@ def test_delays_follow_the_virtual_clock_and_nothing_runs_early() -> None:
     assert times == [0.0, 30.0, 60.0]
 
 
+def test_a_delivery_a_little_early_is_held_until_its_time_not_run_early() -> None:
+    # A queue that may deliver a delayed message up to a second early (RQ's whole seconds, two machines'
+    # clocks) declares it as its precision: such a message waits for its time, it does not run early.
+    import time
+
+    class EarlyQueue(MemoryScheduler):
+        precision = 1.0
+
+        def now(self) -> float:
+            return time.time()
+
+    storage, scheduler = MemoryStorage(clock=time.time), EarlyQueue()
+    ran: list[float] = []
+
+    def b(ctx: PhaseContext[Any]) -> Done:
+        ran.append(time.time())
+        return Done()
+
+    phases = [Phase("a", lambda ctx: Next("b", delay=0.4)), Phase("b", b)]
+    start(storage, scheduler, phases)
+    assert scheduler.run_next()
+    job = storage.get_job("job-1")
+    assert job is not None and job.checkpoint is not None
+    due = job.checkpoint.due_at
+    try_advance(job_id="job-1", phases=phases, storage=storage, scheduler=scheduler)  # ~0.4 s early
+    assert len(ran) == 1 and ran[0] >= due
+    assert storage.get_job("job-1").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+
+
 def test_state_that_is_not_json_is_an_error_at_the_commit_with_nothing_half_written() -> None:
     storage, scheduler, _ = memory()
 

@@ -65,11 +65,7 @@ class _LeasedJob:
                 # process died before its walk got this far down (the parent between waits for its children). It
                 # follows them here.
                 return self.apply_control(record.model_copy(update={"control": "cancel"}))
-            now = self.scheduler.now()
-            # Queues deliver delayed messages with some imprecision (RQ: ~1 s);
-            # the scheduler declares it, and we accept that much earliness
-            # rather than drop a message that nothing would send again.
-            if cp.due_at > now + self.scheduler.precision:
+            if not self.due(cp.due_at):
                 return AdvanceResult.NOT_DUE
             keep = self.keep_lease()
             try:
@@ -86,6 +82,20 @@ class _LeasedJob:
                 return result
             # Exactly what storage now holds: go on without reloading.
             record = commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
+
+    def due(self, due_at: float) -> bool:
+        """Whether a turn due at ``due_at`` runs now: a delivery a little early waits for its time here.
+
+        A queue may deliver a delayed message a little early (the scheduler declares how much as its
+        ``precision``: two machines' clocks, a broker's rounding). Such a one is held until its time,
+        neither run early nor dropped (nothing would send it again); an earlier one is not due.
+        """
+        early = due_at - self.scheduler.now()
+        if early > self.scheduler.precision:
+            return False
+        if early > 0:
+            time.sleep(early)
+        return True
 
     def let_go(self, commit: Commit, reply: CommitReply) -> bool:
         """Whether ``commit`` let the job go (released its lease); a pause or cancel asked meanwhile goes on then."""
