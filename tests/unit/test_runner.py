@@ -185,7 +185,11 @@ def test_a_leased_job_is_not_advanced_by_a_second_caller() -> None:
     assert seen == []
 
 
-def test_expired_lease_lets_another_take_over_and_the_stale_commit_is_rejected() -> None:
+def test_expired_lease_lets_another_take_over_and_the_stale_commit_is_rejected(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="pipelines")
     storage, scheduler, clock = memory()
     started = threading.Event()
     proceed = threading.Event()
@@ -214,6 +218,9 @@ def test_expired_lease_lets_another_take_over_and_the_stale_commit_is_rejected()
     proceed.set()
     first.join(5)
     assert results == [AdvanceResult.STALE]
+    # Said where a worker's log shows it (INFO is not): the stalled worker's turn was thrown away.
+    (said,) = [r for r in caplog.records if "fenced off" in r.getMessage()]
+    assert said.levelno == logging.WARNING and "job-1" in said.getMessage() and "discarded" in said.getMessage()
     job = storage.get_job("job-1")
     assert job is not None and job.checkpoint is not None
     assert job.checkpoint.next_phase == "end" and job.checkpoint.state == {"by": 2}

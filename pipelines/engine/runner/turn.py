@@ -275,8 +275,8 @@ class _LeasedJob:
         ctx = _context(record, self.storage, self.scheduler, self.owner, saver, self.migrating, self.env)
         try:
             outcome = _outcome(ctx, pipeline, record)
-        except StaleVersionError:
-            logger.info("job %s: fenced off (another worker moved it on)", job_id)
+        except StaleVersionError as exc:
+            _fenced(job_id, exc)
             return AdvanceResult.STALE, None, CommitReply()
         if isinstance(outcome, flow.FlowDeferred):
             return self.defer(saver.record, outcome.delay, outcome.reason), None, CommitReply()
@@ -284,8 +284,8 @@ class _LeasedJob:
         outcome = _normalised(outcome, rec, pipeline)
         try:
             commit, reply = self.commit(rec, ctx, outcome, keep_lease, stored=saver.record)
-        except StaleVersionError:
-            logger.info("job %s: commit fenced off (another worker moved it on)", job_id)
+        except StaleVersionError as exc:
+            _fenced(job_id, exc)
             return AdvanceResult.STALE, None, CommitReply()
         # A commit that could not be stored as built was replaced by a failure.
         result = AdvanceResult.FAILED if commit.record.status is JobStatus.ERROR else _RESULTS[type(outcome)]
@@ -371,3 +371,10 @@ class _Keep:
             except PipelineError:
                 self._keep = False  # cannot tell: the fair choice is to go back to the queue
         return self._keep
+
+
+def _fenced(job_id: str, exc: StaleVersionError) -> None:
+    # A warning: a turn whose lease ran out (a stalled process, a long GC pause) or that an operator's forced
+    # cancel fenced off did work nobody keeps; a tool call it ran and could not journal runs again.
+    logger.warning("job %s: this worker's turn was fenced off and its work discarded (%s); the turn is the "
+                   "current lease holder's to run, and a tool call it ran unjournaled runs again", job_id, exc)
