@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("advance", runs.cmd_advance, "advance one job, or every due job (--due, for cron)")
     p.add_argument("job", nargs="?", help="the job id (omit with --due)")
     p.add_argument("--due", action="store_true", help="advance every running job that is due and not leased")
-    p.add_argument("--grace", type=_positive_or_zero, default=0.0, help="with --due: only jobs due this long")
+    p.add_argument("--grace", type=_positive_or_zero, default=5.0,
+                   help="with --due: only jobs due this long, which no worker took (default: 5, as a worker's "
+                        "--sweep-grace; 0 runs every due job here, fresh ones too)")
     p.add_argument("--limit", type=count, default=1000, help="with --due: at most this many jobs (default: 1000)")
 
     p = add("status", runs.cmd_status, "show a job's status, phase, error and result")

@@ -160,7 +160,7 @@ def test_a_sweep_that_could_not_advance_a_job_says_so_and_exits_1(
         app = App(storage=storage, scheduler=MemoryScheduler(), pipelines={{"p": [Phase("a", lambda ctx: Done())]}})
         app.run_pipeline("p", job_id="c-ok")
         """)
-    code, out, _ = run("advance", "--due", "--app", app)
+    code, out, _ = run("advance", "--due", "--grace", "0", "--app", app)
     assert code == 1
     assert out.splitlines() == ["a-etl unreached", "b-etl unreached", "c-ok completed"]
 

@@ -120,12 +120,22 @@ def test_advance_due_advances_every_due_job_once_like_cron(app: App) -> None:
     app.run_pipeline("etl", job_id="b")
     app.run_pipeline("slow", job_id="s")
     app.scheduler.drop_all()  # type: ignore[attr-defined]  # the queue lost every message
-    code, out, _ = run("advance", "--app", APP, "--due")
+    code, out, _ = run("advance", "--app", APP, "--due", "--grace", "0")
     assert code == 0 and sorted(out.splitlines()) == ["a advanced", "b advanced", "s advanced"]
     # "s" waits an hour now: only a and b are due.
-    code, out, _ = run("advance", "--app", APP, "--due")
+    code, out, _ = run("advance", "--app", APP, "--due", "--grace", "0")
     assert sorted(out.splitlines()) == ["a completed", "b completed"]
+    assert run("advance", "--app", APP, "--due", "--grace", "0") == (0, "", "")
+
+
+def test_advance_due_leaves_fresh_jobs_to_the_workers_by_default(app: App) -> None:
+    # A cron run of the default command touches what no worker took within the workers' sweep grace (5 s):
+    # not every job just started, whose queue message is fine (it ran their turns in the cron process).
+    app.run_pipeline("etl", job_id="fresh")
     assert run("advance", "--app", APP, "--due") == (0, "", "")
+    app.scheduler.drop_all()  # type: ignore[attr-defined]  # its message was lost
+    app.scheduler.clock.advance(5.0)  # type: ignore[attr-defined]
+    assert run("advance", "--app", APP, "--due") == (0, "fresh advanced\n", "")
 
 
 def test_advance_needs_either_due_or_a_job(app: App) -> None:
