@@ -32,6 +32,7 @@ from pipelines.engine.models import (
     to_json_value,
 )
 from pipelines.engine.phase.outcomes import PhaseOutput
+from pipelines.engine.phase.transcript import read_transcript
 
 if TYPE_CHECKING:
     from adapters.base import Storage
@@ -179,7 +180,7 @@ class PhaseContext(Generic[S]):
 
     def messages(self, start: int = 0) -> list[Message]:
         """The committed transcript from ``start`` (this phase's own appends are not in it yet)."""
-        return self._storage.messages(self.job_id, start, self.transcript_len)
+        return read_transcript(self._storage, self.job_id, start, self.transcript_len)
 
     # --- writing -----------------------------------------------------------
     def log(self, message: str, level: LogLevel = "info") -> None:
@@ -364,11 +365,10 @@ class PhaseContext(Generic[S]):
     def on_commit(self, fn: Callable[[Checkpoint[Any]], None], *, reads_only: bool = False) -> None:
         """Call ``fn(new_checkpoint)`` once this phase's commit has landed (moving on to a next phase).
 
-        For in-process caches: a callback never runs for a commit that was
-        fenced off, so what it caches is exactly what storage holds. Its
-        state is a copy of the committed one: changing it changes nothing
-        stored. ``reads_only=True``: ``fn`` keeps no part of the state it
-        could change (the commit id, say), so no copy is made for it.
+        For in-process caches: a callback never runs for a commit that was fenced off, so what it caches
+        is exactly what storage holds. Its state is a copy of the committed one: changing it changes
+        nothing stored. ``reads_only=True``: ``fn`` keeps no part of the state it could change (the
+        commit id, say), so no copy is made for it.
         """
         self._on_commit.append((fn, reads_only))
 
