@@ -40,8 +40,12 @@ class Scheduler(Protocol):
         ...
 
     def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
-                priority: str | None = None) -> None:
-        """Ask again, now, for an advance the queue lost (the sweep); ahead of other work where possible."""
+                priority: str | None = None) -> bool | None:
+        """Ask again, now, for an advance the queue lost (the sweep); ahead of other work where possible.
+
+        ``False``: nothing was sent, because the advance's message still waits
+        where the queue will deliver it; ``True`` or ``None``: sent.
+        """
         ...
 
     def now(self) -> float:

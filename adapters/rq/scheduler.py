@@ -81,9 +81,10 @@ QUEUE_LISTING_INTERVAL = 60.0
 """Seconds between this process's additions of a queue to RQ's set of queues (``rq:queues``), which
 RQ would send with every enqueue: the set changes only when a queue is made or deleted."""
 
-# RQ states in which an already enqueued advance will still run: enqueuing the
-# same id again would only run it twice. Any other state (started, finished,
-# failed, ...) may be a message that is lost or done, so we enqueue again.
+# RQ states in which an already enqueued advance may still run, if its message is where RQ takes it
+# from (the queue, or the scheduled registry): a status alone proves nothing (a message lost between
+# RQ's writes keeps "created" or "queued" with no list holding it). Any other state (started,
+# finished, failed, ...) may be a message that is lost or done, so we enqueue again.
 _PENDING = {RQJobStatus.QUEUED, RQJobStatus.SCHEDULED, RQJobStatus.DEFERRED, RQJobStatus.CREATED}
 
 SCHEDULER_LATE = 5.0
@@ -280,18 +281,22 @@ class RQScheduler:
             return any(int(n) > 0 for n in pipe.execute())
 
     def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
-                priority: str | None = None) -> None:
+                priority: str | None = None) -> bool:
         """Enqueue an advance the queue lost (a dead worker's turn) at the *front* of the queue.
 
         What the sweep uses: a recovered job has already waited a lease and a
         sweep interval, so it does not queue again behind the whole backlog.
+        Returns whether a message was sent: ``False`` when the turn's message
+        still waits in the queue or RQ's scheduled registry (a job queued
+        behind busy workers is not lost).
         """
         validate_job_id(job_id)
         rq_id = self._rq_id(job_id, version)
-        self._send(rq_id, job_id, version, 0.0, pipeline, at_front=True, queue=self._queue_for(priority))
+        return self._send(rq_id, job_id, version, 0.0, pipeline, at_front=True, queue=self._queue_for(priority))
 
     def _send(self, rq_id: str, job_id: str, version: int | None, delay: float, pipeline: str, *,
-              at_front: bool, queue: Queue | None = None) -> None:
+              at_front: bool, queue: Queue | None = None) -> bool:
+        """Enqueue ``rq_id`` unless its message still waits; whether a message was sent."""
         q = queue or self.queue
         with _redis_errors(f"scheduling job {job_id!r}"):
             try:
@@ -304,7 +309,10 @@ class RQScheduler:
                     # again under its id, whose old run had a turn waiting a day at this version): it must not
                     # hold this one back. Sent under an id of its own (one: a sweep sends it once), and the
                     # later one finds its turn done.
-                    self._send(f"{rq_id}-a", job_id, version, delay, pipeline, at_front=at_front, queue=q)
+                    return self._send(f"{rq_id}-a", job_id, version, delay, pipeline, at_front=at_front, queue=q)
+                else:
+                    return False
+            return True
 
     # --- helpers -------------------------------------------------------------
     def _rq_id(self, job_id: str, version: int | None) -> str:
@@ -357,24 +365,25 @@ class RQScheduler:
             job = Job.fetch(rq_id, connection=self.connection, serializer=JSONSerializer)
         except NoSuchJobError:
             return False
-        status = job.get_status(refresh=False)
-        if status == RQJobStatus.QUEUED:
-            # RQ 3 moves a message to an intermediate list when a worker takes
-            # it, before marking it started: a worker killed in between leaves
-            # it "queued" in no queue. Only a message still in the queue waits.
-            return self.connection.lpos(q.key, rq_id) is not None
-        if status == RQJobStatus.SCHEDULED:
-            registry = q.scheduled_job_registry.key
-            at = self.connection.zscore(registry, rq_id)
-            if at is None:
-                return False
-            if at > time.time() - SCHEDULER_LATE:
-                return True  # not yet due, or due a moment ago: RQ's scheduler moves it
-            # No scheduler moved it (see SCHEDULER_LATE): the caller enqueues it again now. Taken out of
-            # the registry first, so a scheduler started later does not deliver it a second time.
-            self.connection.zrem(registry, rq_id)
+        if job.get_status(refresh=False) not in _PENDING:
             return False
-        return status in _PENDING
+        # Whatever its status says, only a message RQ will take waits: one in the queue, or in the
+        # scheduled registry. RQ 3 moves a message to an intermediate list when a worker takes it,
+        # before marking it started (a worker killed in between leaves it "queued" in no queue), and a
+        # message lost between RQ's writes keeps "created"; we never make RQ dependencies, so nothing
+        # would ever move one "deferred".
+        if self.connection.lpos(q.key, rq_id) is not None:
+            return True
+        registry = q.scheduled_job_registry.key
+        at = self.connection.zscore(registry, rq_id)
+        if at is None:
+            return False
+        if at > time.time() - SCHEDULER_LATE:
+            return True  # not yet due, or due a moment ago: RQ's scheduler moves it
+        # No scheduler moved it (see SCHEDULER_LATE): the caller enqueues it again now. Taken out of
+        # the registry first, so a scheduler started later does not deliver it a second time.
+        self.connection.zrem(registry, rq_id)
+        return False
 
     def fetch(self, rq_id: str) -> Job:
         """The RQ job ``rq_id``, read with the JSON serializer (for tests and tools)."""

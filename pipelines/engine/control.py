@@ -252,7 +252,10 @@ def _settled(record: JobRecord, kind: str) -> JobRecord:
 
 
 def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, limit: int = 1000) -> list[str]:
-    """Enqueue again (not run) every running job due for ``grace`` seconds and not leased; returns their ids.
+    """Enqueue again (not run) every running job due for ``grace`` seconds and not leased; returns the ids sent.
+
+    A job whose scheduler says its advance still waits in the queue
+    (``requeue`` returned ``False``) is not sent again and not returned.
 
     This is the sweep a forking worker runs in a thread of its parent
     process: the advance itself then runs in a work-horse like any other.
@@ -274,22 +277,24 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
             # already waited out a lease, it should not also wait out the backlog.
             priority = flow.priority_of(record)
             extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
-            scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version, **extra)
+            sent = scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version, **extra)
         except PipelineError as exc:
             logger.error("sweep: skipping job %s: %s", job_id, exc)
             continue
-        requeued.append(job_id)
+        if sent is not False:  # False: its message still waits in the queue (behind busy workers), not lost
+            requeued.append(job_id)
     for parent in children.ready_parents(storage, limit=limit):
         # Parents whose children all finished but whose wake-up was lost (a crash between the child's
         # final commit and the message): their advance wakes them (pipelines.engine.children).
         try:
             priority = flow.priority_of(parent)
             extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
-            scheduler.requeue(parent.job_id, pipeline=parent.pipeline, version=parent.version, **extra)
+            sent = scheduler.requeue(parent.job_id, pipeline=parent.pipeline, version=parent.version, **extra)
         except PipelineError as exc:
             logger.error("sweep: skipping parent %s: %s", parent.job_id, exc)
             continue
-        requeued.append(parent.job_id)
+        if sent is not False:
+            requeued.append(parent.job_id)
     return requeued
 
 

@@ -233,8 +233,8 @@ class _PriorityScheduler:
                                     priority=priority or self.priority)
 
     def requeue(self, job_id: str, *, pipeline: str = "default", version: int | None = None,
-                priority: str | None = None) -> None:
-        self.inner.requeue(job_id, pipeline=pipeline, version=version, priority=priority or self.priority)
+                priority: str | None = None) -> bool | None:
+        return self.inner.requeue(job_id, pipeline=pipeline, version=version, priority=priority or self.priority)
 
     def work_waiting(self, priority: str | None = None) -> bool:
         waiting = getattr(self.inner, "work_waiting", None)

@@ -562,3 +562,33 @@ def test_the_sweep_recovers_a_retry_whose_delayed_message_no_scheduler_moved(red
         worker.forget_apps()
     rec = storage.get_job("retry")
     assert rec is not None and rec.status is JobStatus.COMPLETE and len(calls) == 2
+
+
+@pytest.mark.parametrize("status", ["created", "deferred", "queued"])
+def test_the_sweep_sends_a_lost_advance_whatever_status_its_rq_hash_kept(redis_url: str, status: str) -> None:
+    # A message lost between RQ's writes (a crash, an outage) can leave its hash "created" with no queue
+    # holding it: the sweep must send it, not count it as waiting and say it re-enqueued it.
+    from adapters.redis import RedisStorage
+    from pipelines import Done, Phase
+
+    storage = RedisStorage.from_url(redis_url)
+    scheduler = built(RQScheduler(storage.client, queue="lostq"))
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", lambda ctx: Done())]})
+    app.run_pipeline("p", job_id="lost")
+    storage.client.hset(f"rq:job:{rq_job_id('lost', 1)}", "status", status)
+    storage.client.delete(scheduler.queue.key)  # its message is gone from the queue
+    assert app.requeue_overdue(grace=0) == ["lost"]
+    assert scheduler.queue.get_job_ids() == [rq_job_id("lost", 1)]
+    assert scheduler.fetch(rq_job_id("lost", 1)).get_status() == "queued"
+
+
+def test_the_sweep_reports_no_re_enqueue_for_a_job_still_queued_behind_busy_workers(redis_url: str) -> None:
+    from adapters.redis import RedisStorage
+    from pipelines import Done, Phase
+
+    storage = RedisStorage.from_url(redis_url)
+    scheduler = built(RQScheduler(storage.client, queue="busyq"))
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("a", lambda ctx: Done())]})
+    app.run_pipeline("p", job_id="waiting")  # queued; no worker is free to take it yet
+    assert app.requeue_overdue(grace=0) == []  # nothing was sent, so nothing is reported as sent
+    assert scheduler.queue.get_job_ids() == [rq_job_id("waiting", 1)]
