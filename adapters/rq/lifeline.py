@@ -20,7 +20,11 @@ worker looked alive to ``pipelines health`` for minutes.
   renews it every ``alive_every`` from a thread on a connection of its own;
   it deletes it when it stops. ``pipelines health`` counts a worker alive
   only while that key exists (workers that mark their RQ record with
-  :data:`ALIVE_FIELD`; others by RQ's heartbeat).
+  :data:`ALIVE_FIELD`; others by RQ's heartbeat);
+* a worker started under a fixed name (``--name``: systemd, a StatefulSet)
+  takes over the RQ registration a dead worker of that name left (RQ keeps
+  it up to ~8 minutes and refuses the name meanwhile), once that worker's
+  alive key has lapsed (:func:`claim_name`); a live one is refused.
 
 Children learn of their parent's death from Linux's ``PR_SET_PDEATHSIG``;
 elsewhere a thread of theirs watches ``os.getppid()``.
@@ -43,8 +47,9 @@ import redis
 
 from adapters.redis.held import pool_only_process
 from adapters.redis.pending import one_question_process
+from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["ALIVE_FIELD", "Lifeline", "alive_key", "watch_parent"]
+__all__ = ["ALIVE_FIELD", "Lifeline", "alive_key", "claim_name", "watch_parent"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +90,51 @@ def _child_started(worker: Lifeline) -> None:
     # A process some phase starts in a horse runs this too; only the worker's own children are its to end.
     if parent is not None and parent.pid == worker.lifeline_pid:
         watch_parent(signal.SIGTERM, worker.lifeline_pid)
+
+
+def claim_name(worker: Any, *, poll: float = 0.2) -> None:
+    """Before RQ registers ``worker``: clear the registration a dead worker of its name left; refuse a live one.
+
+    RQ refuses a name while a registration without a death date exists, and
+    a worker killed with ``kill -9`` leaves one for up to its TTL (~8
+    minutes). It is proven dead only when it kept :func:`alive_key` (its
+    record has :data:`ALIVE_FIELD`) and that key lapsed: waited for here, at
+    most its TTL, and a renewal seen meanwhile means it lives.
+    :class:`ConfigurationError` when it lives or cannot be judged.
+    """
+    conn: redis.Redis = worker.connection
+    death, ttl_field, pid, host = conn.hmget(worker.key, ["death", ALIVE_FIELD, "pid", "hostname"])
+    if not conn.exists(worker.key) or death is not None:
+        return  # no registration, or a worker that stopped: RQ takes the name
+    who = f"{worker.name!r} (pid {_text(pid)} on {_text(host)})"
+    if ttl_field is None:
+        raise ConfigurationError(
+            f"an RQ worker named {who} is registered and keeps no alive key, so it cannot be proven dead; stop "
+            f"it, start this worker with another --name, or wait {conn.ttl(worker.key)} s for RQ's registration "
+            f"to expire")
+    key = alive_key(worker.name)
+    deadline = time.monotonic() + float(_text(ttl_field)) + 1
+    last = conn.pttl(key)
+    while last >= 0 and time.monotonic() < deadline:
+        time.sleep(poll)
+        left = conn.pttl(key)
+        if left > last:
+            break  # renewed: it lives
+        last = left
+    # Claimed with NX: of two workers starting under one name, one goes on.
+    if last >= 0 or not conn.set(key, str(os.getpid()), nx=True, px=int(float(_text(ttl_field)) * 1000)):
+        raise ConfigurationError(f"a worker named {who} is alive (it renews {key}); stop it first, or start this "
+                                 f"one with another --name")
+    from rq import Worker
+
+    dead = Worker.find_by_key(worker.key, connection=conn, serializer=worker.serializer)
+    if dead is not None:
+        dead.register_death()  # type: ignore[no-untyped-call]  # RQ's own: out of its sets, marked dead, gone in 60 s
+    logger.warning("worker %s: took over the registration of a dead worker of that name %s", worker.name, who)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class _Beat:
@@ -145,6 +195,7 @@ class Lifeline:
         self.lifeline_pid = os.getpid()
         # RQ forks its scheduler with multiprocessing, whose after-fork hooks run in the child before its work.
         multiprocessing.util.register_after_fork(self, _child_started)
+        claim_name(self)
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         self._beat = _Beat(self.connection, alive_key(self.name), self.alive_every, self.alive_ttl)
 

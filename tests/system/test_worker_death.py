@@ -87,3 +87,31 @@ def test_kill_9_mid_turn_with_default_settings_another_worker_finishes_the_job(
     rec = app.storage.get_job("default-orphan")
     assert rec is not None and rec.result["napped_in"] != horse
     assert int(client.get("test:nap:default-orphan") or 0) == 2  # the killed turn, then the one that finished it
+
+
+def test_a_worker_restarted_under_its_fixed_name_after_kill_9_starts_and_a_live_twin_is_refused(
+    cluster: Cluster, app: App, client: redis.Redis
+) -> None:
+    # A fixed-name deployment (systemd, a StatefulSet) restarts a crashed worker under the same --name: RQ keeps
+    # the dead one's registration for minutes and would refuse the name with a traceback meanwhile.
+    alive = "pipelines:worker-alive:fixed"
+    first = cluster.worker("fixed", "--simple", "--alive-ttl", "2")
+    wait_for("the worker to keep its alive key", lambda: client.exists(alive), 20, cluster.logs)
+    Cluster.kill9(first)
+    assert client.ttl("rq:worker:fixed") > 60  # RQ would refuse the name for that long
+
+    again = cluster.worker("fixed", "--simple", "--alive-ttl", "2")
+    wait_for("the restarted worker to register",
+             lambda: client.hget("rq:worker:fixed", "pid") == str(again.pid).encode(), 20, cluster.logs)
+    wait_for("it to keep its alive key", lambda: client.get(alive) == str(again.pid).encode(), 10, cluster.logs)
+    app.run_pipeline("multi", job_id="after-restart", initial_state={"n": 0})
+    wait_for("the restarted worker to serve jobs",
+             lambda: (r := app.storage.get_job("after-restart")) is not None and r.status is JobStatus.COMPLETE,
+             30, cluster.logs)
+
+    twin = cluster.worker("fixed-twin", "--simple", "--name", "fixed")  # the last --name wins: "fixed"
+    assert twin.wait(20) == 1
+    output = (cluster.logdir / "fixed-twin.log").read_text()
+    assert output.startswith("error: a worker named 'fixed'") and "is alive" in output, output
+    assert "Traceback" not in output
+    assert again.poll() is None and client.hget("rq:worker:fixed", "pid") == str(again.pid).encode()
