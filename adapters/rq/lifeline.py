@@ -24,7 +24,10 @@ worker looked alive to ``pipelines health`` for minutes.
 * a worker started under a fixed name (``--name``: systemd, a StatefulSet)
   takes over the RQ registration a dead worker of that name left (RQ keeps
   it up to ~8 minutes and refuses the name meanwhile), once that worker's
-  alive key has lapsed (:func:`claim_name`); a live one is refused.
+  alive key has lapsed (:func:`claim_name`); a live one is refused;
+* the beat puts the worker's RQ registration back when Redis lost it (a
+  restart without persistence, ``FLUSHALL``): RQ never rebuilds it, and
+  ``pipelines health`` would find no worker while this one serves jobs.
 
 Children learn of their parent's death from Linux's ``PR_SET_PDEATHSIG``;
 elsewhere a thread of theirs watches ``os.getppid()``.
@@ -140,7 +143,8 @@ def _text(value: Any) -> str:
 class _Beat:
     """The thread that keeps :func:`alive_key` of one worker, on a client of its own (a fork never shares it)."""
 
-    def __init__(self, connection: redis.Redis, key: str, every: float, ttl: float) -> None:
+    def __init__(self, connection: redis.Redis, key: str, every: float, ttl: float, worker: Any = None) -> None:
+        self.worker = worker  # whose RQ registration is put back when it vanished (None: from stop() on)
         pool = connection.connection_pool
         self.client = redis.Redis(connection_pool=pool.__class__(connection_class=pool.connection_class,
                                                                  **pool.connection_kwargs))
@@ -153,7 +157,16 @@ class _Beat:
 
     def beat(self) -> None:
         try:
-            self.client.set(self.key, str(os.getpid()), px=self.ttl_ms)
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.set(self.key, str(os.getpid()), px=self.ttl_ms)
+                worker = self.worker
+                if worker is not None:  # is its RQ registration still there?
+                    pipe.hexists(worker.key, ALIVE_FIELD)
+                    pipe.sismember(worker.redis_workers_keys, worker.key)
+                    pipe.hexists(worker.key, "death")
+                replies = pipe.execute()
+            if worker is not None and not (replies[1] and replies[2]) and not replies[3]:
+                self.register_again(worker)
         except redis.RedisError as exc:
             if not self.failing:  # once per outage, not every few seconds
                 logger.warning("could not renew %s (%s); trying again every %gs", self.key, exc, self.every)
@@ -163,11 +176,33 @@ class _Beat:
             logger.warning("renewed %s again", self.key)
         self.failing = False
 
+    def register_again(self, worker: Any) -> None:
+        """Put back ``worker``'s RQ registration, which RQ never rebuilds once Redis lost it.
+
+        A Redis restart without persistence, or a ``FLUSHALL``, drops the
+        worker's record and RQ's sets of workers while the worker goes on
+        serving: ``pipelines health``, ``rq info`` and the web page would
+        count it nowhere until it restarted.
+        """
+        from rq import worker_registration
+
+        data = {**worker.serialize(), "state": str(getattr(worker, "_state", "") or "idle")}
+        with self.client.pipeline() as pipe:
+            pipe.hset(worker.key, mapping=data)
+            worker_registration.register(worker, pipe)
+            pipe.expire(worker.key, int(worker.worker_ttl) + 60)
+            if self.worker is None:  # stop() began meanwhile: a worker that stops stays unregistered
+                return
+            pipe.execute()
+        logger.warning("worker %s: its RQ registration was gone (Redis restarted without its data?); "
+                       "registered it again", worker.name)
+
     def run(self) -> None:
         while not self.stopping.wait(self.every):
             self.beat()
 
     def stop(self) -> None:
+        self.worker = None
         self.stopping.set()
         self.thread.join(self.every + 1)
         with contextlib.suppress(redis.RedisError):
@@ -197,7 +232,7 @@ class Lifeline:
         multiprocessing.util.register_after_fork(self, _child_started)
         claim_name(self)
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
-        self._beat = _Beat(self.connection, alive_key(self.name), self.alive_every, self.alive_ttl)
+        self._beat = _Beat(self.connection, alive_key(self.name), self.alive_every, self.alive_ttl, self)
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         if self.lifeline_pid:  # 0: forked by a worker that never bootstrapped (RQ's work() always does)
@@ -207,6 +242,8 @@ class Lifeline:
         super().main_work_horse(job, queue)  # type: ignore[misc]
 
     def teardown(self) -> None:
+        if self._beat is not None and os.getpid() == self.lifeline_pid:
+            self._beat.worker = None  # RQ registers the death next: the beat must not register it again
         try:
             super().teardown()  # type: ignore[misc]
         finally:

@@ -77,3 +77,29 @@ def test_a_worker_killed_with_kill_9_is_dead_to_health_within_seconds(cluster: C
     workers = wait_for("health to call the killed worker dead", dead, ttl + 10, cluster.logs)
     assert "0 alive of 1 registered" in str(workers["detail"])
     assert time.monotonic() - killed < ttl + 10  # not RQ's worker TTL (7 minutes)
+
+
+def test_a_worker_that_outlives_redis_losing_its_data_is_healthy_again_within_seconds(
+        cluster: Cluster, app: App, client: redis.Redis) -> None:
+    # A Redis restart without persistence (or FLUSHALL) drops RQ's record of every worker, which RQ never
+    # rebuilds: the workers go on serving, so health must see them again, not fail until they restart.
+    cluster.worker("phoenix", "--simple", "--alive-ttl", "3")
+    wait_for("health to see the worker", lambda: health(cluster.env)[0] == 0, 30, cluster.logs)
+    client.flushall()
+    wait_for("the worker to register again", lambda: health(cluster.env)[0] == 0, 10, cluster.logs)
+    (worker,) = Worker.all(connection=client, serializer=JSONSerializer)
+    assert worker.name == "phoenix" and worker.hostname and worker.queue_names()
+    app.run_pipeline("multi", job_id="after-flush", initial_state={"n": 0})
+    wait_for("the worker to serve jobs",
+             lambda: (r := app.storage.get_job("after-flush")) is not None and r.status.value == "complete",
+             30, cluster.logs)
+
+
+def test_a_worker_that_stops_is_not_registered_again_by_its_beat(cluster: Cluster, client: redis.Redis) -> None:
+    stopping = cluster.worker("leaving", "--simple", "--alive-ttl", "1")
+    wait_for("health to see the worker", lambda: health(cluster.env)[0] == 0, 30, cluster.logs)
+    stopping.send_signal(signal.SIGTERM)
+    assert stopping.wait(15) == 0
+    time.sleep(1.5)  # past a beat
+    assert Worker.all(connection=client, serializer=JSONSerializer) == []
+    assert not client.exists("pipelines:worker-alive:leaving")
