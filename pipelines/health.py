@@ -1,9 +1,11 @@
 """``pipelines health``: is the deployment of an App able to advance its jobs? Fit for a container probe.
 
 Checks, each a :class:`Check`: storage reachable; the due backlog and its
-oldest overdue job (beyond ``max_overdue`` seconds is unhealthy: nothing is
-advancing jobs); for an RQ scheduler, workers registered and alive and the
-size of RQ's failed-job registry (reported, never fatal: phaserunner records
+oldest overdue job, by its time in the due index (beyond ``max_overdue``
+seconds is unhealthy: nothing is advancing jobs; a job waiting for a
+concurrency slot or a rate limit is moved later there, so it is not
+overdue); for an RQ scheduler, workers registered and alive and the size of
+RQ's failed-job registry (reported, never fatal: phaserunner records
 failures on the job). Exit code 0 when every check passes, 1 otherwise.
 
 A ``pipelines worker`` is alive while the key it renews every few seconds
@@ -21,9 +23,13 @@ from pipelines.app.queues import alive_workers
 from pipelines.engine.errors import PipelineError
 
 if TYPE_CHECKING:
+    from adapters.base import Storage
     from pipelines.app import App
 
 __all__ = ["Check", "check"]
+
+_PRECISION = 0.05  # seconds: how close the backlog's oldest due time is found
+_SEARCHED = 366 * 24 * 3600.0  # how far back it is looked for when its record cannot say
 
 
 @dataclass(frozen=True)
@@ -46,14 +52,37 @@ def check(app: App, *, max_overdue: float = 60.0) -> list[Check]:
 
 
 def _backlog(app: App, max_overdue: float) -> Check:
-    now = app.scheduler.now()
-    due = app.storage.due_jobs(now, limit=100_000)
+    storage, now = app.storage, app.scheduler.now()
+    due = storage.due_jobs(now, limit=100_000)
     if not due:
         return Check("backlog", True, "no job is due")
-    oldest = app.storage.get_job(due[0])
-    late = now - oldest.checkpoint.due_at if oldest is not None and oldest.checkpoint is not None else 0.0
+    late = now - _oldest_due(storage, due[0], now)
     detail = f"{len(due)} due; oldest {due[0]} overdue by {late:.1f} s (limit {max_overdue:g} s)"
     return Check("backlog", late <= max_overdue, detail)
+
+
+def _oldest_due(storage: Storage, first: str, now: float) -> float:
+    """When ``first``, the earliest job of the due index, became due there (to ``_PRECISION``).
+
+    The index's time, not the record's ``due_at``: a turn deferred by flow control (waiting for a
+    concurrency slot or a rate limit) commits nothing; it is only moved later in the index
+    (``Storage.postpone``), and a job waiting so is not a backlog. The record's ``due_at`` is never
+    later than that time, so the search starts there: one read when the job was not postponed.
+    """
+    try:
+        record = storage.get_job(first)
+    except PipelineError:  # unreadable: the index alone says when it became due
+        record = None
+    low = record.checkpoint.due_at if record is not None and record.checkpoint is not None else None
+    low, high = (now - _SEARCHED if low is None else min(low, now)), now
+    if storage.due_jobs(low, limit=1):
+        return low
+    for _ in range(64):  # bisect "is any job due by then?" between the record's time and now
+        if high - low <= _PRECISION:
+            break
+        middle = (low + high) / 2
+        low, high = (low, middle) if storage.due_jobs(middle, limit=1) else (middle, high)
+    return high
 
 
 def _rq_checks(app: App) -> list[Check]:

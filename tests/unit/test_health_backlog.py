@@ -1,0 +1,40 @@
+"""`pipelines health`'s backlog: a job waiting for a concurrency slot is not overdue (memory twin, virtual clock)."""
+
+from __future__ import annotations
+
+from adapters.memory import MemoryScheduler, MemoryStorage
+from adapters.memory.clock import VirtualClock
+from pipelines import Agent
+from pipelines.app import App
+from pipelines.health import Check, check
+from pipelines.testing import ScriptedModel
+
+
+def backlog(app: App, max_overdue: float) -> Check:
+    (found,) = [c for c in check(app, max_overdue=max_overdue) if c.name == "backlog"]
+    return found
+
+
+def test_a_job_waiting_for_a_concurrency_slot_is_not_a_backlog_and_one_left_late_is() -> None:
+    clock = VirtualClock()
+    storage, scheduler = MemoryStorage(), MemoryScheduler(clock=clock)
+    agent = Agent(name="support", model=ScriptedModel(lambda messages: "done"))
+    app = App(storage=storage, scheduler=scheduler, agents=[agent], concurrency={"tenant-": 1}, lease_seconds=60)
+    store = app.flow.store
+    assert store is not None
+    # Another worker's long turn holds the key's only slot.
+    assert store.take_slot("tenant-acme", "elsewhere", limit=1, ttl=3600, now=clock()) == 0
+    app.run_agent("support", job_id="waits", user="hi", concurrency_key="tenant-acme")
+    for _ in range(30):  # each try is refused: nothing is committed, the job is only moved later in the due index
+        clock.advance(1)
+        app.advance("waits")
+    rec = storage.get_job("waits")
+    assert rec is not None and rec.checkpoint is not None and clock() - rec.checkpoint.due_at >= 30
+    assert backlog(app, 10).ok
+
+    # Left waiting past its time in the due index (no worker tried it again): that is a backlog.
+    due_at = next(t for t in (clock() + s / 10 for s in range(40)) if storage.due_jobs(t, limit=1))
+    clock.advance_to(due_at + 3)
+    found = backlog(app, 10)
+    assert found.ok and "oldest waits overdue by 3.0 s" in found.detail, found.detail
+    assert not backlog(app, 2).ok
