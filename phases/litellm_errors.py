@@ -35,7 +35,9 @@ _CREDENTIAL_PARAM = rf"(?:[\w.-]*[_.-])?{_CREDENTIAL_WORDS}(?:[_.-][\w.-]*)?"
 _CREDENTIAL_NAME = re.compile(rf"(?i)^{_CREDENTIAL_PARAM}$")
 
 _SECRET_SHAPES = (
-    (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
+    # The token up to a space, quote, comma, semicolon or closing bracket: the text around it stays readable
+    # ("(Bearer ***); retrying"). Nothing a token holds (RFC 6750: A-Z a-z 0-9 - . _ ~ + / =) ends it.
+    (re.compile(r"(?i)(bearer\s+)[^\s'\",;)\]}>]+"), r"\1***"),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
     (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
     # ?key=, ?access_token=, ?X-Amz-Signature=, ?code=... in an address (Gemini, gateways, signed URLs): a

@@ -485,3 +485,10 @@ def test_an_unreadable_retry_after_ms_leaves_the_plain_retry_after_its_say() -> 
     assert _retry_after(LimitedError({"Retry-After-Ms": "soon", "Retry-After": "7"})) == 7.0
     assert _retry_after(LimitedError({"retry-after-ms": "2500", "retry-after": "7"})) == 2.5  # the finer one first
     assert _retry_after(LimitedError({"retry-after-ms": "soon"})) is None
+
+
+def test_a_bearer_token_is_masked_and_the_text_around_it_is_kept() -> None:
+    text = f"gateway said 401 (Bearer GW-{SENTINEL}); retrying [Bearer a.b_c~d+e/f==] {{auth: Bearer x-1}}"
+    masked = _redact(text, {})
+    assert SENTINEL not in masked
+    assert masked == "gateway said 401 (Bearer ***); retrying [Bearer ***] {auth: Bearer ***}", masked
