@@ -14,6 +14,7 @@ starts.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +33,12 @@ __all__ = ["cancel_job", "load_job", "pause_job", "requeue_overdue", "resume_job
 logger = logging.getLogger("pipelines")
 
 _POLL = 0.02  # seconds between looks while a turn in flight finishes
+
+SWEEP_REPEAT_EVERY = 600.0
+"""Seconds before the sweep logs again that it skips one job for one reason: it meets an unreadable
+record at every pass (every 2 s in each worker), and a log that repeats it drowns everything else."""
+_skipped: dict[tuple[str, str], float] = {}  # (job id, reason) -> when this process last logged it
+_skipped_lock = threading.Lock()
 
 
 def load_job(storage: Storage, job_id: str) -> JobRecord:
@@ -279,7 +286,7 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
             extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
             sent = scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version, **extra)
         except PipelineError as exc:
-            logger.error("sweep: skipping job %s: %s", job_id, exc)
+            _log_skip("job", job_id, exc)
             continue
         if sent is not False:  # False: its message still waits in the queue (behind busy workers), not lost
             requeued.append(job_id)
@@ -291,11 +298,25 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
             extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
             sent = scheduler.requeue(parent.job_id, pipeline=parent.pipeline, version=parent.version, **extra)
         except PipelineError as exc:
-            logger.error("sweep: skipping parent %s: %s", parent.job_id, exc)
+            _log_skip("parent", parent.job_id, exc)
             continue
         if sent is not False:
             requeued.append(parent.job_id)
     return requeued
+
+
+def _log_skip(what: str, job_id: str, exc: PipelineError) -> None:
+    """Log, on one line, that the sweep skips ``job_id``: once per job and reason every ``SWEEP_REPEAT_EVERY`` s."""
+    reason = " ".join(str(exc).split())  # a validation error spans lines
+    now = time.monotonic()
+    with _skipped_lock:
+        if now - _skipped.get((job_id, reason), -SWEEP_REPEAT_EVERY) < SWEEP_REPEAT_EVERY:
+            return
+        if len(_skipped) >= 10_000:  # many jobs unreadable at once: forget what was logged, not grow forever
+            _skipped.clear()
+        _skipped[(job_id, reason)] = now
+    logger.error("sweep: skipping %s %s: %s (said again in %g s if it lasts)", what, job_id, reason,
+                 SWEEP_REPEAT_EVERY)
 
 
 def _family(record: JobRecord, storage: Storage, wanted: tuple[JobStatus, ...]) -> list[str]:

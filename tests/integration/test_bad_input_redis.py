@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import sys
 import time
@@ -544,3 +545,22 @@ def test_cluster_true_on_a_plain_redis_is_a_setting_not_an_outage(redis_url: str
     with pytest.raises(ConfigurationError, match=r"is not a Cluster \(cluster mode is not enabled\); use "
                                                  r"cluster=False"):
         RedisStorage.from_url(redis_url, cluster=True)
+
+
+def test_the_worker_sweep_names_a_corrupt_record_once_an_interval_on_one_line(
+        storage: RedisStorage, r: redis.Redis, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.engine import control
+
+    monkeypatch.setattr(control, "_skipped", {}, raising=False)  # what this process said before this test
+    app = _sweep_setup(storage, r)
+    with caplog.at_level(logging.ERROR, logger="pipelines"):
+        for _ in range(3):  # three passes of a worker's sweep (every 2 s)
+            assert app.requeue_overdue(grace=0) == ["b-good"]
+    said = [rec.getMessage() for rec in caplog.records if "a-bad" in rec.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and said[0].startswith("sweep: skipping job a-bad: "), said
+    monkeypatch.setattr(control, "SWEEP_REPEAT_EVERY", 0.0)  # the interval passed: said again while it lasts
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="pipelines"):
+        app.requeue_overdue(grace=0)
+    assert [rec for rec in caplog.records if "a-bad" in rec.getMessage()]
