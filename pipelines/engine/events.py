@@ -25,8 +25,8 @@ LAST_CURSOR = f"{MAX_CURSOR_PART}-{MAX_CURSOR_PART}"
 """The largest stream id: nothing comes after it (and Redis refuses to read from past it)."""
 
 # [0-9], not \d or int(): those take other scripts' digits, signs, spaces and "1_0", none of which a
-# stream ever gave out.
-_CURSOR = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+# stream ever gave out; nor a leading zero ("007"), which int() reads as the id it pads but no stream writes.
+_CURSOR = re.compile(r"(0|[1-9][0-9]*)(?:-(0|[1-9][0-9]*))?")
 _DIGITS = len(str(MAX_CURSOR_PART))
 
 logger = logging.getLogger("pipelines.events")
@@ -41,7 +41,7 @@ def check_cursor(after: object, what: str = "stream cursor") -> str | None:
 
     The one check of every cursor a reader passes in (``app.stream``,
     ``storage.events`` and ``read_live`` on every backend, the SSE endpoint):
-    each part is ASCII digits, at most :data:`MAX_CURSOR_PART`. Anything else
+    each part is ASCII digits with no leading zero, at most :data:`MAX_CURSOR_PART`. Anything else
     raises :class:`~pipelines.errors.InvalidInputError` naming ``what`` and the
     problem, before anything is read.
     """
@@ -51,7 +51,8 @@ def check_cursor(after: object, what: str = "stream cursor") -> str | None:
         raise InvalidInputError(f"{what} must be a string (a part id), got {type(after).__name__}")
     match = _CURSOR.fullmatch(after)
     if match is None:
-        raise InvalidInputError(f"{what} {after!r:.60} is not a part id: expected <n> or <ms>-<seq> in ASCII digits")
+        raise InvalidInputError(f"{what} {after!r:.60} is not a part id: expected <n> or <ms>-<seq> in ASCII digits, "
+                                "no leading zeros")
     # The length is looked at first, so int() never parses a huge string.
     too_big = [p for p in match.groups() if p is not None and (len(p) > _DIGITS or int(p) > MAX_CURSOR_PART)]
     if too_big:

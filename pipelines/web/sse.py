@@ -28,7 +28,7 @@ from pipelines.app import App
 from pipelines.engine.models import Event
 from pipelines.errors import InvalidInputError, JobNotFoundError
 from pipelines.web.aisdk import RUN_STARTS, UIMessageEncoder, latest_attempts, run_start
-from pipelines.web.core import is_count
+from pipelines.web.cursors import check_in_stream, parts_after, parts_upto, split
 
 __all__ = ["HEARTBEAT_SECONDS", "JobStreamResponse", "StreamFormat", "sse_response"]
 
@@ -73,27 +73,6 @@ def sse_response(app: App, job_id: str, request: Request, *, format: StreamForma
                              hold_text=hold_text)
 
 
-def _split(cursor: str | None) -> tuple[str | None, int | None, str]:
-    """An ``ai-sdk`` event id ``<part id>:<k>[:<flags>]`` as (part id, k, flags); a bare part id is (part id, None, "").
-
-    The flags say how the stream that gave it out was made: ``h`` held its text, ``c`` was a replay of
-    a run's latest attempts only (see :meth:`_AiSdkEmitter.replay_ai`).
-    """
-    if cursor is None or ":" not in cursor:
-        return cursor, None, ""
-    flags = ""
-    head, _, tail = cursor.rpartition(":")
-    if tail in _FLAGS:
-        cursor, flags = head, tail
-    part, _, k = cursor.rpartition(":")
-    if not (part and is_count(k)):
-        raise InvalidInputError(f"cursor {cursor!r:.60} is not an event id: expected <part id>:<chunk number>")
-    return part, int(k), flags
-
-
-_FLAGS = frozenset({"h", "c", "hc"})
-
-
 class JobStreamResponse(StreamingResponse):
     """The response :func:`sse_response` returns: checks the job and cursor when served, then streams."""
 
@@ -124,7 +103,7 @@ class JobStreamResponse(StreamingResponse):
     async def _backlog(self) -> list[Event]:
         """Every part stored now, after checking the job and the cursor (raises before anything is sent)."""
         if self.format == "ai-sdk":
-            self.cursor, self.chunk, flags = _split(self.cursor)
+            self.cursor, self.chunk, flags = split(self.cursor)
             # Resumed from a stream that held its text: the chunks to match are that stream's.
             self.hold_text = self.hold_text or "h" in flags
             self.compacted = "c" in flags
@@ -134,9 +113,8 @@ class JobStreamResponse(StreamingResponse):
         parts = [part async for part in self.app.astream(self.job_id, follow=False)]
         if self.start_at is not None:
             return self._from(parts, self.start_at)
-        if self.cursor is not None and (not parts or not _comparable(self.cursor, parts[-1].id)
-                                        or _key(self.cursor) > _key(parts[-1].id)):
-            raise InvalidInputError(f"cursor {self.cursor!r:.60} is not a part id of job {self.job_id!r}'s stream")
+        if self.cursor is not None:
+            check_in_stream(self.cursor, parts, self.job_id)
         return parts
 
     def _from(self, parts: list[Event], start: str) -> list[Event]:
@@ -254,14 +232,6 @@ async def _nothing() -> AsyncIterator[str]:
     yield  # an async generator with no items: the real one is set when the response is served
 
 
-def _key(cursor: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in cursor.split("-"))
-
-
-def _comparable(a: str, b: str) -> bool:
-    return a.count("-") == b.count("-")
-
-
 # json.dumps with options builds a new encoder per call; one for every part of every stream.
 _PART_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
 
@@ -292,7 +262,7 @@ class _PartsEmitter(_Emitter):
     """``format="parts"``: one event per part, its data the part as JSON."""
 
     def replay(self, backlog: list[Event], cursor: str | None) -> list[str]:
-        return [self.live(p)[0] for p in _after(backlog, cursor)]
+        return [self.live(p)[0] for p in parts_after(backlog, cursor)]
 
     def live(self, part: Event) -> list[str]:
         return [_event(part.model_dump(mode="json"), part.id)]
@@ -324,7 +294,7 @@ class _AiSdkEmitter(_Emitter):
         client holds from it is not what the parts rebuild, so a resume from one gets the run's message
         again under an id of its own.
         """
-        upto = 0 if cursor is None else sum(1 for _ in _before(backlog, cursor))
+        upto = 0 if cursor is None else sum(1 for _ in parts_upto(backlog, cursor))
         if cursor is None or self.compacted or not upto or (chunk is not None and backlog[upto - 1].id != cursor):
             # No cursor, or what the client holds cannot be rebuilt (its part is gone: a Redis stream keeps
             # two runs, the newest; a bare id older than every part stored, "0" say; or it came from a replay of
@@ -375,12 +345,3 @@ class _AiSdkEmitter(_Emitter):
         error = self.encoder.abort("the job's stream ended before its run did: the job no longer exists")
         return [*(_event(c) for c in error), "data: [DONE]\n\n"]
 
-
-def _after(parts: list[Event], cursor: str | None) -> list[Event]:
-    if cursor is None:
-        return parts
-    return [p for p in parts if _key(p.id) > _key(cursor)]
-
-
-def _before(parts: list[Event], cursor: str) -> list[Event]:
-    return [p for p in parts if _key(p.id) <= _key(cursor)]

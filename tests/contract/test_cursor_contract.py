@@ -2,7 +2,7 @@
 
 A cursor comes from outside (an SSE ``Last-Event-ID``, a query parameter), so
 ``events`` and ``read_live`` refuse anything but ASCII digits with each part
-at most 2**64-1, with :class:`InvalidInputError` naming the cursor: never a
+at most 2**64-1 and no leading zero, with :class:`InvalidInputError` naming the cursor: never a
 storage error, and never a cursor that ``int()`` would take (``"1_0"``,
 other scripts' digits) read as some other place.
 """
@@ -33,6 +33,9 @@ BAD = [
     "1\n",
     "1-2-3",
     "-1",
+    "007",  # int() reads a padded id as the id it pads: the SSE endpoint took "00<ms>-0" as the part's cursor
+    "01-0",
+    "1-00",
 ]
 
 

@@ -70,7 +70,7 @@ def test_a_failed_run_ends_with_an_error_and_a_waiting_one_only_when_nothing_fol
 
 def test_a_replay_keeps_only_the_attempts_the_latest_one_does_not_contradict() -> None:
     from pipelines.web.aisdk import latest_attempts
-    from pipelines.web.sse import _split
+    from pipelines.web.cursors import split as _split
 
     run = [part(1, "job_started"), part(2, "attempt_started", 1, attempt="a"),
            part(3, "text_delta", 1, attempt="a", text="Goodbye"),

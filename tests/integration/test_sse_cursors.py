@@ -1,0 +1,83 @@
+"""Which cursors the SSE endpoint takes, alike on memory, SQLite and Redis (docs/guide/streaming.md).
+
+A cursor this job's stream never gave out is a 400, as far as the stream still shows it (see
+:mod:`pipelines.web.cursors`); ``"0"`` is the cursor before every part on every backend.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adapters.memory import MemoryScheduler
+from adapters.redis import RedisStorage
+from pipelines import Agent, App
+from pipelines.engine.models import Event
+from pipelines.testing import ScriptedModel
+from tests.integration.test_ai_sdk_resume import KINDS, storage_of
+from tests.integration.test_sse import routes, serve
+
+
+def chat(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> App:
+    return App(storage=storage_of(kind, request, tmp_path), scheduler=MemoryScheduler(),
+               agents=[Agent(name="a", model=ScriptedModel(lambda msgs: "The answer is 42."))])
+
+
+def key(part_id: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in part_id.split("-"))
+
+
+def status(base: str, job_id: str, cursor: str, fmt: str) -> int:
+    url = f"{base}/jobs/{job_id}/stream?format={fmt}"
+    return httpx.get(url, headers={"Last-Event-ID": cursor}, timeout=30).status_code
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cursor_of_another_job_running_at_the_same_time_is_refused_where_the_stream_can_tell(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # Two jobs stream at once: on Redis their ids interleave, and a cursor of B fell inside A's range; it was
+    # taken (200), and A's parts before it were skipped without a word.
+    app = chat(kind, request, tmp_path)
+    app.run_agent("a", job_id="A", messages=["q"])
+    app.run_agent("a", job_id="B", messages=["q"])
+    for _ in range(3):
+        for job_id in ("A", "B"):
+            time.sleep(0.002)  # Redis stream ids are times: in one millisecond the two streams give out the same ids
+            app.storage.publish(job_id, [Event(timestamp=1.0, type="attempt_started", turn=1, data={"attempt": "x"}),
+                                         Event(timestamp=1.0, type="text_delta", turn=1,
+                                               data={"attempt": "x", "text": "The "})])
+    app.drain()
+    a = [p.id for p in app.stream("A", follow=False)]
+    b = [p.id for p in app.stream("B", follow=False)]
+    # B's ids after A's first published part and before A's last that name no part of A.
+    inside = [i for i in b if key(a[2]) < key(i) < key(a[-1]) and i not in a]
+    with serve(routes(app)) as base:
+        for fmt in ("parts", "ai-sdk"):
+            if isinstance(app.storage, RedisStorage):
+                assert inside and all(status(base, "A", i, fmt) == 400 for i in inside)
+            else:
+                # Memory and SQLite count each job's parts on its own: B's ids name parts of A (the limit the
+                # docs state); every id of A is taken, and one past A's last is not.
+                assert not inside and all(status(base, "A", i, fmt) == 200 for i in a)
+            *ms, seq = a[-1].split("-")
+            assert status(base, "A", "-".join([*ms, str(int(seq) + 1)]), fmt) == 400  # one past A's last
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zero_is_the_cursor_before_every_part_and_a_padded_id_is_refused_on_every_backend(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # "0" was 200 on memory and SQLite and 400 on Redis; "00<id>" was taken as <id> and answered with a replay.
+    app = chat(kind, request, tmp_path)
+    app.run_agent("a", job_id="z", messages=["q"])
+    app.drain()
+    first = next(iter(app.stream("z", follow=False))).id
+    with serve(routes(app)) as base:
+        for fmt in ("parts", "ai-sdk"):
+            assert status(base, "z", "0", fmt) == 200
+            assert status(base, "z", f"00{first}", fmt) == 400
+        assert status(base, "z", f"{first}:00", "ai-sdk") == 400
+        parts = httpx.get(f"{base}/jobs/z/stream", headers={"Last-Event-ID": "0"}, timeout=30).text
+        assert parts.count("\nid: ") + parts.startswith("id: ") == len(list(app.stream("z", follow=False)))
