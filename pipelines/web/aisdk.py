@@ -37,7 +37,7 @@ from typing import Any
 
 from pipelines.engine.models import RUN_STARTS, Event, Message
 
-__all__ = ["ENDS", "RUN_STARTS", "UIMessageEncoder", "latest_attempts", "run_start"]
+__all__ = ["ENDS", "RUN_STARTS", "UIMessageEncoder", "latest_attempts", "run_start", "undone"]
 
 Chunk = dict[str, Any]
 
@@ -59,6 +59,16 @@ def run_start(parts: list[Event], upto: int | None = None) -> int:
         if parts[i].type in RUN_STARTS:
             return i
     return 0
+
+
+def undone(parts: list[Event], first: int) -> bool:
+    """Whether the run starting at ``parts[first]`` was followed by a full retry, which cut the transcript back.
+
+    Its ``turn_committed`` parts name transcript messages by index, and the retried run's grow again over
+    those indices: the run's message can no longer be rebuilt from its parts (the encoder would read the
+    retried run's messages in its place).
+    """
+    return any(p.type == "job_retried" and p.data.get("mode") == "full" for p in parts[first + 1:])
 
 
 class UIMessageEncoder:

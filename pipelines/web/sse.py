@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from pipelines.app import App
 from pipelines.engine.models import Event
 from pipelines.errors import InvalidInputError, JobNotFoundError
-from pipelines.web.aisdk import RUN_STARTS, UIMessageEncoder, latest_attempts, run_start
+from pipelines.web.aisdk import RUN_STARTS, UIMessageEncoder, latest_attempts, run_start, undone
 from pipelines.web.cursors import check_in_stream, parts_after, parts_upto, split
 
 __all__ = ["HEARTBEAT_SECONDS", "JobStreamResponse", "StreamFormat", "sse_response"]
@@ -115,7 +115,16 @@ class JobStreamResponse(StreamingResponse):
             return self._from(parts, self.start_at)
         if self.cursor is not None:
             check_in_stream(self.cursor, parts, self.job_id)
+            upto = len(parts_upto(parts, self.cursor))
+            if self.format == "ai-sdk" and upto:
+                self._check_not_undone(parts, run_start(parts, upto - 1))
         return parts
+
+    def _check_not_undone(self, parts: list[Event], first: int) -> None:
+        """400 for a message of a run a full retry undid (its transcript is cut back): no chunk id is reused."""
+        if undone(parts, first):
+            raise InvalidInputError(f"the run of job {self.job_id!r} this stream position is in was undone by a "
+                                    "full retry, which cut its transcript back: read the stream without a cursor")
 
     def _from(self, parts: list[Event], start: str) -> list[Event]:
         """The stream from part ``start`` on: ``parts`` from it, as a client that holds nothing of them reads it."""
@@ -124,6 +133,7 @@ class JobStreamResponse(StreamingResponse):
             raise InvalidInputError(f"part {start!r:.60} is not in job {self.job_id!r}'s stream (any more)")
         self.cursor = None  # what comes before the part is not this stream's: the client holds none of it
         if self.format == "ai-sdk":  # the message of the run the part is in: it ends where the next run starts
+            self._check_not_undone(parts, run_start(parts, first))
             end = next((i for i in range(first + 1, len(parts)) if parts[i].type in RUN_STARTS), len(parts))
             return parts[first:end]
         return parts[first:]

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
+from starlette.routing import Route
 
 from adapters.memory import MemoryScheduler
 from adapters.redis import RedisStorage
 from pipelines import Agent, App
-from pipelines.engine.models import Event
-from pipelines.testing import ScriptedModel
+from pipelines.engine.models import Event, Message
+from pipelines.testing import ScriptedModel, call, reply
+from pipelines.web import sse_response
 from tests.integration.test_ai_sdk_resume import KINDS, storage_of
-from tests.integration.test_sse import routes, serve
+from tests.integration.test_sse import lookup, read_events, routes, serve
 
 
 def chat(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> App:
@@ -81,3 +85,48 @@ def test_zero_is_the_cursor_before_every_part_and_a_padded_id_is_refused_on_ever
         assert status(base, "z", f"{first}:00", "ai-sdk") == 400
         parts = httpx.get(f"{base}/jobs/z/stream", headers={"Last-Event-ID": "0"}, timeout=30).text
         assert parts.count("\nid: ") + parts.startswith("id: ") == len(list(app.stream("z", follow=False)))
+
+
+def _alpha_then_beta() -> ScriptedModel:
+    calls: list[int] = []
+
+    def script(msgs: list[Message]) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            return reply("Alpha: let me check.", call("lookup", order="A-1"))
+        if len(calls) == 2:
+            raise ValueError("model exploded")
+        return "Beta: a completely different final answer."
+    return ScriptedModel(script)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cursor_in_a_run_a_full_retry_undid_is_refused_not_answered_with_the_new_runs_text(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # Run 1 said "Alpha" and called lookup, then failed; a full retry cut the transcript back and run 2 said
+    # "Beta". A reader of run 1 resuming got Alpha, then "start -r1" and Beta under ids run 1 had used for other
+    # chunks, and lost run 1's tool call: its turn_committed named indices run 2 now holds.
+    app = App(storage=storage_of(kind, request, tmp_path), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=_alpha_then_beta(), tools=[lookup])])
+    app.run_agent("a", job_id="f", messages=["where?"])
+    app.drain()
+    assert app.get("f").status.value == "error"
+    first = next(iter(app.stream("f", follow=False))).id
+
+    async def from_first(request: Request) -> Any:
+        return sse_response(app, "f", request, format="ai-sdk", start_at=first)
+
+    server = routes(app)
+    server.routes.append(Route("/first", from_first))
+    with serve(server) as base:
+        run1 = [i for i, _ in read_events(httpx.get(f"{base}/jobs/f/stream?format=ai-sdk", timeout=30)) if i]
+        assert len(run1) >= 8 and httpx.get(f"{base}/first", timeout=30).status_code == 200
+        app.retry("f", mode="full")
+        app.drain()
+        assert [m["content"] for m in app.messages("f")][-1] == "Beta: a completely different final answer."
+        assert [status(base, "f", i, "ai-sdk") for i in run1] == [400] * len(run1)
+        assert httpx.get(f"{base}/first", timeout=30).status_code == 400
+        # The parts themselves are what they were: the parts format takes the cursors; run 2 resumes as ever.
+        assert all(status(base, "f", i.split(":")[0], "parts") == 200 for i in run1)
+        run2 = [i for i, _ in read_events(httpx.get(f"{base}/jobs/f/stream?format=ai-sdk", timeout=30)) if i]
+        assert run2 and all(status(base, "f", i, "ai-sdk") == 200 for i in run2)
