@@ -97,7 +97,15 @@ class UIMessageEncoder:
         # The last turn of this run that committed: text for it or an earlier turn after that comes from a
         # worker fenced off meanwhile (its lease ran out mid-turn, another committed the turn) and is not shown.
         self._done_turn = 0
+        # The last part fed was a turn_committed that sent its turn's text whole, none of it shown before
+        # (not held back: the turn's text came live, if at all, in parts that are gone now): its chunks are
+        # not those a stream that had those parts made, and their ids say so (pipelines.web.sse).
+        self.whole = False
         self._end_step()
+
+    def anew(self) -> UIMessageEncoder:
+        """A new encoder with this one's settings, in the state of one that was fed nothing."""
+        return UIMessageEncoder(self.job_id, self._messages, hold_text=self.hold_text)
 
     def _end_step(self) -> None:
         self._held: list[str] = []  # hold_text: the latest attempt's text, not sent yet
@@ -116,6 +124,7 @@ class UIMessageEncoder:
     def feed(self, part: Event, *, final: bool = True) -> list[Chunk]:
         """The chunks ``part`` adds. ``final=False``: more parts are known to follow (a wait is not an end)."""
         kind = part.type
+        self.whole = False
         if kind in RUN_STARTS:
             return [*self._finish("other"), *self._start(f"{self.job_id}-{part.id}")]
         if kind in ENDS:
@@ -297,7 +306,9 @@ class UIMessageEncoder:
         committed = self._messages(start, stop) if stop > start else []
         out = [] if part.turn == self._turn else self._open_step(int(part.turn or 0))
         assistants = [m for m in committed if m.get("role") == "assistant"]
-        out += self._sync_text("".join(_text_of(m) for m in assistants), final=True)
+        text = "".join(_text_of(m) for m in assistants)
+        self.whole = bool(text) and not self.hold_text and self._text_id is None and not self._shown_len
+        out += self._sync_text(text, final=True)
         if self._text_id is not None:
             out += self._emit({"type": "text-end", "id": self._text_id})
             self._text_id = None

@@ -19,14 +19,15 @@ __all__ = ["check_in_stream", "parts_after", "parts_upto", "split"]
 # What a worker publishes outside any commit: the parts a live stream drops (older runs, a finished job's
 # after live_ttl). The durable events stay on every backend.
 _EPHEMERAL = frozenset({"attempt_started", "text_delta"})
-_FLAGS = frozenset({"h", "c", "hc"})
+_FLAGS = frozenset({"h", "c", "hc", "w", "cw"})
 
 
 def split(cursor: str | None) -> tuple[str | None, int | None, str]:
     """An ``ai-sdk`` event id ``<part id>:<k>[:<flags>]`` as (part id, k, flags); a bare part id is (part id, None, "").
 
     The flags say how the stream that gave it out was made: ``h`` held its text, ``c`` was a replay of
-    a run's latest attempts only (see :meth:`pipelines.web.sse._AiSdkEmitter.replay_ai`).
+    a run's latest attempts only, ``w`` (on a ``turn_committed``'s chunks) sent its turn's text whole, none of
+    it having come live (see :meth:`pipelines.web.sse._AiSdkEmitter.replay_ai`).
     """
     if cursor is None or ":" not in cursor:
         return cursor, None, ""

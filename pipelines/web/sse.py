@@ -83,7 +83,7 @@ class JobStreamResponse(StreamingResponse):
         self.cursor, self.format, self.heartbeat = cursor, format, heartbeat
         self.chunk: int | None = None  # ai-sdk: the last chunk of the cursor's part the client has (None: all)
         self.hold_text = hold_text
-        self.compacted = False  # ai-sdk: the cursor came from a replay of the latest attempts only
+        self.flags = ""  # ai-sdk: how the stream that gave out the cursor was made (pipelines.web.cursors.split)
         headers = _AI_SDK_HEADERS if format == "ai-sdk" else _HEADERS
         super().__init__(_nothing(), media_type="text/event-stream", headers=headers)
 
@@ -106,7 +106,7 @@ class JobStreamResponse(StreamingResponse):
             self.cursor, self.chunk, flags = split(self.cursor)
             # Resumed from a stream that held its text: the chunks to match are that stream's.
             self.hold_text = self.hold_text or "h" in flags
-            self.compacted = "c" in flags
+            self.flags = flags
         if self.cursor is not None:
             async for _ in self.app.astream(self.job_id, after=self.cursor, follow=False, timeout=0):
                 pass  # read to its end: that checks the cursor
@@ -143,7 +143,7 @@ class JobStreamResponse(StreamingResponse):
         if self.format == "ai-sdk":
             encoder = UIMessageEncoder(self.job_id, lambda a, b: self.app.messages(self.job_id, a, b),
                                        hold_text=self.hold_text)
-            emit = _AiSdkEmitter(encoder, compacted=self.compacted)
+            emit = _AiSdkEmitter(encoder, flags=self.flags)
             # The encoder reads the transcript at each turn's end: a storage round trip, so off the event loop.
             first = await asyncio.to_thread(emit.replay_ai, backlog, self.cursor, self.chunk)
         else:
@@ -281,9 +281,11 @@ class _PartsEmitter(_Emitter):
 class _AiSdkEmitter(_Emitter):
     """``format="ai-sdk"``: UI message chunks, the k-th made from a part with the id ``<part id>:<k>``."""
 
-    def __init__(self, encoder: UIMessageEncoder, *, compacted: bool = False) -> None:
+    def __init__(self, encoder: UIMessageEncoder, *, flags: str = "") -> None:
         self.encoder = encoder
-        self.compacted = compacted  # the client's cursor came from a replay of latest attempts only
+        self.compacted = "c" in flags  # the client's cursor came from a replay of latest attempts only
+        # The cursor's part sent its turn's text whole from the transcript (":w"): none of it had come live.
+        self.whole = "w" in flags
         self.compact = False  # this stream is such a replay: its chunk ids say so (":c")
 
     def replay(self, backlog: list[Event], cursor: str | None) -> list[str]:
@@ -302,7 +304,9 @@ class _AiSdkEmitter(_Emitter):
         run's one ``messageId``, which ``AbstractChat`` then replaces in place (a new id would add a
         second assistant message). When that dropped text, the stream's chunk ids end ``:c``: what a
         client holds from it is not what the parts rebuild, so a resume from one gets the run's message
-        again under an id of its own.
+        again under an id of its own. So does one whose part now makes other chunks than it did: a
+        ``turn_committed`` whose turn's text came live, read once the live parts are gone (``live_ttl``),
+        sends the text whole, and such chunks' ids end ``:w``.
         """
         upto = 0 if cursor is None else sum(1 for _ in parts_upto(backlog, cursor))
         if cursor is None or self.compacted or not upto or (chunk is not None and backlog[upto - 1].id != cursor):
@@ -310,12 +314,7 @@ class _AiSdkEmitter(_Emitter):
             # two runs, the newest; a bare id older than every part stored, "0" say; or it came from a replay of
             # latest attempts): it gets the whole run's message, under an id of its own when it holds one,
             # which the AI SDK's readers reset on.
-            self.encoder.again = cursor is not None
-            run = backlog[run_start(backlog, upto - 1 if upto else None):]
-            shown = latest_attempts(run)
-            # Only a replay that dropped text is other than the function of the parts a cursor rebuilds.
-            self.compact = shown is not run
-            return self._send(shown, skip=None)
+            return self._again(backlog, upto, held=cursor is not None)
         first = run_start(backlog, upto - 1)
         seen, run = backlog[first:upto - 1], backlog[upto - 1:]
         for part in seen:  # rebuild what the client holds, silently
@@ -324,7 +323,20 @@ class _AiSdkEmitter(_Emitter):
             self.encoder.feed(run[0], final=len(run) == 1)
             self.done = self.encoder.ended and len(run) == 1
             return [] if self.done else self._send(run[1:], skip=None)
-        return self._send(run, skip=chunk)
+        head = self._chunks(run[0], final=len(run) == 1)
+        if self.encoder.whole != self.whole:  # the part's chunks are not those the client counted: see above
+            self.encoder, self.done = self.encoder.anew(), False
+            return self._again(backlog, upto, held=True)
+        return head[chunk + 1:] + ([] if self.done else self._send(run[1:], skip=None))
+
+    def _again(self, backlog: list[Event], upto: int, *, held: bool) -> list[str]:
+        """The whole message of the run part ``upto - 1`` is in (the latest run if 0); a new id if ``held``."""
+        self.encoder.again = held
+        run = backlog[run_start(backlog, upto - 1 if upto else None):]
+        shown = latest_attempts(run)
+        # Only a replay that dropped text is other than the function of the parts a cursor rebuilds.
+        self.compact = shown is not run
+        return self._send(shown, skip=None)
 
     def _send(self, run: list[Event], *, skip: int | None) -> list[str]:
         """The chunks of ``run``'s parts, without the first part's chunks up to number ``skip``."""
@@ -345,7 +357,8 @@ class _AiSdkEmitter(_Emitter):
     def _chunks(self, part: Event, *, final: bool) -> list[str]:
         chunks = self.encoder.feed(part, final=final)
         self.done = self.encoder.ended
-        flags = ("h" if self.encoder.hold_text else "") + ("c" if self.compact else "")
+        flags = "".join(f for f, on in (("h", self.encoder.hold_text), ("c", self.compact), ("w", self.encoder.whole))
+                        if on)
         suffix = f":{flags}" if flags else ""
         return [_event(c, f"{part.id}:{i}{suffix}") for i, c in enumerate(chunks)]
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from adapters.base import Storage
@@ -333,3 +334,41 @@ def test_use_chats_resume_after_a_retried_attempt_replaces_the_message_it_holds(
         if r["status"] != "ready" or r["messages"] != want:
             wrong.append((r["cut"], r["errors"], r["messages"]))
     assert wrong == [], f"{len(wrong)} of {len(results)} cut points ended wrong: {wrong[:3]}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_finished_run_read_before_its_live_parts_went_and_resumed_after_assembles_the_transcript(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # After live_ttl a finished job's stream holds only its events: a turn_committed then sends the turn's text
+    # whole, so its chunks are numbered otherwise than when the text had come live. A client cut after the
+    # text-end (`<turn_committed>:0`) was sent the text again, and readUIMessageStream failed ("text-delta for
+    # missing text part"). Memory keeps every part: there the stream is as it was.
+    now = [time.time()]
+    storage: Storage
+    if kind == "sqlite":
+        storage = SQLiteStorage(str(tmp_path / "ttl.db"), clock=lambda: now[0], live_ttl=60)
+        request.addfinalizer(storage.close)
+    elif kind == "redis":
+        storage = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix="ttl-cuts", live_ttl=120)
+    else:
+        storage = MemoryStorage()
+    model = ScriptedModel(lambda msgs: TEXT if msgs[-1]["role"] == "tool" else reply(
+        "Checking.", call("lookup", order="A-1")))
+    app = App(storage=storage, scheduler=MemoryScheduler(), agents=[Agent(name="a", model=model, tools=[lookup])])
+    app.run_agent("a", job_id="ttl", messages=["where is A-1?"])
+    app.drain()
+    assert any(p.type == "text_delta" for p in app.stream("ttl", follow=False))
+    with serve(build_app(app, agent="a")) as base:
+        held = tmp_path / "held.txt"
+        held.write_text(httpx.get(f"{base}/chat/ttl/stream", timeout=30).text)
+        if isinstance(storage, SQLiteStorage):
+            now[0] += 61
+            storage.reap_dead_processes()  # where SQLite drops a finished job's live parts
+        elif isinstance(storage, RedisStorage):
+            storage.client.delete(storage.keys("ttl").live)  # as when live_ttl has run out
+        assert any(p.type == "text_delta" for p in app.stream("ttl", follow=False)) == (kind == "memory")
+        result = node("reader-held", base + "/chat", "ttl", str(held))
+    want = expected_parts(run_messages(app, "ttl"))
+    wrong = [(c["cut"], c["after"], c["errors"], c["parts"]) for c in result["cuts"]
+             if c["status"] != 200 or c["errors"] or c["parts"] != want]
+    assert result["events"] >= 13 and wrong == [], f"{len(wrong)} of {result['events']} cut points: {wrong[:2]}"

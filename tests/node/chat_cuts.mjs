@@ -6,6 +6,9 @@
 //     The run's stream is read whole, then for each cut k: its first k events, then what
 //     GET <api>/<id>/stream answers to `Last-Event-ID: <id of event k>`, assembled by
 //     readUIMessageStream (chunks parsed and validated by DefaultChatTransport's own parser).
+//   node chat_cuts.mjs reader-held <api> <chat id> <file>
+//     As `reader`, with the run's stream as read earlier (saved in <file>): a client that read it then
+//     resumes now, after what the server holds changed (its live parts gone after live_ttl, say).
 //   node chat_cuts.mjs chat <api> <chat id prefix> <text>
 //     For each cut k = 1, 2, ... until a response ends before its k-th event: a fresh AbstractChat sends <text> (POST <api>, a new run); the connection drops
 //     after the k-th event (a network TypeError, which AbstractChat keeps resumable); resumeStream()
@@ -23,6 +26,7 @@
 //     the same for an answer with several calls waiting, each approved and sent on its own.
 //   node chat_cuts.mjs resume-new <api> <chat id>
 //     useChat's resume (resumeStream()) of a chat that has no run yet.
+import { readFileSync } from "node:fs";
 import { AbstractChat, DefaultChatTransport, readUIMessageStream } from "ai";
 
 const [mode, api, ...rest] = process.argv.slice(2);
@@ -77,9 +81,10 @@ async function assemble(text) {
   return { parts: last ? parts(last) : null, errors };
 }
 
-async function reader(chatId) {
+async function reader(chatId, held = null) {
   const url = `${api}/${encodeURIComponent(chatId)}/stream`;
-  const whole = events(await (await fetch(url)).text()).filter((e) => !e.raw.startsWith("data: [DONE]"));
+  const read = held ?? await (await fetch(url)).text();
+  const whole = events(read).filter((e) => !e.raw.startsWith("data: [DONE]"));
   const cuts = [];
   for (let k = 1; k <= whole.length; k++) {
     // As EventSource does: the last id received, whichever event carried it.
@@ -226,6 +231,7 @@ async function send(chatId, text) {
 let result;
 if (mode === "send") result = await send(rest[0], rest[1]);
 else if (mode === "reader") result = await reader(rest[0]);
+else if (mode === "reader-held") result = await reader(rest[0], readFileSync(rest[1], "utf8"));
 else if (mode === "chat") result = await chat(rest[0], rest[1]);
 else if (mode === "replay") result = await chat(rest[0], rest[1], true, Number(rest[2]));
 else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
