@@ -17,14 +17,12 @@ One RQ job id per turn (see :mod:`adapters.rq.ids`): a worker that enqueued its
 successor under its own id would re-run forever, and enqueuing an id that
 is still waiting is a harmless duplicate we skip.
 
-Delays use ``Queue.enqueue_at``: workers must run RQ's scheduler
-(``pipelines worker`` does; ``rq worker --with-scheduler`` otherwise). RQ
-keeps the time in whole seconds, so a delay is sent for the second at or
-after its end: it arrives up to about a second late, never early. What still
-arrives early (the clocks of two machines disagree) within
-:attr:`RQScheduler.precision` is held by the runner until its time. A delayed advance that
-RQ's scheduler has not moved :data:`SCHEDULER_LATE` seconds after its time is
-taken as lost: the sweep's :meth:`RQScheduler.requeue` enqueues it again.
+Delays use ``Queue.enqueue_at`` (workers must run RQ's scheduler: ``pipelines worker``
+does; ``rq worker --with-scheduler`` otherwise). RQ keeps the time in whole seconds, so
+a delay is sent for the second at or after its end: up to a second late, never early;
+what comes early anyway (two machines' clocks), within :attr:`RQScheduler.precision`,
+the runner holds until its time. One that RQ's scheduler has not moved
+:data:`SCHEDULER_LATE` seconds after its time is lost: the sweep's requeue sends it again.
 
 Redis errors are translated here, at the edge: connection problems become
 :class:`~pipelines.engine.errors.StorageUnavailableError`, anything else
@@ -40,7 +38,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import redis
 from rq import Queue
@@ -81,10 +79,9 @@ QUEUE_LISTING_INTERVAL = 60.0
 """Seconds between this process's additions of a queue to RQ's set of queues (``rq:queues``), which
 RQ would send with every enqueue: the set changes only when a queue is made or deleted."""
 
-# RQ states in which an already enqueued advance may still run, if its message is where RQ takes it
-# from (the queue, or the scheduled registry): a status alone proves nothing (a message lost between
-# RQ's writes keeps "created" or "queued" with no list holding it). Any other state (started,
-# finished, failed, ...) may be a message that is lost or done, so we enqueue again.
+# RQ states in which an enqueued advance may still run, if its message is where RQ takes it from (the
+# queue, the scheduled registry): a message lost between RQ's writes keeps "created" or "queued" in no
+# list. Any other state (started, finished, failed, ...) may be a message lost or done: enqueued again.
 _PENDING = {RQJobStatus.QUEUED, RQJobStatus.SCHEDULED, RQJobStatus.DEFERRED, RQJobStatus.CREATED}
 
 SCHEDULER_LATE = 5.0
@@ -311,8 +308,8 @@ class RQScheduler:
                     # later one finds its turn done.
                     return self._send(f"{rq_id}-a", job_id, version, delay, pipeline, at_front=at_front, queue=q)
                 else:
-                    return False
-            return True
+                    return False  # it still waits where RQ takes it from
+        return True
 
     # --- helpers -------------------------------------------------------------
     def _rq_id(self, job_id: str, version: int | None) -> str:
@@ -340,8 +337,7 @@ class RQScheduler:
             # RQ keeps a delayed job's time in whole seconds, cut down (and moves what is due by the whole
             # second): the second at or after the due time, so that it never arrives early.
             at = datetime.fromtimestamp(math.ceil(time.time() + delay), tz=UTC)
-            scheduled: Job = q.enqueue_at(at, func, **options)
-            return scheduled
+            return cast(Job, q.enqueue_at(at, func, **options))
         # RQ adds the queue to its set of queues (what `rq info` and Queue.all() list) before every enqueue,
         # in a round trip of its own unless given a pipeline. Given ours, that SADD waits in it: it goes with
         # RQ's own writes when they wait there too (an enqueue that is not unique), else (a unique enqueue runs
