@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("retry", runs.cmd_retry, "retry a failed or cancelled job (resume from its checkpoint)")
     p.add_argument("job")
     p.add_argument("--full", action="store_true", help="restart the run from its start (the phase and state it "
-                   "started with; a complete job too)")
+                   "started with; a complete job too); the transcript is cut back to where the run began")
 
     p = add("cancel", runs.cmd_cancel, "cancel a job at its next turn boundary, keeping its checkpoint")
     p.add_argument("job")

@@ -48,7 +48,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         ("job", rec.job_id), ("pipeline", rec.pipeline), ("status", rec.status.value), ("version", rec.version),
     ]
     if cp is not None:
-        rows += [("phase", cp.next_phase), ("attempt", cp.attempt), ("due", when(cp.due_at))]
+        rows += [("phase", cp.next_phase), ("attempt", cp.attempt)]
+        if rec.status is JobStatus.RUNNING:  # a stopped job's kept checkpoint is due nowhere
+            rows.append(("due", when(cp.due_at)))
     rows += [("phases done", rec.phases_done), ("transcript", f"{rec.transcript_len} messages")]
     if rec.forked_from is not None:
         rows.append(("forked from", f"{rec.forked_from} at turn {rec.at_turn}"))

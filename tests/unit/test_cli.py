@@ -93,6 +93,7 @@ def test_status_of_a_failed_job_shows_the_error(app: App) -> None:
     drain(app)
     code, out, _ = run("status", "--app", APP, "f")
     assert code == 0 and "error:       boom: upstream said no" in out
+    assert "due:" not in out  # its kept checkpoint is due nowhere (a retry makes it due)
 
 
 @pytest.mark.parametrize("command", ["status", "log", "transcript", "retry", "cancel", "advance"])
