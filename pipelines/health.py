@@ -56,9 +56,22 @@ def _backlog(app: App, max_overdue: float) -> Check:
     due = storage.due_jobs(now, limit=100_000)
     if not due:
         return Check("backlog", True, "no job is due")
-    late = now - _oldest_due(storage, due[0], now)
-    detail = f"{len(due)} due; oldest {due[0]} overdue by {late:.1f} s (limit {max_overdue:g} s)"
+    # A job whose turn is in flight (its lease held: a long tool call, a slow model) keeps the due time it
+    # had when the turn began: it is being advanced, not waiting. The first one no worker holds is judged.
+    waiting = next((j for j in due[:_LEASES_READ] if storage.lease_owner(j) is None), None)
+    if waiting is None:
+        return Check("backlog", True, f"{len(due)} due; the oldest {min(len(due), _LEASES_READ)} in flight")
+    since = _oldest_due(storage, due[0], now)
+    if waiting != due[0]:  # later in the index than the jobs in flight: its own due time, if later
+        record = storage.get_job(waiting)
+        if record is not None and record.checkpoint is not None:
+            since = max(since, min(record.checkpoint.due_at, now))
+    late = now - since
+    detail = f"{len(due)} due; oldest {waiting} overdue by {late:.1f} s (limit {max_overdue:g} s)"
     return Check("backlog", late <= max_overdue, detail)
+
+
+_LEASES_READ = 100  # due jobs whose lease is read, oldest first, for one not in flight
 
 
 def _oldest_due(storage: Storage, first: str, now: float) -> float:

@@ -38,3 +38,20 @@ def test_a_job_waiting_for_a_concurrency_slot_is_not_a_backlog_and_one_left_late
     found = backlog(app, 10)
     assert found.ok and "oldest waits overdue by 3.0 s" in found.detail, found.detail
     assert not backlog(app, 2).ok
+
+
+def test_a_job_whose_long_turn_is_in_flight_is_not_a_backlog() -> None:
+    # A turn longer than --max-overdue (a slow tool call) keeps the due time it had when it began; while a
+    # worker holds its lease it is being advanced, not waiting: a probe must not restart that worker.
+    clock = VirtualClock()
+    storage, scheduler = MemoryStorage(clock=clock), MemoryScheduler(clock=clock)
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=ScriptedModel(["x"]))])
+    app.run_agent("a", job_id="long", user="hi")
+    app.run_agent("a", job_id="lost", user="hi")
+    assert storage.acquire_lease("long", "worker-1", 3600) is not None
+    clock.advance(30)
+    found = backlog(app, 10)
+    assert not found.ok and "oldest lost overdue by 30.0 s" in found.detail, found.detail  # the one nobody holds
+    assert storage.acquire_lease("lost", "worker-2", 3600) is not None
+    found = backlog(app, 10)
+    assert found.ok and "in flight" in found.detail, found.detail
