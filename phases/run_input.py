@@ -29,7 +29,7 @@ MAX_CONTEXT_BYTES = 64 * 1024
 """The largest ``context`` (and ``tools_context``) a run may carry, as JSON text."""
 
 MAX_TAGS = 32
-_TAG = re.compile(r"[^\s]{1,128}")
+_TAG = re.compile(r"[^\s\ud800-\udfff]{1,128}")  # a lone surrogate: no storage can keep it (not UTF-8)
 
 
 def _size(value: JSONValue, what: str) -> None:
@@ -86,7 +86,8 @@ def check_tags(tags: Any) -> list[str]:
     out: list[str] = []
     for tag in tags:
         if not isinstance(tag, str) or not _TAG.fullmatch(tag):
-            raise InvalidInputError(f"tag {tag!r:.60} must be a string of 1-128 characters without whitespace")
+            raise InvalidInputError(f"tag {tag!r:.60} must be a string of 1-128 characters without whitespace "
+                                    "(or a lone surrogate)")
         if tag not in out:
             out.append(tag)
     if len(out) > MAX_TAGS:

@@ -30,6 +30,8 @@ def test_jobs_filters_by_every_tag_given_and_shows_the_tags(monkeypatch: pytest.
     assert [(r[0], r[-1]) for r in rows] == [("j1", "tenant:acme,beta")]
     with pytest.raises(InvalidInputError, match="without whitespace"):
         app.jobs(tags=["a b"])
+    with pytest.raises(InvalidInputError, match="tag"):  # a run is refused it: so is a filter, not an empty page
+        app.jobs(tags=["t\ud800"])
 
 
 def test_jobs_shows_a_tags_control_characters_escaped_not_sent_to_the_terminal(
