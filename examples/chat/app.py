@@ -10,6 +10,8 @@ Routes:
   awaiting it; the message ``useChat`` sends after ``addToolApprovalResponse({id, approved, reason})``
   (its last assistant message holds the answered parts) approves or rejects the calls
   (``app.approve`` / ``app.reject``, the reason kept) and streams the run going on, the same message.
+  Only calls of the served agent's jobs are answered here: another agent's job id is refused (409), as a
+  new message to it is.
   The text of each turn comes once the turn committed (see ``hold_text`` in :mod:`pipelines.web.sse`).
   Only a JSON body is taken, and not from another site's page (``Origin``): a form there could approve calls.
   Anything it refuses (a bad body, format or a cursor) is refused before a run starts.
@@ -89,6 +91,8 @@ def build_app(app: App, *, agent: str = "chat") -> Starlette:
             job_id, after, start = _begin(app, agent, body)
         except JobConflictError as exc:
             return JSONResponse({"error": str(exc)}, status_code=409)
+        except JobNotFoundError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
         except PipelineError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         threading.Thread(target=run_in_process, daemon=True).start()
@@ -158,6 +162,7 @@ def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None, str | None
     """Start or continue the run a ``POST /chat`` asks for: (job id, the cursor its stream starts after, or the
     part it starts at)."""
     if answers := _approval_answers(body):
+        _check_agent(app, agent, body["id"])  # a call of another agent's job is not this endpoint's to decide
         return body["id"], _decide(app, body["id"], answers), None
     job_id, text = _chat_input(body)
     with _starting:
@@ -174,6 +179,16 @@ def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None, str | None
         # continued it by the time this response is served.
         first = None if before is not None else next(iter(app.stream(job_id, follow=False))).id
     return job_id, before, first
+
+
+def _check_agent(app: App, agent: str, job_id: str) -> None:
+    """Raise :class:`JobConflictError` unless ``job_id`` is a job of ``agent`` (what ``run_agent`` refuses too)."""
+    view = app.get(job_id)
+    if view is None:
+        raise JobNotFoundError(f"no conversation {job_id!r}: nothing waits for approval there")
+    if view.pipeline != agent:
+        raise JobConflictError(f"job {job_id!r} is a job of {view.pipeline!r}, not {agent!r}: this endpoint "
+                               f"serves {agent!r} only")
 
 
 def _approval_answers(body: Any) -> list[dict[str, Any]]:

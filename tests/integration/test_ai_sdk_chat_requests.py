@@ -1,0 +1,55 @@
+"""What ``POST /chat`` of examples/chat does with the requests ``useChat`` sends besides a new message.
+
+Each scenario runs a real uvicorn server; the client is the `ai` npm package itself (tests/node/chat_cuts.mjs)
+where ``useChat`` makes the request, and httpx where a crafted request is the point.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from adapters.memory import MemoryScheduler
+from examples.chat.app import build_app
+from pipelines import Agent, App, tool
+from pipelines.testing import ScriptedModel, call, reply
+from tests.integration.test_ai_sdk_resume import KINDS, refund, refunding, storage_of
+from tests.integration.test_sse import serve
+
+
+@tool(needs_approval=True)
+def wire_money(amount: int) -> str:
+    """Wire money (the finance team approves)."""
+    return f"wired {amount}"
+
+
+def two_agents(storage: Any) -> App:
+    """The chat agent the endpoint serves, and another agent (``treasury``) in the same App."""
+    treasury = ScriptedModel([reply("Wiring.", call("wire_money", amount=10**6)), "done"])
+    return App(storage=storage, scheduler=MemoryScheduler(),
+               agents=[Agent(name="a", model=ScriptedModel(refunding), tools=[refund]),
+                       Agent(name="treasury", model=treasury, tools=[wire_money])])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_approval_for_a_call_of_another_agents_job_is_refused_and_the_call_still_waits(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    app = two_agents(storage_of(kind, request, tmp_path))
+    app.run_agent("treasury", job_id="pay", messages=["pay the vendor"])
+    app.drain()
+    call_id = app.get("pay").pending_calls[0]["call_id"]
+    answered = {"type": "tool-wire_money", "toolCallId": call_id, "state": "approval-responded",
+                "approval": {"id": call_id, "approved": True}}
+    body: dict[str, Any] = {"id": "pay", "messages": [{"id": "m", "role": "assistant", "parts": [answered]}]}
+    with serve(build_app(app, agent="a")) as base:
+        sent = httpx.post(base + "/chat", json={**body, "stream": False}, timeout=30)
+        streamed = httpx.post(base + "/chat", json=body, timeout=30)  # answered at once, not a stream left open
+    assert (sent.status_code, streamed.status_code) == (409, 409)
+    assert "a job of 'treasury', not 'a'" in sent.json()["error"]
+    app.drain()
+    view = app.get("pay")
+    assert view.status.value == "waiting" and [c["call_id"] for c in view.pending_calls] == [call_id]
+    assert [m for m in app.messages("pay") if m["role"] == "tool"] == []
