@@ -14,6 +14,8 @@ Routes:
   new message to it is.
   The text of each turn comes once the turn committed (see ``hold_text`` in :mod:`pipelines.web.sse`).
   Only a JSON body is taken, and not from another site's page (``Origin``): a form there could approve calls.
+  Only loopback ``Host`` names are answered unless ``build_app(hosts=[...])`` names more (``--name``): a
+  DNS-rebinding page sends a same-origin request under its own name (every route refuses it, 403).
   Anything it refuses (a bad body, format or a cursor) is refused before a run starts.
 - ``GET /chat/{id}/stream`` resumes it (``Last-Event-ID`` or ``?cursor=``; ``useChat``'s resume
   replays the latest answer; 204 for a chat with no run yet, as the AI SDK's reconnect expects).
@@ -26,8 +28,10 @@ run the workers as usual: the web process only writes runs and reads streams.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import threading
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,7 @@ from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotF
 from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web import sse_response
+from pipelines.web.core import host_served
 
 PAGE = Path(__file__).with_name("index.html")
 ORDERS = {"A-1001": "shipped with DHL on Monday, arriving Thursday", "A-1002": "being packed"}
@@ -73,9 +78,15 @@ def offline_app() -> App:
                agents=[Agent(name="chat", model=ScriptedModel(scripted), tools=[lookup_order])])
 
 
-def build_app(app: App, *, agent: str = "chat") -> Starlette:
-    """The Starlette app serving ``agent`` of ``app`` (see the module docstring)."""
+def build_app(app: App, *, agent: str = "chat", hosts: Collection[str] = ()) -> Starlette:
+    """The Starlette app serving ``agent`` of ``app`` (see the module docstring).
+
+    ``hosts``: the names it is reached under besides 127.0.0.1 / localhost / ::1 (``chat.example.com``);
+    a request under any other ``Host`` is refused (403), as :func:`pipelines.web.ui.ui_app` without a token
+    refuses it: a DNS-rebinding page comes under its own name.
+    """
     drain_lock = threading.Lock()
+    served = functools.partial(_on_known_hosts, frozenset(h.lower() for h in hosts))
 
     def run_in_process() -> None:
         with drain_lock:  # one in-process worker at a time (memory adapters); a no-op with real workers
@@ -109,8 +120,22 @@ def build_app(app: App, *, agent: str = "chat") -> Starlette:
     async def page(request: Request) -> Response:
         return FileResponse(PAGE, media_type="text/html")
 
-    return Starlette(routes=[Route("/", page), Route("/chat", chat, methods=["POST"]),
-                             Route("/chat/{id}/stream", stream)])
+    return Starlette(routes=[Route("/", served(page)), Route("/chat", served(chat), methods=["POST"]),
+                             Route("/chat/{id}/stream", served(stream))])
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _on_known_hosts(names: frozenset[str], endpoint: Endpoint) -> Endpoint:
+    """``endpoint``, answering only a request whose ``Host`` is a loopback name or one of ``names``."""
+    async def checked(request: Request) -> Response:
+        if not host_served(request, names):
+            return JSONResponse({"error": f"this chat answers only on 127.0.0.1 / localhost and the names it was "
+                                          f"given (build_app(hosts=...)), not {request.url.hostname!r}"},
+                                status_code=403)
+        return await endpoint(request)
+    return checked
 
 
 def _resume(app: App, request: Request) -> Response:
@@ -243,8 +268,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--name", action="append", default=[], help="a host name to answer besides loopback ones")
     args = parser.parse_args()
-    uvicorn.run(build_app(offline_app()), host=args.host, port=args.port)
+    uvicorn.run(build_app(offline_app(), hosts=args.name), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

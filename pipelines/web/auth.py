@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pipelines.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
-from pipelines.web.core import COOKIE, LOOPBACK_NAMES, UI, Endpoint
+from pipelines.web.core import COOKIE, UI, Endpoint, host_served
 
 __all__ = ["MAX_FORM_BYTES", "guarded", "login", "login_form", "logout", "refusal", "too_many_guesses"]
 
@@ -47,7 +47,7 @@ async def _threaded(ui: UI, fn: Endpoint, request: Request) -> Response:
 
 
 def refusal(ui: UI, request: Request, *, login: bool) -> Response | None:
-    if ui.token is None and (request.url.hostname or "") not in LOOPBACK_NAMES:
+    if ui.token is None and not host_served(request):
         # Without a token, a page reached under another name may be a DNS-rebinding attack.
         return ui.render(request, "error.html", 403, message="this page has no token, so it only answers "
                          "on 127.0.0.1 / localhost; start it with a token (PIPELINES_UI_TOKEN) to serve other names")

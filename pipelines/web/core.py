@@ -8,7 +8,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from pipelines.web.guesses import Guesses
 from pipelines.web.text import visible
 
 __all__ = ["COOKIE", "CSP", "LOOPBACK_NAMES", "MAX_SESSIONS", "SESSION_SECONDS", "UI", "Endpoint", "Headers",
-           "is_count"]
+           "host_served", "is_count"]
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -134,6 +134,16 @@ class Headers:
             await send(message)
 
         await self.inner(scope, receive, with_headers)
+
+
+def host_served(request: Request, names: Collection[str] = ()) -> bool:
+    """Whether ``request`` came under a loopback name or one of ``names`` (its ``Host``, port aside).
+
+    A page of another site can make its own name resolve to 127.0.0.1 (DNS rebinding): the browser then
+    sends it what a page of this server would send, same-origin as far as it knows, but under that name.
+    A server without a login answers only names it knows.
+    """
+    return (request.url.hostname or "") in LOOPBACK_NAMES or (request.url.hostname or "") in names
 
 
 def is_count(raw: str) -> bool:

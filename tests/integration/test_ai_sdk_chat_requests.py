@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from adapters.memory import MemoryScheduler
+from adapters.memory import MemoryScheduler, MemoryStorage
 from examples.chat.app import build_app
 from pipelines import Agent, App, tool
 from pipelines.testing import ScriptedModel, call, reply
@@ -53,3 +53,25 @@ def test_an_approval_for_a_call_of_another_agents_job_is_refused_and_the_call_st
     view = app.get("pay")
     assert view.status.value == "waiting" and [c["call_id"] for c in view.pending_calls] == [call_id]
     assert [m for m in app.messages("pay") if m["role"] == "tool"] == []
+
+
+def test_a_request_under_a_name_the_chat_was_not_given_is_refused_as_dns_rebinding() -> None:
+    # A page of attacker.example whose name now resolves to 127.0.0.1: same-origin as far as the browser knows.
+    app = two_agents(MemoryStorage())
+    app.run_agent("a", job_id="mine", messages=["refund A-1 please"])
+    app.drain()
+    with serve(build_app(app, agent="a")) as base, serve(build_app(app, agent="a", hosts=["Chat.Example"])) as named:
+        port, named_port = base.rsplit(":", 1)[1], named.rsplit(":", 1)[1]
+        rebound = {"host": f"attacker.example:{port}", "origin": f"http://attacker.example:{port}"}
+        posted = httpx.post(base + "/chat", json={"id": "new", "text": "hi", "stream": False}, headers=rebound,
+                            timeout=30)
+        read = httpx.get(base + "/chat/mine/stream", headers=rebound, timeout=30)
+        page = httpx.get(base + "/", headers=rebound, timeout=30)
+        local = httpx.get(f"http://localhost:{port}/chat/mine/stream", timeout=30)
+        given = {"host": f"chat.example:{named_port}", "origin": f"http://chat.example:{named_port}"}
+        taken = httpx.post(named + "/chat", json={"id": "new", "text": "hi", "stream": False}, headers=given,
+                           timeout=30)
+    assert (posted.status_code, read.status_code, page.status_code) == (403, 403, 403)
+    assert "'attacker.example'" in posted.json()["error"]
+    assert (local.status_code, taken.status_code) == (200, 202)  # loopback names, and the names it was given
+    assert sorted(r.job_id for r in app.storage.list_jobs(limit=10)) == ["mine", "new"]  # "new" is the named one
