@@ -11,7 +11,8 @@ Routes:
   (its last assistant message holds the answered parts) approves or rejects the calls
   (``app.approve`` / ``app.reject``, the reason kept) and streams the run going on, the same message.
   Only calls of the served agent's jobs are answered here: another agent's job id is refused (409), as a
-  new message to it is.
+  new message to it is. A call decided already (in another tab) is not decided again: the answer is the
+  rest of that call's run, not of a later one.
   The text of each turn comes once the turn committed (see ``hold_text`` in :mod:`pipelines.web.sse`).
   Only a JSON body is taken, and not from another site's page (``Origin``): a form there could approve calls.
   Only loopback ``Host`` names are answered unless ``build_app(hosts=[...])`` names more (``--name``): a
@@ -229,18 +230,31 @@ def _approval_answers(body: Any) -> list[dict[str, Any]]:
 
 
 def _decide(app: App, job_id: str, answers: list[dict[str, Any]]) -> str | None:
-    """Approve or reject each answered call; the id of the stream's part the client's message ends at."""
+    """Approve or reject each answered call; the id of the stream's part the client's message ends at.
+
+    That is the latest request for approval of one of the client's calls, not the job's latest: a tab
+    left open answers a call another tab decided long ago, and its message is that call's run, however
+    far the conversation went on since (``None``: the run going on now).
+    """
     view = app.get(job_id)
     pending = {str(c.get("call_id")) for c in (view.pending_calls if view is not None else ())}
+    decided = False
     for part in answers:
         call_id, approval = part["toolCallId"], part["approval"]
         if call_id not in pending:
             continue  # decided already (a second tab, a resent message): nothing to do twice
+        decided = True
         if approval.get("approved") is True:
             app.approve(job_id, call_id)
         else:
             app.reject(job_id, call_id, reason=str(approval.get("reason") or "").strip() or "denied by the user")
-    asked = [p.id for p in app.stream(job_id, follow=False) if p.type == "approval_requested"]
+    answered = {p["toolCallId"] for p in answers}
+    asked = [p.id for p in app.stream(job_id, follow=False) if p.type == "approval_requested"
+             and answered & {str(c.get("call_id")) for c in p.data.get("calls") or [] if isinstance(c, dict)}]
+    if not asked and not decided:
+        # Decided elsewhere, and the stream no longer holds that run: no message to go on with.
+        raise JobConflictError(f"the calls answered were decided already and conversation {job_id!r} has "
+                               "gone on since; reload it")
     return asked[-1] if asked else None
 
 

@@ -16,7 +16,7 @@ from adapters.memory import MemoryScheduler, MemoryStorage
 from examples.chat.app import build_app
 from pipelines import Agent, App, tool
 from pipelines.testing import ScriptedModel, call, reply
-from tests.integration.test_ai_sdk_resume import KINDS, refund, refunding, storage_of
+from tests.integration.test_ai_sdk_resume import KINDS, node, refund, refunding, storage_of
 from tests.integration.test_sse import serve
 
 
@@ -75,3 +75,42 @@ def test_a_request_under_a_name_the_chat_was_not_given_is_refused_as_dns_rebindi
     assert "'attacker.example'" in posted.json()["error"]
     assert (local.status_code, taken.status_code) == (200, 202)  # loopback names, and the names it was given
     assert sorted(r.job_id for r in app.storage.list_jobs(limit=10)) == ["mine", "new"]  # "new" is the named one
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tab_that_answers_a_call_another_tab_decided_gets_that_calls_run_not_a_later_one(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # Tab 2 approved the call, the run ended, and the chat went on to a second call, approved too; tab 1 then
+    # answered the first call. It was streamed the second run's rest: "No tool invocation found".
+    app = two_agents(storage_of(kind, request, tmp_path))
+    with serve(build_app(app, agent="a")) as base:
+        got = node("stale-approve", base + "/chat", "tabs")
+    assert got["errors"] == [] and (got["oneStatus"], got["twoStatus"]) == ("ready", "ready")
+    msgs = app.messages("tabs")
+    first, second = (m["tool_calls"][0]["id"] for m in msgs if m.get("tool_calls"))
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"] * 2  # nothing done twice
+    assert msgs[2]["content"] == "refunded A-1" and app.get("tabs").status.value == "complete"
+    asked = {"type": "tool-refund", "toolCallId": first, "input": {"order": "A-1"}}
+    answer = {"id": first, "approved": True}
+    assert got["one"] == [
+        {"role": "user", "parts": [{"type": "text", "text": "refund A-1"}]},
+        {"role": "assistant", "parts": [
+            {"type": "step-start"}, {"type": "text", "text": "I will refund order A-1.", "state": "done"},
+            {**asked, "state": "output-available", "output": "refunded A-1", "approval": answer},
+            {"type": "step-start"}, {"type": "text", "text": msgs[3]["content"], "state": "done"}]}]
+    assert got["two"][-1]["parts"][2]["toolCallId"] == second  # tab 2 holds the second run, as it was
+
+
+def test_an_answer_to_a_call_the_stream_no_longer_holds_is_refused_not_answered_with_another_run() -> None:
+    # Decided elsewhere and that run's parts gone (live_ttl, or runs since): the latest run is not its message.
+    app = two_agents(MemoryStorage())
+    app.run_agent("a", job_id="gone", messages=["refund A-1"])
+    app.drain()
+    app.approve("gone", app.get("gone").pending_calls[0]["call_id"])
+    app.drain()
+    answered = {"type": "tool-refund", "toolCallId": "call_of_a_run_gone", "state": "approval-responded",
+                "approval": {"id": "call_of_a_run_gone", "approved": True}}
+    with serve(build_app(app, agent="a")) as base:
+        response = httpx.post(base + "/chat", json={"id": "gone", "messages": [
+            {"id": "m", "role": "assistant", "parts": [answered]}]}, timeout=30)
+    assert response.status_code == 409 and "decided already" in response.json()["error"]

@@ -24,6 +24,10 @@
 //     chat's messages after each answer.
 //   node chat_cuts.mjs approve-each <api> <chat id> <text>
 //     the same for an answer with several calls waiting, each approved and sent on its own.
+//   node chat_cuts.mjs stale-approve <api> <chat id>
+//     Two tabs of one chat: tab 1 sends "refund A-1" and holds the call waiting; tab 2 (resumeStream())
+//     approves it, the run ends, and it sends "refund A-2" and approves that call too; then tab 1 answers
+//     its call. Prints each tab's messages and status.
 //   node chat_cuts.mjs resume-new <api> <chat id>
 //     useChat's resume (resumeStream()) of a chat that has no run yet.
 import { readFileSync } from "node:fs";
@@ -213,6 +217,27 @@ async function approveEach(chatId, text) {
   return { steps, after: summary(c.messages), errors };
 }
 
+async function staleApprove(chatId) {
+  const errors = [];
+  const tab = (name) => new Chat({ id: chatId, transport: new DefaultChatTransport({ api }),
+    onError: (e) => errors.push(`${name}: ${e}`) });
+  const answer = async (c) => {
+    const pending = c.lastMessage.parts.find((p) => p.state === "approval-requested");
+    await c.addToolApprovalResponse({ id: pending.approval.id, approved: true });
+    await c.sendMessage();
+  };
+  const one = tab("tab 1");
+  await one.sendMessage({ text: "refund A-1" });
+  const two = tab("tab 2");
+  await two.resumeStream();
+  await answer(two);
+  await two.sendMessage({ text: "refund A-2" });
+  await answer(two);
+  await answer(one);
+  return { one: summary(one.messages), oneStatus: one.status, two: summary(two.messages), twoStatus: two.status,
+    errors };
+}
+
 // useChat({ resume: true }) on a chat that has no run yet: nothing to resume, no error.
 async function resumeNew(chatId) {
   const errors = [];
@@ -236,6 +261,7 @@ else if (mode === "chat") result = await chat(rest[0], rest[1]);
 else if (mode === "replay") result = await chat(rest[0], rest[1], true, Number(rest[2]));
 else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
 else if (mode === "approve-each") result = await approveEach(rest[0], rest[1]);
+else if (mode === "stale-approve") result = await staleApprove(rest[0]);
 else if (mode === "resume-new") result = await resumeNew(rest[0]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
