@@ -13,6 +13,8 @@ Routes:
   Only calls of the served agent's jobs are answered here: another agent's job id is refused (409), as a
   new message to it is. A call decided already (in another tab) is not decided again: the answer is the
   rest of that call's run, not of a later one.
+  ``useChat``'s ``regenerate()`` of the latest answer runs that run again (``app.retry(mode="full")``)
+  and streams it; an earlier answer, or one still being written, is refused (409).
   The text of each turn comes once the turn committed (see ``hold_text`` in :mod:`pipelines.web.sse`).
   Only a JSON body is taken, and not from another site's page (``Origin``): a form there could approve calls.
   Only loopback ``Host`` names are answered unless ``build_app(hosts=[...])`` names more (``--name``): a
@@ -190,7 +192,12 @@ def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None, str | None
     if answers := _approval_answers(body):
         _check_agent(app, agent, body["id"])  # a call of another agent's job is not this endpoint's to decide
         return body["id"], _decide(app, body["id"], answers), None
-    job_id, text = _chat_input(body)
+    if isinstance(body, dict) and body.get("trigger") == "regenerate-message":
+        job_id = _regenerated(app, agent, body)
+        start: Callable[[], object] = functools.partial(app.retry, job_id, mode="full")
+    else:
+        job_id, text = _chat_input(body)
+        start = functools.partial(app.run_agent, agent, job_id=job_id, user=text)
     with _starting:
         # The stream's last part before this run starts: the stream this POST answers with begins after it,
         # so it shows this run, not the latest when it is served (another POST may have continued the
@@ -200,7 +207,7 @@ def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None, str | None
         except JobNotFoundError:
             parts = []
         before = parts[-1].id if parts else None
-        app.run_agent(agent, job_id=job_id, user=text)
+        start()
         # A new conversation's stream starts at its first part, not "the latest run": another POST may have
         # continued it by the time this response is served.
         first = None if before is not None else next(iter(app.stream(job_id, follow=False))).id
@@ -215,6 +222,28 @@ def _check_agent(app: App, agent: str, job_id: str) -> None:
     if view.pipeline != agent:
         raise JobConflictError(f"job {job_id!r} is a job of {view.pipeline!r}, not {agent!r}: this endpoint "
                                f"serves {agent!r} only")
+
+
+def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
+    """The conversation whose latest answer ``useChat``'s ``regenerate()`` asks for again, once checked.
+
+    The client dropped that answer and sends what it holds before it: the server runs the latest run
+    again from its start (``app.retry(mode="full")``, its answer cut back), so both hold the same. An
+    earlier answer cannot be regenerated in place (the conversation went on from it; ``app.fork`` it to a
+    new id), nor one that is still being written: both are refused (409), as is a client that holds more
+    or fewer user messages than the conversation (another tab went on with it).
+    """
+    job_id = body.get("id")
+    if not isinstance(job_id, str):
+        raise InvalidInputError('the body needs a conversation "id" (a string)')
+    _check_agent(app, agent, job_id)
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    held = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    if len(held) != sum(1 for m in app.messages(job_id) if m["role"] == "user"):
+        raise JobConflictError(f"only the latest answer of conversation {job_id!r} can be regenerated, as the "
+                               "server holds it: this client holds other messages (an earlier answer, or another "
+                               "tab went on); reload the conversation")
+    return job_id
 
 
 def _approval_answers(body: Any) -> list[dict[str, Any]]:

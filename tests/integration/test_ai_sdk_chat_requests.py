@@ -15,6 +15,7 @@ import pytest
 from adapters.memory import MemoryScheduler, MemoryStorage
 from examples.chat.app import build_app
 from pipelines import Agent, App, tool
+from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 from tests.integration.test_ai_sdk_resume import KINDS, node, refund, refunding, storage_of
 from tests.integration.test_sse import serve
@@ -114,3 +115,43 @@ def test_an_answer_to_a_call_the_stream_no_longer_holds_is_refused_not_answered_
         response = httpx.post(base + "/chat", json={"id": "gone", "messages": [
             {"id": "m", "role": "assistant", "parts": [answered]}]}, timeout=30)
     assert response.status_code == 409 and "decided already" in response.json()["error"]
+
+
+def counting_app() -> App:
+    """An agent whose every answer says how many it gave: a regenerated answer is told apart."""
+    said: list[str] = []
+
+    def answer(msgs: list[Message]) -> str:
+        said.append(f"answer {len(said) + 1} to {msgs[-1]['content']}")
+        return said[-1]
+    return App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+               agents=[Agent(name="a", model=ScriptedModel(answer))])
+
+
+def said(*texts: str) -> list[dict[str, Any]]:
+    """The UI messages of a conversation that alternates user and assistant texts."""
+    return [{"role": role, "parts": [{"type": "text", "text": t}] if role == "user" else
+             [{"type": "step-start"}, {"type": "text", "text": t, "state": "done"}]}
+            for role, t in zip(["user", "assistant"] * len(texts), texts, strict=False)]
+
+
+def test_use_chats_regenerate_runs_the_latest_answer_again_and_the_server_holds_what_the_client_shows() -> None:
+    # The POST took the regenerate as a new message: the server held "hello" twice and both answers.
+    app = counting_app()
+    with serve(build_app(app, agent="a")) as base:
+        got = node("regenerate", base + "/chat", "regen", "hello")
+    assert got["sent"] == said("hello", "answer 1 to hello")
+    assert got["latest"] == {"status": "ready", "errors": [], "messages": said("hello", "answer 2 to hello")}
+    assert [(m["role"], m["content"]) for m in app.messages("regen")] == [
+        ("user", "hello"), ("assistant", "answer 2 to hello")]
+
+
+def test_use_chats_regenerate_of_an_earlier_answer_is_refused_and_the_conversation_kept() -> None:
+    app = counting_app()
+    with serve(build_app(app, agent="a")) as base:
+        got = node("regenerate", base + "/chat", "earlier", "hello", "and then?")
+    assert got["latest"]["messages"] == said("hello", "answer 1 to hello", "and then?", "answer 3 to and then?")
+    assert got["earlier"]["status"] == "error"
+    assert "only the latest answer" in got["earlier"]["errors"][0]  # what the client shows
+    assert [m["content"] for m in app.messages("earlier")] == [
+        "hello", "answer 1 to hello", "and then?", "answer 3 to and then?"]

@@ -28,6 +28,9 @@
 //     Two tabs of one chat: tab 1 sends "refund A-1" and holds the call waiting; tab 2 (resumeStream())
 //     approves it, the run ends, and it sends "refund A-2" and approves that call too; then tab 1 answers
 //     its call. Prints each tab's messages and status.
+//   node chat_cuts.mjs regenerate <api> <chat id> <text>...
+//     AbstractChat sends each <text>, then regenerate() (the last answer), then regenerate({messageId})
+//     of the first answer when there were several; prints the chat's messages after each.
 //   node chat_cuts.mjs resume-new <api> <chat id>
 //     useChat's resume (resumeStream()) of a chat that has no run yet.
 import { readFileSync } from "node:fs";
@@ -238,6 +241,18 @@ async function staleApprove(chatId) {
     errors };
 }
 
+async function regenerate(chatId, texts) {
+  const errors = [];
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  for (const text of texts) await c.sendMessage({ text });
+  const sent = summary(c.messages);
+  await c.regenerate();
+  const latest = { status: c.status, messages: summary(c.messages), errors: [...errors] };
+  if (texts.length < 2) return { sent, latest };
+  await c.regenerate({ messageId: c.messages[1].id });
+  return { sent, latest, earlier: { status: c.status, messages: summary(c.messages), errors } };
+}
+
 // useChat({ resume: true }) on a chat that has no run yet: nothing to resume, no error.
 async function resumeNew(chatId) {
   const errors = [];
@@ -262,6 +277,7 @@ else if (mode === "replay") result = await chat(rest[0], rest[1], true, Number(r
 else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], rest[3]);
 else if (mode === "approve-each") result = await approveEach(rest[0], rest[1]);
 else if (mode === "stale-approve") result = await staleApprove(rest[0]);
+else if (mode === "regenerate") result = await regenerate(rest[0], rest.slice(1));
 else if (mode === "resume-new") result = await resumeNew(rest[0]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
