@@ -270,9 +270,12 @@ class AgentTurn:
         agent_run.ended(ctx, cfg, outcome, total, state.turn)
         ctx.append_messages(new_messages)
         if not isinstance(outcome, Fail):
-            # Closes the turn for a live-stream client: no text of it follows; these messages are its truth.
+            # Closes the turn for a live-stream client: no text of it follows; these messages are its truth,
+            # the ones it took from the inbox (appended first) too.
+            inbox = ctx.recorded(INBOX_STEP)[1]
+            taken = len(inbox) if isinstance(inbox, list) else 0
             ctx.emit("turn_committed", turn=ctx.job_turn,
-                     messages=[ctx.transcript_len, ctx.transcript_len + len(new_messages)])
+                     messages=[ctx.transcript_len, ctx.transcript_len + taken + len(new_messages)])
         if isinstance(outcome, Done) and cfg.title_agent is not None:
             start_title(ctx, cfg.title_agent, [*past, *new_messages])
         if isinstance(outcome, Next):

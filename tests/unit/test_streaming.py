@@ -499,3 +499,25 @@ def test_a_stream_nothing_drains_says_so_once_instead_of_waiting_in_silence(
     with caplog.at_level("WARNING", logger="pipelines"):
         assert [p.type for p in app.stream("j")][-1] == "job_finished"
     assert not [r for r in caplog.records if "runs them only when drained" in r.getMessage()]
+
+
+def test_a_turn_that_took_a_sent_message_names_the_answer_it_committed_too() -> None:
+    # The span left out the messages the turn took from the inbox, so it named the sent message and not the
+    # answer: a reader of the stream (the AI SDK encoder) showed that turn without its text.
+    holder: dict[str, App] = {}
+
+    def answer(msgs: list[Any]) -> Any:
+        if msgs[-1]["role"] == "user" and msgs[-1]["content"] == "where is A-1?":
+            holder["app"].send("j", ["and A-2?"])  # while the turn that calls the tool runs
+            return reply("Let me look.", call("lookup", order="A-1"))
+        return "A-1 shipped; A-2 is being packed."
+
+    storage, scheduler, _ = memory()
+    app = holder["app"] = App(storage=storage, scheduler=scheduler,
+                              agents=[Agent(name="a", model=ScriptedModel(answer), tools=[lookup])])
+    app.run_agent("a", job_id="j", messages=["where is A-1?"])
+    app.drain()
+    msgs = app.messages("j")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "user", "assistant"]
+    spans = [p.data["messages"] for p in app.stream("j", follow=False) if p.type == "turn_committed"]
+    assert spans == [[1, 3], [3, 5]]  # the second: the message it took, then its answer
