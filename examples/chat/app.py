@@ -15,6 +15,9 @@ Routes:
   rest of that call's run, not of a later one.
   ``useChat``'s ``regenerate()`` of the latest answer runs that run again (``app.retry(mode="full")``)
   and streams it; an earlier answer, or one still being written, is refused (409).
+  A message to a conversation whose run goes on (``useChat``'s next message after ``stop()``, which only
+  closes the connection) is sent to it (``app.send``) and its answer streamed once a turn took it (see
+  :mod:`examples.chat.inbox`).
   The text of each turn comes once the turn committed (see ``hold_text`` in :mod:`pipelines.web.sse`).
   Only a JSON body is taken, and not from another site's page (``Origin``): a form there could approve calls.
   Only loopback ``Host`` names are answered unless ``build_app(hosts=[...])`` names more (``--name``): a
@@ -35,6 +38,7 @@ import functools
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +50,10 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from adapters.memory import MemoryScheduler, MemoryStorage
+from examples.chat.inbox import Sent, send_to_running, taken_at
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
-from pipelines.engine.models import Message
+from pipelines.engine.models import JobStatus, Message
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web import sse_response
 from pipelines.web.core import host_served
@@ -102,20 +107,23 @@ def build_app(app: App, *, agent: str = "chat", hosts: Collection[str] = ()) -> 
         try:
             fmt = _format(request)
             _check_cursor(request)
-            job_id, after, start = _begin(app, agent, body)
-        except JobConflictError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=409)
-        except JobNotFoundError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
+            begun = _begin(app, agent, body)
         except PipelineError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return _refused(exc)
         threading.Thread(target=run_in_process, daemon=True).start()
         if body.get("stream") is False:
-            return JSONResponse({"id": job_id}, status_code=202)
+            return JSONResponse({"id": begun.job_id}, status_code=202)
+        try:  # a message to a running conversation: its answer starts at the turn that takes it
+            start_at = begun.start_at if begun.sent is None else await taken_at(app, begun.sent, request)
+        except JobConflictError as exc:
+            return _refused(exc)
+        if begun.sent is not None and start_at is None:
+            return Response(status_code=204)  # the client left before a turn took its message
         # After approvals the client holds the message up to the wait: it gets what follows, in that message.
         # useChat's send path appends whatever text it gets, so each turn's text comes once committed
         # (a retried attempt that says something else is never shown); GET .../stream streams it live.
-        return sse_response(app, job_id, request, format=fmt, after=after, start_at=start, hold_text=True)
+        return sse_response(app, begun.job_id, request, format=fmt, after=begun.after, start_at=start_at,
+                            hold_text=True)
 
     async def stream(request: Request) -> Response:
         return _resume(app, request)
@@ -128,6 +136,13 @@ def build_app(app: App, *, agent: str = "chat", hosts: Collection[str] = ()) -> 
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+_STATUS_CODES = {JobConflictError: 409, JobNotFoundError: 404}
+
+
+def _refused(exc: PipelineError) -> Response:
+    """What a refused ``POST /chat`` answers: 409 (the conversation is not in a state to take it), 404, else 400."""
+    code = next((c for kind, c in _STATUS_CODES.items() if isinstance(exc, kind)), 400)
+    return JSONResponse({"error": str(exc)}, status_code=code)
 
 
 def _on_known_hosts(names: frozenset[str], endpoint: Endpoint) -> Endpoint:
@@ -186,12 +201,23 @@ def _check_cursor(request: Request) -> None:
         raise InvalidInputError("POST /chat streams the run it starts; resume a stream with GET /chat/{id}/stream")
 
 
-def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None, str | None]:
-    """Start or continue the run a ``POST /chat`` asks for: (job id, the cursor its stream starts after, or the
-    part it starts at)."""
+@dataclass(frozen=True)
+class Begun:
+    """What a ``POST /chat`` started: its stream starts after ``after``, at ``start_at``, or at the turn that
+    takes ``sent`` (a message to a conversation still running)."""
+
+    job_id: str
+    after: str | None = None
+    start_at: str | None = None
+    sent: Sent | None = None
+
+
+def _begin(app: App, agent: str, body: Any) -> Begun:
+    """Start or continue the run a ``POST /chat`` asks for."""
     if answers := _approval_answers(body):
         _check_agent(app, agent, body["id"])  # a call of another agent's job is not this endpoint's to decide
-        return body["id"], _decide(app, body["id"], answers), None
+        return Begun(body["id"], after=_decide(app, body["id"], answers))
+    text = None
     if isinstance(body, dict) and body.get("trigger") == "regenerate-message":
         job_id = _regenerated(app, agent, body)
         start: Callable[[], object] = functools.partial(app.retry, job_id, mode="full")
@@ -207,11 +233,22 @@ def _begin(app: App, agent: str, body: Any) -> tuple[str, str | None, str | None
         except JobNotFoundError:
             parts = []
         before = parts[-1].id if parts else None
+        if text is not None and _running(app, agent, job_id):
+            return Begun(job_id, sent=send_to_running(app, job_id, text, before))
         start()
         # A new conversation's stream starts at its first part, not "the latest run": another POST may have
         # continued it by the time this response is served.
         first = None if before is not None else next(iter(app.stream(job_id, follow=False))).id
-    return job_id, before, first
+    return Begun(job_id, after=before, start_at=first)
+
+
+def _running(app: App, agent: str, job_id: str) -> bool:
+    """Whether ``job_id`` is a running conversation of ``agent`` (a new message joins it: see ``inbox``)."""
+    view = app.get(job_id)
+    if view is None or view.status is not JobStatus.RUNNING:
+        return False
+    _check_agent(app, agent, job_id)
+    return True
 
 
 def _check_agent(app: App, agent: str, job_id: str) -> None:

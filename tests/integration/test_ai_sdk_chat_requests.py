@@ -6,6 +6,8 @@ where ``useChat`` makes the request, and httpx where a crafted request is the po
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from pipelines import Agent, App, tool
 from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 from tests.integration.test_ai_sdk_resume import KINDS, node, refund, refunding, storage_of
-from tests.integration.test_sse import serve
+from tests.integration.test_sse import lookup, serve
 
 
 @tool(needs_approval=True)
@@ -155,3 +157,57 @@ def test_use_chats_regenerate_of_an_earlier_answer_is_refused_and_the_conversati
     assert "only the latest answer" in got["earlier"]["errors"][0]  # what the client shows
     assert [m["content"] for m in app.messages("earlier")] == [
         "hello", "answer 1 to hello", "and then?", "answer 3 to and then?"]
+
+
+def slow_first_answer(msgs: list[Message]) -> Any:
+    """A long first turn (the client stops it); an order is looked up, which takes a second turn."""
+    last = msgs[-1]
+    if last["role"] == "tool":
+        return "It has shipped."
+    if last.get("content") in ("hello", "where is A-1?"):
+        time.sleep(1.5)
+        return "Hello there." if last["content"] == "hello" else reply("Checking.", call("lookup", order="A-1"))
+    return f"You said: {last.get('content')}"
+
+
+@pytest.mark.parametrize(("kind", "first"), [
+    ("memory", "hello"), ("sqlite", "hello"), pytest.param("redis", "hello", marks=pytest.mark.redis),
+    ("memory", "where is A-1?")])
+def test_a_message_sent_after_stop_while_the_run_goes_on_is_taken_and_answered(
+        kind: str, first: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    # stop() closes the connection only: the run goes on. The next message was refused (409, "exists
+    # (running)") while the client showed it as sent. It joins the run: its next turn ("where is A-1?": the
+    # turn after the tool call) or a run of its own ("hello": it came during the run's last turn).
+    app = App(storage=storage_of(kind, request, tmp_path), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(slow_first_answer), tools=[lookup])])
+    with serve(build_app(app, agent="a")) as base:
+        got = node("stop-send", base + "/chat", "stopped", first, "300", "second question")
+    assert got["errors"] == [] and (got["stopped"], got["status"]) == ("ready", "ready")
+    # What the stopped answer showed depends on when it was stopped (nothing yet, on a loaded machine).
+    assert got["messages"][0] == said(first)[0]
+    assert got["messages"][-2:] == said("second question", "You said: second question")
+    msgs = app.messages("stopped")
+    assert [m["content"] for m in msgs if m["role"] == "user"] == [first, "second question"]
+    assert msgs[-1]["content"] == "You said: second question" and app.get("stopped").status.value == "complete"
+
+
+def test_a_message_sent_to_a_run_that_then_waits_for_approval_is_kept_and_the_post_says_so() -> None:
+    # The run stops for a person before a turn takes the message: no answer to stream yet, and none lost.
+    def asks_first(msgs: list[Message]) -> Any:
+        if msgs[-1]["role"] == "user" and msgs[-1]["content"] == "refund A-1":
+            time.sleep(0.5)
+            return reply("I will refund order A-1.", call("refund", order="A-1"))
+        return f"You said: {msgs[-1]['content']}"
+
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(asks_first), tools=[refund])])
+    app.run_agent("a", job_id="asks", messages=["refund A-1"])
+    with serve(build_app(app, agent="a")) as base:
+        threading.Thread(target=app.run_in_process, daemon=True).start()
+        time.sleep(0.1)
+        response = httpx.post(base + "/chat", json={"id": "asks", "text": "and A-2?"}, timeout=30)
+    assert response.status_code == 409 and "waits in its inbox" in response.json()["error"]
+    assert app.get("asks").status.value == "waiting" and app.get("asks").record.inbox == 1
+    app.approve("asks", app.get("asks").pending_calls[0]["call_id"])
+    app.drain()
+    assert [m["content"] for m in app.messages("asks") if m["role"] == "user"] == ["refund A-1", "and A-2?"]

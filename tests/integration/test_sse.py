@@ -173,10 +173,11 @@ def test_the_chat_examples_post_streams_the_run_it_started_not_the_latest() -> N
     from examples.chat.app import _begin, offline_app
 
     app = offline_app()
-    _, none, first = _begin(app, "chat", {"id": "c", "text": "one"})
-    assert none is None and first == next(iter(app.stream("c", follow=False))).id
+    begun = _begin(app, "chat", {"id": "c", "text": "one"})
+    first = begun.start_at
+    assert begun.after is None and first == next(iter(app.stream("c", follow=False))).id
     app.drain()
-    _, before, _ = _begin(app, "chat", {"id": "c", "text": "two"})
+    before = _begin(app, "chat", {"id": "c", "text": "two"}).after
     app.drain()
     _begin(app, "chat", {"id": "c", "text": "three"})  # another client's POST, before the stream is served
     app.drain()

@@ -31,6 +31,9 @@
 //   node chat_cuts.mjs regenerate <api> <chat id> <text>...
 //     AbstractChat sends each <text>, then regenerate() (the last answer), then regenerate({messageId})
 //     of the first answer when there were several; prints the chat's messages after each.
+//   node chat_cuts.mjs stop-send <api> <chat id> <text> <stop after ms> <next text>
+//     AbstractChat sends <text>, stop()s after <stop after ms> (the run goes on), then sends <next text>;
+//     prints the chat's messages and status.
 //   node chat_cuts.mjs resume-new <api> <chat id>
 //     useChat's resume (resumeStream()) of a chat that has no run yet.
 import { readFileSync } from "node:fs";
@@ -253,6 +256,18 @@ async function regenerate(chatId, texts) {
   return { sent, latest, earlier: { status: c.status, messages: summary(c.messages), errors } };
 }
 
+async function stopSend(chatId, text, ms, next) {
+  const errors = [];
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  const first = c.sendMessage({ text });
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  await c.stop();
+  await first;
+  const stopped = c.status;
+  await c.sendMessage({ text: next });
+  return { stopped, status: c.status, messages: summary(c.messages), errors };
+}
+
 // useChat({ resume: true }) on a chat that has no run yet: nothing to resume, no error.
 async function resumeNew(chatId) {
   const errors = [];
@@ -278,6 +293,7 @@ else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], r
 else if (mode === "approve-each") result = await approveEach(rest[0], rest[1]);
 else if (mode === "stale-approve") result = await staleApprove(rest[0]);
 else if (mode === "regenerate") result = await regenerate(rest[0], rest.slice(1));
+else if (mode === "stop-send") result = await stopSend(rest[0], rest[1], Number(rest[2]), rest[3]);
 else if (mode === "resume-new") result = await resumeNew(rest[0]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));

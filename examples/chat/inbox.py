@@ -1,0 +1,73 @@
+"""A message for a conversation still answering the one before: ``useChat``'s next message after ``stop()``.
+
+``stop()`` only closes the client's connection: the run goes on. Its next message is sent to the job
+(``app.send``), which takes it at its next turn: the run's next turn, or, when the message arrived during
+its last one, a run of its own that starts as that one ends. The ``POST`` answers with that turn or run,
+once the message is in the transcript: what comes before it answers the message before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from pipelines import App
+from pipelines.engine.errors import JobConflictError
+from pipelines.engine.models import RUN_STARTS, JobStatus
+
+POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A message sent to a running conversation, and where to look for the turn that takes it."""
+
+    job_id: str
+    text: str
+    before: str | None  # the stream's last part when it was sent: the turn that takes it comes after
+    known: int  # the transcript's length then: the message lands at or after it
+
+
+def send_to_running(app: App, job_id: str, text: str, before: str | None) -> Sent:
+    """Send ``text`` to the running ``job_id`` (its inbox; nothing is lost if the run fails meanwhile)."""
+    known = len(app.messages(job_id))
+    app.send(job_id, [text])
+    return Sent(job_id, text, before, known)
+
+
+async def taken_at(app: App, sent: Sent, request: Request) -> str | None:
+    """The id of the part the answer to ``sent`` starts at, once a turn took it (``None``: the client left).
+
+    Raises :class:`JobConflictError` when the conversation stopped running without taking it (it waits for
+    a person, say): the message stays in its inbox, for the turn after.
+    """
+    while not await request.is_disconnected():
+        part = await asyncio.to_thread(_taking_part, app, sent)
+        if part is not None:
+            return part
+        await asyncio.sleep(POLL_SECONDS)
+    return None
+
+
+def _taking_part(app: App, sent: Sent) -> str | None:
+    view = app.get(sent.job_id)  # read before the transcript: not running then and not taken after, it waits
+    messages = app.messages(sent.job_id, sent.known)
+    at = next((sent.known + i for i, m in enumerate(messages)
+               if m["role"] == "user" and m.get("content") == sent.text), None)
+    if at is None:
+        if view is not None and view.status is not JobStatus.RUNNING:
+            raise JobConflictError(f"conversation {sent.job_id!r} is {view.status.value} (a call waits for "
+                                   "approval, say): the message waits in its inbox and joins its next turn")
+        return None
+    parts = list(app.stream(sent.job_id, follow=False))
+    ids = [p.id for p in parts]
+    after = parts[ids.index(sent.before) + 1:] if sent.before in ids else parts
+    for part in after:
+        if part.type in RUN_STARTS:
+            return part.id  # the run the message started as the one it came during ended
+        span = part.data.get("messages") if part.type == "turn_committed" else None
+        if isinstance(span, list) and len(span) == 2 and span[0] <= at < span[1]:
+            return next(p.id for p in after if p.turn == part.turn)  # that turn's first part
+    return None  # the commit that took it is not in the stream yet
