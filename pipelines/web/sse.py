@@ -116,7 +116,10 @@ class JobStreamResponse(StreamingResponse):
         if self.cursor is not None:
             check_in_stream(self.cursor, parts, self.job_id)
             upto = len(parts_upto(parts, self.cursor))
-            if self.format == "ai-sdk" and upto:
+            # A bare part id where a run ended (a server's "after": a POST streaming the retry it started)
+            # asks for what follows, none of that run: only a position inside an undone run is refused.
+            ended = self.chunk is None and (upto == len(parts) or parts[upto].type in RUN_STARTS)
+            if self.format == "ai-sdk" and upto and not ended:
                 self._check_not_undone(parts, run_start(parts, upto - 1))
         return parts
 

@@ -125,6 +125,9 @@ def test_a_cursor_in_a_run_a_full_retry_undid_is_refused_not_answered_with_the_n
         app.drain()
         assert [m["content"] for m in app.messages("f")][-1] == "Beta: a completely different final answer."
         assert [status(base, "f", i, "ai-sdk") for i in run1] == [400] * len(run1)
+        # A bare part id where run 1 ended asks for what follows it, none of run 1 (what a POST that started
+        # the retry streams from): that is run 2.
+        assert status(base, "f", run1[-1].split(":")[0], "ai-sdk") == 200
         assert httpx.get(f"{base}/first", timeout=30).status_code == 400
         # The parts themselves are what they were: the parts format takes the cursors; run 2 resumes as ever.
         assert all(status(base, "f", i.split(":")[0], "parts") == 200 for i in run1)
