@@ -22,9 +22,11 @@ is the tool result the model reads, ``child:<call id>`` the structured
 outcome a phase reads) and their usage into the parent's, exactly once.
 
 A child whose outcome nothing will read stops (cancelled) at its next turn:
-its parent is cancelled or deleted, went on to another run, or failed without
-ever waiting for it (another call of the turn that started it raised
-``FailJob``, which outranks the wait: ``phases.tool_runner``).
+its parent (or a job above it, :func:`stopped_above`) is cancelled or
+deleted, or went on to another run. A parent that failed is not one: a
+retry runs its turn again, which adopts the child (a child started by a turn
+that another call's ``FailJob`` ended runs to its end, and the retried turn
+finds its answer).
 
 Two rules hold every child run (issue 30):
 
@@ -161,12 +163,13 @@ def of_another_run(child: JobRecord, epoch: str) -> bool:
     return bool(epoch) and bool(child.parent_epoch) and child.parent_epoch != epoch
 
 
-def awaited_by(child: JobRecord, storage: Storage) -> str | None:
+def awaited_by(child: JobRecord, storage: Storage, *, unlisted: bool = True) -> str | None:
     """The parent still waiting for ``child``'s outcome (so ``child`` must not be deleted), or ``None``.
 
     Waiting for it by name, or about to: a parent not finished that does not list ``child`` yet was
     stopped (a crash, say) between the child's create and the commit of its wait, and the re-run of that
     turn adopts the child it finds under the call's id, or would start the call's work again.
+    ``unlisted=False``: waiting for it by name only.
     """
     if child.parent_job is None:
         return None
@@ -177,7 +180,7 @@ def awaited_by(child: JobRecord, storage: Storage) -> str | None:
         return None  # a child of a run the parent left (a full retry): nothing reads its outcome
     if waits_for_children(parent) and any(str(c["child"]) == child.job_id for c in _calls(parent)):
         return parent.job_id
-    return parent.job_id if child.job_id not in parent.children else None
+    return parent.job_id if unlisted and child.job_id not in parent.children else None
 
 
 _UNFINISHED: Final = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
@@ -187,8 +190,8 @@ _ANCESTORS_READ: Final = MAX_DEPTH  # a family within the depth limit is read up
 def stopped_above(record: JobRecord, storage: Storage) -> bool:
     """Whether a job above ``record`` means it must stop: nothing will read its outcome.
 
-    That is its parent cancelled, gone (deleted), in another run than the one that started it (a full
-    retry, the job made again) or failed without ever waiting for it; and, while the parent has not ended
+    That is its parent cancelled, gone (deleted) or in another run than the one that started it (a full
+    retry, the job made again); and, while the parent has not ended
     itself (running, waiting, paused), the same of the parent's own parent, and so on up. A cancel walks the
     family down in the canceller's memory only: if that process dies after the root's commit, a middle job
     waiting for its children gets no turn to notice, and this is how the jobs below it still stop, each at
@@ -203,11 +206,6 @@ def stopped_above(record: JobRecord, storage: Storage) -> bool:
         parent = storage.get_job(job.parent_job)
         if parent is None or parent.status is JobStatus.CANCELLED or of_another_run(job, run_of(parent)):
             return True
-        if parent.status is JobStatus.ERROR and job.job_id not in parent.children:
-            # Failed by the turn that started ``job`` (another call of that turn raised FailJob), so its wait
-            # for it was never committed. A child it did wait for is listed, and keeps running when retried
-            # (retry the failed child, then the parent).
-            return True
         if parent.status not in _UNFINISHED:
             return False  # complete or failed: its outcome is settled and a retry of it may still read ours
         job = parent
@@ -220,9 +218,11 @@ def check_not_awaited(child: JobRecord, storage: Storage, *, act: str) -> None:
     ``act``: what was asked, as the refusal says it ("delete it", "run it again"). Deleting the child,
     or running it again (a continuation, a message sent to it, a retry), would hand the parent none of
     its outcome, or another run's, instead of the one its call asked for. Once the parent has read the
-    outcome (:func:`awaited_by` is ``None``), the child is anyone's to act on.
+    outcome (:func:`awaited_by` is ``None``), the child is anyone's to act on. A child of the parent's
+    whole life (a conversation's title job, started with ``per_run=False``: no run stamp) is waited for by
+    name only: its parent never lists it, and a run of it again is the retry a failed one asks for.
     """
-    parent = awaited_by(child, storage)
+    parent = awaited_by(child, storage, unlisted=bool(child.parent_epoch))
     if parent is not None:
         raise JobConflictError(f"job {child.job_id!r} is a child run its parent {parent!r} still waits for; "
                                f"{act} once the parent has woken, or cancel the parent first")

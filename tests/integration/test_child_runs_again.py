@@ -104,3 +104,43 @@ def test_once_the_parent_has_read_it_the_child_runs_again_as_any_conversation(st
     assert app.get(kid["ok"]).result == "answer to 'and then?'"
     assert app.get(kid["failed"]).status is JobStatus.ERROR
     assert sorted(asks[2:]) == ["and then?", "boom"]  # both ran again: nothing refused
+
+
+def test_a_conversations_title_job_is_no_child_its_parent_waits_for() -> None:
+    # A title job (a child of the conversation's whole life, never listed, never waited for by name) runs
+    # when a later run of the conversation fails, and a failed one is retried while the conversation runs.
+    from pydantic import BaseModel
+
+    from phases.titles import title_job_id
+    from pipelines.testing import ScriptedModel
+    from tests.unit.helpers import memory
+
+    class Title(BaseModel):
+        title: str
+
+    named = {"n": 0}
+
+    def namer(messages: Any) -> str:
+        named["n"] += 1
+        if named["n"] == 1:
+            raise ValueError("namer down")  # the first title job fails
+        return '{"title": "Parcel"}'
+
+    def chat(messages: Any) -> str:
+        if messages[-1]["content"] == "boom":
+            raise ValueError("the model refuses")  # fails the conversation's run
+        return "answer to " + str(messages[-1]["content"])
+
+    storage, scheduler, _ = memory()
+    title_agent = Agent(name="namer", model=ScriptedModel(namer), output_schema=Title, stream=False)
+    app = App(storage=storage, scheduler=scheduler, agents=[
+        Agent(name="chat", model=ScriptedModel(chat), title_agent=title_agent), title_agent])
+    app.run_agent("chat", job_id="u", messages=["where is my parcel?"])
+    app.drain()
+    assert app.get(title_job_id("u")).status is JobStatus.ERROR  # type: ignore[union-attr]
+    app.run_agent("chat", job_id="u", messages=["boom"])  # the conversation runs again...
+    assert app.retry(title_job_id("u")).status is JobStatus.RUNNING  # ...and its failed title job is retried
+    app.drain()
+    assert app.get("u").status is JobStatus.ERROR  # type: ignore[union-attr]  # that run failed
+    assert app.get(title_job_id("u")).status is JobStatus.COMPLETE  # type: ignore[union-attr]  # not cancelled
+    assert app.get("u").title == "Parcel"  # type: ignore[union-attr]

@@ -60,8 +60,8 @@ class Family:
 
 
 @pytest.mark.parametrize("child_first", [True, False], ids=["child-first", "child-last"])
-def test_a_tool_that_fails_the_job_runs_once_and_the_child_of_that_turn_stops(storage: Any,
-                                                                              child_first: bool) -> None:
+def test_a_tool_that_fails_the_job_runs_once_and_a_retry_finds_the_child_of_that_turn(storage: Any,
+                                                                                       child_first: bool) -> None:
     runs: list[str] = []
 
     @tool
@@ -75,9 +75,13 @@ def test_a_tool_that_fails_the_job_runs_once_and_the_child_of_that_turn_stops(st
     parent = family.app.get("P")
     assert parent.status is JobStatus.ERROR and "the case is closed" in str(parent.record.error)
     assert runs == ["closed"]
-    # Nothing will read the child's answer: it is cancelled before its model is asked, not run for nobody.
-    assert list(family.children().values()) == [JobStatus.CANCELLED]
-    assert family.helper_asked == []
+    # A failed parent may be retried, and its turn run again adopts the child: the child runs to its end
+    # (cancelling it would hand the retried turn "child was cancelled"), once.
+    assert list(family.children().values()) == [JobStatus.COMPLETE] and family.helper_asked == ["x"]
+    family.app.retry("P")
+    family.app.drain()
+    assert runs == ["closed", "closed"]  # the retried turn runs its FailJob again (as any retried failing call)
+    assert family.helper_asked == ["x"]  # the child is found again by its id, not started twice
 
 
 def test_a_tool_that_retries_later_runs_again_after_its_delay_not_when_the_child_ends(storage: Any) -> None:

@@ -60,10 +60,9 @@ class _LeasedJob:
                 return self.apply_control(record)
             if record.parent_job is not None and self.parent_cancelled(record):
                 # A child its parent's cancel could not reach: started by a turn whose wait never committed
-                # (a crash, a forced cancel, a FailJob from another call), so the parent does not list it; or whose
-                # parent was deleted since (nothing waits for its outcome); or below a job cancelled by a cancel whose
-                # process died before its walk got this far down (the parent between waits for its children). It
-                # follows them here.
+                # (a crash, a forced cancel), so the parent does not list it; or whose parent was deleted since
+                # (nothing waits for its outcome); or below a job cancelled by a cancel whose process died before
+                # its walk got this far down (the parent between waits for its children). It follows them here.
                 return self.apply_control(record.model_copy(update={"control": "cancel"}))
             if not self.due(cp.due_at):
                 return AdvanceResult.NOT_DUE
