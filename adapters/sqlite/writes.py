@@ -262,11 +262,22 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
     file may run pipelines this one does not: its jobs are left to it, not
     held for ``hold`` seconds by a process that can only refuse them.
     """
-    only = "" if pipelines is None else "AND json_extract(record, '$.pipeline') IN (SELECT value FROM json_each(?)) "
-    names = () if pipelines is None else (json.dumps(sorted(pipelines)),)
-    rows = conn.execute(
-        "UPDATE jobs SET claim_until = ?, claim_proc = ? WHERE job_id IN (SELECT job_id FROM jobs "
-        "WHERE due_at IS NOT NULL AND due_at <= ? AND claim_until <= ? AND (lease_owner IS NULL OR lease_expires <= ?) "
-        f"{only}ORDER BY due_at, job_id LIMIT ?) RETURNING job_id, due_at",
-        (now + hold, proc, cut, now, now, *names, max(0, min(limit, 1 << 31)))).fetchall()
+    # A record of the default pipeline leaves the field out (defaults are not stored). A record that is not
+    # JSON makes json_extract fail the statement: then this claim takes any pipeline, as without the filter,
+    # so the job's advance says what is wrong and the others are still claimed.
+    only = ("AND coalesce(json_extract(record, '$.pipeline'), 'default') IN (SELECT value FROM json_each(?)) "
+            if pipelines is not None else "")
+    sql = ("UPDATE jobs SET claim_until = ?, claim_proc = ? WHERE job_id IN (SELECT job_id FROM jobs "
+           "WHERE due_at IS NOT NULL AND due_at <= ? AND claim_until <= ? "
+           "AND (lease_owner IS NULL OR lease_expires <= ?) {}ORDER BY due_at, job_id LIMIT ?) "
+           "RETURNING job_id, due_at")
+    args = (now + hold, proc, cut, now, now)
+    count = max(0, min(limit, 1 << 31))
+    try:
+        names = () if pipelines is None else (json.dumps(sorted(pipelines)),)
+        rows = conn.execute(sql.format(only), (*args, *names, count)).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "malformed JSON" not in str(exc):
+            raise
+        rows = conn.execute(sql.format(""), (*args, count)).fetchall()
     return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]

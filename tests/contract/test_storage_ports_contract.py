@@ -401,6 +401,8 @@ def test_a_claim_can_ask_for_the_jobs_of_some_pipelines_only(storage: Storage) -
     assert sorted(claims.claim_due(100.0, limit=10, hold=60, pipelines={"a"})) == ["a1", "a2"]
     assert claims.claim_due(100.0, limit=10, hold=60, pipelines=["it's \"odd\"", "b"]) == ["b1", "odd"]
     assert claims.claim_due(100.0, limit=10, hold=60, pipelines=[]) == []
+    storage.create_job(record("plain"))  # the default pipeline: a record that leaves the name out
+    assert claims.claim_due(100.0, limit=10, hold=60, pipelines=["default"]) == ["plain"]
 
 
 # --- the key prefix queue ids carry --------------------------------------------------------------------

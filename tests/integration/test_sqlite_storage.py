@@ -598,3 +598,15 @@ def test_an_unusable_file_says_what_to_check_for_its_own_failure(error: sqlite3.
     unavailable = _unavailable("/data/app.db", error, "writing")
     assert str(unavailable).startswith("the SQLite file /data/app.db failed writing")
     assert getattr(unavailable, "fix", "").startswith(fix)
+
+
+def test_a_record_that_is_not_json_does_not_stop_a_claim_by_pipeline(tmp_path: Path) -> None:
+    # A claim that asks for its App's pipelines reads each due record's name; one record damaged by hand
+    # made that read fail the whole claim, so no job of the file was claimed again.
+    path = str(tmp_path / "c.db")
+    storage = SQLiteStorage(path)
+    storage.create_job(record("good"))
+    storage.create_job(record("bad"))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE jobs SET record = '{truncated' WHERE job_id = 'bad'")
+    assert sorted(storage.claim_due(1e12, limit=5, hold=60, pipelines=["default"])) == ["bad", "good"]
