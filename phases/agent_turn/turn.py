@@ -270,12 +270,11 @@ class AgentTurn:
         agent_run.ended(ctx, cfg, outcome, total, state.turn)
         ctx.append_messages(new_messages)
         if not isinstance(outcome, Fail):
-            # Closes the turn for a live-stream client: no text of it follows; these messages are its truth,
-            # the ones it took from the inbox (appended first) too.
-            inbox = ctx.recorded(INBOX_STEP)[1]
-            taken = len(inbox) if isinstance(inbox, list) else 0
+            # Closes the turn for a live-stream client: no text of it follows; these messages are its truth:
+            # every one the turn appends (what it took from the inbox, a compaction's or a view migration's
+            # note, and its own), which the commit puts at the transcript's end.
             ctx.emit("turn_committed", turn=ctx.job_turn,
-                     messages=[ctx.transcript_len, ctx.transcript_len + taken + len(new_messages)])
+                     messages=[ctx.transcript_len, ctx.transcript_len + ctx.appended])
         if isinstance(outcome, Done) and cfg.title_agent is not None:
             start_title(ctx, cfg.title_agent, [*past, *new_messages])
         if isinstance(outcome, Next):

@@ -521,3 +521,35 @@ def test_a_turn_that_took_a_sent_message_names_the_answer_it_committed_too() -> 
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "user", "assistant"]
     spans = [p.data["messages"] for p in app.stream("j", follow=False) if p.type == "turn_committed"]
     assert spans == [[1, 3], [3, 5]]  # the second: the message it took, then its answer
+
+
+def test_a_turn_that_compacted_and_took_a_sent_message_names_every_message_it_appended() -> None:
+    # A turn appends what it took from the inbox, a compaction's note and its own messages: the span named
+    # the first two only, so the AI SDK encoder showed that turn without its answer.
+    from phases.compaction import MARKER_KEY, Compaction
+
+    holder: dict[str, App] = {}
+
+    def model(msgs: list[Any]) -> Any:
+        last = msgs[-1]
+        if last["role"] == "user" and last["content"] == "where is A-1?":
+            holder["app"].send("j", ["and A-2?"])
+            return reply("Checking " + "z" * 400, call("lookup", order="A-1"))
+        if len(msgs) <= 2 and "ummar" in str(msgs[0].get("content", "")) + str(last.get("content", "")):
+            return "SUMMARY"
+        return "FINAL ANSWER"
+
+    storage, scheduler, _ = memory()
+    app = holder["app"] = App(storage=storage, scheduler=scheduler, agents=[Agent(
+        name="a", model=ScriptedModel(model), tools=[lookup], compaction=Compaction(max_tokens=80, keep_recent=2),
+        stream=False)])
+    app.run_agent("a", job_id="j", messages=["hello"])
+    app.drain()
+    app.run_agent("a", job_id="j", user="where is A-1?")
+    app.drain()
+    msgs = app.messages("j")
+    last = [p.data["messages"] for p in app.stream("j", follow=False) if p.type == "turn_committed"][-1]
+    assert any(MARKER_KEY in m for m in msgs[last[0]:last[1]])  # this turn compacted...
+    assert [m.get("content") for m in msgs[last[0]:last[1]] if m["role"] == "user" and MARKER_KEY not in m] == [
+        "and A-2?"]  # ...took the sent message...
+    assert last[1] == len(msgs) and msgs[-1]["content"] == "FINAL ANSWER"  # ...and its answer is in its span

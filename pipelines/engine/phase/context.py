@@ -178,6 +178,11 @@ class PhaseContext(Generic[S]):
         with self._lock:
             return dict(self._journal)
 
+    @property
+    def appended(self) -> int:
+        """How many transcript messages this attempt queued so far (``append_messages``): its commit's span."""
+        return len(self._buffer.messages)
+
     def messages(self, start: int = 0) -> list[Message]:
         """The committed transcript from ``start`` (this phase's own appends are not in it yet)."""
         return read_transcript(self._storage, self.job_id, start, self.transcript_len)
@@ -224,10 +229,9 @@ class PhaseContext(Generic[S]):
     def take_inbox(self) -> list[Message]:
         """The messages sent to the job since its last turn (``app.send``), in order; ``[]`` when none.
 
-        Journaled, so a re-run after a crash takes exactly the same ones; the
-        phase's commit (moving on, or completing) removes them from the inbox,
-        so each joins the transcript once. As many as fit in one journal step are
-        taken (``MAX_VALUE_BYTES``); the rest wait for the next turn (or run).
+        Journaled, so a re-run after a crash takes exactly the same ones; the phase's commit (moving on, or
+        completing) removes them from the inbox, so each joins the transcript once. As many as fit in one
+        journal step are taken (``MAX_VALUE_BYTES``); the rest wait for the next turn (or run).
         """
         found, taken = self.recorded(INBOX_STEP)
         if not found:
@@ -242,10 +246,9 @@ class PhaseContext(Generic[S]):
     def count_dropped(self, usage: Usage, *, answer: JSONValue | None = None, turn: int | None = None) -> None:
         """Count the usage of work this attempt paid for and can no longer commit (it was fenced off).
 
-        Stored at once, outside the version fence, so budgets and the job's
-        usage include model calls of attempts that never committed. ``answer``
-        (what the model said, JSON) is kept with it for the page's view of
-        turn ``turn``'s model call, where the storage keeps such answers.
+        Stored at once, outside the version fence, so budgets and the job's usage include model calls of
+        attempts that never committed. ``answer`` (what the model said, JSON) is kept with it for the page's
+        view of turn ``turn``'s model call, where the storage keeps such answers.
         """
         entry: JSONValue | None = None
         if answer is not None:
@@ -257,9 +260,8 @@ class PhaseContext(Generic[S]):
     def add_usage(self, usage: Usage, *, key: str | None = None) -> None:
         """Count model usage for this job; stored with the commit, whatever the phase's outcome.
 
-        ``key``: the journal step that holds this answer. Usage under a key
-        that an earlier commit of this phase already counted (the turn waited
-        for a person, or failed and is resumed) is not counted again.
+        ``key``: the journal step that holds this answer. Usage under a key that an earlier commit of this
+        phase already counted (the turn waited for a person, or failed and is resumed) is not counted again.
         """
         if key is not None and key in self.checkpoint.usage_counted:
             return
@@ -284,16 +286,13 @@ class PhaseContext(Generic[S]):
              on_refused: Callable[[JSONValue], None] | None = None) -> JSONValue:
         """Run ``fn`` once per phase attempt and journal its result under ``key``.
 
-        On a re-run after a crash the journaled result is returned and ``fn``
-        is not called. The value returned is always the JSON form of ``fn``'s
-        result (a pydantic model comes back as a dict), on the first run and
-        on a replay alike. ``fn`` may be ``async def``.
+        On a re-run after a crash the journaled result is returned and ``fn`` is not called. The value
+        returned is always the JSON form of ``fn``'s result (a pydantic model comes back as a dict), on the
+        first run and on a replay alike. ``fn`` may be ``async def``.
 
-        ``publish(value)``, called only when ``fn`` ran, returns live-stream
-        parts (see :meth:`part`) that go out with the journal write, in the
-        same round trip where the storage can (the agent turn sends the last of
-        its streamed text this way); they are published only if the step is
-        journaled.
+        ``publish(value)``, called only when ``fn`` ran, returns live-stream parts (see :meth:`part`) that
+        go out with the journal write, in the same round trip where the storage can (the agent turn sends
+        the last of its streamed text this way); they are published only if the step is journaled.
 
         ``before_commit(value)``: whether nothing but the commit follows this step, given its value
         (see :meth:`record`); ``on_refused(value)`` is then called if the storage finds the write refused
