@@ -91,6 +91,7 @@ class LiveReads:
             return []
         if limit <= 0:
             return []
+        limit = min(limit, 1 << 62)  # a 64-bit count in the script; one of any size means "all" as elsewhere
         if block is not None and block > 0:
             live, what = self.conn.keys(job_id).live, f"reading the live stream of job {job_id!r}"
             # Kept under the socket timeout, so a long wait is never mistaken for a dead server.
@@ -134,6 +135,7 @@ class LiveReads:
             return []
         if limit <= 0:
             return []
+        limit = min(limit, 1 << 62)  # as read_live
         live = self.conn.keys(job_id).live
         reads = loop_reads(self)
         if not reads.usable(live):

@@ -199,7 +199,7 @@ def test_a_postponed_job_leaves_the_due_index_until_its_new_time(storage: Storag
 
 
 # --- counts past what a storage can number -----------------------------------------------------------
-@covers("HistoryStore.messages", "InboxStore.inbox", "JobIndex.list_jobs", "JobIndex.due_jobs")
+@covers("HistoryStore.messages", "InboxStore.inbox", "JobIndex.list_jobs", "JobIndex.due_jobs", "LiveStore.read_live")
 def test_a_count_or_bound_of_any_size_reads_as_all(storage: Storage) -> None:
     # What a caller passes to mean "everything" (10**20, sys.maxsize * 4) reads as in memory, not an OverflowError.
     huge = 10**20
@@ -213,6 +213,8 @@ def test_a_count_or_bound_of_any_size_reads_as_all(storage: Storage) -> None:
     assert storage.due_jobs(1e12, limit=huge) == ["job-1"] and storage.finished_jobs(1e12, limit=huge) == []
     assert storage.events("job-1", limit=huge) == [] and storage.recent_events("job-1", limit=huge) == []
     assert storage.recent_logs("job-1", limit=huge) == ([], 0) == storage.recent_logs("job-1", skip=huge, limit=huge)
+    storage.publish("job-1", [part(1), part(2)])
+    assert len(storage.read_live("job-1", limit=huge)) == 2
 
 
 # --- the inbox ---------------------------------------------------------------------------------
