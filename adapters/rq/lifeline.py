@@ -186,7 +186,9 @@ class _Beat:
         """
         from rq import worker_registration
 
-        data = {**worker.serialize(), "state": str(getattr(worker, "_state", "") or "idle")}
+        state = getattr(worker, "_state", None) or "idle"
+        # RQ's WorkerStatus is a (str, Enum): str() of it is "WorkerStatus.IDLE"; RQ stores its value.
+        data = {**worker.serialize(), "state": str(getattr(state, "value", state))}
         with self.client.pipeline() as pipe:
             pipe.hset(worker.key, mapping=data)
             worker_registration.register(worker, pipe)

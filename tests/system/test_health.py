@@ -89,6 +89,7 @@ def test_a_worker_that_outlives_redis_losing_its_data_is_healthy_again_within_se
     wait_for("the worker to register again", lambda: health(cluster.env)[0] == 0, 10, cluster.logs)
     (worker,) = Worker.all(connection=client, serializer=JSONSerializer)
     assert worker.name == "phoenix" and worker.hostname and worker.queue_names()
+    assert client.hget(worker.key, "state") in (b"idle", b"busy")  # as RQ writes it (not "WorkerStatus.IDLE")
     app.run_pipeline("multi", job_id="after-flush", initial_state={"n": 0})
     wait_for("the worker to serve jobs",
              lambda: (r := app.storage.get_job("after-flush")) is not None and r.status.value == "complete",
