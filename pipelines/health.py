@@ -58,15 +58,11 @@ def _backlog(app: App, max_overdue: float) -> Check:
         return Check("backlog", True, "no job is due")
     # A job whose turn is in flight (its lease held: a long tool call, a slow model) keeps the due time it
     # had when the turn began: it is being advanced, not waiting. The first one no worker holds is judged.
-    waiting = next((j for j in due[:_LEASES_READ] if storage.lease_owner(j) is None), None)
-    if waiting is None:
+    position = next((i for i, j in enumerate(due[:_LEASES_READ]) if storage.lease_owner(j) is None), None)
+    if position is None:
         return Check("backlog", True, f"{len(due)} due; the oldest {min(len(due), _LEASES_READ)} in flight")
-    since = _oldest_due(storage, due[0], now)
-    if waiting != due[0]:  # later in the index than the jobs in flight: its own due time, if later
-        record = storage.get_job(waiting)
-        if record is not None and record.checkpoint is not None:
-            since = max(since, min(record.checkpoint.due_at, now))
-    late = now - since
+    waiting = due[position]
+    late = now - _due_since(storage, waiting, position, now)
     detail = f"{len(due)} due; oldest {waiting} overdue by {late:.1f} s (limit {max_overdue:g} s)"
     return Check("backlog", late <= max_overdue, detail)
 
@@ -74,27 +70,33 @@ def _backlog(app: App, max_overdue: float) -> Check:
 _LEASES_READ = 100  # due jobs whose lease is read, oldest first, for one not in flight
 
 
-def _oldest_due(storage: Storage, first: str, now: float) -> float:
-    """When ``first``, the earliest job of the due index, became due there (to ``_PRECISION``).
+def _due_since(storage: Storage, job: str, position: int, now: float) -> float:
+    """When ``job``, at ``position`` in the due index (oldest first), became due there (to ``_PRECISION``).
 
     The index's time, not the record's ``due_at``: a turn deferred by flow control (waiting for a
     concurrency slot or a rate limit) commits nothing; it is only moved later in the index
     (``Storage.postpone``), and a job waiting so is not a backlog. The record's ``due_at`` is never
-    later than that time, so the search starts there: one read when the job was not postponed.
+    later than that time, so the search starts there: one read when the job was not postponed. The
+    jobs due by a time are a prefix of the index's order, so ``job`` is due by it when it is among the
+    first ``position + 1`` of them.
     """
     try:
-        record = storage.get_job(first)
+        record = storage.get_job(job)
     except PipelineError:  # unreadable: the index alone says when it became due
         record = None
     low = record.checkpoint.due_at if record is not None and record.checkpoint is not None else None
     low, high = (now - _SEARCHED if low is None else min(low, now)), now
-    if storage.due_jobs(low, limit=1):
+
+    def due_by(cut: float) -> bool:
+        return job in storage.due_jobs(cut, limit=position + 1)
+
+    if due_by(low):
         return low
-    for _ in range(64):  # bisect "is any job due by then?" between the record's time and now
+    for _ in range(64):  # bisect between the record's time and now
         if high - low <= _PRECISION:
             break
         middle = (low + high) / 2
-        low, high = (low, middle) if storage.due_jobs(middle, limit=1) else (middle, high)
+        low, high = (low, middle) if due_by(middle) else (middle, high)
     return high
 
 

@@ -55,3 +55,38 @@ def test_a_job_whose_long_turn_is_in_flight_is_not_a_backlog() -> None:
     assert storage.acquire_lease("lost", "worker-2", 3600) is not None
     found = backlog(app, 10)
     assert found.ok and "in flight" in found.detail, found.detail
+
+
+def test_a_job_waiting_for_a_slot_behind_a_turn_in_flight_is_judged_by_its_own_time_in_the_index() -> None:
+    # The first due job no worker holds sits behind one in flight: its lateness is its own time in the due
+    # index (moved later by each refused try), not its record's due time from before the line.
+    clock = VirtualClock()
+    storage, scheduler = MemoryStorage(clock=clock), MemoryScheduler(clock=clock)
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="support", model=ScriptedModel(["x"]))],
+              concurrency={"tenant-": 1}, lease_seconds=60)
+    store = app.flow.store
+    assert store is not None
+    app.run_agent("support", job_id="long", user="hi")  # its long turn is in flight
+    assert storage.acquire_lease("long", "worker-1", 3600) is not None
+    clock.advance(1)
+    assert store.take_slot("tenant-acme", "elsewhere", limit=1, ttl=3600, now=clock()) == 0
+    app.run_agent("support", job_id="waits", user="hi", concurrency_key="tenant-acme")
+    for _ in range(30):
+        clock.advance(1)
+        app.advance("waits")
+    clock.advance_to(next(t for t in (clock() + s / 10 for s in range(40)) if "waits" in storage.due_jobs(t)) + 1)
+    found = backlog(app, 10)
+    assert found.ok and "oldest waits overdue by 1.0 s" in found.detail, found.detail
+
+
+def test_an_unreadable_record_behind_a_turn_in_flight_is_reported_not_raised() -> None:
+    clock = VirtualClock()
+    storage, scheduler = MemoryStorage(clock=clock), MemoryScheduler(clock=clock)
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="a", model=ScriptedModel(["x"]))])
+    app.run_agent("a", job_id="long", user="hi")
+    app.run_agent("a", job_id="zbad", user="hi")
+    assert storage.acquire_lease("long", "worker-1", 3600) is not None
+    storage._jobs["zbad"].record = "{not json"  # type: ignore[attr-defined]  # damaged by hand
+    clock.advance(30)
+    found = backlog(app, 10)
+    assert not found.ok and "oldest zbad overdue by 30.0 s" in found.detail, found.detail
