@@ -360,6 +360,33 @@ def test_a_delivery_a_little_early_is_held_until_its_time_not_run_early() -> Non
     assert storage.get_job("job-1").status is JobStatus.COMPLETE  # type: ignore[union-attr]
 
 
+def test_a_delivery_early_by_more_than_a_second_is_sent_again_for_its_time_not_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A scheduler may declare a large precision (Celery's is settable up to a minute): a worker is not kept
+    # idle that long under the lease; the advance is sent again for the time left.
+    import time
+
+    class VeryEarlyQueue(MemoryScheduler):
+        precision = 30.0
+
+        def now(self) -> float:
+            return time.time()
+
+    import pipelines.engine.runner.turn as turn_module
+
+    slept: list[float] = []
+    monkeypatch.setattr(turn_module.time, "sleep", slept.append)
+    storage, scheduler = MemoryStorage(clock=time.time), VeryEarlyQueue()
+    phases = [Phase("a", lambda ctx: Next("b", delay=20.0)), Phase("b", lambda ctx: Done())]
+    start(storage, scheduler, phases)
+    assert scheduler.run_next()
+    sent = scheduler.scheduled
+    assert try_advance(job_id="job-1", phases=phases, storage=storage, scheduler=scheduler) is AdvanceResult.NOT_DUE
+    assert slept == []  # not held for ~20 s
+    assert storage.get_job("job-1").checkpoint.next_phase == "b"  # type: ignore[union-attr]  # nothing ran
+    assert scheduler.scheduled == sent + 1  # sent again for its time
+
+
 def test_state_that_is_not_json_is_an_error_at_the_commit_with_nothing_half_written() -> None:
     storage, scheduler, _ = memory()
 

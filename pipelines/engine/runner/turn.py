@@ -28,6 +28,8 @@ __all__ = ["PipelineFor"]
 
 logger = logging.getLogger("pipelines")
 
+_HOLD_EARLY = 1.0  # seconds a delivery that came early within the scheduler's precision is held before it runs
+
 PipelineFor = Callable[[JobRecord], Pipeline]
 """Finds the pipeline of a job from its record (the App looks it up by name)."""
 class _LeasedJob:
@@ -64,7 +66,7 @@ class _LeasedJob:
                 # (nothing waits for its outcome); or below a job cancelled by a cancel whose process died before
                 # its walk got this far down (the parent between waits for its children). It follows them here.
                 return self.apply_control(record.model_copy(update={"control": "cancel"}))
-            if not self.due(cp.due_at):
+            if not self.due(record, cp.due_at):
                 return AdvanceResult.NOT_DUE
             keep = self.keep_lease()
             try:
@@ -82,15 +84,21 @@ class _LeasedJob:
             # Exactly what storage now holds: go on without reloading.
             record = commit.record.model_copy(update={"control": reply.control, "inbox": reply.inbox})
 
-    def due(self, due_at: float) -> bool:
-        """Whether a turn due at ``due_at`` runs now: a delivery a little early waits for its time here.
+    def due(self, record: JobRecord, due_at: float) -> bool:
+        """Whether ``record``'s turn, due at ``due_at``, runs now: a delivery a little early waits for its time.
 
         A queue may deliver a delayed message a little early (the scheduler declares how much as its
-        ``precision``: two machines' clocks, a broker's rounding). Such a one is held until its time,
-        neither run early nor dropped (nothing would send it again); an earlier one is not due.
+        ``precision``: two machines' clocks, a broker's rounding). Such a one is neither run early nor
+        dropped (nothing would send it again): held here up to ``_HOLD_EARLY`` s, sent again for its time
+        past that (a worker is not kept idle longer); an earlier one is not due.
         """
         early = due_at - self.scheduler.now()
         if early > self.scheduler.precision:
+            return False
+        if early > _HOLD_EARLY:
+            # No version: the message being handled now is this turn's, and its id must not be reused under it.
+            self.scheduler.schedule_advance(record.job_id, early, pipeline=record.pipeline,
+                                            priority=flow.priority_of(record))
             return False
         if early > 0:
             time.sleep(early)
