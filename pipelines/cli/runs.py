@@ -49,7 +49,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     ]
     if cp is not None:
         rows += [("phase", cp.next_phase), ("attempt", cp.attempt)]
-        if rec.status is JobStatus.RUNNING:  # a stopped job's kept checkpoint is due nowhere
+        if rec.status in (JobStatus.RUNNING, JobStatus.PAUSED):  # a paused one's delay is kept for its resume
             rows.append(("due", when(cp.due_at)))
     rows += [("phases done", rec.phases_done), ("transcript", f"{rec.transcript_len} messages")]
     if rec.forked_from is not None:

@@ -26,6 +26,6 @@ def read_transcript(storage: Storage, job_id: str, start: int, length: int) -> l
     if len(messages) < expected:
         raise CorruptRecordError(
             f"job {job_id!r}: its transcript holds {len(messages)} of the {expected} messages from {start} its "
-            "record counts: deleted or evicted outside the app (Redis needs maxmemory-policy noeviction); "
-            "the job cannot go on from it")
+            "record counts: deleted or evicted outside the app (Redis needs maxmemory-policy noeviction), or "
+            "cut back by a full retry while this turn ran (which fences this turn off)")
     return messages
