@@ -96,6 +96,14 @@ def test_status_of_a_failed_job_shows_the_error(app: App) -> None:
     assert "due:" not in out  # its kept checkpoint is due nowhere (a retry makes it due)
 
 
+def test_status_of_a_paused_job_shows_the_due_time_its_resume_keeps(app: App) -> None:
+    app.run_pipeline("slow", job_id="s")
+    assert app.scheduler.run_next()  # type: ignore[attr-defined]  # its phase asked to wait an hour
+    app.pause("s")
+    code, out, _ = run("status", "--app", APP, "s")
+    assert code == 0 and "paused" in out and "due:" in out
+
+
 @pytest.mark.parametrize("command", ["status", "log", "transcript", "retry", "cancel", "advance"])
 def test_an_unknown_job_is_an_error_with_exit_code_1(app: App, command: str) -> None:
     code, out, err = run(command, "--app", APP, "nope")
