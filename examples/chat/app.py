@@ -51,6 +51,7 @@ from starlette.routing import Route
 
 from adapters.memory import MemoryScheduler, MemoryStorage
 from examples.chat.inbox import Sent, send_to_running, taken_at
+from phases.compaction import MARKER_KEY
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
 from pipelines.engine.models import JobStatus, Message
@@ -276,11 +277,16 @@ def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
     _check_agent(app, agent, job_id)
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     held = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    if len(held) != sum(1 for m in app.messages(job_id) if m["role"] == "user"):
+    if len(held) != sum(1 for m in app.messages(job_id) if _from_person(m)):
         raise JobConflictError(f"only the latest answer of conversation {job_id!r} can be regenerated, as the "
                                "server holds it: this client holds other messages (an earlier answer, or another "
                                "tab went on); reload the conversation")
     return job_id
+
+
+def _from_person(message: Message) -> bool:
+    """Whether ``message`` is one a person sent: a user message, not a compaction's summary (stored as one)."""
+    return message["role"] == "user" and MARKER_KEY not in message
 
 
 def _approval_answers(body: Any) -> list[dict[str, Any]]:
