@@ -269,7 +269,8 @@ def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
     again from its start (``app.retry(mode="full")``, its answer cut back), so both hold the same. An
     earlier answer cannot be regenerated in place (the conversation went on from it; ``app.fork`` it to a
     new id), nor one that is still being written: both are refused (409), as is a client that holds more
-    or fewer user messages than the conversation (another tab went on with it).
+    or fewer user messages than the conversation (another tab went on with it). So is a run that took a
+    message sent during it (after ``stop()``): the retry would cut that message away with its answer.
     """
     job_id = body.get("id")
     if not isinstance(job_id, str):
@@ -281,6 +282,12 @@ def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
         raise JobConflictError(f"only the latest answer of conversation {job_id!r} can be regenerated, as the "
                                "server holds it: this client holds other messages (an earlier answer, or another "
                                "tab went on); reload the conversation")
+    view = app.get(job_id)
+    if view is not None and any(_from_person(m) for m in app.messages(job_id, view.record.base_transcript_len)):
+        # A full retry cuts the transcript back to the run's start: a message a turn took from the inbox
+        # (sent after stop() while the run went on) is after it, and would be lost.
+        raise JobConflictError(f"the latest answer of conversation {job_id!r} took a message sent while it was "
+                               "being written: regenerating it would drop that message; send a new one instead")
     return job_id
 
 

@@ -214,6 +214,22 @@ def test_a_message_sent_to_a_run_that_then_waits_for_approval_is_kept_and_the_po
     assert [m["content"] for m in app.messages("asks") if m["role"] == "user"] == ["refund A-1", "and A-2?"]
 
 
+def test_use_chats_regenerate_of_a_run_that_took_a_message_sent_during_it_is_refused_and_the_message_kept() -> None:
+    # A full retry cuts back to where the run started: "second question", which the run's next turn took
+    # from its inbox, was cut away with its answer (the regenerate was checked by user message counts only).
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(slow_first_answer), tools=[lookup])])
+    with serve(build_app(app, agent="a")) as base:
+        got = node("stop-send", base + "/chat", "regen-sent", "where is A-1?", "300", "second question",
+                   "regenerate")
+    assert got["sent"]["errors"] == [] and got["sent"]["messages"][-2:] == said(
+        "second question", "You said: second question")
+    assert len(got["errors"]) == 1 and "took a message sent while it was being written" in got["errors"][0]
+    msgs = app.messages("regen-sent")
+    assert [m["content"] for m in msgs if m["role"] == "user"] == ["where is A-1?", "second question"]
+    assert msgs[-1]["content"] == "You said: second question"
+
+
 def test_use_chats_regenerate_of_the_latest_answer_of_a_compacted_conversation_runs_it_again() -> None:
     # The compaction's summary is stored as a user message: the server seemed to hold one more than the client.
     answers: list[str] = []

@@ -34,6 +34,8 @@
 //   node chat_cuts.mjs stop-send <api> <chat id> <text> <stop after ms> <next text>
 //     AbstractChat sends <text>, stop()s after <stop after ms> (the run goes on), then sends <next text>;
 //     prints the chat's messages and status.
+//   node chat_cuts.mjs stop-send <api> <chat id> <text> <stop after ms> <next text> regenerate
+//     The same, then regenerate() (the last answer); prints the chat as it was before that too ("sent").
 //   node chat_cuts.mjs resume-new <api> <chat id>
 //     useChat's resume (resumeStream()) of a chat that has no run yet.
 import { readFileSync } from "node:fs";
@@ -256,7 +258,7 @@ async function regenerate(chatId, texts) {
   return { sent, latest, earlier: { status: c.status, messages: summary(c.messages), errors } };
 }
 
-async function stopSend(chatId, text, ms, next) {
+async function stopSend(chatId, text, ms, next, then) {
   const errors = [];
   const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
   const first = c.sendMessage({ text });
@@ -265,7 +267,10 @@ async function stopSend(chatId, text, ms, next) {
   await first;
   const stopped = c.status;
   await c.sendMessage({ text: next });
-  return { stopped, status: c.status, messages: summary(c.messages), errors };
+  if (then !== "regenerate") return { stopped, status: c.status, messages: summary(c.messages), errors };
+  const sent = { status: c.status, messages: summary(c.messages), errors: [...errors] };
+  await c.regenerate();
+  return { stopped, sent, status: c.status, messages: summary(c.messages), errors };
 }
 
 // useChat({ resume: true }) on a chat that has no run yet: nothing to resume, no error.
@@ -293,7 +298,7 @@ else if (mode === "approve") result = await approve(rest[0], rest[1], rest[2], r
 else if (mode === "approve-each") result = await approveEach(rest[0], rest[1]);
 else if (mode === "stale-approve") result = await staleApprove(rest[0]);
 else if (mode === "regenerate") result = await regenerate(rest[0], rest.slice(1));
-else if (mode === "stop-send") result = await stopSend(rest[0], rest[1], Number(rest[2]), rest[3]);
+else if (mode === "stop-send") result = await stopSend(rest[0], rest[1], Number(rest[2]), rest[3], rest[4]);
 else if (mode === "resume-new") result = await resumeNew(rest[0]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
