@@ -12,7 +12,7 @@ Routes:
   (``app.approve`` / ``app.reject``, the reason kept) and streams the run going on, the same message.
   Only calls of the served agent's jobs are answered here: another agent's job id is refused (409), as a
   new message to it is. A call decided already (in another tab) is not decided again: the answer is the
-  rest of that call's run, not of a later one.
+  rest of that call's run, not of a later one; 409 when that run is gone (a ``regenerate()`` undid it).
   ``useChat``'s ``regenerate()`` of the latest answer runs that run again (``app.retry(mode="full")``)
   and streams it; an earlier answer, or one still being written, is refused (409).
   A message to a conversation whose run goes on (``useChat``'s next message after ``stop()``, which only
@@ -57,6 +57,7 @@ from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotF
 from pipelines.engine.models import JobStatus, Message
 from pipelines.testing import ScriptedModel, call, reply
 from pipelines.web import sse_response
+from pipelines.web.aisdk import run_start, undone
 from pipelines.web.core import host_served
 
 PAGE = Path(__file__).with_name("index.html")
@@ -328,10 +329,13 @@ def _decide(app: App, job_id: str, answers: list[dict[str, Any]]) -> str | None:
         else:
             app.reject(job_id, call_id, reason=str(approval.get("reason") or "").strip() or "denied by the user")
     answered = {p["toolCallId"] for p in answers}
-    asked = [p.id for p in app.stream(job_id, follow=False) if p.type == "approval_requested"
-             and answered & {str(c.get("call_id")) for c in p.data.get("calls") or [] if isinstance(c, dict)}]
+    parts = list(app.stream(job_id, follow=False))
+    asked = [p.id for i, p in enumerate(parts) if p.type == "approval_requested"
+             and answered & {str(c.get("call_id")) for c in p.data.get("calls") or [] if isinstance(c, dict)}
+             and not undone(parts, run_start(parts, i))]  # a run a regenerate() undid is no message to go on
     if not asked and not decided:
-        # Decided elsewhere, and the stream no longer holds that run: no message to go on with.
+        # Decided elsewhere, and the stream no longer holds that run (or a full retry undid it): no message
+        # to go on with.
         raise JobConflictError(f"the calls answered were decided already and conversation {job_id!r} has "
                                "gone on since; reload it")
     return asked[-1] if asked else None

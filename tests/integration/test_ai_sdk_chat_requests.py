@@ -6,6 +6,7 @@ where ``useChat`` makes the request, and httpx where a crafted request is the po
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -255,3 +256,35 @@ def test_use_chats_regenerate_of_the_latest_answer_of_a_compacted_conversation_r
     msgs = app.messages("compacted")
     assert msgs[-1]["content"] == answers[3] and [m["content"] for m in msgs if m["role"] == "user"
                                                   and MARKER_KEY not in m] == ["q1", "q2", "q3"]
+
+
+def test_a_tab_answering_a_call_of_a_run_regenerate_undid_is_told_it_was_decided_not_refused_as_a_cursor() -> None:
+    # The call's approval request is still in the stream, inside the run the full retry undid: it was the
+    # stream's start, which the stream refuses (400, about cursors) instead of the documented 409.
+    ids = itertools.count(1)
+
+    def refunding_anew(msgs: list[Message]) -> Any:
+        if msgs[-1]["role"] == "tool":
+            return f"Result: {msgs[-1]['content']}"
+        asked = call("refund", order="A-1")
+        asked["id"] = f"call_of_run_{next(ids)}"
+        return reply("I will refund order A-1.", asked)
+
+    def answering(call_id: str) -> list[dict[str, Any]]:
+        answer = {"type": "tool-refund", "toolCallId": call_id, "state": "approval-responded",
+                  "input": {"order": "A-1"}, "approval": {"id": call_id, "approved": True}}
+        return [asked_refund, {"id": "a", "role": "assistant", "parts": [answer]}]
+
+    asked_refund = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "refund A-1"}]}
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(refunding_anew), tools=[refund])])
+    with serve(build_app(app, agent="a")) as base:
+        httpx.post(base + "/chat", json={"id": "undone", "text": "refund A-1"}, timeout=30)
+        first = app.get("undone").pending_calls[0]["call_id"]
+        assert httpx.post(base + "/chat", json={"id": "undone", "messages": answering(first)}, timeout=30
+                          ).status_code == 200
+        assert httpx.post(base + "/chat", json={"id": "undone", "trigger": "regenerate-message",
+                                                "messages": [asked_refund]}, timeout=30).status_code == 200
+        stale = httpx.post(base + "/chat", json={"id": "undone", "messages": answering(first)}, timeout=30)
+    assert stale.status_code == 409 and "decided already" in stale.json()["error"]
+    assert [c["call_id"] for c in app.get("undone").pending_calls] == ["call_of_run_2"]
