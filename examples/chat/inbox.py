@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from pipelines import App
+from pipelines.engine import control
 from pipelines.engine.errors import JobConflictError
 from pipelines.engine.models import RUN_STARTS, JobStatus
 
 POLL_SECONDS = 0.05
+SNAPSHOT_TRIES = 20
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,33 @@ class Sent:
     text: str
     before: str | None  # the stream's last part when it was sent: the turn that takes it comes after
     known: int  # the transcript's length then: the message lands at or after it
+    ahead: int = 0  # messages of the same text in the inbox then: they land before it, at or after ``known``
 
 
 def send_to_running(app: App, job_id: str, text: str, before: str | None) -> Sent:
-    """Send ``text`` to the running ``job_id`` (its inbox; nothing is lost if the run fails meanwhile)."""
-    known = len(app.messages(job_id))
+    """Send ``text`` to the running ``job_id`` (its inbox; nothing is lost if the run fails meanwhile).
+
+    The caller sends one message at a time (``_starting`` in :mod:`examples.chat.app`).
+    """
+    known, ahead = _waiting_before(app, job_id, text)
     app.send(job_id, [text])
-    return Sent(job_id, text, before, known)
+    return Sent(job_id, text, before, known, ahead)
+
+
+def _waiting_before(app: App, job_id: str, text: str) -> tuple[int, int]:
+    """The transcript's length and how many messages of ``text`` wait in the inbox, read at one version.
+
+    A message still in the inbox lands at or after that length once a turn takes it (a turn that took it and
+    has not committed yet included): the message about to be sent is the one after those of the same text.
+    """
+    for _ in range(SNAPSHOT_TRIES):
+        record = control.load_job(app.storage, job_id)
+        known = len(app.messages(job_id))
+        waiting = app.storage.inbox(job_id, record.inbox) if record.inbox > 0 else []
+        again = control.load_job(app.storage, job_id)
+        if (again.version, again.inbox) == (record.version, record.inbox):
+            return known, sum(1 for m in waiting if m.get("role") == "user" and m.get("content") == text)
+    raise JobConflictError(f"conversation {job_id!r} kept changing while the message was sent; try again")
 
 
 async def taken_at(app: App, sent: Sent, request: Request) -> str | None:
@@ -54,8 +76,8 @@ async def taken_at(app: App, sent: Sent, request: Request) -> str | None:
 def _taking_part(app: App, sent: Sent) -> str | None:
     view = app.get(sent.job_id)  # read before the transcript: not running then and not taken after, it waits
     messages = app.messages(sent.job_id, sent.known)
-    at = next((sent.known + i for i, m in enumerate(messages)
-               if m["role"] == "user" and m.get("content") == sent.text), None)
+    same = [sent.known + i for i, m in enumerate(messages) if m["role"] == "user" and m.get("content") == sent.text]
+    at = same[sent.ahead] if len(same) > sent.ahead else None  # those of its text sent before it come first
     if at is None:
         if view is not None and view.status is not JobStatus.RUNNING:
             raise JobConflictError(f"conversation {sent.job_id!r} is {view.status.value} (a call waits for "

@@ -7,6 +7,7 @@ where ``useChat`` makes the request, and httpx where a crafted request is the po
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from pathlib import Path
@@ -229,6 +230,42 @@ def test_use_chats_regenerate_of_a_run_that_took_a_message_sent_during_it_is_ref
     msgs = app.messages("regen-sent")
     assert [m["content"] for m in msgs if m["role"] == "user"] == ["where is A-1?", "second question"]
     assert msgs[-1]["content"] == "You said: second question"
+
+
+def test_two_messages_of_the_same_text_sent_during_a_run_each_stream_the_turn_that_took_it() -> None:
+    # The second "yes" was sent after a turn took the first, before it committed: its POST looked for the
+    # first "yes" at or after the transcript's length then, found the first one, and streamed its turn.
+    turns: list[int] = []
+
+    def slow_turns(msgs: list[Message]) -> Any:
+        turns.append(len(turns) + 1)
+        if len(turns) <= 2:
+            time.sleep(1.2)
+            return reply(f"turn {len(turns)}", call("lookup", order=f"A-{len(turns)}"))
+        return f"turn {len(turns)}, the last"
+
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(slow_turns), tools=[lookup])])
+    texts: dict[str, list[str]] = {}
+
+    def post(name: str, delay: float) -> None:
+        time.sleep(delay)
+        response = httpx.post(base + "/chat", json={"id": "twice", "text": "yes"}, timeout=30)
+        texts[name] = [json.loads(line[5:])["delta"] for line in response.text.splitlines()
+                       if line.startswith("data:") and '"text-delta"' in line]
+
+    with serve(build_app(app, agent="a")) as base:
+        httpx.post(base + "/chat", json={"id": "twice", "text": "go", "stream": False}, timeout=30)
+        posts = [threading.Thread(target=post, args=(name, delay)) for name, delay in (("first", 0.3), ("second", 1.7))]
+        for t in posts:
+            t.start()
+        for t in posts:
+            t.join()
+    msgs = app.messages("twice")
+    assert [(m["role"], m["content"]) for m in msgs if m["role"] != "tool"] == [
+        ("user", "go"), ("assistant", "turn 1"), ("user", "yes"), ("assistant", "turn 2"), ("user", "yes"),
+        ("assistant", "turn 3, the last")]
+    assert texts == {"first": ["turn 2", "turn 3, the last"], "second": ["turn 3, the last"]}
 
 
 def test_use_chats_regenerate_of_the_latest_answer_of_a_compacted_conversation_runs_it_again() -> None:
