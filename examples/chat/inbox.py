@@ -73,6 +73,18 @@ async def taken_at(app: App, sent: Sent, request: Request) -> str | None:
     return None
 
 
+def _not_taken(job_id: str, status: JobStatus, error: object) -> str:
+    """Why no turn took a message sent to ``job_id``, now ``status``: where the message is, and what takes it."""
+    if status is JobStatus.WAITING:
+        return (f"conversation {job_id!r} is waiting (a call waits for approval, say): the message waits in its "
+                "inbox and joins its next turn")
+    if status in (JobStatus.ERROR, JobStatus.CANCELLED):
+        what = f"failed ({error})" if status is JobStatus.ERROR else "was cancelled"
+        return (f"conversation {job_id!r} {what} before a turn took the message: it waits in the conversation's "
+                "inbox and joins it if the run is retried")
+    return f"conversation {job_id!r} is {status.value}: the message waits in its inbox and joins its next turn"
+
+
 def _taking_part(app: App, sent: Sent) -> str | None:
     view = app.get(sent.job_id)  # read before the transcript: not running then and not taken after, it waits
     messages = app.messages(sent.job_id, sent.known)
@@ -80,8 +92,7 @@ def _taking_part(app: App, sent: Sent) -> str | None:
     at = same[sent.ahead] if len(same) > sent.ahead else None  # those of its text sent before it come first
     if at is None:
         if view is not None and view.status is not JobStatus.RUNNING:
-            raise JobConflictError(f"conversation {sent.job_id!r} is {view.status.value} (a call waits for "
-                                   "approval, say): the message waits in its inbox and joins its next turn")
+            raise JobConflictError(_not_taken(sent.job_id, view.status, view.error))
         return None
     parts = list(app.stream(sent.job_id, follow=False))
     ids = [p.id for p in parts]

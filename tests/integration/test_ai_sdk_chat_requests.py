@@ -20,6 +20,7 @@ from adapters.memory import MemoryScheduler, MemoryStorage
 from examples.chat.app import build_app
 from phases.compaction import MARKER_KEY, Compaction
 from pipelines import Agent, App, tool
+from pipelines.engine.errors import PermanentModelError
 from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 from tests.integration.test_ai_sdk_resume import KINDS, node, refund, refunding, storage_of
@@ -325,3 +326,23 @@ def test_a_tab_answering_a_call_of_a_run_regenerate_undid_is_told_it_was_decided
         stale = httpx.post(base + "/chat", json={"id": "undone", "messages": answering(first)}, timeout=30)
     assert stale.status_code == 409 and "decided already" in stale.json()["error"]
     assert [c["call_id"] for c in app.get("undone").pending_calls] == ["call_of_run_2"]
+
+
+def test_a_message_taken_by_a_turn_that_fails_gets_a_409_saying_the_run_failed() -> None:
+    def fails_on_second(msgs: list[Message]) -> Any:
+        if msgs[-1]["role"] == "user" and msgs[-1]["content"] == "where is A-1?":
+            time.sleep(1.0)
+            return reply("Checking.", call("lookup", order="A-1"))
+        if any(m["role"] == "user" and m.get("content") == "second" for m in msgs):
+            raise PermanentModelError("context window exceeded")
+        return "It shipped."
+
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(fails_on_second), tools=[lookup])])
+    with serve(build_app(app, agent="a")) as base:
+        httpx.post(base + "/chat", json={"id": "fails", "text": "where is A-1?", "stream": False}, timeout=30)
+        time.sleep(0.3)
+        response = httpx.post(base + "/chat", json={"id": "fails", "text": "second"}, timeout=30)
+    error = response.json()["error"]
+    assert response.status_code == 409 and "failed (model error: context window exceeded)" in error
+    assert "approval" not in error and app.get("fails").record.inbox == 1
