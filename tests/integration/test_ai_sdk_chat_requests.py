@@ -233,7 +233,9 @@ def test_use_chats_regenerate_of_a_run_that_took_a_message_sent_during_it_is_ref
     assert msgs[-1]["content"] == "You said: second question"
 
 
-def test_two_messages_of_the_same_text_sent_during_a_run_each_stream_the_turn_that_took_it() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_messages_of_the_same_text_sent_during_a_run_each_stream_the_turn_that_took_it(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     # The second "yes" was sent after a turn took the first, before it committed: its POST looked for the
     # first "yes" at or after the transcript's length then, found the first one, and streamed its turn.
     turns: list[int] = []
@@ -245,7 +247,7 @@ def test_two_messages_of_the_same_text_sent_during_a_run_each_stream_the_turn_th
             return reply(f"turn {len(turns)}", call("lookup", order=f"A-{len(turns)}"))
         return f"turn {len(turns)}, the last"
 
-    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+    app = App(storage=storage_of(kind, request, tmp_path), scheduler=MemoryScheduler(),
               agents=[Agent(name="a", model=ScriptedModel(slow_turns), tools=[lookup])])
     texts: dict[str, list[str]] = {}
 
