@@ -62,13 +62,14 @@ def run_start(parts: list[Event], upto: int | None = None) -> int:
 
 
 def undone(parts: list[Event], first: int) -> bool:
-    """Whether the run starting at ``parts[first]`` was followed by a full retry, which cut the transcript back.
-
-    Its ``turn_committed`` parts name transcript messages by index, and the retried run's grow again over
-    those indices: the run's message can no longer be rebuilt from its parts (the encoder would read the
-    retried run's messages in its place).
+    """Whether a full retry undid the run starting at ``parts[first]``: cut the transcript back to its start,
+    so the indices its ``turn_committed`` parts name now hold the retried run's messages. A full retry undoes
+    the run in effect: this one if no other run started since (a resume goes on with the same run).
     """
-    return any(p.type == "job_retried" and p.data.get("mode") == "full" for p in parts[first + 1:])
+    for p in parts[first + 1:]:
+        if p.type in RUN_STARTS and not (p.type == "job_retried" and p.data.get("mode") != "full"):
+            return p.type == "job_retried"
+    return False
 
 
 class UIMessageEncoder:

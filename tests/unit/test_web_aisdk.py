@@ -167,3 +167,16 @@ def test_a_decision_that_leaves_the_job_waiting_on_another_call_ends_the_message
     for p in start:
         replay.feed(p, final=False)
     assert replay.feed(part(4, "call_approved", call_id="c1", pending=1), final=False) == [] and not replay.ended
+
+
+def test_a_full_retry_undoes_the_run_in_effect_only() -> None:
+    from pipelines.web.aisdk import undone
+
+    # Run 1 ends, run 2 continues the conversation, a full retry restarts run 2: run 1's messages stand.
+    parts = [part(1, "job_started"), part(2, "job_finished"), part(3, "job_continued"), part(4, "job_failed"),
+             part(5, "job_retried", mode="full"), part(6, "job_finished")]
+    assert not undone(parts, 0) and undone(parts, 2) and not undone(parts, 4)
+    # A resume goes on with the same run: a full retry after it undoes the run that began before it.
+    parts = [part(1, "job_started"), part(2, "job_failed"), part(3, "job_retried", mode="resume"),
+             part(4, "job_failed"), part(5, "job_retried", mode="full")]
+    assert undone(parts, 0) and undone(parts, 2) and not undone(parts, 4)
