@@ -263,10 +263,12 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
     held for ``hold`` seconds by a process that can only refuse them.
     """
     # A record of the default pipeline leaves the field out (defaults are not stored). A record that is not
-    # JSON makes json_extract fail the statement: then this claim takes any pipeline, as without the filter,
-    # so the job's advance says what is wrong and the others are still claimed.
-    only = ("AND coalesce(json_extract(record, '$.pipeline'), 'default') IN (SELECT value FROM json_each(?)) "
-            if pipelines is not None else "")
+    # JSON makes json_extract fail the statement: then the claim is made again, that record taken whatever its
+    # pipeline (its advance says what is wrong) and every other by its pipeline still (json_valid parses each
+    # record once more, only while such a record is due).
+    name = "coalesce(json_extract(record, '$.pipeline'), 'default') IN (SELECT value FROM json_each(?))"
+    only = f"AND {name} " if pipelines is not None else ""
+    guarded = f"AND CASE WHEN json_valid(record) THEN {name} ELSE 1 END " if pipelines is not None else ""
     sql = ("UPDATE jobs SET claim_until = ?, claim_proc = ? WHERE job_id IN (SELECT job_id FROM jobs "
            "WHERE due_at IS NOT NULL AND due_at <= ? AND claim_until <= ? "
            "AND (lease_owner IS NULL OR lease_expires <= ?) {}ORDER BY due_at, job_id LIMIT ?) "
@@ -279,5 +281,5 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
     except sqlite3.OperationalError as exc:
         if "malformed JSON" not in str(exc):
             raise
-        rows = conn.execute(sql.format(""), (*args, count)).fetchall()
+        rows = conn.execute(sql.format(guarded), (*args, *names, count)).fetchall()
     return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]

@@ -607,6 +607,9 @@ def test_a_record_that_is_not_json_does_not_stop_a_claim_by_pipeline(tmp_path: P
     storage = SQLiteStorage(path)
     storage.create_job(record("good"))
     storage.create_job(record("bad"))
+    storage.create_job(record("theirs").model_copy(update={"pipeline": "another app's"}))
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE jobs SET record = '{truncated' WHERE job_id = 'bad'")
+    # The damaged one is claimed whatever its pipeline (its advance says what is wrong), the others by theirs.
     assert sorted(storage.claim_due(1e12, limit=5, hold=60, pipelines=["default"])) == ["bad", "good"]
+    assert storage.claim_due(1e12, limit=5, hold=60, pipelines=["another app's"]) == ["theirs"]
