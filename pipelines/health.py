@@ -47,7 +47,11 @@ def check(app: App, *, max_overdue: float = 60.0) -> list[Check]:
         app.storage.get_job("health-check")  # one round trip; the id need not exist
     except PipelineError as exc:
         return [Check("storage", False, f"unreachable: {exc}")]
-    checks = [Check("storage", True, f"{type(app.storage).__name__} reachable"), _backlog(app, max_overdue)]
+    try:
+        backlog = _backlog(app, max_overdue)
+    except PipelineError as exc:  # storage went away during the search: a failed check, not a traceback
+        backlog = Check("backlog", False, f"could not be read: {exc}")
+    checks = [Check("storage", True, f"{type(app.storage).__name__} reachable"), backlog]
     return checks + _rq_checks(app)
 
 

@@ -90,3 +90,17 @@ def test_an_unreadable_record_behind_a_turn_in_flight_is_reported_not_raised() -
     clock.advance(30)
     found = backlog(app, 10)
     assert not found.ok and "oldest zbad overdue by 30.0 s" in found.detail, found.detail
+
+
+def test_a_storage_error_during_the_backlog_search_is_a_failed_check_not_a_traceback() -> None:
+    from pipelines.engine.errors import StorageUnavailableError
+
+    class Flaky(MemoryStorage):
+        def due_jobs(self, now: float, *, limit: int = 1000) -> list[str]:
+            raise StorageUnavailableError("the storage went away")
+
+    clock = VirtualClock()
+    app = App(storage=Flaky(clock=clock), scheduler=MemoryScheduler(clock=clock),
+              agents=[Agent(name="a", model=ScriptedModel(["x"]))])
+    found = backlog(app, 10)
+    assert not found.ok and "the storage went away" in found.detail
