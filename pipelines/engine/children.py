@@ -40,8 +40,8 @@ Two rules hold every child run (issue 30):
   family walks (cancel, resume) skip a job that does not name its parent. A
   child its parent still waits for is not deleted (``App.delete`` refuses,
   retention skips it: :func:`awaited_by`) nor run again (a continuation, a
-  message sent, a retry: refused, :func:`check_not_awaited`), and a child that is gone all the
-  same is read as failed, never as still running.
+  message sent, a retry: refused, :func:`check_not_awaited`), and a child
+  that is gone all the same is read as failed, never as still running.
 * **Nothing recursive over a depth a user or a model controls; every fan-out
   has a limit.** A family is at most :data:`MAX_DEPTH` (8) parents deep: a
   job at that depth that asks for a child gets
@@ -191,13 +191,12 @@ def stopped_above(record: JobRecord, storage: Storage) -> bool:
     """Whether a job above ``record`` means it must stop: nothing will read its outcome.
 
     That is its parent cancelled, gone (deleted) or in another run than the one that started it (a full
-    retry, the job made again); and, while the parent has not ended
-    itself (running, waiting, paused), the same of the parent's own parent, and so on up. A cancel walks the
-    family down in the canceller's memory only: if that process dies after the root's commit, a middle job
-    waiting for its children gets no turn to notice, and this is how the jobs below it still stop, each at
-    its next turn. One read a level, for child jobs only; at most :data:`MAX_DEPTH` levels (a loop, not a
-    recursion: a family older than the limit is read that far, and its jobs further down stop once the
-    ones above them have).
+    retry, the job made again); and, while the parent has not ended itself (running, waiting, paused), the
+    same of the parent's own parent, and so on up. A cancel walks the family down in the canceller's memory
+    only: if that process dies after the root's commit, a middle job waiting for its children gets no turn
+    to notice, and this is how the jobs below it still stop, each at its next turn. One read a level, for
+    child jobs only; at most :data:`MAX_DEPTH` levels (a loop, not a recursion: a family older than the
+    limit is read that far, and its jobs further down stop once the ones above them have).
     """
     job = record
     for _ in range(_ANCESTORS_READ):
