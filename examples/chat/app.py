@@ -34,6 +34,7 @@ run the workers as usual: the web process only writes runs and reads streams.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import sys
 import threading
@@ -109,7 +110,9 @@ def build_app(app: App, *, agent: str = "chat", hosts: Collection[str] = ()) -> 
         try:
             fmt = _format(request)
             _check_cursor(request)
-            begun = _begin(app, agent, body)
+            # Storage reads and writes (a remote Redis, a long transcript): off the event loop, which serves
+            # every other request and stream of this process meanwhile.
+            begun = await asyncio.to_thread(_begin, app, agent, body)
         except PipelineError as exc:
             return _refused(exc)
         threading.Thread(target=run_in_process, daemon=True).start()

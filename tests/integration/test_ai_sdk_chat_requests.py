@@ -348,3 +348,27 @@ def test_a_message_taken_by_a_turn_that_fails_gets_a_409_saying_the_run_failed()
     error = response.json()["error"]
     assert response.status_code == 409 and "failed (model error: context window exceeded)" in error
     assert "approval" not in error and app.get("fails").record.inbox == 1
+
+
+def test_a_posts_storage_work_runs_off_the_event_loop() -> None:
+    # Starting or continuing a run reads and writes storage (a remote Redis, a long transcript): done on the
+    # event loop, every other request and stream of the process waited behind it.
+    import asyncio
+
+    app = two_agents(MemoryStorage())
+    on_loop: list[bool] = []
+    real_get = app.get
+
+    def noted(job_id: str) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real_get(job_id)
+
+    app.get = noted  # type: ignore[method-assign]
+    with serve(build_app(app, agent="a")) as base:
+        posted = httpx.post(base + "/chat", json={"id": "c", "text": "refund A-1 please", "stream": False},
+                            timeout=30)
+    assert posted.status_code == 202 and on_loop and not any(on_loop)
