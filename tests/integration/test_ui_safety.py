@@ -72,6 +72,38 @@ def test_approval_arguments_and_call_ids_show_hidden_characters(app: App) -> Non
     assert "&lt;U+202E&gt;" in transcript  # the call's id and arguments in the conversation too
 
 
+def test_the_reply_beside_an_approval_and_a_jobs_error_show_hidden_characters() -> None:
+    # The assistant's text waiting beside the Approve button is read with the call: "I will pay \u202eecila"
+    # displayed reversed; a job's error line carried raw control characters too.
+    def model(msgs: list[dict[str, object]]) -> dict[str, object]:
+        return reply("I will pay \u202eecila\u202c now", {"id": "c1", "type": "function",
+                                                        "function": {"name": "pay", "arguments": '{"to": "x"}'}})
+
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), provenance=False,
+              agents=[Agent(name="desk", model=ScriptedModel(model), tools=[pay])])
+    app.run_agent("desk", job_id="j1", user="pay alice")
+    app.drain()
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        page = c.get("/jobs/j1").text
+    reply_text = page[page.index('id="pending-reply"'):]
+    reply_text = reply_text[:reply_text.index("</div>", reply_text.index('class="text"'))]
+    assert "\u202e" not in reply_text and "&lt;U+202E&gt;" in reply_text
+    failing = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), provenance=False,
+                  agents=[Agent(name="desk", model=ScriptedModel(_boom), tools=[pay])])
+    failing.run_agent("desk", job_id="e1", user="hi")
+    failing.drain()
+    assert failing.get("e1").status is JobStatus.ERROR  # type: ignore[union-attr]
+    with TestClient(ui_app(failing), base_url=LOCAL) as c:
+        page = c.get("/jobs/e1").text
+    error = page[page.index('id="job-error"'):]
+    error = error[:error.index("</pre>")]
+    assert "\u202e" not in error and "\x1b" not in error and "&lt;U+202E&gt;" in error
+
+
+def _boom(msgs: list[dict[str, object]]) -> dict[str, object]:
+    raise ValueError("bad \u202eeulav\u202c \x1b[2J")
+
+
 def test_logout_ends_the_session_on_the_server(app: App) -> None:
     with TestClient(ui_app(app, token="correct-horse"), base_url=LOCAL) as c:
         ok = c.post("/login", data={"csrf": csrf_of(c.get("/login").text), "token": "correct-horse"},
