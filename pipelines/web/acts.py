@@ -5,6 +5,8 @@ the action will do, with its options, and a second form carrying
 ``confirmed=yes``. That one acts through the App (``app.fork`` / ``app.rerun``
 / ``app.send``) and redirects (303) to a page that says what it did, with a link
 to the job it made or moved: reloading that page does not send a message again.
+A send's confirm form carries a one-time token: a second post of it (a double
+click) sends nothing and says what the first did; a fork's carries its new id.
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ def act(ui: UI, request: Request, job_id: str, action: str) -> Response:
                   ui.app.fork(job_id, at_turn=plan["at_turn"], new_job_id=plan["new_job_id"], **plan["options"]))
         said = {"did": "rerun" if plan["run"] else "fork", "at": str(plan["at_turn"]), "into": handle.job_id}
     else:
-        ui.app.send(job_id, [plan["text"]])
-        said = {"did": "continued" if view.finished else "sent"}
+        # A second post of the same form (a double click) sends nothing: it says what the first one did.
+        did = _spend(ui, form.get("once", ""), "continued" if view.finished else "sent")
+        if did is None:
+            ui.app.send(job_id, [plan["text"]])
+        said = {"did": did or ("continued" if view.finished else "sent")}
     root = request.scope.get("root_path", "")
     return RedirectResponse(f"{root}/jobs/{job_id}/done?{urlencode(said)}", status_code=303)
 
@@ -89,4 +94,23 @@ def _send_plan(finished: bool, form: dict[str, str]) -> dict[str, Any]:
         raise InvalidInputError("write a message to send")
     if len(text) > MAX_MESSAGE_CHARS:
         raise InvalidInputError(f"a message is at most {MAX_MESSAGE_CHARS} characters, got {len(text)}")
-    return {"text": text, "continue": finished}
+    return {"text": text, "continue": finished, "once": secrets.token_urlsafe(16)}
+
+
+SPENT_KEPT = 10_000  # one-time tokens of sends remembered per page process (oldest forgotten first)
+
+
+def _spend(ui: UI, once: str, did: str) -> str | None:
+    """Spend the send form's one-time token ``once`` for ``did``; what it was spent for before (``None``: fresh).
+
+    Refused when missing: a form without one is not the page's own (or from before an upgrade).
+    """
+    if not once or len(once) > 64:
+        raise InvalidInputError("this form has no one-time token (a page from before an upgrade?): open it again")
+    with ui.spent_lock:
+        if once in ui.spent:
+            return ui.spent[once]
+        ui.spent[once] = did
+        if len(ui.spent) > SPENT_KEPT:
+            del ui.spent[next(iter(ui.spent))]
+    return None

@@ -83,6 +83,9 @@ class UI:
         self.key = secrets.token_bytes(32)  # signs CSRF tokens; sessions are ids this process holds
         self.sessions = Sessions()
         self.guesses = Guesses()  # wrong tokens per client address: a token is not guessed at server speed
+        # One-time tokens of confirmed sends (pipelines.web.acts): a second post of one form sends nothing.
+        self.spent: dict[str, str] = {}  # token -> what its first post did
+        self.spent_lock = threading.Lock()
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
         self.env.filters["pretty"] = pretty_json

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 from urllib.parse import urlencode
@@ -58,10 +59,18 @@ def test_send_continues_a_finished_conversation_after_confirming(app: App) -> No
         ask = c.post("/jobs/c1/send", data={"csrf": csrf_of(page), "text": "and more\u202e"})
         assert "Continue c1" in ask.text and "&lt;U+202E&gt;" in ask.text
         assert len(app.messages("c1")) == 2  # nothing sent yet
-        done = c.post("/jobs/c1/send", data={"csrf": csrf_of(ask.text), "text": "and more", "confirmed": "yes"},
-                      follow_redirects=False)
+        once = re.search(r'name="once" value="([^"]+)"', ask.text)
+        assert once is not None
+        form = {"csrf": csrf_of(ask.text), "text": "and more", "confirmed": "yes", "once": once.group(1)}
+        done = c.post("/jobs/c1/send", data=form, follow_redirects=False)
         # Said on a page of its own, after a redirect: reloading what the browser shows sends nothing again.
         assert done.status_code == 303 and done.headers["location"] == "/jobs/c1/done?did=continued"
+        # A second post of the same form (a double click on Confirm) says the same and sends nothing.
+        again = c.post("/jobs/c1/send", data=form, follow_redirects=False)
+        assert again.status_code == 303 and again.headers["location"] == done.headers["location"]
+        # A form without its one-time token (built by hand, or a page from before) is refused.
+        bare = c.post("/jobs/c1/send", data={**form, "once": ""}, follow_redirects=False)
+        assert bare.status_code == 400 and "one-time token" in bare.text
         shown = c.get(done.headers["location"])
         assert "continued c1" in shown.text and 'href="/jobs/c1" id="open-target"' in shown.text
         assert "continued c1" in c.get(done.headers["location"]).text  # the reload
