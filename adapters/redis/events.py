@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from adapters.redis import archive as redis_archive
 from adapters.redis.connection import RedisConnection
-from adapters.redis.values import _load_part, _text
+from adapters.redis.values import _bounded, _load_part, _text
 from pipelines.engine.errors import CorruptRecordError, PipelineError
 from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import Event
@@ -37,7 +37,7 @@ class EventReads:
         # Checked before the limit, so a bad cursor is refused whatever the limit.
         if check_cursor(after, "event cursor") == LAST_CURSOR or limit <= 0:
             return []  # nothing sorts after the largest id, and XRANGE refuses to start past it
-        limit = min(limit, 1 << 62)  # XRANGE takes a 64-bit COUNT; one of any size means "all" as in memory
+        limit = _bounded(limit)
         start = "-" if not after else f"({after}"  # "(" makes the start exclusive (Redis >= 6.2)
         k = self.conn.keys(job_id)
         what = f"reading the events of job {job_id!r}"

@@ -19,7 +19,7 @@ from adapters.redis.client import _mapped
 from adapters.redis.connection import RedisConnection
 from adapters.redis.record_format import stored_text
 from adapters.redis.records import parse_record
-from adapters.redis.values import _batched, _listed, _text
+from adapters.redis.values import _batched, _bounded, _listed, _text
 from pipelines.engine.errors import CorruptRecordError
 from pipelines.engine.models import JobRecord, JobStatus
 
@@ -49,7 +49,7 @@ class IndexReads:
         """
         if limit <= 0:
             return []
-        limit = min(limit, 1 << 62)  # Redis takes a 64-bit count; one of any size means "all" as in memory
+        limit = _bounded(limit)
         self.conn.check_read_layout()
         with _mapped(what):
             if len(keys) == 1:

@@ -37,6 +37,7 @@ from adapters.redis.client import _mapped
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import EventReads, event
 from adapters.redis.live_async import LoopReads, loop_reads
+from adapters.redis.values import _bounded
 from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import Event
 
@@ -91,7 +92,7 @@ class LiveReads:
             return []
         if limit <= 0:
             return []
-        limit = min(limit, 1 << 62)  # a 64-bit count in the script; one of any size means "all" as elsewhere
+        limit = _bounded(limit)
         if block is not None and block > 0:
             live, what = self.conn.keys(job_id).live, f"reading the live stream of job {job_id!r}"
             # Kept under the socket timeout, so a long wait is never mistaken for a dead server.
@@ -135,7 +136,7 @@ class LiveReads:
             return []
         if limit <= 0:
             return []
-        limit = min(limit, 1 << 62)  # as read_live
+        limit = _bounded(limit)
         live = self.conn.keys(job_id).live
         reads = loop_reads(self)
         if not reads.usable(live):

@@ -15,7 +15,7 @@ from adapters.redis import archive as redis_archive
 from adapters.redis.client import _mapped
 from adapters.redis.connection import RedisConnection
 from adapters.redis.events import entry, event
-from adapters.redis.values import _text
+from adapters.redis.values import _bounded, _text
 from pipelines.engine.errors import CorruptRecordError
 from pipelines.engine.events import LAST_CURSOR, check_cursor
 from pipelines.engine.models import Event, LogEntry
@@ -34,7 +34,7 @@ class RecentReads:
         cursor = check_cursor(before, "event cursor")
         if limit <= 0:
             return []
-        limit = min(limit, 1 << 62)  # XREVRANGE takes a 64-bit COUNT; one of any size means "all" as in memory
+        limit = _bounded(limit)
         k = self.conn.keys(job_id)
         top = "+" if cursor is None or cursor == LAST_CURSOR else f"({cursor}"
         with _mapped(f"reading the events of job {job_id!r}"):

@@ -28,7 +28,7 @@ from adapters.redis.events import json_line
 from adapters.redis.record_format import changed_fields, delta_json, merged
 from adapters.redis.refs import JournalValues
 from adapters.redis.scripts import naming
-from adapters.redis.values import _text
+from adapters.redis.values import _bounded, _text
 from pipelines.engine.errors import CorruptRecordError, PipelineError
 from pipelines.engine.models import (
     JobRecord,
@@ -258,7 +258,7 @@ class RecordReads:
         """Messages ``[start:stop]`` (Python slice semantics) read with one LRANGE."""
         if stop == 0:
             return []  # LRANGE's end is inclusive: stop-1 == -1 would mean "to the end"
-        start, stop = _bound(start), None if stop is None else _bound(stop)
+        start, stop = _bounded(start), None if stop is None else _bounded(stop)
         with _mapped(f"reading the transcript of job {job_id!r}"):
             lines = self.conn.client.lrange(self.conn.keys(job_id).messages, start, -1 if stop is None else stop - 1)
         return [json_line(job_id, line, "transcript message") for line in lines]
@@ -276,7 +276,7 @@ class RecordReads:
         if count <= 0:
             return []
         with _mapped(f"reading the inbox of job {job_id!r}"):
-            lines = self.conn.client.lrange(self.conn.keys(job_id).inbox, 0, _bound(count) - 1)
+            lines = self.conn.client.lrange(self.conn.keys(job_id).inbox, 0, _bounded(count) - 1)
         return [json_line(job_id, line, "inbox message") for line in lines]
 
     def delete_leftovers(self, job_id: str) -> None:
@@ -369,8 +369,3 @@ def mark_line(mark: TurnMark) -> str:
 def lines_of(hist: Any) -> list[str]:
     text = _text(hist)
     return text.split("\n") if text else []
-
-
-def _bound(n: int) -> int:
-    """A list index as Redis takes it (a 64-bit int): past any list's length, one of any size means the same."""
-    return max(-(1 << 62), min(n, 1 << 62))

@@ -75,6 +75,12 @@ def _ttl_ms(ttl: float) -> str:
     return str(max(1, math.ceil(ttl * 1000)))
 
 
+def _bounded(n: int) -> int:
+    """A count or list index as Redis takes one (a 64-bit int): past any stream's or list's length, one of any
+    size means the same, so ``limit=10**20`` reads "all" as it does in memory."""
+    return max(-(1 << 62), min(n, 1 << 62))
+
+
 def _batched(items: Iterator[str], size: int) -> Iterator[list[str]]:
     while batch := list(itertools.islice(items, size)):
         yield batch
