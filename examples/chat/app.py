@@ -282,12 +282,12 @@ def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
     _check_agent(app, agent, job_id)
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     held = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    if len(held) != sum(1 for m in app.messages(job_id) if _from_person(m)):
+    view, transcript = app.get(job_id), app.messages(job_id)  # read once: both checks below look at them
+    if len(held) != sum(1 for m in transcript if _from_person(m)):
         raise JobConflictError(f"only the latest answer of conversation {job_id!r} can be regenerated, as the "
                                "server holds it: this client holds other messages (an earlier answer, or another "
                                "tab went on); reload the conversation")
-    view = app.get(job_id)
-    if view is not None and any(_from_person(m) for m in app.messages(job_id, view.record.base_transcript_len)):
+    if view is not None and any(_from_person(m) for m in transcript[view.record.base_transcript_len:]):
         # A full retry cuts the transcript back to the run's start: a message a turn took from the inbox
         # (sent after stop() while the run went on) is after it, and would be lost.
         raise JobConflictError(f"the latest answer of conversation {job_id!r} took a message sent while it was "
