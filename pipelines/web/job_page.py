@@ -65,7 +65,9 @@ def context(ui: UI, request: Request, *, live: bool = False) -> dict[str, Any]:
         tail = request.query_params.get("tail") or None
         moved = shown is not None and 0 < shown <= total and tail is not None and tail != _tail(
             ui.app.messages(job_id, shown - 1, shown))
-        reset = shown is not None and (shown > total or moved)
+        # More than a page behind (a tab left open while a fast job ran on, or ``from=0``): the page reloads and
+        # shows the latest page, rather than one response carrying the whole transcript.
+        reset = shown is not None and (shown > total or moved or total - shown > MESSAGES_PAGE)
         start, stop = (total if shown is None or reset else shown), total
         window_start = _number(request, "first") or 0  # the first message the page shows
     else:

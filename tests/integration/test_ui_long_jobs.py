@@ -116,6 +116,17 @@ def test_the_live_refresh_sends_only_the_messages_committed_since_those_shown(ap
     assert 'data-reset="yes"' in cut
 
 
+def test_a_live_refresh_more_than_a_page_behind_reloads_instead_of_sending_the_transcript(app: App,
+                                                                                          client: TestClient) -> None:
+    long_job(app)  # 1,200 messages
+    whole = client.get("/jobs/long/live", params={"from": 0})
+    assert 'data-reset="yes"' in whole.text and shown(whole.text) == []
+    behind = client.get("/jobs/long/live", params={"from": 1200 - MESSAGES_PAGE - 1})
+    assert 'data-reset="yes"' in behind.text and shown(behind.text) == []
+    page = client.get("/jobs/long/live", params={"from": 1200 - MESSAGES_PAGE})
+    assert 'data-reset="no"' in page.text and len(shown(page.text)) == MESSAGES_PAGE
+
+
 def test_a_page_whose_transcript_was_cut_back_and_grew_again_reloads(app: App, client: TestClient) -> None:
     # Another operator retried the job from the start meanwhile: the page's "from" is in range again, but what it
     # shows up to there is not what the transcript now holds, so appending would mix two runs.
