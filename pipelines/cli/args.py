@@ -22,12 +22,21 @@ MAX_LIMIT = 1_000_000
 
 # Cc: C0 controls, DEL and C1 controls (0x9b is an 8-bit CSI, as good as ESC [). Newline and tab
 # are what text is made of; a carriage return is not kept, since it overwrites the line it ends.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Then the bidi controls (embeddings, overrides, isolates, marks): a terminal that reorders text shows
+# a tool's arguments or a log line in another order than they are ("Trojan Source"). Joiners and other
+# invisible characters are left: emoji and some scripts are made with them.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
-    """``text`` with every control character but newline and tab shown as ``\\xNN``, not sent to the terminal."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with every control character but newline and tab, and every bidi control, shown as an escape
+    (``\\x1b``, ``\\u202e``), not sent to the terminal."""
+    return _CONTROL.sub(lambda m: _shown(m.group()), text)
 
 
 def _whole(low: int, high: int, what: str) -> Callable[[str], int]:

@@ -87,6 +87,13 @@ def test_printable_escapes_control_characters_but_newline_and_tab() -> None:
     assert printable("plain ünïcödé ✓") == "plain ünïcödé ✓"
 
 
+def test_printable_escapes_bidi_controls_but_keeps_joiners() -> None:
+    # An override makes "pay bob 5" read otherwise on a terminal that reorders text; a joiner builds an emoji.
+    assert printable("to \u202ebob\u202c and \u2067x\u2069 \u200f\u061c") == \
+        "to \\u202ebob\\u202c and \\u2067x\\u2069 \\u200f\\u061c"
+    assert printable("family \U0001f468\u200d\U0001f469") == "family \U0001f468\u200d\U0001f469"
+
+
 def test_transcript_pretty_status_and_log_show_escapes_instead_of_sending_them(app: App) -> None:
     app.run_agent("talk", job_id="t", messages=[f"hi {ESC}"])
     app.run_pipeline("bad", job_id="b")
