@@ -14,7 +14,8 @@ Routes:
   new message to it is. A call decided already (in another tab) is not decided again: the answer is the
   rest of that call's run, not of a later one; 409 when that run is gone (a ``regenerate()`` undid it).
   ``useChat``'s ``regenerate()`` of the latest answer runs that run again (``app.retry(mode="full")``)
-  and streams it; an earlier answer, or one still being written, is refused (409).
+  and streams it; an earlier answer, or one still being written, is refused (409). So is an edit of a
+  message sent already (``sendMessage({text, messageId})``): the transcript is append-only.
   A message to a conversation whose run goes on (``useChat``'s next message after ``stop()``, which only
   closes the connection) is sent to it (``app.send``) and its answer streamed once a turn took it (see
   :mod:`examples.chat.inbox`).
@@ -222,6 +223,7 @@ def _begin(app: App, agent: str, body: Any) -> Begun:
     if answers := _approval_answers(body):
         _check_agent(app, agent, body["id"])  # a call of another agent's job is not this endpoint's to decide
         return Begun(body["id"], after=_decide(app, body["id"], answers))
+    _refuse_edit(body)
     text = None
     if isinstance(body, dict) and body.get("trigger") == "regenerate-message":
         job_id = _regenerated(app, agent, body)
@@ -293,6 +295,21 @@ def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
         raise JobConflictError(f"the latest answer of conversation {job_id!r} took a message sent while it was "
                                "being written: regenerating it would drop that message; send a new one instead")
     return job_id
+
+
+def _refuse_edit(body: Any) -> None:
+    """Refuse ``useChat``'s ``sendMessage({text, messageId})``: an edit of a message sent already (409).
+
+    The client replaced that message and dropped what followed it; the conversation here holds both, and
+    its transcript is append-only: taken as a new message, the server would go on from the old one while
+    the client shows the edit. (An approval's message names a message too: the assistant's, not a user's.)
+    """
+    messages = body.get("messages") if isinstance(body, dict) else None
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    edited = body.get("messageId") if isinstance(body, dict) and body.get("trigger") == "submit-message" else None
+    if isinstance(edited, str) and isinstance(last, dict) and last.get("role") == "user" and last.get("id") == edited:
+        raise JobConflictError(f"conversation {body.get('id')!r}: a message sent already cannot be edited here (the "
+                               "conversation went on from it); send a new message, or start a new conversation")
 
 
 def _from_person(message: Message) -> bool:

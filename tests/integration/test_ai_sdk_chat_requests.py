@@ -163,6 +163,17 @@ def test_use_chats_regenerate_of_an_earlier_answer_is_refused_and_the_conversati
         "hello", "answer 1 to hello", "and then?", "answer 3 to and then?"]
 
 
+def test_use_chats_edit_of_a_sent_message_is_refused_and_the_conversation_kept() -> None:
+    # The POST took sendMessage({text, messageId}) as a new message: the client showed the edit alone, the
+    # server went on from "hello" and its answer with "hi there" after them.
+    app = counting_app()
+    with serve(build_app(app, agent="a")) as base:
+        got = node("edit", base + "/chat", "edited", "hello", "hi there")
+    assert got["sent"] == said("hello", "answer 1 to hello")
+    assert got["status"] == "error" and "cannot be edited" in got["errors"][0]
+    assert [m["content"] for m in app.messages("edited")] == ["hello", "answer 1 to hello"]
+
+
 def slow_first_answer(msgs: list[Message]) -> Any:
     """A long first turn (the client stops it); an order is looked up, which takes a second turn."""
     last = msgs[-1]

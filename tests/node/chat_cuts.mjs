@@ -36,6 +36,9 @@
 //     prints the chat's messages and status.
 //   node chat_cuts.mjs stop-send <api> <chat id> <text> <stop after ms> <next text> regenerate
 //     The same, then regenerate() (the last answer); prints the chat as it was before that too ("sent").
+//   node chat_cuts.mjs edit <api> <chat id> <text> <edited text>
+//     AbstractChat sends <text>, then sendMessage({text: <edited text>, messageId}) of that message (an edit);
+//     prints the chat's messages and status after it.
 //   node chat_cuts.mjs resume-new <api> <chat id>
 //     useChat's resume (resumeStream()) of a chat that has no run yet.
 import { readFileSync } from "node:fs";
@@ -281,6 +284,15 @@ async function resumeNew(chatId) {
   return { status: c.status, messages: c.messages.length, errors };
 }
 
+async function edit(chatId, text, edited) {
+  const errors = [];
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  await c.sendMessage({ text });
+  const sent = summary(c.messages);
+  await c.sendMessage({ text: edited, messageId: c.messages[0].id });
+  return { sent, status: c.status, messages: summary(c.messages), errors };
+}
+
 async function send(chatId, text) {
   const errors = [];
   const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
@@ -300,5 +312,6 @@ else if (mode === "stale-approve") result = await staleApprove(rest[0]);
 else if (mode === "regenerate") result = await regenerate(rest[0], rest.slice(1));
 else if (mode === "stop-send") result = await stopSend(rest[0], rest[1], Number(rest[2]), rest[3], rest[4]);
 else if (mode === "resume-new") result = await resumeNew(rest[0]);
+else if (mode === "edit") result = await edit(rest[0], rest[1], rest[2]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
