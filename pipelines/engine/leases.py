@@ -22,15 +22,24 @@ from adapters.base import Storage
 from pipelines.engine._daemon import Daemon, start_daemon
 from pipelines.engine.errors import InvalidInputError, PipelineError
 
-__all__ = ["LEASE_KEEPER", "Companion", "LeaseKeeper", "check_lease_seconds"]
+__all__ = ["LEASE_KEEPER", "MIN_LEASE_SECONDS", "Companion", "LeaseKeeper", "check_lease_seconds"]
 
 logger = logging.getLogger("pipelines")
 
 
+MIN_LEASE_SECONDS = 1.0
+"""The shortest lease taken: below it an ordinary pause (a collection, a slow round trip, a busy core) outlasts
+the lease before its renewal lands, and every turn is fenced off and runs again, its tools with it."""
+_TICK = 0.5  # the keeper's look at the leases it holds, at most this far apart (less for short leases)
+
+
 def check_lease_seconds(value: object) -> float:
-    """A lease time to live must be a finite number of seconds > 0."""
+    """A lease time to live must be a finite number of seconds >= :data:`MIN_LEASE_SECONDS`."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
         raise InvalidInputError(f"lease_seconds must be a finite number of seconds > 0, got {value!r}")
+    if value < MIN_LEASE_SECONDS:
+        raise InvalidInputError(f"lease_seconds must be at least {MIN_LEASE_SECONDS:g} s, got {value!r}: a shorter "
+                                "lease runs out before it is renewed, and each turn is fenced off and runs again")
     return float(value)
 
 
@@ -64,6 +73,7 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._thread: Daemon | None = None
         self._ids = iter(range(1 << 62))
+        self._tick = _TICK
 
     def reset_after_fork(self) -> None:
         # A forked child (an RQ work-horse) inherits this object but not the
@@ -73,11 +83,14 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread = None
+        self._tick = _TICK
 
     def hold(self, storage: Storage, job_id: str, owner: str, ttl: float) -> int:
         with self._lock:
             key = next(self._ids)
             self._leases[key] = (storage, job_id, owner, ttl, time.monotonic())
+            # Renewed at a third of its ttl: looked at six times a ttl, so a renewal lands by half of it.
+            self._tick = min(self._tick, ttl / 6)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = start_daemon(self._run, "pipelines-lease-keeper")
         return key
@@ -109,7 +122,7 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(0.5)
+            self._wake.wait(self._tick)
             self.renew_due(time.monotonic())
 
     def renew_due(self, now: float) -> None:

@@ -573,8 +573,10 @@ def test_a_non_callable_stop_when_is_a_clear_error() -> None:
     assert_nothing_written(storage, scheduler)
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, math.nan])
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, 0.2, 0.999])
 def test_a_bad_lease_time_is_rejected_at_the_call(bad: float) -> None:
+    # 0.2 s was taken and never held: its renewal came after it ran out, every turn fenced off and its tools run
+    # again, for ever.
     storage, scheduler, _ = memory()
     # The lease is the App's setting (one place): a per-call value cannot silently replace it.
     with pytest.raises(InvalidInputError, match="lease_seconds"):
