@@ -32,7 +32,7 @@ from pipelines.engine.errors import ConfigurationError, InvalidInputError
 from pipelines.engine.leases import check_lease_seconds
 from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message
 from pipelines.engine.phase import Phase, Pipeline
-from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult
+from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, check_continue_for
 from pipelines.engine.start import RetryMode
 from pipelines.handle import JobView, RunHandle
 from pipelines.provenance import current_commit
@@ -101,7 +101,7 @@ class App:
         self.storage = storage
         self.scheduler = scheduler
         self.lease_seconds = check_lease_seconds(lease_seconds)
-        self.continue_for = continue_for
+        self.continue_for = check_continue_for(continue_for)
         if version is not None and not isinstance(version, str):
             raise InvalidInputError(f"version must be a string, got {type(version).__name__}")
         self.version = version

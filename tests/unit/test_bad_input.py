@@ -573,6 +573,16 @@ def test_a_non_callable_stop_when_is_a_clear_error() -> None:
     assert_nothing_written(storage, scheduler)
 
 
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "abc", True])
+def test_a_bad_continue_for_is_rejected_when_the_app_is_built(bad: object) -> None:
+    # It was kept as given and checked at each advance: every job stayed running, failing at every delivery.
+    storage, scheduler, _ = memory()
+    with pytest.raises(InvalidInputError, match="continue_for must be a finite number of seconds >= 0"):
+        App(storage=storage, scheduler=scheduler, continue_for=bad)  # type: ignore[arg-type]
+    assert App(storage=storage, scheduler=scheduler, continue_for=2).continue_for == 2.0
+    assert_nothing_written(storage, scheduler)
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, 0.2, 0.999])
 def test_a_bad_lease_time_is_rejected_at_the_call(bad: float) -> None:
     # 0.2 s was taken and never held: its renewal came after it ran out, every turn fenced off and its tools run

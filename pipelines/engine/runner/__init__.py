@@ -35,6 +35,7 @@ from pipelines.engine.runner.advance import (
     try_advance,
 )
 from pipelines.engine.runner.advance import as_pipeline as as_pipeline
+from pipelines.engine.runner.advance import check_continue_for as check_continue_for
 from pipelines.engine.runner.attempt import STORAGE_RETRY_SECONDS as STORAGE_RETRY_SECONDS
 from pipelines.engine.runner.results import AdvanceResult
 from pipelines.engine.runner.turn import PipelineFor as PipelineFor

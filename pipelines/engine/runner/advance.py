@@ -24,7 +24,8 @@ from pipelines.engine.runner.results import AdvanceResult
 from pipelines.engine.runner.turn import PipelineFor, _LeasedJob
 from pipelines.engine.tokens import new_token
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "advance_under_lease", "advance_phase", "as_pipeline", "try_advance"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "advance_phase", "advance_under_lease", "as_pipeline", "check_continue_for",
+           "try_advance"]
 
 DEFAULT_LEASE_SECONDS = 10.0
 """Lease time to live. The lease keeper renews it every third of that while a phase runs, so a killed
@@ -82,9 +83,11 @@ def try_advance(
                        lease_seconds=lease_seconds, continue_for=continue_for)
 
 
-def _check_continue_for(continue_for: object) -> None:
+def check_continue_for(continue_for: object) -> float:
+    """``continue_for`` as seconds: a finite number >= 0, else :class:`InvalidInputError` naming it."""
     if isinstance(continue_for, bool) or not isinstance(continue_for, int | float) or not 0 <= continue_for < math.inf:
         raise InvalidInputError(f"continue_for must be a finite number of seconds >= 0, got {continue_for!r}")
+    return float(continue_for)
 
 
 def advance_under_lease(
@@ -110,7 +113,7 @@ def advance_under_lease(
     """
     validate_job_id(job_id)
     check_lease_seconds(lease_seconds)
-    _check_continue_for(continue_for)
+    check_continue_for(continue_for)
     owner = new_token()
     try:
         record = storage.acquire_lease(job_id, owner, lease_seconds)
