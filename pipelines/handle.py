@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class _Runs(Protocol):
 
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView: ...
 
-    def run_in_process(self) -> None: ...
+    def run_in_process(self) -> bool | None: ...
 
     def stream(self, job_id: str, *, after: str | None = None, follow: bool = True,
                timeout: float | None = None) -> Iterator[Event]: ...
@@ -88,6 +89,27 @@ class JobView:
         return self.record.status in FINISHED
 
 
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,100}")  # a call id safe to show inside a shell command
+
+
+def _acts(view: JobView) -> str:
+    """What a person does for a job waiting for one, or paused (``""`` for any other)."""
+    job = view.job_id
+    if view.status is JobStatus.PAUSED:
+        return f"; it runs on once resumed: app.resume({job!r}) or `pipelines resume {job}`"
+    if view.status is not JobStatus.WAITING:
+        return ""
+    calls = [c for c in view.pending_calls if isinstance(c.get("call_id"), str)]
+    if calls:
+        # Call ids and tool names come from the model: shown as reprs (no control character reaches a terminal).
+        named = ", ".join(f"{c['call_id']!r} ({str(c.get('tool', '?'))!r})" for c in calls[:5])
+        first = calls[0]["call_id"]
+        command = f", `pipelines approve {job} {first}`" if _PLAIN_ID.fullmatch(first) else ""
+        return (f"; it waits for a person to approve or reject {len(calls)} call(s): {named}; app.approve({job!r}, "
+                f"{first!r}) or app.reject(...){command}")
+    return f"; it waits for a person (an input, an approval): `pipelines status {job}` shows what it asks"
+
+
 class RunHandle:
     """One run of an :class:`~pipelines.app.App`: ``run.get()``, ``run.wait()``, ``run.result()``, ``run.cancel()``."""
 
@@ -102,16 +124,21 @@ class RunHandle:
         """The job as it stands now (``None`` if it was deleted)."""
         return self.app.get(self.job_id)
 
-    def wait(self, timeout: float = 60.0, *, poll: float = 0.1) -> JobView:
+    def wait(self, timeout: float = 60.0, *, poll: float = 0.1, since: float | None = None) -> JobView:
         """Wait until the job is complete, failed or cancelled; returns its view.
 
         With an in-process scheduler the App runs the job's turns here
         (``drain``); otherwise this polls storage every ``poll`` seconds, so it
         works from any process. Raises :class:`WaitTimeoutError` after
-        ``timeout`` seconds, naming the status the job is in.
+        ``timeout`` seconds, naming the status the job is in, and what a job
+        waiting for a person waits for (the calls to approve, the input). With
+        an in-process scheduler it raises at once for a job waiting for a
+        person or paused: nothing runs it until someone acts. ``since``: when
+        (``time.monotonic()``) the timeout started, for a caller that waited
+        already (streamed the run first); now by default.
         """
-        deadline = time.monotonic() + timeout
-        self.app.run_in_process()
+        deadline = (time.monotonic() if since is None else since) + timeout
+        in_process = bool(self.app.run_in_process())
         while True:
             view = self.get()
             if view is None:
@@ -119,8 +146,11 @@ class RunHandle:
             if view.finished:
                 return view
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise WaitTimeoutError(f"job {self.job_id!r} is still {view.status.value} after {timeout:g} s")
+            stuck = in_process and view.status in (JobStatus.WAITING, JobStatus.PAUSED)
+            if left <= 0 or stuck:
+                when = "now (an in-process scheduler runs nothing until then)" if stuck else f"after {timeout:g} s"
+                raise WaitTimeoutError(f"job {self.job_id!r} is still {view.status.value} {when}{_acts(view)}",
+                                       status=view.status.value)
             time.sleep(min(poll, left))
 
     def result(self, timeout: float = 60.0) -> Any:

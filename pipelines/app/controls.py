@@ -147,11 +147,15 @@ class Controls:
                                      f"is {type(self.scheduler).__name__}: its workers advance the jobs")
         return in_process.drain(max_advances=max_advances)
 
-    def run_in_process(self) -> None:
-        """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers."""
+    def run_in_process(self) -> bool:
+        """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers.
+
+        Whether the scheduler is in-process (then nothing runs a job between two such calls).
+        """
         in_process = as_feature(self.scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
         if in_process is not None:
             in_process.drain()
+        return in_process is not None
 
 
     # --- deleting -------------------------------------------------------------------------------

@@ -352,9 +352,9 @@ class App:
         """Run every scheduled advance now (an in-process scheduler only); returns how many ran."""
         return self.controls.drain(max_advances=max_advances)
 
-    def run_in_process(self) -> None:
-        """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers."""
-        self.controls.run_in_process()
+    def run_in_process(self) -> bool:
+        """Drain an in-process scheduler (nothing else runs its jobs; ``True``); a no-op for queue schedulers."""
+        return self.controls.run_in_process()
 
     def delete(self, job_id: str) -> None:
         """Delete ``job_id`` and everything it stored (transcript, logs, events, live stream, index entries).

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
@@ -65,18 +66,25 @@ def _run(app: App, args: argparse.Namespace, out: TextIO) -> int:
     extra: dict[str, Any] = {"context": context} if (context := _context(args.context)) is not None else {}
     run = app.run_agent(args.name, job_id=job_id, user=args.input, **extra)
     print(f"job {job_id}", file=out, flush=True)
+    began = time.monotonic()  # one --timeout for the stream and the wait after it together
     if args.follow:
         app.run_in_process()  # an in-process scheduler runs the turns here; a queue's workers run them
         watching = _watch_for_a_worker(app, job_id, args)
+        open_line = False
         try:
             for part in run.stream(timeout=args.timeout):
                 if part.type == "text_delta":  # the model's text, for a terminal: escapes shown, not obeyed
-                    print(printable(str(part.data.get("text", ""))), end="", file=out, flush=True)
+                    text = printable(str(part.data.get("text", "")))
+                    print(text, end="", file=out, flush=True)
+                    open_line = open_line or bool(text)
                 elif part.type == "turn_committed":
                     print(file=out, flush=True)
+                    open_line = False
         finally:
             watching.set()
-    view = run.wait(timeout=args.timeout)
+            if open_line:  # an error line after it starts a line of its own
+                print(file=out, flush=True)
+    view = run.wait(timeout=args.timeout, since=began)
     if view.error:
         raise JobFailedError(f"job {job_id!r} failed: {view.error}")
     if not args.follow:

@@ -27,6 +27,8 @@ def _fix(exc: BaseException, app: str) -> str:
         asked = getattr(exc, "fix", None) or "is the storage server running where the app's storage points?"
         return f"{asked} `pipelines health{app}` checks it"
     if isinstance(exc, WaitTimeoutError):
+        if exc.status in ("waiting", "paused"):
+            return ""  # its message says whom it waits for and what to run; no worker is missing
         return (f"the job goes on; is a worker running for this app (`pipelines worker{app}`)? "
                 f"`pipelines status{app} JOB` shows where it is")
     return ""

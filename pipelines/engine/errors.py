@@ -105,7 +105,15 @@ class JobFailedError(PipelineError):
 
 
 class WaitTimeoutError(PipelineError, TimeoutError):
-    """Waiting for a run took longer than the timeout given; the job goes on regardless."""
+    """Waiting for a run took longer than the timeout given; the job goes on regardless.
+
+    ``status``: the job's status then (``"waiting"``: for a person, whom the message names with the calls or
+    input it waits for; ``"paused"``: for a ``resume``); ``None`` when not known.
+    """
+
+    def __init__(self, message: str, *, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ConfigurationError(PipelineError):

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,11 @@ def test_follow_says_when_no_worker_has_taken_the_job_and_which_queue_it_waits_o
     monkeypatch.setenv("OPS_REDIS_URL", redis_url)
     app = write_app(tmp_path, monkeypatch, "ops_queue_app", QUEUE_APP)
     monkeypatch.setattr(cli_agent, "NO_WORKER_SECONDS", 0.3)
+    began = time.monotonic()
     code, out, err = run("agent", "run", "support", "--app", app, "--input", "hi", "--job", "j1", "--follow",
                          "--timeout", "1.5")
+    # One --timeout for the stream and the wait after it: it waited 1.5 s twice (3 s for 1.5).
+    assert time.monotonic() - began < 2.9
     lines = err.splitlines()
     assert code == 1 and out.splitlines() == ["job j1"]
     assert lines[0] == ("waiting: no worker has taken job 'j1' after 0.3s; it waits on queue 'agents': "

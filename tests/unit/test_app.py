@@ -156,6 +156,44 @@ def test_wait_times_out_with_a_clear_error_and_result_of_a_failed_job_raises() -
         run.wait(timeout=0.05, poll=0.01)
 
 
+@tool(needs_approval=True)
+def refund(order: str) -> str:
+    """Refund an order."""
+    return f"refunded {order}"
+
+
+def test_wait_on_an_in_process_run_waiting_for_a_person_says_so_at_once_naming_the_call_and_what_to_run() -> None:
+    # It slept the whole timeout (60 s by default, under a scheduler the README calls a virtual clock) and then
+    # said only "still waiting", and the CLI added "is a worker running?".
+    storage, scheduler, _ = memory()
+    agent = Agent(name="desk", model=ScriptedModel([reply(None, call("refund", order="A-1")), "done"]),
+                  tools=[refund])
+    app = App(storage=storage, scheduler=scheduler, agents=[agent])
+    run = app.run_agent("desk", job_id="r", user="refund A-1")
+    with pytest.raises(WaitTimeoutError) as raised:
+        run.wait(timeout=3600)
+    said = str(raised.value)
+    assert raised.value.status == "waiting" and "still waiting now" in said
+    assert "approve or reject 1 call(s): 'call_0_0' ('refund')" in said
+    assert "app.approve('r', 'call_0_0')" in said and "`pipelines approve r call_0_0`" in said
+    from pipelines.cli.errors import error_line
+    assert "worker" not in error_line(raised.value)
+    app.approve("r", "call_0_0")
+    assert run.result(timeout=5) == "done"
+
+
+def test_wait_on_an_in_process_run_that_is_paused_says_so_at_once() -> None:
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, pipelines={"p": [Phase("x", lambda ctx: Done())]})
+    run = app.run_pipeline("p", job_id="p")
+    app.pause("p")
+    with pytest.raises(WaitTimeoutError, match=r"still paused now .*app.resume\('p'\)") as raised:
+        run.wait(timeout=3600)
+    assert raised.value.status == "paused"
+    app.resume("p")
+    assert run.wait(timeout=5).status is JobStatus.COMPLETE
+
+
 def test_drain_on_a_queue_scheduler_is_a_configuration_error() -> None:
     class QueueOnly:
         precision = 1.0
