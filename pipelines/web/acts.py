@@ -6,12 +6,15 @@ the action will do, with its options, and a second form carrying
 / ``app.send``) and redirects (303) to a page that says what it did, with a link
 to the job it made or moved: reloading that page does not send a message again.
 A send's confirm form carries a one-time token: a second post of it (a double
-click) sends nothing and says what the first did; a fork's carries its new id.
+click) sends nothing and says what the first did (a post refused leaves the
+token unspent); a fork's carries its new id.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pipelines.engine.models import validate_job_id
-from pipelines.errors import InvalidInputError, JobNotFoundError
+from pipelines.errors import InvalidInputError, JobConflictError, JobNotFoundError
 from pipelines.web.core import UI, is_count
 
 __all__ = ["ACTIONS", "act", "done"]
@@ -44,10 +47,8 @@ def act(ui: UI, request: Request, job_id: str, action: str) -> Response:
         said = {"did": "rerun" if plan["run"] else "fork", "at": str(plan["at_turn"]), "into": handle.job_id}
     else:
         # A second post of the same form (a double click) sends nothing: it says what the first one did.
-        did = _spend(ui, form.get("once", ""), "continued" if view.finished else "sent")
-        if did is None:
-            ui.app.send(job_id, [plan["text"]])
-        said = {"did": did or ("continued" if view.finished else "sent")}
+        what = "continued" if view.finished else "sent"
+        said = {"did": _send_once(ui, form.get("once", ""), what, lambda: ui.app.send(job_id, [plan["text"]]))}
     root = request.scope.get("root_path", "")
     return RedirectResponse(f"{root}/jobs/{job_id}/done?{urlencode(said)}", status_code=303)
 
@@ -98,19 +99,39 @@ def _send_plan(finished: bool, form: dict[str, str]) -> dict[str, Any]:
 
 
 SPENT_KEPT = 10_000  # one-time tokens of sends remembered per page process (oldest forgotten first)
+SENDING_WAIT = 30.0  # seconds a second post of a form waits for the first one's send to end
 
 
-def _spend(ui: UI, once: str, did: str) -> str | None:
-    """Spend the send form's one-time token ``once`` for ``did``; what it was spent for before (``None``: fresh).
+def _send_once(ui: UI, once: str, did: str, send: Callable[[], object]) -> str:
+    """Send with the form's one-time token ``once``, unless a post of it sent already; what was done.
 
-    Refused when missing: a form without one is not the page's own (or from before an upgrade).
+    A token is spent only by a send that went through: one refused (the run in progress, a failed job, a
+    storage error) leaves it, so the same form sends once the cause is gone. A second post while the first
+    is still sending waits for its outcome. A form without a token is refused: it is not the page's own.
     """
     if not once or len(once) > 64:
         raise InvalidInputError("this form has no one-time token (a page from before an upgrade?): open it again")
-    with ui.spent_lock:
-        if once in ui.spent:
-            return ui.spent[once]
-        ui.spent[once] = did
-        if len(ui.spent) > SPENT_KEPT:
-            del ui.spent[next(iter(ui.spent))]
-    return None
+    for _ in range(3):
+        with ui.spent_lock:
+            if once in ui.spent:
+                return ui.spent[once]
+            busy = ui.sending.get(once)
+            mine = busy is None
+            if busy is None:
+                busy = ui.sending[once] = threading.Event()
+        if not mine:
+            busy.wait(SENDING_WAIT)  # then: spent (it went through), or free again (it was refused)
+            continue
+        try:
+            send()
+            with ui.spent_lock:
+                ui.spent[once] = did
+                if len(ui.spent) > SPENT_KEPT:
+                    del ui.spent[next(iter(ui.spent))]
+        finally:
+            with ui.spent_lock:
+                ui.sending.pop(once, None)
+            busy.set()
+        return did
+    raise JobConflictError("this form is being sent by another request that has not ended; open the job's page "
+                           "to see whether the message arrived")

@@ -85,6 +85,7 @@ class UI:
         self.guesses = Guesses()  # wrong tokens per client address: a token is not guessed at server speed
         # One-time tokens of confirmed sends (pipelines.web.acts): a second post of one form sends nothing.
         self.spent: dict[str, str] = {}  # token -> what its first post did
+        self.sending: dict[str, threading.Event] = {}  # token -> set when the post sending it is done
         self.spent_lock = threading.Lock()
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                       undefined=jinja2.StrictUndefined)

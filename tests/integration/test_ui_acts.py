@@ -195,3 +195,67 @@ def test_a_message_as_long_as_promised_is_taken_in_any_script(app: App) -> None:
         assert longer.status_code == 400 and f"at most {MAX_MESSAGE_CHARS} characters" in longer.text
         huge = c.post("/jobs/c1/send", data={"csrf": token, "text": "x" * (MAX_FORM_BYTES + 1)})
         assert huge.status_code == 413
+
+
+def _send_form(c: TestClient) -> dict[str, str]:
+    ask = c.post("/jobs/c1/send", data={"csrf": csrf_of(c.get("/jobs/c1").text), "text": "and more"})
+    once = re.search(r'name="once" value="([^"]+)"', ask.text)
+    assert once is not None
+    return {"csrf": csrf_of(ask.text), "text": "and more", "confirmed": "yes", "once": once.group(1)}
+
+
+def test_a_refused_send_leaves_its_forms_token_unspent_so_the_same_form_sends_later(
+        app: App, monkeypatch: Any) -> None:
+    # The token was spent before the send: refused (a run in progress, a failed job), the same form posted
+    # again said "sent" and sent nothing.
+    from pipelines.errors import JobConflictError
+
+    _chat(app)
+    real, refusals = app.send, ["the run is in progress"]
+
+    def send(job_id: str, messages: list[Any]) -> Any:
+        if refusals:
+            raise JobConflictError(refusals.pop())
+        return real(job_id, messages)
+
+    monkeypatch.setattr(app, "send", send)
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        form = _send_form(c)
+        refused = c.post("/jobs/c1/send", data=form, follow_redirects=False)
+        assert refused.status_code == 409 and "the run is in progress" in refused.text
+        sent = c.post("/jobs/c1/send", data=form, follow_redirects=False)
+        assert sent.status_code == 303 and sent.headers["location"] == "/jobs/c1/done?did=continued"
+    app.drain()
+    assert [m["content"] for m in app.messages("c1") if m["role"] == "user"] == ["hello", "and more"]
+
+
+def test_a_second_post_of_a_form_while_the_first_is_sending_waits_for_it_and_sends_nothing(
+        app: App, monkeypatch: Any) -> None:
+    import threading
+
+    _chat(app)
+    real, entered, go, calls = app.send, threading.Event(), threading.Event(), []
+
+    def slow_send(job_id: str, messages: list[Any]) -> Any:
+        calls.append(messages)
+        entered.set()
+        go.wait(10)
+        return real(job_id, messages)
+
+    monkeypatch.setattr(app, "send", slow_send)
+    with TestClient(ui_app(app), base_url=LOCAL) as c:
+        form = _send_form(c)
+        results: list[Any] = []
+        first = threading.Thread(target=lambda: results.append(c.post("/jobs/c1/send", data=form,
+                                                                       follow_redirects=False)))
+        first.start()
+        assert entered.wait(10)
+        second = threading.Thread(target=lambda: results.append(c.post("/jobs/c1/send", data=form,
+                                                                        follow_redirects=False)))
+        second.start()
+        second.join(0.3)
+        assert second.is_alive()  # waiting for the first post's outcome, not answering "sent" before it
+        go.set()
+        first.join(10)
+        second.join(10)
+    assert [r.status_code for r in results] == [303, 303] and len(calls) == 1
