@@ -98,3 +98,36 @@ def test_refreshes_that_overlap_add_each_message_and_event_once(app: App, base: 
     assert shown_events == want_events
     shown = messages_shown(browser)
     assert shown == sorted(set(shown), key=lambda i: int(i[2:])) and shown[:3] == ["m-0", "m-1", "m-2"]
+
+
+def test_a_page_more_than_a_page_behind_keeps_a_draft_instead_of_reloading(app: App, base: str,
+                                                                          browser: WebDriver) -> None:
+    # A turn that added more than a page of messages reloaded the page, and the message being typed was lost.
+    from pipelines.engine.models import Commit
+
+    long_job(app, "grow", messages=2, events=1, logs=1)
+    record = app.storage.get_job("grow")
+    assert record is not None
+    app.storage.commit(Commit(job_id="grow", expected_version=record.version, token="running", record=record.model_copy(
+        update={"version": record.version + 1, "status": JobStatus.RUNNING})))
+    browser.get(f"{base}/jobs/grow")
+    assert messages_shown(browser) == ["m-0", "m-1"]
+    browser.execute_script("window.__loaded = 'first';")
+    browser.find_element(By.ID, "send-text").send_keys("a long draft")
+    record = app.storage.get_job("grow")
+    assert record is not None
+    app.storage.commit(Commit(job_id="grow", expected_version=record.version, token="grown",
+                              record=record.model_copy(update={"version": record.version + 1,
+                                                               "transcript_len": 152}),
+                              append_messages=[{"role": "assistant", "content": f"more {n}"} for n in range(150)]))
+    deadline = time.monotonic() + 15
+    while not browser.execute_script("return !document.getElementById('flash').hidden;") and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert browser.execute_script("return window.__loaded;") == "first"  # not reloaded
+    assert browser.find_element(By.ID, "send-text").get_attribute("value") == "a long draft"
+    assert "reload the page" in text_of(browser, "#flash")
+    assert messages_shown(browser) == ["m-0", "m-1"]  # nothing patched in out of place
+    browser.find_element(By.ID, "send-text").clear()
+    browser.refresh()
+    assert messages_shown(browser)[-1] == "m-151"

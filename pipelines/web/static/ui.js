@@ -42,10 +42,28 @@
     if (fresh && old) { old.replaceWith(document.adoptNode(fresh)); }
   }
 
+  // The page's messages can no longer be patched (the transcript was cut back, or grew by more than a page):
+  // it reloads, unless the person is typing in one of its forms, whose text a reload would lose. Then the
+  // live refresh stops and a banner says to reload.
+  var stale = false;
+  function reloadUnlessDrafting() {
+    var fields = document.querySelectorAll("textarea, input[type=text], input:not([type])");
+    for (var i = 0; i < fields.length; i++) {
+      if (fields[i].value !== fields[i].defaultValue) {
+        stale = true;
+        flash("This conversation moved on since the page was loaded: reload the page to see it " +
+              "(copy what you typed first).");
+        return;
+      }
+    }
+    window.location.reload();
+  }
+
   // One refresh at a time: two in flight would ask from the same point and both add what is new (an action's
   // refresh, a committed event's and the 5 s look can meet). A refresh asked for meanwhile runs after it.
   var inFlight = false, again = false;
   function refresh() {
+    if (stale) { return; }
     if (inFlight) { again = true; return; }
     inFlight = true;
     var done = function () {
@@ -75,7 +93,7 @@
         if (html === null) { return; }
         var doc = new DOMParser().parseFromString(html, "text/html");
         var added = doc.getElementById("live-messages");
-        if (added && added.getAttribute("data-reset") === "yes") { again = false; window.location.reload(); return; }
+        if (added && added.getAttribute("data-reset") === "yes") { again = false; reloadUnlessDrafting(); return; }
         swap(doc, "job-top");
         swap(doc, "transcript-tail");
         swap(doc, "job-bottom");
