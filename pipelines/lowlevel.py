@@ -106,11 +106,12 @@ def advance_phase(
     phase's exception never escapes: it is recorded on the job as status ``error`` (I9).
     ``state_model`` (or a :class:`Pipeline` with ``state=``) makes the phases see the state as that
     pydantic model. Through the App attached to the scheduler: its lease (``lease_seconds``, unless
-    given here), its flow control (rate limits, concurrency keys) and its environment (child runs,
-    callbacks) hold as for a worker's turn. (``pipelines.engine.runner.advance_phase`` is the
+    given here), its ``max_interrupted_turns``, its flow control (rate limits, concurrency keys) and its
+    environment (child runs, callbacks) hold as for a worker's turn. (``pipelines.engine.runner.advance_phase`` is the
     engine's own, with none of an App's settings.)
     """
     app = App.for_adapters(storage, scheduler)
     pipeline = as_pipeline(phases, state_model)
     advance_under_lease(job_id, lambda record: pipeline, storage=storage, scheduler=scheduler,
-                        lease_seconds=app.lease_seconds if lease_seconds is None else lease_seconds, env=app.env)
+                        lease_seconds=app.lease_seconds if lease_seconds is None else lease_seconds, env=app.env,
+                        max_interrupted_turns=app.max_interrupted_turns)

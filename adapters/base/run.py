@@ -116,6 +116,13 @@ class LeaseStore(Protocol):
         """Take the job's lease for ``ttl`` seconds and return the record.
 
         ``None`` when the job is unknown or another owner holds a live lease.
+        Taking over a lease that ran out (its owner neither let it go nor
+        committed: dead or stalled mid-turn) counts one interruption of the
+        job's turn, in the same atomic step; the record returned (and every
+        load until the next commit, which starts the count again) says how many
+        in a row as ``record.interrupted`` (kept beside the lease, never in the
+        record's JSON). The runner fails a job whose turn keeps killing its
+        workers by it (:mod:`pipelines.engine.runner.interrupted`).
         """
         ...
 

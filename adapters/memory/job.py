@@ -47,11 +47,24 @@ class Job:
     dropped: Usage = field(default_factory=Usage)  # usage of attempts fenced off after paying
     dropped_token: str = ""
     fenced: list[str] = field(default_factory=list)  # what fenced-off attempts were answered (JSON, newest last)
+    # Leases that ran out and were taken over (a worker lost mid-turn), counted at version ``lapsed_at``: a
+    # commit moves the version on, which starts the count again (``JobRecord.interrupted``).
+    lapses: int = 0
+    lapsed_at: int = -1
     # The record the last commit stored, as its JSON reads back (nothing kept beside it): what the next
     # lease hands the engine as it is, unparsed. Its fields were checked when they were stored, and no
     # object a record holds is changed afterwards (the engine builds each record anew, a phase gets a copy
     # of its state), so it stays what its text would read.
     stored: JobRecord | None = None
+
+    @property
+    def interrupted(self) -> int:
+        """How many times in a row the turn at this version lost its lease without committing."""
+        return self.lapses if self.lapsed_at == self.version else 0
+
+    def lease_lapsed(self) -> None:
+        """A lease that ran out is taken over: one more interruption of the turn at this version."""
+        self.lapses, self.lapsed_at = self.interrupted + 1, self.version
 
     @property
     def record(self) -> str:

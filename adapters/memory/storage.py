@@ -109,8 +109,9 @@ class MemoryStorage(BesideRecord, HistoryReads):
         if rec.checkpoint is not None and job.journal and job.journal_version == rec.version:
             journal = {k: json.loads(v) for k, v in job.journal.items()}
             rec = rec.model_copy(update={"checkpoint": rec.checkpoint.model_copy(update={"journal": journal})})
-        if job.control is not None or job.inbox or job.dropped.model_calls:
-            rec = rec.model_copy(update={"control": job.control, "inbox": len(job.inbox), "dropped": job.dropped})
+        if job.control is not None or job.inbox or job.dropped.model_calls or job.interrupted or rec.interrupted:
+            rec = rec.model_copy(update={"control": job.control, "inbox": len(job.inbox), "dropped": job.dropped,
+                                         "interrupted": job.interrupted})
         return rec
 
     # --- Storage -------------------------------------------------------------
@@ -271,6 +272,8 @@ class MemoryStorage(BesideRecord, HistoryReads):
             job = self._jobs.get(job_id)
             if job is None or (self._lease_live(job) and job.lease_owner != owner):
                 return None
+            if job.lease_owner is not None and not self._lease_live(job):
+                job.lease_lapsed()  # ran out, not let go: its holder died or stalled mid-turn
             job.lease_owner = owner
             job.lease_expires = self._clock() + ttl
             return self._load(job_id, job, warm=True)

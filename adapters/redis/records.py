@@ -314,11 +314,15 @@ def _same_version(job_id: str, stored: JobRecord, version: Any) -> None:
 
 
 def _beside(record: JobRecord, reply: Sequence[Any]) -> JobRecord:
-    """``record`` with what LOAD read beside it: how many messages wait in its inbox, the usage fenced off."""
+    """``record`` with what LOAD read beside it: how many messages wait in its inbox, the usage fenced off, the
+    turn's interruptions (leases taken over after they ran out)."""
     waiting = int(_text(reply[4]) or 0)
     update: dict[str, Any] = {"inbox": waiting} if waiting else {}
     if reply[5]:
         update["dropped"] = Usage.model_validate_json(reply[5])
+    lapses = int(reply[12]) if len(reply) > 12 else 0
+    if lapses or record.interrupted:
+        update["interrupted"] = lapses
     return record.model_copy(update=update) if update else record
 
 

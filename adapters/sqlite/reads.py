@@ -39,7 +39,8 @@ def _count(n: int) -> int:
 
 RECORD_COLUMNS = ("job_id, record, journal_version = version AND EXISTS (SELECT 1 FROM journal "
                   "WHERE journal.job_id = jobs.job_id), control, dropped, "
-                  "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id)")
+                  "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id), "
+                  "CASE WHEN lapsed_at = version THEN lapses ELSE 0 END")
 """The columns :func:`load_record` reads, in its order. The third says whether the journal holds steps of the
 record's version: a commit empties the journal but leaves it at the version it wrote, so after most commits a
 record is loaded without a second statement for an empty journal."""
@@ -63,14 +64,15 @@ def _json(job_id: str, text: str, what: str) -> Any:
 
 
 def load_record(conn: sqlite3.Connection, row: Sequence[Any], kept: Histories | None) -> JobRecord:
-    """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox and dropped usage
+    """The record of a :data:`RECORD_COLUMNS` row, with its journal, control request, inbox, dropped usage and
+    interrupted turns
     (parsed apart from its history when ``kept`` holds the text: see :mod:`adapters.sqlite.history`).
 
     ``kept``: only for the engine's lease, which shares the kept history marks (its commit then dumps only
     the marks it adds); a reader (``None``) gets marks of its own, parsed, so changing them changes nothing
     a later load or fork sees.
     """
-    job_id, text, journaled, control, dropped, waiting = row
+    job_id, text, journaled, control, dropped, waiting, lapses = row
     try:
         rec = JobRecord.model_validate_json(text) if kept is None else kept.load(job_id, text)
     except ValidationError as exc:
@@ -85,6 +87,8 @@ def load_record(conn: sqlite3.Connection, row: Sequence[Any], kept: Histories | 
         update["control"] = control
     if waiting:
         update["inbox"] = int(waiting)
+    if lapses or rec.interrupted:
+        update["interrupted"] = int(lapses)
     if dropped:
         try:
             update["dropped"] = Usage.model_validate_json(dropped)

@@ -21,6 +21,8 @@ Layout (one row per job in ``jobs``; what a job owns is keyed by its id):
 * ``processes``: which processes opened the file (see :mod:`adapters.sqlite.processes`).
 * ``fenced`` (version 2): what the model answered attempts that were fenced
   off before they could commit, the newest few of a job, by position.
+* ``jobs.lapses``, ``jobs.lapsed_at`` (version 3): the leases that ran out and
+  were taken over since the job's last commit (``JobRecord.interrupted``).
 """
 
 from __future__ import annotations
@@ -82,9 +84,17 @@ _V2 = [
     "PRIMARY KEY (job_id, pos)) WITHOUT ROWID",
 ]
 
-MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2}
+# ``jobs.lapses``: how many leases that ran out were taken over at version ``lapsed_at``, none committing (the
+# record's ``interrupted``: the runner fails a job whose turn keeps killing its workers); a commit moves the
+# version on, which starts the count again.
+_V3 = [
+    "ALTER TABLE jobs ADD COLUMN lapses INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN lapsed_at INTEGER NOT NULL DEFAULT -1",
+]
+
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}
 """The statements that take a file from version ``n - 1`` to ``n``, for each ``n``."""
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version this library reads and writes."""
 
 

@@ -53,8 +53,13 @@ __all__ = ["SQLiteStorage"]
 
 _EXPIRE_BATCH = 200  # finished jobs whose live parts one sweep drops: a short write, whatever the file holds
 
-_TAKE_LEASE = ("UPDATE jobs SET lease_owner = ?, lease_expires = ?, lease_proc = ? WHERE job_id = ? "
-               f"AND (lease_owner IS NULL OR lease_expires <= ? OR lease_owner = ?) RETURNING {RECORD_COLUMNS}")
+# A lease that ran out (its owner kept past its expiry, or reaped from a dead process) taken over is one more
+# interruption of the turn at this version (JobRecord.interrupted); a commit moves the version on.
+_LAPSED = "lease_owner IS NOT NULL AND lease_expires <= :now"
+_TAKE_LEASE = ("UPDATE jobs SET lease_owner = :owner, lease_expires = :until, lease_proc = :proc, "
+               f"lapses = CASE WHEN NOT ({_LAPSED}) THEN lapses WHEN lapsed_at = version THEN lapses + 1 ELSE 1 END, "
+               f"lapsed_at = CASE WHEN {_LAPSED} THEN version ELSE lapsed_at END WHERE job_id = :job "
+               f"AND (lease_owner IS NULL OR lease_expires <= :now OR lease_owner = :owner) RETURNING {RECORD_COLUMNS}")
 
 
 class SQLiteStorage(SQLiteReads):
@@ -236,7 +241,8 @@ class SQLiteStorage(SQLiteReads):
             now = self._clock()
             # One statement takes a lease that is free, expired or this owner's and returns the record
             # (no row: the job is unknown or another owner's lease is live).
-            rows = conn.execute(_TAKE_LEASE, (owner, now + ttl, processes.me(), job_id, now, owner)).fetchall()
+            rows = conn.execute(_TAKE_LEASE, {"owner": owner, "until": now + ttl, "proc": processes.me(),
+                                              "job": job_id, "now": now}).fetchall()
             return load_record(conn, rows[0], self._kept) if rows else None
 
         record: JobRecord | None = self._write(take, f"leasing job {job_id!r}", durable=False)

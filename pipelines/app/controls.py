@@ -9,11 +9,20 @@ sweeps (``advance_due``, ``requeue_overdue``, ``gc``) live here too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import CountingIndex, InProcessScheduler, RetentionStore, VersionedSchema
+from adapters.base import (
+    CountingIndex,
+    FlowCapable,
+    InProcessScheduler,
+    RetentionStore,
+    Scheduler,
+    Storage,
+    VersionedSchema,
+)
 from phases import approvals, titles
-from pipelines.engine import children, control, transitions, writer
+from pipelines.engine import children, control, flow, transitions, writer
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.errors import (
     ConfigurationError,
@@ -31,7 +40,7 @@ from pipelines.handle import JobView
 if TYPE_CHECKING:
     from pipelines.app.face import App
 
-__all__ = ["Controls", "check_retention", "check_seconds"]
+__all__ = ["Controls", "check_retention", "check_seconds", "flow_control"]
 
 logger = logging.getLogger("pipelines")
 
@@ -107,7 +116,8 @@ class Controls:
         # this App, on whatever thread they run (see pipelines.engine.env).
         return advance_under_lease(job_id, lambda record: self.registry.pipeline(record.pipeline), storage=self.storage,
                            scheduler=self.scheduler, lease_seconds=self.app.lease_seconds,
-                           continue_for=self.app.continue_for, env=self.env)
+                           continue_for=self.app.continue_for, env=self.env,
+                           max_interrupted_turns=self.app.max_interrupted_turns)
 
     try_advance = advance
 
@@ -275,3 +285,15 @@ def check_seconds(value: object, name: str) -> float:
         raise InvalidInputError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
 
+
+def flow_control(storage: Storage, scheduler: Scheduler, rate_limits: Sequence[flow.RateLimit],
+                 concurrency: Mapping[str, int] | None, store: Any, lease_seconds: float) -> flow.FlowControl:
+    """The App's flow control; its state in ``store``, else the storage's own (``storage.flow_store()``)."""
+    if isinstance(rate_limits, flow.RateLimit) or not isinstance(rate_limits, Sequence):
+        raise InvalidInputError(f"rate_limits must be a list of RateLimit, got {type(rate_limits).__name__}")
+    if store is None and (rate_limits or concurrency):
+        capable = as_feature(storage, Feature.FLOW, FlowCapable)  # type: ignore[type-abstract]
+        store = capable.flow_store() if capable is not None else None
+    # A slot outlives a lease by a little, so a worker that holds its lease keeps its slot too.
+    return flow.FlowControl(store, rate_limits=rate_limits, concurrency=concurrency,
+                            slot_seconds=lease_seconds * 1.5, clock=scheduler.now)

@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from adapters.base import FlowCapable, HostedScheduler, InProcessScheduler, Scheduler, Storage, WorkerEntry
-from pipelines.app.controls import Controls, check_retention
+from adapters.base import HostedScheduler, InProcessScheduler, Scheduler, Storage, WorkerEntry
+from pipelines.app.controls import Controls, check_retention, flow_control
 from pipelines.app.entry import WORKER_ENTRY
 from pipelines.app.read_model import ReadModel
 from pipelines.app.registry import PipelineSource, Registry, named_pipelines
@@ -32,7 +32,13 @@ from pipelines.engine.errors import ConfigurationError, InvalidInputError
 from pipelines.engine.leases import check_lease_seconds
 from pipelines.engine.models import Event, JobRecord, JobStatus, LogEntry, Message
 from pipelines.engine.phase import Phase, Pipeline
-from pipelines.engine.runner import DEFAULT_LEASE_SECONDS, AdvanceResult, check_continue_for
+from pipelines.engine.runner import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_MAX_INTERRUPTED_TURNS,
+    AdvanceResult,
+    check_continue_for,
+)
+from pipelines.engine.runner.interrupted import check_max_interrupted
 from pipelines.engine.start import RetryMode
 from pipelines.handle import JobView, RunHandle
 from pipelines.provenance import current_commit
@@ -74,6 +80,10 @@ class App:
     n}``, at most ``n`` turns at once of runs whose ``concurrency_key``
     matches (the longest prefix wins). Both live in ``flow_store`` (default:
     the storage's own, ``storage.flow_store()``); see :mod:`pipelines.engine.flow`.
+    ``max_interrupted_turns``: a job whose turn lost its lease without committing this many times in a row
+    (default 5: each worker that ran it died, or stalled past its lease) is failed, saying so, instead of
+    handed to the next worker (a poison turn: a segfault, an OOM kill); ``retry`` runs it again from a count
+    of 0. ``None``: never failed for it. See :mod:`pipelines.engine.runner.interrupted`.
     """
 
     def __init__(
@@ -92,6 +102,7 @@ class App:
         rate_limits: Sequence[flow.RateLimit] = (),
         concurrency: Mapping[str, int] | None = None,
         flow_store: Any = None,
+        max_interrupted_turns: int | None = DEFAULT_MAX_INTERRUPTED_TURNS,
     ) -> None:
         if not isinstance(storage, Storage):
             raise ConfigurationError(f"storage must implement adapters.base.Storage, got {type(storage).__name__}")
@@ -102,6 +113,7 @@ class App:
         self.scheduler = scheduler
         self.lease_seconds = check_lease_seconds(lease_seconds)
         self.continue_for = check_continue_for(continue_for)
+        self.max_interrupted_turns = check_max_interrupted(max_interrupted_turns)
         if version is not None and not isinstance(version, str):
             raise InvalidInputError(f"version must be a string, got {type(version).__name__}")
         self.version = version
@@ -109,7 +121,7 @@ class App:
         self.retention = check_retention(retention)
         #: The code's commit, recorded as a ``commit:`` tag on every run (``None`` without provenance).
         self.provenance_commit: str | None = current_commit() if self.provenance else None
-        self.flow = _flow_control(storage, scheduler, rate_limits, concurrency, flow_store, self.lease_seconds)
+        self.flow = flow_control(storage, scheduler, rate_limits, concurrency, flow_store, self.lease_seconds)
         #: What every phase and tool this App runs is handed (child runs, flow limits, callbacks, clock).
         self.env = RunEnv(children=self, flow=self.flow, clock=scheduler.now)
         #: Its pipelines, agents and output schemas, by name.
@@ -384,17 +396,4 @@ class App:
     def reindex(self) -> int:
         """Put jobs stored before the listing indexes existed into them (safe while workers run); how many."""
         return self.controls.reindex()
-
-
-def _flow_control(storage: Storage, scheduler: Scheduler, rate_limits: Sequence[flow.RateLimit],
-                  concurrency: Mapping[str, int] | None, store: Any, lease_seconds: float) -> flow.FlowControl:
-    """The App's flow control; its state in ``store``, else the storage's own (``storage.flow_store()``)."""
-    if isinstance(rate_limits, flow.RateLimit) or not isinstance(rate_limits, Sequence):
-        raise InvalidInputError(f"rate_limits must be a list of RateLimit, got {type(rate_limits).__name__}")
-    if store is None and (rate_limits or concurrency):
-        capable = as_feature(storage, Feature.FLOW, FlowCapable)  # type: ignore[type-abstract]
-        store = capable.flow_store() if capable is not None else None
-    # A slot outlives a lease by a little, so a worker that holds its lease keeps its slot too.
-    return flow.FlowControl(store, rate_limits=rate_limits, concurrency=concurrency,
-                            slot_seconds=lease_seconds * 1.5, clock=scheduler.now)
 

@@ -456,6 +456,51 @@ def test_a_lease_that_ran_out_is_told_from_one_let_go(storage: Storage) -> None:
     assert history.lease_state("job-1") == (None, False)
 
 
+# --- a turn's interruptions: leases taken over after they ran out, since the last commit ------------------
+@covers("LeaseStore.acquire_lease", "LeaseStore.release_lease", "JobStore.commit", "JobStore.get_job")
+def test_a_lease_taken_over_after_it_ran_out_counts_an_interrupted_turn_until_a_commit(storage: Storage) -> None:
+    """``record.interrupted``: what the runner fails a poison turn by (pipelines.engine.runner.interrupted)."""
+    rec = record()
+    storage.create_job(rec)
+
+    def taken(owner: str, ttl: float = 30) -> int:
+        got = storage.acquire_lease("job-1", owner, ttl)
+        assert got is not None
+        return got.interrupted
+
+    def count() -> int:
+        got = storage.get_job("job-1")
+        assert got is not None
+        return got.interrupted
+
+    assert taken("w1") == 0 and taken("w1") == 0  # taken again by its own holder: nothing lost
+    storage.release_lease("job-1", "w1")
+    assert taken("w2", 0.05) == 0  # let go: no worker was lost
+    _expire(storage, 0.05)
+    assert count() == 0  # ran out, and nobody took it over yet
+    assert taken("w3", 0.05) == 1 and count() == 1
+    _expire(storage, 0.05)
+    storage.release_lease("job-1", "w2")  # not the last holder: changes nothing
+    assert taken("w4", 0.05) == 2
+    _expire(storage, 0.05)
+    storage.release_lease("job-1", "w4")  # a stalled holder that comes back lets go: alive, not counted
+    assert taken("w5") == 2 and count() == 2  # the count stays until a commit
+    storage.release_lease("job-1", "w5")
+
+    held = storage.acquire_lease("job-1", "w6", 0.05)
+    assert held is not None and held.interrupted == 2
+    _expire(storage, 0.05)
+    assert taken("w7") == 3
+    # A commit (this one keeps the lease for the next turn) starts the count again.
+    storage.commit(commit(rec, moved(rec), owner="w7", release_lease=False))
+    assert count() == 0 and taken("w7") == 0
+    storage.release_lease("job-1", "w7")
+    assert taken("w8", 0.05) == 0
+    _expire(storage, 0.05)
+    assert taken("w9") == 1  # counted anew, at the new version
+    assert storage.get_job("unknown") is None and storage.acquire_lease("unknown", "w9", 30) is None
+
+
 # --- the answers of fenced-off attempts ---------------------------------------------------------------
 @covers("FencedAnswers.add_fenced_answer", "FencedAnswers.fenced_answers")
 def test_a_fenced_off_attempts_answer_is_kept_with_its_usage_the_newest_few(storage: Storage) -> None:

@@ -141,7 +141,7 @@ def test_an_older_schema_is_refused_until_migrate_upgrades_it(tmp_path: Path,
         assert "note" in [r[1] for r in conn.execute("PRAGMA table_info(jobs)")]
 
 
-def test_a_version_1_file_migrates_to_version_2_keeping_its_jobs_and_keeps_fenced_off_answers(
+def test_a_version_1_file_migrates_to_the_current_version_keeping_its_jobs_and_keeps_fenced_off_answers(
         tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     with sqlite3.connect(path) as conn:  # a file as phaserunner wrote it before version 2
@@ -151,14 +151,33 @@ def test_a_version_1_file_migrates_to_version_2_keeping_its_jobs_and_keeps_fence
     with sqlite3.connect(path) as conn:
         conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at) VALUES (?, ?, 1, ?, 0)",
                      ("j", record().model_dump_json(), "running"))
-    with pytest.raises(ConfigurationError, match=r"schema version 1; .* needs version 2. Run `pipelines migrate"):
+    with pytest.raises(ConfigurationError, match=r"schema version 1; .* needs version 3. Run `pipelines migrate"):
         SQLiteStorage(str(path)).get_job("j")
     storage = SQLiteStorage(str(path))
-    assert storage.migrate() == (1, 2)
+    assert storage.migrate() == (1, 3)
     assert storage.get_job("j") == record()
     storage.add_fenced_answer("j", Usage(model_calls=1), {"turn": 1, "answer": {"message": {}}}, token="t")
     assert storage.fenced_answers("j") == [{"turn": 1, "answer": {"message": {}}}]
-    assert pragma(path, "user_version") == 2
+    assert pragma(path, "user_version") == 3
+
+
+def test_a_version_2_file_migrates_to_version_3_and_counts_a_lease_taken_over_after_it_ran_out(
+        tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    with sqlite3.connect(path) as conn:  # a file as phaserunner wrote it before version 3
+        for statement in (*schema.MIGRATIONS[1], *schema.MIGRATIONS[2]):
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at, lease_owner, lease_expires) "
+                     "VALUES (?, ?, 1, ?, 0, 'dead-worker', 1)", ("j", record().model_dump_json(), "running"))
+    with pytest.raises(ConfigurationError, match=r"schema version 2; .* needs version 3. Run `pipelines migrate"):
+        SQLiteStorage(str(path)).get_job("j")
+    storage = SQLiteStorage(str(path))
+    assert storage.migrate() == (2, 3)
+    assert storage.get_job("j") == record()
+    taken = storage.acquire_lease("j", "w", 30)  # the dead worker's lease ran out before the upgrade
+    assert taken is not None and taken.interrupted == 1
+    assert pragma(path, "user_version") == 3
 
 
 def test_another_programs_database_is_refused(tmp_path: Path) -> None:

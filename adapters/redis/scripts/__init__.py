@@ -27,7 +27,9 @@ on records written before it, whose next commit touches them all), ``data``
 ``version`` (decimal), ``token`` (the last commit's token), ``jver`` (the
 version the journal was written under; absent until the first commit),
 ``held`` (the owner of the last lease taken and not let go: see
-:mod:`adapters.redis.scripts.lease`), ``dropped`` and ``fenced`` (the usage,
+:mod:`adapters.redis.scripts.lease`), ``lapses`` (``<version> <n>``: how many leases
+that ran out LOAD took over at that version, none committing: the record's
+``interrupted``; absent until a lease first lapses), ``dropped`` and ``fenced`` (the usage,
 and the answers, of attempts fenced off after their model call: see
 :mod:`adapters.redis.scripts.record`), ``lcut`` (the id of the last event the last write of events added: it
 says the live stream shares the durable stream's ids; absent on records written before that, whose live

@@ -250,6 +250,11 @@ class JobRecord(BaseModel):
     # Usage of attempts fenced off after paying for a model call (they never commit): kept beside the
     # record like ``control``, so budgets count every paid call (see ``total_usage``).
     dropped: Usage = Field(default=NO_USAGE, exclude=True)
+    # How many times in a row the job's current turn lost its lease without committing (its worker died, or
+    # stalled past the lease): kept beside the lease like ``control``, counted by the storage when a lease
+    # that ran out is taken over, filled in on load; any commit starts it again from 0 (the runner's
+    # ``max_interrupted_turns``).
+    interrupted: int = Field(default=0, exclude=True)
 
     @property
     def total_usage(self) -> Usage:

@@ -197,10 +197,11 @@ def changed_fields(record: JobRecord, since: JobRecord, known: Iterable[str] = (
 
 
 def as_stored(record: JobRecord) -> JobRecord:
-    """``record`` as its JSON reads back: without what storage keeps beside it (a request, the inbox, dropped usage)."""
-    if record.control is None and not record.inbox and record.dropped == NO_USAGE:
+    """``record`` as its JSON reads back: without what storage keeps beside it (a request, the inbox, dropped usage,
+    the interrupted turns)."""
+    if record.control is None and not record.inbox and record.dropped == NO_USAGE and not record.interrupted:
         return record
-    return record.model_copy(update={"control": None, "inbox": 0, "dropped": NO_USAGE})
+    return record.model_copy(update={"control": None, "inbox": 0, "dropped": NO_USAGE, "interrupted": 0})
 
 
 def detached(record: JobRecord) -> JobRecord:

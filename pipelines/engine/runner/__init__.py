@@ -15,10 +15,12 @@ The commits themselves are built in :mod:`pipelines.engine.transitions`. Every
 failure ends as data (I9): status ``error``, a readable message, the last
 good checkpoint kept for ``retry_mode="resume"``.
 
-The runner is a package of four modules, from the entry down:
+The runner is a package of five modules, from the entry down:
 
 - :mod:`~pipelines.engine.runner.advance`: the lease taken and let go (the entry points);
 - :mod:`~pipelines.engine.runner.turn`: the turns run under that lease, and their commits;
+- :mod:`~pipelines.engine.runner.interrupted`: a turn that kills its workers (its lease taken over, uncommitted,
+  too many times in a row) fails its job instead of running again;
 - :mod:`~pipelines.engine.runner.attempt`: one phase attempt (its context, its outcome);
 - :mod:`~pipelines.engine.runner.results`: what an advance did.
 """
@@ -37,6 +39,7 @@ from pipelines.engine.runner.advance import (
 from pipelines.engine.runner.advance import as_pipeline as as_pipeline
 from pipelines.engine.runner.advance import check_continue_for as check_continue_for
 from pipelines.engine.runner.attempt import STORAGE_RETRY_SECONDS as STORAGE_RETRY_SECONDS
+from pipelines.engine.runner.interrupted import DEFAULT_MAX_INTERRUPTED_TURNS as DEFAULT_MAX_INTERRUPTED_TURNS
 from pipelines.engine.runner.results import AdvanceResult
 from pipelines.engine.runner.turn import PipelineFor as PipelineFor
 

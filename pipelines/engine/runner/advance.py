@@ -20,12 +20,13 @@ from pipelines.engine.errors import CorruptRecordError, InvalidInputError
 from pipelines.engine.leases import LEASE_KEEPER, check_lease_seconds
 from pipelines.engine.models import validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
+from pipelines.engine.runner.interrupted import DEFAULT_MAX_INTERRUPTED_TURNS, check_max_interrupted
 from pipelines.engine.runner.results import AdvanceResult
 from pipelines.engine.runner.turn import PipelineFor, _LeasedJob
 from pipelines.engine.tokens import new_token
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "advance_phase", "advance_under_lease", "as_pipeline", "check_continue_for",
-           "try_advance"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "DEFAULT_MAX_INTERRUPTED_TURNS", "advance_phase", "advance_under_lease",
+           "as_pipeline", "check_continue_for", "try_advance"]
 
 DEFAULT_LEASE_SECONDS = 10.0
 """Lease time to live. The lease keeper renews it every third of that while a phase runs, so a killed
@@ -100,6 +101,7 @@ def advance_under_lease(
     continue_for: float = 0.0,
     flow_control: flow.FlowControl | None = None,
     env: RunEnv | None = None,
+    max_interrupted_turns: int | None = DEFAULT_MAX_INTERRUPTED_TURNS,
 ) -> AdvanceResult:
     """``try_advance`` with the pipeline chosen from the record (``App`` resolves it by name).
 
@@ -110,10 +112,14 @@ def advance_under_lease(
     refused turn is rescheduled, not run (:attr:`AdvanceResult.DEFERRED`).
     ``env``: what the App hands each phase (:class:`~pipelines.engine.env.RunEnv`); its ``flow`` is the
     one used when ``flow_control`` is not given.
+    ``max_interrupted_turns``: a job whose turn lost its lease without committing this many times in a row
+    (each worker that ran it died) is failed instead of run again (:mod:`~pipelines.engine.runner.interrupted`);
+    ``None``: never.
     """
     validate_job_id(job_id)
     check_lease_seconds(lease_seconds)
     check_continue_for(continue_for)
+    limit = check_max_interrupted(max_interrupted_turns)
     owner = new_token()
     try:
         record = storage.acquire_lease(job_id, owner, lease_seconds)
@@ -134,6 +140,7 @@ def advance_under_lease(
     turn.env = env
     turn.flow = env.active_flow()
     turn.lease = held
+    turn.max_interrupted = limit
     try:
         return turn.run(record, pipeline_for)
     finally:

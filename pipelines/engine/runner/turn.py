@@ -22,6 +22,7 @@ from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, Pipel
 from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
 from pipelines.engine.phase import Done, Fail, PhaseContext, Pipeline
 from pipelines.engine.runner.attempt import _context, _normalised, _outcome, _Saver, with_phase_state
+from pipelines.engine.runner.interrupted import DEFAULT_MAX_INTERRUPTED_TURNS, stop_interrupted
 from pipelines.engine.runner.results import _RESULTS, AdvanceResult
 
 __all__ = ["PipelineFor"]
@@ -37,6 +38,7 @@ class _LeasedJob:
 
     #: The job's lease in LEASE_KEEPER: a concurrency slot taken under it is renewed and released with it.
     lease: int | None = None
+    max_interrupted: int | None = DEFAULT_MAX_INTERRUPTED_TURNS  #: a poison turn's limit (runner.interrupted)
 
     def __init__(self, storage: Storage, scheduler: Scheduler, owner: str, deadline: float | None) -> None:
         self.storage = storage
@@ -164,11 +166,17 @@ class _LeasedJob:
             return False
 
     def admit(self, record: JobRecord, pipeline: Pipeline) -> JobRecord | AdvanceResult:
-        """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`)."""
+        """``record`` as this worker's version runs it (migrated), or why it does not run (:mod:`versions`; a poison
+        turn: :mod:`~pipelines.engine.runner.interrupted`)."""
         admitted = versions.admit(record, pipeline.version, pipeline.migrations or {})
         self.migrating = admitted.migrating
         if admitted.delay > 0:  # written by a newer version: left untouched for a newer worker
             return self.defer(record, admitted.delay, f"written by version {record.code_version}")
+        if record.interrupted:  # a lease that ran out was taken over: a poison turn is not run for ever
+            stopped = stop_interrupted(record, self.storage, self.scheduler, self.owner, self.max_interrupted)
+            if stopped is not None:
+                self.released = stopped is AdvanceResult.FAILED
+                return stopped
         if admitted.error is None:
             return admitted.record
         commit = transitions.after_phase(record, Fail(admitted.error), transitions.PhaseOutput(), owner=self.owner,

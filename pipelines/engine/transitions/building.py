@@ -60,10 +60,14 @@ def _phase_of(rec: JobRecord) -> str | None:
 
 def _moved(rec: JobRecord, token: str, now: float, cp: Checkpoint[Any] | None, *, stamped: bool = False,
            **fields: Any) -> JobRecord:
-    """``rec`` one version on, with ``cp`` stamped by this commit's token (``stamped``: built so already)."""
+    """``rec`` one version on, with ``cp`` stamped by this commit's token (``stamped``: built so already).
+
+    A commit starts the count of the turn's interruptions again (``interrupted``: 0, as storage then holds it).
+    """
     if cp is not None and not stamped:
         cp = cp.model_copy(update={"commit_id": token, "updated_at": now, "journal": {}})
-    return rec.model_copy(update={**fields, "checkpoint": cp, "version": rec.version + 1, "updated_at": now})
+    return rec.model_copy(update={**fields, "checkpoint": cp, "version": rec.version + 1, "updated_at": now,
+                                  "interrupted": 0})
 
 
 def _commit(rec: JobRecord, new: JobRecord, token: str, *, owner: str | None = None,
