@@ -52,8 +52,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from adapters.memory import MemoryScheduler, MemoryStorage
+from examples.chat import history
 from examples.chat.inbox import Sent, send_to_running, taken_at
-from phases.compaction import MARKER_KEY
 from pipelines import Agent, App, tool
 from pipelines.engine.errors import InvalidInputError, JobConflictError, JobNotFoundError, PipelineError
 from pipelines.engine.models import JobStatus, Message
@@ -223,13 +223,13 @@ def _begin(app: App, agent: str, body: Any) -> Begun:
     if answers := _approval_answers(body):
         _check_agent(app, agent, body["id"])  # a call of another agent's job is not this endpoint's to decide
         return Begun(body["id"], after=_decide(app, body["id"], answers))
-    _refuse_edit(body)
     text = None
     if isinstance(body, dict) and body.get("trigger") == "regenerate-message":
         job_id = _regenerated(app, agent, body)
         start: Callable[[], object] = functools.partial(app.retry, job_id, mode="full")
     else:
         job_id, text = _chat_input(body)
+        _check_history(app, job_id, body)
         start = functools.partial(app.run_agent, agent, job_id=job_id, user=text)
     with _starting:
         # The stream's last part before this run starts: the stream this POST answers with begins after it,
@@ -282,14 +282,14 @@ def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
     if not isinstance(job_id, str):
         raise InvalidInputError('the body needs a conversation "id" (a string)')
     _check_agent(app, agent, job_id)
-    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
-    held = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    view, transcript = app.get(job_id), app.messages(job_id)  # read once: both checks below look at them
-    if len(held) != sum(1 for m in transcript if _from_person(m)):
+    held = history.held_users(body)
+    view, transcript = app.get(job_id), app.messages(job_id)  # read once: the checks below look at them
+    if len(held) != sum(1 for m in transcript if history.from_person(m)):
         raise JobConflictError(f"only the latest answer of conversation {job_id!r} can be regenerated, as the "
                                "server holds it: this client holds other messages (an earlier answer, or another "
                                "tab went on); reload the conversation")
-    if view is not None and any(_from_person(m) for m in transcript[view.record.base_transcript_len:]):
+    history.check_agrees(job_id, held, transcript)  # the same count, and the same messages (an edit refused)
+    if view is not None and any(history.from_person(m) for m in transcript[view.record.base_transcript_len:]):
         # A full retry cuts the transcript back to the run's start: a message a turn took from the inbox
         # (sent after stop() while the run went on) is after it, and would be lost.
         raise JobConflictError(f"the latest answer of conversation {job_id!r} took a message sent while it was "
@@ -297,24 +297,28 @@ def _regenerated(app: App, agent: str, body: dict[str, Any]) -> str:
     return job_id
 
 
-def _refuse_edit(body: Any) -> None:
-    """Refuse ``useChat``'s ``sendMessage({text, messageId})``: an edit of a message sent already (409).
+def _check_history(app: App, job_id: str, body: Any) -> None:
+    """Refuse a new message from a client that disagrees with the conversation (409); see :mod:`history`.
 
-    The client replaced that message and dropped what followed it; the conversation here holds both, and
-    its transcript is append-only: taken as a new message, the server would go on from the old one while
-    the client shows the edit. (An approval's message names a message too: the assistant's, not a user's.)
+    An edit (``sendMessage({text, messageId})``) of a message the conversation holds is refused: the client
+    replaced it and dropped what followed, which an append-only transcript cannot do. An "edit" of a message
+    the server never took (its first ``POST`` was lost) is a new message.
     """
-    messages = body.get("messages") if isinstance(body, dict) else None
-    last = messages[-1] if isinstance(messages, list) and messages else None
-    edited = body.get("messageId") if isinstance(body, dict) and body.get("trigger") == "submit-message" else None
-    if isinstance(edited, str) and isinstance(last, dict) and last.get("role") == "user" and last.get("id") == edited:
-        raise JobConflictError(f"conversation {body.get('id')!r}: a message sent already cannot be edited here (the "
+    held = history.held_users(body)
+    if not held:
+        return  # {"id", "text"}: the client says nothing of what it holds
+    try:
+        transcript = app.messages(job_id)
+    except JobNotFoundError:
+        return  # a new conversation
+    said = [m for m in transcript if history.from_person(m)]
+    if history.is_edit(body) and len(held) <= len(said):
+        if history.ui_text(held[-1]) == said[len(held) - 1].get("content"):
+            raise JobConflictError(f"conversation {job_id!r} holds this message already: its answer is at GET "
+                                   f"/chat/{job_id}/stream")
+        raise JobConflictError(f"conversation {job_id!r}: a message sent already cannot be edited here (the "
                                "conversation went on from it); send a new message, or start a new conversation")
-
-
-def _from_person(message: Message) -> bool:
-    """Whether ``message`` is one a person sent: a user message, not a compaction's summary (stored as one)."""
-    return message["role"] == "user" and MARKER_KEY not in message
+    history.check_agrees(job_id, held[:-1], transcript)
 
 
 def _approval_answers(body: Any) -> list[dict[str, Any]]:
@@ -343,11 +347,18 @@ def _decide(app: App, job_id: str, answers: list[dict[str, Any]]) -> str | None:
         call_id, approval = part["toolCallId"], part["approval"]
         if call_id not in pending:
             continue  # decided already (a second tab, a resent message): nothing to do twice
+        try:
+            if approval.get("approved") is True:
+                app.approve(job_id, call_id)
+            else:
+                app.reject(job_id, call_id, reason=str(approval.get("reason") or "").strip() or "denied by the user")
+        except JobConflictError:
+            # Another tab decided it between the read above and this decision: decided already, as above.
+            now = app.get(job_id)
+            if now is not None and call_id in {str(c.get("call_id")) for c in now.pending_calls}:
+                raise  # still pending: refused for another reason
+            continue
         decided = True
-        if approval.get("approved") is True:
-            app.approve(job_id, call_id)
-        else:
-            app.reject(job_id, call_id, reason=str(approval.get("reason") or "").strip() or "denied by the user")
     answered = {p["toolCallId"] for p in answers}
     parts = list(app.stream(job_id, follow=False))
     asked = [p.id for i, p in enumerate(parts) if p.type == "approval_requested"

@@ -108,6 +108,39 @@ def test_a_tab_that_answers_a_call_another_tab_decided_gets_that_calls_run_not_a
     assert got["two"][-1]["parts"][2]["toolCallId"] == second  # tab 2 holds the second run, as it was
 
 
+def test_two_tabs_answering_one_call_at_the_same_moment_both_get_its_run_not_a_409() -> None:
+    # Each POST's storage work runs on a thread of its own: both read the call as pending, one decided it, and
+    # the other's approve raised "already approved (by another caller)" as a 409.
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(),
+              agents=[Agent(name="a", model=ScriptedModel(refunding), tools=[refund])])
+    app.run_agent("a", job_id="both", messages=["refund A-1"])
+    app.drain()
+    call_id = app.get("both").pending_calls[0]["call_id"]  # type: ignore[union-attr]
+    both_read = threading.Barrier(2)
+    for name in ("approve", "reject"):
+        real = getattr(app, name)
+
+        def decided_together(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            both_read.wait(10)  # each POST has read the call as pending: now both decide it
+            return _real(*args, **kwargs)
+        setattr(app, name, decided_together)
+
+    def answer(approved: bool) -> dict[str, Any]:
+        part = {"type": "tool-refund", "toolCallId": call_id, "state": "approval-responded",
+                "approval": {"id": call_id, "approved": approved}}
+        return {"id": "both", "stream": False, "messages": [{"id": "m", "role": "assistant", "parts": [part]}]}
+
+    got: list[httpx.Response] = []
+    with serve(build_app(app, agent="a")) as base:
+        tabs = [threading.Thread(target=lambda ok=ok: got.append(httpx.post(base + "/chat", json=answer(ok),
+                                                                             timeout=30))) for ok in (True, False)]
+        for tab in tabs:
+            tab.start()
+        for tab in tabs:
+            tab.join()
+    assert sorted(r.status_code for r in got) == [202, 202], [r.text for r in got]
+
+
 def test_an_answer_to_a_call_the_stream_no_longer_holds_is_refused_not_answered_with_another_run() -> None:
     # Decided elsewhere and that run's parts gone (live_ttl, or runs since): the latest run is not its message.
     app = two_agents(MemoryStorage())
@@ -163,15 +196,38 @@ def test_use_chats_regenerate_of_an_earlier_answer_is_refused_and_the_conversati
         "hello", "answer 1 to hello", "and then?", "answer 3 to and then?"]
 
 
-def test_use_chats_edit_of_a_sent_message_is_refused_and_the_conversation_kept() -> None:
-    # The POST took sendMessage({text, messageId}) as a new message: the client showed the edit alone, the
-    # server went on from "hello" and its answer with "hi there" after them.
+def said_by(app: App, job_id: str) -> list[str]:
+    return [f"{m['role']}: {m['content']}" for m in app.messages(job_id)]
+
+
+def test_use_chats_edit_of_a_sent_message_is_refused_and_the_client_cannot_go_on_from_the_edit() -> None:
+    # The POST took sendMessage({text, messageId}) as a new message: the client showed the edit alone, the server
+    # went on from "hello" and its answer. Then a Retry (regenerate()) or a new message answered "hello" while the
+    # client showed "goodbye": each is refused until the client reloads the conversation.
     app = counting_app()
     with serve(build_app(app, agent="a")) as base:
-        got = node("edit", base + "/chat", "edited", "hello", "hi there")
-    assert got["sent"] == said("hello", "answer 1 to hello")
-    assert got["status"] == "error" and "cannot be edited" in got["errors"][0]
-    assert [m["content"] for m in app.messages("edited")] == ["hello", "answer 1 to hello"]
+        retry = node("edits", base + "/chat", "edit-retry", "edit-then-retry")
+        send = node("edits", base + "/chat", "edit-send", "edit-then-send")
+    for steps in (retry, send):
+        assert steps[0]["texts"][0] == "user: hello" and steps[0]["status"] == "ready"
+        assert steps[1]["status"] == "error" and "cannot be edited" in steps[1]["errors"][0]
+        assert steps[2]["status"] == "error" and "reload the conversation" in steps[2]["errors"][0]
+    assert said_by(app, "edit-retry") == ["user: hello", "assistant: answer 1 to hello"]
+    assert said_by(app, "edit-send") == ["user: hello", "assistant: answer 2 to hello"]
+
+
+def test_use_chats_edit_or_resend_of_a_message_the_server_never_got_is_a_new_message() -> None:
+    # The edit's refusal took any sendMessage naming the last user message: a message lost to the network and
+    # then edited, or sent again by sendMessage(), was refused, and never reached the conversation.
+    app = counting_app()
+    with serve(build_app(app, agent="a")) as base:
+        edited = node("edits", base + "/chat", "lost-edit", "failed-then-edit")
+        resent = node("edits", base + "/chat", "lost-resend", "failed-then-resend")
+    assert edited[-1] == {"status": "ready", "errors": [], "texts": [
+        "user: hello", "assistant: answer 1 to hello", "user: refund A-2", "assistant: answer 2 to refund A-2"]}
+    assert said_by(app, "lost-edit") == edited[-1]["texts"]
+    assert resent[-1] == {"status": "ready", "errors": [], "texts": ["user: hello", "assistant: answer 3 to hello"]}
+    assert said_by(app, "lost-resend") == resent[-1]["texts"]
 
 
 def slow_first_answer(msgs: list[Message]) -> Any:
@@ -208,9 +264,15 @@ def test_a_message_sent_after_stop_while_the_run_goes_on_is_taken_and_answered(
 
 def test_a_message_sent_to_a_run_that_then_waits_for_approval_is_kept_and_the_post_says_so() -> None:
     # The run stops for a person before a turn takes the message: no answer to stream yet, and none lost.
+    asked = threading.Event()
+
     def asks_first(msgs: list[Message]) -> Any:
         if msgs[-1]["role"] == "user" and msgs[-1]["content"] == "refund A-1":
-            time.sleep(0.5)
+            # The turn ends once the message came (it is in the inbox): no sleep to outlast a loaded machine.
+            asked.set()
+            deadline = time.monotonic() + 30
+            while app.get("asks").record.inbox == 0 and time.monotonic() < deadline:  # type: ignore[union-attr]
+                time.sleep(0.01)
             return reply("I will refund order A-1.", call("refund", order="A-1"))
         return f"You said: {msgs[-1]['content']}"
 
@@ -219,7 +281,7 @@ def test_a_message_sent_to_a_run_that_then_waits_for_approval_is_kept_and_the_po
     app.run_agent("a", job_id="asks", messages=["refund A-1"])
     with serve(build_app(app, agent="a")) as base:
         threading.Thread(target=app.run_in_process, daemon=True).start()
-        time.sleep(0.1)
+        assert asked.wait(30)  # the first turn is in flight: it took the inbox (empty) and asks the model
         response = httpx.post(base + "/chat", json={"id": "asks", "text": "and A-2?"}, timeout=30)
     assert response.status_code == 409 and "waits in its inbox" in response.json()["error"]
     assert app.get("asks").status.value == "waiting" and app.get("asks").record.inbox == 1

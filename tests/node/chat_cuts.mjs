@@ -32,13 +32,17 @@
 //     AbstractChat sends each <text>, then regenerate() (the last answer), then regenerate({messageId})
 //     of the first answer when there were several; prints the chat's messages after each.
 //   node chat_cuts.mjs stop-send <api> <chat id> <text> <stop after ms> <next text>
-//     AbstractChat sends <text>, stop()s after <stop after ms> (the run goes on), then sends <next text>;
+//     AbstractChat sends <text>, stop()s after <stop after ms> once the server answered (the run goes on), then
+//     sends <next text>;
 //     prints the chat's messages and status.
 //   node chat_cuts.mjs stop-send <api> <chat id> <text> <stop after ms> <next text> regenerate
 //     The same, then regenerate() (the last answer); prints the chat as it was before that too ("sent").
-//   node chat_cuts.mjs edit <api> <chat id> <text> <edited text>
-//     AbstractChat sends <text>, then sendMessage({text: <edited text>, messageId}) of that message (an edit);
-//     prints the chat's messages and status after it.
+//   node chat_cuts.mjs edits <api> <chat id> <scenario>
+//     AbstractChat edits messages (sendMessage({text, messageId})), some POSTs failing as a dropped network
+//     does (never reaching the server); prints the chat's texts, status and errors after each step. Scenarios:
+//     edit-then-retry (edit "hello" to "goodbye", then regenerate()), edit-then-send (then a new message),
+//     failed-then-edit (a message lost, then edited and sent), failed-then-resend (a first message lost, then
+//     sendMessage() sends what the chat holds).
 //   node chat_cuts.mjs resume-new <api> <chat id>
 //     useChat's resume (resumeStream()) of a chat that has no run yet.
 import { readFileSync } from "node:fs";
@@ -263,9 +267,16 @@ async function regenerate(chatId, texts) {
 
 async function stopSend(chatId, text, ms, next, then) {
   const errors = [];
-  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
+  let answered = false;  // the server answered the first POST: its run started
+  const fetchy = async (url, init) => { const r = await fetch(url, init); answered = true; return r; };
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api, fetch: fetchy }),
+    onError: (e) => errors.push(String(e)) });
   const first = c.sendMessage({ text });
   await new Promise((resolve) => setTimeout(resolve, ms));
+  // Stopped once the server answered the POST (its run started): on a loaded machine <stop after ms> alone
+  // could stop the POST before it was sent.
+  const deadline = Date.now() + 30000;
+  while (!answered && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 10));
   await c.stop();
   await first;
   const stopped = c.status;
@@ -284,13 +295,33 @@ async function resumeNew(chatId) {
   return { status: c.status, messages: c.messages.length, errors };
 }
 
-async function edit(chatId, text, edited) {
+async function edits(chatId, scenario) {
   const errors = [];
-  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api }), onError: (e) => errors.push(String(e)) });
-  await c.sendMessage({ text });
-  const sent = summary(c.messages);
-  await c.sendMessage({ text: edited, messageId: c.messages[0].id });
-  return { sent, status: c.status, messages: summary(c.messages), errors };
+  let failNext = 0;  // POSTs that fail as a dropped network does (they never reach the server)
+  const fetchy = async (url, init) => {
+    if (init?.method === "POST" && failNext > 0) { failNext--; throw new TypeError("fetch failed (network down)"); }
+    return fetch(url, init);
+  };
+  const c = new Chat({ id: chatId, transport: new DefaultChatTransport({ api, fetch: fetchy }),
+    onError: (e) => errors.push(String(e)) });
+  const texts = () => c.messages.map((m) => `${m.role}: ${m.parts.filter((p) => p.type === "text").map((p) => p.text).join("")}`);
+  const steps = [];
+  const note = () => steps.push({ status: c.status, texts: texts(), errors: errors.splice(0) });
+  if (scenario === "failed-then-resend") failNext = 1;
+  await c.sendMessage({ text: "hello" }); note();
+  if (scenario === "failed-then-resend") {
+    await c.sendMessage(); note();
+  } else if (scenario === "failed-then-edit") {
+    failNext = 1;
+    await c.sendMessage({ text: "refund A-1" }); note();
+    await c.sendMessage({ text: "refund A-2", messageId: c.messages[2].id }); note();
+  } else {
+    await c.sendMessage({ text: "goodbye", messageId: c.messages[0].id }); note();
+    if (scenario === "edit-then-retry") await c.regenerate();
+    else await c.sendMessage({ text: "more" });
+    note();
+  }
+  return steps;
 }
 
 async function send(chatId, text) {
@@ -312,6 +343,6 @@ else if (mode === "stale-approve") result = await staleApprove(rest[0]);
 else if (mode === "regenerate") result = await regenerate(rest[0], rest.slice(1));
 else if (mode === "stop-send") result = await stopSend(rest[0], rest[1], Number(rest[2]), rest[3], rest[4]);
 else if (mode === "resume-new") result = await resumeNew(rest[0]);
-else if (mode === "edit") result = await edit(rest[0], rest[1], rest[2]);
+else if (mode === "edits") result = await edits(rest[0], rest[1]);
 else throw new Error(`unknown mode ${mode}`);
 console.log(JSON.stringify(result));
