@@ -15,7 +15,7 @@ import argparse
 import re
 from collections.abc import Callable
 
-__all__ = ["MAX_LIMIT", "count", "non_negative", "port", "printable"]
+__all__ = ["MAX_LIMIT", "count", "json_printable", "non_negative", "port", "printable"]
 
 MAX_LIMIT = 1_000_000
 """The most rows one command reads (``--limit``): a bound a backend's range query takes as it is."""
@@ -37,6 +37,17 @@ def printable(text: str) -> str:
     """``text`` with every control character but newline and tab, and every bidi control, shown as an escape
     (``\\x1b``, ``\\u202e``), not sent to the terminal."""
     return _CONTROL.sub(lambda m: _shown(m.group()), text)
+
+
+# In JSON text: the characters JSON leaves raw that a terminal obeys (C1 controls) or reorders by (bidi
+# controls), and the line separators; written as \uXXXX escapes, the text is the same JSON value.
+_JSON_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def json_printable(text: str) -> str:
+    """JSON ``text`` (as ``json.dumps(..., ensure_ascii=False)`` writes it) with what :func:`printable` escapes,
+    and the line separators, as ``\\uXXXX``: the same JSON value, safe on a terminal, other text kept as it is."""
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _whole(low: int, high: int, what: str) -> Callable[[str], int]:

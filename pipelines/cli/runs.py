@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from pipelines import AdvanceResult, JobStatus
 from pipelines.cli import loading
-from pipelines.cli.args import printable
+from pipelines.cli.args import json_printable, printable
 from pipelines.cli.loading import when
 from pipelines.engine.models import JobRecord, Message, validate_job_id
 from pipelines.errors import ConfigurationError, JobNotFoundError
@@ -41,7 +41,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     app = loading.load(args.app)
     rec = app.read.record(args.job)
     if args.json:
-        print(rec.model_dump_json(indent=2), file=out)
+        print(json_printable(rec.model_dump_json(indent=2)), file=out)
         return 0
     cp = rec.checkpoint
     rows: list[tuple[str, Any]] = [
@@ -126,7 +126,7 @@ def _pretty(i: int, m: Message) -> str:
 def cmd_transcript(args: argparse.Namespace, out: TextIO) -> int:
     app = loading.load(args.app)
     for i, m in enumerate(app.read.messages(args.job)):
-        print(_pretty(i, m) if args.pretty else json.dumps(m, ensure_ascii=False), file=out)
+        print(_pretty(i, m) if args.pretty else json_printable(json.dumps(m, ensure_ascii=False)), file=out)
     return 0
 
 

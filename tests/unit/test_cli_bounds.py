@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 import pytest
@@ -85,6 +86,19 @@ def test_the_bounds_themselves_are_accepted(app: App) -> None:
 def test_printable_escapes_control_characters_but_newline_and_tab() -> None:
     assert printable(f"a{ESC}b\tc\nd\x00\x7f") == f"a{SHOWN}b\tc\nd\\x00\\x7f"
     assert printable("plain ünïcödé ✓") == "plain ünïcödé ✓"
+
+
+def test_transcript_and_status_json_escape_c1_and_bidi_controls_and_stay_the_same_json(app: App) -> None:
+    # JSON leaves U+009B (an 8-bit CSI) and bidi overrides raw: transcript's default output and status --json
+    # sent them to the terminal.
+    text = "pay \u202ebob\u202c \x9b31m ünï"
+    app.run_agent("talk", job_id="tj", messages=[text])
+    app.run_pipeline("bad", job_id="bj")
+    code, out, _ = run("transcript", "tj", "--app", SELF)
+    assert code == 0 and not any(c in out for c in "\u202e\u202c\x9b") and "ünï" in out
+    assert json.loads(out.splitlines()[0])["content"] == text  # the same value, escaped
+    code, out, _ = run("status", "bj", "--json", "--app", SELF)
+    assert code == 0 and "\x9b" not in out and json.loads(out)["job_id"] == "bj"
 
 
 def test_printable_escapes_bidi_controls_but_keeps_joiners() -> None:
