@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipelines.app import App
 from pipelines.web.guesses import Guesses
-from pipelines.web.text import visible
+from pipelines.web.text import visible, visible_plain
 
 __all__ = ["COOKIE", "CSP", "LOOPBACK_NAMES", "MAX_SESSIONS", "SESSION_SECONDS", "UI", "Endpoint", "Headers",
            "host_served", "is_count"]
@@ -93,6 +93,7 @@ class UI:
         self.env.filters["when"] = when
         self.env.filters["short_tag"] = short_tag
         self.env.filters["visible"] = visible
+        self.env.filters["visible_plain"] = visible_plain
 
     def sign(self, what: str) -> str:
         return hmac.new(self.key, what.encode(), hashlib.sha256).hexdigest()

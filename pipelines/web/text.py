@@ -12,7 +12,7 @@ import unicodedata
 
 from markupsafe import Markup, escape
 
-__all__ = ["hidden_chars", "visible"]
+__all__ = ["hidden_chars", "visible", "visible_plain"]
 
 _ALWAYS = frozenset(
     [*range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2060, 0x2070), 0x2028, 0x2029, 0xFEFF, 0x061C,
@@ -51,3 +51,10 @@ def visible(value: object) -> Markup:
     if plain:
         out.append(str(escape("".join(plain))))
     return Markup("".join(out))
+
+
+def visible_plain(value: object) -> str:
+    """``value`` as plain text with each character :func:`visible` marks written ``<U+XXXX>``: for an attribute
+    (a ``title``), which holds no markup; the template escapes it."""
+    text = "" if value is None else str(value)
+    return "".join(f"<U+{ord(ch):04X}>" if _hidden(ch) else ch for ch in text)

@@ -98,6 +98,20 @@ def test_the_reply_beside_an_approval_and_a_jobs_error_show_hidden_characters() 
     error = page[page.index('id="job-error"'):]
     error = error[:error.index("</pre>")]
     assert "\u202e" not in error and "\x1b" not in error and "&lt;U+202E&gt;" in error
+    # The jobs list's row carries the error as the title of its "!" (an attribute: no markup), and tags likewise.
+    failing.run_agent("desk", job_id="t1", user="hi", tags=["to\u202eme"])
+    failing.drain()
+    with TestClient(ui_app(failing), base_url=LOCAL) as c:
+        listing = c.get("/").text
+    row = listing[listing.index('class="err"'):]
+    row = row[:row.index("</span>")]
+    assert "\u202e" not in row and "\x1b" not in row and "&lt;U+202E&gt;" in row
+    with TestClient(ui_app(failing), base_url=LOCAL) as c:
+        job_page = c.get("/jobs/t1").text
+    for page in (listing, job_page):
+        tag = page[page.index('class="tag" title="'):]
+        tag = tag[:tag.index("</span> ")]
+        assert "\u202e" not in tag and 'title="to&lt;U+202E&gt;me"' in tag and "&lt;U+202E&gt;</span>me" in tag
 
 
 def _boom(msgs: list[dict[str, object]]) -> dict[str, object]:
