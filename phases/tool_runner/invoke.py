@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
@@ -24,6 +25,8 @@ from pipelines.engine._aio import resolve
 from pipelines.engine.contain import message_of
 from pipelines.engine.errors import StateNotSerializableError
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
+
+logger = logging.getLogger("pipelines")
 
 __all__ = ["never_called"]
 
@@ -121,7 +124,7 @@ def _invoke_sync_in_span(ctx: PhaseContext[Any], tmap: dict[str, Tool], call: Ma
     except BaseException as exc:  # contained or re-raised, by _contained's rule
         if not _contained(exc):
             raise
-        return _raised(t, exc)
+        return _raised(ctx, t, tctx.call_id, exc)
     return _content(t, value)
 
 
@@ -151,7 +154,7 @@ async def _invoke_async_in_span(ctx: PhaseContext[Any], tmap: dict[str, Tool], c
     except BaseException as exc:  # contained or re-raised, by _contained's rule
         if not _contained(exc) or _cancelling():
             raise
-        return _raised(t, exc)
+        return _raised(ctx, t, tctx.call_id, exc)
     return _content(t, value)
 
 
@@ -241,9 +244,15 @@ def _reconciled(t: Tool, found: Any, timeout: float) -> str:
     return _content(t, found)
 
 
-def _raised(t: Tool, exc: BaseException) -> str:
+def _raised(ctx: PhaseContext[Any], t: Tool, call_id: str, exc: BaseException) -> str:
+    """What the model is told of a call that raised; the job's log and the process's log say it too (the
+    latter with the traceback), so a tool that crashes is not known to the model alone."""
     telemetry.record_error(None, exc)  # the call's execute_tool span
-    return f"Error: tool {t.name!r} raised {type(exc).__name__}: {message_of(exc)}"
+    said = f"Error: tool {t.name!r} raised {type(exc).__name__}: {message_of(exc)}"
+    logger.warning("job %s: tool %r (call %r) raised %s; the model is told so", ctx.job_id, t.name, call_id,
+                   type(exc).__name__, exc_info=exc)
+    ctx.log(f"{said} (call {call_id!r}; the model is told so)", level="warn")
+    return said
 
 
 def _content(t: Tool, value: Any) -> str:

@@ -198,16 +198,23 @@ def test_bad_tool_calls_go_back_to_the_model_which_corrects_itself(bad_call: dic
     assert storage.get_job("chat-1").status is JobStatus.COMPLETE
 
 
-def test_a_tool_that_raises_is_reported_to_the_model() -> None:
+def test_a_tool_that_raises_is_reported_to_the_model_and_in_the_logs(caplog: pytest.LogCaptureFixture) -> None:
+    # Only the model was told: the job's log and the process's log said nothing, and no traceback was anywhere.
     @tool
     def flaky() -> str:
         """Always fails."""
         raise ValueError("backend down")
 
     model = ScriptedModel([reply(None, call("flaky")), "sorry"])
-    storage, _ = run(model, tools=[flaky])
+    with caplog.at_level("WARNING", logger="pipelines"):
+        storage, _ = run(model, tools=[flaky])
     assert storage.messages("chat-1")[2]["content"] == "Error: tool 'flaky' raised ValueError: backend down"
     assert storage.get_job("chat-1").status is JobStatus.COMPLETE
+    logged = [r for r in caplog.records if "tool 'flaky'" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None and "chat-1" in logged[0].getMessage()
+    assert logged[0].exc_info[1] is not None and str(logged[0].exc_info[1]) == "backend down"
+    lines = [e for e in storage.logs("chat-1") if "raised ValueError" in e.message]
+    assert len(lines) == 1 and lines[0].level == "warn" and "call 'call_0_0'" in lines[0].message
 
 
 def test_a_tool_can_fail_the_job_on_purpose() -> None:
