@@ -170,6 +170,15 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         return 130
     except BrokenPipeError:  # `pipelines jobs | head -1`: the reader has what it wanted
         return closed_pipe(out)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        extra = _EXTRAS.get(top)
+        if extra is None:
+            raise
+        # An optional dependency: one line naming the extra, not a traceback from inside the command.
+        print(f"error: this command needs {top!r}, which phaserunner's {extra!r} extra installs: "
+              f"pip install 'phaserunner[{extra}]' (from a checkout: pip install -e '.[{extra}]')", file=err)
+        return 1
     except Exception as exc:
         # Backend errors that escaped an adapter (a Redis connection refused
         # while RQ starts a worker) are still the user's to fix, not a bug.
@@ -178,3 +187,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return 1
         raise
     return code
+
+
+# The optional dependencies (pyproject.toml's extras) by the top-level module a command imports.
+_EXTRAS = {"starlette": "web", "uvicorn": "web", "celery": "celery", "kombu": "celery",
+           "opentelemetry": "otel", "boto3": "s3"}

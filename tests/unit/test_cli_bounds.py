@@ -126,3 +126,16 @@ def test_agent_run_prints_the_models_escapes_as_text(app: App, follow: bool) -> 
                        *(["--follow"] if follow else []))
     assert code == 0 and "\x1b" not in out and "\x07" not in out
     assert f"{SHOWN}hello\tthere\nsecond line" in out
+
+
+def test_a_command_missing_an_optional_dependency_says_which_extra_installs_it(
+        app: App, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # `pipelines dev` without starlette ended in a traceback from inside the command.
+    import sys
+
+    for name in [m for m in sys.modules if m == "starlette" or m.startswith(("starlette.", "pipelines.web"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "starlette", None)  # what `import starlette` finds when it is not installed
+    code, _, err = run("dev", "--db", str(tmp_path / "dev.db"), "--app", SELF)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert "needs 'starlette', which phaserunner's 'web' extra installs: pip install 'phaserunner[web]'" in err
