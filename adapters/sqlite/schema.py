@@ -22,7 +22,8 @@ Layout (one row per job in ``jobs``; what a job owns is keyed by its id):
 * ``fenced`` (version 2): what the model answered attempts that were fenced
   off before they could commit, the newest few of a job, by position.
 * ``jobs.lapses``, ``jobs.lapsed_at`` (version 3): the leases that ran out and
-  were taken over since the job's last commit (``JobRecord.interrupted``).
+  were taken over since the job's last commit (``JobRecord.interrupted``);
+  ``jobs.pipeline`` (version 3): the record's pipeline, which claims filter by.
 """
 
 from __future__ import annotations
@@ -87,9 +88,15 @@ _V2 = [
 # ``jobs.lapses``: how many leases that ran out were taken over at version ``lapsed_at``, none committing (the
 # record's ``interrupted``: the runner fails a job whose turn keeps killing its workers); a commit moves the
 # version on, which starts the count again.
+# ``jobs.pipeline``: the record's pipeline (``default`` where the record leaves it out), which a local scheduler
+# claims by (``claim_due(pipelines=...)``) without parsing each due record's JSON; NULL for a record that is
+# not JSON (claimed by any App, whose advance says what is wrong).
 _V3 = [
     "ALTER TABLE jobs ADD COLUMN lapses INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN lapsed_at INTEGER NOT NULL DEFAULT -1",
+    "ALTER TABLE jobs ADD COLUMN pipeline TEXT",
+    "UPDATE jobs SET pipeline = CASE WHEN json_valid(record) THEN coalesce(json_extract(record, '$.pipeline'), "
+    "'default') END",
 ]
 
 MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}

@@ -100,8 +100,9 @@ def apply_create(conn: sqlite3.Connection, record: JobRecord, texts: Texts) -> N
     for table in JOB_TABLES:  # nothing of an earlier job of this id may leak into the new one
         conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
     status, updated, due, finished = index_columns(record)
-    conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at, due_at, finished_at) "
-                 "VALUES (?, ?, ?, ?, ?, ?, ?)", (job_id, texts.record, record.version, status, updated, due, finished))
+    conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at, due_at, finished_at, pipeline) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 (job_id, texts.record, record.version, status, updated, due, finished, record.pipeline))
     append(conn, "messages", job_id, texts.messages)
     append(conn, "logs", job_id, texts.logs)
     add_parts(conn, job_id, texts.events, durable=True)
@@ -159,9 +160,9 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
     conn.execute(
         "UPDATE jobs SET record = ?, version = ?, token = ?, status = ?, updated_at = ?, due_at = ?, finished_at = ?, "
         "claim_until = 0, journal_version = ?, live_cut = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
-        "control = CASE WHEN ? THEN NULL ELSE control END WHERE job_id = ?",
+        "control = CASE WHEN ? THEN NULL ELSE control END, pipeline = ? WHERE job_id = ?",
         (texts.record, commit.record.version, commit.token, status, updated, due, finished, commit.record.version,
-         cut, release, commit.clear_control, job_id))
+         cut, release, commit.clear_control, commit.record.pipeline, job_id))
     if not commit.keep_journal:
         conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
     if commit.take_inbox > 0:
@@ -262,24 +263,15 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
     file may run pipelines this one does not: its jobs are left to it, not
     held for ``hold`` seconds by a process that can only refuse them.
     """
-    # A record of the default pipeline leaves the field out (defaults are not stored). A record that is not
-    # JSON makes json_extract fail the statement: then the claim is made again, that record taken whatever its
-    # pipeline (its advance says what is wrong) and every other by its pipeline still (json_valid parses each
-    # record once more, only while such a record is due).
-    name = "coalesce(json_extract(record, '$.pipeline'), 'default') IN (SELECT value FROM json_each(?))"
-    only = f"AND {name} " if pipelines is not None else ""
-    guarded = f"AND CASE WHEN json_valid(record) THEN {name} ELSE 1 END " if pipelines is not None else ""
+    # By the pipeline column (schema 3), not the record's JSON: a look costs no parse of another App's due
+    # records. A record that is not JSON has none: it is claimed whatever its pipeline (its advance says what
+    # is wrong).
+    only = "AND (pipeline IS NULL OR pipeline IN (SELECT value FROM json_each(?))) " if pipelines is not None else ""
     sql = ("UPDATE jobs SET claim_until = ?, claim_proc = ? WHERE job_id IN (SELECT job_id FROM jobs "
            "WHERE due_at IS NOT NULL AND due_at <= ? AND claim_until <= ? "
-           "AND (lease_owner IS NULL OR lease_expires <= ?) {}ORDER BY due_at, job_id LIMIT ?) "
+           f"AND (lease_owner IS NULL OR lease_expires <= ?) {only}ORDER BY due_at, job_id LIMIT ?) "
            "RETURNING job_id, due_at")
-    args = (now + hold, proc, cut, now, now)
+    names = () if pipelines is None else (json.dumps(sorted(pipelines)),)
     count = max(0, min(limit, 1 << 31))
-    try:
-        names = () if pipelines is None else (json.dumps(sorted(pipelines)),)
-        rows = conn.execute(sql.format(only), (*args, *names, count)).fetchall()
-    except sqlite3.OperationalError as exc:
-        if "malformed JSON" not in str(exc):
-            raise
-        rows = conn.execute(sql.format(guarded), (*args, *names, count)).fetchall()
+    rows = conn.execute(sql, (now + hold, proc, cut, now, now, *names, count)).fetchall()
     return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]

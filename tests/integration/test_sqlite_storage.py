@@ -170,11 +170,21 @@ def test_a_version_2_file_migrates_to_version_3_and_counts_a_lease_taken_over_af
         conn.execute("PRAGMA user_version = 2")
         conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at, lease_owner, lease_expires) "
                      "VALUES (?, ?, 1, ?, 0, 'dead-worker', 1)", ("j", record().model_dump_json(), "running"))
+        for job_id, text in (("theirs", record("theirs").model_copy(update={"pipeline": "other"}).model_dump_json()),
+                             ("broken", "{truncated")):
+            conn.execute("INSERT INTO jobs (job_id, record, version, status, updated_at, due_at) "
+                         "VALUES (?, ?, 1, 'running', 0, 0)", (job_id, text))
     with pytest.raises(ConfigurationError, match=r"schema version 2; .* needs version 3. Run `pipelines migrate"):
         SQLiteStorage(str(path)).get_job("j")
     storage = SQLiteStorage(str(path))
     assert storage.migrate() == (2, 3)
     assert storage.get_job("j") == record()
+    # The records' pipelines are columns now (the default one's record leaves its name out; a broken one has
+    # none), which a claim filters by without parsing each record.
+    with sqlite3.connect(path) as conn:
+        assert dict(conn.execute("SELECT job_id, pipeline FROM jobs")) == {
+            "j": "default", "theirs": "other", "broken": None}
+    assert storage.claim_due(1e12, limit=5, hold=60, pipelines=["other"]) == ["broken", "theirs"]
     taken = storage.acquire_lease("j", "w", 30)  # the dead worker's lease ran out before the upgrade
     assert taken is not None and taken.interrupted == 1
     assert pragma(path, "user_version") == 3
