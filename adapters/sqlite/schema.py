@@ -97,6 +97,11 @@ _V3 = [
     "ALTER TABLE jobs ADD COLUMN pipeline TEXT",
     "UPDATE jobs SET pipeline = CASE WHEN json_valid(record) THEN coalesce(json_extract(record, '$.pipeline'), "
     "'default') END",
+    # The due order with each job's pipeline beside it: a claim by pipeline passes over another App's due jobs
+    # in the index, without reading their rows (a row's columns after its record sit on the record's overflow
+    # pages), and stops at its limit.
+    "CREATE INDEX jobs_due_pipeline ON jobs (due_at, job_id, pipeline, claim_until, lease_owner, lease_expires) "
+    "WHERE due_at IS NOT NULL",
 ]
 
 MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}

@@ -263,15 +263,17 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
     file may run pipelines this one does not: its jobs are left to it, not
     held for ``hold`` seconds by a process that can only refuse them.
     """
-    # By the pipeline column (schema 3), not the record's JSON: a look costs no parse of another App's due
-    # records. A record that is not JSON has none: it is claimed whatever its pipeline (its advance says what
-    # is wrong).
-    only = "AND (pipeline IS NULL OR pipeline IN (SELECT value FROM json_each(?))) " if pipelines is not None else ""
-    sql = ("UPDATE jobs SET claim_until = ?, claim_proc = ? WHERE job_id IN (SELECT job_id FROM jobs "
-           "WHERE due_at IS NOT NULL AND due_at <= ? AND claim_until <= ? "
-           f"AND (lease_owner IS NULL OR lease_expires <= ?) {only}ORDER BY due_at, job_id LIMIT ?) "
+    # By the pipeline column (schema 3), not the record's JSON, read from the due index (jobs_due_pipeline):
+    # another App's due jobs are passed over without reading their rows, and the walk in due order stops at
+    # ``limit``. A record that is not JSON has no pipeline: it is claimed whatever its pipeline (its advance
+    # says what is wrong).
+    only = ("AND (pipeline IS NULL OR pipeline IN (SELECT value FROM json_each(:names))) "
+            if pipelines is not None else "")
+    sql = ("UPDATE jobs SET claim_until = :until, claim_proc = :proc WHERE job_id IN (SELECT job_id FROM jobs "
+           "INDEXED BY jobs_due_pipeline WHERE due_at IS NOT NULL AND due_at <= :cut AND claim_until <= :now "
+           f"AND (lease_owner IS NULL OR lease_expires <= :now) {only}ORDER BY due_at, job_id LIMIT :count) "
            "RETURNING job_id, due_at")
-    names = () if pipelines is None else (json.dumps(sorted(pipelines)),)
-    count = max(0, min(limit, 1 << 31))
-    rows = conn.execute(sql, (now + hold, proc, cut, now, now, *names, count)).fetchall()
+    rows = conn.execute(sql, {"until": now + hold, "proc": proc, "cut": cut, "now": now,
+                              "names": json.dumps(sorted(pipelines or ())), "count": max(0, min(limit, 1 << 31))}
+                        ).fetchall()
     return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]
