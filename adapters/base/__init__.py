@@ -104,6 +104,7 @@ from adapters.base.scheduling import (
 )
 from adapters.base.storage import (
     ClaimingStore,
+    FinishedEntry,
     FlowCapable,
     FlowStore,
     KeyPrefixed,
@@ -142,6 +143,7 @@ __all__ = [
     "LiveStore",
     "NamedQueues",
     "ReadStore",
+    "FinishedEntry",
     "RetentionStore",
     "RunStore",
     "Scheduler",

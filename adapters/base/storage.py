@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 from adapters.base.read import LiveStore, ReadStore
 from adapters.base.run import RunStore
 
-__all__ = ["Storage", "RetentionStore", "FlowCapable", "FlowStore", "VersionedSchema", "ClaimingStore",
+__all__ = ["Storage", "FinishedEntry", "RetentionStore", "FlowCapable", "FlowStore", "VersionedSchema", "ClaimingStore",
            "KeyPrefixed"]
 
 
@@ -17,10 +17,14 @@ class Storage(RunStore, ReadStore, LiveStore, Protocol):
     """Where jobs, transcripts, logs, journals and leases live: the engine's port and the readers' together."""
 
 
+FinishedEntry = tuple[float, str]
+"""An entry of the finished index: ``(finish time, job id)``, the index's order (a finish time's ties by id)."""
+
+
 @runtime_checkable
 class RetentionStore(Protocol):
-    """What retention needs beyond the port (memory and Redis have it): a delete fenced on the version, and the
-    index of finished jobs."""
+    """What retention needs beyond the port (memory, SQLite and Redis have it): a delete fenced on the version, the
+    index of finished jobs and a page of it after a cursor."""
 
     def delete_job(self, job_id: str, *, if_version: int | None = None) -> bool:
         """Delete the job and everything it stored if it is at ``if_version`` (``StaleVersionError`` if not)."""
@@ -28,6 +32,12 @@ class RetentionStore(Protocol):
 
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
         """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
+        ...
+
+    def finished_page(self, before: float, *, after: FinishedEntry | None = None,
+                      limit: int = 1000) -> list[FinishedEntry]:
+        """The entries of up to ``limit`` jobs finished at or before ``before``, oldest first, only those after
+        ``after`` (an entry, of a job that may be gone): retention pages on with it past jobs it keeps."""
         ...
 
 

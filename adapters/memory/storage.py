@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from adapters.base import INBOX_OPEN, Feature, LeaseState, parse_cursor
+from adapters.base import INBOX_OPEN, Feature, FinishedEntry, LeaseState, parse_cursor
 from adapters.live_wakeup import LoopWakeups
 from adapters.memory.beside import BesideRecord
 from adapters.memory.history import NO_HISTORY, dump_apart, stored_dict
@@ -364,9 +364,13 @@ class MemoryStorage(BesideRecord, HistoryReads):
 
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
         """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
+        return [j for _, j in self.finished_page(before, limit=limit)]
+
+    def finished_page(self, before: float, *, after: FinishedEntry | None = None, limit: int = 1000
+                      ) -> list[FinishedEntry]:  # (finish time, id) of jobs finished by before, after the cursor
         with self._lock:
-            done = sorted((t, j) for j, t in self._finished.items() if t <= before)
-        return [j for _, j in done[: max(0, limit)]]
+            done = sorted((t, j) for j, t in self._finished.items() if t <= before and (not after or (t, j) > after))
+        return done[: max(0, limit)]
 
     def flow_store(self) -> Any:
         """The flow-control state beside this storage (a :class:`~adapters.memory.flow.MemoryFlowStore`)."""

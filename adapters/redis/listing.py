@@ -8,13 +8,14 @@ the number of buckets and what it returns, not the number of jobs stored.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
-from adapters.base import parse_cursor
+from adapters.base import FinishedEntry, parse_cursor
 from adapters.redis.client import _mapped
 from adapters.redis.connection import RedisConnection
 from adapters.redis.record_format import stored_text
@@ -226,3 +227,35 @@ class IndexReads:
         """
         return self._earliest([ix.finished for ix in self.conn.layout.indexes], before, limit,
                               "reading the finished index")
+
+    def finished_page(self, before: float, *, after: FinishedEntry | None = None,
+                      limit: int = 1000) -> list[FinishedEntry]:
+        """``(finish time, id)`` of jobs finished by ``before``, oldest first (ties: id), after the cursor ``after``.
+
+        Each bucket's finished index from the cursor's score up, merged; the
+        entries tied with the cursor's score at or below its id are read and
+        passed over (as :meth:`list_jobs` does), so a page costs a page.
+        """
+        if limit <= 0:
+            return []
+        limit = _bounded(limit)
+        self.conn.check_read_layout()
+        size = min(limit, 1000)
+        rows = heapq.merge(*(self._rows_after(ix.finished, after, before, size) for ix in self.conn.layout.indexes))
+        return list(itertools.islice(rows, limit))
+
+    def _rows_after(self, key: str, cursor: FinishedEntry | None, until: float,
+                    size: int) -> Iterator[FinishedEntry]:
+        """(score, id) of index ``key`` scored at most ``until``, lowest first, after ``cursor``, ``size`` a read."""
+        low, offset = ("-inf" if cursor is None else repr(float(cursor[0]))), 0
+        while True:
+            with _mapped("reading the finished index"):
+                rows: list[Any] = self.conn.client.zrangebyscore(key, low, repr(float(until)), start=offset,
+                                                                 num=size, withscores=True)
+            offset += len(rows)
+            for m, score in rows:  # same-score entries come in id order: those up to the cursor's were read
+                row = (float(score), _text(m))
+                if cursor is None or row > cursor:
+                    yield row
+            if len(rows) < size:
+                return

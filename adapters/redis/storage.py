@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from adapters.base import Feature, LeaseState
+from adapters.base import Feature, FinishedEntry, LeaseState
 from adapters.redis.connection import CLUSTER_BUCKETS, RedisConnection, connect_url
 from adapters.redis.events import EventReads
 from adapters.redis.keys import (
@@ -86,8 +86,7 @@ class RedisStorage:
     replica takes over its slot.
     """
 
-    #: What it can do beyond the port, declared once (checked by pipelines.engine.capabilities; the contract
-    #: suite checks the declaration against the methods).
+    #: What it can do beyond the port, declared once (pipelines.engine.capabilities; the contract suite checks it).
     features: ClassVar[frozenset[Feature]] = frozenset({
         Feature.STEP_AND_PUBLISH, Feature.ASYNC_LIVE, Feature.COUNTS, Feature.RETENTION, Feature.FLOW,
         Feature.RECENT, Feature.KEY_PREFIX, Feature.LEASE_HISTORY, Feature.FENCED_ANSWERS, Feature.STEP_BEFORE_COMMIT})
@@ -158,7 +157,6 @@ class RedisStorage:
         return self.conn.prefix
 
     prefix = property(key_prefix)
-
     cluster = property(lambda self: self.conn.cluster)
 
     @property
@@ -321,6 +319,11 @@ class RedisStorage:
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
         """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
         return self.indexes.finished_jobs(before, limit=limit)
+
+    def finished_page(self, before: float, *, after: FinishedEntry | None = None,
+                      limit: int = 1000) -> list[FinishedEntry]:
+        """``(finish time, id)`` of jobs finished by ``before``, oldest first (ties: id), after the cursor ``after``."""
+        return self.indexes.finished_page(before, after=after, limit=limit)
 
     # --- writing (RecordWrites) --------------------------------------------------
     def create_job(self, record: JobRecord, *, messages: Sequence[Message] = (), logs: Sequence[LogEntry] = (),

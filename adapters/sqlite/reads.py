@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from adapters.base import LeaseState, parse_cursor
+from adapters.base import FinishedEntry, LeaseState, parse_cursor
 from adapters.live_wakeup import wait_on
 from adapters.sqlite.connection import Database
 from adapters.sqlite.history import Histories
@@ -267,10 +268,17 @@ class SQLiteReads:
 
     def finished_jobs(self, before: float, *, limit: int = 1000) -> list[str]:
         """Ids of jobs that finished (complete, error, cancelled) at or before ``before``, oldest first."""
+        return [job_id for _, job_id in self.finished_page(before, limit=limit)]
+
+    def finished_page(self, before: float, *, after: FinishedEntry | None = None,
+                      limit: int = 1000) -> list[FinishedEntry]:
+        """``(finish time, id)`` of jobs finished by ``before``, oldest first, after the cursor ``after``."""
+        start = (-math.inf, "") if after is None else (float(after[0]), str(after[1]))
         rows = self._db.read(lambda c: c.execute(
-            "SELECT job_id FROM jobs WHERE finished_at IS NOT NULL AND finished_at <= ? "
-            "ORDER BY finished_at, job_id LIMIT ?", (before, _count(limit))).fetchall(), "reading the finished index")
-        return [r[0] for r in rows]
+            "SELECT finished_at, job_id FROM jobs WHERE finished_at IS NOT NULL AND finished_at <= ? "
+            "AND (finished_at, job_id) > (?, ?) ORDER BY finished_at, job_id LIMIT ?",
+            (before, *start, _count(limit))).fetchall(), "reading the finished index")
+        return [(float(t), str(j)) for t, j in rows]
 
     def list_jobs(self, *, status: JobStatus | None = None, limit: int = 1000,
                   before: str | None = None) -> list[JobRecord]:

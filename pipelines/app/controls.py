@@ -22,6 +22,7 @@ from adapters.base import (
     VersionedSchema,
 )
 from phases import approvals, titles
+from pipelines.app import retention
 from pipelines.engine import children, control, flow, transitions, writer
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.errors import (
@@ -54,6 +55,7 @@ class Controls:
         self.scheduler = app.scheduler
         self.env = app.env
         self.registry = app.registry
+        self._walk = retention.FinishedWalk()  # retention's place in the finished index
 
     # --- steering ------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, wait: float = 30.0, force: bool = False) -> JobView:
@@ -170,7 +172,7 @@ class Controls:
 
     # --- deleting -------------------------------------------------------------------------------
     def delete(self, job_id: str) -> None:
-        """Delete ``job_id`` and everything it stored (transcript, logs, events, live stream, index entries).
+        """Delete ``job_id``, its child runs and everything they stored (transcript, logs, events, index entries).
 
         Documented on :meth:`pipelines.app.App.delete`.
         """
@@ -179,29 +181,50 @@ class Controls:
             if rec.status in (JobStatus.RUNNING, JobStatus.WAITING):
                 raise JobConflictError(f"job {job_id!r} is {rec.status.value}; cancel it before deleting it")
             children.check_not_awaited(rec, self.storage, act="delete it")
-            if self._delete_at(rec) is not None:
+            # Its child runs first, then its title job, the job last: a process that dies midway leaves the job,
+            # and deleting it again finishes the rest.
+            if self._delete_below(rec) and self._delete_with_title(rec) is not None:
                 self.env.callbacks.forget(job_id)
-                self._delete_title_of(job_id)
                 return
         raise JobConflictError(f"job {job_id!r} kept changing while it was being deleted; try again")
 
-    def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000) -> list[str]:
+    def _delete_below(self, rec: JobRecord) -> bool:
+        """Delete the child runs below ``rec`` (:func:`~pipelines.engine.children.descendants`), each before its
+        parent; ``False`` when one moved on meanwhile. One running or waiting: refused, nothing deleted."""
+        below = children.descendants(rec, self.storage)
+        busy = next((r for r in below if r.status in (JobStatus.RUNNING, JobStatus.WAITING)), None)
+        if busy is not None:
+            raise JobConflictError(f"job {rec.job_id!r} has a child run {busy.job_id!r} that is "
+                                   f"{busy.status.value}; cancel it before deleting {rec.job_id!r}")
+        for child in reversed(below):
+            if self._delete_with_title(child) is None:
+                return False
+            self.env.callbacks.forget(child.job_id)
+        return True
+
+    def _delete_with_title(self, rec: JobRecord) -> bool | None:
+        """Delete ``rec``'s title job, then ``rec``'s job if it is still at ``rec.version`` (:meth:`_delete_at`)."""
+        self._delete_title_of(rec.job_id)
+        return self._delete_at(rec)
+
+    def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000,
+           rescan_after: float = 0.0) -> list[str]:
         """Delete finished jobs (complete, error, cancelled) that finished over ``older_than`` seconds ago.
 
-        Documented on :meth:`pipelines.app.App.gc`.
+        Documented on :meth:`pipelines.app.App.gc`; ``rescan_after``: see :mod:`pipelines.app.retention`.
         """
         age = self.app.retention if older_than is None else check_retention(older_than, "older_than")
         if age is None:
             raise ConfigurationError("gc needs older_than= (seconds) or an App(retention=...)")
         before = self.scheduler.now() - age
-        ids = self._finished_before(before, scan=scan, limit=limit)
+        ids = self._finished_before(before, scan=scan, limit=limit, rescan_after=rescan_after)
         removed = []
         for job_id in ids:
             try:
                 rec = self.storage.get_job(job_id)
                 # Judged again on the record: the index entry may be older than a restart.
                 expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
-                if expired and rec is not None and children.awaited_by(rec, self.storage) is not None:
+                if expired and rec is not None and children.waiting_parent(rec, self.storage) is not None:
                     continue  # its parent has not read its outcome yet: a later sweep deletes it
                 if expired and rec is not None and self._delete_at(rec):
                     self.env.callbacks.forget(job_id)
@@ -211,9 +234,11 @@ class Controls:
                 logger.error("retention: job %s not deleted: %s", job_id, exc)
         return removed
 
-    def _finished_before(self, before: float, *, scan: bool, limit: int) -> list[str]:
+    def _finished_before(self, before: float, *, scan: bool, limit: int, rescan_after: float) -> list[str]:
         indexed = as_feature(self.storage, Feature.RETENTION, RetentionStore)  # type: ignore[type-abstract]
-        ids = indexed.finished_jobs(before, limit=limit) if indexed is not None else []
+        # Walked on from where the last call stopped: the oldest entries may be jobs it keeps (pipelines.app.retention).
+        ids = [] if indexed is None else self._walk.take(indexed, before, limit, now=self.scheduler.now(),
+                                                         rescan_after=rescan_after)
         if scan or indexed is None:
             found = [r.job_id for r in self.storage.list_jobs(limit=1_000_000)
                      if r.status in transitions.FINISHED and r.updated_at <= before]
@@ -246,7 +271,7 @@ class Controls:
         if self.app.retention is None:
             return
         try:
-            removed = self.gc()
+            removed = self.gc(limit=retention.SWEEP_LIMIT, rescan_after=retention.RESCAN_EVERY)
         except PipelineError as exc:
             logger.error("retention sweep failed: %s", exc)
             return

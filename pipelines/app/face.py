@@ -369,23 +369,23 @@ class App:
         return self.controls.run_in_process()
 
     def delete(self, job_id: str) -> None:
-        """Delete ``job_id`` and everything it stored (transcript, logs, events, live stream, index entries).
+        """Delete ``job_id``, its child runs and everything they stored (transcript, logs, events, live stream...).
 
-        Atomic per job: the status is judged at a version and the delete lands only if the job is still at
-        it. A running or waiting job is refused with :class:`JobConflictError` (cancel it first), and so is
-        a finished child run its parent still waits for (its outcome is not in the parent yet); an unknown
-        one raises :class:`~pipelines.engine.errors.JobNotFoundError`.
+        Atomic per job (judged at a version, deleted only if still at it). The child runs it listed go first,
+        theirs before them, the job last: a delete that dies midway is finished by the next. A running or waiting
+        job, or one with such a child run, is refused with :class:`JobConflictError` (cancel it first), and so is a
+        finished child its parent still waits for; an unknown job raises :class:`~pipelines.errors.JobNotFoundError`.
         """
         self.controls.delete(job_id)
 
     def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000) -> list[str]:
         """Delete finished jobs (complete, error, cancelled) that finished over ``older_than`` seconds ago.
 
-        ``older_than`` defaults to the app's ``retention``. Candidates come
-        from the finished index the commits keep; ``scan=True`` also reads
-        every record (jobs that finished before that index existed, or a
-        storage without one). A job restarted meanwhile is left alone, and so
-        is a child run its parent still waits for. Returns the deleted ids.
+        ``older_than`` defaults to the app's ``retention``. Candidates: at most ``limit`` entries of the finished
+        index the commits keep, on from where the last call stopped, round to the oldest
+        (:mod:`pipelines.app.retention`); ``scan=True`` also reads every record (jobs finished before that index
+        existed, or a storage without one). A job restarted meanwhile is left alone, and so is a child run its
+        parent still waits for. Returns the deleted ids.
         """
         return self.controls.gc(older_than, scan=scan, limit=limit)
 

@@ -113,7 +113,7 @@ def _register_lifecycle(add: AddCommand, load: LoadApp, seconds: Callable[[str],
     p.add_argument("--at-turn", type=int, required=True, help="the turn (phases done; 0 = the start)")
     p.add_argument("--new-id", required=True, help="the new job's id")
     p.add_argument("--run", action="store_true", help="run the fork at once (a re-run from that turn)")
-    p = add("delete", cmd_delete, "delete a finished, paused or failed job and everything it stored")
+    p = add("delete", cmd_delete, "delete a finished, paused or failed job, its child runs and all they stored")
     p.add_argument("job")
     p = add("gc", cmd_gc, "delete finished jobs older than the app's retention (or --older-than)")
     p.add_argument("--older-than", type=seconds, default=None,

@@ -39,7 +39,7 @@ Two rules hold every child run (issue 30):
   why), also when another worker's create won the race; the wake-up and the
   family walks (cancel, resume) skip a job that does not name its parent. A
   child its parent still waits for is not deleted (``App.delete`` refuses,
-  retention skips it: :func:`awaited_by`) nor run again (a continuation, a
+  retention skips it: :func:`waiting_parent`) nor run again (a continuation, a
   message sent, a retry: refused, :func:`check_not_awaited`), and a child
   that is gone all the same is read as failed, never as still running.
 * **Nothing recursive over a depth a user or a model controls; every fan-out
@@ -59,6 +59,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
 from adapters.base import page_cursor
@@ -78,12 +79,14 @@ __all__ = [
     "child_job_id",
     "child_key",
     "content_of",
+    "descendants",
     "fan_out_refused",
     "of_another_run",
     "owned",
     "ready_parents",
     "run_of",
     "stopped_above",
+    "waiting_parent",
     "waits_for_children",
     "wake",
 ]
@@ -183,6 +186,30 @@ def awaited_by(child: JobRecord, storage: Storage, *, unlisted: bool = True) -> 
     return parent.job_id if unlisted and child.job_id not in parent.children else None
 
 
+def descendants(record: JobRecord, storage: Storage) -> list[JobRecord]:
+    """The child runs below ``record``: those it lists (``children``) that name it, theirs, and so on down.
+
+    Each parent comes before its children (so, walked backwards, each child before its parent: how
+    ``App.delete`` deletes a family). A loop over a queue, not a recursion; each job once; one gone (deleted)
+    or under a child's id naming another parent is left out. A child its parent never listed (a wait that
+    never committed, a title job) is not found here.
+    """
+    found: list[JobRecord] = []
+    queue = deque([record])
+    seen = {record.job_id}
+    while queue:
+        parent = queue.popleft()
+        for child_id in parent.children:
+            if child_id in seen:
+                continue
+            seen.add(child_id)
+            child = storage.get_job(child_id)
+            if child is not None and owned(child, parent.job_id):
+                found.append(child)
+                queue.append(child)
+    return found
+
+
 _UNFINISHED: Final = (JobStatus.RUNNING, JobStatus.WAITING, JobStatus.PAUSED)
 _ANCESTORS_READ: Final = MAX_DEPTH  # a family within the depth limit is read up to its root
 
@@ -211,6 +238,13 @@ def stopped_above(record: JobRecord, storage: Storage) -> bool:
     return False
 
 
+def waiting_parent(child: JobRecord, storage: Storage) -> str | None:
+    """The parent still waiting for ``child``'s outcome, or ``None``: :func:`awaited_by` as delete, retention and a
+    run again all judge it (a child of its parent's whole life, a title job: by name only; see
+    :func:`check_not_awaited`)."""
+    return awaited_by(child, storage, unlisted=bool(child.parent_epoch))
+
+
 def check_not_awaited(child: JobRecord, storage: Storage, *, act: str) -> None:
     """:class:`JobConflictError`, nothing written, if ``child``'s parent still waits for its outcome.
 
@@ -221,7 +255,7 @@ def check_not_awaited(child: JobRecord, storage: Storage, *, act: str) -> None:
     whole life (a conversation's title job, started with ``per_run=False``: no run stamp) is waited for by
     name only: its parent never lists it, and a run of it again is the retry a failed one asks for.
     """
-    parent = awaited_by(child, storage, unlisted=bool(child.parent_epoch))
+    parent = waiting_parent(child, storage)
     if parent is not None:
         raise JobConflictError(f"job {child.job_id!r} is a child run its parent {parent!r} still waits for; "
                                f"{act} once the parent has woken, or cancel the parent first")

@@ -291,6 +291,34 @@ def test_due_and_finished_indexes_order_many_jobs_by_time_then_id(storage: Stora
     assert storage.due_jobs(100.0) == [j for j in expected if j not in done]
 
 
+@covers("RetentionStore.finished_page", "RetentionStore.delete_job")
+def test_the_finished_index_pages_on_from_a_cursor_past_ties_and_gone_jobs(storage: Storage) -> None:
+    # Retention walks the finished index with this cursor, past jobs it keeps (a child its parent waits for):
+    # reading from the start each time would never get past them. Ties on the time, in every bucket.
+    ids = [f"j{n:02}" for n in range(30)]
+    for job_id in ids:
+        storage.create_job(record(job_id))
+        rec = storage.get_job(job_id)
+        assert rec is not None
+        storage.commit(commit(rec, moved(rec, status=JobStatus.COMPLETE, checkpoint=None,
+                                          updated_at=float(int(job_id[1:]) % 3))))
+    index = cast(Any, storage)
+    entries = sorted((float(int(j[1:]) % 3), j) for j in ids)
+    assert index.finished_page(100.0) == entries
+    assert index.finished_page(1.0, limit=5) == entries[:5]
+    pages, after = [], None
+    while page := index.finished_page(100.0, after=after, limit=7):
+        pages.append(page)
+        after = page[-1]
+    assert [e for p in pages for e in p] == entries and [len(p) for p in pages] == [7, 7, 7, 7, 2]
+    assert index.finished_page(100.0, after=entries[12]) == entries[13:]
+    assert index.finished_page(0.0, after=entries[3]) == entries[4:10]  # finished at 0 only
+    assert index.delete_job(entries[12][1]) is True  # the cursor's own job gone: the page starts after it
+    assert index.finished_page(100.0, after=entries[12], limit=3) == entries[13:16]
+    assert index.finished_page(100.0, after=(1.5, "")) == entries[20:]  # a cursor between two times
+    assert index.finished_page(100.0, after=entries[-1]) == [] and index.finished_page(100.0, limit=0) == []
+
+
 @covers("JobIndex.list_jobs")
 def test_list_jobs_filters_by_status(storage: Storage) -> None:
     storage.create_job(record("a"))

@@ -279,6 +279,77 @@ def test_a_crash_around_the_delete_leaves_the_job_whole_or_gone(storage: Any, mo
     assert stored_keys(storage, "orig") == []
 
 
+def family_app(storage: Any) -> App:
+    """A boss whose two calls each start a researcher run, which starts a clerk run of its own (three levels),
+    run to its end."""
+    def boss(messages: list[dict[str, Any]]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, {**call("researcher", input="a"), "id": "c0"}, {**call("researcher", input="b"),
+                                                                                 "id": "c1"})
+        return "boss done"
+
+    def researcher(messages: list[dict[str, Any]]) -> Any:
+        if messages[-1]["role"] == "user":
+            return reply(None, {**call("clerk", input="x"), "id": "k0"})
+        return "researcher done"
+
+    clerk = Agent(name="clerk", model=ScriptedModel(lambda m: "clerk done"))
+    r = Agent(name="researcher", model=ScriptedModel(researcher), tools=[clerk.as_tool(description="C.")])
+    app = App(storage=storage, scheduler=MemoryScheduler(clock=VirtualClock(start=1_000_000.0)), provenance=False,
+              agents=[Agent(name="boss", model=ScriptedModel(boss), tools=[r.as_tool(description="R.")])])
+    app.run_agent("boss", job_id="fam", user="go")
+    app.drain()
+    assert app.get("fam").status is JobStatus.COMPLETE
+    return app
+
+
+FAMILY = ["fam", "fam:c:c0", "fam:c:c1", "fam:c:c0:c:k0", "fam:c:c1:c:k0"]
+
+
+def test_deleting_a_job_deletes_its_child_runs_all_the_way_down(storage: Any) -> None:
+    # Its finished child runs stayed, each naming a parent that no longer existed, for ever without retention.
+    app = family_app(storage)
+    assert all(app.get(j).status is JobStatus.COMPLETE for j in FAMILY)
+    app.run_agent("clerk", job_id="other", user="not of the family")
+    app.drain()
+    app.delete("fam")
+    assert {j: stored_keys(storage, j) for j in FAMILY} == {j: [] for j in FAMILY}
+    assert [r.job_id for r in storage.list_jobs()] == ["other"]
+
+
+def test_a_job_whose_child_run_is_running_is_not_deleted_nor_any_of_its_family(storage: Any) -> None:
+    app = family_app(storage)
+    app.run_agent("clerk", job_id="fam:c:c1:c:k0", user="again")  # its parent read it: anyone's to run again
+    with pytest.raises(JobConflictError, match="child run 'fam:c:c1:c:k0' that is running; cancel it"):
+        app.delete("fam")
+    assert all(app.get(j) is not None for j in FAMILY)
+    app.drain()
+    app.delete("fam")
+    assert all(app.get(j) is None for j in FAMILY)
+
+
+@pytest.mark.parametrize("dies_at", ["fam:c:c0", "fam"])
+def test_a_delete_that_dies_midway_through_a_family_is_finished_by_the_next(
+        storage: Any, monkeypatch: pytest.MonkeyPatch, dies_at: str) -> None:
+    # Children first, the job last: a process that dies midway never leaves children without the job that
+    # names them, so deleting the job again finds and deletes the rest.
+    app = family_app(storage)
+    real = storage.delete_job
+
+    def dying(job_id: str, **kwargs: Any) -> bool:
+        if job_id == dies_at:
+            raise SimulatedCrash(f"the process dies deleting {job_id}")
+        return bool(real(job_id, **kwargs))
+
+    monkeypatch.setattr(storage, "delete_job", dying)
+    with pytest.raises(SimulatedCrash):
+        app.delete("fam")
+    monkeypatch.setattr(storage, "delete_job", real)
+    assert app.get("fam") is not None and app.get("fam:c:c1:c:k0") is None  # a grandchild went first
+    app.delete("fam")
+    assert {j: stored_keys(storage, j) for j in FAMILY} == {j: [] for j in FAMILY}
+
+
 def test_gc_removes_only_finished_jobs_older_than_the_cutoff(storage: Any) -> None:
     clock = VirtualClock(start=1_000_000.0)
     app, _ = make_app(storage, clock)

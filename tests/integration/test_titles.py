@@ -105,6 +105,52 @@ def test_a_conversations_title_job_goes_with_it_whatever_its_state(adapters: tup
     assert "pizza" in asked[-1] and sum("diagnosis" in a for a in asked) == (title_job == "failed")
 
 
+@pytest.mark.parametrize("conversation", ["running", "paused"])
+def test_retention_judges_a_finished_title_job_as_delete_does_while_its_conversation_goes_on(
+        adapters: tuple[Any, Any], conversation: str) -> None:
+    # Its conversation waits for it by name only (never, it is not a call of a run): app.delete takes it, and
+    # retention skipped it as a child its parent still waited for, for as long as the conversation ran or paused.
+    app = build(*adapters, ScriptedModel(lambda msgs: '{"title": "A question"}'))
+    job = f"t9-{conversation}"
+    app.run_agent("chat", job_id=job, messages=["a question?"])
+    app.drain()
+    title = app.get(title_job_id(job))
+    assert title is not None and title.status is JobStatus.COMPLETE
+    app.run_agent("chat", job_id=job, messages=["and another?"])  # the conversation goes on: not drained
+    if conversation == "paused":
+        app.pause(job, wait=0)
+    assert app.get(job).status.value == conversation
+    app.scheduler.clock.advance(3600)  # type: ignore[attr-defined]
+    assert app.gc(older_than=60) == [title_job_id(job)]
+    assert app.get(title_job_id(job)) is None and app.get(job).status.value == conversation
+
+
+def test_a_delete_that_dies_at_the_title_job_leaves_the_conversation_and_deleting_it_again_finishes(
+        adapters: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The title job went after its conversation: a process dying between the two left the title job behind,
+    # for ever (nothing names it once its conversation is gone, and without retention nothing deletes it).
+    from pipelines.crash_harness import SimulatedCrash
+
+    app = build(*adapters, ScriptedModel(lambda msgs: '{"title": "A question"}'))
+    app.run_agent("chat", job_id="t10", messages=["a question?"])
+    app.drain()
+    storage, title = app.storage, title_job_id("t10")
+    real = storage.delete_job
+
+    def dying(job_id: str, **kwargs: Any) -> bool:
+        if job_id == title:
+            raise SimulatedCrash("the process dies deleting the title job")
+        return bool(real(job_id, **kwargs))
+
+    monkeypatch.setattr(storage, "delete_job", dying)
+    with pytest.raises(SimulatedCrash):
+        app.delete("t10")
+    monkeypatch.setattr(storage, "delete_job", real)
+    assert app.get("t10") is not None  # the conversation is still there to delete again
+    app.delete("t10")
+    assert app.get("t10") is None and app.get(title) is None
+
+
 def test_a_failing_title_agent_never_fails_the_conversation(adapters: tuple[Any, Any]) -> None:
     def broken(messages: list[Any]) -> Any:
         raise RuntimeError("namer down")
