@@ -215,7 +215,8 @@ class Controls:
         """
         age = self.app.retention if older_than is None else check_retention(older_than, "older_than")
         if age is None:
-            raise ConfigurationError("gc needs older_than= (seconds) or an App(retention=...)")
+            raise ConfigurationError("gc needs older_than= (seconds; `pipelines gc --older-than SECONDS`) or an "
+                                     "App(retention=...)")
         before = self.scheduler.now() - age
         ids = self._finished_before(before, scan=scan, limit=limit, rescan_after=rescan_after)
         removed = []
