@@ -8,6 +8,8 @@ keys included) live in code or the environment, never in the stored job.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,12 @@ if TYPE_CHECKING:
     from pipelines.handle import RunHandle
 
 __all__ = ["Agent", "as_messages"]
+
+
+# What other agent libraries call an option of ours.
+_OTHER_NAMES = {"system_prompt": "system", "instructions": "system", "prompt": "system", "temperature": "model_params",
+                "max_iterations": "max_turns", "max_steps": "max_turns", "response_format": "output_schema",
+                "output_type": "output_schema"}
 
 
 class Agent:
@@ -64,6 +72,14 @@ class Agent:
         self.migrations = versions.check_migrations(options.pop("migrations", None), self.version)
         self.view_migrations = versions.check_migrations(options.pop("view_migrations", None), self.version,
                                                          of="the messages", name="view_migrations")
+        known = {f.name for f in dataclasses.fields(AgentConfig) if f.init} | {"version", "migrations",
+                                                                            "view_migrations"}
+        unknown = sorted(set(options) - known)
+        if unknown:  # a typo, or another library's name: said so, with ours, instead of AgentConfig's TypeError
+            name = unknown[0]
+            close = _OTHER_NAMES.get(name) or next(iter(difflib.get_close_matches(name, sorted(known), n=1)), None)
+            raise InvalidInputError(f"Agent: unknown option {name!r}" + (f" (did you mean {close!r}?)" if close
+                                    else "") + f"; the options are {', '.join(sorted(known - {'model'}))}")
         try:
             # Built now, so a bad tool or limit fails at definition, not at the first job.
             self.config = AgentConfig(model=model, **options)

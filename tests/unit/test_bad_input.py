@@ -1144,3 +1144,15 @@ def test_odd_app_and_scheduler_arguments_get_errors_naming_them() -> None:
         RQScheduler.for_storage(storage)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"pipelines must map names to phases .* got list"):
         App(storage=storage, scheduler=scheduler, pipelines=[Phase("a", done_phase)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("system_prompt", "system"), ("max_turn", "max_turns"),
+                                             ("temperature", "model_params"), ("zzz", None)])
+def test_an_unknown_agent_option_is_named_with_the_option_meant_and_the_list(typo: str, meant: str | None) -> None:
+    # It was AgentConfig.__init__()'s TypeError: an internal class's name and no list of the options.
+    with pytest.raises(InvalidInputError) as raised:
+        Agent(name="a", model=ScriptedModel(["hi"]), **{typo: "x"})
+    said = str(raised.value)
+    assert said.startswith(f"Agent: unknown option {typo!r}") and "AgentConfig" not in said
+    assert (f"(did you mean {meant!r}?)" in said) if meant else "did you mean" not in said
+    assert "the options are " in said and "max_turns" in said and "tmap" not in said
