@@ -84,7 +84,8 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
     ``per_run``: the child belongs to the parent's run that started it (a tool call's); ``False``: to the
     parent's whole life, found again by every run (a conversation's title). ``parent_run``: the run of the
     turn that starts it (``ToolContext.run``); a turn of a run its job has left (fenced off by a forced
-    cancel, then a full retry) starts nothing: :class:`StaleVersionError`.
+    cancel, then a full retry) starts nothing: :class:`StaleVersionError`. The child takes the parent's
+    ``concurrency_key`` and ``priority`` unless ``run`` names them (:data:`FLOW_OPTIONS`).
     """
     parent = app.storage.get_job(parent_job)
     epoch = children_rules.run_of(parent) if per_run and parent is not None else ""
@@ -102,11 +103,12 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
         return _adopted(existing, parent_job, call_id)  # a re-run of the call: the child it started is the one
     depth = _depth_below(parent_job, parent)
     name, first, version, start = _child_start(app, child_id, target, dict(run))
+    options = _flow_inherited(parent, run, start.get("options", {}))
     commit = transitions.create_child(
         child_id, parent_job=parent_job, parent_call=call_id, pipeline=name, first=first,
         state=to_json_value(start.get("initial_state"), what=f"initial state of child job {child_id!r}"),
         messages=check_messages(start.get("messages", []), f"messages of child job {child_id!r}"),
-        options=to_json_value(start.get("options", {}), what=f"options of child job {child_id!r}"),
+        options=to_json_value(options, what=f"options of child job {child_id!r}"),
         now=app.scheduler.now(), depth=depth, parent_epoch=epoch or None)
     commit = commit.model_copy(update={"record": versions.stamp(commit.record, version, new=True)})
     try:
@@ -120,6 +122,22 @@ def start_child(app: App, *, parent_job: str, call_id: str, target: Any, run: Ma
                                    f"job {parent_job!r} started it; try again") from None
         return _adopted(existing, parent_job, call_id)
     return child_id
+
+
+FLOW_OPTIONS = ("concurrency_key", "priority")
+"""The per-run options a child run takes from its parent unless its ``map_run`` names them."""
+
+
+def _flow_inherited(parent: Any, asked: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The child's ``options`` with the parent's concurrency key and priority where ``asked`` (the child's run,
+    as ``map_run`` gave it) does not name them: a tenant's limit and a background job's queue hold for the whole
+    family. Named, even as ``None``, the child's own stands (``None``: no key, the interactive queue)."""
+    inherited = dict(options)
+    for name in FLOW_OPTIONS:
+        value = parent.options.get(name) if parent is not None else None
+        if name not in asked and isinstance(value, str) and value:
+            inherited[name] = value
+    return inherited
 
 
 def _adopted(found: Any, parent_job: str, call_id: str) -> str:
@@ -202,6 +220,8 @@ def agent_tool(agent: Any, *, description: str, name: str | None = None,
     what the calling model fills in; ``map_run(args)`` turns it into the
     child's run: ``user``/``messages`` plus per-run options (``context``,
     ``max_turns``, ...). Default: the ``input`` text as the user message.
+    The child runs under the parent's ``concurrency_key`` and ``priority``
+    unless ``map_run`` names them (``"concurrency_key": None``: no key).
     """
     return _child_tool(agent, name=name or agent.name, description=description, input_model=input_model,
                        map_run=map_run, on_child_error=on_child_error)

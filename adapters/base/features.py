@@ -6,7 +6,14 @@ from enum import StrEnum
 
 from adapters.base.read import AsyncLiveStore, CountingIndex, RecentHistory
 from adapters.base.run import FencedAnswers, LeaseHistory, StepBeforeCommit, StepPublisher
-from adapters.base.scheduling import Backlog, BacklogProbe, HostedScheduler, InProcessScheduler, NamedQueues
+from adapters.base.scheduling import (
+    Backlog,
+    BacklogProbe,
+    HostedScheduler,
+    InProcessScheduler,
+    LateDelivery,
+    NamedQueues,
+)
 from adapters.base.storage import ClaimingStore, FlowCapable, KeyPrefixed, RetentionStore, VersionedSchema
 
 __all__ = ["Feature", "FEATURE_PROTOCOLS"]
@@ -33,6 +40,7 @@ class Feature(StrEnum):
     LEASE_HISTORY = "lease_history"  # LeaseHistory: tells a lease that ran out (its holder died) from one let go
     FENCED_ANSWERS = "fenced_answers"  # FencedAnswers: keeps the answers of attempts fenced off after the model call
     STEP_BEFORE_COMMIT = "step_before_commit"  # StepBeforeCommit: a last step's reply read with the commit
+    LATE_DELIVERY = "late_delivery"  # LateDelivery: how late a delayed advance may arrive
 
 
 FEATURE_PROTOCOLS: dict[Feature, type] = {
@@ -53,6 +61,7 @@ FEATURE_PROTOCOLS: dict[Feature, type] = {
     Feature.LEASE_HISTORY: LeaseHistory,
     Feature.FENCED_ANSWERS: FencedAnswers,
     Feature.STEP_BEFORE_COMMIT: StepBeforeCommit,
+    Feature.LATE_DELIVERY: LateDelivery,
 }
 """The protocol each feature stands for: an adapter that declares a feature implements its protocol (the
 contract suites check both ways)."""

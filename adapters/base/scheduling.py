@@ -23,7 +23,7 @@ class Scheduler(Protocol):
     ``precision``: how early (seconds) a delayed delivery may arrive; the
     runner holds a message that early until its time instead of dropping it
     (RQ: 1 s, for two machines' clocks; it sends delays for the whole second
-    at or after their end).
+    at or after their end). How *late* one may arrive: :class:`LateDelivery`.
     """
 
     precision: float
@@ -96,6 +96,20 @@ class BacklogProbe(Protocol):
 
     def probe_work_waiting(self, priority: str | None = None) -> Callable[[], bool]:
         """``work_waiting(priority)`` asked now; the returned function gives its answer (call it in every case)."""
+        ...
+
+
+@runtime_checkable
+class LateDelivery(Protocol):
+    """A scheduler whose delayed deliveries may arrive up to ``lateness()`` seconds late (optional; RQ: 2 s).
+
+    A turn deferred by flow control sends its retry under an id of its own, which the sweep's requeue
+    cannot find: the job is due in the index only that long after its retry's time, so the sweep never
+    sends it a second advance (and a second chain of retries) while its retry may still be on its way.
+    """
+
+    def lateness(self) -> float:
+        """The most seconds a delayed advance may arrive after its time."""
         ...
 
 

@@ -17,12 +17,11 @@ One RQ job id per turn (see :mod:`adapters.rq.ids`): a worker that enqueued its
 successor under its own id would re-run forever, and enqueuing an id that
 is still waiting is a harmless duplicate we skip.
 
-Delays use ``Queue.enqueue_at`` (workers must run RQ's scheduler: ``pipelines worker``
-does; ``rq worker --with-scheduler`` otherwise). RQ keeps the time in whole seconds, so
-a delay is sent for the second at or after its end: up to a second late, never early;
-what comes early anyway (two machines' clocks), within :attr:`RQScheduler.precision`,
-the runner holds until its time. One that RQ's scheduler has not moved
-:data:`SCHEDULER_LATE` seconds after its time is lost: the sweep's requeue sends it again.
+Delays use ``Queue.enqueue_at`` (workers must run RQ's scheduler: ``pipelines worker`` does; ``rq worker
+--with-scheduler`` otherwise). RQ keeps whole seconds (a delay is sent for the second at or after its end) and its
+scheduler moves due work once a second: up to :meth:`RQScheduler.lateness` late, never early; what comes early
+anyway (two machines' clocks), within :attr:`RQScheduler.precision`, the runner holds until its time. One that RQ's
+scheduler has not moved :data:`SCHEDULER_LATE` seconds after its time is lost: the sweep's requeue sends it again.
 
 Redis errors are translated here, at the edge: connection problems become
 :class:`~pipelines.engine.errors.StorageUnavailableError`, anything else
@@ -38,7 +37,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import redis
 from rq import Queue
@@ -94,8 +93,6 @@ meanwhile the registry holds due messages that nothing moves. One that late is
 taken out of the registry and enqueued again (the sweep's recovery of I7).
 """
 
-T = TypeVar("T")
-
 
 @contextmanager
 def _redis_errors(what: str) -> Iterator[None]:
@@ -123,7 +120,10 @@ class RQScheduler:
     """
 
     features: ClassVar[frozenset[Feature]] = frozenset({
-        Feature.BACKLOG, Feature.BACKLOG_PROBE, Feature.NAMED_QUEUES, Feature.HOSTED})
+        Feature.BACKLOG, Feature.BACKLOG_PROBE, Feature.NAMED_QUEUES, Feature.HOSTED, Feature.LATE_DELIVERY})
+    def lateness(self) -> float:
+        """How late a delayed advance may arrive: its whole second, then RQ's scheduler, which looks every second."""
+        return 2.0
 
     def __init__(
         self,

@@ -8,12 +8,36 @@ The same buckets and answers as :mod:`adapters.memory.flow` (its
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from adapters.memory.flow import DEADLINE_BASE, PLACE_BASE, Bucket, line_of, take_from_bucket, take_in_line
 from adapters.sqlite.connection import Database
 from pipelines.engine.flow import check_block_seconds, check_slot_member, check_slot_ttl
 
-__all__ = ["SQLiteFlowStore"]
+__all__ = ["SQLiteFlowStore", "drop_expired"]
+
+CLEAN_EVERY = 5.0
+"""Seconds (this process's clock) between one store's passes over every key for rows that ran out."""
+
+CLEAN_BATCH = 500
+"""The most rows of each kind one pass removes: a pass stays short however much is left (the next takes it)."""
+
+
+def drop_expired(conn: sqlite3.Connection, now: float, limit: int = CLEAN_BATCH) -> int:
+    """Remove rows of any key that ran out by ``now``; how many. A slot's or a place's own take only looks at
+    its key: with a key per user, the rows of a key nobody takes again (a killed worker's slot, the place of a
+    job that stopped asking) would stay for ever. Ran out: a slot whose lease expired, a place's deadline
+    passed, and a place whose deadline is gone (what :func:`~adapters.memory.flow.take_in_line` drops).
+    One scan of the table, which then holds only what lives (slots held, jobs waiting in line)."""
+    gone = conn.execute(
+        "DELETE FROM flow_slots WHERE (key, member) IN (SELECT key, member FROM flow_slots WHERE expires <= ? "
+        "OR (expires >= ? AND expires <= ?) LIMIT ?)", (now, DEADLINE_BASE, DEADLINE_BASE + now, limit)).rowcount
+    gone += conn.execute(
+        "DELETE FROM flow_slots WHERE (key, member) IN (SELECT p.key, p.member FROM flow_slots AS p "
+        "WHERE p.expires >= ? AND p.expires < ? AND NOT EXISTS (SELECT 1 FROM flow_slots AS d "
+        "WHERE d.key = p.key AND d.member = '!' || substr(p.member, 2)) LIMIT ?)",
+        (PLACE_BASE, DEADLINE_BASE, limit)).rowcount
+    return int(gone)
 
 
 def _bucket(conn: sqlite3.Connection, model: str) -> Bucket:
@@ -32,6 +56,7 @@ class SQLiteFlowStore:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._clean_at = 0.0  # time.monotonic() of this store's next pass over every key (drop_expired)
 
     def take_rate(self, model: str, *, rpm: float | None, tpm: float | None, burst: float, tokens: int,
                   now: float) -> float:
@@ -64,7 +89,13 @@ class SQLiteFlowStore:
         check_slot_ttl(ttl)
         check_slot_member(member)
 
+        clean = time.monotonic() >= self._clean_at
+        if clean:
+            self._clean_at = time.monotonic() + CLEAN_EVERY
+
         def take(conn: sqlite3.Connection) -> float:
+            if clean:  # before this key's rows are read: its own ran out go too
+                drop_expired(conn, now)
             before = dict(conn.execute("SELECT member, expires FROM flow_slots WHERE key = ?", (key,)).fetchall())
             after = dict(before)
             wait = take_in_line(after, member, limit=limit, ttl=ttl, now=now)

@@ -274,9 +274,14 @@ class SQLiteStorage(SQLiteReads):
         """Release the leases and claims of this machine's processes that are gone; how many processes live.
 
         The local scheduler's sweep calls it every few seconds: it also drops the live parts of up to
-        ``_EXPIRE_BATCH`` jobs that finished more than ``live_ttl`` ago.
+        ``_EXPIRE_BATCH`` jobs that finished more than ``live_ttl`` ago, and flow-control rows of any key
+        that ran out (:func:`adapters.sqlite.flow.drop_expired`).
         """
         live: int = self._write(processes.reap, "releasing the leases of dead processes", durable=False)
+        from adapters.sqlite.flow import drop_expired  # flow control's module, loaded only here and by flow_store
+
+        self._write(lambda c: drop_expired(c, self._clock()), "dropping flow-control slots that ran out",
+                    durable=False)
         upto = self._clock() - self.live_ttl
         if upto > self._expired[0]:
             self._expired = self._write(lambda c: writes.expire_live(c, after=self._expired, upto=upto,

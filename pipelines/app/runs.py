@@ -113,7 +113,7 @@ class Runs:
         if run and mark.next_phase is None:
             raise InvalidInputError(f"turn {at_turn} ended job {job_id!r}: nothing runs after it; re-run from "
                                     "an earlier turn, or fork it and continue with new messages")
-        overrides = self._fork_options(src, options)
+        overrides = self._fork_options(src, new_job_id, options)
         request = _fork_request(src.job_id, mark.phases_done, run, overrides)
         existing = self.storage.get_job(new_job_id)
         if existing is not None:
@@ -175,14 +175,19 @@ class Runs:
         the original's (``model=``, ``max_turns=``, ...): "what if" and regression runs."""
         return self.fork(job_id, at_turn=from_turn, new_job_id=new_job_id, run=True, **options)
 
-    def _fork_options(self, src: JobRecord, options: Mapping[str, Any]) -> dict[str, Any]:
-        """``options`` checked as a new run's would be: what a fork puts over the original's per-run options."""
+    def _fork_options(self, src: JobRecord, new_job_id: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` checked as a new run's would be: what a fork puts over the original's per-run options.
+
+        A ``concurrency_key`` function is evaluated as ``run_agent`` does, for the new job ``new_job_id``.
+        """
         if not options:
             return {}
         source = self.registry.agents.get(src.pipeline)
         if source is None:
             raise InvalidInputError(f"per-run options ({', '.join(sorted(options))}) apply to agent runs; "
                                     f"job {src.job_id!r} runs the pipeline {src.pipeline!r}")
+        options = dict(options)
+        _evaluate_concurrency_key(new_job_id, options)
         checked: dict[str, Any] = source.start_run(src.job_id, [], options, self.app)["options"]
         return checked
 

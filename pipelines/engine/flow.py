@@ -45,6 +45,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from adapters.base import LateDelivery
+from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError, bound_retry_after
 from pipelines.engine.leases import LEASE_KEEPER
 from pipelines.engine.phase.outcomes import RetryLater
@@ -224,6 +226,10 @@ class _PriorityScheduler:
         self.priority = priority
         self.precision = inner.precision
 
+    def lateness(self) -> float:
+        late = as_feature(self.inner, Feature.LATE_DELIVERY, LateDelivery)  # type: ignore[type-abstract]
+        return late.lateness() if late is not None else 0.0
+
     def now(self) -> float:
         return self.inner.now()
 
@@ -250,7 +256,10 @@ class _PriorityScheduler:
 
 
 def with_priority(scheduler: Scheduler, priority: str) -> Scheduler:
-    """``scheduler`` sending advances with ``priority``: itself for the default (interactive) one."""
+    """``scheduler`` sending advances with ``priority``: itself for the default (interactive) one.
+
+    A scheduler that sends with another run's priority is unwrapped first: the priority given here wins."""
+    scheduler = scheduler.inner if isinstance(scheduler, _PriorityScheduler) else scheduler
     if priority == PRIORITIES[0]:
         return scheduler
     return _PriorityScheduler(scheduler, priority)

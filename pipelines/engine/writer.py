@@ -93,11 +93,20 @@ def _wake_family(storage: Storage, scheduler: Scheduler, new: JobRecord) -> None
     """
     if new.status is JobStatus.WAITING and (new.waiting or {}).get("kind") == _CHILDREN:
         # A child may have finished before this wait was committed: look now.
-        scheduler.schedule_advance(new.job_id, 0.0, pipeline=new.pipeline)
+        _wake(scheduler, new)
     elif new.parent_job is not None and new.status in FINISHED_STATUSES:
         parent = storage.get_job(new.parent_job)
         if parent is not None and parent.status is JobStatus.WAITING:
-            scheduler.schedule_advance(parent.job_id, 0.0, pipeline=parent.pipeline)
+            _wake(scheduler, parent)
+
+
+def _wake(scheduler: Scheduler, record: JobRecord) -> None:
+    """Send ``record``'s job an advance now, on its own priority's queue (``scheduler`` may send with the
+    priority of the job whose commit this is: a child's, when it wakes its parent)."""
+    from pipelines.engine import flow  # see apply
+
+    flow.with_priority(scheduler, flow.priority_of(record)).schedule_advance(record.job_id, 0.0,
+                                                                             pipeline=record.pipeline)
 
 
 def save_state(storage: Storage, commit: Commit) -> CommitReply:

@@ -20,6 +20,7 @@ from adapters.base import (
     Feature,
     HostedScheduler,
     InProcessScheduler,
+    LateDelivery,
     NamedQueues,
     Scheduler,
     WorkerEntry,
@@ -340,6 +341,22 @@ def test_queue_for_names_the_queue_an_advance_of_that_priority_waits_on(harness:
     assert harness.queued(bg) == 2 and harness.queued(chat) == 1  # where the scheduler said they would wait
     with pytest.raises(ValueError, match="priority"):
         s.queue_for("urgent")
+
+
+@covers("LateDelivery.lateness")
+def test_a_delayed_advance_comes_within_the_lateness_its_scheduler_declares(harness: Harness) -> None:
+    # What a deferred turn's place in the due index allows for (pipelines.engine.runner.turn's defer): the
+    # declared lateness covers at least what the suite knows of the scheduler (its whole-second rounding).
+    late = feature(harness, Feature.LATE_DELIVERY, LateDelivery)  # type: ignore[type-abstract]
+    lateness = late.lateness()
+    assert isinstance(lateness, float) and harness.late <= lateness <= 60
+    version = start(harness, "late")
+    harness.lose_messages()
+    t0 = harness.scheduler.now()
+    harness.scheduler.schedule_advance("late", harness.delay, pipeline="p", version=version)
+    harness.wait_until(t0 + harness.delay + lateness)
+    harness.run_due()
+    assert harness.deliveries, "the delayed advance had not come by its time plus the declared lateness"
 
 
 def test_a_scheduler_declares_exactly_the_features_it_implements(harness: Harness) -> None:

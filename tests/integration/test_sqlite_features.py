@@ -6,6 +6,7 @@ The shared tests are collected here again with this module's fixtures, which giv
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from adapters.sqlite import SQLiteStorage
 from adapters.sqlite.flow import SQLiteFlowStore
 from pipelines import Agent, App, JobStatus
 from pipelines.engine.errors import InvalidInputError
+from pipelines.engine.flow import LINE_SECONDS
 from pipelines.engine.runner import AdvanceResult
 from pipelines.testing import ScriptedModel
 from tests.integration import test_agent_features_backends as features
@@ -120,3 +122,40 @@ def test_an_app_on_sqlite_defers_a_turn_over_its_concurrency_limit(storage: SQLi
     store.release_slot("t-1", "elsewhere")
     assert app.advance("j") is AdvanceResult.COMPLETED
     assert store.slots("t-1", app.scheduler.now()) == []
+
+
+def _rows(store: SQLiteFlowStore) -> list[tuple[str, str]]:
+    return sorted(store._db.read(lambda c: c.execute("SELECT key, member FROM flow_slots").fetchall(), "rows"))
+
+
+def test_rows_that_ran_out_go_whatever_their_key(flows: tuple[SQLiteFlowStore, SQLiteFlowStore],
+                                                 tmp_path: Path) -> None:
+    # With a key per user, a key may never be taken again: its rows still go, at another key's take or the sweep.
+    a, b = flows
+    assert a.take_slot("user-1", "dead tok", limit=1, ttl=1.0, now=100.0) == 0.0  # its worker is then killed
+    assert a.take_slot("user-2", "holder", limit=1, ttl=1000.0, now=100.0) == 0.0
+    assert a.take_slot("user-2", "gone", limit=1, ttl=30.0, now=100.0) > 0  # in line, then stops asking
+    assert a.take_slot("user-3", "dead2 tok", limit=1, ttl=1.0, now=100.0) == 0.0
+    assert len(_rows(a)) == 5
+    later = 100.0 + LINE_SECONDS + 1
+    assert b.take_slot("user-4", "w", limit=1, ttl=30.0, now=later) == 0.0  # another key's take
+    assert _rows(b) == [("user-2", "holder"), ("user-4", "w")]
+    # The sweep (the local scheduler's reap_dead_processes) drops them too, at the storage's clock (the wall's).
+    now = time.time()
+    assert a.take_slot("user-5", "dead3 tok", limit=1, ttl=1.0, now=now - 5.0) == 0.0  # a's last pass: just now
+    assert a.take_slot("user-6", "live tok", limit=1, ttl=100.0, now=now) == 0.0
+    SQLiteStorage(str(tmp_path / "flow.db")).reap_dead_processes()
+    assert _rows(b) == [("user-6", "live tok")]
+
+
+def test_a_deleted_job_leaves_no_place_in_line(storage: SQLiteStorage) -> None:
+    app = App(storage=storage, scheduler=MemoryScheduler(), provenance=False, concurrency={"t-": 1},
+              agents=[Agent(name="w", model=ScriptedModel(lambda m: "done"), stream=False)])
+    store = storage.flow_store()
+    store.take_slot("t-1", "elsewhere", limit=1, ttl=30.0, now=app.scheduler.now())
+    app.run_agent("w", job_id="j", user="go", concurrency_key="t-1")
+    assert app.advance("j") is AdvanceResult.DEFERRED
+    assert store.line("t-1", app.scheduler.now()) == ["j"]
+    app.cancel("j", wait=0)
+    app.delete("j")
+    assert _rows(store) == [("t-1", "elsewhere")]

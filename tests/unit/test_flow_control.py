@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from adapters.base import Feature
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
 from adapters.memory.flow import MemoryFlowStore
 from phases.model import ModelRequest, ModelResponse
@@ -275,3 +276,28 @@ def test_the_job_woken_for_a_freed_slot_goes_to_its_own_prioritys_queue() -> Non
     assert isinstance(scheduler, MemoryScheduler)
     woken = [(priority, job) for due, priority, job in scheduler.advances() if job == "bg" and due <= clock()]
     assert woken and all(priority == "background" for priority, _ in woken)  # not the interactive releaser's
+
+
+
+def test_a_deferred_turn_is_due_for_the_sweep_only_once_its_retry_may_have_arrived() -> None:
+    # A deferred turn's message has an id of its own, which the sweep's requeue cannot find: counted overdue
+    # while that message may still come (RQ's come up to RQScheduler.lateness late), the job was sent a second
+    # advance, and its deferral started a second chain of retries.
+    class Late(MemoryScheduler):
+        features = MemoryScheduler.features | {Feature.LATE_DELIVERY}
+
+        def lateness(self) -> float:
+            return 2.0
+
+    clock = VirtualClock(1000.0)
+    agent = Agent(name="w", model=NamedModel(clock), tools=[add], stream=False)
+    app = App(storage=MemoryStorage(clock=clock), scheduler=Late(clock=clock), agents=[agent], provenance=False,
+              concurrency={"k": 1})
+    store = app.flow.store
+    assert store is not None and store.take_slot("k", "elsewhere", limit=1, ttl=60.0, now=clock()) == 0.0
+    app.run_agent("w", job_id="j", user="go", concurrency_key="k", priority="background")  # (its own queue's)
+    assert app.advance("j") is AdvanceResult.DEFERRED  # retried in 0.5 s, first in line
+    clock.advance(0.5 + 1.5)
+    assert app.requeue_overdue(grace=1.0) == []  # its retry may still be on its way
+    clock.advance(1.6)  # its retry's time + lateness + grace
+    assert app.requeue_overdue(grace=1.0) == ["j"]  # lost, by now

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
+from adapters.base import Backlog, BacklogProbe, LateDelivery, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions, writer
 from pipelines.engine.capabilities import Feature, as_feature
 from pipelines.engine.contain import describe
@@ -242,14 +242,17 @@ class _LeasedJob:
     def defer(self, record: JobRecord, delay: float, why: str) -> AdvanceResult:
         """Run the same turn again after ``delay``, committing nothing (flow control: no attempt spent).
 
-        The job's place in the due index moves to when the retry is due: the sweep finds it
+        The job's place in the due index moves to when the retry arrives at the latest (its
+        scheduler's :class:`~adapters.base.LateDelivery`: RQ's come up to 2 s late): the sweep finds it
         overdue only if this message is lost (I7), not at every pass while it waits (each of
         its sends would start one more chain of deferrals). A fresh queue message (no version
         in its id): the one running now carries this turn's version.
         """
         logger.info("job %s: deferred %.2fs (%s)", record.job_id, delay, why)
+        late = as_feature(self.scheduler, Feature.LATE_DELIVERY, LateDelivery)  # type: ignore[type-abstract]
         try:
-            writer.postpone(self.storage, record, self.scheduler.now() + delay)
+            lateness = flow.bounded_wait(late.lateness()) if late is not None else 0.0
+            writer.postpone(self.storage, record, self.scheduler.now() + delay + lateness)
         except PipelineError as exc:  # the sweep may send it again meanwhile: extra advances, never a lost one
             logger.warning("job %s: could not move it later in the due index: %s", record.job_id, exc)
         self.scheduler.schedule_advance(record.job_id, delay, pipeline=record.pipeline)
