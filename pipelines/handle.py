@@ -99,7 +99,10 @@ def _acts(view: JobView) -> str:
         return f"; it runs on once resumed: app.resume({job!r}) or `pipelines resume {job}`"
     if view.status is not JobStatus.WAITING:
         return ""
-    calls = [c for c in view.pending_calls if isinstance(c.get("call_id"), str)]
+    kind = (view.record.waiting or {}).get("kind")
+    if kind == "children":
+        return f"; it waits for its child runs (`pipelines status {job}`; `pipelines jobs` lists them)"
+    calls = [c for c in view.pending_calls if isinstance(c.get("call_id"), str)] if kind == "approval" else []
     if calls:
         # Call ids and tool names come from the model: shown as reprs (no control character reaches a terminal).
         named = ", ".join(f"{c['call_id']!r} ({str(c.get('tool', '?'))!r})" for c in calls[:5])

@@ -27,6 +27,7 @@ from pipelines.engine.errors import StateNotSerializableError
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
 logger = logging.getLogger("pipelines")
+_LOGGED = 2000  # characters of a raising call's message kept in the job's log (the transcript holds it whole)
 
 __all__ = ["never_called"]
 
@@ -249,9 +250,12 @@ def _raised(ctx: PhaseContext[Any], t: Tool, call_id: str, exc: BaseException) -
     latter with the traceback), so a tool that crashes is not known to the model alone."""
     telemetry.record_error(None, exc)  # the call's execute_tool span
     said = f"Error: tool {t.name!r} raised {type(exc).__name__}: {message_of(exc)}"
+    # The traceback at DEBUG only: its chained causes may quote what the tool's message leaves out (a URL
+    # with a key), which the model, the transcript and the job's log never see.
     logger.warning("job %s: tool %r (call %r) raised %s; the model is told so", ctx.job_id, t.name, call_id,
-                   type(exc).__name__, exc_info=exc)
-    ctx.log(f"{said} (call {call_id!r}; the model is told so)", level="warn")
+                   type(exc).__name__, exc_info=exc if logger.isEnabledFor(logging.DEBUG) else None)
+    ctx.log(f"{said[:_LOGGED]}{'...' if len(said) > _LOGGED else ''} (call {call_id!r}; the model is told so)",
+            level="warn")
     return said
 
 

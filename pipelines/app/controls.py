@@ -24,7 +24,7 @@ from adapters.base import (
 from phases import approvals, titles
 from pipelines.app import retention
 from pipelines.engine import children, control, flow, transitions, writer
-from pipelines.engine.capabilities import Feature, as_feature
+from pipelines.engine.capabilities import Feature, as_feature, has
 from pipelines.engine.errors import (
     ConfigurationError,
     InvalidInputError,
@@ -162,12 +162,13 @@ class Controls:
     def run_in_process(self) -> bool:
         """Drain an in-process scheduler (nothing else would run its jobs); a no-op for queue schedulers.
 
-        Whether the scheduler is in-process (then nothing runs a job between two such calls).
+        Whether nothing runs a job between two such calls: an in-process scheduler with no threads of its own
+        (the memory one; not the local scheduler's workers, which run jobs meanwhile).
         """
         in_process = as_feature(self.scheduler, Feature.IN_PROCESS, InProcessScheduler)  # type: ignore[type-abstract]
         if in_process is not None:
             in_process.drain()
-        return in_process is not None
+        return in_process is not None and not has(self.scheduler, Feature.HOSTED)
 
 
     # --- deleting -------------------------------------------------------------------------------

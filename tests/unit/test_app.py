@@ -353,3 +353,48 @@ def test_the_low_level_layer_finds_the_app_a_scheduler_belongs_to_while_it_lives
     Agent(name="a", model=ScriptedModel(["hi"])).run(job_id="q", messages=["go"], storage=storage,
                                                     scheduler=queue)  # type: ignore[arg-type]
     assert queue.sent == ["q"] and storage.get_job("q") is not None
+
+
+def test_wait_with_the_local_schedulers_workers_waits_for_a_person_who_answers_from_another_thread(
+        tmp_path: Any) -> None:
+    # Its workers run the job meanwhile: wait() gave up at once ("an in-process scheduler runs nothing").
+    import threading
+    import time
+
+    from adapters.local import LocalScheduler
+    from adapters.sqlite import SQLiteStorage
+    from pipelines.engine.phase import wait_for_input
+
+    def review(ctx: PhaseContext[Any]) -> Done:
+        return Done(result={"ok": wait_for_input(ctx, "manager_ok", "a manager approves")})
+
+    app = App(storage=SQLiteStorage(str(tmp_path / "a.db")), scheduler=LocalScheduler(workers=1), provenance=False,
+              pipelines={"refund": [Phase("review", review)]})
+    with app.scheduler:  # type: ignore[attr-defined]
+        run = app.run_pipeline("refund", job_id="r", initial_state={})
+        asked = threading.Event()
+
+        def person() -> None:
+            while (view := app.get("r")) is None or view.status is not JobStatus.WAITING:
+                pass
+            asked.set()
+            time.sleep(0.5)  # the waiting caller sees the job waiting for a person meanwhile
+            app.supply_input("r", "manager_ok", True)
+
+        threading.Thread(target=person, daemon=True).start()
+        assert run.wait(timeout=20).result == {"ok": True} and asked.is_set()
+
+
+def test_wait_on_a_parent_waiting_for_its_children_says_so_not_that_a_person_approves_their_calls() -> None:
+    # Its child-run calls were named as calls to approve, and approving one was refused ("not waiting for an
+    # approval").
+    storage, scheduler, _ = memory()
+    clerk = Agent(name="clerk", model=ScriptedModel([reply(None, call("refund", order="A-1")), "refunded"]),
+                  tools=[refund])
+    boss = Agent(name="boss", model=ScriptedModel([reply(None, call("clerk", input="refund A-1")), "done"]),
+                 tools=[clerk.as_tool(description="A clerk.")])
+    app = App(storage=storage, scheduler=scheduler, agents=[boss, clerk])
+    run = app.run_agent("boss", job_id="b", user="go")
+    with pytest.raises(WaitTimeoutError, match=r"still waiting now .*it waits for its child runs") as raised:
+        run.wait(timeout=3600)
+    assert "approve" not in str(raised.value)
