@@ -210,8 +210,8 @@ class MemoryStorage(BesideRecord, HistoryReads):
             else:
                 job.journal.clear()
                 job.journal_version = commit.record.version
-            if commit.release_lease and commit.owner is not None:
-                job.lease_owner = None
+            if (commit.release_lease and commit.owner is not None) or not self._lease_live(job):
+                job.lease_owner = None  # let go, or lapsed before this commit: not the next turn's interruption
             if commit.clear_control:
                 job.control = None
             del job.inbox[: commit.take_inbox]

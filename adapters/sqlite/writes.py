@@ -159,10 +159,12 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
     release = commit.release_lease and commit.owner is not None
     conn.execute(
         "UPDATE jobs SET record = ?, version = ?, token = ?, status = ?, updated_at = ?, due_at = ?, finished_at = ?, "
-        "claim_until = 0, journal_version = ?, live_cut = ?, lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, "
+        "claim_until = 0, journal_version = ?, live_cut = ?, "
+        # Let go, or lapsed before this commit (a retry, a forced cancel): not the next turn's interruption.
+        "lease_owner = CASE WHEN ? OR lease_expires <= ? THEN NULL ELSE lease_owner END, "
         "control = CASE WHEN ? THEN NULL ELSE control END, pipeline = ? WHERE job_id = ?",
         (texts.record, commit.record.version, commit.token, status, updated, due, finished, commit.record.version,
-         cut, release, commit.clear_control, commit.record.pipeline, job_id))
+         cut, release, now, commit.clear_control, commit.record.pipeline, job_id))
     if not commit.keep_journal:
         conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
     if commit.take_inbox > 0:

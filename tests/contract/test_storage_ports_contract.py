@@ -501,6 +501,19 @@ def test_a_lease_taken_over_after_it_ran_out_counts_an_interrupted_turn_until_a_
     assert storage.get_job("unknown") is None and storage.acquire_lease("unknown", "w9", 30) is None
 
 
+def test_a_lease_that_ran_out_before_a_commit_without_an_owner_is_no_interruption_of_the_next_turn(
+        storage: Storage) -> None:
+    # A retry (or a forced cancel) commits with no lease: the holder that lapsed before it held another turn. The
+    # next take-over counted it, and the retried run began one interruption down.
+    rec = record()
+    storage.create_job(rec)
+    assert storage.acquire_lease("job-1", "dead", 0.05) is not None
+    _expire(storage, 0.05)
+    storage.commit(commit(rec, moved(rec), owner=None))
+    taken = storage.acquire_lease("job-1", "next", 30)
+    assert taken is not None and taken.interrupted == 0
+
+
 # --- the answers of fenced-off attempts ---------------------------------------------------------------
 @covers("FencedAnswers.add_fenced_answer", "FencedAnswers.fenced_answers")
 def test_a_fenced_off_attempts_answer_is_kept_with_its_usage_the_newest_few(storage: Storage) -> None:

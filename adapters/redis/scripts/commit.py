@@ -205,6 +205,10 @@ end
 if ARGV[10] == '1' and ARGV[6] == '1' then
   redis.call('DEL', KEYS[5])
   redis.call('HDEL', KEYS[1], 'held')  -- let go, not lapsed (scripts/lease.py)
+elseif redis.call('EXISTS', KEYS[5]) == 0 then
+  -- No live lease: a holder that lapsed before this commit (a retry, a forced cancel) held another turn, not
+  -- the one this commit starts; taking the next lease over is no interruption of it.
+  redis.call('HDEL', KEYS[1], 'held')
 end
 -- A pause/cancel request lives in the record hash beside 'data', outside the
 -- version fence; the commit that applies it (or makes it moot) drops it, and
