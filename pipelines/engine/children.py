@@ -202,9 +202,10 @@ def descendants(record: JobRecord, storage: Storage) -> list[JobRecord]:
         for child_id in parent.children:
             if child_id in seen:
                 continue
-            seen.add(child_id)
             child = storage.get_job(child_id)
             if child is not None and owned(child, parent.job_id):
+                # Seen once found under its own parent: listed first by a job it does not name, it is still found.
+                seen.add(child_id)
                 found.append(child)
                 queue.append(child)
     return found
