@@ -134,9 +134,10 @@ class RunHandle:
         (``drain``); otherwise this polls storage every ``poll`` seconds, so it
         works from any process. Raises :class:`WaitTimeoutError` after
         ``timeout`` seconds, naming the status the job is in, and what a job
-        waiting for a person waits for (the calls to approve, the input). With
-        an in-process scheduler it raises at once for a job waiting for a
-        person or paused: nothing runs it until someone acts. ``since``: when
+        waiting for a person waits for (the calls to approve, the input). Under
+        a scheduler that runs jobs only when drained (the memory one) it raises
+        at once for a job waiting for a person or paused: nothing runs it until
+        someone acts. ``since``: when
         (``time.monotonic()``) the timeout started, for a caller that waited
         already (streamed the run first); now by default.
         """
@@ -151,7 +152,7 @@ class RunHandle:
             left = deadline - time.monotonic()
             stuck = in_process and view.status in (JobStatus.WAITING, JobStatus.PAUSED)
             if left <= 0 or stuck:
-                when = "now (an in-process scheduler runs nothing until then)" if stuck else f"after {timeout:g} s"
+                when = "now (its scheduler runs jobs only when drained)" if stuck else f"after {timeout:g} s"
                 raise WaitTimeoutError(f"job {self.job_id!r} is still {view.status.value} {when}{_acts(view)}",
                                        status=view.status.value)
             time.sleep(min(poll, left))
