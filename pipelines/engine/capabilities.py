@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from adapters.base import FEATURE_PROTOCOLS, Feature
+from adapters.base import FEATURE_PROTOCOLS, Feature, LateDelivery
 
-__all__ = ["Feature", "as_feature", "features_of", "has"]
+__all__ = ["Feature", "as_feature", "features_of", "has", "lateness_of"]
 
 T = TypeVar("T")
 
@@ -48,3 +48,9 @@ def as_feature(obj: object, feature: Feature, protocol: type[T]) -> T | None:
     """``obj`` typed as ``protocol`` when it has ``feature`` (which stands for that protocol), else ``None``."""
     # mypy refuses a Protocol class as type[T] (python/mypy#4717): callers pass one with an ignore.
     return obj if feature in features_of(obj) else None  # type: ignore[return-value]
+
+
+def lateness_of(scheduler: object) -> float:
+    """How late ``scheduler``'s delayed deliveries may arrive (:class:`~adapters.base.LateDelivery`); 0 without."""
+    late = as_feature(scheduler, Feature.LATE_DELIVERY, LateDelivery)  # type: ignore[type-abstract]
+    return late.lateness() if late is not None else 0.0

@@ -45,8 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from adapters.base import LateDelivery
-from pipelines.engine.capabilities import Feature, as_feature
+from pipelines.engine.capabilities import lateness_of
 from pipelines.engine.errors import MAX_RETRY_AFTER_SECONDS, InvalidInputError, bound_retry_after
 from pipelines.engine.leases import LEASE_KEEPER
 from pipelines.engine.phase.outcomes import RetryLater
@@ -227,8 +226,7 @@ class _PriorityScheduler:
         self.precision = inner.precision
 
     def lateness(self) -> float:
-        late = as_feature(self.inner, Feature.LATE_DELIVERY, LateDelivery)  # type: ignore[type-abstract]
-        return late.lateness() if late is not None else 0.0
+        return lateness_of(self.inner)
 
     def now(self) -> float:
         return self.inner.now()

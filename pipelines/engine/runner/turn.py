@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adapters.base import Backlog, BacklogProbe, LateDelivery, Scheduler, Storage
+from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions, writer
-from pipelines.engine.capabilities import Feature, as_feature
+from pipelines.engine.capabilities import Feature, as_feature, lateness_of
 from pipelines.engine.contain import describe
 from pipelines.engine.env import EMPTY_ENV, RunEnv
 from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, PipelineError, StaleVersionError
@@ -249,9 +249,8 @@ class _LeasedJob:
         in its id): the one running now carries this turn's version.
         """
         logger.info("job %s: deferred %.2fs (%s)", record.job_id, delay, why)
-        late = as_feature(self.scheduler, Feature.LATE_DELIVERY, LateDelivery)  # type: ignore[type-abstract]
         try:
-            lateness = flow.bounded_wait(late.lateness()) if late is not None else 0.0
+            lateness = flow.bounded_wait(lateness_of(self.scheduler))
             writer.postpone(self.storage, record, self.scheduler.now() + delay + lateness)
         except PipelineError as exc:  # the sweep may send it again meanwhile: extra advances, never a lost one
             logger.warning("job %s: could not move it later in the due index: %s", record.job_id, exc)
