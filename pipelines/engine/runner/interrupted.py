@@ -6,22 +6,18 @@ worker takes the lease over, runs the same turn and dies too, across the whole f
 the leases that ran out and were taken over since the job's last commit (``JobRecord.interrupted``, kept
 beside the lease, filled in when the lease is taken: no extra round trip); any commit starts it again from 0.
 Each take-over is logged as a warning; once the count reaches the App's ``max_interrupted_turns`` the runner
-fails the job instead of running the turn again, through the ordinary failure (``job_failed``, a parent woken,
-``retry`` starts the count again).
+(``_LeasedJob.admit``) fails the job instead of running the turn again, through the ordinary failure
+(``job_failed``, a parent woken, ``retry`` starts the count again).
 """
 
 from __future__ import annotations
 
 import logging
 
-from adapters.base import Scheduler, Storage
-from pipelines.engine import transitions, writer
-from pipelines.engine.errors import InvalidInputError, StaleVersionError
+from pipelines.engine.errors import InvalidInputError
 from pipelines.engine.models import JobRecord
-from pipelines.engine.phase import Fail
-from pipelines.engine.runner.results import AdvanceResult
 
-__all__ = ["DEFAULT_MAX_INTERRUPTED_TURNS", "check_max_interrupted", "interrupted_error", "stop_interrupted"]
+__all__ = ["DEFAULT_MAX_INTERRUPTED_TURNS", "check_max_interrupted", "interrupted_error"]
 
 logger = logging.getLogger("pipelines")
 
@@ -46,35 +42,19 @@ def check_max_interrupted(value: object) -> int | None:
 def interrupted_error(record: JobRecord, limit: int | None) -> str | None:
     """The error that fails ``record``'s job when its turn was interrupted ``limit`` times in a row, else ``None``.
 
-    Warns (naming the job and the count) for a turn that was interrupted and runs again.
+    Warns (naming the job and the count) for a turn that was interrupted and runs again; the runner fails the
+    job with the error through the ordinary failure, under the lease it took.
     """
     count = record.interrupted
     if count <= 0:
         return None
     if limit is not None and count >= limit:
-        return (f"job {record.job_id!r}: its turn was interrupted {count} times in a row without committing (the "
-                "worker process died or its lease ran out each time); failed so it does not take down more "
-                "workers (App(max_interrupted_turns=...); `retry` runs it again)")
+        error = (f"job {record.job_id!r}: its turn was interrupted {count} times in a row without committing (the "
+                 "worker process died or its lease ran out each time); failed so it does not take down more "
+                 "workers (App(max_interrupted_turns=...); `retry` runs it again)")
+        logger.error("%s", error)
+        return error
     logger.warning("job %s: its turn lost its lease without committing %d time(s) in a row (the worker that held "
                    "it died or stalled past its lease); running it again%s", record.job_id, count,
                    "" if limit is None else f" (the job fails at {limit})")
     return None
-
-
-def stop_interrupted(record: JobRecord, storage: Storage, scheduler: Scheduler, owner: str,
-                     limit: int | None) -> AdvanceResult | None:
-    """Fail ``record``'s job, held under ``owner``'s lease, if its turn was interrupted too often; else ``None``.
-
-    ``FAILED`` (the commit let the lease go) or ``STALE`` (fenced off: nothing written).
-    """
-    error = interrupted_error(record, limit)
-    if error is None:
-        return None
-    logger.error("%s", error)
-    commit = transitions.after_phase(record, Fail(error), transitions.PhaseOutput(), owner=owner,
-                                     now=scheduler.now())
-    try:
-        writer.apply(storage, scheduler, commit)
-    except StaleVersionError:
-        return AdvanceResult.STALE
-    return AdvanceResult.FAILED

@@ -22,7 +22,7 @@ from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, Pipel
 from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
 from pipelines.engine.phase import Done, Fail, PhaseContext, Pipeline
 from pipelines.engine.runner.attempt import _context, _normalised, _outcome, _Saver, with_phase_state
-from pipelines.engine.runner.interrupted import DEFAULT_MAX_INTERRUPTED_TURNS, stop_interrupted
+from pipelines.engine.runner.interrupted import DEFAULT_MAX_INTERRUPTED_TURNS, interrupted_error
 from pipelines.engine.runner.results import _RESULTS, AdvanceResult
 
 __all__ = ["PipelineFor"]
@@ -172,14 +172,11 @@ class _LeasedJob:
         self.migrating = admitted.migrating
         if admitted.delay > 0:  # written by a newer version: left untouched for a newer worker
             return self.defer(record, admitted.delay, f"written by version {record.code_version}")
-        if record.interrupted:  # a lease that ran out was taken over: a poison turn is not run for ever
-            stopped = stop_interrupted(record, self.storage, self.scheduler, self.owner, self.max_interrupted)
-            if stopped is not None:
-                self.released = stopped is AdvanceResult.FAILED
-                return stopped
-        if admitted.error is None:
+        # A lease that ran out taken over too often: a poison turn is not run for ever (it outranks the version).
+        error = interrupted_error(record, self.max_interrupted) or admitted.error
+        if error is None:
             return admitted.record
-        commit = transitions.after_phase(record, Fail(admitted.error), transitions.PhaseOutput(), owner=self.owner,
+        commit = transitions.after_phase(record, Fail(error), transitions.PhaseOutput(), owner=self.owner,
                                          now=self.scheduler.now())
         try:
             writer.apply(self.storage, self.scheduler, commit)
