@@ -25,7 +25,8 @@ MAX_LIMIT = 1_000_000
 # Then the bidi controls (embeddings, overrides, isolates, marks): a terminal that reorders text shows
 # a tool's arguments or a log line in another order than they are ("Trojan Source"). Joiners and other
 # invisible characters are left: emoji and some scripts are made with them.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_C1_AND_BIDI = "\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"  # a character class's ranges
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f{_C1_AND_BIDI}]")
 
 
 def _shown(ch: str) -> str:
@@ -41,7 +42,7 @@ def printable(text: str) -> str:
 
 # In JSON text: the characters JSON leaves raw that a terminal obeys (C1 controls) or reorders by (bidi
 # controls), and the line separators; written as \uXXXX escapes, the text is the same JSON value.
-_JSON_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_JSON_RAW = re.compile(f"[{_C1_AND_BIDI}\u2028\u2029]")
 
 
 def json_printable(text: str) -> str:
