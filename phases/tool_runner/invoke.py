@@ -247,7 +247,7 @@ def _reconciled(t: Tool, found: Any, timeout: float) -> str:
 
 def _raised(ctx: PhaseContext[Any], t: Tool, call_id: str, exc: BaseException) -> str:
     """What the model is told of a call that raised; the job's log and the process's log say it too (the
-    latter with the traceback), so a tool that crashes is not known to the model alone."""
+    latter with the traceback at DEBUG), so a tool that crashes is not known to the model alone."""
     telemetry.record_error(None, exc)  # the call's execute_tool span
     said = f"Error: tool {t.name!r} raised {type(exc).__name__}: {message_of(exc)}"
     # The traceback at DEBUG only: its chained causes may quote what the tool's message leaves out (a URL
