@@ -209,7 +209,7 @@ class Controls:
         return self._delete_at(rec)
 
     def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000,
-           rescan_after: float = 0.0) -> list[str]:
+           all_pipelines: bool = False, rescan_after: float = 0.0) -> list[str]:
         """Delete finished jobs (complete, error, cancelled) that finished over ``older_than`` seconds ago.
 
         Documented on :meth:`pipelines.app.App.gc`; ``rescan_after``: see :mod:`pipelines.app.retention`.
@@ -220,12 +220,17 @@ class Controls:
                                      "App(retention=...)")
         before = self.scheduler.now() - age
         ids = self._finished_before(before, scan=scan, limit=limit, rescan_after=rescan_after)
+        # Another App may share the storage (one Redis, one SQLite file) with a retention of its own, or none:
+        # its jobs are its own to delete. Read now, not at App(): agents can be registered later.
+        mine = None if all_pipelines else frozenset(self.registry.pipelines)
         removed = []
         for job_id in ids:
             try:
                 rec = self.storage.get_job(job_id)
                 # Judged again on the record: the index entry may be older than a restart.
                 expired = rec is not None and rec.status in transitions.FINISHED and rec.updated_at <= before
+                if expired and rec is not None and mine is not None and not self._of_pipelines(rec, mine):
+                    continue
                 if expired and rec is not None and children.waiting_parent(rec, self.storage) is not None:
                     continue  # its parent has not read its outcome yet: a later sweep deletes it
                 if expired and rec is not None and self._delete_at(rec):
@@ -235,6 +240,21 @@ class Controls:
             except PipelineError as exc:  # one job that cannot be deleted now never stops the others'
                 logger.error("retention: job %s not deleted: %s", job_id, exc)
         return removed
+
+    def _of_pipelines(self, rec: JobRecord, mine: frozenset[str]) -> bool:
+        """Whether ``rec`` is a job of ``mine``, or a child run (a title job) of one, however deep.
+
+        A child's agent may be registered only when a run starts it (a tools provider's, a title agent): its
+        family says whose it is. A child whose parent is gone is judged by its own pipeline.
+        """
+        for _ in range(children.MAX_DEPTH + 1):
+            if rec.pipeline in mine:
+                return True
+            parent = None if rec.parent_job is None else self.storage.get_job(rec.parent_job)
+            if parent is None:
+                return False
+            rec = parent
+        return False
 
     def _finished_before(self, before: float, *, scan: bool, limit: int, rescan_after: float) -> list[str]:
         indexed = as_feature(self.storage, Feature.RETENTION, RetentionStore)  # type: ignore[type-abstract]

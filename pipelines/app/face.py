@@ -378,16 +378,17 @@ class App:
         """
         self.controls.delete(job_id)
 
-    def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000) -> list[str]:
+    def gc(self, older_than: float | None = None, *, scan: bool = False, limit: int = 1000,
+           all_pipelines: bool = False) -> list[str]:
         """Delete finished jobs (complete, error, cancelled) that finished over ``older_than`` seconds ago.
 
         ``older_than`` defaults to the app's ``retention``. Candidates: at most ``limit`` entries of the finished
-        index the commits keep, on from where the last call stopped, round to the oldest
-        (:mod:`pipelines.app.retention`); ``scan=True`` also reads every record (jobs finished before that index
-        existed, or a storage without one). A job restarted meanwhile is left alone, and so is a child run its
-        parent still waits for. Returns the deleted ids.
+        index, on from where the last call stopped, round to the oldest (:mod:`pipelines.app.retention`);
+        ``scan=True`` also reads every record (jobs finished before that index existed, or no index). A job
+        restarted meanwhile is left alone, and so is a child run its parent still waits for. Only this app's jobs
+        (its pipelines', their child runs') go, not another app's on the storage, unless ``all_pipelines=True``.
         """
-        return self.controls.gc(older_than, scan=scan, limit=limit)
+        return self.controls.gc(older_than, scan=scan, limit=limit, all_pipelines=all_pipelines)
 
     def migrate_storage(self) -> tuple[int, int]:
         """Upgrade the storage's schema to this version (``pipelines migrate``): ``(before, after)``."""

@@ -22,7 +22,7 @@ that app's storage and scheduler::
     pipelines tail      --app X JOB [--follow] [--after EVENT_ID]
     pipelines fork      --app X JOB --at-turn N --new-id ID [--run]
     pipelines delete    --app X JOB
-    pipelines gc        --app X [--older-than S] [--scan]
+    pipelines gc        --app X [--older-than S] [--scan] [--all-pipelines]
     pipelines ui        --app X [--host 127.0.0.1] [--port 8008] [--token-file F] [--read-only]
     pipelines dev       --app X [--db .phaserunner/dev.db] [--workers 4] [--port 8008]  # one process, SQLite
     pipelines migrate   --app X              # upgrade the schema of the app's SQLite file

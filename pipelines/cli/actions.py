@@ -102,7 +102,8 @@ def _register_lifecycle(add: AddCommand, load: LoadApp, seconds: Callable[[str],
 
     def cmd_gc(args: argparse.Namespace, out: TextIO) -> int:
         app = load(args.app)
-        removed = app.gc(older_than=args.older_than, scan=args.scan, limit=args.limit)
+        removed = app.gc(older_than=args.older_than, scan=args.scan, limit=args.limit,
+                         all_pipelines=args.all_pipelines)
         for job_id in removed:
             print(job_id, file=out)
         print(f"{len(removed)} finished job(s) removed", file=out)
@@ -121,6 +122,8 @@ def _register_lifecycle(add: AddCommand, load: LoadApp, seconds: Callable[[str],
     p.add_argument("--scan", action="store_true",
                    help="also scan every record (jobs finished before the finished index existed)")
     p.add_argument("--limit", type=count, default=1000, help="at most this many jobs (default: 1000)")
+    p.add_argument("--all-pipelines", action="store_true",
+                   help="also jobs of pipelines the app does not register (by default another app's are kept)")
 
 
 def _tail(app: App, args: argparse.Namespace, out: TextIO, when: Callable[[float | None], str]) -> int:

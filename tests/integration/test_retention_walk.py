@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from phases import titles
 from pipelines import Agent, App, JobStatus
 from pipelines.app import retention
 from pipelines.engine.children import child_job_id
@@ -119,3 +120,39 @@ def test_an_on_demand_gc_covers_the_whole_index_within_its_limit_whatever_the_wa
     app.scheduler.clock.advance(7200)  # type: ignore[attr-defined]
     removed = app.gc(older_than=60, limit=100)
     assert len(removed) == CHILDREN + 1 and app.storage.list_jobs() == []
+
+
+def test_an_apps_retention_deletes_its_own_jobs_and_their_title_jobs_not_another_apps_on_the_same_storage(
+        storage: Any) -> None:
+    # Two services on one Redis (one SQLite file): A keeps its jobs an hour, B keeps its own for ever (no
+    # retention). A's sweeps deleted every finished job in the storage, B's conversations with them.
+    clock = VirtualClock(start=1_000_000.0)
+
+    def titled(name: str) -> Agent:
+        namer = Agent(name=f"{name}-namer", model=ScriptedModel(lambda m: "A title"))
+        return Agent(name=name, model=ScriptedModel(lambda m: "hi"), title_agent=namer)
+
+    mine = App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False, retention=3600,
+               agents=[titled("a")])
+    theirs = App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False, agents=[titled("b")])
+    for app, agent, job in ((mine, "a", "ja"), (theirs, "b", "jb")):
+        app.run_agent(agent, job_id=job, user="hi")
+        app.drain()
+        assert app.get(job).title == "A title"
+        clock.advance(1)
+        app.run_agent(agent, job_id=job, user="and then?")  # the conversation's next run ends after its title job's
+        app.drain()
+    title_jobs = {titles.title_job_id("ja"), titles.title_job_id("jb")}
+    assert {r.job_id for r in storage.list_jobs()} == {"ja", "jb", *title_jobs}
+    clock.advance(7200)
+    # A process of A's that has run nothing yet (the CLI, a fresh worker): the title agent is registered only
+    # when a run starts a title job, so a title job is judged by its conversation's pipeline.
+    fresh = App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False, retention=3600,
+                agents=[titled("a")])
+    assert "a-namer" not in fresh.registry.names
+    assert fresh.gc() == [titles.title_job_id("ja"), "ja"]  # the title job finished first: examined first
+    assert {r.job_id for r in storage.list_jobs()} == {"jb", titles.title_job_id("jb")}
+    sweep(fresh)
+    assert fresh.gc() == [] and theirs.get("jb").status is JobStatus.COMPLETE
+    assert fresh.gc(all_pipelines=True) == [titles.title_job_id("jb"), "jb"]
+    assert storage.list_jobs() == []

@@ -53,3 +53,23 @@ def test_delete_and_gc_from_the_command_line() -> None:
     app.scheduler.clock.advance(60)  # type: ignore[attr-defined]
     assert run("gc", "--older-than", "30", "--app", MEMORY) == (0, "b\n1 finished job(s) removed\n", "")
     assert app.get("b") is None and app.get("s").status is JobStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_gc_from_the_command_line_keeps_another_apps_jobs_unless_told_all_pipelines() -> None:
+    from adapters.memory import MemoryScheduler
+    from pipelines import Agent, App
+    from pipelines.testing import ScriptedModel
+
+    app = memory_app.reset()
+    clock = app.scheduler.clock  # type: ignore[attr-defined]
+    other = App(storage=app.storage, scheduler=MemoryScheduler(clock=clock), provenance=False,
+                agents=[Agent(name="theirs", model=ScriptedModel(lambda m: "hi"))])
+    other.run_agent("theirs", job_id="t", user="hi")
+    etl_done("mine")
+    other.drain()
+    clock.advance(60)
+    assert run("gc", "--older-than", "30", "--app", MEMORY) == (0, "mine\n1 finished job(s) removed\n", "")
+    assert other.get("t").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    assert run("gc", "--older-than", "30", "--all-pipelines", "--app", MEMORY) == (
+        0, "t\n1 finished job(s) removed\n", "")
+    assert app.storage.list_jobs() == []
