@@ -129,6 +129,9 @@ class LeaseKeeper:
         """Renew every lease that is a third of its ttl old (``now``: monotonic), and its companions."""
         with self._lock:
             due = [(k, v) for k, v in self._leases.items() if now - v[4] >= v[3] / 3]
+            # The look interval follows the shortest lease held now: back to _TICK once the short ones are gone
+            # (hold() only lowers it, on the hot path; this runs a few times a second, off it).
+            self._tick = min([_TICK, *(v[3] / 6 for v in self._leases.values())])
         for key, (storage, job_id, owner, ttl, _) in due:
             try:
                 renewed = storage.renew_lease(job_id, owner, ttl)

@@ -167,3 +167,19 @@ def test_a_stalled_worker_gives_back_only_its_own_slot() -> None:
     assert app.flow.enter_turn(record, clock(), owner="new") == 0.0
     app.flow.leave_turn(record, owner="stalled")  # the stalled worker wakes and gives back its slot
     assert store.slots("k", clock()) == ["a new"]  # not the new holder's
+
+
+def test_the_keeper_looks_more_often_only_while_it_holds_a_short_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    # hold() lowered the look interval for a short lease and nothing raised it again: after one run with a 1 s
+    # lease, the process's keeper looked six times a second for the rest of its life.
+    monkeypatch.setattr(leases, "start_daemon", lambda target, name: Daemon())
+    keeper, storage, now = LeaseKeeper(), Leases(), time.monotonic()
+    assert keeper._tick == 0.5
+    short = keeper.hold(storage, "j", "owner", 1.2)  # type: ignore[arg-type]
+    keeper.hold(storage, "k", "owner", 30.0)  # type: ignore[arg-type]
+    assert keeper._tick == pytest.approx(0.2)  # renewed at a third of 1.2 s: looked at every 0.2 s
+    keeper.renew_due(now)
+    assert keeper._tick == pytest.approx(0.2)  # still held
+    keeper.drop(short)
+    keeper.renew_due(now)
+    assert keeper._tick == 0.5
