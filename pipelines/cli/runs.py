@@ -74,12 +74,17 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 def _lease_rows(app: Any, rec: JobRecord) -> list[tuple[str, Any]]:
     """Who holds the job's lease, or that its last holder was lost mid-turn (the lease ran out, not let go)."""
     lease = app.read.lease_state(rec.job_id)
+    rows: list[tuple[str, Any]] = []
     if lease.owner is not None:
-        return [("lease", f"held by {lease.owner}")]
-    if lease.lapsed and rec.status is JobStatus.RUNNING:
-        return [("lease", "ran out without being let go: its worker was lost mid-turn; the next worker or "
-                          "the sweep (`pipelines advance --due`) runs the turn again")]
-    return []
+        rows.append(("lease", f"held by {lease.owner}"))
+    elif lease.lapsed and rec.status is JobStatus.RUNNING:
+        rows.append(("lease", "ran out without being let go: its worker was lost mid-turn; the next worker or "
+                              "the sweep (`pipelines advance --due`) runs the turn again"))
+    if rec.interrupted and rec.status is JobStatus.RUNNING:  # a poison turn in the making (App(max_interrupted_turns))
+        limit = app.max_interrupted_turns
+        rows.append(("interrupted", f"{rec.interrupted} time(s) in a row without committing (its worker died or "
+                     "stalled past its lease); " + ("no limit" if limit is None else f"the job fails at {limit}")))
+    return rows
 
 
 def _family_rows(rec: JobRecord, title: str | None) -> list[tuple[str, Any]]:

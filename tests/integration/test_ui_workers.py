@@ -97,9 +97,10 @@ def test_a_job_whose_worker_died_says_worker_lost_until_a_worker_takes_it_again(
     lost_and_held(app, clock)
     page = client.get("/jobs/dead").text
     assert 'data-place="worker lost"' in page and 'id="place"' in page and ">worker lost</span>" in page
-    assert ">in flight</span>" in client.get("/jobs/held").text
+    assert ">in flight</span>" in client.get("/jobs/held").text and 'id="interrupted"' not in page
     assert app.storage.acquire_lease("dead", "owner-new", 30) is not None  # the next worker takes the turn
-    assert ">in flight</span>" in client.get("/jobs/dead/live").text
+    page = client.get("/jobs/dead/live").text
+    assert ">in flight</span>" in page and ">interrupted 1&times;</span>" in page  # a poison turn in the making
 
 
 def test_a_worker_that_died_before_journaling_anything_is_lost_too_and_one_let_go_is_not(

@@ -72,9 +72,12 @@ def test_status_says_who_holds_the_lease_and_when_a_worker_was_lost_mid_turn(app
     app.scheduler.clock.advance(31)  # type: ignore[attr-defined]  # nothing renewed it: its worker died mid-turn
     fields = dict(line.split(":", 1) for line in run("status", "--app", APP, "etl-1")[1].splitlines())
     assert "its worker was lost mid-turn" in fields["lease"] and "pipelines advance --due" in fields["lease"]
+    assert "interrupted" not in fields
     assert app.storage.acquire_lease("etl-1", "worker-b", 30) is not None  # the next worker takes the turn
     fields = dict(line.split(":", 1) for line in run("status", "--app", APP, "etl-1")[1].splitlines())
     assert fields["lease"].strip() == "held by worker-b"
+    assert fields["interrupted"].strip() == ("1 time(s) in a row without committing (its worker died or stalled "
+                                             "past its lease); the job fails at 5")
     app.storage.release_lease("etl-1", "worker-b")
     assert "lease" not in dict(line.split(":", 1) for line in run("status", "--app", APP, "etl-1")[1].splitlines())
 
