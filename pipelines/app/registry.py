@@ -125,6 +125,11 @@ class Registry:
         self.agents[agent.name] = agent
         agent.accept_schemas(self.schemas)
         self._add_children(_tools_of(agent))
+        # Its title jobs run on whichever worker takes them (another process, after a restart): that worker knows
+        # the title agent only if it is registered with the agent, not when a run first starts one.
+        title = getattr(getattr(agent, "config", None), "title_agent", None)
+        if isinstance(title, PipelineSource) and self.agents.get(title.name) is not title:
+            self.add_agent(title)
 
     def _add_children(self, holders: Iterable[Any]) -> None:
         """Register the agents that tools and phases run as child jobs, so workers know their pipelines."""

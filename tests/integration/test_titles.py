@@ -173,3 +173,23 @@ def test_pipelines_status_shows_the_title(monkeypatch: pytest.MonkeyPatch) -> No
     out = io.StringIO()
     assert main(["status", "t3", "--app", "tests.apps.titles_app:app"], out=out, err=io.StringIO()) == 0
     assert "title:       Where my parcel is" in out.getvalue()
+
+
+def test_a_title_job_runs_on_a_worker_that_did_not_start_it(adapters: tuple[Any, Any]) -> None:
+    # The title agent was registered only when a run started a title job in that process: another worker (an RQ
+    # worker, the process after a restart) failed the title job with "unknown pipeline 'namer'" every time.
+    storage, scheduler = adapters
+
+    def app_with_only_the_chat_agent(model: Any) -> App:
+        namer = Agent(name="namer", model=model, output_schema=Title, stream=False)
+        chat = Agent(name="chat", model=ScriptedModel(lambda msgs: "sure"), title_agent=namer)
+        return App(storage=storage, scheduler=scheduler, agents=[chat])
+
+    first = app_with_only_the_chat_agent(ScriptedModel(lambda msgs: '{"title": "never asked here"}'))
+    first.run_agent("chat", job_id="t9", messages=["hello"])
+    first.advance("t9")  # the conversation's run completes and starts its title job
+    assert storage.get_job(title_job_id("t9")).status is JobStatus.RUNNING
+    other = app_with_only_the_chat_agent(ScriptedModel(lambda msgs: '{"title": "A greeting"}'))
+    assert "namer" in other.registry.names
+    other.advance(title_job_id("t9"))
+    assert other.get("t9").title == "A greeting"
