@@ -242,19 +242,17 @@ class Controls:
         return removed
 
     def _of_pipelines(self, rec: JobRecord, mine: frozenset[str]) -> bool:
-        """Whether ``rec`` is a job of ``mine``, or a child run (a title job) of one, however deep.
+        """Whether ``rec``'s family is this app's: judged by the pipeline of the job at its top.
 
-        A child's agent may be registered only when a run starts it (a tools provider's, a title agent): its
-        family says whose it is. A child whose parent is gone is judged by its own pipeline.
+        A child run or a title job is its conversation's, whatever its own pipeline: another app may run a child
+        agent of the same name. A job whose parent is gone is judged by its own pipeline.
         """
         for _ in range(children.MAX_DEPTH + 1):
-            if rec.pipeline in mine:
-                return True
             parent = None if rec.parent_job is None else self.storage.get_job(rec.parent_job)
             if parent is None:
-                return False
+                break
             rec = parent
-        return False
+        return rec.pipeline in mine
 
     def _finished_before(self, before: float, *, scan: bool, limit: int, rescan_after: float) -> list[str]:
         indexed = as_feature(self.storage, Feature.RETENTION, RetentionStore)  # type: ignore[type-abstract]
