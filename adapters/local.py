@@ -244,7 +244,11 @@ class LocalScheduler:
             ran += 1
 
     def drain(self, *, max_advances: int = 1_000_000) -> int:
-        """Run requests in this thread until none is left, sleeping until delayed ones are due; how many ran."""
+        """Run requests in this thread until none is left, sleeping until delayed ones are due; how many ran.
+
+        Started, the worker threads run them: 0 (no job's turn in the caller's thread; ``run.wait()`` polls storage)."""
+        if self.running:
+            return 0
         ran = 0
         while True:
             with self._requests.cond:

@@ -251,3 +251,17 @@ def test_a_scheduler_claims_no_job_its_app_cannot_run(tmp_path: Path, caplog: py
     refused = [r.getMessage() for r in caplog.records if "unknown pipeline" in r.getMessage()
                or (r.exc_info and "unknown pipeline" in str(r.exc_info[1]))]
     assert refused == []
+
+
+def test_run_wait_with_the_worker_threads_started_runs_no_turn_in_the_callers_thread(tmp_path: Path) -> None:
+    # run.wait() drained the scheduler in the caller's thread (a web request's) beside the worker threads: any
+    # job's turn ran there, and any job's error (another app's job on the file: "unknown pipeline") was raised
+    # to the caller waiting for its own run.
+    counting = Counting(delay=0.3)
+    app = make_app(tmp_path / "w.db", counting, workers=1)
+    with app.scheduler:  # type: ignore[attr-defined]
+        app.scheduler.schedule_advance("not-a-job-of-this-app", 0)  # type: ignore[attr-defined]
+        assert app.drain() == 0  # the worker threads run the requests
+        view = app.run_pipeline("p", job_id="mine").wait(timeout=30)
+    assert view.status is JobStatus.COMPLETE and view.result == 3
+    assert counting.threads and all(t.startswith("pipelines-local-") for t in counting.threads)
