@@ -9,6 +9,7 @@ sweeps (``advance_due``, ``requeue_overdue``, ``gc``) live here too.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -129,25 +130,39 @@ class Controls:
         Documented on :meth:`pipelines.app.App.advance_due`.
         """
         done: list[tuple[str, AdvanceResult]] = []
+        foreign: Counter[str] = Counter()  # another app's jobs on the storage: left to it (control.note_foreign)
         for job_id in self.storage.due_jobs(self.scheduler.now() - grace, limit=limit):
             try:
+                rec = self.storage.get_job(job_id)
+                if rec is not None and rec.pipeline not in self.registry.pipelines:
+                    # Not run here (no lease taken, one log line, not a traceback a job), yet reported: overdue
+                    # past the grace, its own app's workers are down, or no app registers its pipeline any more.
+                    foreign[rec.pipeline] += 1
+                    done.append((job_id, AdvanceResult.UNREACHED))
+                    continue
                 done.append((job_id, self.advance(job_id)))
             except Exception as exc:  # one job that cannot be advanced never stops the sweep
                 done.append((job_id, AdvanceResult.UNREACHED))
                 logger.error("sweep: job %s: %s", job_id, exc, exc_info=not isinstance(exc, PipelineError))
         for parent in children.ready_parents(self.storage, limit=limit):
             # A parent whose children finished but whose wake-up was lost (pipelines.engine.children).
+            if parent.pipeline not in self.registry.pipelines:
+                foreign[parent.pipeline] += 1
+                done.append((parent.job_id, AdvanceResult.UNREACHED))
+                continue
             try:
                 done.append((parent.job_id, self.advance(parent.job_id)))
             except Exception as exc:  # as above
                 done.append((parent.job_id, AdvanceResult.UNREACHED))
                 logger.error("sweep: parent %s: %s", parent.job_id, exc, exc_info=not isinstance(exc, PipelineError))
+        control.note_foreign(foreign)
         self._sweep_retention()
         return done
 
     def requeue_overdue(self, *, grace: float, limit: int = 1000) -> list[str]:
         """Enqueue (not run) every job overdue by ``grace`` seconds: the worker's sweep (and retention's)."""
-        requeued = control.requeue_overdue(self.storage, self.scheduler, grace=grace, limit=limit)
+        requeued = control.requeue_overdue(self.storage, self.scheduler, grace=grace, limit=limit,
+                                           runs=self.registry.pipelines.__contains__)
         self._sweep_retention()
         return requeued
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +28,7 @@ from pipelines.engine.models import Commit, JobRecord, JobStatus, detached, to_j
 from pipelines.engine.phase.inputs import INPUT, check_input_key, input_key
 from pipelines.engine.tokens import new_token
 
-__all__ = ["cancel_job", "load_job", "pause_job", "requeue_overdue", "resume_job", "supply_input"]
+__all__ = ["cancel_job", "load_job", "note_foreign", "pause_job", "requeue_overdue", "resume_job", "supply_input"]
 
 logger = logging.getLogger("pipelines")
 
@@ -258,11 +258,14 @@ def _settled(record: JobRecord, kind: str) -> JobRecord:
                            f"the {kind} could take effect")
 
 
-def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, limit: int = 1000) -> list[str]:
+def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, limit: int = 1000,
+                    runs: Callable[[str], bool] | None = None) -> list[str]:
     """Enqueue again (not run) every running job due for ``grace`` seconds and not leased; returns the ids sent.
 
     A job whose scheduler says its advance still waits in the queue
     (``requeue`` returned ``False``) is not sent again and not returned.
+    ``runs``: whether this app runs a pipeline; another's jobs (an app
+    sharing the storage) are left to it (:func:`note_foreign`).
 
     This is the sweep a forking worker runs in a thread of its parent
     process: the advance itself then runs in a work-horse like any other.
@@ -273,36 +276,49 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
     sweep for the others.
     """
     requeued: list[str] = []
+    foreign: Counter[str] = Counter()
+    overdue: list[JobRecord] = []
     for job_id in storage.due_jobs(scheduler.now() - grace, limit=limit):
         try:
             if storage.lease_owner(job_id) is not None:
                 continue  # in progress; if its worker died, the lease runs out and a later sweep gets it
             record = storage.get_job(job_id)
-            if record is None or record.status is not JobStatus.RUNNING or record.checkpoint is None:
-                continue
+        except PipelineError as exc:
+            _log_skip("job", job_id, exc)
+            continue
+        if record is not None and record.status is JobStatus.RUNNING and record.checkpoint is not None:
+            overdue.append(record)
+    # Parents whose children all finished but whose wake-up was lost (a crash between the child's
+    # final commit and the message): their advance wakes them (pipelines.engine.children).
+    for record in [*overdue, *children.ready_parents(storage, limit=limit)]:
+        if runs is not None and not runs(record.pipeline):
+            foreign[record.pipeline] += 1
+            continue
+        try:
             # At the front of the queue where the scheduler can: the job has
             # already waited out a lease, it should not also wait out the backlog.
             priority = flow.priority_of(record)
             extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
-            sent = scheduler.requeue(job_id, pipeline=record.pipeline, version=record.version, **extra)
+            sent = scheduler.requeue(record.job_id, pipeline=record.pipeline, version=record.version, **extra)
         except PipelineError as exc:
-            _log_skip("job", job_id, exc)
+            _log_skip("job", record.job_id, exc)
             continue
         if sent is not False:  # False: its message still waits in the queue (behind busy workers), not lost
-            requeued.append(job_id)
-    for parent in children.ready_parents(storage, limit=limit):
-        # Parents whose children all finished but whose wake-up was lost (a crash between the child's
-        # final commit and the message): their advance wakes them (pipelines.engine.children).
-        try:
-            priority = flow.priority_of(parent)
-            extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
-            sent = scheduler.requeue(parent.job_id, pipeline=parent.pipeline, version=parent.version, **extra)
-        except PipelineError as exc:
-            _log_skip("parent", parent.job_id, exc)
-            continue
-        if sent is not False:
-            requeued.append(parent.job_id)
+            requeued.append(record.job_id)
+    note_foreign(foreign)
     return requeued
+
+
+def note_foreign(pipelines: Counter[str]) -> None:
+    """Say that the sweep left due jobs of pipelines this app does not register (counts by pipeline) to others.
+
+    Logged once per set of pipelines every ``SWEEP_REPEAT_EVERY`` s: another app on the storage runs them,
+    or none does any more (a pipeline taken out of the app while jobs of it ran), and they stay running.
+    """
+    if pipelines:
+        _log_skip("the due jobs of pipeline(s)", ", ".join(map(repr, sorted(pipelines))), PipelineError(
+            "this app does not register them; left to an app that does. If none does any more, they stay running: "
+            "register the pipeline again, or cancel them (`pipelines cancel JOB`)"))
 
 
 def _log_skip(what: str, job_id: str, exc: PipelineError) -> None:

@@ -1,0 +1,69 @@
+"""Two apps (two services) on one storage: each sweeps, wakes and keeps only the jobs of its own pipelines.
+
+The docs allow two apps on one Redis prefix (their own queues) or one SQLite file. A job belongs to the app that
+registers its pipeline: another app's sweep sent it to its own queue or ran it ("unknown pipeline"), its cron
+advance reported it unreached, and its flow control woke it on its own queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from pipelines import AdvanceResult, Agent, App, JobStatus
+from pipelines.engine import control
+from pipelines.testing import ScriptedModel
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStorage()
+    elif request.param == "sqlite":
+        from adapters.sqlite import SQLiteStorage
+
+        s = SQLiteStorage(str(tmp_path / "shared.db"))
+        yield s
+        s.close()
+    else:
+        from adapters.redis import RedisStorage
+
+        r = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"sh{uuid.uuid4().hex[:8]}")
+        yield r
+        r.close()
+
+
+def app_of(storage: Any, clock: VirtualClock, name: str, **options: Any) -> App:
+    """An app with one agent, ``name``, on its own in-process queue (its own workers)."""
+    return App(storage=storage, scheduler=MemoryScheduler(clock=clock), provenance=False,
+               agents=[Agent(name=name, model=ScriptedModel(lambda m: "hi"))], **options)
+
+
+def test_each_apps_sweep_and_cron_advance_take_only_its_own_overdue_jobs(
+        storage: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(control, "_skipped", {})
+    clock = VirtualClock(start=1_000_000.0)
+    app_of(storage, clock, "alpha").run_agent("alpha", job_id="a1", user="hi")
+    app_of(storage, clock, "beta").run_agent("beta", job_id="b1", user="hi")  # B's workers are down
+    clock.advance(100)
+    a_worker = app_of(storage, clock, "alpha")  # a worker of A's: its queue holds nothing yet
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
+        assert a_worker.requeue_overdue(grace=10) == ["a1"]
+        assert a_worker.scheduler.pending() == 1  # type: ignore[attr-defined]
+        a_cron = app_of(storage, clock, "alpha")
+        # Reported (overdue past the grace: its app's workers are down), never run nor leased here.
+        assert sorted(a_cron.advance_due(grace=10)) == [("a1", AdvanceResult.COMPLETED),
+                                                        ("b1", AdvanceResult.UNREACHED)]
+    assert storage.get_job("b1").status is JobStatus.RUNNING and storage.get_job("b1").version == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert any("the due jobs of pipeline(s) 'beta'" in m for m in said), said
+    b_worker = app_of(storage, clock, "beta")
+    assert b_worker.requeue_overdue(grace=10) == ["b1"]
+    b_worker.drain()
+    assert storage.get_job("b1").status is JobStatus.COMPLETE
