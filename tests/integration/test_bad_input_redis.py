@@ -497,6 +497,31 @@ def test_reads_never_wait_for_replicas_that_are_not_there(storage: RedisStorage,
         waiting.close()
 
 
+def test_a_lease_taken_while_no_replica_acknowledges_is_let_go_not_counted_as_an_interrupted_turn(
+        storage: RedisStorage, redis_url: str) -> None:
+    # replicas=1 with the replica gone (a failover leaves the new master without one): each take wrote the lease,
+    # then failed at WAIT and left it to run out; each next take counted a turn interrupted, and once the replica
+    # was back the job failed as a poison turn ("interrupted 12 times in a row") though no turn had run.
+    pipelines = {"p": [Phase("a", lambda ctx: Done(result="ran"))]}
+    healthy = App(storage=storage, scheduler=MemoryScheduler(), pipelines=pipelines, lease_seconds=1,
+                  max_interrupted_turns=2, provenance=False)
+    healthy.run_pipeline("p", job_id="j")
+    waiting = RedisStorage(redis.Redis.from_url(redis_url), prefix=storage.key_prefix(), replicas=1,
+                           replica_timeout=0.05)
+    degraded = App(storage=waiting, scheduler=MemoryScheduler(), pipelines=pipelines, lease_seconds=1,
+                   max_interrupted_turns=2, provenance=False)
+    try:
+        for _ in range(3):
+            with pytest.raises(StorageUnavailableError, match="only 0 of 1 replicas"):
+                degraded.advance("j")
+            assert storage.lease_state("j").owner is None  # let go, not left to run out
+            time.sleep(1.05)  # past the lease: a lease left behind would have run out by the next take
+    finally:
+        waiting.close()
+    assert healthy.advance("j") is AdvanceResult.COMPLETED  # the replica is back
+    assert healthy.get("j").result == "ran"  # type: ignore[union-attr]
+
+
 def test_a_cluster_whose_seed_node_does_not_answer_is_storage_unavailable() -> None:
     # redis-py's RedisClusterException is no RedisError: it escaped, and the CLI said the app failed to import.
     url = f"redis://:s3cretPW@127.0.0.1:{free_port()}"
