@@ -67,3 +67,35 @@ def test_each_apps_sweep_and_cron_advance_take_only_its_own_overdue_jobs(
     assert b_worker.requeue_overdue(grace=10) == ["b1"]
     b_worker.drain()
     assert storage.get_job("b1").status is JobStatus.COMPLETE
+
+
+def test_a_slot_freed_by_one_app_wakes_no_job_of_another_app_on_its_own_queue(redis_url: str) -> None:
+    # Two apps on one Redis prefix share a concurrency key's slots and line. The slot A's turn freed woke the job
+    # first in line through A's own queue, B's job included: A's worker refused it ("unknown pipeline").
+    from adapters.redis import RedisStorage
+    from pipelines import tool
+    from pipelines.testing import call, reply
+
+    storage = RedisStorage.from_url(redis_url, prefix=f"fw{uuid.uuid4().hex[:8]}")
+    b = App(storage=storage, scheduler=MemoryScheduler(), provenance=False, concurrency={"k": 1},
+            agents=[Agent(name="beta", model=ScriptedModel(lambda m: "b done"), stream=False)])
+    knocked: list[AdvanceResult] = []
+
+    @tool
+    def knock() -> str:
+        """B's job asks for the slot this turn of A's holds."""
+        knocked.append(b.advance("b1"))
+        return "ok"
+
+    a = App(storage=storage, scheduler=MemoryScheduler(), provenance=False, concurrency={"k": 1},
+            agents=[Agent(name="alpha", tools=[knock], stream=False,
+                          model=ScriptedModel(lambda m: reply(None, call("knock")) if len(m) == 1 else "a done"))])
+    try:
+        b.run_agent("beta", job_id="b1", user="hi", concurrency_key="k")
+        a.run_agent("alpha", job_id="a1", user="go", concurrency_key="k")
+        a.drain()  # raised InvalidPipelineError: unknown pipeline 'beta' (B's job, woken on A's queue)
+        assert knocked == [AdvanceResult.DEFERRED] and a.get("a1").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+        b.drain()  # B's job runs on B's queue: its own retry
+        assert b.get("b1").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    finally:
+        storage.close()

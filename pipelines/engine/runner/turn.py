@@ -13,14 +13,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adapters.base import Backlog, BacklogProbe, Scheduler, Storage
+from adapters.base import Scheduler, Storage
 from pipelines.engine import children, flow, telemetry, transitions, versions, writer
-from pipelines.engine.capabilities import Feature, as_feature, lateness_of
+from pipelines.engine.capabilities import lateness_of
 from pipelines.engine.contain import describe
 from pipelines.engine.env import EMPTY_ENV, RunEnv
-from pipelines.engine.errors import InboxNotEmptyError, InvalidInputError, PipelineError, StaleVersionError
+from pipelines.engine.errors import (
+    InboxNotEmptyError,
+    InvalidInputError,
+    InvalidPipelineError,
+    PipelineError,
+    StaleVersionError,
+)
 from pipelines.engine.models import Commit, CommitReply, JobRecord, JobStatus
 from pipelines.engine.phase import Done, Fail, PhaseContext, Pipeline
+from pipelines.engine.runner import keeping
 from pipelines.engine.runner.attempt import _context, _normalised, _outcome, _Saver, with_phase_state
 from pipelines.engine.runner.interrupted import DEFAULT_MAX_INTERRUPTED_TURNS, interrupted_error
 from pipelines.engine.runner.results import _RESULTS, AdvanceResult
@@ -39,6 +46,7 @@ class _LeasedJob:
     #: The job's lease in LEASE_KEEPER: a concurrency slot taken under it is renewed and released with it.
     lease: int | None = None
     max_interrupted: int | None = DEFAULT_MAX_INTERRUPTED_TURNS  #: a poison turn's limit (runner.interrupted)
+    pipeline_for: PipelineFor  #: the pipeline of a job this app runs (set by :meth:`run`)
 
     def __init__(self, storage: Storage, scheduler: Scheduler, owner: str, deadline: float | None) -> None:
         self.storage = storage
@@ -52,6 +60,7 @@ class _LeasedJob:
         self.migrating: versions.Migrating | None = None
 
     def run(self, record: JobRecord, pipeline_for: PipelineFor) -> AdvanceResult:
+        self.pipeline_for = pipeline_for
         while True:
             woken = self.wake(record)
             if isinstance(woken, AdvanceResult):
@@ -186,27 +195,8 @@ class _LeasedJob:
         return AdvanceResult.FAILED
 
     def keep_lease(self) -> Callable[[], bool]:
-        """Whether the phase about to run keeps the job's lease after its commit (``continue_for``).
-
-        It keeps it while the deadline is ahead and no other work of this
-        job's priority (or higher) waits: anything waiting in the queue was
-        sent before this job's next turn would be, so it is older work; a new
-        conversation never waits behind a busy one. The queue is asked now and
-        its answer read at the commit (a :class:`~adapters.base.BacklogProbe`
-        sends the question and goes on), so the round trip overlaps the phase.
-        """
-        if self.deadline is None or time.monotonic() >= self.deadline:
-            return _NEVER
-        backlog = as_feature(self.scheduler, Feature.BACKLOG, Backlog)  # type: ignore[type-abstract]
-        if backlog is None:
-            return _ALWAYS
-        try:
-            probe = as_feature(self.scheduler, Feature.BACKLOG_PROBE, BacklogProbe)  # type: ignore[type-abstract]
-            if probe is not None:
-                return _Keep(probe.probe_work_waiting())
-            return _NEVER if backlog.work_waiting() else _ALWAYS
-        except PipelineError:
-            return _NEVER  # cannot tell: the fair choice is to go back to the queue
+        """Whether the phase about to run keeps the job's lease after its commit (:func:`keeping.keep_lease`)."""
+        return keeping.keep_lease(self.deadline, self.scheduler)
 
     def run_gated(self, record: JobRecord, pipeline: Pipeline,
                   keep_lease: Callable[[], bool]) -> tuple[AdvanceResult, Commit | None, CommitReply]:
@@ -231,8 +221,11 @@ class _LeasedJob:
         try:
             waiting = self.storage.get_job(job_id)
             if waiting is not None and waiting.status is JobStatus.RUNNING:
+                self.pipeline_for(waiting)  # raises for another app's job (one storage): not sent to this app's queue
                 self.scheduler.schedule_advance(job_id, 0.0, pipeline=waiting.pipeline,
                                                 priority=flow.priority_of(waiting))
+        except InvalidPipelineError:
+            pass  # its own retry wakes it, as below
         except PipelineError as exc:  # its own retry comes within FRONT_RETRY_SECONDS all the same
             logger.warning("job %s: could not wake it for the slot it waits for: %s", job_id, exc)
 
@@ -356,35 +349,6 @@ class _LeasedJob:
             logger.info("job %s: %d message(s) sent during its last turn start its next run", rec.job_id, len(sent))
             commit = transitions.done_and_continued(rec, outcome, out, sent, owner=self.owner, now=now)
             return commit, writer.apply(self.storage, self.scheduler, commit)
-
-
-def _never() -> bool:
-    return False
-
-
-def _always() -> bool:
-    return True
-
-
-_NEVER: Callable[[], bool] = _never
-_ALWAYS: Callable[[], bool] = _always
-
-
-class _Keep:
-    """The answer of a :class:`~adapters.base.BacklogProbe`, read once: keep the lease unless work waits."""
-
-    def __init__(self, work_waiting: Callable[[], bool]) -> None:
-        self._work_waiting: Callable[[], bool] | None = work_waiting
-        self._keep = False
-
-    def __call__(self) -> bool:
-        ask, self._work_waiting = self._work_waiting, None
-        if ask is not None:
-            try:
-                self._keep = not ask()
-            except PipelineError:
-                self._keep = False  # cannot tell: the fair choice is to go back to the queue
-        return self._keep
 
 
 def _fenced(job_id: str, exc: StaleVersionError) -> None:
