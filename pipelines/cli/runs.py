@@ -44,8 +44,11 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         print(json_printable(rec.model_dump_json(indent=2)), file=out)
         return 0
     cp = rec.checkpoint
+    pipeline = rec.pipeline if rec.pipeline in app.registry.pipelines else (
+        f"{rec.pipeline} (not registered in this app: another app's on the storage, or taken out of this one; "
+        "this app's workers do not run it)")
     rows: list[tuple[str, Any]] = [
-        ("job", rec.job_id), ("pipeline", rec.pipeline), ("status", rec.status.value), ("version", rec.version),
+        ("job", rec.job_id), ("pipeline", pipeline), ("status", rec.status.value), ("version", rec.version),
     ]
     if cp is not None:
         rows += [("phase", cp.next_phase), ("attempt", cp.attempt)]

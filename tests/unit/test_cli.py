@@ -66,6 +66,21 @@ def test_status_of_a_running_job_shows_its_phase(app: App) -> None:
     assert fields["pipeline"].strip() == "etl"
 
 
+def test_status_says_when_no_worker_of_this_app_runs_the_jobs_pipeline(app: App) -> None:
+    # A job of a pipeline taken out of the app (or another app's on the storage) stayed "running" for good, and
+    # status gave no hint why.
+    from adapters.memory import MemoryScheduler
+    from pipelines import Done, Phase
+
+    other = App(storage=app.storage, scheduler=MemoryScheduler(), pipelines={"old": [Phase("a", lambda c: Done())]})
+    other.run_pipeline("old", job_id="o-1")
+    app.run_pipeline("etl", job_id="etl-1")
+    fields = dict(line.split(":", 1) for line in run("status", "--app", APP, "o-1")[1].splitlines())
+    assert fields["pipeline"].strip().startswith("old (not registered in this app: another app's on the storage")
+    fields = dict(line.split(":", 1) for line in run("status", "--app", APP, "etl-1")[1].splitlines())
+    assert fields["pipeline"].strip() == "etl"
+
+
 def test_status_says_who_holds_the_lease_and_when_a_worker_was_lost_mid_turn(app: App) -> None:
     app.run_pipeline("etl", job_id="etl-1")
     assert app.storage.acquire_lease("etl-1", "worker-a", 30) is not None
