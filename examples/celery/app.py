@@ -42,7 +42,10 @@ celery.conf.update(
     # A late-acked task comes back once this long has passed without an ack: keep it above the longest
     # countdown you schedule and the longest turn (a redelivery is harmless, but costs a no-op advance).
     broker_transport_options={"visibility_timeout": 3600},
-    beat_schedule={"phaserunner-sweep": {"task": "support.sweep", "schedule": 60.0}},
+    # The sweep goes to a queue the workers consume (-Q agents,...): sent to Celery's default queue
+    # "celery", no worker would take it, and a killed worker's job would stay running for good.
+    beat_schedule={"phaserunner-sweep": {"task": "support.sweep", "schedule": 60.0,
+                                         "options": {"queue": "agents"}}},
 )
 
 storage = RedisStorage.from_url(REDIS_URL, prefix="support")

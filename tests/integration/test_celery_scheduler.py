@@ -175,3 +175,25 @@ def test_the_examples_beat_sweep_resends_a_job_whose_message_was_lost(redis_url:
     assert body[:2] == [["chat-7", view.record.version], {"app": example.APP_PATH}]
     client.close()
     example.storage.close()
+
+
+def test_the_examples_beat_sweep_goes_to_a_queue_its_documented_workers_consume(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import re
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # routing only: nothing is sent
+    monkeypatch.delenv("SUPPORT_MODEL", raising=False)
+    example = importlib.reload(importlib.import_module("examples.celery.app"))
+    try:
+        # The worker command the example documents: a sweep sent anywhere else is never run (Celery's
+        # default queue "celery" included), and a killed worker's job would stay running for good.
+        [queues] = re.findall(r"celery -A examples\.celery\.app:celery worker -Q (\S+)", example.__doc__ or "")
+        consumed = set(queues.split(","))
+        entry = example.celery.conf.beat_schedule["phaserunner-sweep"]
+        assert entry["task"] == example.sweep.name
+        # What beat does with an entry: the task's apply_async with the entry's options, routed by the app's router.
+        route = example.celery.amqp.router.route(dict(entry.get("options") or {}), entry["task"])
+        assert route["queue"].name in consumed
+    finally:
+        example.storage.close()
