@@ -25,18 +25,22 @@ library's first turn; the library only uses the API.
 Telemetry never changes what a job does: whatever the SDK, a span processor
 or an exporter raises while a span starts, is annotated or ends is logged
 (once per kind of failure, per process) and swallowed; the turn goes on
-without that span.
+without that span. An environment the API cannot set up (``OTEL_PROPAGATORS``
+naming a propagator that is not installed, ``OTEL_PYTHON_TRACER_PROVIDER`` or
+``OTEL_PYTHON_METER_PROVIDER`` naming a provider that is not) turns telemetry
+off (metrics only, for a meter provider) in that process, with one warning.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
-import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from pipelines.engine.contain import describe
+from pipelines.engine.otel_api import ENV, OtelApi
 
 __all__ = [
     "ENV",
@@ -53,13 +57,17 @@ __all__ = [
     "turn_span",
 ]
 
-ENV = "PIPELINES_OTEL"
-"""Set to ``0`` to turn telemetry off even where ``opentelemetry-api`` is installed."""
-
-_NAME = "phaserunner"
-
 logger = logging.getLogger(__name__)
 _REPORTED: set[str] = set()  # the kinds of telemetry failure logged already (each is logged once)
+
+
+def _misconfigured(what: str, exc: BaseException) -> None:
+    """Setting up ``what`` raised: one warning line, once (the environment is wrong, not a turn: no traceback)."""
+    if what in _REPORTED:
+        return
+    _REPORTED.add(what)
+    logger.warning("telemetry: %s raised %s; it is off in this process (check the OTEL_* environment variables)",
+                   what, describe(exc))
 
 
 def _broken(what: str, exc: Exception) -> None:
@@ -71,73 +79,14 @@ def _broken(what: str, exc: Exception) -> None:
                    type(exc).__name__, exc_info=exc)
 
 
-class _Otel:
-    """The API modules and instruments, looked up once (or found absent once)."""
-
-    def __init__(self) -> None:
-        self.trace: Any = None
-        self.propagate: Any = None
-        self.context: Any = None
-        self.metrics: Any = None
-        self.instruments: dict[str, Any] = {}
-        # Providers that record nothing: while the global one is one of these, spans (metrics) are skipped.
-        self.idle_tracers: tuple[type, ...] = ()
-        self.idle_meters: tuple[type, ...] = ()
-        # The hot path's shortcut: while the API's own global is None and no environment variable named
-        # a provider when this was looked up (reset() looks again), none is set; the public lookup reads
-        # os.environ on every call. Where the API keeps its global elsewhere, the public lookup decides.
-        self.meters: Any = None
-        self.env_tracers = os.environ.get("OTEL_PYTHON_TRACER_PROVIDER")
-        self.env_meters = os.environ.get("OTEL_PYTHON_METER_PROVIDER")
-        if os.environ.get(ENV, "1") == "0":
-            return
-        try:
-            self.trace = importlib.import_module("opentelemetry.trace")
-            self.propagate = importlib.import_module("opentelemetry.propagate")
-            self.context = importlib.import_module("opentelemetry.context")
-            metrics = importlib.import_module("opentelemetry.metrics")
-        except ImportError:
-            self.trace = None
-            return
-        self.metrics = metrics
-        self.meters = importlib.import_module("opentelemetry.metrics._internal")
-        self.idle_tracers = (self.trace.ProxyTracerProvider, self.trace.NoOpTracerProvider)
-        # The API's stand-in until a meter provider is set has no public name; without it, metrics are always built.
-        proxy = getattr(self.meters, "_ProxyMeterProvider", None)
-        self.idle_meters = (metrics.NoOpMeterProvider,) if proxy is None else (proxy, metrics.NoOpMeterProvider)
-        meter = metrics.get_meter(_NAME)
-        self.instruments = {
-            "turns": meter.create_counter("phaserunner.turns", description="phases (agent turns) run"),
-            "turn_time": meter.create_histogram("phaserunner.turn.duration", unit="s"),
-            "failures": meter.create_counter("phaserunner.failures", description="turns that failed the job"),
-            "retries": meter.create_counter("phaserunner.retries", description="turns scheduled to run again"),
-            "model_time": meter.create_histogram("gen_ai.client.operation.duration", unit="s"),
-            "tokens": meter.create_histogram("gen_ai.client.token.usage", unit="{token}"),
-            "cost": meter.create_counter("phaserunner.cost", unit="USD"),
-            "backlog": meter.create_gauge("phaserunner.due_backlog", description="jobs due and not advanced"),
-        }
-
-    def tracing(self) -> bool:
-        """Whether a span would be recorded: the API is there and a real tracer provider is set (now)."""
-        if self.trace is None or (self.env_tracers is None and getattr(self.trace, "_TRACER_PROVIDER", 0) is None):
-            return False
-        return not isinstance(self.trace.get_tracer_provider(), self.idle_tracers)
-
-    def metering(self) -> bool:
-        """Whether a metric would be recorded: the API is there and a real meter provider is set (now)."""
-        if self.trace is None or (self.env_meters is None and getattr(self.meters, "_METER_PROVIDER", 0) is None):
-            return False
-        return not isinstance(self.metrics.get_meter_provider(), self.idle_meters)
-
-
-_otel: _Otel | None = None
+_otel: OtelApi | None = None
 _NO_SPAN = contextlib.nullcontext()  # reusable: it holds no state
 
 
-def _get() -> _Otel:
+def _get() -> OtelApi:
     global _otel
     if _otel is None:
-        _otel = _Otel()
+        _otel = OtelApi(_misconfigured)
     return _otel
 
 
@@ -170,12 +119,15 @@ def run_context(job_id: str, pipeline: str) -> dict[str, str] | None:
     return carrier
 
 
-def _start(otel: _Otel, name: str, attributes: Mapping[str, Any] | None, parent: Mapping[str, str] | None,
+def _start(otel: OtelApi, name: str, attributes: Mapping[str, Any] | None, parent: Mapping[str, str] | None,
            kind: str) -> Any:
     """A started span, not yet current; ``None`` if the SDK or a span processor raised."""
     try:
+        tracer = otel.tracer()
+        if tracer is None:
+            return None
         ctx = otel.propagate.extract(dict(parent)) if parent else None
-        return otel.trace.get_tracer(_NAME).start_span(name, context=ctx, kind=getattr(otel.trace.SpanKind, kind),
+        return tracer.start_span(name, context=ctx, kind=getattr(otel.trace.SpanKind, kind),
                                                        attributes=dict(attributes or {}))
     except Exception as exc:  # noqa: BLE001 - telemetry never changes what a job does
         _broken("starting a span", exc)

@@ -314,3 +314,42 @@ def test_no_provider_records_nothing_and_a_provider_set_later_is_used_from_its_n
     out = subprocess.run([sys.executable, "-c", _LATE_PROVIDER], capture_output=True, text=True, timeout=60, env=env,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# Run in a fresh process: the API reads these variables when it first looks a provider (or propagators) up.
+_MISCONFIGURED = r'''
+import logging
+
+from pipelines.engine import telemetry
+from tests.unit.test_telemetry import run_agent_job
+
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger(telemetry.__name__).addHandler(handler)
+for job_id in ("j1", "j2"):  # the second job logs nothing more
+    app = run_agent_job(job_id)
+    assert app.get(job_id).record.status.value == "complete", app.get(job_id).record
+warnings = [r for r in records if r.levelno == logging.WARNING]
+assert len(warnings) == 1 and not warnings[0].exc_info, [r.getMessage() for r in records]
+print(warnings[0].getMessage())
+'''
+
+
+@pytest.mark.parametrize(("variable", "value", "named"), [
+    ("OTEL_PROPAGATORS", "b3", "OTEL_PROPAGATORS"),  # the b3 propagator package is not installed
+    ("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider", "OTEL_PYTHON_TRACER_PROVIDER"),
+    ("OTEL_PYTHON_METER_PROVIDER", "no_such_provider", "OTEL_PYTHON_METER_PROVIDER"),
+])
+def test_an_otel_environment_the_api_cannot_set_up_turns_telemetry_off_with_one_warning_and_jobs_run(
+        variable: str, value: str, named: str) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.pop(telemetry.ENV, None)
+    env[variable] = value
+    out = subprocess.run([sys.executable, "-c", _MISCONFIGURED], capture_output=True, text=True, timeout=60, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"({named}?)" in out.stdout and "is off in this process" in out.stdout, out.stdout
