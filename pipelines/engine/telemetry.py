@@ -11,7 +11,8 @@ models), ``gen_ai.usage.input_tokens`` / ``output_tokens``,
 and each tool call (``execute_tool <name>``, ``gen_ai.tool.name``,
 ``gen_ai.tool.call.id``). A failed model call, tool call or turn ends with
 status ERROR and ``error.type`` (:func:`error_type`; ``timeout``, ``_OTHER``),
-never an error's message or a call's arguments. Metrics: turns,
+never an error's message or a call's arguments; one that raised has an
+exception event with its type and :func:`redacted` message (no stack trace). Metrics: turns,
 turn and model latency, tokens, cost, retries, failures, the due backlog.
 
 Without the package (or with ``PIPELINES_OTEL=0``) every function here is a
@@ -35,15 +36,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipelines.engine.contain import describe
+from pipelines.engine.contain import describe, message_of
 from pipelines.engine.otel_api import ENV, OtelApi
 
 __all__ = [
     "ENV",
+    "MESSAGE_MAX",
     "enabled",
     "error_type",
     "model_span",
@@ -51,6 +55,7 @@ __all__ = [
     "record_error",
     "record_model",
     "record_turn",
+    "redacted",
     "run_context",
     "span",
     "tool_span",
@@ -58,6 +63,18 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+MESSAGE_MAX = 500
+"""The longest error message an exception event carries (:func:`redacted`)."""
+_SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
+_CREDENTIAL_PARAM = (r"(?:[\w.-]*[_.-])?(?:api[_-]?key|key|access[_-]?token|token|sig|signature|secret|code|auth"
+                     r"|password|passwd|credential)(?:[_.-][\w.-]*)?")
+_SECRET_SHAPES = (
+    (re.compile(r"(?i)(bearer\s+)[^\s'\",;)\]}>]+"), r"\1***"),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
+    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in an address
+    (re.compile(rf"(?i)([?&]{_CREDENTIAL_PARAM}=)[^&\s'\"#]+"), r"\1***"),
+)
 _REPORTED: set[str] = set()  # the kinds of telemetry failure logged already (each is logged once)
 
 
@@ -179,11 +196,30 @@ def _failed(current: Any, exc: Exception) -> None:
     from pipelines.engine.phase.outcomes import RetryLater, WaitForInput  # lazy: only when a block raised
 
     try:
-        current.record_exception(exc)
+        # Not record_exception: its event carries the raw message (a model's error may hold a key or a
+        # user:password@ address) and a stack trace. Ours: the type and the redacted, shortened message.
+        current.add_event("exception", {"exception.type": error_type(exc), "exception.message": redacted(exc)})
     except Exception as broken:  # noqa: BLE001 - telemetry never changes what a job does
         _broken("marking a span failed", broken)
     if not isinstance(exc, RetryLater | WaitForInput):
         record_error(current, exc)
+
+
+def redacted(exc: BaseException) -> str:
+    """``exc``'s message with credentials masked (``***``), at most :data:`MESSAGE_MAX` characters.
+
+    Masked: the value of every environment variable named as a secret (``*API_KEY*``, ``*_TOKEN*``...),
+    a bearer token, an ``sk-...`` key, an address's ``user:password@`` and the value of a query parameter
+    named as a credential (``?key=``, ``?access_token=``, ``?sig=``). The same rules as a litellm model's
+    errors (:mod:`phases.litellm_errors`), for any model's or tool's error: the engine cannot import that.
+    """
+    text = message_of(exc)
+    for name, value in os.environ.items():
+        if len(value) >= 8 and _SECRET_ENV.search(name):  # shorter values are flags ("true"), not secrets
+            text = text.replace(value, "***")
+    for shape, replacement in _SECRET_SHAPES:
+        text = shape.sub(replacement, text)
+    return text if len(text) <= MESSAGE_MAX else text[:MESSAGE_MAX - 1] + "…"  # cut after masking: no half secret
 
 
 def error_type(error: BaseException | str) -> str:

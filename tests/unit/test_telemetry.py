@@ -353,3 +353,28 @@ def test_an_otel_environment_the_api_cannot_set_up_turns_telemetry_off_with_one_
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"({named}?)" in out.stdout and "is off in this process" in out.stdout, out.stdout
+
+
+class _Leaky(ScriptedModel):
+    """A model (not litellm's: nothing redacts its errors) whose error names its address with a key in it."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ConnectionError("cannot reach https://user:sk-live-SECRET123456@llm.internal/v1?api_key=QUERYSECRET "
+                              f"(Bearer TOKENSECRET, env {os.environ['ACME_API_KEY']}) " + "x" * 2000)
+
+
+def test_a_failed_model_calls_exception_event_has_its_type_and_redacted_short_message_and_no_stack_trace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACME_API_KEY", "ENVSECRET-1234")
+    storage, scheduler, _ = memory()
+    app = App(storage=storage, scheduler=scheduler, agents=[Agent(name="leaky", model=_Leaky(["unused"]))])
+    app.run_agent("leaky", job_id="leaky", messages=["hi"])
+    scheduler.drain()
+    (chat,) = [s for s in _EXPORTER.get_finished_spans() if s.name.startswith("chat")]
+    (event,) = [e for e in chat.events if e.name == "exception"]
+    assert event.attributes["exception.type"] == "ConnectionError"
+    message = str(event.attributes["exception.message"])
+    assert message.startswith("cannot reach https://***@llm.internal/v1?api_key=***") and "Bearer ***" in message
+    assert "SECRET" not in message and "sk-live" not in message
+    assert len(message) == telemetry.MESSAGE_MAX and message.endswith("…")
+    assert "exception.stacktrace" not in event.attributes
