@@ -53,6 +53,7 @@ redelivery against a turn that is still running somewhere.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 import time
 import uuid
@@ -86,9 +87,13 @@ ADVANCE_TASK = "phaserunner.advance"
 # What the task body of each Celery app imports and calls on the worker (a dotted path, never a pickled callable):
 # told by the App built with a scheduler on that Celery app (CeleryScheduler.bind).
 _ENTRIES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+REFUSED = "refused"
+"""What the advance task returns for a message its worker refuses (logged as one line, no traceback)."""
 DEFAULT_NAMESPACE = "pr"
 """The storage key prefix a scheduler assumes when it is given none (RedisStorage's default)."""
 
+logger = logging.getLogger(__name__)
+_SHOWN = 200  # a job id from a message is shown at most this long (it is outside input)
 _JSON = {"json", "application/json"}
 _NAMESPACE_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 _ENCODE = {"_": "__", ".": "_d", ":": "_c"}
@@ -177,7 +182,13 @@ def _advance_with(celery_app: Celery, worker_app: str | None) -> Any:
                 "not know what to run: build App(storage=..., scheduler=the scheduler) in the module "
                 "`celery -A` loads")
         module, _, name = entry.rpartition(".")
-        return str(getattr(importlib.import_module(module), name)(worker_app, job_id, version, app))
+        try:
+            return str(getattr(importlib.import_module(module), name)(worker_app, job_id, version, app))
+        except (InvalidInputError, ConfigurationError) as exc:
+            # A message this worker refuses (another app's, a bad job id) or cannot serve: raised, Celery would
+            # log it as a task failure with a full traceback, every time. Nothing to retry either way.
+            logger.error("refused %s(%s): %s", ADVANCE_TASK, repr(job_id)[:_SHOWN], exc)
+            return REFUSED
 
     return advance
 

@@ -197,3 +197,27 @@ def test_the_examples_beat_sweep_goes_to_a_queue_its_documented_workers_consume(
         assert route["queue"].name in consumed
     finally:
         example.storage.close()
+
+
+@pytest.mark.parametrize(("args", "kwargs", "said"), [
+    (["ok-1", 1], {"app": "os:system"}, "refused an advance naming app 'os:system'"),  # another app's message
+    (["bad{id", 1], {}, "invalid job id 'bad{id'"),
+])
+def test_a_message_the_worker_refuses_is_one_log_line_with_no_traceback(
+        args: list[Any], kwargs: dict[str, Any], said: str, caplog: pytest.LogCaptureFixture) -> None:
+    from adapters.celery.scheduler import REFUSED
+    from adapters.memory import MemoryStorage
+    from pipelines.app import App
+    from pipelines.worker import forget_apps, use_app
+
+    celery = make_celery("redis://127.0.0.1:1/0")
+    scheduler = CeleryScheduler(celery, queue="q", app="tests.apps.celery_app:app")
+    use_app(App(storage=MemoryStorage(), scheduler=scheduler, pipelines={}), path="tests.apps.celery_app:app")
+    try:
+        result = scheduler.task.apply(args=args, kwargs=kwargs)  # the task body, as a worker runs it
+    finally:
+        forget_apps()
+    assert result.successful() and result.get() == REFUSED  # not a task failure Celery logs with its traceback
+    refusals = [r for r in caplog.records if r.name == "adapters.celery.scheduler"]
+    assert len(refusals) == 1 and not refusals[0].exc_info and said in refusals[0].getMessage()
+    assert refusals[0].getMessage().count("\n") == 0
