@@ -47,7 +47,8 @@ The task is declared ``acks_late=True`` and ``reject_on_worker_lost=True``
 too, for its other tasks). Why: with early acks a worker killed mid-turn has
 already acknowledged the message, and only the sweep would recover the job;
 with late acks the broker delivers it again, and the job's lease fences the
-redelivery against a turn that is still running somewhere.
+redelivery against a turn that is still running somewhere. The task takes no
+soft time limit, whatever ``task_soft_time_limit`` says (:data:`NO_SOFT_LIMIT`).
 """
 
 from __future__ import annotations
@@ -89,6 +90,13 @@ ADVANCE_TASK = "phaserunner.advance"
 _ENTRIES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 REFUSED = "refused"
 """What the advance task returns for a message its worker refuses (logged as one line, no traceback)."""
+NO_SOFT_LIMIT = 100 * 365 * 86400.0
+"""The advance task's ``soft_time_limit``: never reached, so the Celery app's ``task_soft_time_limit`` (the
+default of a task that sets none) does not apply. A soft limit raises ``SoftTimeLimitExceeded``, an ordinary
+``Exception``, wherever the turn is: in a tool or a model call it would be taken for the job's own error and
+fail the job for good; in the library's own code it could land anywhere. A hard ``task_time_limit`` still
+applies (the pool process is killed, and the job's lease brings the turn back); bound a turn with tool and
+model timeouts."""
 DEFAULT_NAMESPACE = "pr"
 """The storage key prefix a scheduler assumes when it is given none (RedisStorage's default)."""
 
@@ -201,9 +209,25 @@ def register_advance_task(celery_app: Celery, app: str | None = None) -> Any:
     """
     if ADVANCE_TASK in celery_app.tasks:
         return celery_app.tasks[ADVANCE_TASK]
+    from celery import signals
+
+    signals.worker_init.connect(_check_soft_limit, weak=False, dispatch_uid="phaserunner-soft-limit")
     # shared=False: a shared task would be added to every Celery app this process finalizes later.
+    # soft_time_limit: the task's own, so the app's task_soft_time_limit does not apply to it (see NO_SOFT_LIMIT).
     return celery_app.task(name=ADVANCE_TASK, serializer="json", acks_late=True, reject_on_worker_lost=True,
-                           ignore_result=True, shared=False)(_advance_with(celery_app, app))
+                           ignore_result=True, shared=False, soft_time_limit=NO_SOFT_LIMIT,
+                           )(_advance_with(celery_app, app))
+
+
+def _check_soft_limit(sender: Any = None, **_: Any) -> None:
+    """At a worker's start: warn when ``task_annotations`` gave the advance task a soft time limit after all."""
+    tasks = getattr(getattr(sender, "app", None), "tasks", None)
+    task = tasks.get(ADVANCE_TASK) if tasks is not None else None
+    limit = getattr(task, "soft_time_limit", NO_SOFT_LIMIT)
+    if task is not None and limit != NO_SOFT_LIMIT:
+        logger.warning("%s has soft_time_limit=%r (task_annotations?): a turn past it fails its job for good "
+                       "(SoftTimeLimitExceeded is taken for the job's own error); remove it and bound turns with "
+                       "tool and model timeouts", ADVANCE_TASK, limit)
 
 
 class CeleryScheduler:

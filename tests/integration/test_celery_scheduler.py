@@ -221,3 +221,27 @@ def test_a_message_the_worker_refuses_is_one_log_line_with_no_traceback(
     refusals = [r for r in caplog.records if r.name == "adapters.celery.scheduler"]
     assert len(refusals) == 1 and not refusals[0].exc_info and said in refusals[0].getMessage()
     assert refusals[0].getMessage().count("\n") == 0
+
+
+class _Worker:
+    """What a worker_init signal's sender has that the check reads: the worker's Celery app."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+
+def test_the_advance_task_takes_no_soft_time_limit_and_a_worker_warns_of_one_annotated_on_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from celery import signals
+
+    from adapters.celery.scheduler import NO_SOFT_LIMIT
+
+    plain = make_celery("redis://127.0.0.1:1/0", soft_time_limit=3)  # the app's default for its other tasks
+    assert CeleryScheduler(plain, queue="q").task.soft_time_limit == NO_SOFT_LIMIT
+    annotated = make_celery("redis://127.0.0.1:1/0", soft_time_limit=3)
+    annotated.conf.task_annotations = {ADVANCE_TASK: {"soft_time_limit": 60}}
+    CeleryScheduler(annotated, queue="q")
+    for app in (plain, annotated):
+        signals.worker_init.send(sender=_Worker(app))  # as a starting worker of that app does
+    warned = [r.getMessage() for r in caplog.records if r.name == "adapters.celery.scheduler"]
+    assert len(warned) == 1 and "soft_time_limit=60" in warned[0], warned
