@@ -21,7 +21,9 @@ With the API but no SDK provider set (no tracer provider, or no meter
 provider), spans (or metrics) cost one provider lookup: the API's no-op
 objects would record nothing, so they are not built. Configure the SDK
 (exporters, sampling) in your app module as usual, before or after the
-library's first turn; the library only uses the API.
+library's first turn, in the processes that start jobs too: a job started
+where no tracer provider is set stores no context, and each of its turns is
+then a trace of its own. The library only uses the API.
 
 Telemetry never changes what a job does: whatever the SDK, a span processor
 or an exporter raises while a span starts, is annotated or ends is logged
