@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -22,28 +21,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 from phases.model import is_secret_param, looks_secret, shown_address
 from pipelines.engine.errors import ModelError, PermanentModelError, TransientModelError, bound_retry_after
+from pipelines.engine.masking import CREDENTIAL_NAME, mask
 
 __all__: list[str] = []  # private helpers of phases.litellm_model, which re-exports what tests and benches use
 
-# Environment variables whose values litellm may read as credentials.
-_SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
-# Shapes of credentials that redaction masks even when they came from elsewhere.
-_CREDENTIAL_WORDS = ("(?:api[_-]?key|key|access[_-]?token|token|sig|signature|secret|code|auth|password|passwd"
-                     "|credential)")
-"""A query parameter holds a credential when one of these is a whole part of its name (split at ``_ . -``)."""
-_CREDENTIAL_PARAM = rf"(?:[\w.-]*[_.-])?{_CREDENTIAL_WORDS}(?:[_.-][\w.-]*)?"
-_CREDENTIAL_NAME = re.compile(rf"(?i)^{_CREDENTIAL_PARAM}$")
-
-_SECRET_SHAPES = (
-    # The token up to a space, quote, comma, semicolon or closing bracket: the text around it stays readable
-    # ("(Bearer ***); retrying"). Nothing a token holds (RFC 6750: A-Z a-z 0-9 - . _ ~ + / =) ends it.
-    (re.compile(r"(?i)(bearer\s+)[^\s'\",;)\]}>]+"), r"\1***"),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
-    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
-    # ?key=, ?access_token=, ?X-Amz-Signature=, ?code=... in an address (Gemini, gateways, signed URLs): a
-    # credential word as a whole part of the name (not ?max_tokens=, ?author=, ?api-version=)
-    (re.compile(rf"(?i)([?&]{_CREDENTIAL_PARAM}=)[^&\s'\"#]+"), r"\1***"),
-)
 # Shorter values are not masked: replacing every "ab" in a message helps nobody.
 _MIN_SECRET_LEN = 4
 
@@ -178,18 +159,15 @@ def _secret_values(params: Mapping[str, Any]) -> set[str]:
             found |= _secret_values(value)
         elif isinstance(value, str) and "://" in value:
             found |= _address_secrets(value)
-    found = {s for s in found if len(s) >= _MIN_SECRET_LEN}
-    # Environment values get a higher bar: flags like "true" are not secrets.
-    found.update(v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 8)
-    return found
+    return {s for s in found if len(s) >= _MIN_SECRET_LEN}  # the environment's are masking's own (higher bar)
 
 
 def _address_secrets(address: str) -> set[str]:
-    """An address's password and the values of its query parameters named as credentials (``_CREDENTIAL_NAME``):
+    """An address's password and the values of its query parameters named as credentials (``CREDENTIAL_NAME``):
     a provider may echo them anywhere in its text (``?api-version=2024-10-21`` is no secret to mask)."""
     try:
         parts = urlsplit(address)
-        values = {v for name, v in parse_qsl(parts.query, keep_blank_values=False) if _CREDENTIAL_NAME.match(name)}
+        values = {v for name, v in parse_qsl(parts.query, keep_blank_values=False) if CREDENTIAL_NAME.match(name)}
         if parts.password:
             values.add(parts.password)
     except ValueError:
@@ -199,11 +177,7 @@ def _address_secrets(address: str) -> set[str]:
 
 def _redact(text: str, params: Mapping[str, Any]) -> str:
     """``text`` with every secret value of ``params`` (and credential-shaped strings) replaced by ``***``."""
-    for secret in sorted(_secret_values(params), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    for shape, replacement in _SECRET_SHAPES:
-        text = shape.sub(replacement, text)
-    return text
+    return mask(text, _secret_values(params))
 
 
 def _is_loopback_url(url: str) -> bool:

@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipelines.engine.contain import describe, message_of
+from pipelines.engine.masking import mask
 from pipelines.engine.otel_api import ENV, OtelApi
 
 __all__ = [
@@ -68,15 +67,6 @@ logger = logging.getLogger(__name__)
 
 MESSAGE_MAX = 500
 """The longest error message an exception event carries (:func:`redacted`)."""
-_SECRET_ENV = re.compile(r"API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIALS", re.IGNORECASE)
-_CREDENTIAL_PARAM = (r"(?:[\w.-]*[_.-])?(?:api[_-]?key|key|access[_-]?token|token|sig|signature|secret|code|auth"
-                     r"|password|passwd|credential)(?:[_.-][\w.-]*)?")
-_SECRET_SHAPES = (
-    (re.compile(r"(?i)(bearer\s+)[^\s'\",;)\]}>]+"), r"\1***"),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
-    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in an address
-    (re.compile(rf"(?i)([?&]{_CREDENTIAL_PARAM}=)[^&\s'\"#]+"), r"\1***"),
-)
 _REPORTED: set[str] = set()  # the kinds of telemetry failure logged already (each is logged once)
 
 
@@ -212,15 +202,10 @@ def redacted(exc: BaseException) -> str:
 
     Masked: the value of every environment variable named as a secret (``*API_KEY*``, ``*_TOKEN*``...),
     a bearer token, an ``sk-...`` key, an address's ``user:password@`` and the value of a query parameter
-    named as a credential (``?key=``, ``?access_token=``, ``?sig=``). The same rules as a litellm model's
-    errors (:mod:`phases.litellm_errors`), for any model's or tool's error: the engine cannot import that.
+    named as a credential (``?key=``, ``?access_token=``, ``?sig=``): :func:`pipelines.engine.masking.mask`, the
+    rules a litellm model's errors are masked by too, for any model's or tool's error.
     """
-    text = message_of(exc)
-    for name, value in os.environ.items():
-        if len(value) >= 8 and _SECRET_ENV.search(name):  # shorter values are flags ("true"), not secrets
-            text = text.replace(value, "***")
-    for shape, replacement in _SECRET_SHAPES:
-        text = shape.sub(replacement, text)
+    text = mask(message_of(exc))
     return text if len(text) <= MESSAGE_MAX else text[:MESSAGE_MAX - 1] + "…"  # cut after masking: no half secret
 
 
