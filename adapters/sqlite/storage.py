@@ -251,8 +251,13 @@ class SQLiteStorage(SQLiteReads):
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
         def renew(conn: sqlite3.Connection) -> bool:
             now = self._clock()
+            # A lease of this process that ran out but that nobody took (its owner is still named: any take
+            # or commit since would have changed that) is renewed too: the process stood still (Ctrl-Z, a
+            # laptop asleep) or the wall clock stepped, and its turn goes on. claim_due leaves such a lease to
+            # this renewal; refusing it would fence the turn off and run its tools again.
             return conn.execute("UPDATE jobs SET lease_expires = ? WHERE job_id = ? AND lease_owner = ? "
-                                "AND lease_expires > ?", (now + ttl, job_id, owner, now)).rowcount > 0
+                                "AND (lease_expires > ? OR lease_proc = ?)",
+                                (now + ttl, job_id, owner, now, processes.me())).rowcount > 0
 
         renewed: bool = self._write(renew, f"renewing the lease of job {job_id!r}", durable=False)
         return renewed

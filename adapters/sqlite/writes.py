@@ -267,6 +267,13 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
     ``pipelines``: only jobs of these (``None``: any). Another App on the same
     file may run pipelines this one does not: its jobs are left to it, not
     held for ``hold`` seconds by a process that can only refuse them.
+
+    A lease of this very process (``lease_proc`` is ``proc``) is never taken,
+    even run out: this process is alive, so a worker thread of it holds the
+    turn, and its lease ran out only because the whole process stood still
+    (Ctrl-Z, a laptop asleep) or the wall clock stepped forward. Its lease
+    keeper renews it when the process runs again (``SQLiteStorage.renew_lease``); claiming it
+    would start the turn's tools a second time beside the first run.
     """
     # By the pipeline column (schema 3), not the record's JSON, read from the due index (jobs_due_pipeline):
     # another App's due jobs are passed over without reading their rows, and the walk in due order stops at
@@ -276,7 +283,8 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
             if pipelines is not None else "")
     sql = ("UPDATE jobs SET claim_until = :until, claim_proc = :proc WHERE job_id IN (SELECT job_id FROM jobs "
            "INDEXED BY jobs_due_pipeline WHERE due_at IS NOT NULL AND due_at <= :cut AND claim_until <= :now "
-           f"AND (lease_owner IS NULL OR lease_expires <= :now) {only}ORDER BY due_at, job_id LIMIT :count) "
+           "AND (lease_owner IS NULL OR (lease_expires <= :now AND lease_proc IS NOT :proc)) "
+           f"{only}ORDER BY due_at, job_id LIMIT :count) "
            "RETURNING job_id, due_at")
     rows = conn.execute(sql, {"until": now + hold, "proc": proc, "cut": cut, "now": now,
                               "names": json.dumps(sorted(pipelines or ())), "count": max(0, min(limit, 1 << 31))}

@@ -642,3 +642,33 @@ def test_a_record_that_is_not_json_does_not_stop_a_claim_by_pipeline(tmp_path: P
     # The damaged one is claimed whatever its pipeline (its advance says what is wrong), the others by theirs.
     assert sorted(storage.claim_due(1e12, limit=5, hold=60, pipelines=["default"])) == ["bad", "good"]
     assert storage.claim_due(1e12, limit=5, hold=60, pipelines=["another app's"]) == ["theirs"]
+
+
+class _Clock:
+    """A lease clock a test moves: a whole-process stall (Ctrl-Z, a laptop asleep) or a wall-clock step."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_process_does_not_take_over_its_own_turn_after_it_stood_still(tmp_path: Path) -> None:
+    path = str(tmp_path / "stall.db")
+    clock = _Clock()
+    storage = SQLiteStorage(path, clock=clock)
+    storage.create_job(record("mine"))
+    storage.create_job(record("theirs"))
+    done = run_python(_TAKE_LEASE_AND_DIE.replace('"j"', '"theirs"'), path)  # a process that died mid-turn
+    assert done.returncode == 0, done.stderr
+    assert storage.acquire_lease("mine", "worker-1", 10) is not None  # a worker thread of this process
+    clock.now += 3600  # the process stood still for an hour (or the clock stepped): every lease looks run out
+    # The dead process's turn is taken over; this live process's own is not (its worker thread still runs it).
+    assert storage.claim_due(1e12, limit=5, hold=60) == ["theirs"]
+    # When the process runs again its lease keeper renews the lease nobody took, and the turn goes on.
+    assert storage.renew_lease("mine", "worker-1", 10) is True
+    assert storage.lease_state("mine") == ("worker-1", False)
+    storage.release_lease("mine", "worker-1")
+    assert storage.claim_due(1e12, limit=5, hold=60) == ["mine"]  # let go: claimed as ever
+    storage.close()
