@@ -36,6 +36,27 @@ def test_the_twin_runs_the_same_agents_and_pipelines_on_sqlite(tmp_path: Path) -
         dev_app(twin, db=str(tmp_path / "other.db"))
 
 
+def test_the_twin_keeps_the_apps_interrupted_turn_limit_and_its_flow_store(tmp_path: Path) -> None:
+    from adapters.memory import MemoryScheduler, MemoryStorage
+    from pipelines import App
+    from pipelines.engine.flow import RateLimit
+
+    agents = list(dev_module.app.agents.values())
+    for limit in (20, None):
+        app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), agents=agents, max_interrupted_turns=limit)
+        assert dev_app(app, db=str(tmp_path / f"{limit}.db")).max_interrupted_turns == limit
+    # A flow store the app chose (one shared by its processes) is the twin's too ...
+    chosen = MemoryStorage().flow_store()
+    limits = [RateLimit(model="m", rpm=60)]
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), agents=agents, rate_limits=limits,
+              flow_store=chosen)
+    assert dev_app(app, db=str(tmp_path / "chosen.db")).flow.store is chosen
+    # ... while the memory storage's own default gives way to the file's.
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), agents=agents, rate_limits=limits)
+    twin = dev_app(app, db=str(tmp_path / "own.db"))
+    assert type(twin.flow.store).__name__ == "SQLiteFlowStore"
+
+
 def test_pipelines_dev_serves_runs_left_on_the_file_and_the_web_page(tmp_path: Path) -> None:
     db = tmp_path / "dev.db"
     starter = dev_app(dev_module.app, db=str(db), workers=0)  # another process started these runs
