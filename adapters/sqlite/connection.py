@@ -320,6 +320,11 @@ class Database:
         with contextlib.suppress(sqlite3.Error):
             conn.close()
 
+    def retry(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn()`` (which opens its own connection), retried while the file is busy; SQLite's errors end
+        as the library's (``pipelines migrate``)."""
+        return self._retry(fn, what)
+
     def _retry(self, fn: Callable[[], T], what: str) -> T:
         deadline = time.monotonic() + RETRY_SECONDS
         pause = 0.005

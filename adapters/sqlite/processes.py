@@ -27,8 +27,9 @@ import sqlite3
 import time
 
 from adapters.sqlite.connection import wal_defect
+from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["me", "reap", "register"]
+__all__ = ["me", "reap", "refuse_if_used", "register"]
 
 logger = logging.getLogger("pipelines")
 
@@ -86,6 +87,21 @@ def reap(conn: sqlite3.Connection) -> int:
         conn.execute("DELETE FROM processes WHERE machine = ? AND pid = ?", (machine, pid))
         logger.info("sqlite: process %d is gone; its leases and claims are released", pid)
     return len(pids) - len(dead)
+
+
+def refuse_if_used(conn: sqlite3.Connection, path: str) -> None:
+    """Inside a write transaction: :class:`ConfigurationError` if another live process of this machine has the
+    file open (``pipelines migrate``: a worker running on the old schema would fail each write after it)."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'processes'").fetchone() is None:
+        return  # a file from before the table: nothing recorded who uses it
+    machine = _machine()
+    rows = conn.execute("SELECT pid FROM processes WHERE machine = ?", (machine,)).fetchall()
+    live = sorted(p for p in (int(r[0]) for r in rows) if p != os.getpid() and _alive(p))
+    if live:
+        pids = ", ".join(str(p) for p in live)
+        raise ConfigurationError(f"{path} is in use by process{'es' if len(live) > 1 else ''} {pids} of this "
+                                 "machine: stop the workers, `pipelines dev` and web processes on it first, then "
+                                 "migrate; nothing was changed")
 
 
 def register(conn: sqlite3.Connection, path: str) -> int:

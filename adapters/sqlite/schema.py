@@ -29,6 +29,7 @@ Layout (one row per job in ``jobs``; what a job owns is keyed by its id):
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from pipelines.engine.errors import ConfigurationError
 
@@ -174,14 +175,18 @@ def _apply(conn: sqlite3.Connection, start: int, stop: int) -> None:
         conn.execute(f"PRAGMA user_version = {int(version)}")
 
 
-def migrate(conn: sqlite3.Connection, path: str) -> tuple[int, int]:
+def migrate(conn: sqlite3.Connection, path: str,
+            check: Callable[[sqlite3.Connection], None] | None = None) -> tuple[int, int]:
     """Upgrade ``conn``'s file to :data:`SCHEMA_VERSION` in one transaction; ``(from, to)`` versions.
 
-    A file already at the version is left alone; a newer one is refused.
+    A file already at the version is left alone; a newer one is refused. ``check(conn)`` runs first inside the
+    transaction (a refusal raised there changes nothing).
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
         found = _user_version(conn)
+        if check is not None and found < SCHEMA_VERSION:
+            check(conn)
         if found > SCHEMA_VERSION:
             raise ConfigurationError(f"{path} has schema version {found}, newer than this phaserunner's "
                                      f"{SCHEMA_VERSION}: upgrade phaserunner instead; nothing was changed")

@@ -23,7 +23,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from adapters.base import FENCED_KEPT, Feature
 from adapters.sqlite import processes, schema, writes
@@ -124,12 +124,28 @@ class SQLiteStorage(SQLiteReads):
         self._db.close()
 
     def migrate(self) -> tuple[int, int]:
-        """Upgrade the file's schema to this library's; ``(from, to)`` versions (``pipelines migrate``)."""
-        conn = sqlite3.connect(self.path, timeout=self._db.busy_timeout, isolation_level=None)
-        try:
-            return schema.migrate(conn, self.path)
-        finally:
-            conn.close()
+        """Upgrade the file's schema to this library's; ``(from, to)`` versions (``pipelines migrate``).
+
+        Refused, with nothing changed: a file that does not exist (a mistyped path must not become a new,
+        empty database "upgraded from version 0"; the first process to open a new file makes it at this
+        version), and a file another live process of this machine has open (it would fail every write after).
+        SQLite's errors end as the library's (a busy file is waited for and retried as every write is).
+        """
+        if not os.path.isfile(self.path):
+            raise ConfigurationError(f"{self.path} does not exist (or is not a file): nothing to migrate. Is the "
+                                     "path right? A new file needs no migration: the first process makes it")
+
+        def run() -> tuple[int, int]:
+            # mode=rw: SQLite opens the file as it is and never creates one (the file may go after the check).
+            conn = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=self._db.busy_timeout,
+                                   isolation_level=None)
+            try:
+                return schema.migrate(conn, self.path, lambda c: processes.refuse_if_used(c, self.path))
+            finally:
+                conn.close()
+
+        moved: tuple[int, int] = self._db.retry(run, "migrating its schema")
+        return moved
 
     def _write(self, fn: Callable[[sqlite3.Connection], Any], what: str, *, wake: bool = False,
                durable: bool = True) -> Any:

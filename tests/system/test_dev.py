@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -120,3 +121,64 @@ def test_pipelines_migrate_upgrades_the_file_or_says_there_is_nothing_to_do(
     sqlite_app.app.storage.request_control("x", "pause")  # type: ignore[attr-defined]  # at the version again
     code, _, err = run_cli("migrate", "--app", "tests.apps.dev_app:app")
     assert code == 1 and "MemoryStorage keeps no schema version" in err
+
+
+def _migrate(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    monkeypatch.setenv("PIPELINES_SQLITE_PATH", str(path))
+    monkeypatch.setattr(sqlite_app, "app", sqlite_app.build(), raising=False)
+    return run_cli("migrate", "--app", "tests.apps.sqlite_app:app")
+
+
+def test_pipelines_migrate_refuses_a_missing_file_a_foreign_one_and_a_busy_one_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from adapters.sqlite import connection
+
+    for missing in (tmp_path / "typo.db", tmp_path / "no folder" / "app.db"):
+        code, out, err = _migrate(missing, monkeypatch)
+        assert (code, out) == (1, "") and "does not exist" in err and err.count("\n") == 1, err
+        assert not missing.exists()  # a mistyped path is not made into a new, empty database
+    (tmp_path / "notes.db").write_text("hello\n")
+    code, _, err = _migrate(tmp_path / "notes.db", monkeypatch)
+    assert code == 1 and "not a database" in err and err.count("\n") == 1, err
+    # Another connection holds the write lock past the busy timeout: one line, not sqlite3's traceback.
+    path = tmp_path / "busy.db"
+    SQLiteStorage(str(path), busy_timeout=0.1).close()
+    monkeypatch.setattr(connection, "RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(SQLiteStorage.__init__, "__kwdefaults__",
+                        {**SQLiteStorage.__init__.__kwdefaults__, "busy_timeout": 0.1})
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        code, _, err = _migrate(path, monkeypatch)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert code == 1 and "locked" in err and err.count("\n") == 1, err
+
+
+_HOLD_THE_FILE = """
+import sys, time
+from adapters.sqlite import SQLiteStorage
+SQLiteStorage(sys.argv[1]).get_job("x")
+print("open", flush=True)
+time.sleep(60)
+"""
+
+
+def test_pipelines_migrate_refuses_a_file_another_live_process_has_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "used.db"
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_THE_FILE, str(path)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "open\n", proc.stderr
+        now = schema.SCHEMA_VERSION  # a phaserunner with one more version: the file is an older one to it
+        monkeypatch.setitem(schema.MIGRATIONS, now + 1, ["CREATE INDEX jobs_pipeline ON jobs (status)"])
+        monkeypatch.setattr(schema, "SCHEMA_VERSION", now + 1)
+        code, _, err = _migrate(path, monkeypatch)
+        assert code == 1 and f"in use by process {proc.pid}" in err and err.count("\n") == 1, err
+    finally:
+        proc.kill()
+        proc.communicate()
+    code, out, _ = _migrate(path, monkeypatch)  # gone: its row is no obstacle
+    assert (code, out) == (0, f"{path}: schema upgraded from version {now} to {now + 1}\n")
