@@ -95,6 +95,7 @@ class LocalScheduler:
         self.scheduled = 0  # schedule_advance calls, for tests
         self._failing_since: float | None = None  # when claiming due work began to fail (None: it works)
         self._failure_said = 0.0
+        self._halted = False  # the storage refused this library for good (ConfigurationError): no more looks
 
     # --- the port ------------------------------------------------------------------------
     def attach(self, advance: Callable[[str], object]) -> None:
@@ -194,7 +195,19 @@ class LocalScheduler:
             return self
         if self._advance is None:
             raise ConfigurationError("start() needs an attached App: build App(storage=..., scheduler=this) first")
+        claims = as_feature(self.storage, Feature.CLAIMS, ClaimingStore)  # type: ignore[type-abstract]
+        if claims is not None:
+            # The storage is read before any thread starts: a file this library cannot use (a schema that
+            # needs `pipelines migrate`, another program's file) fails start() with its one-line error, so
+            # `with app.scheduler:` ends the process instead of leaving threads that fail every look.
+            try:
+                claims.reap_dead_processes()
+            except ConfigurationError:
+                raise
+            except Exception:  # the storage is down for a moment: the poller's looks and sweeps try again
+                logger.exception("local scheduler: releasing what dead processes held failed")
         self._stop.clear()
+        self._halted = False
         for n in range(self.workers):
             self._threads.append(threading.Thread(target=self._work, name=f"pipelines-local-{n}", daemon=True))
         self._threads.append(threading.Thread(target=self._watch, name=_POLLER, daemon=True))
@@ -248,12 +261,11 @@ class LocalScheduler:
 
     def _watch(self) -> None:
         """Claim due work from the storage every ``poll`` seconds (at once at start); sweep now and then."""
-        last_sweep = time.monotonic()
-        self._sweep_once(app=False)
+        last_sweep = time.monotonic()  # start() released what dead processes held
         self._look(grace=0.0)  # at start: what a stopped or killed process left is due already
-        while not self._stop.wait(self.poll):
+        while not self._halted and not self._stop.wait(self.poll):
             self._look(grace=self.grace)
-            if self.sweep_interval and time.monotonic() - last_sweep >= self.sweep_interval:
+            if not self._halted and self.sweep_interval and time.monotonic() - last_sweep >= self.sweep_interval:
                 last_sweep = time.monotonic()
                 self._sweep_once()
 
@@ -267,6 +279,9 @@ class LocalScheduler:
         try:
             names = None if self._names is None else self._names()
             claimed = claims.claim_due(self.now() - grace, limit=room, hold=self.hold, pipelines=names)
+        except ConfigurationError as exc:
+            self._halt(exc)
+            return
         except Exception as exc:  # the storage is down for a moment: the next look tries again
             # Said once an outage, with its traceback; then a line every minute, not one a look (~2 a second).
             now = time.monotonic()
@@ -293,8 +308,18 @@ class LocalScheduler:
                 claims.reap_dead_processes()
             if app and self._sweep is not None:
                 self._sweep()
+        except ConfigurationError as exc:
+            self._halt(exc)
         except Exception:
             logger.exception("local scheduler: sweep failed")
+
+    def _halt(self, exc: ConfigurationError) -> None:
+        """Stop looking at the storage for good: a file migrated under this process (or otherwise not one this
+        library can use) fails every look the same way until the process is restarted, so retrying it every
+        ``poll`` seconds for ever (the response to an outage) would only fill the log."""
+        self._halted = True
+        logger.error("local scheduler: stopped claiming due work and sweeping; restart this process once the "
+                     "storage is fixed: %s", exc)
 
 
 def _bounded(seconds: float) -> float:

@@ -40,11 +40,13 @@ def _serve(app: App, args: argparse.Namespace, out: TextIO) -> None:
     asgi = ui_app(app, token=ui_token(args))
     host = f"[{args.host}]" if ":" in args.host else args.host
     _check_free(args.host, args.port)  # before any worker starts or "serving" is said
+    # The summary reads the file before any worker starts: one that needs `pipelines migrate` (or is not this
+    # library's) ends the command with its one-line error, not worker threads' tracebacks before it.
+    said = summary(app, source=args.app or os.environ.get("PIPELINES_APP", "-"), url=f"http://{host}:{args.port}/")
     scheduler = app.scheduler
     scheduler.start()  # type: ignore[attr-defined]
     try:
-        print(summary(app, source=args.app or os.environ.get("PIPELINES_APP", "-"),
-                      url=f"http://{host}:{args.port}/"), file=out, flush=True)
+        print(said, file=out, flush=True)
         uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning")
     finally:
         scheduler.stop()  # type: ignore[attr-defined]

@@ -265,3 +265,37 @@ def test_run_wait_with_the_worker_threads_started_runs_no_turn_in_the_callers_th
         view = app.run_pipeline("p", job_id="mine").wait(timeout=30)
     assert view.status is JobStatus.COMPLETE and view.result == 3
     assert counting.threads and all(t.startswith("pipelines-local-") for t in counting.threads)
+
+
+def _one_version_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This phaserunner now writes a schema one version past the file's: the file needs `pipelines migrate`."""
+    from adapters.sqlite import schema
+
+    now = schema.SCHEMA_VERSION
+    monkeypatch.setitem(schema.MIGRATIONS, now + 1, ["CREATE INDEX jobs_later ON jobs (status)"])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", now + 1)
+
+
+def test_start_refuses_a_file_that_needs_migrating_before_any_thread_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = SQLiteStorage(str(tmp_path / "old.db"))
+    made.get_job("x")  # the file, at this version
+    made.close()
+    _one_version_ahead(monkeypatch)
+    app = make_app(tmp_path / "old.db", Counting(), workers=2)
+    with pytest.raises(ConfigurationError, match="pipelines migrate"):
+        app.scheduler.start()  # type: ignore[attr-defined]
+    assert not app.scheduler.running  # type: ignore[attr-defined]
+
+
+def test_a_file_migrated_under_the_poller_stops_it_with_one_error_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app(tmp_path / "m.db", Counting(), workers=1, poll=0.02, sweep_interval=0.02)
+    scheduler: LocalScheduler = app.scheduler  # type: ignore[assignment]
+    with scheduler:
+        _one_version_ahead(monkeypatch)  # as a newer phaserunner's `pipelines migrate` leaves the file
+        poller = next(t for t in scheduler._threads if t.name == "pipelines-local-poll")
+        poller.join(5)
+        assert not poller.is_alive()  # not a retry every poll, for ever
+    said = [r for r in caplog.records if r.levelname in ("ERROR", "WARNING") and "local scheduler" in r.getMessage()]
+    assert len(said) == 1 and "stopped claiming" in said[0].getMessage() and said[0].exc_info is None, said

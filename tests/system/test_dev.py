@@ -182,3 +182,18 @@ def test_pipelines_migrate_refuses_a_file_another_live_process_has_open(
         proc.communicate()
     code, out, _ = _migrate(path, monkeypatch)  # gone: its row is no obstacle
     assert (code, out) == (0, f"{path}: schema upgraded from version {now} to {now + 1}\n")
+
+
+def test_pipelines_dev_on_a_file_that_needs_migrating_says_so_in_one_line_and_starts_no_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    path = tmp_path / "old.db"
+    SQLiteStorage(str(path)).get_job("x")  # the file, at this version
+    now = schema.SCHEMA_VERSION  # a newer phaserunner: the file needs `pipelines migrate`
+    monkeypatch.setitem(schema.MIGRATIONS, now + 1, ["CREATE INDEX jobs_later ON jobs (status)"])
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", now + 1)
+    code, out, err = run_cli("dev", "--app", "tests.apps.dev_app:app", "--db", str(path), "--port", str(free_port()))
+    assert (code, out) == (1, "") and "pipelines migrate" in err and err.count("\n") == 1, err
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no worker thread's traceback before it
+    assert not [t for t in threading.enumerate() if t.name.startswith("pipelines-local")]
