@@ -29,7 +29,7 @@ import time
 from adapters.sqlite.connection import wal_defect
 from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["me", "reap", "refuse_if_used", "register"]
+__all__ = ["me", "reap", "refuse_if_used", "register", "say_released"]
 
 logger = logging.getLogger("pipelines")
 
@@ -70,10 +70,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def reap(conn: sqlite3.Connection) -> int:
+def reap(conn: sqlite3.Connection) -> tuple[int, list[int]]:
     """Inside a write transaction: forget this machine's dead processes, releasing their leases and claims.
 
-    Returns how many processes of this machine are alive (this one included once registered).
+    Returns how many processes of this machine are alive (this one included once registered) and the PIDs of
+    the dead ones released; the caller says so with :func:`say_released` once the transaction committed (one
+    rolled back, a full disk say, released nothing, and a line every look would claim it had).
     """
     machine = _machine()
     pids = [int(r[0]) for r in conn.execute("SELECT pid FROM processes WHERE machine = ?", (machine,)).fetchall()]
@@ -85,8 +87,13 @@ def reap(conn: sqlite3.Connection) -> int:
         conn.execute("UPDATE jobs SET lease_expires = 0, lease_proc = NULL WHERE lease_proc = ?", (proc,))
         conn.execute("UPDATE jobs SET claim_until = 0, claim_proc = NULL WHERE claim_proc = ?", (proc,))
         conn.execute("DELETE FROM processes WHERE machine = ? AND pid = ?", (machine, pid))
+    return len(pids) - len(dead), dead
+
+
+def say_released(pids: list[int]) -> None:
+    """Log the dead processes a committed :func:`reap` released."""
+    for pid in pids:
         logger.info("sqlite: process %d is gone; its leases and claims are released", pid)
-    return len(pids) - len(dead)
 
 
 def refuse_if_used(conn: sqlite3.Connection, path: str) -> None:
@@ -113,12 +120,13 @@ def register(conn: sqlite3.Connection, path: str) -> int:
     try:
         conn.execute("INSERT OR REPLACE INTO processes (machine, pid, seen) VALUES (?, ?, ?)",
                      (_machine(), os.getpid(), time.time()))
-        live = reap(conn)
+        live, gone = reap(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    say_released(gone)
     if live > 1 and wal_defect() and path not in _WARNED:
         _WARNED.add(path)
         logger.warning(

@@ -298,7 +298,8 @@ class SQLiteStorage(SQLiteReads):
         ``_EXPIRE_BATCH`` jobs that finished more than ``live_ttl`` ago, and flow-control rows of any key
         that ran out (:func:`adapters.sqlite.flow.drop_expired`).
         """
-        live: int = self._write(processes.reap, "releasing the leases of dead processes", durable=False)
+        live, gone = self._write(processes.reap, "releasing the leases of dead processes", durable=False)
+        processes.say_released(gone)  # committed: said only now (a rolled-back release released nothing)
         from adapters.sqlite.flow import drop_expired  # flow control's module, loaded only here and by flow_store
 
         self._write(lambda c: drop_expired(c, self._clock()), "dropping flow-control slots that ran out",
@@ -308,7 +309,7 @@ class SQLiteStorage(SQLiteReads):
             self._expired = self._write(lambda c: writes.expire_live(c, after=self._expired, upto=upto,
                                                                      limit=_EXPIRE_BATCH),
                                         "dropping the live parts of finished jobs", durable=False)
-        return live
+        return int(live)
 
     def next_due(self) -> float | None:
         """The earliest due time of a running job (``None``: none is running)."""

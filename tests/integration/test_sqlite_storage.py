@@ -672,3 +672,34 @@ def test_a_process_does_not_take_over_its_own_turn_after_it_stood_still(tmp_path
     storage.release_lease("mine", "worker-1")
     assert storage.claim_due(1e12, limit=5, hold=60) == ["mine"]  # let go: claimed as ever
     storage.close()
+
+
+def test_a_release_of_dead_processes_that_rolled_back_is_not_logged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from adapters.sqlite import processes
+    from pipelines.engine.errors import StorageUnavailableError
+
+    path = str(tmp_path / "full.db")
+    storage = SQLiteStorage(path)
+    storage.create_job(record("j"))
+    done = run_python(_TAKE_LEASE_AND_DIE, path)
+    assert done.returncode == 0, done.stderr
+    real = processes.reap
+
+    def then_the_disk_is_full(conn: sqlite3.Connection) -> Any:
+        real(conn)
+        raise sqlite3.OperationalError("database or disk is full")  # as COMMIT fails on a full disk
+
+    monkeypatch.setattr(processes, "reap", then_the_disk_is_full)
+    caplog.set_level(logging.INFO, logger="pipelines")
+    for _ in range(3):
+        with pytest.raises(StorageUnavailableError, match="disk is full"):
+            storage.reap_dead_processes()
+    assert storage.lease_owner("j") == "dead-worker"  # rolled back: nothing was released ...
+    assert not [r for r in caplog.records if "is gone" in r.getMessage()]  # ... and nothing said so
+    monkeypatch.setattr(processes, "reap", real)
+    storage.reap_dead_processes()
+    said = [r.getMessage() for r in caplog.records if "is gone" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("is gone; its leases and claims are released"), said  # committed
+    assert storage.lease_owner("j") is None
+    storage.close()
