@@ -42,7 +42,7 @@ from typing import TypeVar
 
 from pipelines.engine.errors import ConfigurationError, CorruptRecordError, InvalidInputError, StorageUnavailableError
 
-__all__ = ["RETRY_SECONDS", "SYNCHRONOUS", "Database", "check_sqlite_version", "wal_defect"]
+__all__ = ["RETRY_SECONDS", "SYNCHRONOUS", "Database", "check_sqlite_version", "is_busy", "wal_defect"]
 
 logger = logging.getLogger("pipelines")
 
@@ -83,6 +83,11 @@ def check_sqlite_version(version: str | None = None) -> None:
 def wal_defect(version: str | None = None) -> bool:
     """Whether the linked SQLite has the WAL-reset defect (fixed in 3.51.3)."""
     return _version(version or sqlite3.sqlite_version) < WAL_FIXED
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says the file was busy or locked (what a retry waits out)."""
+    return _busy(exc)
 
 
 def _busy(exc: sqlite3.Error) -> bool:

@@ -29,7 +29,7 @@ import time
 from adapters.sqlite.connection import wal_defect
 from pipelines.engine.errors import ConfigurationError
 
-__all__ = ["me", "reap", "refuse_if_used", "register", "say_released"]
+__all__ = ["me", "note", "reap", "refuse_if_used", "register", "registered", "say_released"]
 
 logger = logging.getLogger("pipelines")
 
@@ -111,21 +111,29 @@ def refuse_if_used(conn: sqlite3.Connection, path: str) -> None:
                                  "migrate; nothing was changed")
 
 
-def register(conn: sqlite3.Connection, path: str) -> int:
-    """Note this process in the file and reap the dead (one transaction); how many processes use the file.
+def note(conn: sqlite3.Connection) -> tuple[int, list[int]]:
+    """Inside a write transaction: note this process in the file and reap the dead (see :func:`reap`)."""
+    conn.execute("INSERT OR REPLACE INTO processes (machine, pid, seen) VALUES (?, ?, ?)",
+                 (_machine(), os.getpid(), time.time()))
+    return reap(conn)
 
-    Warns once when that is more than one and the linked SQLite has the WAL-reset defect.
-    """
+
+def register(conn: sqlite3.Connection, path: str) -> int:
+    """Note this process in the file and reap the dead (one transaction); how many processes use the file."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute("INSERT OR REPLACE INTO processes (machine, pid, seen) VALUES (?, ?, ?)",
-                     (_machine(), os.getpid(), time.time()))
-        live, gone = reap(conn)
+        live, gone = note(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    return registered(path, live, gone)
+
+
+def registered(path: str, live: int, gone: list[int]) -> int:
+    """After :func:`note` committed: say which dead processes it released, and warn once when more than one
+    process uses the file and the linked SQLite has the WAL-reset defect; ``live``."""
     say_released(gone)
     if live > 1 and wal_defect() and path not in _WARNED:
         _WARNED.add(path)

@@ -27,7 +27,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from adapters.base import FENCED_KEPT, Feature
 from adapters.sqlite import processes, schema, writes
-from adapters.sqlite.connection import Database
+from adapters.sqlite.connection import Database, is_busy
 from adapters.sqlite.history import Histories
 from adapters.sqlite.reads import RECORD_COLUMNS, SQLiteReads, load_record
 from adapters.sqlite.wakeup import wakeup_for
@@ -113,8 +113,21 @@ class SQLiteStorage(SQLiteReads):
         """Every new connection: the schema must be this library's; the first one notes this process."""
         schema.check_schema(conn, self.path)
         if self._registered != os.getpid():
-            processes.register(conn, self.path)
+            try:
+                processes.register(conn, self.path)
+            except sqlite3.Error as exc:
+                if is_busy(exc):
+                    raise  # waited out and retried, as every open is
+                # A full disk or a read-only file: a reader (pipelines jobs, status, ui --read-only) still reads
+                # what sqlite3 reads; the first write notes this process, before any lease or claim names it.
+                return
             self._registered = os.getpid()  # after it went: a first write that met a busy file registers again
+
+    def _register(self) -> None:
+        """Note this process before its first write (its opening could not: a full disk, a read-only file)."""
+        live, gone = self._db.write(processes.note, "noting this process in the file", durable=False)
+        processes.registered(self.path, live, gone)
+        self._registered = os.getpid()
 
     def _now(self) -> float:
         return self._clock()
@@ -149,6 +162,10 @@ class SQLiteStorage(SQLiteReads):
 
     def _write(self, fn: Callable[[sqlite3.Connection], Any], what: str, *, wake: bool = False,
                durable: bool = True) -> Any:
+        if self._registered != os.getpid():
+            self._db.connection()  # opened, it notes this process when it can
+            if self._registered != os.getpid():  # a lease or claim names this process: it must be listed first
+                self._register()
         result = self._db.write(fn, what, durable=durable)
         if wake:
             self._wakeup.notify()

@@ -703,3 +703,32 @@ def test_a_release_of_dead_processes_that_rolled_back_is_not_logged(
     assert len(said) == 1 and said[0].endswith("is gone; its leases and claims are released"), said  # committed
     assert storage.lease_owner("j") is None
     storage.close()
+
+
+def test_a_reader_reads_a_file_it_cannot_write_and_its_first_write_notes_the_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from adapters.sqlite import processes
+
+    path = str(tmp_path / "ro.db")
+    made = SQLiteStorage(path)
+    made.create_job(record("j"))
+    made.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM processes")  # the maker is gone
+    real = processes.register
+
+    def cannot_write(conn: sqlite3.Connection, where: str) -> int:
+        raise sqlite3.OperationalError("attempt to write a readonly database")  # a full disk, a read-only mount
+
+    monkeypatch.setattr(processes, "register", cannot_write)
+    reader = SQLiteStorage(path)
+    got = reader.get_job("j")  # pipelines jobs / status / ui --read-only: what sqlite3 reads, this reads
+    assert got is not None and got.version == 1 and reader.count_jobs(JobStatus.RUNNING) == 1
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM processes").fetchone()[0] == 0  # nothing written
+    # Writable again: the first write (a lease names this process) notes the process before it.
+    assert reader.acquire_lease("j", "w", 30) is not None
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT pid FROM processes").fetchall() == [(os.getpid(),)]
+    monkeypatch.setattr(processes, "register", real)
+    reader.close()
