@@ -188,7 +188,8 @@ class SQLiteStorage(SQLiteReads):
         text, kept = self._kept.dump(commit.record, f"the record of job {commit.job_id!r}")
         texts = Texts(text, [dump_json(m, "a transcript message") for m in commit.append_messages],
                       dump_logs(commit.logs), dump_events(commit.events))
-        reply: CommitReply = self._write(lambda c: writes.apply_commit(c, commit, texts, self._clock()),
+        reply: CommitReply = self._write(lambda c: writes.apply_commit(c, commit, texts, self._clock(),
+                                                                       processes.me()),
                                          f"committing job {commit.job_id!r}", wake=bool(texts.events))
         self._kept.keep(commit.job_id, kept)
         return reply
@@ -196,7 +197,8 @@ class SQLiteStorage(SQLiteReads):
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         text = dump_json(value, f"result of step {key!r}")
         self._write(lambda c: writes.record_step(c, job_id, version=version, owner=owner, key=key, text=text,
-                                                 now=self._clock()), f"journaling step {key!r} of job {job_id!r}")
+                                                 now=self._clock(), proc=processes.me()),
+                    f"journaling step {key!r} of job {job_id!r}")
 
     def record_step_and_publish(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue,
                                 parts: Sequence[Event]) -> None:
@@ -205,7 +207,8 @@ class SQLiteStorage(SQLiteReads):
         lines = dump_events(parts)
 
         def both(conn: sqlite3.Connection) -> None:
-            writes.record_step(conn, job_id, version=version, owner=owner, key=key, text=text, now=self._clock())
+            writes.record_step(conn, job_id, version=version, owner=owner, key=key, text=text, now=self._clock(),
+                               proc=processes.me())
             writes.add_parts(conn, job_id, lines, durable=False)
 
         self._write(both, f"journaling step {key!r} of job {job_id!r}", wake=bool(lines))

@@ -109,17 +109,22 @@ def apply_create(conn: sqlite3.Connection, record: JobRecord, texts: Texts) -> N
 
 
 def fence(row: Sequence[object] | None, job_id: str, *, version: int, owner: str | None, now: float,
-          what: str) -> None:
-    """Raise :class:`StaleVersionError` unless the row ``(version, lease_owner, lease_expires)`` is at
-    ``version`` and, when ``owner`` is given, that owner's lease is live."""
+          what: str, proc: str | None = None) -> None:
+    """Raise :class:`StaleVersionError` unless the row ``(version, lease_owner, lease_expires, lease_proc)`` is
+    at ``version`` and, when ``owner`` is given, that owner's lease is live.
+
+    A lease of this process ``proc`` that ran out and that nobody took counts as live: the process stood still
+    or the clock stepped (see :func:`claim_due`), and no other worker can have written since (a take names its
+    own owner)."""
     if row is None:
         raise StaleVersionError(f"job {job_id!r} no longer exists; {what}")
-    stored, holder, expires = row
+    stored, holder, expires = row[:3]
     if stored != version:
         raise StaleVersionError(f"job {job_id!r} is at version {stored}; {what}")
     if owner is None:
         return
-    live = holder is not None and isinstance(expires, float | int) and expires > now
+    mine = proc is not None and len(row) > 3 and row[3] == proc
+    live = holder is not None and (mine or (isinstance(expires, float | int) and expires > now))
     if not live:
         raise StaleVersionError(f"job {job_id!r}: no worker holds its lease (this worker's lease expired); {what}")
     if holder != owner:
@@ -131,17 +136,19 @@ def fence(row: Sequence[object] | None, job_id: str, *, version: int, owner: str
 _COMMIT_READ = ("SELECT version, token, lease_owner, lease_expires, control, "
                 "(SELECT count(*) FROM inbox WHERE inbox.job_id = jobs.job_id), live_cut, "
                 "(SELECT max(pos) FROM messages WHERE messages.job_id = jobs.job_id), "
-                "(SELECT max(seq) FROM parts WHERE parts.job_id = jobs.job_id) FROM jobs WHERE job_id = ?")
+                "(SELECT max(seq) FROM parts WHERE parts.job_id = jobs.job_id), lease_proc FROM jobs WHERE job_id = ?")
 
 
-def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: float) -> CommitReply:
-    """Apply ``commit`` if the job is at its expected version (and lease); see the storage contract."""
+def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: float,
+                 proc: str | None = None) -> CommitReply:
+    """Apply ``commit`` if the job is at its expected version (and lease; ``proc``: this process, see
+    :func:`fence`); see the storage contract."""
     job_id = commit.job_id
     row = conn.execute(_COMMIT_READ, (job_id,)).fetchone()
     if row is not None and row[1] == commit.token and row[0] == commit.record.version:
         return CommitReply(row[4], int(row[5]))  # applied already: a retry of the same commit
-    fence(None if row is None else (row[0], row[2], row[3]), job_id, version=commit.expected_version,
-          owner=commit.owner, now=now, what=f"commit expected {commit.expected_version}")
+    fence(None if row is None else (row[0], row[2], row[3], row[9]), job_id, version=commit.expected_version,
+          owner=commit.owner, now=now, what=f"commit expected {commit.expected_version}", proc=proc)
     assert row is not None
     waiting = int(row[5])
     if commit.ends_run and waiting > commit.take_inbox:
@@ -160,11 +167,14 @@ def apply_commit(conn: sqlite3.Connection, commit: Commit, texts: Texts, now: fl
     conn.execute(
         "UPDATE jobs SET record = ?, version = ?, token = ?, status = ?, updated_at = ?, due_at = ?, finished_at = ?, "
         "claim_until = 0, journal_version = ?, live_cut = ?, "
-        # Let go, or lapsed before this commit (a retry, a forced cancel): not the next turn's interruption.
-        "lease_owner = CASE WHEN ? OR lease_expires <= ? THEN NULL ELSE lease_owner END, "
+        # Let go, or lapsed before this commit (a retry, a forced cancel): not the next turn's interruption. Kept
+        # by its own holder in this process (fenced as live above) it stays, for the lease keeper to renew.
+        "lease_owner = CASE WHEN ? OR (lease_expires <= ? AND NOT (lease_owner IS ? AND lease_proc IS ?)) "
+        "THEN NULL ELSE lease_owner END, "
         "control = CASE WHEN ? THEN NULL ELSE control END, pipeline = ? WHERE job_id = ?",
         (texts.record, commit.record.version, commit.token, status, updated, due, finished, commit.record.version,
-         cut, release, now, commit.clear_control, commit.record.pipeline, job_id))
+         cut, release, now, commit.owner, proc if commit.owner is not None else None, commit.clear_control,
+         commit.record.pipeline, job_id))
     if not commit.keep_journal:
         conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
     if commit.take_inbox > 0:
@@ -212,21 +222,22 @@ def expire_live(conn: sqlite3.Connection, *, after: tuple[float, str], upto: flo
 
 
 def record_step(conn: sqlite3.Connection, job_id: str, *, version: int, owner: str | None, key: str, text: str,
-                now: float) -> None:
+                now: float, proc: str | None = None) -> None:
     """Journal one step result under ``version``, fenced like a commit."""
     # The usual case in one statement: the job is at the version, its journal already holds this
     # version's steps (a commit leaves it at the version it wrote) and the lease is the owner's.
     if conn.execute(
             "INSERT OR REPLACE INTO journal (job_id, key, body) SELECT job_id, ?, ? FROM jobs WHERE job_id = ? "
-            "AND version = ? AND journal_version = ? AND (? IS NULL OR (lease_owner = ? AND lease_expires > ?))",
-            (key, text, job_id, version, version, owner, owner, now)).rowcount == 1:
+            "AND version = ? AND journal_version = ? AND (? IS NULL OR (lease_owner = ? "
+            "AND (lease_expires > ? OR lease_proc IS ?)))",
+            (key, text, job_id, version, version, owner, owner, now, proc)).rowcount == 1:
         return
-    row = conn.execute("SELECT version, lease_owner, lease_expires, journal_version FROM jobs WHERE job_id = ?",
-                       (job_id,)).fetchone()
-    fence(None if row is None else row[:3], job_id, version=version, owner=owner, now=now,
-          what=f"step {key!r} at version {version} not recorded")
+    row = conn.execute("SELECT version, lease_owner, lease_expires, lease_proc, journal_version FROM jobs "
+                       "WHERE job_id = ?", (job_id,)).fetchone()
+    fence(None if row is None else row[:4], job_id, version=version, owner=owner, now=now,
+          what=f"step {key!r} at version {version} not recorded", proc=proc)
     assert row is not None
-    if row[3] != version:  # the first step of this version: the journal of an older one goes
+    if row[4] != version:  # the first step of this version: the journal of an older one goes
         conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
         conn.execute("UPDATE jobs SET journal_version = ? WHERE job_id = ?", (version, job_id))
     conn.execute("INSERT OR REPLACE INTO journal (job_id, key, body) VALUES (?, ?, ?)", (job_id, key, text))

@@ -299,3 +299,40 @@ def test_a_file_migrated_under_the_poller_stops_it_with_one_error_line(
         assert not poller.is_alive()  # not a retry every poll, for ever
     said = [r for r in caplog.records if r.levelname in ("ERROR", "WARNING") and "local scheduler" in r.getMessage()]
     assert len(said) == 1 and "stopped claiming" in said[0].getMessage() and said[0].exc_info is None, said
+
+
+def test_a_request_for_a_job_a_thread_runs_waits_for_it_even_when_its_lease_looks_run_out(tmp_path: Path) -> None:
+    # The whole process stood still or the clock stepped forward: the turn's lease looks run out until the lease
+    # keeper renews it. A request then (the sweep's requeue of the overdue job) must not start the turn again.
+    class Clock:
+        now = time.time()
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    started: list[str] = []
+    go = threading.Event()
+
+    def slow(ctx: PhaseContext[Any]) -> Done:
+        started.append(threading.current_thread().name)
+        go.wait(10)
+        return Done(result=len(started))
+
+    app = App(storage=SQLiteStorage(str(tmp_path / "s.db"), clock=clock),
+              scheduler=LocalScheduler(workers=2, poll=0.05, sweep_interval=0), pipelines={"p": [Phase("a", slow)]},
+              provenance=False, lease_seconds=60)
+    scheduler: LocalScheduler = app.scheduler  # type: ignore[assignment]
+    with scheduler:
+        app.run_pipeline("p", job_id="j")
+        deadline = time.monotonic() + 10
+        while not started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clock.now += 3600
+        scheduler.requeue("j")
+        time.sleep(0.5)  # ten polls: a free worker had every chance to take the request
+        assert len(started) == 1
+        go.set()
+        wait_for(app, ["j"])
+    got = app.storage.get_job("j")
+    assert got is not None and got.status is JobStatus.COMPLETE and got.result == 1

@@ -21,7 +21,7 @@ from adapters.memory import MemoryScheduler
 from adapters.sqlite import SQLiteStorage, connection, schema
 from adapters.sqlite.connection import wal_defect
 from pipelines import Agent, App, JobStatus, tool
-from pipelines.engine.errors import ConfigurationError
+from pipelines.engine.errors import ConfigurationError, StaleVersionError
 from pipelines.engine.models import Checkpoint, Commit, Event, JobRecord, TurnMark, Usage, dump_record
 from pipelines.testing import ScriptedModel, call, reply
 
@@ -666,11 +666,21 @@ def test_a_process_does_not_take_over_its_own_turn_after_it_stood_still(tmp_path
     clock.now += 3600  # the process stood still for an hour (or the clock stepped): every lease looks run out
     # The dead process's turn is taken over; this live process's own is not (its worker thread still runs it).
     assert storage.claim_due(1e12, limit=5, hold=60) == ["theirs"]
-    # When the process runs again its lease keeper renews the lease nobody took, and the turn goes on.
+    # Its worker thread journals its step and commits before the lease keeper looked again: nobody took the
+    # lease, so that is not fenced off (which would run the turn's tools again, one after the other).
+    storage.record_step("mine", version=1, owner="worker-1", key="tool:1", value="done")
+    rec = record("mine")
+    storage.commit(Commit(job_id="mine", expected_version=1, token="t1", owner="worker-1", release_lease=False,
+                          record=rec.model_copy(update={"version": 2})))
+    # When the process runs again its lease keeper renews the lease nobody took (the commit kept it, as it
+    # asked), and the turn goes on.
     assert storage.renew_lease("mine", "worker-1", 10) is True
     assert storage.lease_state("mine") == ("worker-1", False)
     storage.release_lease("mine", "worker-1")
     assert storage.claim_due(1e12, limit=5, hold=60) == ["mine"]  # let go: claimed as ever
+    # A lease of the dead process that ran out fences its worker off, as ever.
+    with pytest.raises(StaleVersionError):
+        storage.record_step("theirs", version=1, owner="dead-worker", key="tool:1", value="late")
     storage.close()
 
 
