@@ -139,18 +139,15 @@ class SQLiteStorage(SQLiteReads):
     def migrate(self) -> tuple[int, int]:
         """Upgrade the file's schema to this library's; ``(from, to)`` versions (``pipelines migrate``).
 
-        Refused, with nothing changed: a file that does not exist (a mistyped path must not become a new,
-        empty database "upgraded from version 0"; the first process to open a new file makes it at this
-        version), and a file another live process of this machine has open (it would fail every write after).
-        SQLite's errors end as the library's (a busy file is waited for and retried as every write is).
+        A file that does not exist is made at this version: ``(0, version)`` (``pipelines migrate`` refuses a
+        missing path first: a typo must not become a new, empty database). Refused, with nothing changed: a file
+        another live process of this machine has open (it would fail every write after). SQLite's errors end as
+        the library's (a busy file is waited for and retried as every write is).
         """
-        if not os.path.isfile(self.path):
-            raise ConfigurationError(f"{self.path} does not exist (or is not a file): nothing to migrate. Is the "
-                                     "path right? A new file needs no migration: the first process makes it")
+        mode = "rw" if os.path.isfile(self.path) else "rwc"  # rw: a file that goes after the check is not made anew
 
         def run() -> tuple[int, int]:
-            # mode=rw: SQLite opens the file as it is and never creates one (the file may go after the check).
-            conn = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=self._db.busy_timeout,
+            conn = sqlite3.connect(f"file:{quote(self.path)}?mode={mode}", uri=True, timeout=self._db.busy_timeout,
                                    isolation_level=None)
             try:
                 return schema.migrate(conn, self.path, lambda c: processes.refuse_if_used(c, self.path))

@@ -95,8 +95,11 @@ def register(add: AddCommand, load: LoadApp) -> None:
 
     def cmd_migrate(args: argparse.Namespace, out: TextIO) -> int:
         app = load(args.app)
-        before, after = app.migrate_storage()
         where = app.storage_path or ""
+        if where and not os.path.isfile(where):  # a mistyped path would become a new, empty database
+            raise ConfigurationError(f"{where} does not exist (or is not a file): nothing to migrate. Is the path "
+                                     "right? A new file needs no migration: the first process makes it")
+        before, after = app.migrate_storage()
         if before == after:
             print(f"{where}: schema already at version {after}; nothing to do", file=out)
         else:
