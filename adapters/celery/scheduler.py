@@ -211,7 +211,8 @@ def register_advance_task(celery_app: Celery, app: str | None = None) -> Any:
         return celery_app.tasks[ADVANCE_TASK]
     from celery import signals
 
-    signals.worker_init.connect(_check_soft_limit, weak=False, dispatch_uid="phaserunner-soft-limit")
+    signals.worker_init.connect(_soft_limit_check(celery_app), weak=False,
+                                dispatch_uid=f"phaserunner-soft-limit-{id(celery_app)}")
     # shared=False: a shared task would be added to every Celery app this process finalizes later.
     # soft_time_limit: the task's own, so the app's task_soft_time_limit does not apply to it (see NO_SOFT_LIMIT).
     return celery_app.task(name=ADVANCE_TASK, serializer="json", acks_late=True, reject_on_worker_lost=True,
@@ -219,15 +220,23 @@ def register_advance_task(celery_app: Celery, app: str | None = None) -> Any:
                            )(_advance_with(celery_app, app))
 
 
-def _check_soft_limit(sender: Any = None, **_: Any) -> None:
-    """At a worker's start: warn when ``task_annotations`` gave the advance task a soft time limit after all."""
-    tasks = getattr(getattr(sender, "app", None), "tasks", None)
-    task = tasks.get(ADVANCE_TASK) if tasks is not None else None
-    limit = getattr(task, "soft_time_limit", NO_SOFT_LIMIT)
-    if task is not None and limit != NO_SOFT_LIMIT:
-        logger.warning("%s has soft_time_limit=%r (task_annotations?): a turn past it fails its job for good "
-                       "(SoftTimeLimitExceeded is taken for the job's own error); remove it and bound turns with "
-                       "tool and model timeouts", ADVANCE_TASK, limit)
+def _soft_limit_check(celery_app: Celery) -> Any:
+    """A ``worker_init`` receiver: at the start of a worker of ``celery_app``, warn when ``task_annotations`` gave
+    the advance task a soft time limit after all."""
+
+    held = weakref.ref(celery_app)  # the signal keeps its receivers for good: not the Celery app with them
+
+    def check(sender: Any = None, **_: Any) -> None:
+        app = held()
+        if app is None or sender is None or sender.app is not app:  # the sender: the starting worker
+            return
+        limit = app.tasks[ADVANCE_TASK].soft_time_limit
+        if limit != NO_SOFT_LIMIT:
+            logger.warning("%s has soft_time_limit=%r (task_annotations?): a turn past it fails its job for good "
+                           "(SoftTimeLimitExceeded is taken for the job's own error); remove it and bound turns "
+                           "with tool and model timeouts", ADVANCE_TASK, limit)
+
+    return check
 
 
 class CeleryScheduler:
