@@ -19,7 +19,7 @@ from adapters.sqlite import SQLiteStorage
 from adapters.sqlite.connection import wal_defect
 from adapters.sqlite.schema import SCHEMA_VERSION
 from pipelines.app import App
-from pipelines.engine.errors import ConfigurationError, PipelineError
+from pipelines.engine.errors import ConfigurationError
 from pipelines.engine.models import JobStatus
 
 __all__ = ["DEFAULT_DB", "dev_app", "summary"]
@@ -53,15 +53,7 @@ def dev_app(app: App, *, db: str | None = None, workers: int = 4) -> App:
 def _chosen_flow_store(app: App) -> Any:
     """The flow store the app was given (``App(flow_store=...)``), else ``None``: the twin then keeps its flow
     state in its own file, not in the storage it replaces (whose default store would be a memory one)."""
-    store = app.flow.store
-    own = getattr(app.storage, "flow_store", None)
-    if store is None or not callable(own):
-        return store
-    try:
-        default = own()
-    except PipelineError:  # a storage that cannot make one: the app's store was its own choice
-        return store
-    return None if default is store else store
+    return None if app.flow.storage_default else app.flow.store
 
 
 def _counts(app: App) -> str:

@@ -351,9 +351,12 @@ def flow_control(storage: Storage, scheduler: Scheduler, rate_limits: Sequence[f
     """The App's flow control; its state in ``store``, else the storage's own (``storage.flow_store()``)."""
     if isinstance(rate_limits, flow.RateLimit) or not isinstance(rate_limits, Sequence):
         raise InvalidInputError(f"rate_limits must be a list of RateLimit, got {type(rate_limits).__name__}")
-    if store is None and (rate_limits or concurrency):
+    default = store is None and bool(rate_limits or concurrency)
+    if default:
         capable = as_feature(storage, Feature.FLOW, FlowCapable)  # type: ignore[type-abstract]
         store = capable.flow_store() if capable is not None else None
     # A slot outlives a lease by a little, so a worker that holds its lease keeps its slot too.
-    return flow.FlowControl(store, rate_limits=rate_limits, concurrency=concurrency,
-                            slot_seconds=lease_seconds * 1.5, clock=scheduler.now)
+    control = flow.FlowControl(store, rate_limits=rate_limits, concurrency=concurrency,
+                               slot_seconds=lease_seconds * 1.5, clock=scheduler.now)
+    control.storage_default = default
+    return control

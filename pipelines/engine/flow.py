@@ -274,6 +274,7 @@ class FlowControl:
                  concurrency: Mapping[str, int] | None = None, slot_seconds: float = 60.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.storage_default = False  #: the store is the storage's own (App(flow_store=...) named none)
         self.clock = clock
         self.limits: dict[str, RateLimit] = {}
         for limit in rate_limits:
