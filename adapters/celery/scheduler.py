@@ -47,8 +47,8 @@ The task is declared ``acks_late=True`` and ``reject_on_worker_lost=True``
 too, for its other tasks). Why: with early acks a worker killed mid-turn has
 already acknowledged the message, and only the sweep would recover the job;
 with late acks the broker delivers it again, and the job's lease fences the
-redelivery against a turn that is still running somewhere. The task takes no
-soft time limit, whatever ``task_soft_time_limit`` says (:data:`NO_SOFT_LIMIT`).
+redelivery against a turn that is still running somewhere. No soft time limit
+should apply to it: a worker warns at start of one that does (``_soft_limit_check``).
 """
 
 from __future__ import annotations
@@ -90,13 +90,6 @@ ADVANCE_TASK = "phaserunner.advance"
 _ENTRIES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 REFUSED = "refused"
 """What the advance task returns for a message its worker refuses (logged as one line, no traceback)."""
-NO_SOFT_LIMIT = 100 * 365 * 86400.0
-"""The advance task's ``soft_time_limit``: never reached, so the Celery app's ``task_soft_time_limit`` (the
-default of a task that sets none) does not apply. A soft limit raises ``SoftTimeLimitExceeded``, an ordinary
-``Exception``, wherever the turn is: in a tool or a model call it would be taken for the job's own error and
-fail the job for good; in the library's own code it could land anywhere. A hard ``task_time_limit`` still
-applies (the pool process is killed, and the job's lease brings the turn back); bound a turn with tool and
-model timeouts."""
 DEFAULT_NAMESPACE = "pr"
 """The storage key prefix a scheduler assumes when it is given none (RedisStorage's default)."""
 
@@ -214,15 +207,18 @@ def register_advance_task(celery_app: Celery, app: str | None = None) -> Any:
     signals.worker_init.connect(_soft_limit_check(celery_app), weak=False,
                                 dispatch_uid=f"phaserunner-soft-limit-{id(celery_app)}")
     # shared=False: a shared task would be added to every Celery app this process finalizes later.
-    # soft_time_limit: the task's own, so the app's task_soft_time_limit does not apply to it (see NO_SOFT_LIMIT).
     return celery_app.task(name=ADVANCE_TASK, serializer="json", acks_late=True, reject_on_worker_lost=True,
-                           ignore_result=True, shared=False, soft_time_limit=NO_SOFT_LIMIT,
-                           )(_advance_with(celery_app, app))
+                           ignore_result=True, shared=False)(_advance_with(celery_app, app))
 
 
 def _soft_limit_check(celery_app: Celery) -> Any:
-    """A ``worker_init`` receiver: at the start of a worker of ``celery_app``, warn when ``task_annotations`` gave
-    the advance task a soft time limit after all."""
+    """A ``worker_init`` receiver: at the start of a worker of ``celery_app``, warn when a soft time limit applies
+    to the advance task (``task_soft_time_limit``, ``--soft-time-limit``, ``task_annotations``).
+
+    A soft limit raises ``SoftTimeLimitExceeded``, an ordinary ``Exception``, wherever the turn is: in a tool or a
+    model call it is taken for the job's own error and fails the job for good. The task cannot opt out of the
+    worker's default (the pool applies it to every task that sets none), and a soft limit of its own would keep
+    the pool from arming the hard ``task_time_limit`` (armed when the soft one fires): so it is said, not hidden."""
 
     held = weakref.ref(celery_app)  # the signal keeps its receivers for good: not the Celery app with them
 
@@ -230,11 +226,12 @@ def _soft_limit_check(celery_app: Celery) -> Any:
         app = held()
         if app is None or sender is None or sender.app is not app:  # the sender: the starting worker
             return
-        limit = app.tasks[ADVANCE_TASK].soft_time_limit
-        if limit != NO_SOFT_LIMIT:
-            logger.warning("%s has soft_time_limit=%r (task_annotations?): a turn past it fails its job for good "
-                           "(SoftTimeLimitExceeded is taken for the job's own error); remove it and bound turns "
-                           "with tool and model timeouts", ADVANCE_TASK, limit)
+        limit = app.tasks[ADVANCE_TASK].soft_time_limit or sender.soft_time_limit
+        if limit:
+            logger.warning("a soft time limit of %rs applies to %s (task_soft_time_limit, --soft-time-limit or "
+                           "task_annotations): a turn past it fails its job for good (SoftTimeLimitExceeded is "
+                           "taken for the job's own error); leave it unset for this worker and bound turns with "
+                           "tool and model timeouts (a hard task_time_limit is fine)", limit, ADVANCE_TASK)
 
     return check
 

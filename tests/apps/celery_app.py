@@ -9,8 +9,6 @@ the phaserunner App they advance with is ``tests.apps.celery_app:app``
     CELERY_LEASE       App lease seconds (default 60; the kill test uses 2)
     CELERY_ALIVE_TTL   seconds a killed worker process stays on the workers page (default 10; the kill test uses 3)
     FAKE_OPENAI_BASE   the W1 fake OpenAI server (tests/fake_openai.py) for the agents
-    CELERY_SOFT_TIME_LIMIT  the Celery app's task_soft_time_limit (default: none), which the advance task
-                       must not inherit: the ``nap`` pipeline's one phase sleeps ``state["seconds"]``
     CELERY_STALL_KEY   an idempotency key: the first time the reconcile agent's
                        ``add`` applies it, the worker records ``"<key> <pid>"``
                        in the list ``celery-test:stalled`` and sleeps (the test
@@ -30,7 +28,7 @@ from celery import Celery
 
 from adapters.celery import CeleryScheduler
 from adapters.redis import RedisStorage
-from pipelines import Agent, Done, Phase, PhaseContext, Tool, ToolContext
+from pipelines import Agent, Tool, ToolContext
 from pipelines.app import App
 from tests.apps import chaos_app
 
@@ -39,7 +37,7 @@ STALLED = "celery-test:stalled"
 
 
 def make_celery(url: str, *, main: str = "phaserunner-tests", visibility_timeout: float = 3600,
-                alive_ttl: float | None = None, soft_time_limit: float | None = None) -> Celery:
+                alive_ttl: float | None = None) -> Celery:
     """A Celery app on ``url`` as the docs recommend: JSON only, late acks, a killed worker's task redelivered."""
     celery = Celery(main, broker=url, set_as_current=False)
     if alive_ttl is not None:
@@ -49,7 +47,6 @@ def make_celery(url: str, *, main: str = "phaserunner-tests", visibility_timeout
         task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
         broker_transport_options={"visibility_timeout": visibility_timeout},
-        task_soft_time_limit=soft_time_limit,
     )
     return celery
 
@@ -74,20 +71,13 @@ def _agents(base: str, client: Any, stall_key: str | None) -> list[Agent]:
 
 
 def build(url: str, base: str | None, *, queue: str = "pipelines", lease: float = 60.0,
-          stall_key: str | None = None, alive_ttl: float | None = None,
-          soft_time_limit: float | None = None) -> tuple[Celery, App]:
+          stall_key: str | None = None, alive_ttl: float | None = None) -> tuple[Celery, App]:
     """The Celery app and the phaserunner App of one test run."""
-    celery = make_celery(url, alive_ttl=alive_ttl, soft_time_limit=soft_time_limit)
+    celery = make_celery(url, alive_ttl=alive_ttl)
     storage = RedisStorage.from_url(url)
     scheduler = CeleryScheduler.for_storage(celery, storage, queue=queue, app=APP_PATH)
     agents = _agents(base, storage.client, stall_key) if base else []
-    return celery, App(storage=storage, scheduler=scheduler, agents=agents, lease_seconds=lease,
-                       pipelines={"nap": [Phase("nap", _nap)]})
-
-
-def _nap(ctx: PhaseContext[Any]) -> Done:
-    time.sleep(float(ctx.state["seconds"]))
-    return Done(result="rested")
+    return celery, App(storage=storage, scheduler=scheduler, agents=agents, lease_seconds=lease)
 
 
 def _from_env() -> tuple[Celery | None, App | None]:
@@ -96,9 +86,7 @@ def _from_env() -> tuple[Celery | None, App | None]:
         return None, None
     return build(url, os.environ.get("FAKE_OPENAI_BASE"), queue=os.environ.get("CELERY_QUEUE", "pipelines"),
                  lease=float(os.environ.get("CELERY_LEASE", "60")), stall_key=os.environ.get("CELERY_STALL_KEY"),
-                 alive_ttl=float(os.environ["CELERY_ALIVE_TTL"]) if os.environ.get("CELERY_ALIVE_TTL") else None,
-                 soft_time_limit=float(os.environ["CELERY_SOFT_TIME_LIMIT"])
-                 if os.environ.get("CELERY_SOFT_TIME_LIMIT") else None)
+                 alive_ttl=float(os.environ["CELERY_ALIVE_TTL"]) if os.environ.get("CELERY_ALIVE_TTL") else None)
 
 
 celery, app = _from_env()

@@ -224,24 +224,28 @@ def test_a_message_the_worker_refuses_is_one_log_line_with_no_traceback(
 
 
 class _Worker:
-    """What a worker_init signal's sender has that the check reads: the worker's Celery app."""
+    """What a worker_init signal's sender has that the check reads: the worker's Celery app and soft limit."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, soft_time_limit: float | None = None) -> None:
         self.app = app
+        self.soft_time_limit = soft_time_limit
 
 
-def test_the_advance_task_takes_no_soft_time_limit_and_a_worker_warns_of_one_annotated_on_it(
+def test_a_worker_warns_at_start_when_a_soft_time_limit_applies_to_the_advance_task(
         caplog: pytest.LogCaptureFixture) -> None:
+    # SoftTimeLimitExceeded inside a turn is taken for the job's own error and fails the job for good; the task
+    # cannot opt out (the pool's default applies to it, and a soft limit of its own would disarm the hard one).
     from celery import signals
 
-    from adapters.celery.scheduler import NO_SOFT_LIMIT
-
-    plain = make_celery("redis://127.0.0.1:1/0", soft_time_limit=3)  # the app's default for its other tasks
-    assert CeleryScheduler(plain, queue="q").task.soft_time_limit == NO_SOFT_LIMIT
-    annotated = make_celery("redis://127.0.0.1:1/0", soft_time_limit=3)
+    plain, conf, flag, annotated = (make_celery("redis://127.0.0.1:1/0") for _ in range(4))
+    conf.conf.task_soft_time_limit = 30
     annotated.conf.task_annotations = {ADVANCE_TASK: {"soft_time_limit": 60}}
-    CeleryScheduler(annotated, queue="q")
-    for app in (plain, annotated):
-        signals.worker_init.send(sender=_Worker(app))  # as a starting worker of that app does
+    for app in (plain, conf, flag, annotated):
+        CeleryScheduler(app, queue="q")
+    assert CeleryScheduler(plain, queue="q").task.soft_time_limit is None  # the hard task_time_limit stays armed
+    signals.worker_init.send(sender=_Worker(plain))
+    assert [r for r in caplog.records if r.name == "adapters.celery.scheduler"] == []
+    for worker in (_Worker(conf, 30), _Worker(flag, 45), _Worker(annotated)):  # the worker's default, or the task's
+        signals.worker_init.send(sender=worker)
     warned = [r.getMessage() for r in caplog.records if r.name == "adapters.celery.scheduler"]
-    assert len(warned) == 1 and "soft_time_limit=60" in warned[0], warned
+    assert [w.split(" applies")[0] for w in warned] == [f"a soft time limit of {n}s" for n in (30, 45, 60)], warned

@@ -124,19 +124,3 @@ def test_a_worker_killed_mid_tool_call_is_recovered_with_no_duplicate_effect(red
     view = app.get(victim_job)
     assert view is not None and view.status is JobStatus.COMPLETE
     client.close()
-
-
-def test_the_apps_soft_time_limit_does_not_apply_to_a_turn(redis_url: str, cluster: Cluster) -> None:
-    # A soft time limit raises SoftTimeLimitExceeded (an Exception) inside the turn, which would be taken for
-    # the job's own error and fail it for good: the advance task sets its own, never reached.
-    _celery, app = celery_app.build(redis_url, None, queue=QUEUE, soft_time_limit=1)
-    cluster.start(["-m", "celery", "-A", "tests.apps.celery_app:celery", "worker", "-Q", QUEUE, "-P", "prefork",
-                   "-c", "1", "-n", "soft@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-                   "-l", "WARNING"], "soft", CELERY_QUEUE=QUEUE, CELERY_SOFT_TIME_LIMIT="1")
-    app.run_pipeline("nap", job_id="nap-1", initial_state={"seconds": 2.5})  # past the app's soft limit
-
-    view = wait_for("the napping job ends", lambda: (v := app.get("nap-1")) and v.status is not JobStatus.RUNNING
-                    and v, 60, cluster.logs)
-    assert view.status is JobStatus.COMPLETE, (view.record.error, cluster.logs())
-    assert view.record.result == "rested"
-    app.storage.close()  # type: ignore[attr-defined]
