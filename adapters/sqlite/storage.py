@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar
@@ -94,6 +95,11 @@ class SQLiteStorage(SQLiteReads):
         self._wakeup = wakeup_for(self.path)
         self._kept = Histories()  # the records this process committed lately, their history apart
         self._registered = 0  # pid that noted itself in the file's process table
+        # Owners of the leases this process took and has not let go: claim_due passes over a run-out lease of this
+        # process only if it is one of these (a turn a worker thread still runs). One of a dead process whose pid
+        # this one reuses, or one whose release failed, is an orphan: claimed as any run-out lease.
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteStorage:
@@ -189,7 +195,13 @@ class SQLiteStorage(SQLiteReads):
                                                                        processes.me()),
                                          f"committing job {commit.job_id!r}", wake=bool(texts.events))
         self._kept.keep(commit.job_id, kept)
+        if commit.release_lease and commit.owner is not None:
+            self._let_go(commit.owner)
         return reply
+
+    def _let_go(self, owner: str) -> None:
+        with self._held_lock:
+            self._held.discard(owner)
 
     def record_step(self, job_id: str, *, version: int, owner: str | None, key: str, value: JSONValue) -> None:
         text = dump_json(value, f"result of step {key!r}")
@@ -279,6 +291,9 @@ class SQLiteStorage(SQLiteReads):
             return load_record(conn, rows[0], self._kept) if rows else None
 
         record: JobRecord | None = self._write(take, f"leasing job {job_id!r}", durable=False)
+        if record is not None:
+            with self._held_lock:
+                self._held.add(owner)
         return record
 
     def renew_lease(self, job_id: str, owner: str, ttl: float) -> bool:
@@ -296,15 +311,18 @@ class SQLiteStorage(SQLiteReads):
         return renewed
 
     def release_lease(self, job_id: str, owner: str) -> None:
+        self._let_go(owner)  # first: a release that fails leaves an orphan, claimed once it runs out
         self._write(lambda c: c.execute("UPDATE jobs SET lease_owner = NULL WHERE job_id = ? AND lease_owner = ?",
                                         (job_id, owner)), f"releasing the lease of job {job_id!r}", durable=False)
 
     # --- for the local scheduler and flow control ---------------------------------------------
     def claim_due(self, cut: float, *, limit: int, hold: float, pipelines: Collection[str] | None = None) -> list[str]:
         """Claim running jobs due at ``cut`` that no worker leases or claimed (see :func:`writes.claim_due`)."""
+        with self._held_lock:
+            held = sorted(self._held)
         claimed: list[str] = self._write(lambda c: writes.claim_due(c, cut=cut, now=self._clock(), hold=hold,
                                                                     limit=limit, proc=processes.me(),
-                                                                    pipelines=pipelines),
+                                                                    pipelines=pipelines, held=held),
                                          "claiming due jobs", durable=False)
         return claimed
 

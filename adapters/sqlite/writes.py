@@ -269,7 +269,7 @@ def delete(conn: sqlite3.Connection, job_id: str, if_version: int | None) -> boo
 
 
 def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, limit: int,
-              proc: str, pipelines: Collection[str] | None = None) -> list[str]:
+              proc: str, pipelines: Collection[str] | None = None, held: Collection[str] = ()) -> list[str]:
     """Claim up to ``limit`` running jobs due at ``cut``, not leased and not claimed: one ``UPDATE ... RETURNING``.
 
     A claim keeps other claimers (threads, processes) off the job for
@@ -279,9 +279,9 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
     file may run pipelines this one does not: its jobs are left to it, not
     held for ``hold`` seconds by a process that can only refuse them.
 
-    A lease of this very process (``lease_proc`` is ``proc``) is never taken,
-    even run out: this process is alive, so a worker thread of it holds the
-    turn, and its lease ran out only because the whole process stood still
+    A lease this very process holds (``lease_proc`` is ``proc`` and its owner is
+    one of ``held``) is never taken, even run out: a worker thread of this live
+    process runs the turn, and its lease ran out only because the whole process stood still
     (Ctrl-Z, a laptop asleep) or the wall clock stepped forward. Its lease
     keeper renews it when the process runs again (``SQLiteStorage.renew_lease``); claiming it
     would start the turn's tools a second time beside the first run.
@@ -294,10 +294,11 @@ def claim_due(conn: sqlite3.Connection, *, cut: float, now: float, hold: float, 
             if pipelines is not None else "")
     sql = ("UPDATE jobs SET claim_until = :until, claim_proc = :proc WHERE job_id IN (SELECT job_id FROM jobs "
            "INDEXED BY jobs_due_pipeline WHERE due_at IS NOT NULL AND due_at <= :cut AND claim_until <= :now "
-           "AND (lease_owner IS NULL OR (lease_expires <= :now AND lease_proc IS NOT :proc)) "
+           "AND (lease_owner IS NULL OR (lease_expires <= :now AND (lease_proc IS NOT :proc "
+           "OR lease_owner NOT IN (SELECT value FROM json_each(:held))))) "
            f"{only}ORDER BY due_at, job_id LIMIT :count) "
            "RETURNING job_id, due_at")
-    rows = conn.execute(sql, {"until": now + hold, "proc": proc, "cut": cut, "now": now,
+    rows = conn.execute(sql, {"until": now + hold, "proc": proc, "cut": cut, "now": now, "held": json.dumps(held),
                               "names": json.dumps(sorted(pipelines or ())), "count": max(0, min(limit, 1 << 31))}
                         ).fetchall()
     return [job_id for job_id, _ in sorted(rows, key=lambda r: (r[1], r[0]))]

@@ -684,6 +684,27 @@ def test_a_process_does_not_take_over_its_own_turn_after_it_stood_still(tmp_path
     storage.close()
 
 
+def test_a_run_out_lease_naming_this_process_that_no_thread_of_it_holds_is_claimed(tmp_path: Path) -> None:
+    # An orphan: left by a dead process whose pid (and pid namespace) this one reuses (a restarted container's
+    # pid 1), or by a release that failed. It named this process, so it was never claimed: the job stayed running.
+    from adapters.sqlite import processes
+
+    path = str(tmp_path / "orphan.db")
+    clock = _Clock()
+    storage = SQLiteStorage(path, clock=clock)
+    storage.create_job(record("orphan"))
+    storage.create_job(record("held"))
+    assert storage.acquire_lease("held", "worker-1", 10) is not None
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE jobs SET lease_owner = 'ghost', lease_expires = ?, lease_proc = ? WHERE job_id = "
+                     "'orphan'", (clock.now + 10, processes.me()))
+    conn.close()
+    clock.now += 3600
+    assert storage.claim_due(1e12, limit=5, hold=60) == ["orphan"]  # not 'held': a thread of this process runs it
+    storage.close()
+
+
 def test_a_release_of_dead_processes_that_rolled_back_is_not_logged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from adapters.sqlite import processes
