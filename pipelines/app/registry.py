@@ -9,6 +9,7 @@ registry never imports the agent module, so the App sits below it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from pipelines.app.face import App
 
 __all__ = ["PipelineSource", "Registry", "TitledSource", "named_pipelines"]
+
+logger = logging.getLogger("pipelines")
 
 
 def named_pipelines(pipelines: object) -> list[tuple[str, Any]]:
@@ -129,7 +132,13 @@ class Registry:
         # the title agent only if it is registered with the agent, not when a run first starts one.
         title = getattr(getattr(agent, "config", None), "title_agent", None)
         if isinstance(title, PipelineSource) and self.agents.get(title.name) is not title:
-            self.add_agent(title)
+            if title.name == agent.name or (title.name in self.pipelines and not replace):
+                # As before it was registered here: this agent's conversations get no title (the title job's
+                # start is refused and logged), the app is built all the same.
+                logger.warning("agent %r: its title agent is not registered: the name %r is taken by another "
+                               "agent or pipeline (give the title agent a name of its own)", agent.name, title.name)
+            else:
+                self.add_agent(title, replace=replace)
 
     def _add_children(self, holders: Iterable[Any]) -> None:
         """Register the agents that tools and phases run as child jobs, so workers know their pipelines."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from adapters.memory import MemoryScheduler
+from adapters.memory import MemoryScheduler, MemoryStorage
 from adapters.redis import RedisStorage
 from phases.titles import title_job_id
 from pipelines import Agent, App, JobStatus
@@ -193,3 +193,32 @@ def test_a_title_job_runs_on_a_worker_that_did_not_start_it(adapters: tuple[Any,
     assert "namer" in other.registry.names
     other.advance(title_job_id("t9"))
     assert other.get("t9").title == "A greeting"
+
+
+def test_a_title_agent_whose_name_is_taken_is_not_registered_and_the_app_is_built_all_the_same(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Registering title agents with their agent refused configurations that built before: two agents with title
+    # agents of one name (a factory each), an agent and its title agent both left named "agent"; and a reload
+    # with replace=True raised halfway.
+    import logging
+
+    storage, scheduler, _ = memory()
+
+    def chat(name: str, namer_name: str = "namer") -> Agent:
+        namer = Agent(name=namer_name, model=ScriptedModel(lambda msgs: '{"title": "T"}'), output_schema=Title)
+        return Agent(name=name, model=ScriptedModel(lambda msgs: "hi"), title_agent=namer)
+
+    with caplog.at_level(logging.WARNING, logger="pipelines"):
+        app = App(storage=storage, scheduler=scheduler, agents=[chat("one"), chat("two")])
+        lone = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), agents=[chat("agent", namer_name="agent")])
+    said = [r.getMessage() for r in caplog.records]
+    assert any("agent 'two': its title agent is not registered: the name 'namer' is taken" in m for m in said), said
+    assert any("agent 'agent': its title agent is not registered" in m for m in said), said
+    assert app.registry.names == ["namer", "one", "two"] and lone.registry.names == ["agent"]
+    assert lone.agents["agent"].config.title_agent is not None  # type: ignore[attr-defined]  # the chat agent kept
+    app.run_agent("one", job_id="c1", messages=["hello"])
+    app.drain()
+    assert app.get("c1").title == "T"
+    rebuilt = chat("one")
+    app.add_agent(rebuilt, replace=True)  # a reload: the new title agent replaces the old one
+    assert app.agents["one"] is rebuilt and app.agents["namer"] is rebuilt.config.title_agent  # type: ignore[attr-defined]
