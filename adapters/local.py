@@ -150,8 +150,9 @@ class LocalScheduler:
     def drain(self, *, max_advances: int = 1_000_000) -> int:
         """Run requests in this thread until none is left, sleeping until delayed ones are due; how many ran.
 
-        Started, the worker threads run them: 0 (no job's turn in the caller's thread; ``run.wait()`` polls storage)."""
-        if self.running:
+        Started, the worker threads run them: 0 (no job's turn in the caller's thread; ``run.wait()`` polls storage),
+        unless none does (``workers=0``, or stopped: a thread left finishing a long turn runs no more requests)."""
+        if not self._stop.is_set() and self.threads():
             return 0
         ran = 0
         while True:

@@ -336,3 +336,29 @@ def test_a_request_for_a_job_a_thread_runs_waits_for_it_even_when_its_lease_look
         wait_for(app, ["j"])
     got = app.storage.get_job("j")
     assert got is not None and got.status is JobStatus.COMPLETE and got.result == 1
+
+
+def test_drain_still_runs_the_requests_when_no_worker_thread_takes_them(tmp_path: Path) -> None:
+    # drain() gave up whenever any thread lived: with workers=0 (the poller alone) and after stop() left a thread
+    # finishing a long turn, nothing ran the requests any more and run.wait() timed out.
+    counting = Counting()
+    app = make_app(tmp_path / "z.db", counting, workers=0)
+    with app.scheduler:  # type: ignore[attr-defined]
+        app.run_pipeline("p", job_id="zero")
+        assert app.drain() == 3 and app.get("zero").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    release = threading.Event()
+
+    def slow(ctx: PhaseContext[Any]) -> Done:
+        release.wait(10)
+        return Done(result="slow")
+
+    slow_app = App(storage=SQLiteStorage(str(tmp_path / "s.db")), scheduler=LocalScheduler(workers=1),
+                   pipelines={"p": counting.phases(), "slow": [Phase("a", slow)]}, provenance=False)
+    scheduler = slow_app.scheduler
+    scheduler.start()  # type: ignore[attr-defined]
+    slow_app.run_pipeline("slow", job_id="long")
+    time.sleep(0.3)  # the worker thread is in its turn
+    scheduler.stop(timeout=0.1)  # type: ignore[attr-defined]  # it outlives the stop
+    slow_app.run_pipeline("p", job_id="after")
+    assert slow_app.drain() == 3 and slow_app.get("after").status is JobStatus.COMPLETE  # type: ignore[union-attr]
+    release.set()
