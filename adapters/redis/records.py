@@ -29,7 +29,7 @@ from adapters.redis.record_format import changed_fields, delta_json, merged
 from adapters.redis.refs import JournalValues
 from adapters.redis.scripts import naming
 from adapters.redis.values import _bounded, _text
-from pipelines.engine.errors import CorruptRecordError, PipelineError
+from pipelines.engine.errors import CorruptRecordError, PipelineError, StorageUnavailableError
 from pipelines.engine.models import (
     JobRecord,
     JSONValue,
@@ -93,7 +93,15 @@ class RecordReads:
         btok = held.btok if held is not None and held.base else ""
         # A read unless it takes the lease (the leftovers of a job whose record is gone go in a write of their own).
         args = [owner, ttl_ms, self.conn.job_arg(job_id, keys), btok, known]
-        reply = self.conn.run(self.conn.scripts.load, keys, args, f"loading job {job_id!r}", write=bool(owner))
+        try:
+            reply = self.conn.run(self.conn.scripts.load, keys, args, f"loading job {job_id!r}", write=bool(owner))
+        except StorageUnavailableError:
+            if owner and self.conn.replicas:
+                # Taken and not acknowledged (WAIT: a replica missing, after a failover): let go, not left to run
+                # out, or each next take counts an interrupted turn and the job fails as a poison turn.
+                with contextlib.suppress(PipelineError):
+                    self.release_lease(job_id, owner)
+            raise
         self.conn.check_types(job_id, reply, f"loading job {job_id!r}")
         if reply is None:
             return None

@@ -6,7 +6,6 @@ workers call) chooses it from the record. The turns themselves run in :mod:`~pip
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from pydantic import BaseModel
 from adapters.base import Scheduler, Storage
 from pipelines.engine import flow
 from pipelines.engine.env import EMPTY_ENV, RunEnv
-from pipelines.engine.errors import CorruptRecordError, InvalidInputError, PipelineError, StorageUnavailableError
+from pipelines.engine.errors import CorruptRecordError, InvalidInputError
 from pipelines.engine.leases import LEASE_KEEPER, check_lease_seconds
 from pipelines.engine.models import validate_job_id
 from pipelines.engine.phase import Phase, Pipeline
@@ -128,13 +127,6 @@ def advance_under_lease(
         # The lease may have been taken before the record failed to parse:
         # leave no lease behind a record that a person must repair first.
         storage.release_lease(job_id, owner)
-        raise
-    except StorageUnavailableError:
-        # The take may be written and not acknowledged (Redis with replicas= and a replica missing: WAIT
-        # failed). Let it go: left to run out, each next take counted it as a turn interrupted (a worker that
-        # died mid-turn), and the job failed as a poison turn once the replica came back, no turn ever run.
-        with contextlib.suppress(PipelineError):
-            storage.release_lease(job_id, owner)
         raise
     if record is None:
         return AdvanceResult.BUSY if storage.get_job(job_id) is not None else AdvanceResult.UNKNOWN
