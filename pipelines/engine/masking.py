@@ -28,7 +28,7 @@ _SECRET_SHAPES = (
     # ("(Bearer ***); retrying"). Nothing a token holds (RFC 6750: A-Z a-z 0-9 - . _ ~ + / =) ends it.
     (re.compile(r"(?i)(bearer\s+)[^\s'\",;)\]}>]+"), r"\1***"),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
-    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), r"\1***@"),  # user:password@ in a URL
+    (re.compile(r"(://)[^/\s:@]*:[^/\s@]+@"), r"\1***@"),  # user:password@ (or :password@) in a URL
     # ?key=, ?access_token=, ?X-Amz-Signature=, ?code=... in an address (Gemini, gateways, signed URLs): a
     # credential word as a whole part of the name (not ?max_tokens=, ?author=, ?api-version=)
     (re.compile(rf"(?i)([?&]{_CREDENTIAL_PARAM}=)[^&\s'\"#]+"), r"\1***"),

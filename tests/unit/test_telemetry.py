@@ -378,3 +378,11 @@ def test_a_failed_model_calls_exception_event_has_its_type_and_redacted_short_me
     assert "SECRET" not in message and "sk-live" not in message
     assert len(message) == telemetry.MESSAGE_MAX and message.endswith("…")
     assert "exception.stacktrace" not in event.attributes
+
+
+def test_an_address_with_a_password_and_no_user_is_masked_too() -> None:
+    # redis://:hunter2@host (a password alone, as Redis URLs carry it) showed its password in a masked message.
+    from pipelines.engine.masking import mask
+
+    text = "cannot reach redis://:hunter2pw@cache:6379/0 nor https://bob:s3cret-pw@gw/v1 (http://host:8080/x@y)"
+    assert mask(text) == "cannot reach redis://***@cache:6379/0 nor https://***@gw/v1 (http://host:8080/x@y)"
