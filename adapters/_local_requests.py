@@ -76,8 +76,16 @@ class Requests:
 
     def take(self, now: float) -> str | None:
         """The next request due at ``now`` (interactive first), or ``None``; call under ``cond``."""
+        taken = self.take_ranked(now)
+        return None if taken is None else taken[0]
+
+    def take_ranked(self, now: float) -> tuple[str, int] | None:
+        """The next request due at ``now`` as ``(job id, rank)`` (to put it back as it was), or ``None``."""
         self._promote(now)
-        return heapq.heappop(self._ready)[3] if self._ready else None
+        if not self._ready:
+            return None
+        rank, _, _, job_id = heapq.heappop(self._ready)
+        return job_id, rank
 
     def next_due(self) -> float | None:
         """When the earliest request is due (call under ``cond``)."""

@@ -241,14 +241,15 @@ class LocalScheduler:
         """Wait for a due request (or the stop); its job id."""
         with self._requests.cond:
             while not self._stop.is_set():
-                job_id = self._requests.take(self.now())
+                taken = self._requests.take_ranked(self.now())
+                job_id, rank = (None, 0) if taken is None else taken
                 if job_id is not None and any(job_id == j for j, _ in self._running.values()):
                     # Another thread here runs this job's turn now. After the whole process stood still (Ctrl-Z,
                     # sleep) or the clock stepped, its lease looks run out until the lease keeper renews it, and
                     # this request (the sweep's, a send's) would take it over and run the turn's tools beside
                     # the first run. Looked at again once the turn may be over (the first run's commit also
                     # schedules what comes next).
-                    self._requests.add(job_id, self.now() + self.poll, 0)
+                    self._requests.add(job_id, self.now() + self.poll, rank)  # at its own priority
                     continue
                 if job_id is not None:
                     self._running[threading.current_thread().name] = (job_id, time.time())

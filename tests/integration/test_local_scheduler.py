@@ -362,3 +362,20 @@ def test_drain_still_runs_the_requests_when_no_worker_thread_takes_them(tmp_path
     slow_app.run_pipeline("p", job_id="after")
     assert slow_app.drain() == 3 and slow_app.get("after").status is JobStatus.COMPLETE  # type: ignore[union-attr]
     release.set()
+
+
+def test_a_request_put_back_while_a_thread_runs_its_job_keeps_its_priority(tmp_path: Path) -> None:
+    # Put back at the interactive rank, a background job's request jumped the line of every interactive one.
+    scheduler = LocalScheduler(workers=1, poll=0.05)
+    scheduler._running["pipelines-local-0"] = ("j", time.time())  # a worker thread runs j's turn now
+    scheduler.schedule_advance("j", 0, priority="background")
+    found: list[str | None] = []
+    taker = threading.Thread(target=lambda: found.append(scheduler._next()))
+    taker.start()
+    time.sleep(0.2)  # it took the request, saw j running here and put it back, a few times
+    scheduler._stop.set()
+    with scheduler._requests.cond:
+        scheduler._requests.cond.notify_all()
+    taker.join(5)
+    assert found == [None]
+    assert [(priority, job) for _, priority, job in scheduler.advances()] == [("background", "j")]
