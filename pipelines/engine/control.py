@@ -277,7 +277,6 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
     """
     requeued: list[str] = []
     foreign: Counter[str] = Counter()
-    overdue: list[JobRecord] = []
     for job_id in storage.due_jobs(scheduler.now() - grace, limit=limit):
         try:
             if storage.lease_owner(job_id) is not None:
@@ -287,26 +286,32 @@ def requeue_overdue(storage: Storage, scheduler: Scheduler, *, grace: float, lim
             _log_skip("job", job_id, exc)
             continue
         if record is not None and record.status is JobStatus.RUNNING and record.checkpoint is not None:
-            overdue.append(record)
+            _requeue(record, scheduler, runs, foreign, requeued)  # one at a time: no page of records held
     # Parents whose children all finished but whose wake-up was lost (a crash between the child's
     # final commit and the message): their advance wakes them (pipelines.engine.children).
-    for record in [*overdue, *children.ready_parents(storage, limit=limit)]:
-        if runs is not None and not runs(record.pipeline):
-            foreign[record.pipeline] += 1
-            continue
-        try:
-            # At the front of the queue where the scheduler can: the job has
-            # already waited out a lease, it should not also wait out the backlog.
-            priority = flow.priority_of(record)
-            extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
-            sent = scheduler.requeue(record.job_id, pipeline=record.pipeline, version=record.version, **extra)
-        except PipelineError as exc:
-            _log_skip("job", record.job_id, exc)
-            continue
-        if sent is not False:  # False: its message still waits in the queue (behind busy workers), not lost
-            requeued.append(record.job_id)
+    for parent in children.ready_parents(storage, limit=limit):
+        _requeue(parent, scheduler, runs, foreign, requeued)
     note_foreign(foreign)
     return requeued
+
+
+def _requeue(record: JobRecord, scheduler: Scheduler, runs: Callable[[str], bool] | None, foreign: Counter[str],
+             requeued: list[str]) -> None:
+    """Send ``record``'s job again (the sweep's), unless another app runs its pipeline (counted in ``foreign``)."""
+    if runs is not None and not runs(record.pipeline):
+        foreign[record.pipeline] += 1
+        return
+    try:
+        # At the front of the queue where the scheduler can: the job has
+        # already waited out a lease, it should not also wait out the backlog.
+        priority = flow.priority_of(record)
+        extra = {"priority": priority} if priority != flow.PRIORITIES[0] else {}
+        sent = scheduler.requeue(record.job_id, pipeline=record.pipeline, version=record.version, **extra)
+    except PipelineError as exc:
+        _log_skip("job", record.job_id, exc)
+        return
+    if sent is not False:  # False: its message still waits in the queue (behind busy workers), not lost
+        requeued.append(record.job_id)
 
 
 def note_foreign(pipelines: Counter[str]) -> None:
