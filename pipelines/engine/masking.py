@@ -27,6 +27,11 @@ _SECRET_SHAPES = (
     # The token up to a space, quote, comma, semicolon or closing bracket: the text around it stays readable
     # ("(Bearer ***); retrying"). Nothing a token holds (RFC 6750: A-Z a-z 0-9 - . _ ~ + / =) ends it.
     (re.compile(r"(?i)(bearer\s+)[^\s'\",;)\]}>]+"), r"\1***"),
+    # Authorization: Basic <base64 of user:password>; a digit or + / = in it, so "Basic authentication" stays
+    (re.compile(r"(?i)(basic\s+)(?=[A-Za-z]*[0-9+/=])[A-Za-z0-9+/=]{8,}"), r"\1***"),
+    # A key named as such in a header or a JSON/dict text: x-api-key: ..., "api_key": "...", api-key=...
+    (re.compile(r"(?i)((?:x-)?api[_-]?key['\"]?\s*[:=]\s*['\"]?)[^\s'\",;)\]}>]+"), r"\1***"),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "AKIA***"),  # an AWS access key id
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"), "sk-***"),
     (re.compile(r"(://)[^/\s:@]*:[^/\s@]+@"), r"\1***@"),  # user:password@ (or :password@) in a URL
     # ?key=, ?access_token=, ?X-Amz-Signature=, ?code=... in an address (Gemini, gateways, signed URLs): a

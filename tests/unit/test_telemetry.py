@@ -386,3 +386,14 @@ def test_an_address_with_a_password_and_no_user_is_masked_too() -> None:
 
     text = "cannot reach redis://:hunter2pw@cache:6379/0 nor https://bob:s3cret-pw@gw/v1 (http://host:8080/x@y)"
     assert mask(text) == "cannot reach redis://***@cache:6379/0 nor https://***@gw/v1 (http://host:8080/x@y)"
+
+
+def test_keys_named_as_such_basic_credentials_and_aws_key_ids_are_masked() -> None:
+    from pipelines.engine.masking import mask
+
+    text = ('401 from gw: headers {"x-api-key": "gw-k3y-123456", "Authorization": "Basic dXNlcjpwYXNzd29yZA=="} '
+            "body {'api_key': 'abcd-efgh-1234'} AKIAABCDEFGHIJKLMNOP; api-version 2024-10-21, max_tokens=512; "
+            "Basic authentication failed")
+    assert mask(text) == ('401 from gw: headers {"x-api-key": "***", "Authorization": "Basic ***"} '
+                          "body {'api_key': '***'} AKIA***; api-version 2024-10-21, max_tokens=512; "
+                          "Basic authentication failed")
