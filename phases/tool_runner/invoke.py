@@ -24,6 +24,7 @@ from pipelines.engine import telemetry
 from pipelines.engine._aio import resolve
 from pipelines.engine.contain import message_of
 from pipelines.engine.errors import StateNotSerializableError
+from pipelines.engine.masking import mask
 from pipelines.engine.phase import FailJob, PhaseContext, RetryLater, WaitForInput
 
 logger = logging.getLogger("pipelines")
@@ -249,7 +250,7 @@ def _raised(ctx: PhaseContext[Any], t: Tool, call_id: str, exc: BaseException) -
     """What the model is told of a call that raised; the job's log and the process's log say it too (the
     latter with the traceback at DEBUG), so a tool that crashes is not known to the model alone."""
     telemetry.record_error(None, exc)  # the call's execute_tool span
-    said = f"Error: tool {t.name!r} raised {type(exc).__name__}: {message_of(exc)}"
+    said = f"Error: tool {t.name!r} raised {type(exc).__name__}: {mask(message_of(exc))}"  # stored, sent, logged
     # The traceback at DEBUG only: its chained causes may quote what the tool's message leaves out (a URL
     # with a key), which the model, the transcript and the job's log never see.
     logger.warning("job %s: tool %r (call %r) raised %s; the model is told so", ctx.job_id, t.name, call_id,

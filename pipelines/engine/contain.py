@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 
+from pipelines.engine.masking import mask
+
 __all__ = ["contained", "describe", "message_of"]
 
 _CONTAINED = (Exception, SystemExit, GeneratorExit, asyncio.CancelledError)
@@ -38,6 +40,9 @@ def message_of(exc: BaseException) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """``"<type>: <message>"``, or the type alone for an exception without one (``sys.exit()``)."""
-    text = message_of(exc)
+    """``"<type>: <message>"``, or the type alone for an exception without one (``sys.exit()``).
+
+    Credentials in the message are masked (:func:`~pipelines.engine.masking.mask`): the text is stored (a job's
+    error) and logged, and a user's exception may quote a key, a token or an address with its password."""
+    text = mask(message_of(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

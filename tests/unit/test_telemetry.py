@@ -397,3 +397,31 @@ def test_keys_named_as_such_basic_credentials_and_aws_key_ids_are_masked() -> No
     assert mask(text) == ('401 from gw: headers {"x-api-key": "***", "Authorization": "Basic ***"} '
                           "body {'api_key': '***'} AKIA***; api-version 2024-10-21, max_tokens=512; "
                           "Basic authentication failed")
+
+
+def test_a_phases_or_tools_error_is_stored_and_told_with_its_credentials_masked() -> None:
+    # A user's exception quoting a key reached the job's error (storage) and the transcript the model reads.
+    from adapters.memory import MemoryScheduler, MemoryStorage
+    from pipelines import Agent, App, Phase, tool
+    from pipelines.testing import ScriptedModel, call, reply
+
+    def phase(ctx: Any) -> Any:
+        raise RuntimeError("upstream https://bob:hunter2secret@gw/v1 refused Bearer tok-123456789")
+
+    @tool
+    def fetch() -> str:
+        """Fetch."""
+        raise ValueError("POST https://api/v1?api_key=sk-live-abcdefghijkl failed")
+
+    agent = Agent(name="a", tools=[fetch],
+                  model=ScriptedModel(lambda m: reply(None, call("fetch")) if len(m) == 1 else "done"))
+    app = App(storage=MemoryStorage(), scheduler=MemoryScheduler(), pipelines={"p": [Phase("x", phase)]},
+              agents=[agent], provenance=False)
+    app.run_pipeline("p", job_id="p1")
+    app.run_agent("a", job_id="a1", user="go")
+    app.drain()
+    error = app.get("p1").error  # type: ignore[union-attr]
+    assert error is not None and "hunter2secret" not in error and "tok-123456789" not in error
+    assert "https://***@gw/v1" in error and "Bearer ***" in error
+    told = next(m["content"] for m in app.messages("a1") if m["role"] == "tool")
+    assert "sk-live" not in told and "api_key=***" in told
