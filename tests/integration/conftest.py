@@ -1,8 +1,11 @@
-"""Fixtures of the Redis integration tests: a raw client and a RedisStorage on the session's redis-server."""
+"""Fixtures of the integration tests: a raw Redis client, a RedisStorage on the session's redis-server, each storage."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -24,6 +27,24 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 def storage(redis_url: str, request: pytest.FixtureRequest) -> Iterator[RedisStorage]:
     """A RedisStorage under the test module's ``PREFIX`` (default ``"itest"``)."""
     s = RedisStorage.from_url(redis_url, prefix=getattr(request.module, "PREFIX", "itest"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def each_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """The test once on each storage: a MemoryStorage, an SQLite file, a RedisStorage under a fresh prefix."""
+    if request.param == "memory":
+        from adapters.memory import MemoryStorage
+
+        yield MemoryStorage()
+        return
+    if request.param == "sqlite":
+        from adapters.sqlite import SQLiteStorage
+
+        s: Any = SQLiteStorage(str(tmp_path / "each.db"))
+    else:
+        s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"each{uuid.uuid4().hex[:8]}")
     yield s
     s.close()
 

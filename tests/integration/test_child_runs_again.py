@@ -5,34 +5,20 @@ Refused as ``App.delete`` refuses it (``children.check_not_awaited``), on memory
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from adapters.memory import MemoryScheduler, MemoryStorage
+from adapters.memory import MemoryScheduler
 from pipelines import Agent, App, JobStatus
 from pipelines.engine.errors import JobConflictError
 from pipelines.engine.models import Message
 from pipelines.testing import ScriptedModel, call, reply
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def storage(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStorage()
-        return
-    if request.param == "sqlite":
-        from adapters.sqlite import SQLiteStorage
-
-        s: Any = SQLiteStorage(str(tmp_path / "runs.db"))
-    else:
-        from adapters.redis import RedisStorage
-
-        s = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"ra{uuid.uuid4().hex[:8]}")
-    yield s
-    s.close()
+@pytest.fixture
+def storage(each_storage: Any) -> Any:
+    return each_storage
 
 
 def boss_answer(messages: list[Message]) -> Any:

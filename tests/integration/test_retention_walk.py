@@ -3,14 +3,11 @@ SQLite and a real redis-server (see :mod:`pipelines.app.retention`)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.memory import MemoryScheduler, VirtualClock
 from phases import titles
 from pipelines import Agent, App, JobStatus
 from pipelines.app import retention
@@ -21,22 +18,9 @@ from pipelines.testing import ScriptedModel, call, reply
 CHILDREN = 8
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStorage()
-    elif request.param == "sqlite":
-        from adapters.sqlite import SQLiteStorage
-
-        s = SQLiteStorage(str(tmp_path / "walk.db"))
-        yield s
-        s.close()
-    else:
-        from adapters.redis import RedisStorage
-
-        r = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"rw{uuid.uuid4().hex[:8]}")
-        yield r
-        r.close()
+@pytest.fixture
+def storage(each_storage: Any) -> Any:
+    return each_storage
 
 
 def boss(messages: list[Message]) -> Any:

@@ -9,34 +9,19 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from adapters.memory import MemoryScheduler, MemoryStorage, VirtualClock
+from adapters.memory import MemoryScheduler, VirtualClock
 from pipelines import AdvanceResult, Agent, App, JobStatus
 from pipelines.engine import control
 from pipelines.testing import ScriptedModel
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStorage()
-    elif request.param == "sqlite":
-        from adapters.sqlite import SQLiteStorage
-
-        s = SQLiteStorage(str(tmp_path / "shared.db"))
-        yield s
-        s.close()
-    else:
-        from adapters.redis import RedisStorage
-
-        r = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"sh{uuid.uuid4().hex[:8]}")
-        yield r
-        r.close()
+@pytest.fixture
+def storage(each_storage: Any) -> Any:
+    return each_storage
 
 
 def app_of(storage: Any, clock: VirtualClock, name: str, **options: Any) -> App:

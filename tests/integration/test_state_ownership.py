@@ -8,33 +8,19 @@ caller that changes the dict it returned, changes no record a later attempt or r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from adapters.memory import MemoryScheduler, MemoryStorage
+from adapters.memory import MemoryScheduler
 from pipelines import App, Done, Next, Phase, ToolContext
 from pipelines.crash_harness import SimulatedCrash
 from pipelines.engine.phase import PhaseContext
 
 
-@pytest.fixture(params=["memory", "redis", "sqlite"])
-def storage(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
-    if request.param == "memory":
-        yield MemoryStorage()
-    elif request.param == "redis":
-        from adapters.redis import RedisStorage
-
-        store = RedisStorage.from_url(request.getfixturevalue("redis_url"), prefix=f"own{id(request)}")
-        yield store
-        store.close()
-    else:
-        from adapters.sqlite import SQLiteStorage
-
-        lite = SQLiteStorage(str(tmp_path / "own.db"))
-        yield lite
-        lite.close()
+@pytest.fixture
+def storage(each_storage: Any) -> Any:
+    return each_storage
 
 
 def _crash_then_complete(app: App, storage: Any, job_id: str) -> None:
