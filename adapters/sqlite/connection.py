@@ -87,10 +87,6 @@ def wal_defect(version: str | None = None) -> bool:
 
 def is_busy(exc: sqlite3.Error) -> bool:
     """Whether ``exc`` says the file was busy or locked (what a retry waits out)."""
-    return _busy(exc)
-
-
-def _busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return (code & 0xFF) in _BUSY
@@ -102,7 +98,7 @@ def _unavailable(path: str, exc: sqlite3.Error, what: str) -> Exception:
     if isinstance(exc, sqlite3.DatabaseError) and "malformed" in str(exc):
         return CorruptRecordError(f"the SQLite file {path} is damaged ({what}): {exc}")
     text = str(exc)
-    if _busy(exc):
+    if is_busy(exc):
         fix = "another process held the file's write lock longer than busy_timeout: which one, and why so long?"
     elif "not a database" in text:
         fix = "is that path the app's SQLite file? Another file there is refused, not changed"
@@ -210,7 +206,7 @@ class Database:
         self._forked()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._retry(self._open, "opening the file")
+            conn = self.retry(self._open, "opening the file")
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
@@ -265,7 +261,7 @@ class Database:
         self._forked()
         relaxed = not durable and self.synchronous == "FULL"
         with self._writing:
-            return self._retry(lambda: self._in_transaction("BEGIN IMMEDIATE", self._checked(fn), relaxed=relaxed),
+            return self.retry(lambda: self._in_transaction("BEGIN IMMEDIATE", self._checked(fn), relaxed=relaxed),
                                what)
 
     def _checked(self, fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
@@ -281,7 +277,7 @@ class Database:
 
     def read(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
         """Run ``fn(conn)`` in one read transaction: every statement in it sees the same snapshot."""
-        return self._retry(lambda: self._in_transaction("BEGIN", fn), what)
+        return self.retry(lambda: self._in_transaction("BEGIN", fn), what)
 
     def _in_transaction(self, begin: str, fn: Callable[[sqlite3.Connection], T], *, relaxed: bool = False) -> T:
         conn = self.connection()
@@ -326,11 +322,8 @@ class Database:
             conn.close()
 
     def retry(self, fn: Callable[[], T], what: str) -> T:
-        """Run ``fn()`` (which opens its own connection), retried while the file is busy; SQLite's errors end
-        as the library's (``pipelines migrate``)."""
-        return self._retry(fn, what)
-
-    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn()`` retried while the file is busy; SQLite's errors end as the library's (a connection's
+        opening, each transaction, ``pipelines migrate``)."""
         deadline = time.monotonic() + RETRY_SECONDS
         pause = 0.005
         while True:
@@ -344,7 +337,7 @@ class Database:
                 raise InvalidInputError(f"{said}: a string given holds {bad!r}, a lone surrogate UTF-8 cannot "
                                         "carry (nothing written)") from None
             except sqlite3.Error as exc:
-                if not _busy(exc) or time.monotonic() > deadline:
+                if not is_busy(exc) or time.monotonic() > deadline:
                     raise _unavailable(self.path, exc, what) from exc
                 self._drop_failed_transaction()
             # Jittered, so processes that collided do not collide again in step.
