@@ -118,12 +118,12 @@ def fence(row: Sequence[object] | None, job_id: str, *, version: int, owner: str
     own owner)."""
     if row is None:
         raise StaleVersionError(f"job {job_id!r} no longer exists; {what}")
-    stored, holder, expires = row[:3]
+    stored, holder, expires, holder_proc = row
     if stored != version:
         raise StaleVersionError(f"job {job_id!r} is at version {stored}; {what}")
     if owner is None:
         return
-    mine = proc is not None and len(row) > 3 and row[3] == proc
+    mine = proc is not None and holder_proc == proc
     live = holder is not None and (mine or (isinstance(expires, float | int) and expires > now))
     if not live:
         raise StaleVersionError(f"job {job_id!r}: no worker holds its lease (this worker's lease expired); {what}")
